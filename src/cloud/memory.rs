@@ -1,0 +1,1 @@
+//! In-memory Cloud and Metadata (being written).

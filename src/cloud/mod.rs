@@ -1,0 +1,315 @@
+//! The cloud seam: everything eniipamd asks of EC2 and of the instance metadata service.
+//!
+//! - [`Cloud`]: the EC2 calls the pool needs, in domain types. Real implementation on `aws-sdk-ec2` in
+//!   [`ec2`]; every call passes the rate limiter and the retry policy in [`limiter`].
+//! - [`Metadata`]: IMDSv2, real implementation on the `aws-config` IMDS client in [`imds`].
+//! - [`memory`]: in-memory implementations of both, for unit tests of the layers above.
+//!
+//! Errors are classified once, here, into [`CloudError`]: callers decide on kinds (throttled, capacity,
+//! not found), never on strings.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use async_trait::async_trait;
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+use crate::model::EniId;
+
+pub mod memory;
+
+/// Tag keys eniipam writes on the ENIs it creates.
+pub mod tags {
+    /// Owner tag: every ENI eniipam creates carries `eniipam.io/owner=eniipam`.
+    pub const OWNER: &str = "eniipam.io/owner";
+    pub const OWNER_VALUE: &str = "eniipam";
+    /// The cluster the node belongs to.
+    pub const CLUSTER: &str = "eniipam.io/cluster";
+    /// The instance the ENI was created for.
+    pub const INSTANCE_ID: &str = "eniipam.io/instance-id";
+    /// RFC 3339 creation time, used by the leaked-ENI collector's grace period.
+    pub const CREATED_AT: &str = "eniipam.io/created-at";
+    /// Opt-out: an ENI carrying `eniipam.io/no-manage=true` is never touched.
+    pub const NO_MANAGE: &str = "eniipam.io/no-manage";
+}
+
+/// Lifecycle state of an ENI as EC2 reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EniStatus {
+    Available,
+    Attaching,
+    InUse,
+    Detaching,
+    Other(String),
+}
+
+/// State of an ENI's attachment to an instance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttachmentStatus {
+    Attaching,
+    Attached,
+    Detaching,
+    Detached,
+    Other(String),
+}
+
+/// An ENI's attachment to an instance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EniAttachment {
+    pub attachment_id: String,
+    pub instance_id: String,
+    pub device_index: u32,
+    pub status: AttachmentStatus,
+    pub delete_on_termination: bool,
+}
+
+/// An ENI as EC2 describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Eni {
+    pub id: EniId,
+    pub mac: String,
+    pub subnet_id: String,
+    pub vpc_id: String,
+    pub availability_zone: String,
+    pub description: String,
+    pub status: EniStatus,
+    /// The ENI's primary private IP.
+    pub primary_ip: Ipv4Addr,
+    /// Secondary private IPs (not including the primary).
+    pub secondary_ips: Vec<Ipv4Addr>,
+    pub security_groups: Vec<String>,
+    pub attachment: Option<EniAttachment>,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl Eni {
+    /// Whether eniipam created this ENI (owner tag) and may manage it (no opt-out tag).
+    pub fn is_managed_by_us(&self) -> bool {
+        self.tags.get(tags::OWNER).map(String::as_str) == Some(tags::OWNER_VALUE)
+            && self.tags.get(tags::NO_MANAGE).map(String::as_str) != Some("true")
+    }
+}
+
+/// A subnet as EC2 describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subnet {
+    pub id: String,
+    pub vpc_id: String,
+    pub cidr: Ipv4Net,
+    pub availability_zone: String,
+    pub available_ips: u32,
+}
+
+impl Subnet {
+    /// The VPC router's address in this subnet (network + 1), the gateway for routes out of an ENI.
+    pub fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.cidr.network()) + 1)
+    }
+}
+
+/// ENI and IP limits of an instance type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceLimits {
+    /// Maximum network interfaces, the primary (eth0) included.
+    pub max_enis: u32,
+    /// IPv4 addresses per interface, the ENI's primary IP included.
+    pub ipv4_per_eni: u32,
+}
+
+/// An instance as EC2 describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Instance {
+    pub id: String,
+    pub instance_type: String,
+    pub availability_zone: String,
+    pub vpc_id: String,
+    pub subnet_id: String,
+    /// ENIs attached to the instance, with their device indexes.
+    pub enis: Vec<Eni>,
+}
+
+/// Which ENIs a describe call asks for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EniFilter {
+    pub ids: Vec<EniId>,
+    pub attached_to: Option<String>,
+    pub status: Option<EniStatus>,
+    pub vpc_id: Option<String>,
+    pub subnet_id: Option<String>,
+    /// `tag:KEY=VALUE` filters (all must match).
+    pub tags: BTreeMap<String, String>,
+    /// `tag-key` filters: the tag must exist.
+    pub tag_keys: Vec<String>,
+}
+
+/// A request to create an ENI with its secondary IPs and tags in one call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateEni {
+    pub subnet_id: String,
+    pub security_groups: Vec<String>,
+    pub description: String,
+    pub secondary_ip_count: u32,
+    pub tags: BTreeMap<String, String>,
+    /// Idempotency token: a retried create with the same token returns the same ENI.
+    pub client_token: String,
+}
+
+/// The instance's own view of itself from IMDSv2.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceIdentity {
+    pub instance_id: String,
+    pub instance_type: String,
+    pub availability_zone: String,
+    /// MAC of the primary interface (eth0).
+    pub mac: String,
+}
+
+/// One interface as IMDS lists it under `network/interfaces/macs/<mac>/`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataEni {
+    pub mac: String,
+    pub eni_id: EniId,
+    pub device_number: u32,
+    pub subnet_id: String,
+    pub vpc_id: String,
+    pub subnet_cidr: Ipv4Net,
+    pub vpc_cidrs: Vec<Ipv4Net>,
+    pub security_groups: Vec<String>,
+    /// `local-ipv4s`: the primary IP first, then the secondaries.
+    pub ips: Vec<Ipv4Addr>,
+}
+
+/// What went wrong talking to the cloud, classified once.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum CloudError {
+    /// EC2 said `RequestLimitExceeded` / `Throttling`: retried with backoff by the limiter.
+    #[error("{api}: throttled by EC2 ({code})")]
+    Throttled { api: String, code: String },
+    /// 5xx, timeout or a failure to reach the endpoint: retried with backoff.
+    #[error("{api}: transient failure: {message}")]
+    Transient { api: String, message: String },
+    /// The subnet has no free addresses left (`InsufficientFreeAddressesInSubnet`).
+    #[error("{api}: subnet has no free addresses: {message}")]
+    SubnetFull { api: String, message: String },
+    /// The ENI holds as many IPs as the instance type allows (`PrivateIpAddressLimitExceeded`).
+    #[error("{api}: per-ENI IP limit reached: {message}")]
+    IpLimitExceeded { api: String, message: String },
+    /// The instance has as many ENIs as its type allows (`AttachmentLimitExceeded`).
+    #[error("{api}: ENI attachment limit reached: {message}")]
+    AttachmentLimitExceeded { api: String, message: String },
+    /// The resource does not exist (`*.NotFound`).
+    #[error("{api}: not found ({code}): {message}")]
+    NotFound {
+        api: String,
+        code: String,
+        message: String,
+    },
+    /// The credentials lack a permission (`UnauthorizedOperation`).
+    #[error("{api}: not authorized: the IAM role needs ec2:{api}: {message}")]
+    Unauthorized { api: String, message: String },
+    /// We asked for something EC2 will not do (bad parameter, ENI in use, ...). Not retried.
+    #[error("{api}: rejected ({code}): {message}")]
+    Rejected {
+        api: String,
+        code: String,
+        message: String,
+    },
+    /// Retries ran out (tries or total time) on throttled or transient failures.
+    #[error("{api}: gave up after {attempts} attempts: {last}")]
+    RetriesExhausted {
+        api: String,
+        attempts: u32,
+        last: String,
+    },
+    /// IMDS failed or returned something unparseable.
+    #[error("instance metadata: {0}")]
+    Metadata(String),
+    /// We refused to act: the ENI is not ours or carries the opt-out tag.
+    #[error("refusing to touch {eni}: {reason}")]
+    NotOurs { eni: String, reason: String },
+}
+
+impl CloudError {
+    /// Throttled or transient: worth retrying with backoff.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Throttled { .. } | Self::Transient { .. })
+    }
+
+    /// Capacity exhausted: the pool backs off the subnet/instance for minutes.
+    pub fn is_capacity(&self) -> bool {
+        matches!(
+            self,
+            Self::SubnetFull { .. } | Self::IpLimitExceeded { .. } | Self::AttachmentLimitExceeded { .. }
+        )
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::NotFound { .. })
+    }
+}
+
+pub type CloudResult<T> = Result<T, CloudError>;
+
+/// The EC2 calls eniipam makes, in domain types.
+///
+/// Implementations rate-limit and retry internally; an error returned here is final for this call.
+#[async_trait]
+pub trait Cloud: Send + Sync + 'static {
+    /// DescribeInstances for one instance, with its attached ENIs.
+    async fn describe_instance(&self, instance_id: &str) -> CloudResult<Instance>;
+    /// DescribeInstanceTypes: ENI and IPv4 limits of a type.
+    async fn instance_limits(&self, instance_type: &str) -> CloudResult<InstanceLimits>;
+    /// DescribeSubnets for one subnet.
+    async fn describe_subnet(&self, subnet_id: &str) -> CloudResult<Subnet>;
+    /// DescribeNetworkInterfaces with filters, all pages.
+    async fn describe_enis(&self, filter: &EniFilter) -> CloudResult<Vec<Eni>>;
+    /// CreateNetworkInterface with its secondary IPs and tags in the same call.
+    async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni>;
+    /// AttachNetworkInterface at `device_index`; returns the attachment id.
+    async fn attach_eni(&self, eni: &EniId, instance_id: &str, device_index: u32) -> CloudResult<String>;
+    /// ModifyNetworkInterfaceAttribute: DeleteOnTermination=true for the attachment.
+    async fn set_delete_on_termination(&self, eni: &EniId, attachment_id: &str) -> CloudResult<()>;
+    /// DetachNetworkInterface.
+    async fn detach_eni(&self, attachment_id: &str, force: bool) -> CloudResult<()>;
+    /// DeleteNetworkInterface.
+    async fn delete_eni(&self, eni: &EniId) -> CloudResult<()>;
+    /// AssignPrivateIpAddresses with SecondaryPrivateIpAddressCount; returns only the new IPs.
+    ///
+    /// EC2 takes no ClientToken here: an implementation that retries after an ambiguous failure
+    /// must find out (by describing the ENI) which IPs the lost attempt assigned, so a retry never
+    /// leaves unknown IPs behind.
+    async fn assign_ips(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Addr>>;
+    /// AssignPrivateIpAddresses with explicit PrivateIpAddresses (sticky IPs coming back).
+    async fn assign_specific_ips(&self, eni: &EniId, ips: &[Ipv4Addr]) -> CloudResult<Vec<Ipv4Addr>>;
+    /// UnassignPrivateIpAddresses.
+    async fn unassign_ips(&self, eni: &EniId, ips: &[Ipv4Addr]) -> CloudResult<()>;
+    /// CreateTags on one resource.
+    async fn create_tags(&self, resource_id: &str, tags: &BTreeMap<String, String>) -> CloudResult<()>;
+}
+
+/// What eniipamd reads from the instance metadata service (IMDSv2).
+#[async_trait]
+pub trait Metadata: Send + Sync + 'static {
+    /// instance-id, instance-type, placement/availability-zone, mac.
+    async fn identity(&self) -> CloudResult<InstanceIdentity>;
+    /// Every interface under `network/interfaces/macs/`, ordered by device number.
+    async fn interfaces(&self) -> CloudResult<Vec<MetadataEni>>;
+    /// One interface by MAC; `None` when IMDS does not (yet) list it.
+    async fn interface(&self, mac: &str) -> CloudResult<Option<MetadataEni>>;
+}
+
+/// Who this node is, as the pool and the ENI lifecycle need it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeContext {
+    pub cluster_name: String,
+    pub instance_id: String,
+    pub instance_type: String,
+    pub availability_zone: String,
+    pub vpc_id: String,
+    /// The subnet new ENIs are created in (the primary ENI's, unless configured).
+    pub subnet_id: String,
+    /// Security groups for new ENIs (the primary ENI's, unless configured).
+    pub security_groups: Vec<String>,
+    pub limits: InstanceLimits,
+}

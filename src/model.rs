@@ -1,0 +1,115 @@
+//! Plain data types shared by every layer. No I/O here.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A pod IP. eniipam hands out IPv4 secondary private addresses.
+pub type Ip = Ipv4Addr;
+
+/// An EC2 network interface id (`eni-` followed by 8 or 17 hex digits).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct EniId(String);
+
+/// The error for a string that is not an ENI id.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("malformed ENI id {0:?}: expected `eni-` followed by 8 or 17 hex digits")]
+pub struct MalformedEniId(pub String);
+
+impl EniId {
+    /// The id as EC2 spells it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `s` has the shape of an ENI id.
+    pub fn is_valid(s: &str) -> bool {
+        s.strip_prefix("eni-").is_some_and(|hex| {
+            (hex.len() == 8 || hex.len() == 17) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        })
+    }
+}
+
+impl FromStr for EniId {
+    type Err = MalformedEniId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if Self::is_valid(s) {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(MalformedEniId(s.to_owned()))
+        }
+    }
+}
+
+impl TryFrom<String> for EniId {
+    type Error = MalformedEniId;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<EniId> for String {
+    fn from(id: EniId) -> Self {
+        id.0
+    }
+}
+
+impl fmt::Display for EniId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What the CNI spec uses to name one network attachment of one container.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct AttachmentKey {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+impl AttachmentKey {
+    pub fn new(container_id: impl Into<String>, ifname: impl Into<String>) -> Self {
+        Self {
+            container_id: container_id.into(),
+            ifname: ifname.into(),
+        }
+    }
+}
+
+impl fmt::Display for AttachmentKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.container_id, self.ifname)
+    }
+}
+
+/// The Kubernetes pod an attachment belongs to (as the runtime passes it in CNI_ARGS).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl PodRef {
+    /// `namespace/name`, the key StatefulSet pods keep across restarts.
+    pub fn sticky_key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eni_ids_are_validated() {
+        assert!("eni-0123abcd".parse::<EniId>().is_ok());
+        assert!("eni-0123456789abcdef0".parse::<EniId>().is_ok());
+        assert!("eni-xyz".parse::<EniId>().is_err());
+        assert!("i-0123abcd".parse::<EniId>().is_err());
+        assert!("eni-0123abcd0".parse::<EniId>().is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! The IP pool (being written).
