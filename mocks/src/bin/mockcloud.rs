@@ -1,1 +1,122 @@
-fn main() {}
+//! `mockcloud`: serve a simulated EC2 + IMDSv2 on loopback and print where.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use mockcloud::{Config, LatencyProfile, MockCloud, Throttling};
+
+/// An EC2 Query API + IMDSv2 stand-in for the real AWS SDK, with EC2's limits, latency, throttling and
+/// faults. Prints the EC2, control and IMDS URLs, then serves until interrupted.
+#[derive(Parser, Debug)]
+#[command(name = "mockcloud", version)]
+struct Args {
+    /// Address for the EC2 endpoint and the control API (`/_mock/...`). Port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Latency profile: `fast` (no latency, no lag) or `realistic` (EC2-like latency, 2 s attach,
+    /// 1 s IMDS lag).
+    #[arg(long, default_value = "realistic")]
+    profile: String,
+    /// Turn off account-level throttling (on by default with EC2's default buckets: mutating 200 burst
+    /// / 5 per s, describe 100 burst / 20 per s).
+    #[arg(long)]
+    no_throttling: bool,
+    /// Override the IMDS lag of the profile, in milliseconds.
+    #[arg(long)]
+    imds_lag_ms: Option<u64>,
+    /// Instance type of the default instance.
+    #[arg(long, default_value = "m5.large")]
+    instance_type: String,
+    /// Start empty: no default VPC, subnet or instance (create them with the control API).
+    #[arg(long)]
+    no_default_world: bool,
+    /// Region (the default availability zone is `<region>a`).
+    #[arg(long, default_value = "us-east-1")]
+    region: String,
+    /// Print the URLs as one JSON line instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let Some(mut latency) = LatencyProfile::named(&args.profile) else {
+        bail!(
+            "--profile must be `fast` or `realistic`, not {:?}",
+            args.profile
+        );
+    };
+    if mockcloud::catalog::lookup(&args.instance_type).is_none() {
+        bail!(
+            "--instance-type {:?} is not in the catalog (known: {})",
+            args.instance_type,
+            mockcloud::catalog::CATALOG
+                .iter()
+                .map(|t| t.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if let Some(ms) = args.imds_lag_ms {
+        latency.imds_lag = Duration::from_millis(ms);
+    }
+    let config = Config {
+        latency,
+        throttling: if args.no_throttling {
+            Throttling::disabled()
+        } else {
+            Throttling::default()
+        },
+        seed_default_world: !args.no_default_world,
+        default_instance_type: args.instance_type.clone(),
+        region: args.region.clone(),
+    };
+    let mock = MockCloud::start_on(config, args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let default = mock.default_world();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "ec2": mock.ec2_url(), "control": mock.control_url(), "region": mock.region(),
+                "default": default,
+            })
+        );
+    } else {
+        println!("mockcloud is serving");
+        println!(
+            "  EC2 endpoint:  {}   (AWS_ENDPOINT_URL_EC2)",
+            mock.ec2_url()
+        );
+        println!(
+            "  control API:   {}/state, /counters, /faults, ...",
+            mock.control_url()
+        );
+        println!("  region:        {}", mock.region());
+        if let Some(d) = default {
+            println!(
+                "  instance:      {} ({}) in {} / {}",
+                d.instance.instance_id, d.instance.instance_type, d.subnet_id, d.subnet_cidr
+            );
+            println!(
+                "  IMDS:          {}   (AWS_EC2_METADATA_SERVICE_ENDPOINT)",
+                d.instance.imds_url
+            );
+        }
+        println!("Press Ctrl-C to stop.");
+    }
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    Ok(())
+}

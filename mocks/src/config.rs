@@ -1,0 +1,246 @@
+//! mockcloud's knobs: latency, throttling, IMDS lag, attach timing. Everything is adjustable at run
+//! time through [`crate::MockCloud`] or the control API.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Which account-level throttling bucket an action draws from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionClass {
+    /// Create/Attach/Detach/Delete/Modify/Assign/Unassign/CreateTags/DeleteTags.
+    Mutating,
+    /// Describe*.
+    Describe,
+}
+
+impl ActionClass {
+    pub fn of(action: &str) -> Self {
+        if action.starts_with("Describe") {
+            Self::Describe
+        } else {
+            Self::Mutating
+        }
+    }
+}
+
+/// One token bucket: `capacity` requests at once, refilled at `refill_per_sec`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Bucket {
+    pub capacity: f64,
+    pub refill_per_sec: f64,
+}
+
+/// Account-level request throttling, as EC2 does it: one bucket per action class for the whole account
+/// (every instance of a fleet shares it); an empty bucket answers `RequestLimitExceeded` (HTTP 503).
+///
+/// The defaults are EC2's documented default account buckets ("Request throttling for the Amazon EC2
+/// API"): mutating actions 200 tokens refilled at 5/s; non-mutating (describe) actions 100 refilled at 20/s.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Throttling {
+    pub enabled: bool,
+    pub mutating: Bucket,
+    pub describe: Bucket,
+}
+
+impl Default for Throttling {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            mutating: Bucket {
+                capacity: 200.0,
+                refill_per_sec: 5.0,
+            },
+            describe: Bucket {
+                capacity: 100.0,
+                refill_per_sec: 20.0,
+            },
+        }
+    }
+}
+
+impl Throttling {
+    pub fn disabled() -> Self {
+        Self {
+            enabled: false,
+            ..Self::default()
+        }
+    }
+
+    pub fn bucket(&self, class: ActionClass) -> Bucket {
+        match class {
+            ActionClass::Mutating => self.mutating,
+            ActionClass::Describe => self.describe,
+        }
+    }
+}
+
+/// How long EC2 takes to answer, per action, and how long state changes take to settle.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LatencyProfile {
+    /// Reply latency per action name; actions not listed use `default`.
+    #[serde(with = "millis_map")]
+    pub per_action: BTreeMap<String, Duration>,
+    #[serde(with = "millis")]
+    pub default: Duration,
+    /// Each latency is scaled by a uniform factor in [1 - jitter, 1 + jitter].
+    pub jitter: f64,
+    /// An attachment stays `attaching` this long before it is `attached`.
+    #[serde(with = "millis")]
+    pub attach_delay: Duration,
+    /// A detachment stays `detaching` this long before the ENI is `available`.
+    #[serde(with = "millis")]
+    pub detach_delay: Duration,
+    /// Changes made through EC2 show in an instance's IMDS only after this long.
+    #[serde(with = "millis")]
+    pub imds_lag: Duration,
+    /// IMDS reply latency.
+    #[serde(with = "millis")]
+    pub imds_latency: Duration,
+}
+
+impl LatencyProfile {
+    /// No latency and no lag: for unit and integration tests.
+    pub fn fast() -> Self {
+        Self {
+            per_action: BTreeMap::new(),
+            default: Duration::ZERO,
+            jitter: 0.0,
+            attach_delay: Duration::ZERO,
+            detach_delay: Duration::ZERO,
+            imds_lag: Duration::ZERO,
+            imds_latency: Duration::ZERO,
+        }
+    }
+
+    /// Figures in line with what EC2 shows from inside a region: describe calls ~100 ms, ENI creation
+    /// ~400 ms, attach answered in ~250 ms but `attaching` for ~2 s, IP assignment ~250 ms, IMDS
+    /// catching up ~1 s after a change (the AWS VPC CNI documents "up to 10 seconds" for create+attach).
+    pub fn realistic() -> Self {
+        let ms = Duration::from_millis;
+        let per_action = [
+            ("DescribeInstances", ms(120)),
+            ("DescribeInstanceTypes", ms(100)),
+            ("DescribeSubnets", ms(80)),
+            ("DescribeNetworkInterfaces", ms(100)),
+            ("CreateNetworkInterface", ms(400)),
+            ("AttachNetworkInterface", ms(250)),
+            ("DetachNetworkInterface", ms(200)),
+            ("DeleteNetworkInterface", ms(250)),
+            ("ModifyNetworkInterfaceAttribute", ms(150)),
+            ("AssignPrivateIpAddresses", ms(250)),
+            ("UnassignPrivateIpAddresses", ms(200)),
+            ("CreateTags", ms(120)),
+            ("DeleteTags", ms(120)),
+        ]
+        .into_iter()
+        .map(|(a, d)| (a.to_owned(), d))
+        .collect();
+        Self {
+            per_action,
+            default: ms(150),
+            jitter: 0.2,
+            attach_delay: ms(2000),
+            detach_delay: ms(2000),
+            imds_lag: ms(1000),
+            imds_latency: ms(1),
+        }
+    }
+
+    /// The nominal (un-jittered) latency of an action.
+    pub fn latency(&self, action: &str) -> Duration {
+        self.per_action.get(action).copied().unwrap_or(self.default)
+    }
+
+    /// Parses a profile name: `fast` or `realistic`.
+    pub fn named(name: &str) -> Option<Self> {
+        match name {
+            "fast" => Some(Self::fast()),
+            "realistic" => Some(Self::realistic()),
+            _ => None,
+        }
+    }
+}
+
+/// Everything mockcloud starts with.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    pub latency: LatencyProfile,
+    pub throttling: Throttling,
+    /// Create one VPC (10.0.0.0/16), one subnet (10.0.0.0/20) and one running instance at start.
+    pub seed_default_world: bool,
+    /// The instance type of the default instance.
+    pub default_instance_type: String,
+    /// Region reported in the default availability zone (`<region>a`).
+    pub region: String,
+}
+
+impl Config {
+    /// Fast profile, throttling off, default world seeded: what most tests want.
+    pub fn fast() -> Self {
+        Self {
+            latency: LatencyProfile::fast(),
+            throttling: Throttling::disabled(),
+            seed_default_world: true,
+            default_instance_type: "m5.large".to_owned(),
+            region: "us-east-1".to_owned(),
+        }
+    }
+
+    /// Realistic latency and EC2's default throttling.
+    pub fn realistic() -> Self {
+        Self {
+            latency: LatencyProfile::realistic(),
+            throttling: Throttling::default(),
+            ..Self::fast()
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self::fast()
+    }
+}
+
+pub(crate) mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+mod millis_map {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        m: &BTreeMap<String, Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        m.iter()
+            .map(|(k, v)| (k.clone(), v.as_millis() as u64))
+            .collect::<BTreeMap<_, _>>()
+            .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, Duration>, D::Error> {
+        Ok(BTreeMap::<String, u64>::deserialize(d)?
+            .into_iter()
+            .map(|(k, v)| (k, Duration::from_millis(v)))
+            .collect())
+    }
+}

@@ -1,0 +1,250 @@
+//! The control API: JSON over HTTP under `/_mock/` on the EC2 listener, for tests, benchmarks and
+//! people. See the README of mockcloud (`mocks/README.md`) for every route.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put};
+use axum::{Json, Router};
+use ipnet::Ipv4Net;
+use serde::Deserialize;
+
+use crate::config::{LatencyProfile, Throttling};
+use crate::error::Ec2Error;
+use crate::traffic::Fault;
+use crate::{Inner, MockCloud};
+
+fn err(status: StatusCode, message: impl std::fmt::Display) -> Response {
+    (
+        status,
+        Json(serde_json::json!({ "error": message.to_string() })),
+    )
+        .into_response()
+}
+
+fn ec2_err(e: Ec2Error) -> Response {
+    err(
+        StatusCode::BAD_REQUEST,
+        format!("{}: {}", e.code, e.message),
+    )
+}
+
+/// Routes under `/_mock/`.
+pub fn router() -> Router<Arc<Inner>> {
+    Router::new()
+        .route("/_mock/state", get(state))
+        .route("/_mock/counters", get(counters).delete(reset_counters))
+        .route("/_mock/calls", get(calls))
+        .route("/_mock/vpcs", post(create_vpc))
+        .route("/_mock/subnets", post(create_subnet))
+        .route("/_mock/instances", post(launch).get(list_instances))
+        .route("/_mock/instances/{id}", get(instance).delete(terminate))
+        .route(
+            "/_mock/faults",
+            post(add_fault).get(list_faults).delete(clear_faults),
+        )
+        .route("/_mock/throttling", put(set_throttling).get(get_throttling))
+        .route("/_mock/latency", put(set_latency).get(get_latency))
+        .route("/_mock/imds-lag", put(set_imds_lag))
+        .route("/_mock/deny/{action}", put(deny).delete(allow))
+        .route("/_mock/default", get(default_world))
+        .route("/_mock/healthz", get(|| async { "ok" }))
+        .route(
+            "/_mock/{*rest}",
+            delete(not_found)
+                .get(not_found)
+                .post(not_found)
+                .put(not_found),
+        )
+}
+
+async fn not_found(Path(rest): Path<String>) -> Response {
+    err(
+        StatusCode::NOT_FOUND,
+        format!("no control route /_mock/{rest}"),
+    )
+}
+
+async fn state(State(m): State<Arc<Inner>>) -> Response {
+    Json(MockCloud::from_inner(&m).dump()).into_response()
+}
+
+async fn counters(State(m): State<Arc<Inner>>) -> Response {
+    Json(m.traffic.lock().expect("traffic lock").counters()).into_response()
+}
+
+async fn reset_counters(State(m): State<Arc<Inner>>) -> Response {
+    MockCloud::from_inner(&m).reset_counters();
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn calls(State(m): State<Arc<Inner>>) -> Response {
+    Json(m.traffic.lock().expect("traffic lock").log()).into_response()
+}
+
+#[derive(Deserialize)]
+struct VpcReq {
+    cidr: Ipv4Net,
+}
+
+async fn create_vpc(State(m): State<Arc<Inner>>, Json(r): Json<VpcReq>) -> Response {
+    match MockCloud::from_inner(&m).create_vpc(r.cidr) {
+        Ok((vpc_id, sg)) => {
+            Json(serde_json::json!({"vpc_id": vpc_id, "security_group_id": sg})).into_response()
+        }
+        Err(e) => ec2_err(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct SubnetReq {
+    vpc_id: String,
+    cidr: Ipv4Net,
+    availability_zone: Option<String>,
+}
+
+async fn create_subnet(State(m): State<Arc<Inner>>, Json(r): Json<SubnetReq>) -> Response {
+    let mc = MockCloud::from_inner(&m);
+    let az = r.availability_zone.unwrap_or_else(|| mc.default_az());
+    match mc.create_subnet(&r.vpc_id, r.cidr, &az) {
+        Ok(id) => Json(serde_json::json!({"subnet_id": id})).into_response(),
+        Err(e) => ec2_err(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct LaunchReq {
+    instance_type: String,
+    subnet_id: String,
+    #[serde(default)]
+    security_groups: Vec<String>,
+}
+
+async fn launch(State(m): State<Arc<Inner>>, Json(r): Json<LaunchReq>) -> Response {
+    match MockCloud::from_inner(&m)
+        .launch_instance_with(&r.instance_type, &r.subnet_id, &r.security_groups)
+        .await
+    {
+        Ok(i) => Json(i).into_response(),
+        Err(e) => ec2_err(e),
+    }
+}
+
+async fn list_instances(State(m): State<Arc<Inner>>) -> Response {
+    Json(MockCloud::from_inner(&m).instances()).into_response()
+}
+
+async fn instance(State(m): State<Arc<Inner>>, Path(id): Path<String>) -> Response {
+    match MockCloud::from_inner(&m).instance(&id) {
+        Some(v) => Json(v).into_response(),
+        None => err(StatusCode::NOT_FOUND, format!("no instance {id}")),
+    }
+}
+
+async fn terminate(State(m): State<Arc<Inner>>, Path(id): Path<String>) -> Response {
+    match MockCloud::from_inner(&m).terminate_instance(&id) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => ec2_err(e),
+    }
+}
+
+async fn add_fault(State(m): State<Arc<Inner>>, Json(f): Json<Fault>) -> Response {
+    if !(0.0..=1.0).contains(&f.probability) {
+        return err(
+            StatusCode::BAD_REQUEST,
+            "probability must be between 0 and 1",
+        );
+    }
+    MockCloud::from_inner(&m).inject_fault(f);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn list_faults(State(m): State<Arc<Inner>>) -> Response {
+    Json(m.traffic.lock().expect("traffic lock").faults()).into_response()
+}
+
+async fn clear_faults(State(m): State<Arc<Inner>>) -> Response {
+    MockCloud::from_inner(&m).clear_faults();
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn set_throttling(State(m): State<Arc<Inner>>, Json(t): Json<Throttling>) -> Response {
+    for b in [t.mutating, t.describe] {
+        if !(b.capacity >= 1.0 && b.refill_per_sec > 0.0) {
+            return err(
+                StatusCode::BAD_REQUEST,
+                "bucket capacity must be >= 1 and refill_per_sec > 0",
+            );
+        }
+    }
+    MockCloud::from_inner(&m).set_throttling(t);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn get_throttling(State(m): State<Arc<Inner>>) -> Response {
+    Json(m.traffic.lock().expect("traffic lock").throttling.clone()).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum LatencyReq {
+    Named { profile: String },
+    Full(LatencyProfile),
+}
+
+async fn set_latency(State(m): State<Arc<Inner>>, Json(r): Json<LatencyReq>) -> Response {
+    let profile = match r {
+        LatencyReq::Named { profile } => match LatencyProfile::named(&profile) {
+            Some(p) => p,
+            None => {
+                return err(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown profile {profile:?} (fast, realistic)"),
+                );
+            }
+        },
+        LatencyReq::Full(p) => p,
+    };
+    if !(0.0..1.0).contains(&profile.jitter) {
+        return err(StatusCode::BAD_REQUEST, "jitter must be in [0, 1)");
+    }
+    MockCloud::from_inner(&m).set_latency(profile);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn get_latency(State(m): State<Arc<Inner>>) -> Response {
+    Json(m.latency.lock().expect("latency lock").clone()).into_response()
+}
+
+#[derive(Deserialize)]
+struct LagReq {
+    ms: u64,
+}
+
+async fn set_imds_lag(State(m): State<Arc<Inner>>, Json(r): Json<LagReq>) -> Response {
+    MockCloud::from_inner(&m).set_imds_lag(Duration::from_millis(r.ms));
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn deny(State(m): State<Arc<Inner>>, Path(action): Path<String>) -> Response {
+    MockCloud::from_inner(&m).deny(&action, true);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn allow(State(m): State<Arc<Inner>>, Path(action): Path<String>) -> Response {
+    MockCloud::from_inner(&m).deny(&action, false);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn default_world(State(m): State<Arc<Inner>>) -> Response {
+    match MockCloud::from_inner(&m).default_world() {
+        Some(d) => Json(d).into_response(),
+        None => err(
+            StatusCode::NOT_FOUND,
+            "mockcloud was started without a default world",
+        ),
+    }
+}
