@@ -17,6 +17,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::EniId;
 
+pub mod calls;
+pub mod ec2;
+pub mod imds;
+pub mod leak;
+pub mod lifecycle;
+pub mod limiter;
 pub mod memory;
 
 /// Tag keys eniipam writes on the ENIs it creates.
@@ -240,7 +246,9 @@ impl CloudError {
     pub fn is_capacity(&self) -> bool {
         matches!(
             self,
-            Self::SubnetFull { .. } | Self::IpLimitExceeded { .. } | Self::AttachmentLimitExceeded { .. }
+            Self::SubnetFull { .. }
+                | Self::IpLimitExceeded { .. }
+                | Self::AttachmentLimitExceeded { .. }
         )
     }
 
@@ -267,7 +275,12 @@ pub trait Cloud: Send + Sync + 'static {
     /// CreateNetworkInterface with its secondary IPs and tags in the same call.
     async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni>;
     /// AttachNetworkInterface at `device_index`; returns the attachment id.
-    async fn attach_eni(&self, eni: &EniId, instance_id: &str, device_index: u32) -> CloudResult<String>;
+    async fn attach_eni(
+        &self,
+        eni: &EniId,
+        instance_id: &str,
+        device_index: u32,
+    ) -> CloudResult<String>;
     /// ModifyNetworkInterfaceAttribute: DeleteOnTermination=true for the attachment.
     async fn set_delete_on_termination(&self, eni: &EniId, attachment_id: &str) -> CloudResult<()>;
     /// DetachNetworkInterface.
@@ -281,11 +294,19 @@ pub trait Cloud: Send + Sync + 'static {
     /// leaves unknown IPs behind.
     async fn assign_ips(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Addr>>;
     /// AssignPrivateIpAddresses with explicit PrivateIpAddresses (sticky IPs coming back).
-    async fn assign_specific_ips(&self, eni: &EniId, ips: &[Ipv4Addr]) -> CloudResult<Vec<Ipv4Addr>>;
+    async fn assign_specific_ips(
+        &self,
+        eni: &EniId,
+        ips: &[Ipv4Addr],
+    ) -> CloudResult<Vec<Ipv4Addr>>;
     /// UnassignPrivateIpAddresses.
     async fn unassign_ips(&self, eni: &EniId, ips: &[Ipv4Addr]) -> CloudResult<()>;
     /// CreateTags on one resource.
-    async fn create_tags(&self, resource_id: &str, tags: &BTreeMap<String, String>) -> CloudResult<()>;
+    async fn create_tags(
+        &self,
+        resource_id: &str,
+        tags: &BTreeMap<String, String>,
+    ) -> CloudResult<()>;
 }
 
 /// What eniipamd reads from the instance metadata service (IMDSv2).

@@ -1,0 +1,792 @@
+//! Rate limiting and retries for every EC2 call.
+//!
+//! Each attempt of an EC2 call goes through: a [`TokenBucket`] of its class (mutating or describe),
+//! then the SDK; a throttled or transient failure is retried after an exponential backoff with full
+//! jitter ([`BackoffPolicy`]), and the retry passes the bucket again, so retries never exceed the
+//! configured rate either. Everything else (capacity, not found, rejected, unauthorized) is returned
+//! to the caller at once.
+//!
+//! All timing uses tokio's clock (`tokio::time::Instant`, `sleep`), so `tokio::time::pause` drives
+//! the buckets and the backoffs in tests. `governor`'s default clock is not tokio's; the buckets
+//! here run governor's GCRA on a [`TokioClock`].
+//!
+//! # Default rates, and why
+//!
+//! EC2 throttles per account and region with token buckets (AWS EC2 developer guide, "Request
+//! throttling for the Amazon EC2 API"; the default buckets, which mockcloud models, are 200 tokens
+//! refilled at 5/s for mutating actions and 100 refilled at 20/s for non-mutating ones). That
+//! budget is shared by every node of every cluster in the account and region, so a node must not
+//! be able to spend it alone. The per-node defaults are:
+//!
+//! - **mutating: 2 qps, burst 10.** A node's real need is bursty and small: first boot or a
+//!   scale-up does create + attach + DeleteOnTermination + one batched assign per ENI (≈ 4-8
+//!   calls), which the burst of 10 absorbs without waiting; afterwards the pool batches
+//!   assign/unassign, so sustained need is well under one call per second. Capping a node at 2/s
+//!   keeps any single misbehaving node below half of the account's mutating refill.
+//! - **describe: 5 qps, burst 20.** Describes are cheaper for EC2 and refill faster; reconcile,
+//!   the ENI lifecycle's confirmations and the ambiguous-assign check need a handful at a time.
+//!
+//! A fleet of N nodes can still ask for N × those rates; the per-node caps bound the damage of a
+//! burst, and the jittered backoff on `RequestLimitExceeded` spreads the fleet out when the
+//! account's bucket is dry. Large fleets should lower the rates (they are configurable).
+//!
+//! # Default retries
+//!
+//! 6 attempts, backoff base 250 ms doubling to a 10 s cap, full jitter, and no retry starts after
+//! 30 s: long enough to ride out a throttling storm of a few seconds, short enough that a pod ADD
+//! waiting on an IP gets an answer (or a typed error the pool can back off on) well within the
+//! kubelet's CNI timeout.
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::ops::Add;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::clock::{Clock, Reference};
+use governor::middleware::NoOpMiddleware;
+use governor::nanos::Nanos;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::calls::{CallStats, Outcome};
+use super::{CloudError, CloudResult};
+
+/// Exponential backoff with full jitter, bounded in attempts and total time.
+///
+/// The `n`-th retry (0-based) sleeps a uniformly random duration in `[0, min(cap, base × 2^n)]`
+/// ("full jitter", as in the AWS Architecture Blog's "Exponential Backoff And Jitter"). No sleep
+/// ends after `max_elapsed` from the start: the last sleep is shortened to fit, and once the time
+/// is used up no further attempt is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackoffPolicy {
+    /// Ceiling of the first retry's sleep.
+    #[serde(with = "humantime_serde_compat")]
+    pub base: Duration,
+    /// Largest ceiling of any sleep.
+    #[serde(with = "humantime_serde_compat")]
+    pub cap: Duration,
+    /// Attempts in total, the first one included (at least 1).
+    pub max_attempts: u32,
+    /// Time budget measured from the first attempt; no retry starts after it.
+    #[serde(with = "humantime_serde_compat")]
+    pub max_elapsed: Duration,
+}
+
+impl Default for BackoffPolicy {
+    /// The EC2 retry policy: 6 attempts, 250 ms doubling to 10 s, within 30 s (see the module docs).
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(250),
+            cap: Duration::from_secs(10),
+            max_attempts: 6,
+            max_elapsed: Duration::from_secs(30),
+        }
+    }
+}
+
+impl BackoffPolicy {
+    /// A polling policy: unlimited attempts, bounded only by `max_elapsed`.
+    pub fn polling(base: Duration, cap: Duration, max_elapsed: Duration) -> Self {
+        Self {
+            base,
+            cap,
+            max_attempts: u32::MAX,
+            max_elapsed,
+        }
+    }
+
+    /// The upper bound of the sleep before retry number `retry` (0-based): `min(cap, base × 2^retry)`.
+    pub fn ceiling(&self, retry: u32) -> Duration {
+        let factor = 1u32.checked_shl(retry.min(31)).unwrap_or(u32::MAX);
+        self.base
+            .checked_mul(factor)
+            .unwrap_or(Duration::MAX)
+            .min(self.cap)
+    }
+
+    /// A full-jitter sleep before retry number `retry`: uniform in `[0, ceiling(retry)]`.
+    pub fn jittered<R: Rng + ?Sized>(&self, retry: u32, rng: &mut R) -> Duration {
+        let ceiling = self.ceiling(retry);
+        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(rng.random_range(0..=nanos))
+    }
+
+    /// Start a backoff sequence now (tokio's clock).
+    pub fn start(&self) -> Backoff {
+        Backoff {
+            policy: *self,
+            started: Instant::now(),
+            attempts: 1,
+        }
+    }
+}
+
+/// One running backoff sequence: the first attempt is assumed made when it starts.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    policy: BackoffPolicy,
+    started: Instant,
+    attempts: u32,
+}
+
+impl Backoff {
+    /// Attempts made so far (including the first).
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Time since the sequence started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The sleep before the next attempt, or `None` when attempts or time are used up. Counts the
+    /// next attempt as made.
+    pub fn next_delay(&mut self) -> Option<Duration> {
+        self.next_delay_with(&mut rand::rng())
+    }
+
+    /// [`next_delay`](Self::next_delay) with a caller-provided random source.
+    pub fn next_delay_with<R: Rng + ?Sized>(&mut self, rng: &mut R) -> Option<Duration> {
+        if self.attempts >= self.policy.max_attempts {
+            return None;
+        }
+        let deadline = self.started + self.policy.max_elapsed;
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        let delay = self
+            .policy
+            .jittered(self.attempts - 1, rng)
+            .min(deadline - now);
+        self.attempts += 1;
+        Some(delay)
+    }
+
+    /// Sleep before the next attempt; `false` (without sleeping) when the budget is used up.
+    pub async fn wait(&mut self) -> bool {
+        match self.next_delay() {
+            Some(d) => {
+                tokio::time::sleep(d).await;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Serde for `Duration` fields as humantime strings (`"250ms"`, `"10s"`).
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A governor clock on tokio's time, so `tokio::time::pause` drives the buckets.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokioClock;
+
+/// A [`tokio::time::Instant`] that governor can compute with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TokioInstant(pub Instant);
+
+impl Add<Nanos> for TokioInstant {
+    type Output = Self;
+    fn add(self, other: Nanos) -> Self {
+        Self(self.0 + Duration::from(other))
+    }
+}
+
+impl Reference for TokioInstant {
+    fn duration_since(&self, earlier: Self) -> Nanos {
+        self.0.saturating_duration_since(earlier.0).into()
+    }
+
+    fn saturating_sub(&self, duration: Nanos) -> Self {
+        Self(self.0.checked_sub(duration.into()).unwrap_or(self.0))
+    }
+}
+
+impl Clock for TokioClock {
+    type Instant = TokioInstant;
+    fn now(&self) -> TokioInstant {
+        TokioInstant(Instant::now())
+    }
+}
+
+/// Rate of one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BucketConfig {
+    /// Sustained calls per second (may be fractional, e.g. 0.5).
+    pub qps: f64,
+    /// Calls allowed at once after a quiet period.
+    pub burst: u32,
+}
+
+/// Rates of the two EC2 call classes.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RateLimitConfig {
+    /// Create/attach/detach/delete/modify/assign/unassign/tag.
+    pub mutating: BucketConfig,
+    /// Describe*.
+    pub describe: BucketConfig,
+}
+
+impl Default for RateLimitConfig {
+    /// Mutating 2 qps burst 10, describe 5 qps burst 20 (reasoning in the module docs).
+    fn default() -> Self {
+        Self {
+            mutating: BucketConfig {
+                qps: 2.0,
+                burst: 10,
+            },
+            describe: BucketConfig {
+                qps: 5.0,
+                burst: 20,
+            },
+        }
+    }
+}
+
+/// Everything the [`Limiter`] needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LimiterConfig {
+    /// Token buckets per call class.
+    pub rates: RateLimitConfig,
+    /// Retries of throttled and transient failures.
+    pub retry: BackoffPolicy,
+}
+
+/// A rate or retry setting that cannot work.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum LimiterConfigError {
+    /// A bucket's rate is zero, negative or not a number.
+    #[error("{bucket} bucket: qps must be a positive finite number, got {qps}")]
+    BadQps { bucket: &'static str, qps: f64 },
+    /// A bucket without room for a single call.
+    #[error("{bucket} bucket: burst must be at least 1")]
+    ZeroBurst { bucket: &'static str },
+    /// A retry policy that would never make the first attempt.
+    #[error("retry policy: max_attempts must be at least 1")]
+    ZeroAttempts,
+}
+
+/// Which bucket a call draws from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CallClass {
+    /// Create, attach, detach, delete, modify, assign, unassign, tag.
+    Mutating,
+    /// Describe*.
+    Describe,
+}
+
+type GovernorLimiter =
+    RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<TokioInstant>>;
+
+/// One token bucket (governor's GCRA on tokio's clock): in any window of length `t` at most
+/// `burst + qps × t` tokens are handed out.
+pub struct TokenBucket {
+    name: &'static str,
+    limiter: GovernorLimiter,
+}
+
+impl std::fmt::Debug for TokenBucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenBucket")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenBucket {
+    /// A bucket named `name` (the label of its wait metrics).
+    pub fn new(name: &'static str, cfg: BucketConfig) -> Result<Self, LimiterConfigError> {
+        if !(cfg.qps.is_finite() && cfg.qps > 0.0) {
+            return Err(LimiterConfigError::BadQps {
+                bucket: name,
+                qps: cfg.qps,
+            });
+        }
+        let burst =
+            NonZeroU32::new(cfg.burst).ok_or(LimiterConfigError::ZeroBurst { bucket: name })?;
+        let period = Duration::from_secs_f64(1.0 / cfg.qps);
+        let quota = Quota::with_period(period)
+            .ok_or(LimiterConfigError::BadQps {
+                bucket: name,
+                qps: cfg.qps,
+            })?
+            .allow_burst(burst);
+        Ok(Self {
+            name,
+            limiter: RateLimiter::direct_with_clock(quota, TokioClock),
+        })
+    }
+
+    /// The bucket's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Take a token without waiting; `false` when none is available.
+    pub fn try_acquire(&self) -> bool {
+        self.limiter.check().is_ok()
+    }
+
+    /// Wait (on tokio's clock) until a token is available and take it; returns the time waited.
+    pub async fn acquire(&self) -> Duration {
+        let start = Instant::now();
+        loop {
+            match self.limiter.check() {
+                Ok(()) => return start.elapsed(),
+                // Another waiter may take the token first when we wake up; then we wait again.
+                Err(not_until) => tokio::time::sleep_until(not_until.earliest_possible().0).await,
+            }
+        }
+    }
+}
+
+/// The gate every EC2 call passes: buckets, retry policy and call accounting.
+#[derive(Debug)]
+pub struct Limiter {
+    mutating: TokenBucket,
+    describe: TokenBucket,
+    retry: BackoffPolicy,
+    stats: Arc<CallStats>,
+}
+
+impl Limiter {
+    /// Build the buckets; counts go to `stats`.
+    pub fn new(cfg: &LimiterConfig, stats: Arc<CallStats>) -> Result<Self, LimiterConfigError> {
+        if cfg.retry.max_attempts == 0 {
+            return Err(LimiterConfigError::ZeroAttempts);
+        }
+        Ok(Self {
+            mutating: TokenBucket::new("mutating", cfg.rates.mutating)?,
+            describe: TokenBucket::new("describe", cfg.rates.describe)?,
+            retry: cfg.retry,
+            stats,
+        })
+    }
+
+    /// The counters this limiter records into.
+    pub fn stats(&self) -> &Arc<CallStats> {
+        &self.stats
+    }
+
+    /// The retry policy.
+    pub fn retry_policy(&self) -> &BackoffPolicy {
+        &self.retry
+    }
+
+    fn bucket(&self, class: CallClass) -> &TokenBucket {
+        match class {
+            CallClass::Mutating => &self.mutating,
+            CallClass::Describe => &self.describe,
+        }
+    }
+
+    /// Wait for a token of `class`, recording the wait.
+    pub async fn admit(&self, class: CallClass) {
+        let bucket = self.bucket(class);
+        let waited = bucket.acquire().await;
+        if waited > Duration::ZERO {
+            tracing::debug!(
+                bucket = bucket.name(),
+                waited_ms = waited.as_millis() as u64,
+                "rate limited"
+            );
+        }
+        self.stats.record_limiter_wait(bucket.name(), waited);
+    }
+
+    /// One attempt: a token, then `call`, counted and timed under `api`. No retry.
+    pub async fn attempt<T, Fut>(
+        &self,
+        api: &'static str,
+        class: CallClass,
+        call: Fut,
+    ) -> CloudResult<T>
+    where
+        Fut: Future<Output = CloudResult<T>>,
+    {
+        self.admit(class).await;
+        let start = Instant::now();
+        let result = call.await;
+        let outcome = Outcome::of(&result);
+        self.stats.record_call(api, outcome, start.elapsed());
+        if let Err(e) = &result {
+            tracing::debug!(api, %outcome, error = %e, "EC2 call failed");
+        }
+        result
+    }
+
+    /// A retry loop for `api` driven by the caller (for calls that must look around between
+    /// attempts, like the ambiguous-assign check). Start it before the first attempt.
+    pub fn retry(&self, api: &'static str) -> Retry<'_> {
+        Retry {
+            limiter: self,
+            api,
+            backoff: self.retry.start(),
+        }
+    }
+
+    /// The whole thing: attempts of `f()` through the bucket, retried per the policy.
+    pub async fn call<T, F, Fut>(
+        &self,
+        api: &'static str,
+        class: CallClass,
+        mut f: F,
+    ) -> CloudResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = CloudResult<T>>,
+    {
+        let mut retry = self.retry(api);
+        loop {
+            match self.attempt(api, class, f()).await {
+                Ok(v) => return Ok(v),
+                Err(e) => retry.after_failure(e).await?,
+            }
+        }
+    }
+}
+
+/// A caller-driven retry loop (see [`Limiter::retry`]).
+#[derive(Debug)]
+pub struct Retry<'a> {
+    limiter: &'a Limiter,
+    api: &'static str,
+    backoff: Backoff,
+}
+
+impl Retry<'_> {
+    /// Attempts made so far.
+    pub fn attempts(&self) -> u32 {
+        self.backoff.attempts()
+    }
+
+    /// Decide after a failed attempt: `Ok(())` after sleeping when the error is worth retrying and
+    /// budget is left; the error itself when it is final; `RetriesExhausted` when the budget is gone.
+    pub async fn after_failure(&mut self, err: CloudError) -> Result<(), CloudError> {
+        if !err.is_retryable() {
+            return Err(err);
+        }
+        match self.backoff.next_delay() {
+            Some(delay) => {
+                tracing::debug!(
+                    api = self.api,
+                    attempt = self.backoff.attempts(),
+                    delay_ms = delay.as_millis() as u64,
+                    error = %err,
+                    "retrying"
+                );
+                self.limiter.stats.record_retry(self.api);
+                tokio::time::sleep(delay).await;
+                Ok(())
+            }
+            None => {
+                self.limiter.stats.record_retries_exhausted(self.api);
+                tracing::warn!(api = self.api, attempts = self.backoff.attempts(), error = %err, "giving up");
+                Err(CloudError::RetriesExhausted {
+                    api: self.api.to_owned(),
+                    attempts: self.backoff.attempts(),
+                    last: err.to_string(),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+
+    fn policy(base_ms: u64, cap_ms: u64, attempts: u32, total_ms: u64) -> BackoffPolicy {
+        BackoffPolicy {
+            base: Duration::from_millis(base_ms),
+            cap: Duration::from_millis(cap_ms),
+            max_attempts: attempts,
+            max_elapsed: Duration::from_millis(total_ms),
+        }
+    }
+
+    #[test]
+    fn ceiling_doubles_up_to_cap() {
+        let p = policy(100, 1000, 10, 10_000);
+        let c: Vec<u64> = (0..6).map(|n| p.ceiling(n).as_millis() as u64).collect();
+        assert_eq!(c, vec![100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(p.ceiling(u32::MAX), Duration::from_millis(1000));
+    }
+
+    proptest! {
+        #[test]
+        fn full_jitter_stays_within_zero_and_ceiling(
+            base in 1u64..5_000, cap in 1u64..120_000, retry in 0u32..64, seed in any::<u64>()
+        ) {
+            let p = policy(base, cap, 10, 1_000_000);
+            let mut rng = StdRng::seed_from_u64(seed);
+            let d = p.jittered(retry, &mut rng);
+            prop_assert!(d <= p.ceiling(retry));
+            prop_assert!(p.ceiling(retry) <= Duration::from_millis(cap));
+        }
+
+        #[test]
+        fn backoff_respects_attempts_and_total_time(
+            base in 1u64..2_000, cap in 1u64..20_000, attempts in 1u32..20, total in 0u64..60_000,
+            seed in any::<u64>()
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+            rt.block_on(async {
+                let p = policy(base, cap, attempts, total);
+                let mut rng = StdRng::seed_from_u64(seed);
+                let mut b = p.start();
+                let mut slept = Duration::ZERO;
+                let mut made = 1u32;
+                while let Some(d) = b.next_delay_with(&mut rng) {
+                    prop_assert!(d <= p.ceiling(made - 1));
+                    tokio::time::sleep(d).await;
+                    slept += d;
+                    made += 1;
+                }
+                prop_assert!(made <= attempts);
+                prop_assert!(slept <= Duration::from_millis(total));
+                prop_assert_eq!(b.attempts(), made);
+                Ok(())
+            })?;
+        }
+
+        /// GCRA bound: in every window of length t, at most burst + qps × t tokens.
+        #[test]
+        fn bucket_never_exceeds_burst_plus_rate(
+            qps in 0.5f64..50.0, burst in 1u32..30, gaps in proptest::collection::vec(0u64..400, 1..120)
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+            rt.block_on(async {
+                let bucket = TokenBucket::new("t", BucketConfig { qps, burst }).unwrap();
+                let origin = Instant::now();
+                let mut grants = Vec::new();
+                for gap in gaps {
+                    tokio::time::advance(Duration::from_millis(gap)).await;
+                    // Greedy caller: take everything available at this instant.
+                    while bucket.try_acquire() {
+                        grants.push(Instant::now() - origin);
+                    }
+                }
+                for (i, start) in grants.iter().enumerate() {
+                    for (j, end) in grants.iter().enumerate().skip(i) {
+                        let n = (j - i + 1) as f64;
+                        let t = (*end - *start).as_secs_f64();
+                        // 1e-6: nanosecond rounding of the replenish period.
+                        prop_assert!(n <= burst as f64 + qps * t + 1e-6,
+                            "{} grants in {}s with qps {} burst {}", n, t, qps, burst);
+                    }
+                }
+                Ok(())
+            })?;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquire_waits_on_tokio_clock() {
+        let bucket = TokenBucket::new("t", BucketConfig { qps: 2.0, burst: 3 }).unwrap();
+        let start = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(bucket.acquire().await, Duration::ZERO);
+        }
+        // The 4th and 5th wait 500 ms each (2 qps).
+        let w4 = bucket.acquire().await;
+        let w5 = bucket.acquire().await;
+        assert_eq!(w4, Duration::from_millis(500));
+        assert_eq!(w5, Duration::from_millis(500));
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_waiters_are_paced() {
+        let bucket = Arc::new(
+            TokenBucket::new(
+                "t",
+                BucketConfig {
+                    qps: 10.0,
+                    burst: 1,
+                },
+            )
+            .unwrap(),
+        );
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..20 {
+            let b = bucket.clone();
+            tasks.push(tokio::spawn(async move {
+                b.acquire().await;
+                Instant::now() - start
+            }));
+        }
+        let mut times = Vec::new();
+        for t in tasks {
+            times.push(t.await.unwrap());
+        }
+        times.sort();
+        // 1 immediately, then one per 100 ms.
+        assert_eq!(*times.last().unwrap(), Duration::from_millis(1900));
+        for w in times.windows(2) {
+            assert!(w[1] - w[0] >= Duration::from_millis(100) - Duration::from_nanos(1));
+        }
+    }
+
+    #[test]
+    fn bad_configs_are_rejected() {
+        assert!(matches!(
+            TokenBucket::new("m", BucketConfig { qps: 0.0, burst: 1 }),
+            Err(LimiterConfigError::BadQps { .. })
+        ));
+        assert!(matches!(
+            TokenBucket::new(
+                "m",
+                BucketConfig {
+                    qps: f64::NAN,
+                    burst: 1
+                }
+            ),
+            Err(LimiterConfigError::BadQps { .. })
+        ));
+        assert!(matches!(
+            TokenBucket::new("m", BucketConfig { qps: 1.0, burst: 0 }),
+            Err(LimiterConfigError::ZeroBurst { .. })
+        ));
+        let cfg = LimiterConfig {
+            retry: BackoffPolicy {
+                max_attempts: 0,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(matches!(
+            Limiter::new(&cfg, Arc::new(CallStats::new())),
+            Err(LimiterConfigError::ZeroAttempts)
+        ));
+    }
+
+    fn limiter(attempts: u32, total_ms: u64) -> Limiter {
+        let cfg = LimiterConfig {
+            rates: RateLimitConfig {
+                mutating: BucketConfig { qps: 5.0, burst: 1 },
+                describe: BucketConfig {
+                    qps: 10.0,
+                    burst: 20,
+                },
+            },
+            retry: policy(100, 1_000, attempts, total_ms),
+        };
+        Limiter::new(&cfg, Arc::new(CallStats::new())).unwrap()
+    }
+
+    fn throttled() -> CloudError {
+        CloudError::Throttled {
+            api: "AssignPrivateIpAddresses".into(),
+            code: "RequestLimitExceeded".into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttled_calls_are_retried_until_success() {
+        let l = limiter(6, 60_000);
+        let n = AtomicU32::new(0);
+        let r = l
+            .call("AssignPrivateIpAddresses", CallClass::Mutating, || async {
+                if n.fetch_add(1, Ordering::SeqCst) < 3 {
+                    Err(throttled())
+                } else {
+                    Ok(7)
+                }
+            })
+            .await;
+        assert_eq!(r, Ok(7));
+        let s = l.stats().snapshot();
+        assert_eq!(s.count("AssignPrivateIpAddresses", Outcome::Throttled), 3);
+        assert_eq!(s.count("AssignPrivateIpAddresses", Outcome::Ok), 1);
+        assert_eq!(s.retries("AssignPrivateIpAddresses"), 3);
+        // Burst 1 at 5 qps: the four attempts each took a token; the limiter wait is recorded.
+        assert_eq!(s.limiter_waits["mutating"].count, 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn final_errors_are_not_retried() {
+        let l = limiter(6, 60_000);
+        let n = AtomicU32::new(0);
+        let r: CloudResult<()> = l
+            .call("AssignPrivateIpAddresses", CallClass::Mutating, || async {
+                n.fetch_add(1, Ordering::SeqCst);
+                Err(CloudError::SubnetFull {
+                    api: "AssignPrivateIpAddresses".into(),
+                    message: "full".into(),
+                })
+            })
+            .await;
+        assert!(matches!(r, Err(CloudError::SubnetFull { .. })));
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+        assert_eq!(l.stats().snapshot().total_retries(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_stop_at_max_attempts() {
+        let l = limiter(4, 600_000);
+        let n = AtomicU32::new(0);
+        let r: CloudResult<()> = l
+            .call("DescribeNetworkInterfaces", CallClass::Describe, || async {
+                n.fetch_add(1, Ordering::SeqCst);
+                Err(CloudError::Transient {
+                    api: "DescribeNetworkInterfaces".into(),
+                    message: "503".into(),
+                })
+            })
+            .await;
+        assert!(matches!(
+            r,
+            Err(CloudError::RetriesExhausted { attempts: 4, .. })
+        ));
+        assert_eq!(n.load(Ordering::SeqCst), 4);
+        let s = l.stats().snapshot();
+        assert_eq!(s.retries("DescribeNetworkInterfaces"), 3);
+        assert_eq!(s.retries_exhausted["DescribeNetworkInterfaces"], 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_stop_at_total_time() {
+        let l = limiter(1_000, 2_500);
+        let start = Instant::now();
+        let r: CloudResult<()> = l
+            .call("DescribeNetworkInterfaces", CallClass::Describe, || async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Err(throttled())
+            })
+            .await;
+        assert!(matches!(r, Err(CloudError::RetriesExhausted { .. })));
+        // No retry starts after 2.5 s; the last attempt may run its 300 ms (plus a token wait).
+        assert!(
+            start.elapsed() <= Duration::from_millis(2_500 + 300 + 100),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+}

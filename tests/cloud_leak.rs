@@ -1,0 +1,162 @@
+//! The leaked-ENI collector against mockcloud: only our own, only available, only after the grace
+//! period; ENIs without a creation time are stamped and aged.
+
+mod cloud_support;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use eniipam::cloud::Cloud;
+use eniipam::cloud::leak::{LeakCollector, LeakConfig};
+use eniipam::cloud::tags;
+use tokio_util::sync::CancellationToken;
+
+use cloud_support::*;
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+#[tokio::test]
+async fn collects_only_our_old_available_enis() {
+    let env = Env::start().await;
+    let now = SystemTime::now();
+    let old = rfc3339(now - Duration::from_secs(10 * 60));
+    let fresh = rfc3339(now);
+    let inst = env.instance.instance_id.clone();
+
+    let leaked = env.create_raw(&our_tags(&inst, &old), 2).await;
+    let young = env.create_raw(&our_tags(&inst, &fresh), 0).await;
+    let mut opted_out_tags = our_tags(&inst, &old);
+    opted_out_tags.push((tags::NO_MANAGE, "true"));
+    let opted_out = env.create_raw(&opted_out_tags, 0).await;
+    let no_time = env
+        .create_raw(
+            &[
+                (tags::OWNER, tags::OWNER_VALUE),
+                (tags::CLUSTER, CLUSTER),
+                (tags::INSTANCE_ID, &inst),
+            ],
+            0,
+        )
+        .await;
+    let garbled = env
+        .create_raw(
+            &[
+                (tags::OWNER, tags::OWNER_VALUE),
+                (tags::CLUSTER, CLUSTER),
+                (tags::CREATED_AT, "yesterday-ish"),
+            ],
+            0,
+        )
+        .await;
+    let other_cluster = env
+        .create_raw(
+            &[
+                (tags::OWNER, tags::OWNER_VALUE),
+                (tags::CLUSTER, "other"),
+                (tags::CREATED_AT, &old),
+            ],
+            0,
+        )
+        .await;
+    let foreign = env
+        .create_raw(&[(tags::CLUSTER, CLUSTER), (tags::CREATED_AT, &old)], 0)
+        .await;
+    // Ours and old, but attached: never touched.
+    let attached = env.create_raw(&our_tags(&inst, &old), 0).await;
+    env.cloud.attach_eni(&attached.id, &inst, 1).await.unwrap();
+
+    let collector = LeakCollector::new(
+        env.cloud.clone(),
+        CLUSTER,
+        env.node.vpc_id.clone(),
+        LeakConfig::default(),
+    );
+    let r = collector.run_once_at(now).await;
+    assert_eq!(r.found, 5, "{r:?}"); // leaked, young, opted_out, no_time, garbled
+    assert_eq!(r.deleted, 1, "{r:?}");
+    assert_eq!(r.skipped_young, 1, "{r:?}");
+    assert_eq!(r.skipped_not_ours, 1, "{r:?}");
+    assert_eq!(r.tagged, 2, "{r:?}");
+    assert_eq!(r.errors, 0, "{r:?}");
+
+    let ids = env.eni_ids();
+    let has = |e: &eniipam::cloud::Eni| ids.contains(&e.id.to_string());
+    assert!(!has(&leaked));
+    for e in [
+        &young,
+        &opted_out,
+        &no_time,
+        &garbled,
+        &other_cluster,
+        &foreign,
+        &attached,
+    ] {
+        assert!(has(e), "{} must survive the first run", e.id);
+    }
+    // The stamped ENIs now carry a parseable creation time.
+    let views = env.mock.network_interfaces();
+    for e in [&no_time, &garbled] {
+        let v = views.iter().find(|v| v.id == e.id.as_str()).unwrap();
+        assert!(humantime::parse_rfc3339(&v.tags[tags::CREATED_AT]).is_ok());
+    }
+
+    // Past the grace period: the young and the stamped ones go; the rest never do.
+    let later = now + Duration::from_secs(6 * 60);
+    let r = collector.run_once_at(later).await;
+    assert_eq!(r.deleted, 3, "{r:?}");
+    assert_eq!(r.skipped_not_ours, 1, "{r:?}");
+    let ids = env.eni_ids();
+    let has = |e: &eniipam::cloud::Eni| ids.contains(&e.id.to_string());
+    for e in [&young, &no_time, &garbled] {
+        assert!(!has(e), "{} must be collected", e.id);
+    }
+    for e in [&opted_out, &other_cluster, &foreign, &attached] {
+        assert!(has(e), "{} must never be collected", e.id);
+    }
+    assert!(ids.contains(&env.instance.primary_eni));
+    let totals = collector.totals();
+    assert_eq!(totals.runs, 2);
+    assert_eq!(totals.deleted, 4);
+}
+
+#[tokio::test]
+async fn a_failing_describe_is_counted_and_the_loop_stops_on_cancel() {
+    let env = Env::start().await;
+    let old = rfc3339(SystemTime::now() - Duration::from_secs(600));
+    let leaked = env
+        .create_raw(&our_tags(&env.instance.instance_id, &old), 0)
+        .await;
+
+    env.mock.deny("DescribeNetworkInterfaces", true);
+    let collector = Arc::new(LeakCollector::new(
+        env.cloud.clone(),
+        CLUSTER,
+        env.node.vpc_id.clone(),
+        LeakConfig::default(),
+    ));
+    let r = collector.run_once().await;
+    assert_eq!((r.errors, r.deleted), (1, 0));
+    env.mock.deny("DescribeNetworkInterfaces", false);
+
+    let cancel = CancellationToken::new();
+    let task = collector
+        .clone()
+        .spawn(Duration::from_millis(50), cancel.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while collector.totals().deleted == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the loop never collected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .expect("the loop stops on cancel")
+        .unwrap();
+    assert!(!env.eni_ids().contains(&leaked.id.to_string()));
+    assert!(collector.totals().runs >= 2);
+}
