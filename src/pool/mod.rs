@@ -1,1 +1,399 @@
-//! The IP pool (being written).
+//! The IP pool: the heart of eniipamd.
+//!
+//! A [`Pool`] hands out the node's VPC secondary IPs to pod attachments and takes them back. Its
+//! parts, one file each:
+//!
+//! - [`capacity`]: capacity tokens, one per IP slot the node may hold; taken before an IP is asked
+//!   of EC2, returned when it is given back. `idle + assigned + in flight ≤ capacity`, always.
+//! - [`idle`]: the idle queue, in reverse-time order (the IP idle the longest goes first), with the
+//!   reuse cooldown and sticky reservations.
+//! - `eni`: one actor per attached ENI with its bounded ipBacklog; it batches what it receives
+//!   within a short window into ONE assign (or unassign) call and answers every waiter.
+//! - `maintainer`: keeps idle IPs within `[min_idle, max_idle]` in batches, creates an ENI (with
+//!   its IPs in the create call) when every ENI is full, releases ENIs that hold no IP.
+//! - `state`: the bookkeeping every part reads and writes under one lock, in short critical
+//!   sections that never await; every routing decision is made there.
+//! - [`seed`], [`snapshot`], [`error`], [`config`]: the startup input, the read-only view, the
+//!   typed errors and the configuration.
+//!
+//! Time is tokio's (`tokio::time::Instant`, `sleep`, `interval`) everywhere, so
+//! `tokio::time::pause` drives every timer in tests.
+
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use ipnet::Ipv4Net;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::cloud::lifecycle::EniLifecycle;
+use crate::cloud::{Cloud, CloudResult, Eni, Metadata, NodeContext};
+use crate::model::{AttachmentKey, EniId, PodRef};
+
+pub mod capacity;
+pub mod config;
+mod eni;
+pub mod error;
+pub mod idle;
+mod maintainer;
+pub mod seed;
+pub mod snapshot;
+mod state;
+
+pub use capacity::{CapacityTokens, node_capacity};
+pub use config::{ConfigError, PoolConfig};
+pub use eni::EniPhase;
+pub use error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
+pub use seed::{AllocationSeed, EniSeed, IdleSeed, PoolSeed, SeedError};
+pub use snapshot::{
+    EniPhaseSnapshot, EniSnapshot, IpSnapshot, IpState, PoolSnapshot, SubnetBackoffSnapshot,
+    SubnetSnapshot,
+};
+pub use state::EniRole;
+
+use eni::{EniCommand, EniHandle};
+use maintainer::MaintainerCommand;
+use state::{AcquireRequest, PoolState, Route};
+
+/// What an acquire returns: everything the RPC layer needs to reply and the CNI plugin to wire the pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub ip: Ipv4Addr,
+    pub attachment: AttachmentKey,
+    pub pod: PodRef,
+    pub sticky_key: Option<String>,
+    pub eni: EniId,
+    pub mac: String,
+    pub device_index: u32,
+    pub subnet_id: String,
+    pub subnet_cidr: Ipv4Net,
+    /// The VPC router of the subnet ([`crate::cloud::Subnet::gateway`]).
+    pub gateway: Ipv4Addr,
+}
+
+/// Creates/attaches and detaches/deletes the node's ENIs. [`EniLifecycle`] is the real one; the
+/// trait lets the pool be tested against a scripted one.
+#[async_trait]
+pub trait EniProvisioner: Send + Sync + 'static {
+    /// Creates an ENI with `secondary_ip_count` IPs in the create call, attaches it at
+    /// `device_index`, and returns it once usable.
+    async fn create_and_attach(
+        &self,
+        secondary_ip_count: u32,
+        device_index: u32,
+    ) -> CloudResult<Eni>;
+    /// Detaches and deletes an ENI eniipam created.
+    async fn detach_and_delete(&self, eni: &Eni) -> CloudResult<()>;
+}
+
+#[async_trait]
+impl EniProvisioner for EniLifecycle {
+    async fn create_and_attach(
+        &self,
+        secondary_ip_count: u32,
+        device_index: u32,
+    ) -> CloudResult<Eni> {
+        EniLifecycle::create_and_attach(self, secondary_ip_count, device_index).await
+    }
+
+    async fn detach_and_delete(&self, eni: &Eni) -> CloudResult<()> {
+        EniLifecycle::detach_and_delete(self, eni).await
+    }
+}
+
+/// What the pool's tasks share.
+pub(crate) struct Shared {
+    pub config: PoolConfig,
+    pub cloud: Arc<dyn Cloud>,
+    pub metadata: Arc<dyn Metadata>,
+    pub provisioner: Arc<dyn EniProvisioner>,
+    state: Mutex<PoolState>,
+    /// Wakes the maintainer (idle shrank or grew, pods wait for an ENI, a call finished).
+    pub wake: Notify,
+}
+
+impl Shared {
+    /// The pool's state. Held only for short, non-awaiting sections.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, PoolState> {
+        // A panic under the lock is a bug already reported; the bookkeeping stays usable.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+struct PoolInner {
+    shared: Arc<Shared>,
+    maintainer_tx: Mutex<Option<mpsc::Sender<MaintainerCommand>>>,
+    maintainer_task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl PoolInner {
+    /// Stops taking work, drops every actor handle (actors end after their backlog) and the
+    /// maintainer's sender; returns the tasks to wait for.
+    fn stop(&self) -> Vec<JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        {
+            let mut st = self.shared.lock();
+            st.shutting_down = true;
+            for w in std::mem::take(&mut st.create_waiters) {
+                let _ = w.respond_to.send(Err(PoolError::ShuttingDown));
+            }
+            for r in st.enis.values_mut() {
+                r.handle = None;
+                tasks.extend(r.task.take());
+            }
+        }
+        self.maintainer_tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        tasks.extend(
+            self.maintainer_task
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+        tasks
+    }
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// The pool handle: cheap to clone; the pool stops when the last clone is dropped or on
+/// [`Pool::shutdown`].
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<PoolInner>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.inner.shared.lock();
+        f.debug_struct("Pool")
+            .field("capacity", &st.capacity)
+            .field("idle", &st.idle.len())
+            .field("assigned", &st.allocations.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// Starts the pool for `node` from `seed` (ENIs already attached, assignments restored), with
+    /// the real ENI lifecycle. Must be called inside a tokio runtime: it spawns one actor per ENI
+    /// and the maintainer.
+    pub fn start(
+        config: PoolConfig,
+        cloud: Arc<dyn Cloud>,
+        metadata: Arc<dyn Metadata>,
+        node: NodeContext,
+        seed: PoolSeed,
+    ) -> Result<Self, PoolError> {
+        let lifecycle = EniLifecycle::new(
+            cloud.clone(),
+            metadata.clone(),
+            node.clone(),
+            config.lifecycle,
+        );
+        Self::start_with_provisioner(config, cloud, metadata, node, seed, Arc::new(lifecycle))
+    }
+
+    /// [`Pool::start`] with another ENI provisioner.
+    pub fn start_with_provisioner(
+        config: PoolConfig,
+        cloud: Arc<dyn Cloud>,
+        metadata: Arc<dyn Metadata>,
+        node: NodeContext,
+        seed: PoolSeed,
+        provisioner: Arc<dyn EniProvisioner>,
+    ) -> Result<Self, PoolError> {
+        config.validate()?;
+        let state = PoolState::from_seed(config.clone(), node, seed, Instant::now())?;
+        let pod_enis: Vec<(EniId, String)> = state
+            .enis
+            .values()
+            .filter(|r| r.role == EniRole::Pods)
+            .map(|r| (r.id.clone(), r.mac.clone()))
+            .collect();
+        let shared = Arc::new(Shared {
+            config,
+            cloud,
+            metadata,
+            provisioner,
+            state: Mutex::new(state),
+            wake: Notify::new(),
+        });
+        for (id, mac) in pod_enis {
+            let (handle, task) = EniHandle::spawn(shared.clone(), id.clone(), mac);
+            let mut st = shared.lock();
+            let r = st.enis.get_mut(&id).expect("seeded ENI");
+            r.handle = Some(handle);
+            r.task = Some(task);
+        }
+        let (tx, rx) = mpsc::channel(8);
+        let task = tokio::spawn(
+            maintainer::run(shared.clone(), rx).instrument(tracing::info_span!("pool_maintainer")),
+        );
+        {
+            let st = shared.lock();
+            tracing::info!(
+                capacity = st.capacity.capacity(),
+                held = st.capacity.used(),
+                enis = st.enis.len(),
+                min_idle = st.config.min_idle,
+                max_idle = st.config.max_idle,
+                "IP pool started"
+            );
+        }
+        Ok(Self {
+            inner: Arc::new(PoolInner {
+                shared,
+                maintainer_tx: Mutex::new(Some(tx)),
+                maintainer_task: Mutex::new(Some(task)),
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    /// An IP for `attachment`.
+    ///
+    /// - The same attachment gets the same IP back (also while its first acquire is in flight).
+    /// - With a `sticky_key`, an IP reserved for that key wins (`prefer` picks among several).
+    /// - With `prefer`, that IP if it is idle and free for this caller; otherwise
+    ///   [`PoolError::PreferredUnavailable`] — never another IP.
+    /// - Otherwise the IP idle the longest, past its cooldown; failing that, a new IP from EC2
+    ///   (batched with concurrent requests, or carried by a new ENI).
+    pub async fn acquire(
+        &self,
+        attachment: AttachmentKey,
+        pod: PodRef,
+        prefer: Option<Ipv4Addr>,
+        sticky_key: Option<String>,
+    ) -> Result<Allocation, PoolError> {
+        let span = tracing::info_span!(
+            "acquire",
+            attachment = %attachment,
+            pod = %pod.sticky_key(),
+            prefer = ?prefer,
+        );
+        let shared = self.shared().clone();
+        async move {
+            let req = AcquireRequest {
+                key: attachment,
+                pod,
+                prefer,
+                sticky_key,
+            };
+            let route = shared
+                .lock()
+                .route_acquire(req, Instant::now(), tracing::Span::current());
+            let result = match route {
+                Route::Done(result) => {
+                    if result.is_ok() {
+                        shared.wake.notify_one();
+                    }
+                    result
+                }
+                Route::Wait(rx) => {
+                    shared.wake.notify_one();
+                    rx.await.unwrap_or(Err(PoolError::ShuttingDown))
+                }
+                Route::Send {
+                    eni,
+                    handle,
+                    waiter,
+                    rx,
+                } => {
+                    if let Err(EniCommand::Assign(w)) =
+                        handle.send(EniCommand::Assign(waiter)).await
+                    {
+                        shared.lock().abort_waiter(&eni, w, PoolError::ShuttingDown);
+                    }
+                    rx.await.unwrap_or(Err(PoolError::ShuttingDown))
+                }
+            };
+            match &result {
+                Ok(a) => tracing::info!(ip = %a.ip, eni = %a.eni, "acquired"),
+                Err(e) => tracing::info!(error = %e, "acquire failed"),
+            }
+            result
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Takes `attachment`'s IP back: it goes idle and cools down for `reuse_cooldown`; with
+    /// `sticky`, it stays reserved for the attachment's sticky key (or pod `namespace/name`) for
+    /// `ip_stick_time`. Returns the IP, or `None` for an unknown attachment (a no-op).
+    pub fn release(
+        &self,
+        attachment: &AttachmentKey,
+        sticky: bool,
+    ) -> Result<Option<Ipv4Addr>, PoolError> {
+        let released = self
+            .shared()
+            .lock()
+            .release(attachment, sticky, Instant::now());
+        match released {
+            Some(ip) => {
+                tracing::info!(%attachment, %ip, sticky, "released");
+                self.shared().wake.notify_one();
+            }
+            None => tracing::debug!(%attachment, "release of an unknown attachment"),
+        }
+        Ok(released)
+    }
+
+    /// A read-only view of the pool now.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        self.shared().lock().snapshot(Instant::now())
+    }
+
+    /// The allocation of `attachment`, if it holds an IP.
+    pub fn allocation(&self, attachment: &AttachmentKey) -> Option<Allocation> {
+        let st = self.shared().lock();
+        let rec = st.allocations.get(attachment)?;
+        Some(st.allocation_of(attachment, rec))
+    }
+
+    /// Runs a maintainer round now and waits until its cloud work (warm-ups, give-backs, ENI
+    /// creation and release) is done. For operators ("reconcile now") and tests.
+    pub async fn maintain_now(&self) -> Result<(), PoolError> {
+        let tx = self
+            .inner
+            .maintainer_tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or(PoolError::ShuttingDown)?;
+        let (respond_to, rx) = oneshot::channel();
+        tx.send(MaintainerCommand::RunNow { respond_to })
+            .await
+            .map_err(|_| PoolError::ShuttingDown)?;
+        rx.await.map_err(|_| PoolError::ShuttingDown)
+    }
+
+    /// Checks the pool's token accounting (`tokens used = idle + releasing + assigned + in flight`,
+    /// and every held IP is on an ENI). For tests and debugging.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.shared().lock().check_invariants()
+    }
+
+    /// Stops the pool: pending waits for a new ENI are answered with [`PoolError::ShuttingDown`],
+    /// actors finish their backlog and end, the maintainer ends. ENIs and IPs stay as they are.
+    pub async fn shutdown(&self) {
+        for task in self.inner.stop() {
+            let _ = task.await;
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The pool's configuration, with documented defaults and validation.
+
+use std::time::Duration;
+
+use crate::cloud::lifecycle::LifecycleConfig;
+
+/// A configuration value the pool cannot work with, naming the field.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("invalid pool config: `{field}` {problem}")]
+pub struct ConfigError {
+    /// The offending field, as spelled in [`PoolConfig`].
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// How the pool behaves. Every field has a default (see [`PoolConfig::default`]).
+///
+/// Mapping for AWS VPC CNI users: `min_idle` is `WARM_IP_TARGET` (free IPs kept ready); `max_idle`
+/// is the ceiling above which idle IPs are given back to EC2 (the VPC CNI derives it from
+/// `WARM_IP_TARGET`/`WARM_ENI_TARGET`; here it is explicit, in terway's style `max_pool_size`);
+/// `max_ips` is `MAX_PODS`-like hard cap on pod IPs; there is no `WARM_ENI_TARGET`: ENIs are created
+/// when IPs are needed and deleted when they hold none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Idle IPs to keep ready (cooling ones count, sticky-reserved ones do not). Default 2.
+    pub min_idle: u32,
+    /// Idle IPs above which the longest-idle ones (past cooldown, not reserved) are given back. Default 10.
+    pub max_idle: u32,
+    /// Hard cap on the pod IPs the node holds; `None`: the instance type's limit. Default `None`.
+    pub max_ips: Option<u32>,
+    /// Cap on attached ENIs, eth0 included; `None`: the instance type's limit. Default `None`.
+    pub max_enis: Option<u32>,
+    /// A released IP goes to another pod only after this long. Default 30 s; zero disables it.
+    pub reuse_cooldown: Duration,
+    /// A sticky release keeps the IP reserved for its key this long. Default 5 min.
+    pub ip_stick_time: Duration,
+    /// How long an ENI actor waits for more requests before its one cloud call. Default 5 ms.
+    pub batch_window: Duration,
+    /// Depth of each ENI actor's ipBacklog (bounded mpsc). Default 256.
+    pub backlog_depth: usize,
+    /// How long a subnet backs off after EC2 says it is full or a limit is reached. Default 2 min.
+    pub subnet_backoff: Duration,
+    /// First back-off of an ENI (or of ENI creation) after a failed call; doubles with each
+    /// consecutive failure up to `eni_backoff_max`. Default 1 s.
+    pub eni_backoff: Duration,
+    /// Longest ENI back-off. Default 1 min.
+    pub eni_backoff_max: Duration,
+    /// Period of the maintainer's tick (it also runs when notified). Default 5 s.
+    pub maintainer_tick: Duration,
+    /// ENI creations running at once (across subnets; one at a time per subnet). Default 2.
+    pub max_concurrent_eni_creates: usize,
+    /// After an assign, how long to wait for IMDS to list the new IPs before replying anyway (EC2 has
+    /// them; IMDS lags). Zero disables the wait. Default 2 s.
+    pub imds_wait: Duration,
+    /// Timing of ENI create/attach/detach/delete.
+    pub lifecycle: LifecycleConfig,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            min_idle: 2,
+            max_idle: 10,
+            max_ips: None,
+            max_enis: None,
+            reuse_cooldown: Duration::from_secs(30),
+            ip_stick_time: Duration::from_secs(5 * 60),
+            batch_window: Duration::from_millis(5),
+            backlog_depth: 256,
+            subnet_backoff: Duration::from_secs(2 * 60),
+            eni_backoff: Duration::from_secs(1),
+            eni_backoff_max: Duration::from_secs(60),
+            maintainer_tick: Duration::from_secs(5),
+            max_concurrent_eni_creates: 2,
+            imds_wait: Duration::from_secs(2),
+            lifecycle: LifecycleConfig::default(),
+        }
+    }
+}
+
+impl PoolConfig {
+    /// Checks the values against each other; the error names the field to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn bad(field: &'static str, problem: impl Into<String>) -> Result<(), ConfigError> {
+            Err(ConfigError {
+                field,
+                problem: problem.into(),
+            })
+        }
+        if self.min_idle > self.max_idle {
+            return bad(
+                "min_idle",
+                format!(
+                    "({}) must not exceed max_idle ({})",
+                    self.min_idle, self.max_idle
+                ),
+            );
+        }
+        if self.max_ips == Some(0) {
+            return bad(
+                "max_ips",
+                "must be at least 1 (or unset for the instance limit)",
+            );
+        }
+        if let Some(n) = self.max_enis
+            && n < 2
+        {
+            return bad(
+                "max_enis",
+                format!("({n}) must be at least 2: eth0 is not used for pods"),
+            );
+        }
+        if self.batch_window > Duration::from_secs(1) {
+            return bad(
+                "batch_window",
+                format!(
+                    "({:?}) must be at most 1s: every pod waits for it",
+                    self.batch_window
+                ),
+            );
+        }
+        if self.backlog_depth == 0 {
+            return bad("backlog_depth", "must be at least 1");
+        }
+        if self.maintainer_tick.is_zero() {
+            return bad("maintainer_tick", "must be positive");
+        }
+        if self.max_concurrent_eni_creates == 0 {
+            return bad("max_concurrent_eni_creates", "must be at least 1");
+        }
+        if self.eni_backoff.is_zero() {
+            return bad("eni_backoff", "must be positive");
+        }
+        if self.eni_backoff > self.eni_backoff_max {
+            return bad(
+                "eni_backoff",
+                format!(
+                    "({:?}) must not exceed eni_backoff_max ({:?})",
+                    self.eni_backoff, self.eni_backoff_max
+                ),
+            );
+        }
+        if self.subnet_backoff.is_zero() {
+            return bad("subnet_backoff", "must be positive");
+        }
+        Ok(())
+    }
+
+    /// Back-off after `failures` consecutive failures (1-based): `eni_backoff × 2^(failures−1)`,
+    /// capped at `eni_backoff_max`.
+    pub fn backoff_after(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(20);
+        self.eni_backoff
+            .saturating_mul(1u32 << exp)
+            .min(self.eni_backoff_max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_errors_name_the_field() {
+        assert_eq!(PoolConfig::default().validate(), Ok(()));
+        let err = PoolConfig {
+            min_idle: 5,
+            max_idle: 4,
+            ..PoolConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field, "min_idle");
+        assert!(err.to_string().contains("max_idle (4)"), "{err}");
+        let err = PoolConfig {
+            max_enis: Some(1),
+            ..PoolConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field, "max_enis");
+        let err = PoolConfig {
+            backlog_depth: 0,
+            ..PoolConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field, "backlog_depth");
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let c = PoolConfig::default();
+        assert_eq!(c.backoff_after(1), Duration::from_secs(1));
+        assert_eq!(c.backoff_after(3), Duration::from_secs(4));
+        assert_eq!(c.backoff_after(30), Duration::from_secs(60));
+    }
+}

@@ -1,0 +1,450 @@
+//! One actor per attached ENI: the [`EniHandle`] (cloneable, a bounded mpsc sender: the ENI's
+//! *ipBacklog*) and the task that owns every cloud call for that ENI.
+//!
+//! The task waits for a command, then keeps collecting for `batch_window` (the coalescing window),
+//! and makes ONE `AssignPrivateIpAddresses` for every pod and warm-up request of the batch and ONE
+//! `UnassignPrivateIpAddresses` for every give-back. Replies go back on the commands' oneshot
+//! senders; a failed call is answered to every waiter of the batch and moves the ENI into
+//! [`EniPhase::BackingOff`]. Commands carry the caller's tracing span and enqueue time, so a slow
+//! batch shows up in the trace of each pod that waited on it.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{Instrument, Span};
+
+use super::{Allocation, PoolError, Shared};
+use crate::cloud::{CloudError, EniFilter};
+use crate::model::{AttachmentKey, EniId, PodRef};
+
+/// How often the actor re-reads IMDS while waiting for freshly assigned IPs to show.
+const IMDS_POLL: Duration = Duration::from_millis(100);
+
+/// Where an ENI is in its life, as far as the pool is concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EniPhase {
+    /// Takes requests.
+    Serving,
+    /// A call failed; no new work is routed here until `until`.
+    BackingOff {
+        until: Instant,
+        /// Consecutive failures (the back-off doubles with each).
+        failures: u32,
+        last_error: CloudError,
+    },
+    /// Being detached and deleted; takes no work.
+    Draining,
+}
+
+impl EniPhase {
+    /// Whether work may be routed to the ENI at `now` (a back-off that has run out counts as serving).
+    pub fn accepts_work(&self, now: Instant) -> bool {
+        match self {
+            Self::Serving => true,
+            Self::BackingOff { until, .. } => *until <= now,
+            Self::Draining => false,
+        }
+    }
+
+    /// Time left in a back-off at `now`.
+    pub fn retry_in(&self, now: Instant) -> Option<Duration> {
+        match self {
+            Self::BackingOff { until, .. } if *until > now => Some(*until - now),
+            _ => None,
+        }
+    }
+
+    /// After a successful call.
+    pub fn succeeded(&self) -> Self {
+        match self {
+            Self::Draining => Self::Draining,
+            _ => Self::Serving,
+        }
+    }
+
+    /// After a failed call at `now`, backing off for `backoff(failures)`.
+    pub fn failed(
+        &self,
+        error: CloudError,
+        now: Instant,
+        backoff: impl Fn(u32) -> Duration,
+    ) -> Self {
+        let failures = match self {
+            Self::BackingOff { failures, .. } => failures + 1,
+            _ => 1,
+        };
+        Self::BackingOff {
+            until: now + backoff(failures),
+            failures,
+            last_error: error,
+        }
+    }
+}
+
+/// A pod request for one new IP, as it travels to an ENI actor or waits for a new ENI.
+pub(crate) struct Waiter {
+    pub key: AttachmentKey,
+    pub pod: PodRef,
+    pub sticky_key: Option<String>,
+    pub respond_to: oneshot::Sender<Result<Allocation, PoolError>>,
+    pub span: Span,
+    pub enqueued_at: Instant,
+}
+
+/// What an ENI actor is asked to do.
+pub(crate) enum EniCommand {
+    /// One IP for a pod.
+    Assign(Waiter),
+    /// `count` IPs for the idle pool.
+    Warm {
+        count: u32,
+        respond_to: oneshot::Sender<Result<(), PoolError>>,
+        span: Span,
+        enqueued_at: Instant,
+    },
+    /// Give these idle IPs back to EC2.
+    Unassign {
+        ips: Vec<Ipv4Addr>,
+        respond_to: oneshot::Sender<Result<(), PoolError>>,
+        span: Span,
+        enqueued_at: Instant,
+    },
+    /// Detach and delete the (empty) ENI, then stop.
+    Release {
+        respond_to: oneshot::Sender<Result<(), PoolError>>,
+        span: Span,
+    },
+}
+
+/// The cloneable handle of one ENI actor: its ipBacklog.
+#[derive(Clone, Debug)]
+pub(crate) struct EniHandle {
+    tx: mpsc::Sender<EniCommand>,
+}
+
+impl EniHandle {
+    /// Spawns the actor of ENI `eni` (MAC `mac`); it runs until every handle is dropped or it has
+    /// deleted its ENI.
+    pub(crate) fn spawn(shared: Arc<Shared>, eni: EniId, mac: String) -> (Self, JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(shared.config.backlog_depth);
+        let actor = EniActor {
+            shared,
+            eni,
+            mac,
+            rx,
+        };
+        let span = tracing::info_span!("eni_actor", eni = %actor.eni);
+        let task = tokio::spawn(actor.run().instrument(span));
+        (Self { tx }, task)
+    }
+
+    /// Queues a command (waits while the backlog is full); gives it back if the actor is gone.
+    pub(crate) async fn send(&self, cmd: EniCommand) -> Result<(), EniCommand> {
+        self.tx.send(cmd).await.map_err(|e| e.0)
+    }
+}
+
+#[derive(PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stop,
+}
+
+#[derive(Default)]
+struct Batch {
+    pods: Vec<Waiter>,
+    warm: u32,
+    warm_replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
+    unassign: Vec<Ipv4Addr>,
+    unassign_replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
+    release: Option<oneshot::Sender<Result<(), PoolError>>>,
+    oldest: Option<Instant>,
+}
+
+impl Batch {
+    fn add(&mut self, cmd: EniCommand) {
+        let enqueued = match cmd {
+            EniCommand::Assign(w) => {
+                let at = w.enqueued_at;
+                self.pods.push(w);
+                at
+            }
+            EniCommand::Warm {
+                count,
+                respond_to,
+                enqueued_at,
+                span,
+            } => {
+                tracing::debug!(parent: &span, count, "warm-up joins a batch");
+                self.warm += count;
+                self.warm_replies.push(respond_to);
+                enqueued_at
+            }
+            EniCommand::Unassign {
+                ips,
+                respond_to,
+                enqueued_at,
+                span,
+            } => {
+                tracing::debug!(parent: &span, count = ips.len(), "give-back joins a batch");
+                self.unassign.extend(ips);
+                self.unassign_replies.push(respond_to);
+                enqueued_at
+            }
+            EniCommand::Release { respond_to, span } => {
+                tracing::debug!(parent: &span, "release queued");
+                self.release = Some(respond_to);
+                Instant::now()
+            }
+        };
+        self.oldest = Some(self.oldest.map_or(enqueued, |o| o.min(enqueued)));
+    }
+}
+
+struct EniActor {
+    shared: Arc<Shared>,
+    eni: EniId,
+    mac: String,
+    rx: mpsc::Receiver<EniCommand>,
+}
+
+impl EniActor {
+    async fn run(mut self) {
+        while let Some(first) = self.rx.recv().await {
+            let mut batch = Batch::default();
+            batch.add(first);
+            let window = tokio::time::sleep(self.shared.config.batch_window);
+            tokio::pin!(window);
+            loop {
+                tokio::select! {
+                    biased;
+                    cmd = self.rx.recv() => match cmd {
+                        Some(cmd) => batch.add(cmd),
+                        None => break,
+                    },
+                    () = &mut window => break,
+                }
+            }
+            if self.handle(batch).await == Flow::Stop {
+                break;
+            }
+        }
+        self.abandon_rest();
+        tracing::debug!("ENI actor stopped");
+    }
+
+    /// Answers whatever is still queued after the actor decided to stop.
+    fn abandon_rest(&mut self) {
+        self.rx.close();
+        let mut rest = Batch::default();
+        while let Ok(cmd) = self.rx.try_recv() {
+            rest.add(cmd);
+        }
+        let mut st = self.shared.lock();
+        st.reject_assign(&self.eni, rest.pods, rest.warm, PoolError::ShuttingDown);
+        for r in rest.warm_replies.into_iter().chain(rest.unassign_replies) {
+            let _ = r.send(Err(PoolError::ShuttingDown));
+        }
+        if !rest.unassign.is_empty() {
+            st.unassign_abandoned(&self.eni, &rest.unassign);
+        }
+        if let Some(r) = rest.release {
+            let _ = r.send(Err(PoolError::ShuttingDown));
+        }
+    }
+
+    async fn handle(&mut self, batch: Batch) -> Flow {
+        if let Some(oldest) = batch.oldest {
+            tracing::trace!(
+                waited_ms = oldest.elapsed().as_millis() as u64,
+                "batch collected"
+            );
+        }
+        if !batch.pods.is_empty() || batch.warm > 0 {
+            self.assign(batch.pods, batch.warm, batch.warm_replies)
+                .await;
+        }
+        if !batch.unassign.is_empty() {
+            self.unassign(batch.unassign, batch.unassign_replies).await;
+        }
+        match batch.release {
+            Some(reply) => self.release(reply).await,
+            None => Flow::Continue,
+        }
+    }
+
+    async fn assign(
+        &self,
+        pods: Vec<Waiter>,
+        warm: u32,
+        warm_replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
+    ) {
+        let now = Instant::now();
+        let ready = self.shared.lock().eni_accepts_work(&self.eni, now);
+        if let Err(err) = ready {
+            self.shared
+                .lock()
+                .reject_assign(&self.eni, pods, warm, err.clone());
+            for r in warm_replies {
+                let _ = r.send(Err(err.clone()));
+            }
+            return;
+        }
+        let count = pods.len() as u32 + warm;
+        let span =
+            tracing::info_span!("assign_batch", eni = %self.eni, count, pods = pods.len(), warm);
+        for w in &pods {
+            tracing::debug!(
+                parent: &w.span,
+                eni = %self.eni,
+                batch = count,
+                queued_ms = w.enqueued_at.elapsed().as_millis() as u64,
+                "assigning in a batch"
+            );
+        }
+        let result = self
+            .shared
+            .cloud
+            .assign_ips(&self.eni, count)
+            .instrument(span.clone())
+            .await;
+        let outcome = match result {
+            Ok(ips) => {
+                span.in_scope(|| tracing::info!(assigned = ips.len(), "assigned IPs"));
+                self.wait_visible(&ips).instrument(span).await;
+                self.shared
+                    .lock()
+                    .complete_assign(&self.eni, ips, pods, warm, Instant::now());
+                Ok(())
+            }
+            Err(err) => {
+                span.in_scope(|| tracing::warn!(error = %err, "assign failed; backing off"));
+                let pool_err =
+                    self.shared
+                        .lock()
+                        .fail_assign(&self.eni, err, pods, warm, Instant::now());
+                Err(pool_err)
+            }
+        };
+        if outcome.is_ok() || warm > 0 {
+            self.shared.wake.notify_one();
+        }
+        for r in warm_replies {
+            let _ = r.send(outcome.clone());
+        }
+    }
+
+    /// Waits (bounded by `imds_wait`) until IMDS lists `ips` on this ENI. EC2 already has them, so
+    /// after the bound the pods get them anyway; the reconciler trusts EC2 over IMDS.
+    async fn wait_visible(&self, ips: &[Ipv4Addr]) {
+        let bound = self.shared.config.imds_wait;
+        if bound.is_zero() || ips.is_empty() {
+            return;
+        }
+        let deadline = Instant::now() + bound;
+        loop {
+            match self.shared.metadata.interface(&self.mac).await {
+                Ok(Some(md)) if ips.iter().all(|ip| md.ips.contains(ip)) => return,
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "IMDS read failed while waiting for IPs"),
+            }
+            if Instant::now() + IMDS_POLL > deadline {
+                tracing::warn!(
+                    waited_ms = bound.as_millis() as u64,
+                    "IMDS does not list the new IPs yet; going on"
+                );
+                return;
+            }
+            tokio::time::sleep(IMDS_POLL).await;
+        }
+    }
+
+    async fn unassign(
+        &self,
+        ips: Vec<Ipv4Addr>,
+        replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
+    ) {
+        let span = tracing::info_span!("unassign_batch", eni = %self.eni, count = ips.len());
+        let result = self
+            .shared
+            .cloud
+            .unassign_ips(&self.eni, &ips)
+            .instrument(span.clone())
+            .await;
+        let outcome = {
+            let mut st = self.shared.lock();
+            match result {
+                Ok(()) => {
+                    span.in_scope(|| tracing::info!("gave IPs back to EC2"));
+                    st.complete_unassign(&self.eni, &ips);
+                    Ok(())
+                }
+                Err(err) => {
+                    span.in_scope(
+                        || tracing::warn!(error = %err, "unassign failed; IPs stay idle"),
+                    );
+                    st.fail_unassign(&self.eni, &ips, err.clone(), Instant::now());
+                    Err(PoolError::Cloud(err))
+                }
+            }
+        };
+        self.shared.wake.notify_one();
+        for r in replies {
+            let _ = r.send(outcome.clone());
+        }
+    }
+
+    async fn release(&self, reply: oneshot::Sender<Result<(), PoolError>>) -> Flow {
+        let span = tracing::info_span!("release_eni", eni = %self.eni);
+        let described = self.shared.lock().cloud_eni(&self.eni);
+        let eni = match described {
+            Some(eni) => Ok(eni),
+            None => self
+                .shared
+                .cloud
+                .describe_enis(&EniFilter {
+                    ids: vec![self.eni.clone()],
+                    ..EniFilter::default()
+                })
+                .instrument(span.clone())
+                .await
+                .and_then(|mut v| {
+                    v.pop().ok_or_else(|| CloudError::NotFound {
+                        api: "DescribeNetworkInterfaces".into(),
+                        code: "InvalidNetworkInterfaceID.NotFound".into(),
+                        message: format!("{} not found", self.eni),
+                    })
+                }),
+        };
+        let result = match eni {
+            Ok(eni) => {
+                self.shared
+                    .provisioner
+                    .detach_and_delete(&eni)
+                    .instrument(span.clone())
+                    .await
+            }
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        };
+        let (flow, outcome) = match result {
+            Ok(()) => {
+                span.in_scope(|| tracing::info!("ENI detached and deleted"));
+                self.shared.lock().complete_release(&self.eni);
+                (Flow::Stop, Ok(()))
+            }
+            Err(err) => {
+                span.in_scope(|| tracing::warn!(error = %err, "ENI release failed; keeping it"));
+                self.shared.lock().fail_release(&self.eni, Instant::now());
+                (Flow::Continue, Err(PoolError::Cloud(err)))
+            }
+        };
+        self.shared.wake.notify_one();
+        let _ = reply.send(outcome);
+        flow
+    }
+}

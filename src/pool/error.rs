@@ -1,0 +1,137 @@
+//! The pool's typed errors.
+//!
+//! Every error an acquire can end in is a [`PoolError`]; the RPC layer maps
+//! [`PoolError::is_retryable`] errors to CNI error 11 ("try again later") with the message as the
+//! reason, and the rest to the error the CNI spec has for them.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use crate::cloud::CloudError;
+use crate::model::EniId;
+
+/// Why the node cannot get another IP right now.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ExhaustionReason {
+    /// Every capacity token is taken: the node holds as many IPs as it may.
+    #[error(
+        "all {capacity} IP slots of this node are in use ({cooling} idle but cooling down, {reserved} reserved for sticky pods)"
+    )]
+    CapacityReached {
+        capacity: u32,
+        cooling: u32,
+        reserved: u32,
+    },
+    /// No device index is left for another ENI and no ENI is being created or released.
+    #[error("no ENI slot left: the node may have {max_enis} interfaces and has them all")]
+    NoEniSlot { max_enis: u32 },
+    /// EC2 said the subnet is full or a limit is reached; the subnet backs off.
+    #[error("subnet {subnet_id}: {error}")]
+    Cloud {
+        subnet_id: String,
+        /// What EC2 said (boxed: errors stay small on the happy path).
+        error: Box<CloudError>,
+    },
+}
+
+/// What is backing off after failures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackoffTarget {
+    /// One ENI's assign/unassign calls.
+    Eni(EniId),
+    /// Creating ENIs in a subnet.
+    EniCreation { subnet_id: String },
+}
+
+impl std::fmt::Display for BackoffTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Eni(id) => write!(f, "ENI {id}"),
+            Self::EniCreation { subnet_id } => write!(f, "ENI creation in {subnet_id}"),
+        }
+    }
+}
+
+/// Why a preferred IP was refused.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum PreferUnavailable {
+    /// Another attachment holds it.
+    #[error("it is assigned to another attachment")]
+    Assigned,
+    /// It was released recently and is still cooling down.
+    #[error("it was released recently and cools down for {remaining:?} more")]
+    Cooling { remaining: Duration },
+    /// It is reserved for another sticky key.
+    #[error("it is reserved for another pod for {remaining:?} more")]
+    ReservedForOther { remaining: Duration },
+    /// It is being given back to EC2.
+    #[error("it is being given back to EC2")]
+    BeingReleased,
+    /// The pool does not hold it.
+    #[error("it is not in this node's pool")]
+    NotInPool,
+}
+
+/// Everything an acquire (or the pool's start) can fail with.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum PoolError {
+    /// No IP can be had now: capacity reached, subnet full, limits reached. CNI error 11.
+    #[error("no IP available: {reason}")]
+    Exhausted {
+        reason: ExhaustionReason,
+        /// When trying again may help, if the pool knows.
+        retry_after: Option<Duration>,
+    },
+    /// The request named an IP the pool cannot give this caller. Never answered with another IP.
+    #[error("preferred IP {ip} is not available: {reason}")]
+    PreferredUnavailable {
+        ip: Ipv4Addr,
+        reason: PreferUnavailable,
+    },
+    /// The ENI (or ENI creation) that would serve this request is backing off after failures.
+    #[error("{target} is backing off for {retry_after:?} after: {last_error}")]
+    BackingOff {
+        target: BackoffTarget,
+        retry_after: Duration,
+        /// The failure that started the back-off (boxed: errors stay small on the happy path).
+        last_error: Box<CloudError>,
+    },
+    /// The cloud call made for this request failed.
+    #[error("cloud call failed: {0}")]
+    Cloud(#[from] CloudError),
+    /// The attachment was released while its IP was still being fetched.
+    #[error("attachment released while its IP was being assigned")]
+    ReleasedWhilePending,
+    /// The pool is shutting down.
+    #[error("the IP pool is shutting down")]
+    ShuttingDown,
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] super::ConfigError),
+    /// The startup seed is inconsistent.
+    #[error(transparent)]
+    Seed(#[from] super::SeedError),
+}
+
+impl PoolError {
+    /// Whether the caller should try again later (CNI error 11).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Exhausted { .. }
+            | Self::BackingOff { .. }
+            | Self::ReleasedWhilePending
+            | Self::ShuttingDown => true,
+            Self::Cloud(e) => {
+                e.is_retryable()
+                    || e.is_capacity()
+                    || matches!(e, CloudError::RetriesExhausted { .. })
+            }
+            Self::PreferredUnavailable { .. } | Self::Config(_) | Self::Seed(_) => false,
+        }
+    }
+
+    /// Whether this is an exhaustion (capacity, subnet, limits).
+    pub fn is_exhausted(&self) -> bool {
+        matches!(self, Self::Exhausted { .. })
+    }
+}

@@ -1,0 +1,201 @@
+//! The maintainer: one task that keeps the warm pool within `[min_idle, max_idle]`, creates an ENI
+//! when every ENI is full (carrying the IPs it needs in the create call itself), serves the pods
+//! waiting for that ENI, and releases ENIs that hold no IP.
+//!
+//! It runs a round on every tick, whenever notified (after a short coalescing wait, so a burst of
+//! acquires becomes one create), and on request ([`super::Pool::maintain_now`]). A round only
+//! *plans* under the pool's lock ([`super::state::PoolState::plan_round`]); the cloud calls run in
+//! spawned tasks (warm-ups and give-backs through the ENI actors, one batch per ENI), so a slow
+//! create never stalls the next round. ENI creation is serialized per subnet (the plan never has two
+//! in flight in one subnet) and bounded overall by `max_concurrent_eni_creates`.
+
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::Instrument;
+
+use super::eni::{EniCommand, EniHandle};
+use super::state::CreatePlan;
+use super::{PoolError, Shared};
+
+/// Requests to the maintainer task.
+pub(crate) enum MaintainerCommand {
+    /// Wait for the work earlier rounds started, run a round now, and answer when its cloud work
+    /// is done too.
+    RunNow { respond_to: oneshot::Sender<()> },
+}
+
+/// The maintainer's loop; ends when the command sender is dropped (pool shutdown).
+pub(crate) async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<MaintainerCommand>) {
+    let mut tick = tokio::time::interval(shared.config.maintainer_tick);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let creates = Arc::new(Semaphore::new(shared.config.max_concurrent_eni_creates));
+    // Work spawned by earlier rounds and maybe still running.
+    let mut outstanding: Vec<JoinHandle<()>> = Vec::new();
+    loop {
+        let mut reply = None;
+        tokio::select! {
+            biased;
+            cmd = commands.recv() => match cmd {
+                Some(MaintainerCommand::RunNow { respond_to }) => reply = Some(respond_to),
+                None => break,
+            },
+            () = shared.wake.notified() => tokio::time::sleep(shared.config.batch_window).await,
+            _ = tick.tick() => {}
+        }
+        match reply {
+            // Settle what earlier rounds started, run a round, and settle that too.
+            Some(reply) => {
+                for t in outstanding.drain(..) {
+                    let _ = t.await;
+                }
+                for t in round(&shared, &creates) {
+                    let _ = t.await;
+                }
+                let _ = reply.send(());
+            }
+            None => {
+                outstanding.retain(|t| !t.is_finished());
+                outstanding.extend(round(&shared, &creates));
+            }
+        }
+    }
+    tracing::debug!("maintainer stopped");
+}
+
+/// Plans one round and spawns its work; returns the tasks.
+fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> {
+    let plan = shared.lock().plan_round(Instant::now());
+    if plan.is_empty() {
+        return Vec::new();
+    }
+    tracing::debug!(
+        reroutes = plan.reroutes.len(),
+        warms = plan.warms.len(),
+        unassigns = plan.unassigns.len(),
+        creates = plan.creates.len(),
+        releases = plan.releases.len(),
+        "maintainer round"
+    );
+    let mut tasks = Vec::new();
+    for (eni, handle, waiter) in plan.reroutes {
+        let shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(EniCommand::Assign(w)) = handle.send(EniCommand::Assign(waiter)).await {
+                shared.lock().abort_waiter(&eni, w, PoolError::ShuttingDown);
+            }
+        }));
+    }
+    for (eni, handle, count) in plan.warms {
+        let shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            let (tx, rx) = oneshot::channel();
+            let cmd = EniCommand::Warm {
+                count,
+                respond_to: tx,
+                span: tracing::info_span!("warm_up", %eni, count),
+                enqueued_at: Instant::now(),
+            };
+            if handle.send(cmd).await.is_err() {
+                shared
+                    .lock()
+                    .reject_assign(&eni, Vec::new(), count, PoolError::ShuttingDown);
+                return;
+            }
+            if let Ok(Err(e)) = rx.await {
+                tracing::warn!(%eni, count, error = %e, "warm-up failed");
+            }
+        }));
+    }
+    for (eni, handle, ips) in plan.unassigns {
+        let shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            let (tx, rx) = oneshot::channel();
+            let cmd = EniCommand::Unassign {
+                ips: ips.clone(),
+                respond_to: tx,
+                span: tracing::info_span!("give_back", %eni, count = ips.len()),
+                enqueued_at: Instant::now(),
+            };
+            if handle.send(cmd).await.is_err() {
+                shared.lock().unassign_abandoned(&eni, &ips);
+                return;
+            }
+            let _ = rx.await;
+        }));
+    }
+    for c in plan.creates {
+        tasks.push(tokio::spawn(create(shared.clone(), c, creates.clone())));
+    }
+    for (eni, handle) in plan.releases {
+        let shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            let (tx, rx) = oneshot::channel();
+            let cmd = EniCommand::Release {
+                respond_to: tx,
+                span: tracing::info_span!("release", %eni),
+            };
+            if handle.send(cmd).await.is_err() {
+                shared.lock().fail_release(&eni, Instant::now());
+                return;
+            }
+            let _ = rx.await;
+        }));
+    }
+    tasks
+}
+
+/// Creates and attaches one ENI with `plan.count` secondary IPs, spawns its actor and serves the
+/// plan's waiters.
+async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) {
+    let span = tracing::info_span!(
+        "create_eni",
+        subnet = %plan.subnet_id,
+        device_index = plan.device_index,
+        count = plan.count,
+        pods = plan.waiters.len()
+    );
+    async move {
+        let Ok(_permit) = permits.acquire_owned().await else {
+            return;
+        };
+        for w in &plan.waiters {
+            tracing::debug!(parent: &w.span, device_index = plan.device_index, count = plan.count, "waiting for a new ENI");
+        }
+        if plan.describe_subnet {
+            match shared.cloud.describe_subnet(&plan.subnet_id).await {
+                Ok(subnet) => shared.lock().learn_subnet(subnet),
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot describe the subnet for a new ENI");
+                    shared.lock().fail_create(plan.id, err, plan.waiters, Instant::now());
+                    shared.wake.notify_one();
+                    return;
+                }
+            }
+        }
+        let started = Instant::now();
+        match shared.provisioner.create_and_attach(plan.count, plan.device_index).await {
+            Ok(eni) => {
+                tracing::info!(
+                    eni = %eni.id,
+                    ips = eni.secondary_ips.len(),
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "ENI ready"
+                );
+                let (handle, task) = EniHandle::spawn(shared.clone(), eni.id.clone(), eni.mac.clone());
+                shared
+                    .lock()
+                    .complete_create(plan.id, eni, handle, task, plan.waiters, Instant::now());
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "ENI creation failed");
+                shared.lock().fail_create(plan.id, err, plan.waiters, Instant::now());
+            }
+        }
+        shared.wake.notify_one();
+    }
+    .instrument(span)
+    .await
+}

@@ -1,0 +1,614 @@
+//! Deterministic behaviour tests of the pool on the in-memory cloud (paused tokio time).
+
+mod pool_support;
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use eniipam::cloud::CloudError;
+use eniipam::cloud::memory::{Action, NodeSpec};
+use eniipam::pool::{
+    AllocationSeed, BackoffTarget, EniPhaseSnapshot, EniRole, ExhaustionReason, IpState, Pool,
+    PoolConfig, PoolError, PoolSeed, PreferUnavailable,
+};
+use pool_support::{acquire_many, key, pod, quiet_config, settle, start, start_with_enis};
+use tokio::time::advance;
+
+fn transient(api: &str) -> CloudError {
+    CloudError::Transient {
+        api: api.into(),
+        message: "injected".into(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn burst_on_an_existing_eni_costs_one_assign_call() {
+    let n = start_with_enis(quiet_config(), NodeSpec::default(), &[0]).await;
+    let results = acquire_many(&n.pool, 0..8).await;
+    let ips: BTreeSet<Ipv4Addr> = results
+        .iter()
+        .map(|r| r.as_ref().expect("acquired").ip)
+        .collect();
+    assert_eq!(ips.len(), 8, "eight distinct IPs");
+    let assigns = n.cloud.calls_of(Action::AssignPrivateIpAddresses);
+    assert_eq!(assigns.len(), 1, "one batched assign: {assigns:?}");
+    assert!(assigns[0].args.contains("count=8"), "{}", assigns[0].args);
+    assert_eq!(n.cloud.call_count(Action::CreateNetworkInterface), 0);
+    let a = results[0].as_ref().unwrap();
+    assert_eq!(a.device_index, 1);
+    assert_eq!(a.subnet_cidr, NodeSpec::default().subnet_cidr);
+    assert_eq!(a.gateway, Ipv4Addr::new(10, 0, 1, 1));
+    assert_eq!(n.pool.snapshot().assigned, 8);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn burst_on_an_empty_node_creates_enis_carrying_the_ips() {
+    let n = start(quiet_config(), NodeSpec::default()).await;
+    // m5.large-like: 2 pod ENIs × 9 IPs. 12 pods: one ENI of 9, one of 3, no assign calls.
+    let results = acquire_many(&n.pool, 0..12).await;
+    let ips: BTreeSet<Ipv4Addr> = results
+        .iter()
+        .map(|r| r.as_ref().expect("acquired").ip)
+        .collect();
+    assert_eq!(ips.len(), 12);
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 0);
+    let creates = n.cloud.calls_of(Action::CreateNetworkInterface);
+    assert_eq!(creates.len(), 2, "{creates:?}");
+    assert!(
+        creates[0].args.contains("secondary_ip_count=9"),
+        "{}",
+        creates[0].args
+    );
+    assert!(
+        creates[1].args.contains("secondary_ip_count=3"),
+        "{}",
+        creates[1].args
+    );
+    assert_eq!(n.cloud.call_count(Action::AttachNetworkInterface), 2);
+    let snap = n.pool.snapshot();
+    let indexes: Vec<u32> = snap.pod_enis().map(|e| e.device_index).collect();
+    assert_eq!(indexes, vec![1, 2]);
+    assert_eq!(snap.assigned, 12);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn mixed_burst_fills_the_eni_then_creates_one_more() {
+    // One ENI with 5 of 9 slots taken by seeded pods: 4 left. 10 pods: assign(4) + create(6).
+    let n = start_with_enis(quiet_config(), NodeSpec::default(), &[5]).await;
+    let seeded: Vec<Ipv4Addr> = n.cloud.attached_enis()[1].secondary_ips.clone();
+    drop(n.pool);
+    let interfaces = eniipam::cloud::Metadata::interfaces(&*n.cloud)
+        .await
+        .unwrap();
+    let mut seed = PoolSeed::from_metadata(&interfaces, &[n.cloud.attached_enis()[1].id.clone()]);
+    seed.allocations = seeded
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| AllocationSeed {
+            ip: *ip,
+            attachment: key(100 + i),
+            pod: pod(100 + i),
+            sticky_key: None,
+        })
+        .collect();
+    n.cloud.reset_calls();
+    let pool = Pool::start(
+        quiet_config(),
+        n.cloud.clone(),
+        n.cloud.clone(),
+        n.node.clone(),
+        seed,
+    )
+    .unwrap();
+    assert_eq!(pool.snapshot().assigned, 5);
+    let again = pool.acquire(key(100), pod(100), None, None).await.unwrap();
+    assert_eq!(again.ip, seeded[0], "restored assignment is idempotent");
+
+    let results = acquire_many(&pool, 0..10).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let assigns = n.cloud.calls_of(Action::AssignPrivateIpAddresses);
+    assert_eq!(assigns.len(), 1);
+    assert!(assigns[0].args.contains("count=4"), "{}", assigns[0].args);
+    let creates = n.cloud.calls_of(Action::CreateNetworkInterface);
+    assert_eq!(creates.len(), 1);
+    assert!(
+        creates[0].args.contains("secondary_ip_count=6"),
+        "{}",
+        creates[0].args
+    );
+    pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_is_idempotent_and_release_of_unknown_is_a_noop() {
+    let n = start_with_enis(quiet_config(), NodeSpec::default(), &[0]).await;
+    // Two concurrent acquires for the same attachment: one IP, one call.
+    let (a, b) = tokio::join!(
+        n.pool.acquire(key(1), pod(1), None, None),
+        n.pool.acquire(key(1), pod(1), None, None)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a, b);
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 1);
+    let c = n.pool.acquire(key(1), pod(1), None, None).await.unwrap();
+    assert_eq!(c.ip, a.ip);
+    assert_eq!(n.pool.snapshot().assigned, 1);
+    assert_eq!(n.pool.release(&key(99), false), Ok(None));
+    assert_eq!(n.pool.release(&key(1), false), Ok(Some(a.ip)));
+    assert_eq!(
+        n.pool.release(&key(1), false),
+        Ok(None),
+        "second DEL is a no-op"
+    );
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_released_ip_waits_out_its_cooldown() {
+    let n = start_with_enis(quiet_config(), NodeSpec::default(), &[0]).await;
+    let first = n.pool.acquire(key(1), pod(1), None, None).await.unwrap();
+    n.pool.release(&key(1), false).unwrap();
+    assert!(matches!(
+        n.pool.snapshot().ip(first.ip),
+        Some(IpState::Cooling { .. })
+    ));
+    let second = n.pool.acquire(key(2), pod(2), None, None).await.unwrap();
+    assert_ne!(second.ip, first.ip, "a cooling IP goes to no other pod");
+    advance(Duration::from_secs(29)).await;
+    let third = n.pool.acquire(key(3), pod(3), None, None).await.unwrap();
+    assert_ne!(third.ip, first.ip);
+    advance(Duration::from_secs(2)).await;
+    let calls = n.cloud.call_count(Action::AssignPrivateIpAddresses);
+    let fourth = n.pool.acquire(key(4), pod(4), None, None).await.unwrap();
+    assert_eq!(
+        fourth.ip, first.ip,
+        "past cooldown, the oldest idle IP is reused"
+    );
+    assert_eq!(
+        n.cloud.call_count(Action::AssignPrivateIpAddresses),
+        calls,
+        "no cloud call"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_ips_are_reused_oldest_first() {
+    let n = start_with_enis(quiet_config(), NodeSpec::default(), &[0]).await;
+    let got: Vec<Ipv4Addr> = acquire_many(&n.pool, 0..3)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().ip)
+        .collect();
+    for i in [2, 0, 1] {
+        n.pool.release(&key(i), false).unwrap();
+        advance(Duration::from_secs(1)).await;
+    }
+    advance(Duration::from_secs(60)).await;
+    let mut reused = Vec::new();
+    for i in 10..13 {
+        reused.push(n.pool.acquire(key(i), pod(i), None, None).await.unwrap().ip);
+    }
+    assert_eq!(
+        reused,
+        vec![got[2], got[0], got[1]],
+        "released first, reused first"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sticky_ip_comes_back_to_its_key_and_nobody_else() {
+    let n = start_with_enis(quiet_config(), NodeSpec::default(), &[0]).await;
+    let web = Some("shop/web-0".to_owned());
+    let first = n
+        .pool
+        .acquire(key(1), pod(1), None, web.clone())
+        .await
+        .unwrap();
+    n.pool.release(&key(1), true).unwrap();
+    advance(Duration::from_secs(60)).await; // past cooldown, within the stick time
+    assert!(matches!(
+        n.pool.snapshot().ip(first.ip),
+        Some(IpState::Reserved { key, .. }) if key == "shop/web-0"
+    ));
+    let other = n.pool.acquire(key(2), pod(2), None, None).await.unwrap();
+    assert_ne!(other.ip, first.ip, "reserved for its key");
+    let err = n
+        .pool
+        .acquire(key(3), pod(3), Some(first.ip), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PoolError::PreferredUnavailable {
+                reason: PreferUnavailable::ReservedForOther { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let back = n
+        .pool
+        .acquire(key(4), pod(1), None, web.clone())
+        .await
+        .unwrap();
+    assert_eq!(back.ip, first.ip, "the same pod name gets its IP back");
+
+    // After the stick time the IP is anybody's.
+    n.pool.release(&key(4), true).unwrap();
+    advance(Duration::from_secs(5 * 60 + 1)).await;
+    let anyone = n.pool.acquire(key(5), pod(5), None, None).await.unwrap();
+    assert_eq!(anyone.ip, first.ip);
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefer_is_honoured_or_refused_with_a_typed_error() {
+    let n = start_with_enis(quiet_config(), NodeSpec::default(), &[0]).await;
+    let a = n.pool.acquire(key(1), pod(1), None, None).await.unwrap();
+    let b = n.pool.acquire(key(2), pod(2), None, None).await.unwrap();
+    let err = n
+        .pool
+        .acquire(key(3), pod(3), Some(a.ip), None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        PoolError::PreferredUnavailable {
+            ip: a.ip,
+            reason: PreferUnavailable::Assigned
+        }
+    );
+    n.pool.release(&key(2), false).unwrap();
+    let err = n
+        .pool
+        .acquire(key(3), pod(3), Some(b.ip), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PoolError::PreferredUnavailable {
+                reason: PreferUnavailable::Cooling { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = n
+        .pool
+        .acquire(key(3), pod(3), Some(Ipv4Addr::new(192, 0, 2, 1)), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PoolError::PreferredUnavailable {
+                reason: PreferUnavailable::NotInPool,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(!err.is_retryable());
+    advance(Duration::from_secs(31)).await;
+    let got = n
+        .pool
+        .acquire(key(3), pod(3), Some(b.ip), None)
+        .await
+        .unwrap();
+    assert_eq!(got.ip, b.ip);
+}
+
+#[tokio::test(start_paused = true)]
+async fn min_idle_prewarms_in_batches() {
+    let config = PoolConfig {
+        min_idle: 5,
+        ..quiet_config()
+    };
+    let n = start(config, NodeSpec::default()).await;
+    n.pool.maintain_now().await.unwrap();
+    let snap = n.pool.snapshot();
+    assert_eq!(snap.idle, 5);
+    let creates = n.cloud.calls_of(Action::CreateNetworkInterface);
+    assert_eq!(creates.len(), 1);
+    assert!(
+        creates[0].args.contains("secondary_ip_count=5"),
+        "{}",
+        creates[0].args
+    );
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 0);
+
+    for i in 0..3 {
+        n.pool.acquire(key(i), pod(i), None, None).await.unwrap();
+    }
+    assert_eq!(
+        n.cloud.call_count(Action::AssignPrivateIpAddresses),
+        0,
+        "served from idle"
+    );
+    n.pool.maintain_now().await.unwrap();
+    let assigns = n.cloud.calls_of(Action::AssignPrivateIpAddresses);
+    assert_eq!(assigns.len(), 1, "one top-up batch: {assigns:?}");
+    assert!(assigns[0].args.contains("count=3"), "{}", assigns[0].args);
+    assert_eq!(n.pool.snapshot().idle, 5);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_idle_gives_back_the_longest_idle_in_one_call_per_eni() {
+    let config = PoolConfig {
+        max_idle: 2,
+        ..quiet_config()
+    };
+    let n = start_with_enis(config, NodeSpec::default(), &[0]).await;
+    let ips: Vec<Ipv4Addr> = acquire_many(&n.pool, 0..6)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().ip)
+        .collect();
+    for i in 0..6 {
+        n.pool.release(&key(i), false).unwrap();
+        advance(Duration::from_secs(1)).await;
+    }
+    // Cooling IPs are never given back.
+    n.pool.maintain_now().await.unwrap();
+    assert_eq!(n.cloud.call_count(Action::UnassignPrivateIpAddresses), 0);
+    advance(Duration::from_secs(30)).await;
+    n.pool.maintain_now().await.unwrap();
+    let unassigns = n.cloud.calls_of(Action::UnassignPrivateIpAddresses);
+    assert_eq!(unassigns.len(), 1, "{unassigns:?}");
+    let given: Vec<String> = ips[..4].iter().map(|ip| ip.to_string()).collect();
+    for ip in &given {
+        assert!(
+            unassigns[0].args.contains(ip.as_str()),
+            "{ip} in {}",
+            unassigns[0].args
+        );
+    }
+    let snap = n.pool.snapshot();
+    assert_eq!(snap.idle, 2);
+    let left: BTreeSet<Ipv4Addr> = snap.ips().map(|s| s.ip).collect();
+    assert_eq!(left, ips[4..].iter().copied().collect());
+    assert_eq!(snap.tokens_used, 2);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_eni_is_detached_and_deleted() {
+    let config = PoolConfig {
+        max_idle: 0,
+        ..quiet_config()
+    };
+    let n = start(config, NodeSpec::default()).await;
+    acquire_many(&n.pool, 0..2).await.into_iter().for_each(|r| {
+        r.unwrap();
+    });
+    let eni = n.pool.snapshot().pod_enis().next().unwrap().id.clone();
+    n.pool.release(&key(0), false).unwrap();
+    n.pool.release(&key(1), false).unwrap();
+    advance(Duration::from_secs(31)).await;
+    n.pool.maintain_now().await.unwrap(); // gives the IPs back
+    assert_eq!(n.cloud.call_count(Action::UnassignPrivateIpAddresses), 1);
+    n.pool.maintain_now().await.unwrap(); // the ENI is empty: release it
+    assert_eq!(n.cloud.call_count(Action::DetachNetworkInterface), 1);
+    assert_eq!(n.cloud.call_count(Action::DeleteNetworkInterface), 1);
+    assert!(n.cloud.eni(&eni).is_none(), "deleted in EC2");
+    let snap = n.pool.snapshot();
+    assert!(
+        snap.enis.iter().all(|e| e.role == EniRole::Primary),
+        "{:?}",
+        snap.enis
+    );
+    assert_eq!(snap.tokens_used, 0);
+
+    // The next pod gets a new ENI at the freed device index.
+    let a = n.pool.acquire(key(9), pod(9), None, None).await.unwrap();
+    assert_eq!(a.device_index, 1);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn subnet_exhaustion_backs_off_with_a_typed_error() {
+    let spec = NodeSpec {
+        subnet_cidr: "10.0.1.0/28".parse().unwrap(),
+        ..NodeSpec::default()
+    };
+    let n = start(quiet_config(), spec).await;
+    let taken = n.cloud.take_subnet_ips(u32::MAX);
+    let err = n
+        .pool
+        .acquire(key(1), pod(1), None, None)
+        .await
+        .unwrap_err();
+    match &err {
+        PoolError::Exhausted {
+            reason: ExhaustionReason::Cloud { error, .. },
+            retry_after,
+        } => {
+            assert!(matches!(**error, CloudError::SubnetFull { .. }), "{error}");
+            assert_eq!(*retry_after, Some(Duration::from_secs(120)));
+        }
+        other => panic!("expected exhaustion, got {other}"),
+    }
+    assert!(err.is_retryable(), "CNI error 11");
+    let snap = n.pool.snapshot();
+    assert!(
+        matches!(snap.exhaustion, Some(ExhaustionReason::Cloud { .. })),
+        "{:?}",
+        snap.exhaustion
+    );
+    assert!(
+        snap.subnets
+            .iter()
+            .any(|s| s.backoff.as_ref().is_some_and(|b| b.exhausted))
+    );
+
+    // During the back-off: fail fast, no cloud call.
+    let creates = n.cloud.call_count(Action::CreateNetworkInterface);
+    let err = n
+        .pool
+        .acquire(key(2), pod(2), None, None)
+        .await
+        .unwrap_err();
+    assert!(err.is_exhausted(), "{err}");
+    assert_eq!(n.cloud.call_count(Action::CreateNetworkInterface), creates);
+
+    n.cloud.free_subnet_ips(&taken);
+    advance(Duration::from_secs(121)).await;
+    assert_eq!(n.pool.snapshot().exhaustion, None);
+    n.pool.acquire(key(3), pod(3), None, None).await.unwrap();
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_batch_fails_every_waiter_and_the_eni_recovers() {
+    let n = start_with_enis(quiet_config(), NodeSpec::default(), &[0]).await;
+    let injected = transient("AssignPrivateIpAddresses");
+    n.cloud
+        .fail_next(Action::AssignPrivateIpAddresses, 1, injected.clone());
+    let results = acquire_many(&n.pool, 0..5).await;
+    for r in &results {
+        assert_eq!(r, &Err(PoolError::Cloud(injected.clone())));
+    }
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 1);
+    let snap = n.pool.snapshot();
+    let eni = snap.pod_enis().next().unwrap();
+    assert!(
+        matches!(eni.phase, EniPhaseSnapshot::BackingOff { failures: 1, .. }),
+        "{:?}",
+        eni.phase
+    );
+    assert_eq!(snap.tokens_used, 0, "tokens came back");
+
+    // While backing off: a typed error, no cloud call, no new ENI.
+    let err = n
+        .pool
+        .acquire(key(9), pod(9), None, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, PoolError::BackingOff { target: BackoffTarget::Eni(id), .. } if *id == eni.id),
+        "{err}"
+    );
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 1);
+    assert_eq!(n.cloud.call_count(Action::CreateNetworkInterface), 0);
+
+    advance(PoolConfig::default().eni_backoff).await;
+    let ok = n.pool.acquire(key(9), pod(9), None, None).await.unwrap();
+    assert_eq!(ok.eni, eni.id);
+    assert!(matches!(
+        n.pool.snapshot().pod_enis().next().unwrap().phase,
+        EniPhaseSnapshot::Serving
+    ));
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_create_fails_its_waiters_and_backs_off_creation() {
+    let n = start(quiet_config(), NodeSpec::default()).await;
+    n.cloud.fail_next(
+        Action::CreateNetworkInterface,
+        1,
+        transient("CreateNetworkInterface"),
+    );
+    let results = acquire_many(&n.pool, 0..3).await;
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r, Err(PoolError::Cloud(_)))),
+        "{results:?}"
+    );
+    let err = n
+        .pool
+        .acquire(key(5), pod(5), None, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PoolError::BackingOff {
+                target: BackoffTarget::EniCreation { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(n.cloud.call_count(Action::CreateNetworkInterface), 1);
+    advance(Duration::from_secs(2)).await;
+    n.pool.acquire(key(5), pod(5), None, None).await.unwrap();
+    assert_eq!(n.pool.snapshot().tokens_used, 1);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn capacity_is_never_exceeded() {
+    let config = PoolConfig {
+        max_ips: Some(3),
+        ..quiet_config()
+    };
+    let n = start(config, NodeSpec::default()).await;
+    let results = acquire_many(&n.pool, 0..5).await;
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3);
+    for r in results.iter().filter(|r| r.is_err()) {
+        assert!(
+            matches!(
+                r,
+                Err(PoolError::Exhausted {
+                    reason: ExhaustionReason::CapacityReached { capacity: 3, .. },
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
+    let snap = n.pool.snapshot();
+    assert_eq!(snap.capacity, 3);
+    assert_eq!(snap.tokens_used, 3);
+    assert!(matches!(
+        snap.exhaustion,
+        Some(ExhaustionReason::CapacityReached { .. })
+    ));
+    assert_eq!(n.cloud.secondary_ips().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn capacity_leaves_out_eth0_and_secondary_primaries() {
+    let n = start(quiet_config(), NodeSpec::default()).await;
+    // 3 ENIs × 10 IPv4: eth0 excluded, each secondary ENI's primary excluded.
+    assert_eq!(n.pool.snapshot().capacity, 2 * 9);
+    let results = acquire_many(&n.pool, 0..20).await;
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 18);
+    assert_eq!(n.cloud.attached_enis().len(), 3);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_config_names_the_field() {
+    let (cloud, node) = eniipam::cloud::memory::MemoryCloud::with_node(NodeSpec::default());
+    let config = PoolConfig {
+        min_idle: 8,
+        max_idle: 3,
+        ..PoolConfig::default()
+    };
+    let err = Pool::start(config, cloud.clone(), cloud, node, PoolSeed::default()).unwrap_err();
+    match err {
+        PoolError::Config(e) => assert_eq!(e.field, "min_idle"),
+        other => panic!("{other}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_answers_and_stops() {
+    let n = start_with_enis(quiet_config(), NodeSpec::default(), &[0]).await;
+    n.pool.acquire(key(1), pod(1), None, None).await.unwrap();
+    n.pool.shutdown().await;
+    settle().await;
+    assert_eq!(
+        n.pool.acquire(key(2), pod(2), None, None).await,
+        Err(PoolError::ShuttingDown)
+    );
+    assert_eq!(n.pool.maintain_now().await, Err(PoolError::ShuttingDown));
+}
