@@ -8,7 +8,9 @@
 //!   SDK, rate limiting and retries, and in-memory fakes for tests.
 //! - [`pool`]: the IP pool: capacity tokens, the idle queue (reverse-time order, cooldown, sticky IPs),
 //!   one actor per ENI with its ipBacklog, and the maintainer that keeps min/max idle.
+//! - [`rpc`]: the gRPC API (generated from `proto/`) the plugin and `eniipamctl` use.
 
 pub mod cloud;
 pub mod model;
 pub mod pool;
+pub mod rpc;
