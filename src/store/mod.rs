@@ -1,0 +1,316 @@
+//! Durable state: what eniipamd knows about its ENIs and IPs, in one SQLite file.
+//!
+//! The file (default `/var/lib/eniipam/state.db`) survives daemon restarts, so a restarted daemon
+//! does not forget which pod holds which IP. Its parts, one file each:
+//!
+//! - `schema`: the tables, the ordered list of migrations and the `meta` table's schema version.
+//! - `open`: opening the file — creating it, moving a corrupt one aside, refusing a newer one,
+//!   and the pragmas (WAL, `synchronous=NORMAL`, and why that is safe here).
+//! - `queries`: one SQLite transaction per [`Store`] call.
+//! - `task`: the owner thread, the only code that touches the connection, fed by a bounded channel
+//!   of commands that carry a oneshot for the reply.
+//!
+//! A [`Store`] is a cheap, cloneable async handle to that thread. Every write call is one transaction
+//! committed before the call returns, and the tables themselves make it impossible to hold an IP
+//! twice: `ips.ip` is the primary key, and `UNIQUE(container_id, ifname)` allows one IP per
+//! attachment.
+//!
+//! Times are unix milliseconds of the wall clock, so they mean the same after a restart.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use tokio::sync::{mpsc, oneshot};
+
+mod open;
+mod queries;
+mod schema;
+mod task;
+
+pub use schema::SCHEMA_VERSION;
+
+use task::{Command, Request};
+
+/// How many commands may wait for the owner thread before callers wait to enqueue.
+const QUEUE_DEPTH: usize = 256;
+
+/// A cloneable handle to the store's owner thread.
+///
+/// The thread ends, closing the database, when [`Store::close`] is called or the last handle is
+/// dropped. Calls after that return [`StoreError::Closed`].
+#[derive(Clone, Debug)]
+pub struct Store {
+    tx: mpsc::Sender<Command>,
+}
+
+/// What can go wrong with the state database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The file was written by a newer eniipam; this build cannot read it and does not touch it.
+    #[error(
+        "the state database has schema version {found}, newer than version {supported} that this \
+         eniipam supports; upgrade eniipam, or move the file away to start afresh (the startup \
+         reconcile rebuilds the state from EC2 and the host)"
+    )]
+    NewerSchema {
+        /// The version recorded in the file.
+        found: u32,
+        /// The newest version this build knows.
+        supported: u32,
+    },
+    /// SQLite failed (disk I/O, locking, permissions, a value out of range…).
+    #[error("state database: {0}")]
+    Sqlite(String),
+    /// A filesystem operation around the database failed (creating its directory, moving it aside).
+    #[error("state database file: {0}")]
+    Io(String),
+    /// The store was closed, or its owner thread is gone.
+    #[error("the state store is closed")]
+    Closed,
+    /// The write would hold an IP twice or give an attachment two IPs; nothing was changed.
+    #[error("state conflict: {0}")]
+    Conflict(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::ConstraintViolation) => StoreError::Conflict(e.to_string()),
+            _ => StoreError::Sqlite(e.to_string()),
+        }
+    }
+}
+
+/// What [`Store::open`] found and did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenReport {
+    /// The file did not exist (or was moved aside) and a new, empty database was created.
+    pub created: bool,
+    /// The file was corrupt and has been renamed to this path (`<path>.corrupt-<unix-ms>`) for
+    /// inspection; the store starts empty. The daemon should log this loudly.
+    pub moved_aside: Option<PathBuf>,
+    /// The schema version of the database now open (always [`SCHEMA_VERSION`]).
+    pub schema_version: u32,
+}
+
+/// How the open database writes to disk, as SQLite reports it (for startup logs and tests).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Durability {
+    /// `PRAGMA journal_mode`: `wal` for a file, `memory` for [`Store::open_in_memory`].
+    pub journal_mode: String,
+    /// `PRAGMA synchronous` by name: `OFF`, `NORMAL`, `FULL` or `EXTRA`.
+    pub synchronous: String,
+}
+
+/// Everything the store holds.
+///
+/// [`Store::load`] returns it sorted: ENIs by device index (then id), assignments and idle IPs by IP.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct StoredState {
+    /// The EC2 instance the state belongs to, once the daemon has recorded it.
+    pub instance_id: Option<String>,
+    /// The ENIs attached to the node that the pool uses.
+    pub enis: Vec<StoredEni>,
+    /// IPs held by pod attachments.
+    pub assignments: Vec<StoredAssignment>,
+    /// IPs the pool holds with no attachment.
+    pub idle: Vec<StoredIdle>,
+}
+
+/// One ENI attached to the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredEni {
+    /// EC2's id (`eni-…`).
+    pub eni_id: String,
+    /// The interface's MAC address, as IMDS spells it.
+    pub mac: String,
+    /// The attachment's device index (0 is the primary ENI).
+    pub device_index: u32,
+    /// The subnet the ENI is in.
+    pub subnet_id: String,
+    /// That subnet's IPv4 CIDR block.
+    pub subnet_cidr: String,
+    /// The ENI's primary private IP (never handed to a pod).
+    pub primary_ip: Ipv4Addr,
+    /// Whether eniipam created the ENI (and so deletes it when it is no longer needed).
+    pub created_by_us: bool,
+    /// When eniipam created or first saw the ENI (unix ms).
+    pub created_at_ms: u64,
+}
+
+/// One IP held by one pod attachment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredAssignment {
+    /// The pod IP.
+    pub ip: Ipv4Addr,
+    /// The ENI the IP is a secondary address of.
+    pub eni_id: String,
+    /// The CNI container id.
+    pub container_id: String,
+    /// The CNI interface name in the container.
+    pub ifname: String,
+    /// The path of the container's network namespace.
+    pub netns: String,
+    /// The pod's namespace.
+    pub pod_namespace: String,
+    /// The pod's name.
+    pub pod_name: String,
+    /// The pod's UID.
+    pub pod_uid: String,
+    /// The key a sticky (StatefulSet) pod keeps its IP under across restarts, if it is sticky.
+    pub sticky_key: Option<String>,
+    /// When the IP was assigned (unix ms).
+    pub assigned_at_ms: u64,
+}
+
+/// One IP the pool holds with no attachment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredIdle {
+    /// The IP.
+    pub ip: Ipv4Addr,
+    /// The ENI the IP is a secondary address of.
+    pub eni_id: String,
+    /// When the IP became idle (unix ms).
+    pub idle_since_ms: u64,
+    /// The sticky key the IP is reserved for, and when that reservation ends (unix ms).
+    pub reservation: Option<(String, u64)>,
+}
+
+impl Store {
+    /// Opens (or creates) the database at `path`, creating its parent directory.
+    ///
+    /// A corrupt file is moved aside to `<path>.corrupt-<unix-ms>` and replaced by an empty
+    /// database; [`OpenReport::moved_aside`] says so. A file from a newer eniipam is refused with
+    /// [`StoreError::NewerSchema`] and left as it is. Older schemas are migrated in one
+    /// transaction.
+    pub async fn open(path: &Path) -> Result<(Store, OpenReport), StoreError> {
+        let path = path.to_owned();
+        let (tx, report) = task::spawn(move || open::open_file(&path)).await?;
+        Ok((Store { tx }, report))
+    }
+
+    /// An empty store in memory, for tests and dry runs. Nothing survives the last handle.
+    pub async fn open_in_memory() -> Result<Store, StoreError> {
+        let (tx, _report) = task::spawn(open::open_memory).await?;
+        Ok(Store { tx })
+    }
+
+    /// Everything the store holds, sorted (see [`StoredState`]).
+    pub async fn load(&self) -> Result<StoredState, StoreError> {
+        self.call(|respond_to| Request::Load { respond_to }).await
+    }
+
+    /// The journal mode and `synchronous` setting of the open database.
+    pub async fn durability(&self) -> Result<Durability, StoreError> {
+        self.call(|respond_to| Request::Durability { respond_to })
+            .await
+    }
+
+    /// Records the EC2 instance id the state belongs to.
+    pub async fn set_instance_id(&self, instance_id: &str) -> Result<(), StoreError> {
+        self.call(|respond_to| Request::SetInstanceId {
+            instance_id: instance_id.to_owned(),
+            respond_to,
+        })
+        .await
+    }
+
+    /// Inserts the ENI, or replaces what the store knew about the ENI with this id.
+    pub async fn upsert_eni(&self, eni: StoredEni) -> Result<(), StoreError> {
+        self.call(|respond_to| Request::UpsertEni { eni, respond_to })
+            .await
+    }
+
+    /// Forgets the ENI and every IP row (assigned or idle) on it. Unknown ids are not an error.
+    pub async fn remove_eni(&self, eni_id: &str) -> Result<(), StoreError> {
+        self.call(|respond_to| Request::RemoveEni {
+            eni_id: eni_id.to_owned(),
+            respond_to,
+        })
+        .await
+    }
+
+    /// One transaction: the IP becomes assigned to the attachment (insert or update the row). Conflict if the
+    /// attachment already holds a different IP, or the IP is assigned to a different attachment.
+    ///
+    /// Recording the same attachment and IP again succeeds and updates the row's other fields
+    /// (including `eni_id`). An idle IP loses its sticky reservation when it is assigned.
+    pub async fn record_assigned(&self, a: StoredAssignment) -> Result<(), StoreError> {
+        self.call(|respond_to| Request::RecordAssigned { a, respond_to })
+            .await
+    }
+
+    /// One transaction: the attachment's IP becomes idle since `idle_since_ms`, with an optional sticky
+    /// reservation. Returns the IP, or None if the attachment was unknown.
+    pub async fn record_released(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        idle_since_ms: u64,
+        reservation: Option<(String, u64)>,
+    ) -> Result<Option<Ipv4Addr>, StoreError> {
+        self.call(|respond_to| Request::RecordReleased {
+            container_id: container_id.to_owned(),
+            ifname: ifname.to_owned(),
+            idle_since_ms,
+            reservation,
+            respond_to,
+        })
+        .await
+    }
+
+    /// Idle IPs the pool holds (e.g. after assign from EC2, or found by reconcile).
+    ///
+    /// One transaction: an IP the store already knows as idle is updated. Conflict, and nothing
+    /// changes, if any of the IPs is assigned to an attachment (release it first) or appears twice.
+    pub async fn record_idle(&self, ips: Vec<StoredIdle>) -> Result<(), StoreError> {
+        self.call(|respond_to| Request::RecordIdle { ips, respond_to })
+            .await
+    }
+
+    /// IPs given back to EC2 (or found gone): delete their rows.
+    ///
+    /// One transaction; rows are deleted whether idle or assigned, and unknown IPs are ignored.
+    pub async fn remove_ips(&self, ips: Vec<Ipv4Addr>) -> Result<(), StoreError> {
+        self.call(|respond_to| Request::RemoveIps { ips, respond_to })
+            .await
+    }
+
+    /// Replace everything (after a startup reconcile) in one transaction.
+    ///
+    /// Conflict, and nothing changes, if `state` holds an ENI or IP twice or gives an attachment
+    /// two IPs.
+    pub async fn replace_all(&self, state: StoredState) -> Result<(), StoreError> {
+        self.call(|respond_to| Request::ReplaceAll { state, respond_to })
+            .await
+    }
+
+    /// Checkpoints the WAL into the database file, closes it and stops the owner thread; later
+    /// calls (on any clone) return [`StoreError::Closed`]. Calls enqueued before this one are
+    /// answered first. Closing a closed store does nothing.
+    pub async fn close(&self) {
+        let (respond_to, done) = oneshot::channel();
+        if self
+            .tx
+            .send(Command::new(Request::Close { respond_to }))
+            .await
+            .is_ok()
+        {
+            // An error means the thread is gone already, which is what we want.
+            let _ = done.await;
+        }
+    }
+
+    /// Sends one request to the owner thread and waits for its answer.
+    async fn call<T>(
+        &self,
+        request: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Request,
+    ) -> Result<T, StoreError> {
+        let (respond_to, response) = oneshot::channel();
+        self.tx
+            .send(Command::new(request(respond_to)))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        response.await.map_err(|_| StoreError::Closed)?
+    }
+}

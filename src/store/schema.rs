@@ -1,0 +1,172 @@
+//! The tables, their migrations, and the schema version kept in `meta`.
+//!
+//! `MIGRATIONS[i]` takes a database from version `i` to `i + 1`; version 0 is an empty file. All
+//! pending migrations run in ONE transaction together with the version bump, so a crash mid-way
+//! leaves the file at its old version. Append new migrations, never edit a released one, and keep
+//! `meta.schema_version` where it is: it is how every build, older or newer, tells versions apart.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::StoreError;
+
+/// The ordered migrations; index `i` migrates from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[V1];
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// Version 1: the ENIs and the IPs of the pool, one row per IP whether idle or assigned.
+///
+/// Integrity lives in the tables, not just in the code: an IP is one row (`ip` is the primary
+/// key), an attachment holds at most one IP (`UNIQUE(container_id, ifname)`; idle rows carry NULL
+/// there and SQLite treats NULLs as distinct), and the CHECKs forbid a half-assigned row. IPs are
+/// dotted-quad text (always written by `Ipv4Addr`'s `Display`, so one spelling per address) for
+/// the benefit of whoever opens the file with `sqlite3` during an incident.
+const V1: &str = "
+CREATE TABLE meta (
+    id             INTEGER PRIMARY KEY CHECK (id = 1),
+    schema_version INTEGER NOT NULL,
+    instance_id    TEXT
+) STRICT;
+INSERT INTO meta (id, schema_version) VALUES (1, 0);
+
+CREATE TABLE enis (
+    eni_id        TEXT PRIMARY KEY NOT NULL,
+    mac           TEXT NOT NULL,
+    device_index  INTEGER NOT NULL CHECK (device_index >= 0),
+    subnet_id     TEXT NOT NULL,
+    subnet_cidr   TEXT NOT NULL,
+    primary_ip    TEXT NOT NULL,
+    created_by_us INTEGER NOT NULL CHECK (created_by_us IN (0, 1)),
+    created_at_ms INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE ips (
+    ip                TEXT PRIMARY KEY NOT NULL,
+    eni_id            TEXT NOT NULL,
+    state             TEXT NOT NULL CHECK (state IN ('assigned', 'idle')),
+    container_id      TEXT,
+    ifname            TEXT,
+    netns             TEXT,
+    pod_namespace     TEXT,
+    pod_name          TEXT,
+    pod_uid           TEXT,
+    sticky_key        TEXT,
+    assigned_at_ms    INTEGER,
+    idle_since_ms     INTEGER,
+    reserved_for      TEXT,
+    reserved_until_ms INTEGER,
+    UNIQUE (container_id, ifname),
+    CHECK ((reserved_for IS NULL) = (reserved_until_ms IS NULL)),
+    CHECK (CASE state
+        WHEN 'assigned' THEN
+            container_id IS NOT NULL AND ifname IS NOT NULL AND netns IS NOT NULL
+            AND pod_namespace IS NOT NULL AND pod_name IS NOT NULL AND pod_uid IS NOT NULL
+            AND assigned_at_ms IS NOT NULL
+            AND idle_since_ms IS NULL AND reserved_for IS NULL
+        ELSE
+            container_id IS NULL AND ifname IS NULL AND netns IS NULL
+            AND pod_namespace IS NULL AND pod_name IS NULL AND pod_uid IS NULL
+            AND sticky_key IS NULL AND assigned_at_ms IS NULL
+            AND idle_since_ms IS NOT NULL
+    END)
+) STRICT;
+CREATE INDEX ips_by_eni ON ips (eni_id);
+";
+
+/// The schema version recorded in the database; 0 for a file without a `meta` table.
+pub(super) fn version(conn: &Connection) -> Result<u32, StoreError> {
+    let found = recorded_version(conn)?;
+    u32::try_from(found)
+        .map_err(|_| StoreError::Sqlite(format!("meta.schema_version is {found}, not a version")))
+}
+
+/// `meta.schema_version` as stored, with SQLite's own error (and error code) on failure.
+pub(super) fn recorded_version(conn: &Connection) -> rusqlite::Result<i64> {
+    let has_meta: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'meta')",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_meta {
+        return Ok(0);
+    }
+    conn.query_row("SELECT schema_version FROM meta", [], |row| row.get(0))
+}
+
+/// Brings the schema up to [`SCHEMA_VERSION`] in one transaction and returns it.
+///
+/// Refuses, changing nothing, a database newer than this build.
+pub(super) fn migrate(conn: &mut Connection) -> Result<u32, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let found = version(&tx)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(found);
+    }
+    for (from, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        tx.execute_batch(sql).map_err(|e| {
+            StoreError::Sqlite(format!(
+                "migrating the schema from version {from} to {}: {e}",
+                from + 1
+            ))
+        })?;
+    }
+    tx.execute("UPDATE meta SET schema_version = ?1", [SCHEMA_VERSION])?;
+    tx.commit()?;
+    tracing::info!(
+        from = found,
+        to = SCHEMA_VERSION,
+        "migrated the state database schema"
+    );
+    Ok(SCHEMA_VERSION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_run_once_and_record_the_version() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        assert_eq!(version(&conn).unwrap(), 0);
+        assert_eq!(migrate(&mut conn).unwrap(), SCHEMA_VERSION);
+        assert_eq!(version(&conn).unwrap(), SCHEMA_VERSION);
+        // A second run is a no-op, not a "table already exists" failure.
+        assert_eq!(migrate(&mut conn).unwrap(), SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        conn.execute("UPDATE meta SET schema_version = 7", [])
+            .unwrap();
+        match migrate(&mut conn) {
+            Err(StoreError::NewerSchema { found, supported }) => {
+                assert_eq!((found, supported), (7, SCHEMA_VERSION));
+            }
+            other => panic!("expected NewerSchema, got {other:?}"),
+        }
+        assert_eq!(version(&conn).unwrap(), 7);
+    }
+
+    #[test]
+    fn the_tables_reject_half_assigned_rows() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        let err = conn
+            .execute(
+                "INSERT INTO ips (ip, eni_id, state, container_id, idle_since_ms)
+                 VALUES ('10.0.0.1', 'eni-1', 'idle', 'c1', 1)",
+                [],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("CHECK"), "{err}");
+    }
+}
