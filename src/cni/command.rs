@@ -1,0 +1,595 @@
+//! Command dispatch: one function per `CNI_COMMAND`, and [`run`], which turns an invocation (environment +
+//! stdin) into what the plugin prints and its exit code.
+
+use std::net::Ipv4Addr;
+
+use ipnet::{IpNet, Ipv4Net};
+use serde_json::{Map, Value};
+use tonic::Code;
+
+use super::cache::{CACHE_FORMAT, CacheEntry, ResultCache};
+use super::client::{DaemonClient, DaemonError};
+use super::config::{Command, Environment, NetConf, Role, RuntimeEnv, peek_version};
+use super::netns::{
+    self, GATEWAY, Netlink, NetnsError, NetnsFile, Teardown, WiringPlan, host_veth_name,
+};
+use super::spec::{
+    CniError, CniResult, CniVersion, ErrorCode, Interface, IpConfig, Route, version_info,
+};
+use crate::rpc::pb;
+
+/// What one invocation prints on stdout and how it exits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The result, VERSION output or error object (empty for a successful DEL, GC or STATUS).
+    pub stdout: String,
+    /// 0 on success, 1 on error (the code is in the error object).
+    pub exit_code: u8,
+}
+
+impl Outcome {
+    /// The error object of `err` in `version`, exit 1.
+    pub fn error(err: &CniError, version: CniVersion) -> Self {
+        Self {
+            stdout: err.to_json(version).to_string(),
+            exit_code: 1,
+        }
+    }
+}
+
+/// Runs one invocation. Never panics on bad input: every failure becomes a spec error object.
+pub async fn run(env: &dyn Environment, stdin: &[u8]) -> Outcome {
+    match execute(env, stdin).await {
+        Ok(Some(out)) => Outcome {
+            stdout: out.to_string(),
+            exit_code: 0,
+        },
+        Ok(None) => Outcome {
+            stdout: String::new(),
+            exit_code: 0,
+        },
+        Err(err) => {
+            tracing::warn!(code = err.code.code(), "{err}");
+            Outcome::error(&err, peek_version(stdin))
+        }
+    }
+}
+
+async fn execute(env: &dyn Environment, stdin: &[u8]) -> Result<Option<Value>, CniError> {
+    let command = Command::from_env(env)?;
+    if command == Command::Version {
+        // VERSION answers whatever the input: its cniVersion if supported, else the current one.
+        return Ok(Some(version_info(peek_version(stdin))));
+    }
+    let conf = NetConf::parse(stdin)?;
+    let rt = RuntimeEnv::from_env(command, env)?;
+    match command {
+        Command::Add => add(&conf, &rt).await.map(Some),
+        Command::Del => del(&conf, &rt).await.map(|()| None),
+        Command::Check => check(&conf, &rt).await.map(|()| None),
+        Command::Gc => gc(&conf).await.map(|()| None),
+        Command::Status => status(&conf).await.map(|()| None),
+        Command::Version => Ok(Some(version_info(conf.cni_version))),
+    }
+}
+
+fn netns_to_cni(err: NetnsError) -> CniError {
+    let code = match &err {
+        NetnsError::Open { .. } => ErrorCode::InvalidEnvironment,
+        NetnsError::Mismatch(_) => ErrorCode::CheckFailed,
+        NetnsError::Socket { .. } | NetnsError::Netlink { .. } | NetnsError::Conflict(_) => {
+            ErrorCode::WiringFailed
+        }
+    };
+    CniError::new(code, err.to_string())
+}
+
+async fn connect(conf: &NetConf) -> Result<DaemonClient, DaemonError> {
+    DaemonClient::connect(&conf.plugin.socket, conf.plugin.timeout).await
+}
+
+/// Namespaces and netlink sockets of a main-role ADD or CHECK.
+struct PodSide {
+    ns: NetnsFile,
+    host: Netlink,
+    pod: Netlink,
+}
+
+impl PodSide {
+    fn open(path: &str) -> Result<Self, CniError> {
+        let ns = NetnsFile::open(path).map_err(netns_to_cni)?;
+        let host = Netlink::current().map_err(netns_to_cni)?;
+        let pod = Netlink::in_netns(&ns).map_err(netns_to_cni)?;
+        Ok(Self { ns, host, pod })
+    }
+}
+
+fn main_result(plan: &WiringPlan, wired: &netns::Wired, netns_path: &str) -> CniResult {
+    CniResult {
+        interfaces: vec![
+            Interface {
+                name: wired.host.name.clone(),
+                mac: wired.host.mac.clone(),
+                sandbox: None,
+                extra: Map::new(),
+            },
+            Interface {
+                name: plan.ifname.clone(),
+                mac: wired.pod_mac.clone(),
+                sandbox: Some(netns_path.to_owned()),
+                extra: Map::new(),
+            },
+        ],
+        ips: vec![IpConfig {
+            address: IpNet::V4(Ipv4Net::from(plan.ip)),
+            gateway: Some(GATEWAY.into()),
+            interface: Some(1),
+            extra: Map::new(),
+        }],
+        routes: vec![default_route()],
+        dns: Default::default(),
+    }
+}
+
+fn default_route() -> Route {
+    Route {
+        dst: IpNet::V4(Ipv4Net::default()),
+        gw: Some(GATEWAY.into()),
+        extra: Map::new(),
+    }
+}
+
+/// The IPAM role's result: the address as a `/32` with the link-local gateway and a default route
+/// through it, which suits ptp-style delegating plugins (the VPC subnet's own gateway must never be
+/// put on a host interface).
+fn ipam_result(ip: Ipv4Addr) -> CniResult {
+    CniResult {
+        interfaces: Vec::new(),
+        ips: vec![IpConfig {
+            address: IpNet::V4(Ipv4Net::from(ip)),
+            gateway: Some(GATEWAY.into()),
+            interface: None,
+            extra: Map::new(),
+        }],
+        routes: vec![default_route()],
+        dns: Default::default(),
+    }
+}
+
+async fn release(
+    client: &mut DaemonClient,
+    rt: &RuntimeEnv,
+    sticky: bool,
+) -> Result<pb::ReleaseReply, DaemonError> {
+    client
+        .release(pb::ReleaseRequest {
+            api_version: 0,
+            container_id: rt.container_id.clone(),
+            ifname: rt.ifname.clone(),
+            sticky,
+        })
+        .await
+}
+
+async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniError> {
+    let netns_path = rt.netns.clone().unwrap_or_default();
+    let pod = rt.args.pod.clone();
+    let sticky_key = conf.sticky_key(pod.as_ref(), &rt.args);
+    let preferred = conf.preferred_ip()?;
+    let cache = ResultCache::new(&conf.plugin.cache_dir, &conf.name);
+
+    // Everything that can be checked before asking for an IP is checked first, so bad input changes
+    // nothing.
+    let side = match conf.role {
+        Role::Main => {
+            let side = PodSide::open(&netns_path)?;
+            netns::ensure_absent(&side.pod, &rt.ifname, &side.ns)
+                .await
+                .map_err(netns_to_cni)?;
+            Some(side)
+        }
+        Role::Ipam => None,
+    };
+
+    let mut client = connect(conf).await.map_err(|e| e.to_cni())?;
+    let reply = client
+        .allocate(pb::AllocateRequest {
+            api_version: 0,
+            container_id: rt.container_id.clone(),
+            ifname: rt.ifname.clone(),
+            netns: netns_path.clone(),
+            pod: pod.as_ref().map(|p| pb::Pod {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                uid: p.uid.clone(),
+            }),
+            preferred_ip: preferred.map(|ip| ip.to_string()).unwrap_or_default(),
+            require_preferred: preferred.is_some(),
+            sticky_key: sticky_key.clone().unwrap_or_default(),
+        })
+        .await
+        .map_err(|e| e.to_cni())?;
+    let keep = sticky_key.is_some();
+
+    let ip: Ipv4Addr = match reply.ip.parse() {
+        Ok(ip) => ip,
+        Err(_) => {
+            let _ = release(&mut client, rt, keep).await;
+            return Err(CniError::new(
+                ErrorCode::DaemonFailure,
+                format!(
+                    "eniipamd allocated {:?}, which is not an IPv4 address",
+                    reply.ip
+                ),
+            ));
+        }
+    };
+
+    let (ours, host_veth, teardown) = match &side {
+        None => (ipam_result(ip), None, None),
+        Some(side) => {
+            let plan = WiringPlan {
+                ifname: rt.ifname.clone(),
+                host_veth: host_veth_name(&conf.plugin.veth_prefix, pod.as_ref(), &rt.attachment()),
+                ip,
+                route_table: reply.route_table,
+                mtu: conf.plugin.mtu,
+            };
+            let teardown = Teardown {
+                ifname: plan.ifname.clone(),
+                ip: Some(ip),
+                host_veth: None,
+                created_host_veth: Some(plan.host_veth.clone()),
+            };
+            match netns::wire(&side.host, &side.pod, &side.ns, &plan).await {
+                Ok(wired) => (
+                    main_result(&plan, &wired, &netns_path),
+                    Some(wired.host),
+                    Some(teardown),
+                ),
+                Err(err) => {
+                    let cleanup = netns::unwire(&side.host, Some(&side.pod), &teardown).await;
+                    for e in &cleanup {
+                        tracing::warn!("cleaning up after failed wiring: {e}");
+                    }
+                    let released = release(&mut client, rt, keep).await;
+                    let mut cni = netns_to_cni(err);
+                    if cni.code == ErrorCode::CheckFailed {
+                        cni.code = ErrorCode::WiringFailed;
+                    }
+                    cni.details = match released {
+                        Ok(_) => format!("{ip} was released"),
+                        Err(e) => format!("releasing {ip} failed too: {e}"),
+                    };
+                    return Err(cni);
+                }
+            }
+        }
+    };
+
+    let mut result = conf.prev_result.clone().unwrap_or_default();
+    result.merge(ours.clone());
+
+    let entry = CacheEntry {
+        format: CACHE_FORMAT,
+        network: conf.name.clone(),
+        container_id: rt.container_id.clone(),
+        ifname: rt.ifname.clone(),
+        netns: netns_path,
+        pod,
+        sticky_key,
+        ip,
+        route_table: reply.route_table,
+        eni_id: reply.eni_id.clone(),
+        host_veth,
+        result: ours.to_json(CniVersion::CURRENT),
+    };
+    if let Err(e) = cache.write(&entry) {
+        if let (Some(side), Some(teardown)) = (&side, &teardown) {
+            netns::unwire(&side.host, Some(&side.pod), teardown).await;
+        }
+        let _ = release(&mut client, rt, keep).await;
+        return Err(CniError::new(ErrorCode::IoFailure, e.to_string())
+            .with_details(format!("{ip} was released")));
+    }
+    Ok(result.to_json(conf.cni_version))
+}
+
+async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
+    let key = rt.attachment();
+    let cache = ResultCache::new(&conf.plugin.cache_dir, &conf.name);
+    let cached = cache.read(&key).unwrap_or_else(|e| {
+        tracing::warn!("DEL {key}: ignoring unreadable cache entry: {e}");
+        None
+    });
+    let sticky = conf.sticky_key(rt.args.pod.as_ref(), &rt.args).is_some()
+        || cached.as_ref().is_some_and(|c| c.sticky_key.is_some());
+
+    // Release first (the daemon keeps the IP cooling, so tearing down afterwards is safe), but never
+    // let a missing or failing daemon stop the teardown: DEL must succeed.
+    let released_ip = match connect(conf).await {
+        Ok(mut client) => match release(&mut client, rt, sticky).await {
+            Ok(reply) => reply.ip.parse::<Ipv4Addr>().ok(),
+            Err(e) => {
+                tracing::warn!("DEL {key}: release failed, tearing down from the cache: {e}");
+                None
+            }
+        },
+        Err(e) => {
+            tracing::warn!("DEL {key}: tearing down from the cache: {e}");
+            None
+        }
+    };
+
+    if conf.role == Role::Main {
+        let ip = cached
+            .as_ref()
+            .map(|c| c.ip)
+            .or(released_ip)
+            .or_else(|| conf.prev_result.as_ref()?.ipv4_for(&rt.ifname));
+        let host = Netlink::current().map_err(netns_to_cni)?;
+        // A netns that is gone took the pod end (and so the whole veth pair) with it.
+        let pod = match rt.netns.as_deref().map(NetnsFile::open) {
+            Some(Ok(ns)) => Some(Netlink::in_netns(&ns).map_err(netns_to_cni)?),
+            Some(Err(e)) => {
+                tracing::info!("DEL {key}: {e}; nothing to remove inside the pod");
+                None
+            }
+            None => None,
+        };
+        let teardown = Teardown {
+            ifname: rt.ifname.clone(),
+            ip,
+            host_veth: cached.as_ref().and_then(|c| c.host_veth.clone()),
+            created_host_veth: None,
+        };
+        let errors = netns::unwire(&host, pod.as_ref(), &teardown).await;
+        if let Some(first) = errors.into_iter().next() {
+            // Keep the cache entry so a retried DEL still knows what to remove.
+            return Err(netns_to_cni(first));
+        }
+    }
+    if let Err(e) = cache.remove(&key) {
+        tracing::warn!("DEL {key}: {e}");
+    }
+    Ok(())
+}
+
+async fn check(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
+    let key = rt.attachment();
+    let cache = ResultCache::new(&conf.plugin.cache_dir, &conf.name);
+    let cached = cache.read(&key).ok().flatten();
+    let ip = conf
+        .prev_result
+        .as_ref()
+        .and_then(|r| r.ipv4_for(&rt.ifname))
+        .or(cached.as_ref().map(|c| c.ip))
+        .ok_or_else(|| {
+            CniError::new(
+                ErrorCode::InvalidNetworkConfig,
+                format!(
+                    "CHECK {key}: no prevResult with an IPv4 address for {}",
+                    rt.ifname
+                ),
+            )
+        })?;
+
+    let mut client = connect(conf).await.map_err(|e| e.to_cni())?;
+    let reply = client
+        .check(pb::CheckRequest {
+            api_version: 0,
+            container_id: rt.container_id.clone(),
+            ifname: rt.ifname.clone(),
+            ip: ip.to_string(),
+        })
+        .await
+        .map_err(|e| e.to_cni())?;
+    if !reply.ip.is_empty() && reply.ip != ip.to_string() {
+        return Err(CniError::new(
+            ErrorCode::CheckFailed,
+            format!(
+                "eniipamd holds {} for {key}, the runtime expects {ip}",
+                reply.ip
+            ),
+        )
+        .with_details(reply.message));
+    }
+    if !reply.ok {
+        return Err(CniError::new(
+            ErrorCode::CheckFailed,
+            format!("eniipamd does not hold {ip} for {key}"),
+        )
+        .with_details(reply.message));
+    }
+
+    if conf.role == Role::Main {
+        let side = PodSide::open(rt.netns.as_deref().unwrap_or_default())?;
+        let host_veth = cached
+            .as_ref()
+            .and_then(|c| c.host_veth.as_ref())
+            .map(|h| h.name.clone())
+            .unwrap_or_else(|| {
+                host_veth_name(&conf.plugin.veth_prefix, rt.args.pod.as_ref(), &key)
+            });
+        let plan = WiringPlan {
+            ifname: rt.ifname.clone(),
+            host_veth,
+            ip,
+            // Without a cache entry the table is unknown and the rules are not checked.
+            route_table: cached.as_ref().map_or(0, |c| c.route_table),
+            mtu: conf.plugin.mtu,
+        };
+        let mac = cached
+            .as_ref()
+            .and_then(|c| c.host_veth.as_ref())
+            .map(|h| h.mac.as_str());
+        netns::check(&side.host, &side.pod, &plan, mac)
+            .await
+            .map_err(|e| {
+                let mut cni = netns_to_cni(e);
+                if cni.code == ErrorCode::WiringFailed {
+                    cni.code = ErrorCode::CheckFailed;
+                }
+                cni
+            })?;
+    }
+    Ok(())
+}
+
+async fn gc(conf: &NetConf) -> Result<(), CniError> {
+    let valid = conf.valid_attachments.clone().ok_or_else(|| {
+        CniError::new(
+            ErrorCode::InvalidNetworkConfig,
+            "GC needs cni.dev/valid-attachments (an empty list releases everything)",
+        )
+    })?;
+
+    let daemon = async {
+        let mut client = connect(conf).await?;
+        client
+            .garbage_collect(pb::GarbageCollectRequest {
+                api_version: 0,
+                valid: valid
+                    .iter()
+                    .map(|k| pb::Attachment {
+                        container_id: k.container_id.clone(),
+                        ifname: k.ifname.clone(),
+                    })
+                    .collect(),
+            })
+            .await
+    }
+    .await;
+
+    // Continue on errors: the local cleanup happens whatever the daemon said.
+    let cache = ResultCache::new(&conf.plugin.cache_dir, &conf.name);
+    let (entries, errors) = cache.list();
+    for e in errors {
+        tracing::warn!("GC: {e}");
+    }
+    let stale: Vec<_> = entries
+        .into_iter()
+        .filter(|e| !valid.contains(&e.attachment()))
+        .collect();
+    let mut host = None;
+    for entry in stale {
+        if let Some(veth) = &entry.host_veth {
+            if host.is_none() {
+                host = Netlink::current().ok();
+            }
+            if let Some(host) = &host {
+                let teardown = Teardown {
+                    ifname: entry.ifname.clone(),
+                    ip: Some(entry.ip),
+                    host_veth: Some(veth.clone()),
+                    created_host_veth: None,
+                };
+                for e in netns::unwire(host, None, &teardown).await {
+                    tracing::warn!("GC {}: {e}", entry.attachment());
+                }
+            }
+        }
+        if let Err(e) = cache.remove(&entry.attachment()) {
+            tracing::warn!("GC: {e}");
+        }
+    }
+
+    match daemon {
+        Ok(reply) => {
+            for a in reply.released {
+                tracing::info!("GC released {}/{}", a.container_id, a.ifname);
+            }
+            Ok(())
+        }
+        Err(e) => Err(e.to_cni()),
+    }
+}
+
+async fn status(conf: &NetConf) -> Result<(), CniError> {
+    let reply = match connect(conf).await {
+        Ok(mut client) => client.status().await,
+        Err(e) => Err(e),
+    };
+    match reply {
+        Err(DaemonError::Status(s)) if s.code() == Code::ResourceExhausted => Err(CniError::new(
+            ErrorCode::LimitedConnectivity,
+            format!("eniipamd cannot hand out IPs: {}", s.message()),
+        )),
+        Err(e) => Err(CniError::new(ErrorCode::PluginNotAvailable, e.to_string())),
+        Ok(r) if !r.ready => Err(CniError::new(
+            ErrorCode::PluginNotAvailable,
+            "eniipamd is not ready (rebuilding its state)",
+        )
+        .with_details(r.reason)),
+        Ok(r) if r.exhausted => Err(CniError::new(
+            ErrorCode::LimitedConnectivity,
+            format!("eniipamd cannot hand out IPs: {}", r.reason),
+        )
+        .with_details(format!(
+            "capacity {}, idle {}, assigned {}",
+            r.capacity, r.idle, r.assigned
+        ))),
+        Ok(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn version_needs_no_config() {
+        let out = run(&env(&[("CNI_COMMAND", "VERSION")]), b"").await;
+        assert_eq!(out.exit_code, 0);
+        let v: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(v["cniVersion"], "1.1.0");
+        assert_eq!(v["supportedVersions"].as_array().unwrap().len(), 3);
+        let out = run(
+            &env(&[("CNI_COMMAND", "VERSION")]),
+            br#"{"cniVersion":"0.4.0"}"#,
+        )
+        .await;
+        let v: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(v["cniVersion"], "0.4.0");
+    }
+
+    #[tokio::test]
+    async fn errors_are_written_in_the_config_version() {
+        let conf = br#"{"cniVersion":"0.4.0","name":"n","type":"eniipam"}"#;
+        let out = run(&env(&[("CNI_COMMAND", "ADD")]), conf).await;
+        assert_eq!(out.exit_code, 1);
+        let v: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(v["cniVersion"], "0.4.0");
+        assert_eq!(v["code"], 4);
+    }
+
+    #[tokio::test]
+    async fn status_without_a_daemon_is_not_available() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = serde_json::json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam",
+            "socket": dir.path().join("absent.sock"), "timeout_ms": 500});
+        let out = run(
+            &env(&[("CNI_COMMAND", "STATUS")]),
+            conf.to_string().as_bytes(),
+        )
+        .await;
+        let v: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(v["code"], 50, "{v}");
+    }
+
+    #[tokio::test]
+    async fn gc_without_valid_attachments_is_refused() {
+        let conf = br#"{"cniVersion":"1.1.0","name":"n","type":"eniipam"}"#;
+        let out = run(&env(&[("CNI_COMMAND", "GC")]), conf).await;
+        let v: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(v["code"], 7);
+    }
+}

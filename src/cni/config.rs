@@ -1,0 +1,943 @@
+//! What the runtime hands the plugin: the `CNI_*` environment and the network configuration on stdin,
+//! parsed and validated into typed values with spec error codes.
+//!
+//! The environment is read through [`Environment`], so tests pass a map and never call `set_var`.
+//!
+//! ## Knobs (in the network configuration)
+//!
+//! For the main plugin (`"type": "eniipam"`) the knobs sit at the top level; for the IPAM role
+//! (`"ipam": {"type": "eniipam"}` under bridge, ptp, ...) they sit in the `ipam` object.
+//!
+//! | knob | default | meaning |
+//! | --- | --- | --- |
+//! | `socket` | [`crate::rpc::DEFAULT_SOCKET`] | the daemon's gRPC unix socket |
+//! | `timeout_ms` | 30000 | deadline of each daemon call (connect included) |
+//! | `mtu` | 9001 | MTU of both veth ends (EC2 jumbo frames) |
+//! | `veth_prefix` | `eni` | host veth name prefix, 1–4 characters |
+//! | `cache_dir` | `/var/lib/cni/eniipam` | where ADD results are cached for DEL/GC without the daemon |
+//! | `sticky_statefulsets` | false | treat pods whose name ends in `-<ordinal>` as StatefulSet members |
+//!
+//! ## Sticky IPs (opt-in)
+//!
+//! A pod gets the sticky key `namespace/name` (its IP is kept reserved for it across restarts) when
+//! any of these holds:
+//! - the pod annotation `eniipam.io/sticky-ip: "true"`, delivered in `runtimeConfig` under the
+//!   capability `io.kubernetes.cri.pod-annotations` (declare `"capabilities":
+//!   {"io.kubernetes.cri.pod-annotations": true}` in the conflist);
+//! - `ENIIPAM_STICKY=true` in `CNI_ARGS`;
+//! - `sticky_statefulsets: true` and the pod name ends in `-<ordinal>` (decimal, no leading zeros).
+//!   The runtime does not tell the plugin a pod's owner, so this is a name heuristic: a Deployment
+//!   pod whose random suffix happens to be all digits would be treated as sticky too. It only
+//!   delays reuse of that IP by the daemon's `ip_stick_time`; prefer the annotation when in doubt.
+//!
+//! The annotation `eniipam.io/ip: "<IPv4>"` asks for that IP and fails rather than falling back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::spec::{CniError, CniResult, CniVersion, ErrorCode};
+use crate::model::{AttachmentKey, PodRef};
+
+/// The largest network configuration accepted on stdin.
+pub const MAX_STDIN_BYTES: usize = 1 << 20;
+
+/// The plugin `type` this binary answers to.
+pub const PLUGIN_TYPE: &str = "eniipam";
+
+/// Default host veth prefix.
+pub const DEFAULT_VETH_PREFIX: &str = "eni";
+
+/// Default directory of cached ADD results.
+pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cni/eniipam";
+
+/// Default MTU of the veth pair.
+pub const DEFAULT_MTU: u32 = 9001;
+
+/// Default deadline of one daemon call.
+pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+
+/// Pod annotation that opts a pod into sticky IPs.
+pub const STICKY_ANNOTATION: &str = "eniipam.io/sticky-ip";
+
+/// Pod annotation that names the IP a pod wants.
+pub const IP_ANNOTATION: &str = "eniipam.io/ip";
+
+/// The runtimeConfig key containerd and cri-o use to pass pod annotations.
+pub const POD_ANNOTATIONS_CAPABILITY: &str = "io.kubernetes.cri.pod-annotations";
+
+/// Where the plugin reads `CNI_*` variables from.
+pub trait Environment {
+    /// The value of `name`, if set.
+    fn var(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcessEnvironment;
+
+impl Environment for ProcessEnvironment {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+    }
+}
+
+impl Environment for HashMap<String, String> {
+    fn var(&self, name: &str) -> Option<String> {
+        self.get(name).cloned()
+    }
+}
+
+impl Environment for BTreeMap<String, String> {
+    fn var(&self, name: &str) -> Option<String> {
+        self.get(name).cloned()
+    }
+}
+
+/// `CNI_COMMAND`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Attach a container.
+    Add,
+    /// Detach a container (best effort, idempotent).
+    Del,
+    /// Verify an attachment.
+    Check,
+    /// Report supported versions.
+    Version,
+    /// Release everything not in `cni.dev/valid-attachments`.
+    Gc,
+    /// Report whether ADD can be served.
+    Status,
+}
+
+impl Command {
+    /// Reads `CNI_COMMAND`.
+    pub fn from_env(env: &dyn Environment) -> Result<Self, CniError> {
+        let raw = env.var("CNI_COMMAND").ok_or_else(|| {
+            CniError::new(ErrorCode::InvalidEnvironment, "CNI_COMMAND is not set")
+        })?;
+        match raw.as_str() {
+            "ADD" => Ok(Self::Add),
+            "DEL" => Ok(Self::Del),
+            "CHECK" => Ok(Self::Check),
+            "VERSION" => Ok(Self::Version),
+            "GC" => Ok(Self::Gc),
+            "STATUS" => Ok(Self::Status),
+            other => Err(CniError::new(
+                ErrorCode::InvalidEnvironment,
+                format!("unknown CNI_COMMAND {other:?}"),
+            )),
+        }
+    }
+
+    /// Whether the command names one attachment (needs `CNI_CONTAINERID`, `CNI_IFNAME`, `CNI_PATH`).
+    pub fn is_per_attachment(self) -> bool {
+        matches!(self, Self::Add | Self::Del | Self::Check)
+    }
+}
+
+/// Pod identity and plugin options from `CNI_ARGS`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CniArgs {
+    /// `K8S_POD_NAMESPACE` / `K8S_POD_NAME` / `K8S_POD_UID`, when the namespace and name are given.
+    pub pod: Option<PodRef>,
+    /// `ENIIPAM_STICKY=true|false`.
+    pub sticky: Option<bool>,
+}
+
+impl CniArgs {
+    /// Parses `KEY=VALUE;KEY=VALUE`. Unknown keys are ignored (as with `IgnoreUnknown=1`).
+    pub fn parse(raw: &str) -> Result<Self, CniError> {
+        let mut pairs = HashMap::new();
+        for part in raw.split(';').filter(|p| !p.is_empty()) {
+            let (k, v) = part.split_once('=').ok_or_else(|| {
+                CniError::new(
+                    ErrorCode::InvalidEnvironment,
+                    format!("CNI_ARGS: {part:?} is not KEY=VALUE"),
+                )
+            })?;
+            pairs.insert(k, v);
+        }
+        let pod = match (pairs.get("K8S_POD_NAMESPACE"), pairs.get("K8S_POD_NAME")) {
+            (Some(ns), Some(name)) if !ns.is_empty() && !name.is_empty() => Some(PodRef {
+                namespace: (*ns).to_owned(),
+                name: (*name).to_owned(),
+                uid: pairs
+                    .get("K8S_POD_UID")
+                    .map(|s| (*s).to_owned())
+                    .unwrap_or_default(),
+            }),
+            _ => None,
+        };
+        let sticky = match pairs.get("ENIIPAM_STICKY") {
+            None => None,
+            Some(v) => Some(parse_bool(v).ok_or_else(|| {
+                CniError::new(
+                    ErrorCode::InvalidEnvironment,
+                    format!("CNI_ARGS: ENIIPAM_STICKY={v:?} is not true/false"),
+                )
+            })?),
+        };
+        Ok(Self { pod, sticky })
+    }
+}
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "1" => Some(true),
+        "false" | "0" => Some(false),
+        _ => None,
+    }
+}
+
+/// The `CNI_*` variables of one invocation, validated for its command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeEnv {
+    /// `CNI_COMMAND`.
+    pub command: Command,
+    /// `CNI_CONTAINERID` (empty for VERSION/GC/STATUS).
+    pub container_id: String,
+    /// `CNI_NETNS` (required for ADD and CHECK, optional for DEL).
+    pub netns: Option<String>,
+    /// `CNI_IFNAME` (empty for VERSION/GC/STATUS).
+    pub ifname: String,
+    /// `CNI_ARGS`, parsed.
+    pub args: CniArgs,
+}
+
+impl RuntimeEnv {
+    /// Reads and validates what `command` needs from `env`.
+    pub fn from_env(command: Command, env: &dyn Environment) -> Result<Self, CniError> {
+        let get = |name: &str| env.var(name).filter(|v| !v.is_empty());
+        let require = |name: &str| {
+            get(name).ok_or_else(|| {
+                CniError::new(ErrorCode::InvalidEnvironment, format!("{name} is not set"))
+            })
+        };
+        let mut out = Self {
+            command,
+            container_id: String::new(),
+            netns: None,
+            ifname: String::new(),
+            args: CniArgs::default(),
+        };
+        if !command.is_per_attachment() {
+            return Ok(out);
+        }
+        out.container_id = require("CNI_CONTAINERID")?;
+        validate_container_id(&out.container_id)?;
+        out.ifname = require("CNI_IFNAME")?;
+        validate_ifname(&out.ifname)?;
+        require("CNI_PATH")?;
+        out.netns = match command {
+            Command::Del => get("CNI_NETNS"),
+            _ => Some(require("CNI_NETNS")?),
+        };
+        out.args = CniArgs::parse(&get("CNI_ARGS").unwrap_or_default())?;
+        Ok(out)
+    }
+
+    /// The attachment this invocation is about.
+    pub fn attachment(&self) -> AttachmentKey {
+        AttachmentKey::new(self.container_id.clone(), self.ifname.clone())
+    }
+}
+
+fn is_name_like(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// The spec's rule for container ids: alphanumerics, then alphanumerics, `_`, `.`, `-`.
+pub fn validate_container_id(id: &str) -> Result<(), CniError> {
+    if is_name_like(id) {
+        Ok(())
+    } else {
+        Err(CniError::new(
+            ErrorCode::InvalidEnvironment,
+            format!("CNI_CONTAINERID {id:?} is not a valid container id"),
+        ))
+    }
+}
+
+/// The spec's (and Linux's) rule for interface names: 1–15 bytes, not `.`/`..`, no `/`, `:` or space.
+pub fn validate_ifname(name: &str) -> Result<(), CniError> {
+    let ok = !name.is_empty()
+        && name.len() <= 15
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
+    if ok {
+        Ok(())
+    } else {
+        Err(CniError::new(
+            ErrorCode::InvalidEnvironment,
+            format!("CNI_IFNAME {name:?} is not a valid interface name"),
+        ))
+    }
+}
+
+/// Which job this invocation has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// `"type": "eniipam"`: allocate and wire the pod (veth, address, routes, rules).
+    Main,
+    /// `"ipam": {"type": "eniipam"}` under another plugin: allocate and return the address only.
+    Ipam,
+}
+
+/// The plugin's knobs, with defaults applied and validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginConfig {
+    /// The daemon's socket.
+    pub socket: PathBuf,
+    /// Deadline of one daemon call.
+    pub timeout: Duration,
+    /// MTU of the veth pair.
+    pub mtu: u32,
+    /// Host veth name prefix.
+    pub veth_prefix: String,
+    /// Root of the result cache (entries live in `<cache_dir>/<network name>/`).
+    pub cache_dir: PathBuf,
+    /// Pods named `<name>-<ordinal>` get a sticky key.
+    pub sticky_statefulsets: bool,
+}
+
+impl Default for PluginConfig {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from(crate::rpc::DEFAULT_SOCKET),
+            timeout: Duration::from_millis(DEFAULT_TIMEOUT_MS),
+            mtu: DEFAULT_MTU,
+            veth_prefix: DEFAULT_VETH_PREFIX.to_owned(),
+            cache_dir: PathBuf::from(DEFAULT_CACHE_DIR),
+            sticky_statefulsets: false,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RawKnobs {
+    socket: Option<String>,
+    timeout_ms: Option<u64>,
+    mtu: Option<u32>,
+    veth_prefix: Option<String>,
+    cache_dir: Option<String>,
+    sticky_statefulsets: Option<bool>,
+}
+
+impl PluginConfig {
+    fn from_object(obj: &Map<String, Value>, section: &str) -> Result<Self, CniError> {
+        let raw: RawKnobs = serde_json::from_value(Value::Object(obj.clone()))
+            .map_err(|e| invalid(format!("{section}: {e}")))?;
+        let mut cfg = Self::default();
+        if let Some(socket) = raw.socket {
+            if !socket.starts_with('/') {
+                return Err(invalid(format!(
+                    "{section}.socket must be an absolute path"
+                )));
+            }
+            cfg.socket = socket.into();
+        }
+        if let Some(ms) = raw.timeout_ms {
+            if !(1..=600_000).contains(&ms) {
+                return Err(invalid(format!("{section}.timeout_ms must be 1..=600000")));
+            }
+            cfg.timeout = Duration::from_millis(ms);
+        }
+        if let Some(mtu) = raw.mtu {
+            if !(68..=65535).contains(&mtu) {
+                return Err(invalid(format!("{section}.mtu must be 68..=65535")));
+            }
+            cfg.mtu = mtu;
+        }
+        if let Some(prefix) = raw.veth_prefix {
+            let ok = (1..=4).contains(&prefix.len())
+                && prefix
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !ok {
+                return Err(invalid(format!(
+                    "{section}.veth_prefix must be 1-4 characters of [A-Za-z0-9_-]"
+                )));
+            }
+            cfg.veth_prefix = prefix;
+        }
+        if let Some(dir) = raw.cache_dir {
+            if !dir.starts_with('/') {
+                return Err(invalid(format!(
+                    "{section}.cache_dir must be an absolute path"
+                )));
+            }
+            cfg.cache_dir = dir.into();
+        }
+        if let Some(sticky) = raw.sticky_statefulsets {
+            cfg.sticky_statefulsets = sticky;
+        }
+        Ok(cfg)
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> CniError {
+    CniError::new(ErrorCode::InvalidNetworkConfig, msg)
+}
+
+/// A parsed network configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetConf {
+    /// `cniVersion`: the version results and errors are written in.
+    pub cni_version: CniVersion,
+    /// `name` of the network.
+    pub name: String,
+    /// Main plugin or IPAM plugin.
+    pub role: Role,
+    /// Knobs.
+    pub plugin: PluginConfig,
+    /// `prevResult` (chained plugins, CHECK, DEL).
+    pub prev_result: Option<CniResult>,
+    /// Pod annotations from `runtimeConfig`.
+    pub pod_annotations: BTreeMap<String, String>,
+    /// `cni.dev/valid-attachments` (GC only).
+    pub valid_attachments: Option<Vec<AttachmentKey>>,
+}
+
+/// The best guess at the version to write an error in, for input that may not parse.
+pub fn peek_version(stdin: &[u8]) -> CniVersion {
+    serde_json::from_slice::<Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str()?.parse().ok())
+        .unwrap_or(CniVersion::CURRENT)
+}
+
+impl NetConf {
+    /// Parses the network configuration from stdin: 6 for undecodable input, 1 for an unsupported
+    /// or missing `cniVersion`, 7 for a configuration that decodes but is not valid.
+    pub fn parse(stdin: &[u8]) -> Result<Self, CniError> {
+        if stdin.len() > MAX_STDIN_BYTES {
+            return Err(CniError::new(
+                ErrorCode::DecodingFailure,
+                format!("network configuration larger than {MAX_STDIN_BYTES} bytes"),
+            ));
+        }
+        let value: Value = serde_json::from_slice(stdin).map_err(|e| {
+            CniError::new(
+                ErrorCode::DecodingFailure,
+                "network configuration is not valid JSON",
+            )
+            .with_details(e.to_string())
+        })?;
+        let Value::Object(obj) = value else {
+            return Err(CniError::new(
+                ErrorCode::DecodingFailure,
+                "network configuration is not a JSON object",
+            ));
+        };
+        let cni_version = match obj.get("cniVersion") {
+            None => {
+                return Err(CniError::new(
+                    ErrorCode::IncompatibleVersion,
+                    "cniVersion is missing (0.1.0 is not supported)",
+                ));
+            }
+            Some(Value::String(v)) => v.parse::<CniVersion>()?,
+            Some(_) => return Err(invalid("cniVersion must be a string")),
+        };
+        let name = match obj.get("name") {
+            Some(Value::String(n)) if is_name_like(n) => n.clone(),
+            Some(Value::String(n)) => {
+                return Err(invalid(format!(
+                    "name {n:?} must be alphanumerics followed by alphanumerics, '_', '.', '-'"
+                )));
+            }
+            Some(_) => return Err(invalid("name must be a string")),
+            None => return Err(invalid("name is missing")),
+        };
+        let plugin_type = match obj.get("type") {
+            Some(Value::String(t)) => t.as_str(),
+            Some(_) => return Err(invalid("type must be a string")),
+            None => return Err(invalid("type is missing")),
+        };
+        let ipam = match obj.get("ipam") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(ipam)) => Some(ipam),
+            Some(_) => return Err(invalid("ipam must be an object")),
+        };
+        let ipam_type = match ipam.map(|i| i.get("type")) {
+            None | Some(None) => None,
+            Some(Some(Value::String(t))) => Some(t.as_str()),
+            Some(Some(_)) => return Err(invalid("ipam.type must be a string")),
+        };
+        let (role, plugin) = if plugin_type == PLUGIN_TYPE {
+            if let Some(other) = ipam_type.filter(|t| *t != PLUGIN_TYPE) {
+                return Err(CniError::new(
+                    ErrorCode::UnsupportedField,
+                    format!(
+                        "eniipam allocates its own addresses; ipam.type {other:?} is not supported"
+                    ),
+                ));
+            }
+            (Role::Main, PluginConfig::from_object(&obj, "config")?)
+        } else if ipam_type == Some(PLUGIN_TYPE) {
+            let ipam = ipam.cloned().unwrap_or_default();
+            (Role::Ipam, PluginConfig::from_object(&ipam, "ipam")?)
+        } else {
+            return Err(invalid(format!(
+                "neither type nor ipam.type is {PLUGIN_TYPE:?} (type is {plugin_type:?})"
+            )));
+        };
+        let prev_result = match obj.get("prevResult") {
+            None | Some(Value::Null) => None,
+            Some(v @ Value::Object(_)) => Some(CniResult::from_json(v)?),
+            Some(_) => return Err(invalid("prevResult must be an object")),
+        };
+        let pod_annotations = match obj.get("runtimeConfig") {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(Value::Object(rc)) => match rc.get(POD_ANNOTATIONS_CAPABILITY) {
+                None | Some(Value::Null) => BTreeMap::new(),
+                Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+                    invalid(format!(
+                        "runtimeConfig.{POD_ANNOTATIONS_CAPABILITY} must map strings to strings: {e}"
+                    ))
+                })?,
+            },
+            Some(_) => return Err(invalid("runtimeConfig must be an object")),
+        };
+        let valid_attachments = match obj.get("cni.dev/valid-attachments") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(parse_valid_attachments(v)?),
+        };
+        Ok(Self {
+            cni_version,
+            name,
+            role,
+            plugin,
+            prev_result,
+            pod_annotations,
+            valid_attachments,
+        })
+    }
+
+    /// The sticky key for `pod`, if it opted in (see the module docs).
+    pub fn sticky_key(&self, pod: Option<&PodRef>, args: &CniArgs) -> Option<String> {
+        let pod = pod?;
+        let annotated = self
+            .pod_annotations
+            .get(STICKY_ANNOTATION)
+            .and_then(|v| parse_bool(v))
+            .unwrap_or(false);
+        let by_name = self.plugin.sticky_statefulsets && has_ordinal_suffix(&pod.name);
+        (annotated || args.sticky == Some(true) || by_name).then(|| pod.sticky_key())
+    }
+
+    /// The IP the pod's annotation asks for, if any.
+    pub fn preferred_ip(&self) -> Result<Option<Ipv4Addr>, CniError> {
+        match self.pod_annotations.get(IP_ANNOTATION) {
+            None => Ok(None),
+            Some(v) => v.parse().map(Some).map_err(|_| {
+                invalid(format!(
+                    "annotation {IP_ANNOTATION}={v:?} is not an IPv4 address"
+                ))
+            }),
+        }
+    }
+}
+
+/// Whether a pod name ends in `-<ordinal>` (StatefulSet naming: decimal, no leading zeros).
+pub fn has_ordinal_suffix(name: &str) -> bool {
+    match name.rsplit_once('-') {
+        Some((base, ord)) => {
+            !base.is_empty()
+                && !ord.is_empty()
+                && ord.bytes().all(|b| b.is_ascii_digit())
+                && (ord == "0" || !ord.starts_with('0'))
+        }
+        None => false,
+    }
+}
+
+fn parse_valid_attachments(v: &Value) -> Result<Vec<AttachmentKey>, CniError> {
+    #[derive(Deserialize)]
+    struct Raw {
+        #[serde(rename = "containerID")]
+        container_id: String,
+        ifname: String,
+    }
+    let raw: Vec<Raw> = serde_json::from_value(v.clone()).map_err(|e| {
+        invalid(format!(
+            "cni.dev/valid-attachments must be a list of {{containerID, ifname}}: {e}"
+        ))
+    })?;
+    Ok(raw
+        .into_iter()
+        .map(|r| AttachmentKey::new(r.container_id, r.ifname))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn parse(v: Value) -> Result<NetConf, CniError> {
+        NetConf::parse(v.to_string().as_bytes())
+    }
+
+    #[test]
+    fn main_role_with_defaults() {
+        let conf = parse(json!({"cniVersion": "1.0.0", "name": "net", "type": "eniipam"})).unwrap();
+        assert_eq!(conf.role, Role::Main);
+        assert_eq!(conf.cni_version, CniVersion::V1_0_0);
+        assert_eq!(conf.plugin, PluginConfig::default());
+        assert_eq!(
+            conf.plugin.socket,
+            PathBuf::from(crate::rpc::DEFAULT_SOCKET)
+        );
+        assert_eq!(conf.plugin.veth_prefix, "eni");
+        assert!(conf.prev_result.is_none());
+    }
+
+    #[test]
+    fn ipam_role_reads_knobs_from_the_ipam_section() {
+        let conf = parse(
+            json!({"cniVersion": "0.4.0", "name": "net", "type": "bridge",
+            "ipam": {"type": "eniipam", "socket": "/tmp/s.sock", "timeout_ms": 250}}),
+        )
+        .unwrap();
+        assert_eq!(conf.role, Role::Ipam);
+        assert_eq!(conf.plugin.socket, PathBuf::from("/tmp/s.sock"));
+        assert_eq!(conf.plugin.timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn knobs_are_validated() {
+        let base = json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam"});
+        for (k, v) in [
+            ("mtu", json!(10)),
+            ("mtu", json!("1500")),
+            ("veth_prefix", json!("toolong")),
+            ("veth_prefix", json!("")),
+            ("socket", json!("relative.sock")),
+            ("cache_dir", json!("rel")),
+            ("timeout_ms", json!(0)),
+            ("timeout_ms", json!(-5)),
+            ("sticky_statefulsets", json!("yes")),
+        ] {
+            let mut c = base.clone();
+            c[k] = v.clone();
+            let err = parse(c).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidNetworkConfig, "{k}={v}");
+        }
+    }
+
+    #[test]
+    fn version_and_decode_errors() {
+        assert_eq!(
+            NetConf::parse(b"{").unwrap_err().code,
+            ErrorCode::DecodingFailure
+        );
+        assert_eq!(
+            NetConf::parse(b"[1]").unwrap_err().code,
+            ErrorCode::DecodingFailure
+        );
+        assert_eq!(
+            NetConf::parse(b"").unwrap_err().code,
+            ErrorCode::DecodingFailure
+        );
+        let big = vec![b' '; MAX_STDIN_BYTES + 1];
+        assert_eq!(
+            NetConf::parse(&big).unwrap_err().code,
+            ErrorCode::DecodingFailure
+        );
+        let err =
+            parse(json!({"cniVersion": "0.3.1", "name": "n", "type": "eniipam"})).unwrap_err();
+        assert_eq!(err.code, ErrorCode::IncompatibleVersion);
+        let err = parse(json!({"name": "n", "type": "eniipam"})).unwrap_err();
+        assert_eq!(err.code, ErrorCode::IncompatibleVersion);
+        let err = parse(json!({"cniVersion": 1, "name": "n", "type": "eniipam"})).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidNetworkConfig);
+    }
+
+    #[test]
+    fn structural_errors_are_invalid_config() {
+        for c in [
+            json!({"cniVersion": "1.1.0", "type": "eniipam"}),
+            json!({"cniVersion": "1.1.0", "name": "bad name", "type": "eniipam"}),
+            json!({"cniVersion": "1.1.0", "name": "n"}),
+            json!({"cniVersion": "1.1.0", "name": "n", "type": "bridge"}),
+            json!({"cniVersion": "1.1.0", "name": "n", "type": "bridge", "ipam": "eniipam"}),
+            json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam", "prevResult": 3}),
+            json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam", "runtimeConfig": []}),
+            json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam",
+                   "cni.dev/valid-attachments": [{"containerID": 1}]}),
+        ] {
+            assert_eq!(
+                parse(c.clone()).unwrap_err().code,
+                ErrorCode::InvalidNetworkConfig,
+                "{c}"
+            );
+        }
+        let err = parse(
+            json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam",
+            "ipam": {"type": "host-local"}}),
+        )
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::UnsupportedField);
+    }
+
+    #[test]
+    fn gc_attachments_and_prev_result_parse() {
+        let conf = parse(
+            json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam",
+            "cni.dev/valid-attachments": [{"containerID": "abc", "ifname": "eth0"}],
+            "prevResult": {"cniVersion": "1.1.0", "ips": [{"address": "10.1.2.3/32"}]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            conf.valid_attachments.unwrap(),
+            vec![AttachmentKey::new("abc", "eth0")]
+        );
+        assert_eq!(
+            conf.prev_result.unwrap().ips[0].address.to_string(),
+            "10.1.2.3/32"
+        );
+    }
+
+    #[test]
+    fn environment_is_validated_per_command() {
+        let full = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "abc123"),
+            ("CNI_NETNS", "/run/netns/x"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/opt/cni/bin"),
+            (
+                "CNI_ARGS",
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u1",
+            ),
+        ];
+        let e = env(&full);
+        let cmd = Command::from_env(&e).unwrap();
+        let rt = RuntimeEnv::from_env(cmd, &e).unwrap();
+        assert_eq!(rt.args.pod.as_ref().unwrap().sticky_key(), "default/web-0");
+        assert_eq!(rt.args.pod.as_ref().unwrap().uid, "u1");
+
+        for missing in ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"] {
+            let e = env(&full
+                .iter()
+                .copied()
+                .filter(|(k, _)| *k != missing)
+                .collect::<Vec<_>>());
+            let err = RuntimeEnv::from_env(Command::Add, &e).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidEnvironment, "{missing}");
+            assert!(err.msg.contains(missing));
+        }
+        // DEL does not need a netns.
+        let e = env(&full
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "CNI_NETNS")
+            .collect::<Vec<_>>());
+        assert!(
+            RuntimeEnv::from_env(Command::Del, &e)
+                .unwrap()
+                .netns
+                .is_none()
+        );
+        // VERSION, GC and STATUS need nothing.
+        assert!(RuntimeEnv::from_env(Command::Status, &env(&[])).is_ok());
+
+        for (k, v) in [
+            ("CNI_CONTAINERID", "-bad"),
+            ("CNI_CONTAINERID", "a/b"),
+            ("CNI_IFNAME", "0123456789abcdef"),
+            ("CNI_IFNAME", "a b"),
+            ("CNI_IFNAME", ".."),
+            ("CNI_ARGS", "novalue"),
+            ("CNI_ARGS", "ENIIPAM_STICKY=maybe"),
+        ] {
+            let mut e = env(&full);
+            e.insert(k.into(), v.into());
+            let err = RuntimeEnv::from_env(Command::Add, &e).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidEnvironment, "{k}={v}");
+        }
+        assert_eq!(
+            Command::from_env(&env(&[("CNI_COMMAND", "FOO")]))
+                .unwrap_err()
+                .code,
+            ErrorCode::InvalidEnvironment
+        );
+        assert_eq!(
+            Command::from_env(&env(&[])).unwrap_err().code,
+            ErrorCode::InvalidEnvironment
+        );
+    }
+
+    #[test]
+    fn sticky_is_opt_in() {
+        let pod = PodRef {
+            namespace: "db".into(),
+            name: "pg-1".into(),
+            uid: String::new(),
+        };
+        let plain = parse(json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam"})).unwrap();
+        assert_eq!(plain.sticky_key(Some(&pod), &CniArgs::default()), None);
+        let sts = parse(
+            json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam",
+            "sticky_statefulsets": true}),
+        )
+        .unwrap();
+        assert_eq!(
+            sts.sticky_key(Some(&pod), &CniArgs::default()).as_deref(),
+            Some("db/pg-1")
+        );
+        let deploy = PodRef {
+            name: "web-7d9f8-x2k4q".into(),
+            ..pod.clone()
+        };
+        assert_eq!(sts.sticky_key(Some(&deploy), &CniArgs::default()), None);
+        assert_eq!(sts.sticky_key(None, &CniArgs::default()), None);
+        let annotated = parse(json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam",
+            "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"eniipam.io/sticky-ip": "true"}}}))
+        .unwrap();
+        assert_eq!(
+            annotated
+                .sticky_key(Some(&deploy), &CniArgs::default())
+                .as_deref(),
+            Some("db/web-7d9f8-x2k4q")
+        );
+        let args = CniArgs {
+            sticky: Some(true),
+            ..CniArgs::default()
+        };
+        assert!(plain.sticky_key(Some(&deploy), &args).is_some());
+    }
+
+    #[test]
+    fn ordinal_suffixes() {
+        assert!(has_ordinal_suffix("web-0"));
+        assert!(has_ordinal_suffix("a-b-12"));
+        assert!(!has_ordinal_suffix("web-01"));
+        assert!(!has_ordinal_suffix("web-"));
+        assert!(!has_ordinal_suffix("-3"));
+        assert!(!has_ordinal_suffix("web"));
+        assert!(!has_ordinal_suffix("web-x1"));
+    }
+
+    #[test]
+    fn preferred_ip_annotation() {
+        let conf = parse(
+            json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam",
+            "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"eniipam.io/ip": "10.0.0.9"}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            conf.preferred_ip().unwrap(),
+            Some(Ipv4Addr::new(10, 0, 0, 9))
+        );
+        let bad = parse(
+            json!({"cniVersion": "1.1.0", "name": "n", "type": "eniipam",
+            "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"eniipam.io/ip": "nope"}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            bad.preferred_ip().unwrap_err().code,
+            ErrorCode::InvalidNetworkConfig
+        );
+    }
+
+    fn is_spec_code(code: ErrorCode) -> bool {
+        matches!(
+            code,
+            ErrorCode::IncompatibleVersion
+                | ErrorCode::UnsupportedField
+                | ErrorCode::DecodingFailure
+                | ErrorCode::InvalidNetworkConfig
+        )
+    }
+
+    fn arb_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            prop_oneof![
+                Just("eniipam".to_owned()),
+                Just("1.1.0".to_owned()),
+                Just("0.4.0".to_owned()),
+                Just("/tmp/x".to_owned()),
+                ".{0,12}"
+            ]
+            .prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            let key = prop_oneof![
+                Just("cniVersion".to_owned()),
+                Just("name".to_owned()),
+                Just("type".to_owned()),
+                Just("ipam".to_owned()),
+                Just("prevResult".to_owned()),
+                Just("runtimeConfig".to_owned()),
+                Just("mtu".to_owned()),
+                Just("socket".to_owned()),
+                Just("ips".to_owned()),
+                Just("cni.dev/valid-attachments".to_owned()),
+                "[a-z]{1,6}"
+            ];
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map(key, inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            if let Err(err) = NetConf::parse(&bytes) {
+                prop_assert!(is_spec_code(err.code), "{err:?}");
+                let obj = err.to_json(peek_version(&bytes));
+                prop_assert!(obj["code"].as_u64().is_some());
+                prop_assert!(obj["msg"].as_str().is_some_and(|m| !m.is_empty()));
+            }
+        }
+
+        #[test]
+        fn arbitrary_json_never_panics(v in arb_json(), version in prop_oneof![Just("1.1.0"), Just("0.4.0"), Just("9.9.9")]) {
+            let mut v = v;
+            // Give most inputs a chance to get past the version check.
+            if let Value::Object(obj) = &mut v {
+                obj.entry("cniVersion").or_insert_with(|| version.into());
+                obj.entry("name").or_insert_with(|| "net".into());
+            }
+            let bytes = v.to_string().into_bytes();
+            match NetConf::parse(&bytes) {
+                Ok(conf) => prop_assert!(conf.plugin.mtu >= 68),
+                Err(err) => {
+                    prop_assert!(is_spec_code(err.code), "{err:?}");
+                    let obj = err.to_json(peek_version(&bytes));
+                    prop_assert!(obj.get("cniVersion").is_some());
+                }
+            }
+        }
+    }
+}
