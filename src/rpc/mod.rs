@@ -14,3 +14,22 @@ pub const API_VERSION: u32 = 1;
 
 /// Default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/eniipam/eniipam.sock";
+
+pub mod server;
+
+/// Connects a gRPC channel to the daemon's unix socket.
+pub async fn connect(
+    path: &std::path::Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = path.to_owned();
+    tonic::transport::Endpoint::from_static("http://eniipamd.sock")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+}

@@ -1,0 +1,129 @@
+//! `eniipamd`: the node daemon. A thin main over [`eniipam::daemon::Daemon`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use eniipam::config::{DaemonConfig, ProcessEnv};
+use eniipam::daemon::{Daemon, DaemonHandle};
+use eniipam::simulate;
+
+/// Pod IP address management for Kubernetes on EC2: keeps a warm pool of VPC secondary IPs on this
+/// node's ENIs and serves them to the `eniipam` CNI plugin over a unix socket.
+#[derive(Parser, Debug)]
+#[command(name = "eniipamd", version)]
+struct Args {
+    /// TOML config file; `ENIIPAM_*` environment variables override it (see docs/config.md).
+    #[arg(long, env = "ENIIPAM_CONFIG")]
+    config: Option<PathBuf>,
+    /// Run against an embedded simulated EC2 + IMDS (mockcloud) with one simulated node: no AWS
+    /// account and no root needed. State goes under a per-user directory.
+    #[arg(long)]
+    simulate: bool,
+    /// With --simulate: the simulated node's instance type.
+    #[arg(long, default_value = "m5.large", requires = "simulate")]
+    instance_type: String,
+    /// With --simulate: drive synthetic pod ADD/DEL through the plugin's client path at this many pods
+    /// per second (0 = none).
+    #[arg(long, default_value_t = 0.0, requires = "simulate")]
+    churn: f64,
+    /// With --simulate: where to keep state and the socket (default: $XDG_STATE_HOME/eniipam-simulate
+    /// or ~/.local/state/eniipam-simulate).
+    #[arg(long, requires = "simulate")]
+    state_dir: Option<PathBuf>,
+    /// With --simulate: metrics address (default 127.0.0.1:0, a free port).
+    #[arg(long, requires = "simulate")]
+    metrics_addr: Option<SocketAddr>,
+    /// With --simulate: mockcloud latency profile, `realistic` or `fast`.
+    #[arg(long, default_value = "realistic", requires = "simulate")]
+    profile: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.simulate {
+        return run_simulate(args).await;
+    }
+    let config =
+        DaemonConfig::load(args.config.as_deref(), &ProcessEnv).context("invalid configuration")?;
+    eniipam::telemetry::init_logging(config.log_format, &config.log_level);
+    let daemon = Daemon::start(config)
+        .await
+        .context("eniipamd failed to start")?;
+    wait_for_signal().await?;
+    daemon.shutdown().await;
+    Ok(())
+}
+
+async fn run_simulate(args: Args) -> anyhow::Result<()> {
+    if !(0.0..=1000.0).contains(&args.churn) {
+        bail!(
+            "--churn must be between 0 and 1000 pods per second, not {}",
+            args.churn
+        );
+    }
+    let state_dir = match args.state_dir {
+        Some(d) => d,
+        None => simulate::default_state_dir()
+            .context("cannot find a per-user state directory: pass --state-dir")?,
+    };
+    let mut env_config = DaemonConfig::load(None, &ProcessEnv).context("invalid configuration")?;
+    env_config.log_format = eniipam::config::LogFormat::Text;
+    eniipam::telemetry::init_logging(env_config.log_format, &env_config.log_level);
+    let sim = simulate::Simulation::start(simulate::SimulationOptions {
+        instance_type: args.instance_type,
+        state_dir,
+        metrics_addr: args
+            .metrics_addr
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+        profile: args.profile,
+        base: env_config,
+    })
+    .await?;
+    print_where(&sim.daemon, &sim);
+    let churn = (args.churn > 0.0)
+        .then(|| simulate::spawn_churn(sim.daemon.socket_path.clone(), args.churn));
+    let status = simulate::spawn_status(sim.daemon.pool.clone(), Duration::from_secs(5));
+    wait_for_signal().await?;
+    if let Some(c) = churn {
+        c.abort();
+    }
+    status.abort();
+    sim.daemon.shutdown().await;
+    Ok(())
+}
+
+fn print_where(d: &DaemonHandle, sim: &simulate::Simulation) {
+    println!(
+        "eniipamd is serving (simulated node {} {})",
+        d.node.instance_id, d.node.instance_type
+    );
+    println!("  socket:   {}", d.socket_path.display());
+    println!("  metrics:  http://{}/metrics", d.metrics_addr);
+    println!("  ready:    http://{}/readyz", d.metrics_addr);
+    println!("  state:    {}", sim.state_path.display());
+    println!(
+        "  mockcloud EC2: {}   control: {}",
+        sim.mock.ec2_url(),
+        sim.mock.control_url()
+    );
+    println!(
+        "  try:      cargo run --bin eniipamctl -- --socket {} status",
+        d.socket_path.display()
+    );
+    println!("Ctrl-C (or SIGTERM) stops it; pods' IPs stay recorded in the state file.");
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("cannot listen for Ctrl-C")?,
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    Ok(())
+}

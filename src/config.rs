@@ -1,0 +1,408 @@
+//! The daemon's configuration: an optional TOML file, then `ENIIPAM_*` environment overrides, then
+//! validation with errors that name the knob and its allowed range. Nothing else reads the environment.
+//!
+//! Every knob, its default and its AWS VPC CNI equivalent is in `docs/config.md`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cloud::limiter::{BucketConfig, LimiterConfig, RateLimitConfig};
+use crate::pool::PoolConfig;
+
+/// Where environment variables come from (the process, or a map in tests).
+pub trait Env {
+    fn var(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+impl Env for BTreeMap<String, String> {
+    fn var(&self, name: &str) -> Option<String> {
+        self.get(name).cloned()
+    }
+}
+
+/// How logs are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// JSON lines (the DaemonSet default).
+    Json,
+    /// Human-readable.
+    Text,
+    /// Text on a terminal, JSON otherwise.
+    Auto,
+}
+
+/// A configuration value that cannot work.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{knob}: {problem}")]
+    Invalid { knob: String, problem: String },
+    #[error("cannot read config file {path}: {message}")]
+    File { path: String, message: String },
+}
+
+fn invalid(knob: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        knob: knob.to_owned(),
+        problem: problem.into(),
+    }
+}
+
+/// Everything `eniipamd` can be told. Field names are the TOML keys; `ENIIPAM_<UPPER_NAME>` overrides.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Cluster name, written in ENI tags and used by the leaked-ENI collector. Required on a real node.
+    pub cluster_name: String,
+    /// gRPC unix socket for the plugin and eniipamctl.
+    pub socket_path: PathBuf,
+    /// SQLite state file.
+    pub state_path: PathBuf,
+    /// Metrics, /healthz and /readyz.
+    pub metrics_addr: SocketAddr,
+    /// AWS region (default: the SDK chain, then IMDS).
+    pub region: Option<String>,
+    /// EC2 endpoint override (default: the SDK's, `AWS_ENDPOINT_URL_EC2`).
+    pub ec2_endpoint: Option<String>,
+    /// IMDS endpoint override (default: `AWS_EC2_METADATA_SERVICE_ENDPOINT`, then 169.254.169.254).
+    pub imds_endpoint: Option<String>,
+    /// Subnet for new ENIs (default: eth0's).
+    pub subnet_id: Option<String>,
+    /// Security groups for new ENIs (default: eth0's).
+    pub security_groups: Vec<String>,
+    /// Idle IPs kept ready (AWS VPC CNI: WARM_IP_TARGET).
+    pub min_idle: u32,
+    /// Idle IPs above which the surplus is given back (no direct VPC CNI equivalent).
+    pub max_idle: u32,
+    /// Cap on pod IPs held by the node (VPC CNI: max pods).
+    pub max_ips: Option<u32>,
+    /// Cap on ENIs, eth0 included (VPC CNI: MAX_ENI).
+    pub max_enis: Option<u32>,
+    /// Seconds before a released IP goes to another pod (VPC CNI: IP_COOLDOWN_PERIOD, 30 s).
+    pub reuse_cooldown_secs: u64,
+    /// Seconds a sticky IP stays reserved for its StatefulSet pod.
+    pub ip_stick_time_secs: u64,
+    /// Mutating EC2 calls per second and burst, per node.
+    pub ec2_mutating_qps: f64,
+    pub ec2_mutating_burst: u32,
+    /// Describe EC2 calls per second and burst, per node.
+    pub ec2_describe_qps: f64,
+    pub ec2_describe_burst: u32,
+    /// Grace period before an available ENI of ours counts as leaked.
+    pub leaked_eni_grace_secs: u64,
+    /// Period of the leaked-ENI collector (jittered ±20 %).
+    pub leaked_eni_period_secs: u64,
+    /// Seconds in-flight requests get to finish on SIGTERM.
+    pub shutdown_grace_secs: u64,
+    pub log_format: LogFormat,
+    /// `tracing` filter, e.g. `info` or `eniipam=debug`.
+    pub log_level: String,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        let pool = PoolConfig::default();
+        let rates = RateLimitConfig::default();
+        Self {
+            cluster_name: String::new(),
+            socket_path: PathBuf::from(crate::rpc::DEFAULT_SOCKET),
+            state_path: PathBuf::from("/var/lib/eniipam/state.db"),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 61678)),
+            region: None,
+            ec2_endpoint: None,
+            imds_endpoint: None,
+            subnet_id: None,
+            security_groups: Vec::new(),
+            min_idle: pool.min_idle,
+            max_idle: pool.max_idle,
+            max_ips: pool.max_ips,
+            max_enis: pool.max_enis,
+            reuse_cooldown_secs: pool.reuse_cooldown.as_secs(),
+            ip_stick_time_secs: pool.ip_stick_time.as_secs(),
+            ec2_mutating_qps: rates.mutating.qps,
+            ec2_mutating_burst: rates.mutating.burst,
+            ec2_describe_qps: rates.describe.qps,
+            ec2_describe_burst: rates.describe.burst,
+            leaked_eni_grace_secs: 300,
+            leaked_eni_period_secs: 3600,
+            shutdown_grace_secs: 20,
+            log_format: LogFormat::Auto,
+            log_level: "info".to_owned(),
+        }
+    }
+}
+
+fn parse<T: std::str::FromStr>(knob: &str, v: &str, what: &str) -> Result<T, ConfigError> {
+    v.trim()
+        .parse()
+        .map_err(|_| invalid(knob, format!("{v:?} is not {what}")))
+}
+
+impl DaemonConfig {
+    /// Reads the optional file, applies `ENIIPAM_*` overrides from `env`, and validates.
+    pub fn load(file: Option<&Path>, env: &dyn Env) -> Result<Self, ConfigError> {
+        let mut cfg = match file {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| ConfigError::File {
+                    path: p.display().to_string(),
+                    message: e.to_string(),
+                })?;
+                toml::from_str(&text).map_err(|e| ConfigError::File {
+                    path: p.display().to_string(),
+                    message: e.to_string(),
+                })?
+            }
+            None => Self::default(),
+        };
+        cfg.apply_env(env)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Applies `ENIIPAM_<KNOB>` variables.
+    pub fn apply_env(&mut self, env: &dyn Env) -> Result<(), ConfigError> {
+        let get = |k: &str| env.var(&format!("ENIIPAM_{}", k.to_ascii_uppercase()));
+        macro_rules! set {
+            ($field:ident, $what:expr) => {
+                if let Some(v) = get(stringify!($field)) {
+                    self.$field = parse(stringify!($field), &v, $what)?;
+                }
+            };
+        }
+        macro_rules! set_opt {
+            ($field:ident, $what:expr) => {
+                if let Some(v) = get(stringify!($field)) {
+                    self.$field = if v.is_empty() {
+                        None
+                    } else {
+                        Some(parse(stringify!($field), &v, $what)?)
+                    };
+                }
+            };
+        }
+        set!(cluster_name, "a name");
+        set!(socket_path, "a path");
+        set!(state_path, "a path");
+        set!(metrics_addr, "an address like 127.0.0.1:61678");
+        set_opt!(region, "a region");
+        set_opt!(ec2_endpoint, "a URL");
+        set_opt!(imds_endpoint, "a URL");
+        set_opt!(subnet_id, "a subnet id");
+        if let Some(v) = get("security_groups") {
+            self.security_groups = v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect();
+        }
+        set!(min_idle, "a whole number");
+        set!(max_idle, "a whole number");
+        set_opt!(max_ips, "a whole number");
+        set_opt!(max_enis, "a whole number");
+        set!(reuse_cooldown_secs, "a whole number of seconds");
+        set!(ip_stick_time_secs, "a whole number of seconds");
+        set!(ec2_mutating_qps, "a number");
+        set!(ec2_mutating_burst, "a whole number");
+        set!(ec2_describe_qps, "a number");
+        set!(ec2_describe_burst, "a whole number");
+        set!(leaked_eni_grace_secs, "a whole number of seconds");
+        set!(leaked_eni_period_secs, "a whole number of seconds");
+        set!(shutdown_grace_secs, "a whole number of seconds");
+        if let Some(v) = get("log_format") {
+            self.log_format = match v.as_str() {
+                "json" => LogFormat::Json,
+                "text" => LogFormat::Text,
+                "auto" => LogFormat::Auto,
+                _ => {
+                    return Err(invalid(
+                        "log_format",
+                        format!("{v:?} is not json, text or auto"),
+                    ));
+                }
+            };
+        }
+        set!(log_level, "a filter");
+        Ok(())
+    }
+
+    /// Checks every knob; the error names the knob and the allowed range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.cluster_name.len() > 128 || self.cluster_name.contains(char::is_whitespace) {
+            return Err(invalid("cluster_name", "at most 128 characters, no spaces"));
+        }
+        if self.min_idle > self.max_idle {
+            return Err(invalid(
+                "min_idle",
+                format!(
+                    "{} is above max_idle {} (allowed: 0 ..= max_idle)",
+                    self.min_idle, self.max_idle
+                ),
+            ));
+        }
+        if self.max_idle > 10_000 {
+            return Err(invalid("max_idle", "allowed: 0 ..= 10000"));
+        }
+        if let Some(m) = self.max_enis
+            && !(2..=32).contains(&m)
+        {
+            return Err(invalid(
+                "max_enis",
+                format!("{m} is outside 2 ..= 32 (eth0 counts)"),
+            ));
+        }
+        if self.max_ips == Some(0) {
+            return Err(invalid("max_ips", "allowed: 1 or more (or unset)"));
+        }
+        if self.reuse_cooldown_secs > 3600 {
+            return Err(invalid("reuse_cooldown_secs", "allowed: 0 ..= 3600"));
+        }
+        if self.ip_stick_time_secs > 86_400 {
+            return Err(invalid("ip_stick_time_secs", "allowed: 0 ..= 86400"));
+        }
+        for (knob, qps) in [
+            ("ec2_mutating_qps", self.ec2_mutating_qps),
+            ("ec2_describe_qps", self.ec2_describe_qps),
+        ] {
+            if !(qps > 0.0 && qps <= 100.0) {
+                return Err(invalid(knob, format!("{qps} is outside (0, 100]")));
+            }
+        }
+        for (knob, b) in [
+            ("ec2_mutating_burst", self.ec2_mutating_burst),
+            ("ec2_describe_burst", self.ec2_describe_burst),
+        ] {
+            if !(1..=1000).contains(&b) {
+                return Err(invalid(knob, format!("{b} is outside 1 ..= 1000")));
+            }
+        }
+        if self.leaked_eni_grace_secs < 60 {
+            return Err(invalid(
+                "leaked_eni_grace_secs",
+                "allowed: 60 or more (an ENI between create and attach is not a leak)",
+            ));
+        }
+        if self.leaked_eni_period_secs < 10 {
+            return Err(invalid("leaked_eni_period_secs", "allowed: 10 or more"));
+        }
+        if self.shutdown_grace_secs > 600 {
+            return Err(invalid("shutdown_grace_secs", "allowed: 0 ..= 600"));
+        }
+        if self.socket_path.as_os_str().is_empty() || self.state_path.as_os_str().is_empty() {
+            return Err(invalid("socket_path/state_path", "must not be empty"));
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log_level).is_err() {
+            return Err(invalid(
+                "log_level",
+                format!("{:?} is not a tracing filter", self.log_level),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The pool's knobs.
+    pub fn pool_config(&self) -> PoolConfig {
+        PoolConfig {
+            min_idle: self.min_idle,
+            max_idle: self.max_idle,
+            max_ips: self.max_ips,
+            max_enis: self.max_enis,
+            reuse_cooldown: Duration::from_secs(self.reuse_cooldown_secs),
+            ip_stick_time: Duration::from_secs(self.ip_stick_time_secs),
+            ..PoolConfig::default()
+        }
+    }
+
+    /// The EC2 rate limits and default retries.
+    pub fn limiter_config(&self) -> LimiterConfig {
+        LimiterConfig {
+            rates: RateLimitConfig {
+                mutating: BucketConfig {
+                    qps: self.ec2_mutating_qps,
+                    burst: self.ec2_mutating_burst,
+                },
+                describe: BucketConfig {
+                    qps: self.ec2_describe_qps,
+                    burst: self.ec2_describe_burst,
+                },
+            },
+            ..LimiterConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        DaemonConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn env_overrides_and_names_bad_knobs() {
+        let c = DaemonConfig::load(
+            None,
+            &env(&[
+                ("ENIIPAM_MIN_IDLE", "4"),
+                ("ENIIPAM_MAX_ENIS", "3"),
+                ("ENIIPAM_SECURITY_GROUPS", "sg-1, sg-2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((c.min_idle, c.max_enis), (4, Some(3)));
+        assert_eq!(c.security_groups, vec!["sg-1", "sg-2"]);
+        let e = DaemonConfig::load(None, &env(&[("ENIIPAM_MIN_IDLE", "lots")])).unwrap_err();
+        assert!(e.to_string().starts_with("min_idle:"), "{e}");
+        let e = DaemonConfig::load(
+            None,
+            &env(&[("ENIIPAM_MIN_IDLE", "50"), ("ENIIPAM_MAX_IDLE", "5")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("max_idle"), "{e}");
+        let e = DaemonConfig::load(None, &env(&[("ENIIPAM_MAX_ENIS", "1")])).unwrap_err();
+        assert!(e.to_string().contains("2 ..= 32"), "{e}");
+        let e = DaemonConfig::load(None, &env(&[("ENIIPAM_EC2_MUTATING_QPS", "0")])).unwrap_err();
+        assert!(e.to_string().starts_with("ec2_mutating_qps"), "{e}");
+        let e = DaemonConfig::load(None, &env(&[("ENIIPAM_LOG_FORMAT", "xml")])).unwrap_err();
+        assert!(e.to_string().starts_with("log_format"), "{e}");
+    }
+
+    #[test]
+    fn file_then_env() {
+        let dir = std::env::temp_dir().join(format!("eniipam-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "cluster_name = \"prod\"\nmin_idle = 1\nmax_idle = 3\n").unwrap();
+        let c = DaemonConfig::load(Some(&f), &env(&[("ENIIPAM_MAX_IDLE", "7")])).unwrap();
+        assert_eq!(
+            (c.cluster_name.as_str(), c.min_idle, c.max_idle),
+            ("prod", 1, 7)
+        );
+        std::fs::write(&f, "no_such_knob = 1\n").unwrap();
+        let e = DaemonConfig::load(Some(&f), &env(&[])).unwrap_err();
+        assert!(e.to_string().contains("no_such_knob"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

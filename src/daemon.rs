@@ -1,0 +1,351 @@
+//! `eniipamd` as a library: [`Daemon::start`] builds and runs everything the binary runs, so the binary,
+//! `--simulate`, the integration tests and the fleet simulation all start the same real daemon.
+//!
+//! Startup order (nothing is served before the rebuild): metrics listener (`/readyz` false) → state
+//! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
+//! the rebuilt state → pool → leaked-ENI collector → gRPC socket → ready.
+//!
+//! Shutdown in three steps: stop accepting, let in-flight requests finish within the grace period, then
+//! stop the pool and close the file. Live pods' IPs are left alone (they are in the file and in EC2).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use aws_sdk_ec2::config::Credentials;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::cloud::calls::CallStats;
+use crate::cloud::ec2::{Ec2Cloud, Ec2Config};
+use crate::cloud::imds::{ImdsConfig, ImdsMetadata};
+use crate::cloud::leak::{LeakCollector, LeakConfig};
+use crate::cloud::{Cloud, CloudError, Metadata, NodeContext};
+use crate::config::DaemonConfig;
+use crate::pool::{Pool, PoolError};
+use crate::reconcile::{self, ReconcileReport};
+use crate::rpc::pb;
+use crate::rpc::server::{IntrospectService, IpamService, Services, SocketError, bind_socket};
+use crate::store::{Store, StoreError};
+use crate::telemetry::{self, Metrics, Sources};
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cloud: {0}")]
+    Cloud(#[from] CloudError),
+    #[error("cannot build the EC2 client: {0}")]
+    Client(String),
+    #[error("state file: {0}")]
+    Store(#[from] StoreError),
+    #[error("socket: {0}")]
+    Socket(#[from] SocketError),
+    #[error("pool: {0}")]
+    Pool(#[from] PoolError),
+    #[error("metrics listener on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("this node's primary interface (device 0) is not in EC2's view of {0}")]
+    NoPrimaryEni(String),
+}
+
+/// The cloud clients a daemon uses (real ones from [`CloudClients::from_config`], or any other).
+#[derive(Clone)]
+pub struct CloudClients {
+    pub cloud: Arc<dyn Cloud>,
+    pub metadata: Arc<dyn Metadata>,
+    pub stats: Arc<CallStats>,
+}
+
+impl CloudClients {
+    /// `aws-sdk-ec2` and the `aws-config` IMDS client, as configured; `credentials` overrides the
+    /// standard chain (`--simulate` and tests).
+    pub async fn from_config(
+        config: &DaemonConfig,
+        credentials: Option<Credentials>,
+    ) -> Result<Self, DaemonError> {
+        let stats = Arc::new(CallStats::new());
+        let cloud = Ec2Cloud::new(
+            &Ec2Config {
+                region: config.region.clone(),
+                endpoint_url: config.ec2_endpoint.clone(),
+                credentials,
+                limiter: config.limiter_config(),
+                ..Ec2Config::default()
+            },
+            stats.clone(),
+        )
+        .await
+        .map_err(|e| DaemonError::Client(e.to_string()))?;
+        let metadata = ImdsMetadata::new(
+            &ImdsConfig {
+                endpoint: config.imds_endpoint.clone(),
+                ..ImdsConfig::default()
+            },
+            stats.clone(),
+        )?;
+        Ok(Self {
+            cloud: Arc::new(cloud),
+            metadata: Arc::new(metadata),
+            stats,
+        })
+    }
+}
+
+/// A running daemon.
+pub struct DaemonHandle {
+    pub socket_path: PathBuf,
+    pub metrics_addr: SocketAddr,
+    pub pool: Pool,
+    pub store: Store,
+    pub node: NodeContext,
+    pub report: ReconcileReport,
+    pub metrics: Metrics,
+    pub calls: Arc<CallStats>,
+    ready: Arc<AtomicBool>,
+    cancel: CancellationToken,
+    grpc: JoinHandle<()>,
+    background: Vec<JoinHandle<()>>,
+    grace: Duration,
+}
+
+/// Entry point.
+pub struct Daemon;
+
+impl Daemon {
+    /// Starts with the real AWS clients built from `config`.
+    pub async fn start(config: DaemonConfig) -> Result<DaemonHandle, DaemonError> {
+        let clients = CloudClients::from_config(&config, None).await?;
+        Self::start_with(config, clients).await
+    }
+
+    /// Starts with the given cloud clients.
+    pub async fn start_with(
+        config: DaemonConfig,
+        clients: CloudClients,
+    ) -> Result<DaemonHandle, DaemonError> {
+        let started = tokio::time::Instant::now();
+        let cancel = CancellationToken::new();
+        let ready = Arc::new(AtomicBool::new(false));
+        let metrics = Metrics::default();
+        let pool_cell: Arc<OnceLock<Pool>> = Arc::new(OnceLock::new());
+        let leak_cell: Arc<OnceLock<Arc<LeakCollector>>> = Arc::new(OnceLock::new());
+
+        // 1. Metrics first, so probes get a clear "starting".
+        let listener = telemetry::bind(config.metrics_addr)
+            .await
+            .map_err(|source| DaemonError::Metrics {
+                addr: config.metrics_addr,
+                source,
+            })?;
+        let metrics_addr = listener
+            .local_addr()
+            .map_err(|source| DaemonError::Metrics {
+                addr: config.metrics_addr,
+                source,
+            })?;
+        let sources = Sources {
+            metrics: metrics.clone(),
+            pool: pool_cell.clone(),
+            calls: clients.stats.clone(),
+            leak: leak_cell.clone(),
+            ready: ready.clone(),
+        };
+        let mut background = vec![tokio::spawn(telemetry::serve(
+            listener,
+            sources,
+            cancel.clone(),
+        ))];
+
+        // 2. The state file.
+        let (store, opened) = Store::open(&config.state_path).await?;
+        if let Some(aside) = &opened.moved_aside {
+            tracing::error!(
+                path = %config.state_path.display(), moved_to = %aside.display(),
+                "STATE FILE WAS CORRUPT: moved aside for inspection; rebuilding from IMDS, EC2 and the host"
+            );
+        }
+
+        // 3. Who we are, and what EC2 says about us.
+        let identity = clients.metadata.identity().await?;
+        let instance = clients
+            .cloud
+            .describe_instance(&identity.instance_id)
+            .await?;
+        let limits = clients
+            .cloud
+            .instance_limits(&instance.instance_type)
+            .await?;
+        let eth0 = instance
+            .enis
+            .iter()
+            .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+            .ok_or_else(|| DaemonError::NoPrimaryEni(identity.instance_id.clone()))?;
+        let node = NodeContext {
+            cluster_name: config.cluster_name.clone(),
+            instance_id: identity.instance_id.clone(),
+            instance_type: instance.instance_type.clone(),
+            availability_zone: instance.availability_zone.clone(),
+            vpc_id: instance.vpc_id.clone(),
+            subnet_id: config
+                .subnet_id
+                .clone()
+                .unwrap_or_else(|| eth0.subnet_id.clone()),
+            security_groups: if config.security_groups.is_empty() {
+                eth0.security_groups.clone()
+            } else {
+                config.security_groups.clone()
+            },
+            limits,
+        };
+
+        // 4. Rebuild, and make the file equal the truth before serving.
+        let stored = store.load().await?;
+        let rebuilt = reconcile::rebuild(
+            clients.cloud.as_ref(),
+            clients.metadata.as_ref(),
+            &node.instance_id,
+            stored,
+            &reconcile::netns_exists,
+        )
+        .await?;
+        let report = rebuilt.report.clone();
+        metrics
+            .reconcile_dropped
+            .inc_by(report.dropped_gone.len() as u64);
+        metrics
+            .reconcile_released
+            .inc_by(report.released_dead.len() as u64);
+        metrics.reconcile_unknown.inc_by(report.unknown_ips as u64);
+        if report.foreign_state {
+            tracing::warn!("the state file belonged to another instance: ignored");
+        }
+        store.replace_all(rebuilt.state).await?;
+        let vpc_cidrs = clients
+            .metadata
+            .interfaces()
+            .await?
+            .into_iter()
+            .find(|m| m.device_number == 0)
+            .map(|m| m.vpc_cidrs.iter().map(|c| c.to_string()).collect())
+            .unwrap_or_default();
+
+        // 5. The pool, and the leaked-ENI collector.
+        let pool_config = config.pool_config();
+        let pool = Pool::start(
+            pool_config.clone(),
+            clients.cloud.clone(),
+            clients.metadata.clone(),
+            node.clone(),
+            rebuilt.seed,
+        )?;
+        let _ = pool_cell.set(pool.clone());
+        if !config.cluster_name.is_empty() {
+            let leak = Arc::new(LeakCollector::new(
+                clients.cloud.clone(),
+                config.cluster_name.clone(),
+                node.vpc_id.clone(),
+                LeakConfig {
+                    grace: Duration::from_secs(config.leaked_eni_grace_secs),
+                },
+            ));
+            let _ = leak_cell.set(leak.clone());
+            background.push(leak.spawn(
+                Duration::from_secs(config.leaked_eni_period_secs),
+                cancel.clone(),
+            ));
+        }
+
+        // 6. The socket.
+        let listener = bind_socket(&config.socket_path).await?;
+        let services = Arc::new(Services {
+            pool: pool.clone(),
+            store: store.clone(),
+            ready: ready.clone(),
+            instance_id: node.instance_id.clone(),
+            instance_type: node.instance_type.clone(),
+            vpc_cidrs,
+            ip_stick_time: pool_config.ip_stick_time,
+            metrics: metrics.clone(),
+        });
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_serving::<pb::ipam_server::IpamServer<IpamService>>()
+            .await;
+        let shutdown = cancel.clone();
+        let grpc = tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(health_service)
+                .add_service(pb::ipam_server::IpamServer::new(IpamService(
+                    services.clone(),
+                )))
+                .add_service(pb::introspect_server::IntrospectServer::new(
+                    IntrospectService(services),
+                ))
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    async move { shutdown.cancelled().await },
+                )
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "gRPC server stopped");
+            }
+        });
+
+        ready.store(true, Ordering::Release);
+        let ms = started.elapsed().as_millis() as u64;
+        metrics.set_startup_ms(ms);
+        tracing::info!(
+            instance = %node.instance_id, instance_type = %node.instance_type,
+            socket = %config.socket_path.display(), metrics = %metrics_addr,
+            enis = report.enis, kept = report.kept, dropped = report.dropped_gone.len(),
+            released = report.released_dead.len(), unknown_ips = report.unknown_ips,
+            startup_ms = ms, "eniipamd ready"
+        );
+        Ok(DaemonHandle {
+            socket_path: config.socket_path.clone(),
+            metrics_addr,
+            pool,
+            store,
+            node,
+            report,
+            metrics,
+            calls: clients.stats,
+            ready,
+            cancel,
+            grpc,
+            background,
+            grace: Duration::from_secs(config.shutdown_grace_secs),
+        })
+    }
+}
+
+impl DaemonHandle {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Stops accepting, lets in-flight requests finish within the grace period, then stops the pool and
+    /// closes the state file. Live pods' IPs are left alone.
+    pub async fn shutdown(self) {
+        self.ready.store(false, Ordering::Release);
+        self.cancel.cancel();
+        let mut grpc = self.grpc;
+        if tokio::time::timeout(self.grace, &mut grpc).await.is_err() {
+            tracing::warn!(grace = ?self.grace, "in-flight requests did not finish within the grace period");
+            grpc.abort();
+        }
+        self.pool.shutdown().await;
+        self.store.close().await;
+        for t in self.background {
+            t.abort();
+        }
+        let _ = std::fs::remove_file(&self.socket_path);
+        tracing::info!("eniipamd stopped");
+    }
+}

@@ -1,0 +1,291 @@
+//! Rebuilding the pool's state at startup from what is durable and what is true.
+//!
+//! Sources, in order of authority: EC2 (which ENIs are attached and which IPs they hold; IMDS lags it),
+//! the host (does the pod's network namespace still exist), then SQLite (who holds which IP, cooldowns
+//! and sticky reservations). The result is a [`PoolSeed`] the pool starts from and the [`StoredState`]
+//! written back so the file equals the truth before the first request is served.
+//!
+//! Rules (issue 5): an IP recorded as assigned but on no ENI any more is dropped with a warning; an IP
+//! on our ENIs that the file does not know starts idle and cooling (never handed out at once: its
+//! history is unknown); an assignment whose network namespace is gone is released into cooldown;
+//! cooldown and sticky reservations survive the restart.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+use crate::cloud::{Cloud, CloudError, Eni, EniFilter, Metadata, MetadataEni};
+use crate::model::{AttachmentKey, PodRef};
+use crate::pool::{AllocationSeed, EniSeed, IdleSeed, PoolSeed};
+use crate::store::{StoredAssignment, StoredEni, StoredIdle, StoredState};
+
+/// Wall-clock now, in unix milliseconds (what the store keeps).
+pub fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A wall-clock time from the store as a tokio instant (clamped to now for future or ancient times).
+pub fn instant_from_unix_ms(ms: u64, now: Instant, now_ms: u64) -> Instant {
+    now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
+        .unwrap_or(now)
+}
+
+/// A tokio instant as a wall-clock time for the store.
+pub fn unix_ms_from_instant(at: Instant, now: Instant, now_ms: u64) -> u64 {
+    if at >= now {
+        now_ms + (at - now).as_millis() as u64
+    } else {
+        now_ms.saturating_sub((now - at).as_millis() as u64)
+    }
+}
+
+/// Whether a network namespace path still exists. Empty means "not known" (the IPAM-only role under a
+/// runtime that gives none): kept.
+pub fn netns_exists(netns: &str) -> bool {
+    netns.is_empty() || Path::new(netns).exists()
+}
+
+/// What the startup rebuild found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// ENIs attached (EC2's view), and how many of them are ours to manage.
+    pub enis: usize,
+    pub managed_enis: usize,
+    /// Assignments kept.
+    pub kept: usize,
+    /// Assignments whose IP is on no ENI any more (dropped; the pod lost its IP out of band).
+    pub dropped_gone: Vec<(AttachmentKey, Ipv4Addr)>,
+    /// Assignments whose network namespace is gone (released into cooldown).
+    pub released_dead: Vec<(AttachmentKey, Ipv4Addr)>,
+    /// IPs on our ENIs that the file did not know (idle, cooling).
+    pub unknown_ips: usize,
+    /// IPs IMDS and EC2 disagreed on (EC2 won).
+    pub imds_mismatches: usize,
+    /// The file belonged to another instance and was ignored.
+    pub foreign_state: bool,
+}
+
+/// The rebuilt state.
+pub struct Rebuilt {
+    pub seed: PoolSeed,
+    pub state: StoredState,
+    pub report: ReconcileReport,
+}
+
+/// Reads IMDS and EC2 and merges them with the stored state.
+pub async fn rebuild(
+    cloud: &dyn Cloud,
+    metadata: &dyn Metadata,
+    instance_id: &str,
+    stored: StoredState,
+    netns_alive: &dyn Fn(&str) -> bool,
+) -> Result<Rebuilt, CloudError> {
+    let imds = metadata.interfaces().await?;
+    let ec2 = cloud
+        .describe_enis(&EniFilter {
+            attached_to: Some(instance_id.to_owned()),
+            ..EniFilter::default()
+        })
+        .await?;
+    Ok(merge(
+        instance_id,
+        &imds,
+        &ec2,
+        stored,
+        netns_alive,
+        Instant::now(),
+        unix_ms_now(),
+    ))
+}
+
+/// The pure part of [`rebuild`]: EC2's ENIs (authoritative) + IMDS (for CIDRs and MACs) + the file.
+pub fn merge(
+    instance_id: &str,
+    imds: &[MetadataEni],
+    ec2: &[Eni],
+    stored: StoredState,
+    netns_alive: &dyn Fn(&str) -> bool,
+    now: Instant,
+    now_ms: u64,
+) -> Rebuilt {
+    let mut report = ReconcileReport::default();
+    let stored = if stored
+        .instance_id
+        .as_deref()
+        .is_some_and(|i| i != instance_id)
+    {
+        report.foreign_state = true;
+        StoredState::default()
+    } else {
+        stored
+    };
+    let by_mac: BTreeMap<&str, &MetadataEni> = imds.iter().map(|m| (m.mac.as_str(), m)).collect();
+    let known_enis: BTreeMap<&str, &StoredEni> =
+        stored.enis.iter().map(|e| (e.eni_id.as_str(), e)).collect();
+
+    let mut enis = Vec::new();
+    let mut stored_enis = Vec::new();
+    // ip -> eni id, for pod IPs on managed ENIs.
+    let mut pod_ips: BTreeMap<Ipv4Addr, String> = BTreeMap::new();
+    for e in ec2 {
+        let Some(att) = e
+            .attachment
+            .as_ref()
+            .filter(|a| a.instance_id == instance_id)
+        else {
+            continue;
+        };
+        let md = by_mac.get(e.mac.as_str()).copied();
+        if let Some(md) = md {
+            let imds_ips: BTreeSet<_> = md.ips.iter().copied().collect();
+            let ec2_ips: BTreeSet<_> = std::iter::once(e.primary_ip)
+                .chain(e.secondary_ips.iter().copied())
+                .collect();
+            report.imds_mismatches += imds_ips.symmetric_difference(&ec2_ips).count();
+        }
+        let subnet_cidr = md.map(|m| m.subnet_cidr).or_else(|| {
+            known_enis
+                .get(e.id.as_str())
+                .and_then(|s| s.subnet_cidr.parse().ok())
+        });
+        let Some(subnet_cidr) = subnet_cidr else {
+            // Neither IMDS nor the file knows the CIDR yet (a brand-new ENI): leave it to the next start.
+            tracing::warn!(eni = %e.id, "no subnet CIDR known for an attached ENI yet; not serving from it");
+            continue;
+        };
+        let managed = att.device_index != 0 && e.is_managed_by_us();
+        report.enis += 1;
+        if managed {
+            report.managed_enis += 1;
+            for ip in &e.secondary_ips {
+                pod_ips.insert(*ip, e.id.to_string());
+            }
+        }
+        enis.push(EniSeed {
+            id: e.id.clone(),
+            mac: e.mac.clone(),
+            device_index: att.device_index,
+            subnet_id: e.subnet_id.clone(),
+            subnet_cidr,
+            primary_ip: e.primary_ip,
+            secondary_ips: e.secondary_ips.clone(),
+            managed,
+            eni: Some(e.clone()),
+        });
+        stored_enis.push(StoredEni {
+            eni_id: e.id.to_string(),
+            mac: e.mac.clone(),
+            device_index: att.device_index,
+            subnet_id: e.subnet_id.clone(),
+            subnet_cidr: subnet_cidr.to_string(),
+            primary_ip: e.primary_ip,
+            created_by_us: e.is_managed_by_us(),
+            created_at_ms: known_enis
+                .get(e.id.as_str())
+                .map_or(now_ms, |s| s.created_at_ms),
+        });
+    }
+
+    let mut allocations = Vec::new();
+    let mut assignments = Vec::new();
+    let mut idle = Vec::new();
+    let mut stored_idle = Vec::new();
+    let mut seen: BTreeSet<Ipv4Addr> = BTreeSet::new();
+    let mut attachments: BTreeSet<AttachmentKey> = BTreeSet::new();
+    for a in stored.assignments {
+        let key = AttachmentKey::new(a.container_id.clone(), a.ifname.clone());
+        let Some(eni_id) = pod_ips.get(&a.ip) else {
+            tracing::warn!(ip = %a.ip, attachment = %key, "assigned IP is on no ENI of this node any more: dropped");
+            report.dropped_gone.push((key, a.ip));
+            continue;
+        };
+        if seen.contains(&a.ip) || attachments.contains(&key) {
+            tracing::warn!(ip = %a.ip, attachment = %key, "duplicate record in the state file: ignored");
+            continue;
+        }
+        if !netns_alive(&a.netns) {
+            tracing::info!(ip = %a.ip, attachment = %key, netns = %a.netns, "pod network namespace is gone: released");
+            report.released_dead.push((key, a.ip));
+            // Released now: cooling from now, sticky for its key if it had one.
+            continue;
+        }
+        seen.insert(a.ip);
+        attachments.insert(key.clone());
+        report.kept += 1;
+        allocations.push(AllocationSeed {
+            ip: a.ip,
+            attachment: key,
+            pod: PodRef {
+                namespace: a.pod_namespace.clone(),
+                name: a.pod_name.clone(),
+                uid: a.pod_uid.clone(),
+            },
+            sticky_key: a.sticky_key.clone(),
+        });
+        assignments.push(StoredAssignment {
+            eni_id: eni_id.clone(),
+            ..a
+        });
+    }
+    for i in stored.idle {
+        let Some(eni_id) = pod_ips.get(&i.ip) else {
+            continue; // given back to EC2 since: nothing to keep
+        };
+        if !seen.insert(i.ip) {
+            continue;
+        }
+        idle.push(IdleSeed {
+            ip: i.ip,
+            idle_since: instant_from_unix_ms(i.idle_since_ms, now, now_ms),
+            reserved: i
+                .reservation
+                .as_ref()
+                .filter(|(_, until)| *until > now_ms)
+                .map(|(k, until)| (k.clone(), now + Duration::from_millis(until - now_ms))),
+        });
+        stored_idle.push(StoredIdle {
+            eni_id: eni_id.clone(),
+            ..i
+        });
+    }
+    for (ip, eni_id) in &pod_ips {
+        if !seen.contains(ip) {
+            report.unknown_ips += 1;
+            // Unknown history: idle from now, so it cools before any pod gets it.
+            idle.push(IdleSeed {
+                ip: *ip,
+                idle_since: now,
+                reserved: None,
+            });
+            stored_idle.push(StoredIdle {
+                ip: *ip,
+                eni_id: eni_id.clone(),
+                idle_since_ms: now_ms,
+                reservation: None,
+            });
+        }
+    }
+    enis.sort_by_key(|e| e.device_index);
+    stored_enis.sort_by_key(|e| e.device_index);
+    assignments.sort_by_key(|a| a.ip);
+    stored_idle.sort_by_key(|i| i.ip);
+    Rebuilt {
+        seed: PoolSeed {
+            enis,
+            allocations,
+            idle,
+        },
+        state: StoredState {
+            instance_id: Some(instance_id.to_owned()),
+            enis: stored_enis,
+            assignments,
+            idle: stored_idle,
+        },
+        report,
+    }
+}

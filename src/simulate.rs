@@ -1,0 +1,199 @@
+//! `eniipamd --simulate`: the real daemon against an embedded mockcloud with one simulated node, plus
+//! optional synthetic pod churn through the plugin's gRPC client path. Needs no AWS account and no root:
+//! state and socket live under a per-user directory, metrics on loopback.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use aws_sdk_ec2::config::Credentials;
+use rand::Rng;
+use tokio::task::JoinHandle;
+
+use crate::config::DaemonConfig;
+use crate::daemon::{CloudClients, Daemon, DaemonHandle};
+use crate::pool::Pool;
+use crate::rpc::{API_VERSION, pb};
+
+/// Per-user state directory: `$XDG_STATE_HOME/eniipam-simulate` or `~/.local/state/eniipam-simulate`.
+pub fn default_state_dir() -> Option<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| !x.is_empty()) {
+        return Some(PathBuf::from(x).join("eniipam-simulate"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state/eniipam-simulate"))
+}
+
+/// What a simulation needs.
+pub struct SimulationOptions {
+    pub instance_type: String,
+    pub state_dir: PathBuf,
+    pub metrics_addr: SocketAddr,
+    /// mockcloud profile: `realistic` or `fast`.
+    pub profile: String,
+    /// Knobs from the environment (pool sizes, rates...); endpoints and paths are set here.
+    pub base: DaemonConfig,
+}
+
+/// A running simulation.
+pub struct Simulation {
+    pub mock: mockcloud::MockCloud,
+    pub daemon: DaemonHandle,
+    pub state_path: PathBuf,
+}
+
+impl Simulation {
+    pub async fn start(o: SimulationOptions) -> anyhow::Result<Self> {
+        let latency = mockcloud::LatencyProfile::named(&o.profile).with_context(|| {
+            format!(
+                "--profile must be `fast` or `realistic`, not {:?}",
+                o.profile
+            )
+        })?;
+        if mockcloud::catalog::lookup(&o.instance_type).is_none() {
+            anyhow::bail!(
+                "--instance-type {:?} is not simulated (known: {})",
+                o.instance_type,
+                mockcloud::catalog::CATALOG
+                    .iter()
+                    .map(|t| t.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        std::fs::create_dir_all(&o.state_dir).with_context(|| {
+            format!(
+                "cannot create the state directory {}",
+                o.state_dir.display()
+            )
+        })?;
+        let mock = mockcloud::MockCloud::start(mockcloud::Config {
+            latency,
+            throttling: mockcloud::Throttling::default(),
+            seed_default_world: true,
+            default_instance_type: o.instance_type.clone(),
+            region: "us-east-1".to_owned(),
+        })
+        .await
+        .context("cannot start the embedded mockcloud")?;
+        let instance = mock.default_instance();
+        let state_path = o.state_dir.join("state.db");
+        let config = DaemonConfig {
+            cluster_name: if o.base.cluster_name.is_empty() {
+                "simulate".to_owned()
+            } else {
+                o.base.cluster_name.clone()
+            },
+            socket_path: o.state_dir.join("eniipam.sock"),
+            state_path: state_path.clone(),
+            metrics_addr: o.metrics_addr,
+            region: Some("us-east-1".to_owned()),
+            ec2_endpoint: Some(mock.ec2_url()),
+            imds_endpoint: Some(instance.imds_url.clone()),
+            ..o.base
+        };
+        config.validate().context("invalid configuration")?;
+        // Every simulation is a fresh instance: a state file from an earlier run belongs to another
+        // instance id, and the daemon ignores it (and says so).
+        let clients = CloudClients::from_config(
+            &config,
+            Some(Credentials::new(
+                "SIMULATE",
+                "simulate",
+                None,
+                None,
+                "eniipamd-simulate",
+            )),
+        )
+        .await?;
+        let daemon = Daemon::start_with(config, clients)
+            .await
+            .context("eniipamd failed to start")?;
+        Ok(Self {
+            mock,
+            daemon,
+            state_path,
+        })
+    }
+}
+
+/// Synthetic pods: one ADD every `1/rate` s, each living 5–30 s, then DEL; through the gRPC client the
+/// plugin uses.
+pub fn spawn_churn(socket: PathBuf, rate: f64) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let channel = match crate::rpc::connect(&socket).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "churn: cannot connect to the daemon");
+                return;
+            }
+        };
+        let client = pb::ipam_client::IpamClient::new(channel);
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        let mut n: u64 = 0;
+        loop {
+            tick.tick().await;
+            n += 1;
+            let mut c = client.clone();
+            let lifetime = Duration::from_millis(rand::rng().random_range(5_000..30_000));
+            tokio::spawn(async move {
+                let id = format!("churn-{n:08}");
+                let add = c
+                    .allocate(pb::AllocateRequest {
+                        api_version: API_VERSION,
+                        container_id: id.clone(),
+                        ifname: "eth0".into(),
+                        netns: String::new(),
+                        pod: Some(pb::Pod {
+                            namespace: "churn".into(),
+                            name: format!("pod-{n}"),
+                            uid: id.clone(),
+                        }),
+                        ..Default::default()
+                    })
+                    .await;
+                match add {
+                    Ok(r) => tracing::debug!(pod = %id, ip = %r.get_ref().ip, "churn ADD"),
+                    Err(s) => {
+                        tracing::warn!(pod = %id, code = ?s.code(), message = %s.message(), "churn ADD failed");
+                        return;
+                    }
+                }
+                tokio::time::sleep(lifetime).await;
+                let _ = c
+                    .release(pb::ReleaseRequest {
+                        api_version: API_VERSION,
+                        container_id: id,
+                        ifname: "eth0".into(),
+                        sticky: false,
+                    })
+                    .await;
+            });
+        }
+    })
+}
+
+/// One status line every `every`.
+pub fn spawn_status(pool: Pool, every: Duration) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            let s = pool.snapshot();
+            println!(
+                "pool: {} ENIs, capacity {}, assigned {}, idle {} (+{} cooling, {} sticky), in flight {}{}",
+                s.enis.len(),
+                s.capacity,
+                s.assigned,
+                s.idle_eligible,
+                s.cooling,
+                s.reserved,
+                s.in_flight,
+                s.exhaustion
+                    .as_ref()
+                    .map(|r| format!(", EXHAUSTED: {r}"))
+                    .unwrap_or_default()
+            );
+        }
+    })
+}

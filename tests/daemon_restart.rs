@@ -1,0 +1,258 @@
+//! Issue 5: the daemon restarted with an intact state file, none, a corrupt one, and one that disagrees
+//! with EC2 (IPs removed and an ENI detached out of band). Each time the rebuilt pool equals the truth
+//! and no IP is handed out twice; cooldown and sticky reservations survive.
+
+#[path = "daemon_support/mod.rs"]
+mod daemon_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use daemon_support::*;
+use eniipam::model::AttachmentKey;
+use eniipam::pool::snapshot::IpState;
+use mockcloud::{Config, MockCloud};
+
+async fn mock() -> MockCloud {
+    MockCloud::start(Config {
+        default_instance_type: "c5.4xlarge".into(),
+        ..Config::fast()
+    })
+    .await
+    .unwrap()
+}
+
+/// Pool IPs (all states) must equal EC2's pod IPs on the node; returns the assigned map.
+fn assert_pool_is_truth(
+    d: &eniipam::daemon::DaemonHandle,
+    mock: &MockCloud,
+) -> BTreeMap<AttachmentKey, Ipv4Addr> {
+    let snap = d.pool.snapshot();
+    let mut pool_ips: Vec<Ipv4Addr> = snap.ips().map(|i| i.ip).collect();
+    pool_ips.sort();
+    assert_eq!(
+        pool_ips,
+        ec2_pod_ips(mock),
+        "the pool holds exactly EC2's pod IPs"
+    );
+    let mut assigned = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for i in snap.ips() {
+        if let IpState::Assigned { attachment, .. } = &i.state {
+            assert!(seen.insert(i.ip), "{} twice", i.ip);
+            assert!(assigned.insert(attachment.clone(), i.ip).is_none());
+        }
+    }
+    d.pool.check_invariants().expect("pool invariants");
+    assigned
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_rebuild_the_truth() {
+    let mock = mock().await;
+    let dir = TempDir::new("restart");
+    let cfg = config(&mock, &dir.0);
+
+    // First life: 6 pods; pod-0 released plainly (cooling), pod-1 released sticky.
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let mut ips = BTreeMap::new();
+    for i in 0..6 {
+        let r = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("pod-{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        ips.insert(i, r.ip.parse::<Ipv4Addr>().unwrap());
+    }
+    c.release(release_req("c0", false)).await.unwrap();
+    c.release(release_req("c1", true)).await.unwrap();
+    let before = assert_pool_is_truth(&d, &mock);
+    assert_eq!(before.len(), 4);
+    d.shutdown().await;
+
+    // 1. Intact file: same assignments; the cooling IP is not handed to a new pod; the sticky one goes
+    //    back to its pod only.
+    let d = start(cfg.clone()).await;
+    assert_eq!(assert_pool_is_truth(&d, &mock), before);
+    assert_eq!(d.report.kept, 4);
+    let mut c = client(&d.socket_path).await;
+    let mut fresh = BTreeSet::new();
+    for i in 0..5 {
+        let r = c
+            .allocate(alloc_req(&format!("n{i}"), &format!("new-{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        fresh.insert(r.ip.parse::<Ipv4Addr>().unwrap());
+    }
+    assert!(!fresh.contains(&ips[&0]), "cooldown survived the restart");
+    assert!(
+        !fresh.contains(&ips[&1]),
+        "the sticky reservation survived the restart"
+    );
+    let mut sticky = alloc_req("c1-again", "pod-1");
+    sticky.sticky_key = "default/pod-1".into();
+    let back = c.allocate(sticky).await.unwrap().into_inner();
+    assert_eq!(
+        back.ip.parse::<Ipv4Addr>().unwrap(),
+        ips[&1],
+        "the sticky pod got its IP back"
+    );
+    // Idempotent ADD after restart.
+    let again = c
+        .allocate(alloc_req("c2", "pod-2"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.ip.parse::<Ipv4Addr>().unwrap(), ips[&2]);
+    let before = assert_pool_is_truth(&d, &mock);
+    d.shutdown().await;
+
+    // 2. Out-of-band changes: one assigned IP unassigned in EC2; then the restart drops it.
+    let victim = ips[&3];
+    let eni = mock
+        .network_interfaces()
+        .into_iter()
+        .find(|e| e.secondary_ips.contains(&victim))
+        .unwrap()
+        .id;
+    mock.with_world(|w, now| {
+        w.unassign_private_ip_addresses(&eni, &[victim], now)
+            .unwrap()
+    });
+    let d = start(cfg.clone()).await;
+    let after = assert_pool_is_truth(&d, &mock);
+    assert_eq!(d.report.dropped_gone.len(), 1);
+    assert_eq!(d.report.dropped_gone[0].1, victim);
+    assert_eq!(after.len(), before.len() - 1);
+    assert!(!after.values().any(|ip| *ip == victim));
+    d.shutdown().await;
+
+    // 3. No file: rebuilt from EC2; every IP starts cooling, so none of the old pods' IPs goes to a new
+    //    pod at once.
+    std::fs::remove_file(&cfg.state_path).unwrap();
+    let d = start(cfg.clone()).await;
+    assert!(
+        assert_pool_is_truth(&d, &mock).is_empty(),
+        "assignments are unknown without the file"
+    );
+    let mut c = client(&d.socket_path).await;
+    let r = c
+        .allocate(alloc_req("x1", "x-1"))
+        .await
+        .unwrap()
+        .into_inner();
+    let x1: Ipv4Addr = r.ip.parse().unwrap();
+    assert!(
+        !after.values().any(|ip| *ip == x1),
+        "no in-use IP handed out after losing the file"
+    );
+    d.shutdown().await;
+
+    // 4. Corrupt file: moved aside, rebuilt.
+    std::fs::write(&cfg.state_path, b"this is not a database, it is a pumpkin").unwrap();
+    let d = start(cfg.clone()).await;
+    assert_pool_is_truth(&d, &mock);
+    let aside: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("corrupt"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the corrupt file is kept for inspection");
+    d.shutdown().await;
+
+    // 5. An ENI detached out of band: its IPs leave the pool.
+    let inst = mock.instance(&mock.default_instance().instance_id).unwrap();
+    let att = inst
+        .enis
+        .iter()
+        .find(|e| e.attachment.as_ref().unwrap().device_index == 1)
+        .unwrap();
+    let att_id = att.attachment.clone().unwrap().id;
+    mock.with_world(|w, now| w.detach_network_interface(&att_id, true, now).unwrap());
+    let d = start(cfg.clone()).await;
+    let snap_ips: BTreeSet<Ipv4Addr> = d.pool.snapshot().ips().map(|i| i.ip).collect();
+    assert!(
+        att.secondary_ips.iter().all(|ip| !snap_ips.contains(ip)),
+        "the detached ENI's IPs are gone"
+    );
+    assert_pool_is_truth(&d, &mock);
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused_and_bad_requests_change_nothing() {
+    let mock = mock().await;
+    let dir = TempDir::new("schema");
+    let cfg = config(&mock, &dir.0);
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    // Bad requests get clear errors and change nothing.
+    let before = d.pool.snapshot().assigned;
+    let mut bad = alloc_req("", "p");
+    let e = c.allocate(bad.clone()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    bad.container_id = "c".into();
+    bad.api_version = 99;
+    let e = c.allocate(bad.clone()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message().contains("v99") && e.message().contains("v1"),
+        "{}",
+        e.message()
+    );
+    bad.api_version = eniipam::rpc::API_VERSION;
+    bad.preferred_ip = "not-an-ip".into();
+    let e = c.allocate(bad).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    let r = c
+        .release(release_req("never-seen", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !r.released,
+        "releasing an unknown attachment succeeds and does nothing"
+    );
+    assert_eq!(d.pool.snapshot().assigned, before);
+    // A second daemon on the same socket is refused (the socket is live).
+    let clients = eniipam::daemon::CloudClients::from_config(
+        &cfg,
+        Some(aws_sdk_ec2::config::Credentials::new(
+            "a", "b", None, None, "t",
+        )),
+    )
+    .await
+    .unwrap();
+    let mut cfg2 = cfg.clone();
+    cfg2.state_path = dir.0.join("other.db");
+    let err = eniipam::daemon::Daemon::start_with(cfg2, clients)
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("already serving"), "{err}");
+    d.shutdown().await;
+
+    // A file from a newer schema: refused with a clear message, left untouched.
+    {
+        let conn = rusqlite::Connection::open(&cfg.state_path).unwrap();
+        conn.execute_batch("UPDATE meta SET schema_version = 999")
+            .unwrap();
+    }
+    let bytes = std::fs::read(&cfg.state_path).unwrap();
+    let clients = eniipam::daemon::CloudClients::from_config(
+        &cfg,
+        Some(aws_sdk_ec2::config::Credentials::new(
+            "a", "b", None, None, "t",
+        )),
+    )
+    .await
+    .unwrap();
+    let err = eniipam::daemon::Daemon::start_with(cfg.clone(), clients)
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("999"), "{err}");
+    assert_eq!(std::fs::read(&cfg.state_path).unwrap(), bytes);
+}

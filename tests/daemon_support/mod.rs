@@ -1,0 +1,109 @@
+//! Shared setup of the daemon tests: a mockcloud, a daemon config pointed at it, gRPC clients.
+
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use aws_sdk_ec2::config::Credentials;
+use eniipam::config::DaemonConfig;
+use eniipam::daemon::{CloudClients, Daemon, DaemonHandle};
+use eniipam::rpc::pb::ipam_client::IpamClient;
+use eniipam::rpc::{API_VERSION, pb};
+use mockcloud::MockCloud;
+use tonic::transport::Channel;
+
+/// A daemon config for `mock`'s default instance with state under `dir`.
+pub fn config(mock: &MockCloud, dir: &Path) -> DaemonConfig {
+    let inst = mock.default_instance();
+    DaemonConfig {
+        cluster_name: "test".into(),
+        socket_path: dir.join("eniipam.sock"),
+        state_path: dir.join("state.db"),
+        metrics_addr: "127.0.0.1:0".parse().unwrap(),
+        region: Some("us-east-1".into()),
+        ec2_endpoint: Some(mock.ec2_url()),
+        imds_endpoint: Some(inst.imds_url),
+        ec2_mutating_qps: 100.0,
+        ec2_mutating_burst: 100,
+        ec2_describe_qps: 100.0,
+        ec2_describe_burst: 100,
+        ..DaemonConfig::default()
+    }
+}
+
+pub async fn start(config: DaemonConfig) -> DaemonHandle {
+    let clients = CloudClients::from_config(
+        &config,
+        Some(Credentials::new("a", "b", None, None, "test")),
+    )
+    .await
+    .expect("clients");
+    Daemon::start_with(config, clients)
+        .await
+        .expect("daemon starts")
+}
+
+pub async fn client(socket: &Path) -> IpamClient<Channel> {
+    IpamClient::new(eniipam::rpc::connect(socket).await.expect("connect"))
+}
+
+pub fn alloc_req(container: &str, pod: &str) -> pb::AllocateRequest {
+    pb::AllocateRequest {
+        api_version: API_VERSION,
+        container_id: container.into(),
+        ifname: "eth0".into(),
+        pod: Some(pb::Pod {
+            namespace: "default".into(),
+            name: pod.into(),
+            uid: format!("uid-{pod}"),
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn release_req(container: &str, sticky: bool) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        api_version: API_VERSION,
+        container_id: container.into(),
+        ifname: "eth0".into(),
+        sticky,
+    }
+}
+
+/// The secondary IPs EC2 holds on the instance's ENIs (device > 0).
+pub fn ec2_pod_ips(mock: &MockCloud) -> Vec<Ipv4Addr> {
+    let inst = mock.instance(&mock.default_instance().instance_id).unwrap();
+    let mut ips: Vec<Ipv4Addr> = inst
+        .enis
+        .iter()
+        .filter(|e| e.attachment.as_ref().is_some_and(|a| a.device_index > 0))
+        .flat_map(|e| e.secondary_ips.clone())
+        .collect();
+    ips.sort();
+    ips
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "eniipam-{tag}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
