@@ -73,6 +73,8 @@ pub struct DaemonConfig {
     pub state_path: PathBuf,
     /// Metrics, /healthz and /readyz.
     pub metrics_addr: SocketAddr,
+    /// The plugin's result cache (read at startup as evidence of pods the state file does not know).
+    pub cni_cache_dir: PathBuf,
     /// AWS region (default: the SDK chain, then IMDS).
     pub region: Option<String>,
     /// EC2 endpoint override (default: the SDK's, `AWS_ENDPOINT_URL_EC2`).
@@ -121,6 +123,7 @@ impl Default for DaemonConfig {
             socket_path: PathBuf::from(crate::rpc::DEFAULT_SOCKET),
             state_path: PathBuf::from("/var/lib/eniipam/state.db"),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 61678)),
+            cni_cache_dir: PathBuf::from(crate::cni::config::DEFAULT_CACHE_DIR),
             region: None,
             ec2_endpoint: None,
             imds_endpoint: None,
@@ -197,6 +200,7 @@ impl DaemonConfig {
         set!(socket_path, "a path");
         set!(state_path, "a path");
         set!(metrics_addr, "an address like 127.0.0.1:61678");
+        set!(cni_cache_dir, "a path");
         set_opt!(region, "a region");
         set_opt!(ec2_endpoint, "a URL");
         set_opt!(imds_endpoint, "a URL");

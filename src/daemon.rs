@@ -108,6 +108,7 @@ pub struct DaemonHandle {
     pub metrics: Metrics,
     pub calls: Arc<CallStats>,
     ready: Arc<AtomicBool>,
+    health: tonic_health::server::HealthReporter,
     cancel: CancellationToken,
     grpc: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
@@ -206,11 +207,13 @@ impl Daemon {
 
         // 4. Rebuild, and make the file equal the truth before serving.
         let stored = store.load().await?;
+        let host = reconcile::host_claims(&config.cni_cache_dir, &reconcile::netns_exists);
         let rebuilt = reconcile::rebuild(
             clients.cloud.as_ref(),
             clients.metadata.as_ref(),
             &node.instance_id,
             stored,
+            &host,
             &reconcile::netns_exists,
         )
         .await?;
@@ -303,7 +306,8 @@ impl Daemon {
         tracing::info!(
             instance = %node.instance_id, instance_type = %node.instance_type,
             socket = %config.socket_path.display(), metrics = %metrics_addr,
-            enis = report.enis, kept = report.kept, dropped = report.dropped_gone.len(),
+            enis = report.enis, kept = report.kept, adopted = report.adopted.len(),
+            dropped = report.dropped_gone.len(),
             released = report.released_dead.len(), unknown_ips = report.unknown_ips,
             startup_ms = ms, "eniipamd ready"
         );
@@ -317,6 +321,7 @@ impl Daemon {
             metrics,
             calls: clients.stats,
             ready,
+            health: health_reporter,
             cancel,
             grpc,
             background,
@@ -334,6 +339,9 @@ impl DaemonHandle {
     /// closes the state file. Live pods' IPs are left alone.
     pub async fn shutdown(self) {
         self.ready.store(false, Ordering::Release);
+        self.health
+            .set_not_serving::<pb::ipam_server::IpamServer<IpamService>>()
+            .await;
         self.cancel.cancel();
         let mut grpc = self.grpc;
         if tokio::time::timeout(self.grace, &mut grpc).await.is_err() {

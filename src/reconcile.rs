@@ -7,8 +7,11 @@
 //!
 //! Rules (issue 5): an IP recorded as assigned but on no ENI any more is dropped with a warning; an IP
 //! on our ENIs that the file does not know starts idle and cooling (never handed out at once: its
-//! history is unknown); an assignment whose network namespace is gone is released into cooldown;
-//! cooldown and sticky reservations survive the restart.
+//! history is unknown) — unless the host still shows a pod holding it (the plugin's result cache names
+//! the attachment and its network namespace, and the namespace exists), in which case it is adopted as
+//! assigned; an assignment whose network namespace is gone is released into cooldown; cooldown and
+//! sticky reservations survive the restart. Where the file has a record of an IP, the file wins: it is
+//! written before every ADD reply, the cache only after.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -50,6 +53,48 @@ pub fn netns_exists(netns: &str) -> bool {
     netns.is_empty() || Path::new(netns).exists()
 }
 
+/// A pod the host says holds an IP: one entry of the plugin's result cache whose netns still exists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostClaim {
+    pub ip: Ipv4Addr,
+    pub attachment: AttachmentKey,
+    pub pod: PodRef,
+    pub sticky_key: Option<String>,
+    pub netns: String,
+}
+
+/// Reads every network's result cache under `root` (`<root>/<network>/<container>@<ifname>.json`) and
+/// keeps the entries whose network namespace still exists. A missing root is no evidence, not an error.
+pub fn host_claims(root: &Path, netns_alive: &dyn Fn(&str) -> bool) -> Vec<HostClaim> {
+    let Ok(dirs) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut claims = Vec::new();
+    for d in dirs.flatten() {
+        if !d.path().is_dir() {
+            continue;
+        }
+        let network = d.file_name().to_string_lossy().into_owned();
+        let (entries, errors) = crate::cni::cache::ResultCache::new(root, &network).list();
+        for e in errors {
+            tracing::warn!(error = %e, "unreadable plugin cache entry: not used as evidence");
+        }
+        for e in entries {
+            if e.netns.is_empty() || !netns_alive(&e.netns) {
+                continue;
+            }
+            claims.push(HostClaim {
+                ip: e.ip,
+                attachment: e.attachment(),
+                pod: e.pod.clone().unwrap_or_default(),
+                sticky_key: e.sticky_key.clone(),
+                netns: e.netns.clone(),
+            });
+        }
+    }
+    claims
+}
+
 /// What the startup rebuild found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReconcileReport {
@@ -64,6 +109,8 @@ pub struct ReconcileReport {
     pub released_dead: Vec<(AttachmentKey, Ipv4Addr)>,
     /// IPs on our ENIs that the file did not know (idle, cooling).
     pub unknown_ips: usize,
+    /// IPs the file did not know but the host shows a live pod holding (adopted as assigned).
+    pub adopted: Vec<(AttachmentKey, Ipv4Addr)>,
     /// IPs IMDS and EC2 disagreed on (EC2 won).
     pub imds_mismatches: usize,
     /// The file belonged to another instance and was ignored.
@@ -83,6 +130,7 @@ pub async fn rebuild(
     metadata: &dyn Metadata,
     instance_id: &str,
     stored: StoredState,
+    host: &[HostClaim],
     netns_alive: &dyn Fn(&str) -> bool,
 ) -> Result<Rebuilt, CloudError> {
     let imds = metadata.interfaces().await?;
@@ -97,6 +145,7 @@ pub async fn rebuild(
         &imds,
         &ec2,
         stored,
+        host,
         netns_alive,
         Instant::now(),
         unix_ms_now(),
@@ -104,11 +153,13 @@ pub async fn rebuild(
 }
 
 /// The pure part of [`rebuild`]: EC2's ENIs (authoritative) + IMDS (for CIDRs and MACs) + the file.
+#[allow(clippy::too_many_arguments)]
 pub fn merge(
     instance_id: &str,
     imds: &[MetadataEni],
     ec2: &[Eni],
     stored: StoredState,
+    host: &[HostClaim],
     netns_alive: &dyn Fn(&str) -> bool,
     now: Instant,
     now_ms: u64,
@@ -251,6 +302,37 @@ pub fn merge(
         stored_idle.push(StoredIdle {
             eni_id: eni_id.clone(),
             ..i
+        });
+    }
+    for claim in host {
+        let Some(eni_id) = pod_ips.get(&claim.ip) else {
+            continue;
+        };
+        if seen.contains(&claim.ip) || attachments.contains(&claim.attachment) {
+            continue; // the file knows this IP or this attachment: it wins
+        }
+        tracing::warn!(ip = %claim.ip, attachment = %claim.attachment, netns = %claim.netns,
+            "IP unknown to the state file is held by a live pod (plugin cache): adopted as assigned");
+        seen.insert(claim.ip);
+        attachments.insert(claim.attachment.clone());
+        report.adopted.push((claim.attachment.clone(), claim.ip));
+        allocations.push(AllocationSeed {
+            ip: claim.ip,
+            attachment: claim.attachment.clone(),
+            pod: claim.pod.clone(),
+            sticky_key: claim.sticky_key.clone(),
+        });
+        assignments.push(StoredAssignment {
+            ip: claim.ip,
+            eni_id: eni_id.clone(),
+            container_id: claim.attachment.container_id.clone(),
+            ifname: claim.attachment.ifname.clone(),
+            netns: claim.netns.clone(),
+            pod_namespace: claim.pod.namespace.clone(),
+            pod_name: claim.pod.name.clone(),
+            pod_uid: claim.pod.uid.clone(),
+            sticky_key: claim.sticky_key.clone(),
+            assigned_at_ms: now_ms,
         });
     }
     for (ip, eni_id) in &pod_ips {

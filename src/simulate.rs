@@ -87,6 +87,8 @@ impl Simulation {
             socket_path: o.state_dir.join("eniipam.sock"),
             state_path: state_path.clone(),
             metrics_addr: o.metrics_addr,
+            // No pods are wired in a simulation: the host's own plugin cache is not ours to read.
+            cni_cache_dir: o.state_dir.join("cni-cache"),
             region: Some("us-east-1".to_owned()),
             ec2_endpoint: Some(mock.ec2_url()),
             imds_endpoint: Some(instance.imds_url.clone()),

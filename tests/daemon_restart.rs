@@ -129,14 +129,64 @@ async fn restarts_rebuild_the_truth() {
     assert!(!after.values().any(|ip| *ip == victim));
     d.shutdown().await;
 
-    // 3. No file: rebuilt from EC2; every IP starts cooling, so none of the old pods' IPs goes to a new
-    //    pod at once.
+    // 3. No file: rebuilt from EC2 and the host. Two pods still show in the plugin's result cache with a
+    //    live network namespace: they are adopted with their IPs. Every other IP starts cooling, so none
+    //    of the old pods' IPs goes to a new pod at once.
     std::fs::remove_file(&cfg.state_path).unwrap();
+    let netns = dir.0.join("fake-netns");
+    std::fs::write(&netns, b"").unwrap();
+    let cache = eniipam::cni::cache::ResultCache::new(&cfg.cni_cache_dir, "eniipam");
+    let mut on_host: Vec<(AttachmentKey, Ipv4Addr)> = after
+        .iter()
+        .map(|(k, ip)| (k.clone(), *ip))
+        .take(2)
+        .collect();
+    for (k, ip) in &on_host {
+        cache
+            .write(&eniipam::cni::cache::CacheEntry {
+                format: eniipam::cni::cache::CACHE_FORMAT,
+                network: "eniipam".into(),
+                container_id: k.container_id.clone(),
+                ifname: k.ifname.clone(),
+                netns: netns.display().to_string(),
+                pod: None,
+                sticky_key: None,
+                ip: *ip,
+                route_table: 2,
+                eni_id: String::new(),
+                host_veth: None,
+                result: serde_json::json!({}),
+            })
+            .unwrap();
+    }
+    // A cache entry whose namespace is gone is no evidence.
+    let (gone_key, gone_ip) = after.iter().nth(2).map(|(k, ip)| (k.clone(), *ip)).unwrap();
+    cache
+        .write(&eniipam::cni::cache::CacheEntry {
+            format: eniipam::cni::cache::CACHE_FORMAT,
+            network: "eniipam".into(),
+            container_id: gone_key.container_id.clone(),
+            ifname: gone_key.ifname.clone(),
+            netns: "/proc/no/such/netns".into(),
+            pod: None,
+            sticky_key: None,
+            ip: gone_ip,
+            route_table: 2,
+            eni_id: String::new(),
+            host_veth: None,
+            result: serde_json::json!({}),
+        })
+        .unwrap();
     let d = start(cfg.clone()).await;
-    assert!(
-        assert_pool_is_truth(&d, &mock).is_empty(),
-        "assignments are unknown without the file"
+    let adopted = assert_pool_is_truth(&d, &mock);
+    on_host.sort();
+    let mut got: Vec<(AttachmentKey, Ipv4Addr)> = adopted.into_iter().collect();
+    got.sort();
+    assert_eq!(
+        got, on_host,
+        "the host's live pods were adopted with their IPs"
     );
+    assert_eq!(d.report.adopted.len(), 2);
     let mut c = client(&d.socket_path).await;
     let r = c
         .allocate(alloc_req("x1", "x-1"))
@@ -148,7 +198,15 @@ async fn restarts_rebuild_the_truth() {
         !after.values().any(|ip| *ip == x1),
         "no in-use IP handed out after losing the file"
     );
+    // Idempotent ADD of an adopted pod returns its IP.
+    let again = c
+        .allocate(alloc_req(&on_host[0].0.container_id, "adopted"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.ip.parse::<Ipv4Addr>().unwrap(), on_host[0].1);
     d.shutdown().await;
+    std::fs::remove_dir_all(&cfg.cni_cache_dir).unwrap();
 
     // 4. Corrupt file: moved aside, rebuilt.
     std::fs::write(&cfg.state_path, b"this is not a database, it is a pumpkin").unwrap();

@@ -27,7 +27,12 @@ struct Args {
     instance_type: String,
     /// With --simulate: drive synthetic pod ADD/DEL through the plugin's client path at this many pods
     /// per second (0 = none).
-    #[arg(long, default_value_t = 0.0, requires = "simulate")]
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        requires = "simulate",
+        allow_negative_numbers = true
+    )]
     churn: f64,
     /// With --simulate: where to keep state and the socket (default: $XDG_STATE_HOME/eniipam-simulate
     /// or ~/.local/state/eniipam-simulate).
@@ -49,6 +54,12 @@ async fn main() -> anyhow::Result<()> {
     }
     let config =
         DaemonConfig::load(args.config.as_deref(), &ProcessEnv).context("invalid configuration")?;
+    if config.cluster_name.is_empty() {
+        bail!(
+            "cluster_name (ENIIPAM_CLUSTER_NAME) is required on a real node: it tags the ENIs eniipam creates \
+             and scopes the leaked-ENI collector (use --simulate to try eniipam without a cluster)"
+        );
+    }
     eniipam::telemetry::init_logging(config.log_format, &config.log_level);
     let daemon = Daemon::start(config)
         .await

@@ -21,6 +21,7 @@ pub fn config(mock: &MockCloud, dir: &Path) -> DaemonConfig {
         socket_path: dir.join("eniipam.sock"),
         state_path: dir.join("state.db"),
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
+        cni_cache_dir: dir.join("cni-cache"),
         region: Some("us-east-1".into()),
         ec2_endpoint: Some(mock.ec2_url()),
         imds_endpoint: Some(inst.imds_url),
