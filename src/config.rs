@@ -107,6 +107,9 @@ pub struct DaemonConfig {
     pub leaked_eni_grace_secs: u64,
     /// Period of the leaked-ENI collector (jittered ±20 %).
     pub leaked_eni_period_secs: u64,
+    /// Period of the running reconcile (jittered ±20 %): releases pods whose netns is gone, measures
+    /// drift against EC2.
+    pub reconcile_period_secs: u64,
     /// Seconds in-flight requests get to finish on SIGTERM.
     pub shutdown_grace_secs: u64,
     pub log_format: LogFormat,
@@ -141,6 +144,7 @@ impl Default for DaemonConfig {
             ec2_describe_burst: rates.describe.burst,
             leaked_eni_grace_secs: 300,
             leaked_eni_period_secs: 3600,
+            reconcile_period_secs: 60,
             shutdown_grace_secs: 20,
             log_format: LogFormat::Auto,
             log_level: "info".to_owned(),
@@ -225,6 +229,7 @@ impl DaemonConfig {
         set!(ec2_describe_burst, "a whole number");
         set!(leaked_eni_grace_secs, "a whole number of seconds");
         set!(leaked_eni_period_secs, "a whole number of seconds");
+        set!(reconcile_period_secs, "a whole number of seconds");
         set!(shutdown_grace_secs, "a whole number of seconds");
         if let Some(v) = get("log_format") {
             self.log_format = match v.as_str() {
@@ -301,6 +306,9 @@ impl DaemonConfig {
         }
         if self.leaked_eni_period_secs < 10 {
             return Err(invalid("leaked_eni_period_secs", "allowed: 10 or more"));
+        }
+        if !(5..=3600).contains(&self.reconcile_period_secs) {
+            return Err(invalid("reconcile_period_secs", "allowed: 5 ..= 3600"));
         }
         if self.shutdown_grace_secs > 600 {
             return Err(invalid("shutdown_grace_secs", "allowed: 0 ..= 600"));

@@ -109,6 +109,8 @@ pub struct DaemonHandle {
     pub calls: Arc<CallStats>,
     ready: Arc<AtomicBool>,
     health: tonic_health::server::HealthReporter,
+    services: Arc<Services>,
+    cloud: Arc<dyn Cloud>,
     cancel: CancellationToken,
     grpc: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
@@ -276,6 +278,15 @@ impl Daemon {
             ip_stick_time: pool_config.ip_stick_time,
             metrics: metrics.clone(),
         });
+        let services_handle = services.clone();
+        background.push(spawn_reconcile(
+            services.clone(),
+            clients.cloud.clone(),
+            node.instance_id.clone(),
+            Duration::from_secs(config.reconcile_period_secs),
+            metrics.clone(),
+            cancel.clone(),
+        ));
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter
             .set_serving::<pb::ipam_server::IpamServer<IpamService>>()
@@ -322,6 +333,8 @@ impl Daemon {
             calls: clients.stats,
             ready,
             health: health_reporter,
+            services: services_handle,
+            cloud: clients.cloud.clone(),
             cancel,
             grpc,
             background,
@@ -330,9 +343,74 @@ impl Daemon {
     }
 }
 
+/// The running reconcile, every `period` ±20 %.
+fn spawn_reconcile(
+    services: Arc<Services>,
+    cloud: Arc<dyn Cloud>,
+    instance_id: String,
+    period: Duration,
+    metrics: Metrics,
+    cancel: CancellationToken,
+) -> JoinHandle<()> {
+    use rand::Rng;
+    tokio::spawn(async move {
+        loop {
+            let wait = period.mul_f64(rand::rng().random_range(0.8..1.2));
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            match reconcile::pass(
+                &services,
+                cloud.as_ref(),
+                &instance_id,
+                &reconcile::netns_exists,
+            )
+            .await
+            {
+                Ok(r) => {
+                    metrics
+                        .netns_gc_released
+                        .inc_by(r.released_dead.len() as u64);
+                    metrics
+                        .drift_missing_in_ec2
+                        .set(r.missing_in_ec2.len() as i64);
+                    metrics
+                        .drift_unknown_to_pool
+                        .set(r.unknown_to_pool.len() as i64);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reconcile pass failed; trying again next period")
+                }
+            }
+        }
+    })
+}
+
 impl DaemonHandle {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// Runs one pass of the running reconcile now (it also runs every `reconcile_period_secs`).
+    pub async fn reconcile_now(&self) -> Result<reconcile::PassReport, CloudError> {
+        let r = reconcile::pass(
+            &self.services,
+            self.cloud.as_ref(),
+            &self.node.instance_id,
+            &reconcile::netns_exists,
+        )
+        .await?;
+        self.metrics
+            .netns_gc_released
+            .inc_by(r.released_dead.len() as u64);
+        self.metrics
+            .drift_missing_in_ec2
+            .set(r.missing_in_ec2.len() as i64);
+        self.metrics
+            .drift_unknown_to_pool
+            .set(r.unknown_to_pool.len() as i64);
+        Ok(r)
     }
 
     /// Stops accepting, lets in-flight requests finish within the grace period, then stops the pool and

@@ -371,3 +371,69 @@ pub fn merge(
         report,
     }
 }
+
+/// What one pass of the running reconcile found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Assignments released because their pod's network namespace is gone.
+    pub released_dead: Vec<(AttachmentKey, Ipv4Addr)>,
+    /// Pool IPs on managed ENIs that EC2 no longer shows there.
+    pub missing_in_ec2: Vec<Ipv4Addr>,
+    /// IPs EC2 shows on our managed ENIs that the pool does not hold.
+    pub unknown_to_pool: Vec<Ipv4Addr>,
+}
+
+/// One pass of the running reconcile: releases assignments whose network namespace is gone (pods that
+/// died without a DEL), then compares the pool with EC2 and reports the drift.
+pub async fn pass(
+    services: &crate::rpc::server::Services,
+    cloud: &dyn Cloud,
+    instance_id: &str,
+    netns_alive: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<PassReport, CloudError> {
+    let mut report = PassReport::default();
+    if let Ok(state) = services.store.load().await {
+        for a in state.assignments {
+            if !a.netns.is_empty() && !netns_alive(&a.netns) {
+                let key = AttachmentKey::new(a.container_id.clone(), a.ifname.clone());
+                if crate::rpc::server::release_one(services, &key, false)
+                    .await
+                    .is_ok()
+                {
+                    tracing::info!(attachment = %key, ip = %a.ip, netns = %a.netns, "pod network namespace is gone: released");
+                    report.released_dead.push((key, a.ip));
+                }
+            }
+        }
+    }
+    let snapshot = services.pool.snapshot();
+    let ec2 = cloud
+        .describe_enis(&EniFilter {
+            attached_to: Some(instance_id.to_owned()),
+            ..EniFilter::default()
+        })
+        .await?;
+    for e in snapshot.enis.iter().filter(|e| e.device_index != 0) {
+        let Some(truth) = ec2.iter().find(|x| x.id == e.id) else {
+            continue; // attaching or being released: not drift
+        };
+        let ec2_ips: BTreeSet<Ipv4Addr> = truth.secondary_ips.iter().copied().collect();
+        let pool_ips: BTreeSet<Ipv4Addr> = e
+            .ips
+            .iter()
+            .filter(|i| !matches!(i.state, crate::pool::snapshot::IpState::Releasing))
+            .map(|i| i.ip)
+            .collect();
+        report.missing_in_ec2.extend(pool_ips.difference(&ec2_ips));
+        if e.in_flight == 0 && truth.is_managed_by_us() {
+            report.unknown_to_pool.extend(ec2_ips.difference(&pool_ips));
+        }
+    }
+    if !report.missing_in_ec2.is_empty() || !report.unknown_to_pool.is_empty() {
+        tracing::warn!(
+            missing_in_ec2 = ?report.missing_in_ec2, unknown_to_pool = ?report.unknown_to_pool,
+            "the pool and EC2 disagree (changed out of band?); a restart rebuilds from EC2"
+        );
+    }
+    Ok(report)
+}

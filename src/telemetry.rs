@@ -63,6 +63,11 @@ pub struct Metrics {
     pub reconcile_released: Counter,
     pub reconcile_unknown: Counter,
     pub gc_released: Counter,
+    /// Pods released by the running reconcile because their netns is gone.
+    pub netns_gc_released: Counter,
+    /// Pool IPs EC2 no longer has on the ENI, and EC2 IPs on our ENIs the pool does not know (last pass).
+    pub drift_missing_in_ec2: Gauge,
+    pub drift_unknown_to_pool: Gauge,
     startup_ms: Arc<AtomicU64>,
 }
 
@@ -83,6 +88,9 @@ impl Default for Metrics {
             reconcile_released: Counter::default(),
             reconcile_unknown: Counter::default(),
             gc_released: Counter::default(),
+            netns_gc_released: Counter::default(),
+            drift_missing_in_ec2: Gauge::default(),
+            drift_unknown_to_pool: Gauge::default(),
             startup_ms: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -179,6 +187,21 @@ pub fn render(s: &Sources) -> String {
         "eniipam_gc_released_attachments",
         "Attachments released by CNI GC",
         m.gc_released.clone(),
+    );
+    reg.register(
+        "eniipam_reconcile_netns_released",
+        "Pods released by the running reconcile: network namespace gone",
+        m.netns_gc_released.clone(),
+    );
+    reg.register(
+        "eniipam_reconcile_drift_missing_in_ec2",
+        "Pool IPs that EC2 no longer shows on their ENI (last reconcile pass)",
+        m.drift_missing_in_ec2.clone(),
+    );
+    reg.register(
+        "eniipam_reconcile_drift_unknown_to_pool",
+        "IPs EC2 shows on our ENIs that the pool does not know (last reconcile pass)",
+        m.drift_unknown_to_pool.clone(),
     );
     gauge(
         &mut reg,

@@ -314,3 +314,71 @@ async fn a_newer_schema_is_refused_and_bad_requests_change_nothing() {
     assert!(err.to_string().contains("999"), "{err}");
     assert_eq!(std::fs::read(&cfg.state_path).unwrap(), bytes);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_running_reconcile_releases_dead_pods_and_reports_drift() {
+    let mock = mock().await;
+    let dir = TempDir::new("pass");
+    let d = start(config(&mock, &dir.0)).await;
+    let mut c = client(&d.socket_path).await;
+    let netns = dir.0.join("netns-a");
+    std::fs::write(&netns, b"").unwrap();
+    let mut live = alloc_req("alive", "alive");
+    live.netns = dir.0.join("netns-b").display().to_string();
+    std::fs::write(dir.0.join("netns-b"), b"").unwrap();
+    c.allocate(live).await.unwrap();
+    let mut dying = alloc_req("dying", "dying");
+    dying.netns = netns.display().to_string();
+    let ip: Ipv4Addr = c
+        .allocate(dying)
+        .await
+        .unwrap()
+        .into_inner()
+        .ip
+        .parse()
+        .unwrap();
+
+    let r = d.reconcile_now().await.unwrap();
+    assert!(
+        r.released_dead.is_empty() && r.missing_in_ec2.is_empty() && r.unknown_to_pool.is_empty(),
+        "{r:?}"
+    );
+
+    // The pod dies without a DEL: its netns disappears.
+    std::fs::remove_file(&netns).unwrap();
+    let r = d.reconcile_now().await.unwrap();
+    assert_eq!(
+        r.released_dead,
+        vec![(AttachmentKey::new("dying", "eth0"), ip)]
+    );
+    assert!(
+        d.pool
+            .allocation(&AttachmentKey::new("dying", "eth0"))
+            .is_none()
+    );
+    assert!(
+        d.pool
+            .allocation(&AttachmentKey::new("alive", "eth0"))
+            .is_some()
+    );
+
+    // Someone unassigns the live pod's IP in EC2: drift is reported.
+    let alive_ip = d
+        .pool
+        .allocation(&AttachmentKey::new("alive", "eth0"))
+        .unwrap()
+        .ip;
+    let eni = mock
+        .network_interfaces()
+        .into_iter()
+        .find(|e| e.secondary_ips.contains(&alive_ip))
+        .unwrap()
+        .id;
+    mock.with_world(|w, now| {
+        w.unassign_private_ip_addresses(&eni, &[alive_ip], now)
+            .unwrap()
+    });
+    let r = d.reconcile_now().await.unwrap();
+    assert_eq!(r.missing_in_ec2, vec![alive_ip]);
+    d.shutdown().await;
+}

@@ -234,6 +234,7 @@ impl pb::ipam_server::Ipam for IpamService {
         for key in assigned_attachments(&self.0.pool) {
             if !valid.contains(&key) {
                 release_one(&self.0, &key, false).await?;
+                self.0.metrics.gc_released.inc();
                 tracing::info!(attachment = %key, "garbage-collected: not in the runtime's valid attachments");
                 released.push(pb::Attachment {
                     container_id: key.container_id,
