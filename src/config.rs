@@ -110,6 +110,10 @@ pub struct DaemonConfig {
     /// Period of the running reconcile (jittered ±20 %): releases pods whose netns is gone, measures
     /// drift against EC2.
     pub reconcile_period_secs: u64,
+    /// Keep each secondary ENI's route table on the host (link up, primary IP, subnet route and default
+    /// via the subnet gateway in table device_index + 1). Off only where the daemon must not touch the
+    /// host's routing (`--simulate`, tests).
+    pub manage_eni_routes: bool,
     /// Seconds in-flight requests get to finish on SIGTERM.
     pub shutdown_grace_secs: u64,
     pub log_format: LogFormat,
@@ -145,6 +149,7 @@ impl Default for DaemonConfig {
             leaked_eni_grace_secs: 300,
             leaked_eni_period_secs: 3600,
             reconcile_period_secs: 60,
+            manage_eni_routes: true,
             shutdown_grace_secs: 20,
             log_format: LogFormat::Auto,
             log_level: "info".to_owned(),
@@ -230,6 +235,7 @@ impl DaemonConfig {
         set!(leaked_eni_grace_secs, "a whole number of seconds");
         set!(leaked_eni_period_secs, "a whole number of seconds");
         set!(reconcile_period_secs, "a whole number of seconds");
+        set!(manage_eni_routes, "true or false");
         set!(shutdown_grace_secs, "a whole number of seconds");
         if let Some(v) = get("log_format") {
             self.log_format = match v.as_str() {

@@ -50,6 +50,8 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    #[error("host routing: {0}")]
+    Host(#[from] crate::host::HostError),
     #[error("this node's primary interface (device 0) is not in EC2's view of {0}")]
     NoPrimaryEni(String),
 }
@@ -250,6 +252,19 @@ impl Daemon {
             rebuilt.seed,
         )?;
         let _ = pool_cell.set(pool.clone());
+        if config.manage_eni_routes {
+            // Each secondary ENI's table (device_index + 1), kept in step with the pool: installed when an
+            // ENI appears (retried until its link shows up), flushed when it goes.
+            let routing = crate::host::EniRouting::new().await?;
+            let pool_for_routes = pool.clone();
+            background.push(
+                crate::host::RouteKeeper::new(routing, Duration::from_secs(60)).spawn(
+                    move || crate::host::routes::pod_eni_routes(&pool_for_routes.snapshot(), None),
+                    Duration::from_secs(2),
+                    cancel.clone(),
+                ),
+            );
+        }
         if !config.cluster_name.is_empty() {
             let leak = Arc::new(LeakCollector::new(
                 clients.cloud.clone(),

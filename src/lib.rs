@@ -11,6 +11,7 @@
 //! - [`rpc`]: the gRPC API (generated from `proto/`) the plugin and `eniipamctl` use; the server side.
 //! - [`cni`]: the CNI plugin: spec types, config, commands, the daemon client, pod plumbing, result cache.
 //! - [`store`]: SQLite state (WAL), one owner task behind an async handle.
+//! - [`host`]: the node's own routing the daemon keeps: each secondary ENI's route table.
 //! - [`reconcile`]: the startup rebuild from the state file, IMDS, EC2 and the host.
 //! - [`config`]: the daemon's configuration (file + `ENIIPAM_*` environment), validated.
 //! - [`telemetry`]: logs, Prometheus metrics, `/healthz` and `/readyz`.
@@ -21,6 +22,7 @@ pub mod cloud;
 pub mod cni;
 pub mod config;
 pub mod daemon;
+pub mod host;
 pub mod model;
 pub mod pool;
 pub mod reconcile;

@@ -89,6 +89,8 @@ impl Simulation {
             metrics_addr: o.metrics_addr,
             // No pods are wired in a simulation: the host's own plugin cache is not ours to read.
             cni_cache_dir: o.state_dir.join("cni-cache"),
+            // The simulated ENIs have no links on this machine, and its routing is not ours to change.
+            manage_eni_routes: false,
             region: Some("us-east-1".to_owned()),
             ec2_endpoint: Some(mock.ec2_url()),
             imds_endpoint: Some(instance.imds_url.clone()),

@@ -38,6 +38,7 @@ fn spawn_daemon(mock: &MockCloud, dir: &std::path::Path) -> tokio::process::Chil
         .env("ENIIPAM_EC2_MUTATING_BURST", "100")
         // Cooldown survival is tested in daemon_restart; here a short one keeps IPs flowing across 50 lives.
         .env("ENIIPAM_REUSE_COOLDOWN_SECS", "1")
+        .env("ENIIPAM_MANAGE_ENI_ROUTES", "false")
         .env("ENIIPAM_LOG_LEVEL", "warn")
         .env("ENIIPAM_LOG_FORMAT", "text")
         .stdout(Stdio::null())

@@ -22,6 +22,7 @@ pub fn config(mock: &MockCloud, dir: &Path) -> DaemonConfig {
         state_path: dir.join("state.db"),
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         cni_cache_dir: dir.join("cni-cache"),
+        manage_eni_routes: false,
         region: Some("us-east-1".into()),
         ec2_endpoint: Some(mock.ec2_url()),
         imds_endpoint: Some(inst.imds_url),
