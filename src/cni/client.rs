@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::spec::{CniError, ErrorCode};
 use crate::rpc::API_VERSION;
@@ -94,10 +94,10 @@ impl DaemonClient {
             socket: shown.clone(),
             reason,
         };
-        let path = socket
-            .to_str()
-            .ok_or_else(|| unreachable("socket path is not UTF-8".into()))?;
-        let endpoint = Endpoint::from_shared(format!("unix:{path}"))
+        if socket.to_str().is_none() {
+            return Err(unreachable("socket path is not UTF-8".into()));
+        }
+        let endpoint = crate::rpc::endpoint(socket)
             .map_err(|e| unreachable(e.to_string()))?
             .connect_timeout(timeout);
         let channel = with_deadline(timeout, async {

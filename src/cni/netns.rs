@@ -111,18 +111,21 @@ fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetnsError {
     move |source| NetnsError::Netlink { what, source }
 }
 
-fn errno(err: &rtnetlink::Error) -> Option<i32> {
+/// The errno of a netlink error reply, if it is one.
+pub(crate) fn errno(err: &rtnetlink::Error) -> Option<i32> {
     match err {
         rtnetlink::Error::NetlinkError(msg) => Some(msg.raw_code().abs()),
         _ => None,
     }
 }
 
-fn is_not_found(err: &rtnetlink::Error) -> bool {
+/// The kernel says the object (link, route, address, netns) is not there.
+pub(crate) fn is_not_found(err: &rtnetlink::Error) -> bool {
     matches!(errno(err), Some(ENODEV | ENOENT | ESRCH))
 }
 
-fn is_exists(err: &rtnetlink::Error) -> bool {
+/// The kernel says the object already exists.
+pub(crate) fn is_exists(err: &rtnetlink::Error) -> bool {
     errno(err) == Some(EEXIST)
 }
 

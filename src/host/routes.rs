@@ -33,13 +33,8 @@ use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cni::netns::{MAIN_TABLE, format_mac};
+use crate::cni::netns::{MAIN_TABLE, format_mac, is_exists, is_not_found as is_gone};
 use crate::pool::{EniRole, EniSnapshot, PoolSnapshot};
-
-const ENOENT: i32 = 2;
-const ESRCH: i32 = 3;
-const ENODEV: i32 = 19;
-const EEXIST: i32 = 17;
 
 /// The policy-routing table of the ENI at `device_index`: `device_index + 1`, or `None` for the
 /// primary ENI (its pod IPs use the main table). The same convention as
@@ -94,17 +89,6 @@ pub enum HostError {
 fn nl(op: &'static str, target: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> HostError {
     let target = target.into();
     move |source| HostError::Netlink { op, target, source }
-}
-
-fn errno(err: &rtnetlink::Error) -> Option<i32> {
-    match err {
-        rtnetlink::Error::NetlinkError(msg) => Some(msg.raw_code().abs()),
-        _ => None,
-    }
-}
-
-fn is_gone(err: &rtnetlink::Error) -> bool {
-    matches!(errno(err), Some(ENOENT | ESRCH | ENODEV))
 }
 
 /// What the host needs to know about one secondary ENI to route through it.
@@ -511,7 +495,7 @@ impl EniRouting {
             .push(AddressAttribute::Flags(AddressFlags::Noprefixroute));
         match req.execute().await {
             Ok(()) => Ok(()),
-            Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
+            Err(e) if is_exists(&e) => Ok(()),
             Err(e) => Err(nl("adding address", target())(e)),
         }
     }

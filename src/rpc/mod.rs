@@ -17,19 +17,16 @@ pub const DEFAULT_SOCKET: &str = "/run/eniipam/eniipam.sock";
 
 pub mod server;
 
+/// The gRPC endpoint of the daemon's unix socket (`unix:<path>`).
+pub fn endpoint(
+    path: &std::path::Path,
+) -> Result<tonic::transport::Endpoint, tonic::transport::Error> {
+    tonic::transport::Endpoint::from_shared(format!("unix:{}", path.display()))
+}
+
 /// Connects a gRPC channel to the daemon's unix socket.
 pub async fn connect(
     path: &std::path::Path,
 ) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    let path = path.to_owned();
-    tonic::transport::Endpoint::from_static("http://eniipamd.sock")
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
+    endpoint(path)?.connect().await
 }
