@@ -379,8 +379,10 @@ pub struct PassReport {
     pub released_dead: Vec<(AttachmentKey, Ipv4Addr)>,
     /// Pool IPs on managed ENIs that EC2 no longer shows there.
     pub missing_in_ec2: Vec<Ipv4Addr>,
-    /// IPs EC2 shows on our managed ENIs that the pool does not hold.
+    /// IPs EC2 shows on our managed ENIs that the pool does not hold (reported; a restart adopts them).
     pub unknown_to_pool: Vec<Ipv4Addr>,
+    /// Pods whose IP was gone from EC2: forgotten by the pool and the state file.
+    pub lost: Vec<(AttachmentKey, Ipv4Addr)>,
 }
 
 /// One pass of the running reconcile: releases assignments whose network namespace is gone (pods that
@@ -424,7 +426,20 @@ pub async fn pass(
             .filter(|i| !matches!(i.state, crate::pool::snapshot::IpState::Releasing))
             .map(|i| i.ip)
             .collect();
-        report.missing_in_ec2.extend(pool_ips.difference(&ec2_ips));
+        let gone: Vec<Ipv4Addr> = pool_ips.difference(&ec2_ips).copied().collect();
+        if !gone.is_empty() {
+            let forgotten = services.pool.forget_gone_ips(&e.id, &gone);
+            let ips: Vec<Ipv4Addr> = forgotten.iter().map(|(ip, _)| *ip).collect();
+            if let Err(err) = services.store.remove_ips(ips).await {
+                tracing::error!(error = %err, "cannot remove forgotten IPs from the state file");
+            }
+            report.lost.extend(
+                forgotten
+                    .into_iter()
+                    .filter_map(|(ip, k)| k.map(|k| (k, ip))),
+            );
+        }
+        report.missing_in_ec2.extend(gone);
         if e.in_flight == 0 && truth.is_managed_by_us() {
             report.unknown_to_pool.extend(ec2_ips.difference(&pool_ips));
         }
@@ -432,7 +447,9 @@ pub async fn pass(
     if !report.missing_in_ec2.is_empty() || !report.unknown_to_pool.is_empty() {
         tracing::warn!(
             missing_in_ec2 = ?report.missing_in_ec2, unknown_to_pool = ?report.unknown_to_pool,
-            "the pool and EC2 disagree (changed out of band?); a restart rebuilds from EC2"
+            lost = ?report.lost,
+            "the pool and EC2 disagree (changed out of band?): IPs gone from EC2 were forgotten; \
+             IPs unknown to the pool are adopted at the next restart"
         );
     }
     Ok(report)

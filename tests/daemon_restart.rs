@@ -380,5 +380,28 @@ async fn the_running_reconcile_releases_dead_pods_and_reports_drift() {
     });
     let r = d.reconcile_now().await.unwrap();
     assert_eq!(r.missing_in_ec2, vec![alive_ip]);
+    assert_eq!(
+        r.lost,
+        vec![(AttachmentKey::new("alive", "eth0"), alive_ip)],
+        "the pod lost its IP"
+    );
+    // Fixed: the pool and the state file forgot it, and the pool matches EC2 again.
+    assert!(
+        d.pool
+            .allocation(&AttachmentKey::new("alive", "eth0"))
+            .is_none()
+    );
+    assert!(
+        !d.store
+            .load()
+            .await
+            .unwrap()
+            .assignments
+            .iter()
+            .any(|a| a.ip == alive_ip)
+    );
+    assert_pool_is_truth(&d, &mock);
+    let r = d.reconcile_now().await.unwrap();
+    assert!(r.missing_in_ec2.is_empty() && r.lost.is_empty(), "{r:?}");
     d.shutdown().await;
 }

@@ -354,6 +354,21 @@ impl Pool {
         Ok(released)
     }
 
+    /// Forgets IPs EC2 no longer shows on `eni` (changed out of band); see the running reconcile.
+    /// Returns each IP forgotten with the attachment that held it, if any.
+    pub fn forget_gone_ips(
+        &self,
+        eni: &EniId,
+        ips: &[Ipv4Addr],
+    ) -> Vec<(Ipv4Addr, Option<AttachmentKey>)> {
+        let forgotten = self.shared().lock().forget_gone(eni, ips);
+        if !forgotten.is_empty() {
+            tracing::warn!(%eni, ips = ?forgotten, "IPs gone from EC2 were forgotten");
+            self.shared().wake.notify_one();
+        }
+        forgotten
+    }
+
     /// A read-only view of the pool now.
     pub fn snapshot(&self) -> PoolSnapshot {
         self.shared().lock().snapshot(Instant::now())

@@ -867,6 +867,33 @@ impl PoolState {
         }
     }
 
+    /// EC2 no longer shows these IPs on `eni` (unassigned out of band): the pool forgets them and
+    /// returns their tokens. IPs being given back are skipped (their absence is ours). Returns every IP
+    /// forgotten, with the attachment that held it, if any (that pod lost its IP).
+    pub fn forget_gone(
+        &mut self,
+        eni: &EniId,
+        ips: &[Ipv4Addr],
+    ) -> Vec<(Ipv4Addr, Option<AttachmentKey>)> {
+        let mut forgotten = Vec::new();
+        let Some(r) = self.enis.get_mut(eni) else {
+            return forgotten;
+        };
+        for ip in ips {
+            if self.releasing.contains_key(ip) || !r.ips.remove(ip) {
+                continue;
+            }
+            self.idle.remove(*ip);
+            let holder = self.assigned.remove(ip);
+            if let Some(key) = &holder {
+                self.allocations.remove(key);
+            }
+            forgotten.push((*ip, holder));
+        }
+        self.capacity.give_back(forgotten.len() as u32);
+        forgotten
+    }
+
     /// EC2's description of an ENI, if known.
     pub fn cloud_eni(&self, eni: &EniId) -> Option<Eni> {
         self.enis.get(eni).and_then(|r| r.cloud.clone())
