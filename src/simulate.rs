@@ -14,7 +14,6 @@ use tokio::task::JoinHandle;
 use crate::config::DaemonConfig;
 use crate::daemon::{CloudClients, Daemon, DaemonHandle};
 use crate::pool::Pool;
-use crate::rpc::{API_VERSION, pb};
 
 /// Per-user state directory: `$XDG_STATE_HOME/eniipam-simulate` or `~/.local/state/eniipam-simulate`.
 pub fn default_state_dir() -> Option<PathBuf> {
@@ -40,6 +39,8 @@ pub struct Simulation {
     pub mock: mockcloud::MockCloud,
     pub daemon: DaemonHandle,
     pub state_path: PathBuf,
+    /// The plugin result cache churn writes to (also what the daemon reads at startup).
+    pub cni_cache_dir: PathBuf,
 }
 
 impl Simulation {
@@ -117,63 +118,89 @@ impl Simulation {
             mock,
             daemon,
             state_path,
+            cni_cache_dir: o.state_dir.join("cni-cache"),
         })
     }
 }
 
-/// Synthetic pods: one ADD every `1/rate` s, each living 5–30 s, then DEL; through the gRPC client the
-/// plugin uses.
-pub fn spawn_churn(socket: PathBuf, rate: f64) -> JoinHandle<()> {
+/// Synthetic pods through the plugin's own code path: every `1/rate` s one pod is added with
+/// [`crate::cni::command::run`] in its IPAM role (exactly what the `eniipam` binary executes, with a CNI
+/// environment and stdin; the IPAM role wires nothing), lives 5–30 s, and is deleted the same way.
+/// Pods name the daemon's own network namespace (`/proc/self/ns/net`), which always exists.
+pub fn spawn_churn(socket: PathBuf, cache_dir: PathBuf, rate: f64) -> JoinHandle<()> {
+    let config = serde_json::json!({
+        "cniVersion": "1.1.0",
+        "name": "simulate",
+        "type": "ptp",
+        "ipam": {"type": "eniipam", "socket": socket, "cache_dir": cache_dir},
+    })
+    .to_string();
     tokio::spawn(async move {
-        let channel = match crate::rpc::connect(&socket).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "churn: cannot connect to the daemon");
-                return;
-            }
-        };
-        let client = pb::ipam_client::IpamClient::new(channel);
         let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
         let mut n: u64 = 0;
         loop {
             tick.tick().await;
             n += 1;
-            let mut c = client.clone();
+            let config = config.clone();
             let lifetime = Duration::from_millis(rand::rng().random_range(5_000..30_000));
             tokio::spawn(async move {
                 let id = format!("churn-{n:08}");
-                let add = c
-                    .allocate(pb::AllocateRequest {
-                        api_version: API_VERSION,
-                        container_id: id.clone(),
-                        ifname: "eth0".into(),
-                        netns: String::new(),
-                        pod: Some(pb::Pod {
-                            namespace: "churn".into(),
-                            name: format!("pod-{n}"),
-                            uid: id.clone(),
-                        }),
-                        ..Default::default()
-                    })
-                    .await;
-                match add {
-                    Ok(r) => tracing::debug!(pod = %id, ip = %r.get_ref().ip, "churn ADD"),
-                    Err(s) => {
-                        tracing::warn!(pod = %id, code = ?s.code(), message = %s.message(), "churn ADD failed");
-                        return;
-                    }
+                let env = |command: &str| -> std::collections::BTreeMap<String, String> {
+                    [
+                        ("CNI_COMMAND", command.to_owned()),
+                        ("CNI_CONTAINERID", id.clone()),
+                        ("CNI_NETNS", "/proc/self/ns/net".to_owned()),
+                        ("CNI_IFNAME", "eth0".to_owned()),
+                        ("CNI_PATH", "/opt/cni/bin".to_owned()),
+                        (
+                            "CNI_ARGS",
+                            format!(
+                                "K8S_POD_NAMESPACE=churn;K8S_POD_NAME=pod-{n};K8S_POD_UID={id}"
+                            ),
+                        ),
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect()
+                };
+                let add = run_plugin(env("ADD"), config.clone()).await;
+                if add.exit_code != 0 {
+                    tracing::warn!(pod = %id, error = %add.stdout, "churn ADD failed");
+                    return;
                 }
+                tracing::debug!(pod = %id, result = %add.stdout, "churn ADD");
                 tokio::time::sleep(lifetime).await;
-                let _ = c
-                    .release(pb::ReleaseRequest {
-                        api_version: API_VERSION,
-                        container_id: id,
-                        ifname: "eth0".into(),
-                        sticky: false,
-                    })
-                    .await;
+                let del = run_plugin(env("DEL"), config).await;
+                if del.exit_code != 0 {
+                    tracing::warn!(pod = %id, error = %del.stdout, "churn DEL failed");
+                }
             });
         }
+    })
+}
+
+/// One plugin invocation, on its own thread with a current-thread runtime, as the binary runs it.
+async fn run_plugin(
+    env: std::collections::BTreeMap<String, String>,
+    stdin: String,
+) -> crate::cni::command::Outcome {
+    let failed = |msg: String| crate::cni::command::Outcome {
+        stdout: msg,
+        exit_code: 1,
+    };
+    tokio::task::spawn_blocking(move || {
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(crate::cni::command::run(&env, stdin.as_bytes())),
+            Err(e) => failed(format!("cannot start a runtime: {e}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| crate::cni::command::Outcome {
+        stdout: format!("plugin invocation panicked: {e}"),
+        exit_code: 1,
     })
 }
 

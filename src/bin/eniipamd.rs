@@ -25,8 +25,8 @@ struct Args {
     /// With --simulate: the simulated node's instance type.
     #[arg(long, default_value = "m5.large", requires = "simulate")]
     instance_type: String,
-    /// With --simulate: drive synthetic pod ADD/DEL through the plugin's client path at this many pods
-    /// per second (0 = none).
+    /// With --simulate: drive synthetic pod ADD/DEL through the plugin's own code path (IPAM role, no
+    /// wiring) at this many pods per second (0 = none).
     #[arg(
         long,
         default_value_t = 0.0,
@@ -95,8 +95,13 @@ async fn run_simulate(args: Args) -> anyhow::Result<()> {
     })
     .await?;
     print_where(&sim.daemon, &sim);
-    let churn = (args.churn > 0.0)
-        .then(|| simulate::spawn_churn(sim.daemon.socket_path.clone(), args.churn));
+    let churn = (args.churn > 0.0).then(|| {
+        simulate::spawn_churn(
+            sim.daemon.socket_path.clone(),
+            sim.cni_cache_dir.clone(),
+            args.churn,
+        )
+    });
     let status = simulate::spawn_status(sim.daemon.pool.clone(), Duration::from_secs(5));
     wait_for_signal().await?;
     if let Some(c) = churn {
