@@ -23,10 +23,12 @@ async fn mock() -> MockCloud {
 }
 
 /// Pool IPs (all states) must equal EC2's pod IPs on the node; returns the assigned map.
-fn assert_pool_is_truth(
+async fn assert_pool_is_truth(
     d: &eniipam::daemon::DaemonHandle,
     mock: &MockCloud,
 ) -> BTreeMap<AttachmentKey, Ipv4Addr> {
+    // Let the warm pool finish what it started: an IP EC2 has just handed out is not drift.
+    d.pool.maintain_now().await.expect("maintainer round");
     let snap = d.pool.snapshot();
     let mut pool_ips: Vec<Ipv4Addr> = snap.ips().map(|i| i.ip).collect();
     pool_ips.sort();
@@ -67,14 +69,14 @@ async fn restarts_rebuild_the_truth() {
     }
     c.release(release_req("c0", false)).await.unwrap();
     c.release(release_req("c1", true)).await.unwrap();
-    let before = assert_pool_is_truth(&d, &mock);
+    let before = assert_pool_is_truth(&d, &mock).await;
     assert_eq!(before.len(), 4);
     d.shutdown().await;
 
     // 1. Intact file: same assignments; the cooling IP is not handed to a new pod; the sticky one goes
     //    back to its pod only.
     let d = start(cfg.clone()).await;
-    assert_eq!(assert_pool_is_truth(&d, &mock), before);
+    assert_eq!(assert_pool_is_truth(&d, &mock).await, before);
     assert_eq!(d.report.kept, 4);
     let mut c = client(&d.socket_path).await;
     let mut fresh = BTreeSet::new();
@@ -106,7 +108,7 @@ async fn restarts_rebuild_the_truth() {
         .unwrap()
         .into_inner();
     assert_eq!(again.ip.parse::<Ipv4Addr>().unwrap(), ips[&2]);
-    let before = assert_pool_is_truth(&d, &mock);
+    let before = assert_pool_is_truth(&d, &mock).await;
     d.shutdown().await;
 
     // 2. Out-of-band changes: one assigned IP unassigned in EC2; then the restart drops it.
@@ -122,7 +124,7 @@ async fn restarts_rebuild_the_truth() {
             .unwrap()
     });
     let d = start(cfg.clone()).await;
-    let after = assert_pool_is_truth(&d, &mock);
+    let after = assert_pool_is_truth(&d, &mock).await;
     assert_eq!(d.report.dropped_gone.len(), 1);
     assert_eq!(d.report.dropped_gone[0].1, victim);
     assert_eq!(after.len(), before.len() - 1);
@@ -178,7 +180,7 @@ async fn restarts_rebuild_the_truth() {
         })
         .unwrap();
     let d = start(cfg.clone()).await;
-    let adopted = assert_pool_is_truth(&d, &mock);
+    let adopted = assert_pool_is_truth(&d, &mock).await;
     on_host.sort();
     let mut got: Vec<(AttachmentKey, Ipv4Addr)> = adopted.into_iter().collect();
     got.sort();
@@ -211,7 +213,7 @@ async fn restarts_rebuild_the_truth() {
     // 4. Corrupt file: moved aside, rebuilt.
     std::fs::write(&cfg.state_path, b"this is not a database, it is a pumpkin").unwrap();
     let d = start(cfg.clone()).await;
-    assert_pool_is_truth(&d, &mock);
+    assert_pool_is_truth(&d, &mock).await;
     let aside: Vec<_> = std::fs::read_dir(&dir.0)
         .unwrap()
         .filter_map(|e| e.ok())
@@ -235,7 +237,7 @@ async fn restarts_rebuild_the_truth() {
         att.secondary_ips.iter().all(|ip| !snap_ips.contains(ip)),
         "the detached ENI's IPs are gone"
     );
-    assert_pool_is_truth(&d, &mock);
+    assert_pool_is_truth(&d, &mock).await;
     d.shutdown().await;
 }
 
@@ -338,6 +340,7 @@ async fn the_running_reconcile_releases_dead_pods_and_reports_drift() {
         .parse()
         .unwrap();
 
+    d.pool.maintain_now().await.unwrap(); // let the warm pool settle: its EC2 calls are not drift
     let r = d.reconcile_now().await.unwrap();
     assert!(
         r.released_dead.is_empty() && r.missing_in_ec2.is_empty() && r.unknown_to_pool.is_empty(),
@@ -346,6 +349,7 @@ async fn the_running_reconcile_releases_dead_pods_and_reports_drift() {
 
     // The pod dies without a DEL: its netns disappears.
     std::fs::remove_file(&netns).unwrap();
+    d.pool.maintain_now().await.unwrap(); // let the warm pool settle: its EC2 calls are not drift
     let r = d.reconcile_now().await.unwrap();
     assert_eq!(
         r.released_dead,
@@ -378,6 +382,7 @@ async fn the_running_reconcile_releases_dead_pods_and_reports_drift() {
         w.unassign_private_ip_addresses(&eni, &[alive_ip], now)
             .unwrap()
     });
+    d.pool.maintain_now().await.unwrap(); // let the warm pool settle: its EC2 calls are not drift
     let r = d.reconcile_now().await.unwrap();
     assert_eq!(r.missing_in_ec2, vec![alive_ip]);
     assert_eq!(
@@ -400,7 +405,8 @@ async fn the_running_reconcile_releases_dead_pods_and_reports_drift() {
             .iter()
             .any(|a| a.ip == alive_ip)
     );
-    assert_pool_is_truth(&d, &mock);
+    assert_pool_is_truth(&d, &mock).await;
+    d.pool.maintain_now().await.unwrap(); // let the warm pool settle: its EC2 calls are not drift
     let r = d.reconcile_now().await.unwrap();
     assert!(r.missing_in_ec2.is_empty() && r.lost.is_empty(), "{r:?}");
     d.shutdown().await;
