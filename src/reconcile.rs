@@ -262,7 +262,7 @@ pub fn merge(
         if !netns_alive(&a.netns) {
             tracing::info!(ip = %a.ip, attachment = %key, netns = %a.netns, "pod network namespace is gone: released");
             report.released_dead.push((key, a.ip));
-            // Released now: cooling from now, sticky for its key if it had one.
+            // Released now: it joins the idle IPs below, cooling from now.
             continue;
         }
         seen.insert(a.ip);
@@ -335,10 +335,13 @@ pub fn merge(
             assigned_at_ms: now_ms,
         });
     }
+    let released: BTreeSet<Ipv4Addr> = report.released_dead.iter().map(|(_, ip)| *ip).collect();
     for (ip, eni_id) in &pod_ips {
         if !seen.contains(ip) {
-            report.unknown_ips += 1;
-            // Unknown history: idle from now, so it cools before any pod gets it.
+            if !released.contains(ip) {
+                report.unknown_ips += 1;
+            }
+            // Unknown history (or just released): idle from now, so it cools before any pod gets it.
             idle.push(IdleSeed {
                 ip: *ip,
                 idle_since: now,

@@ -26,7 +26,6 @@ use crate::cloud::calls::{CallStats, HISTOGRAM_BOUNDS_SECONDS};
 use crate::cloud::leak::LeakCollector;
 use crate::config::LogFormat;
 use crate::pool::Pool;
-use crate::pool::snapshot::IpState;
 
 /// Sets up tracing: JSON lines or human text, filtered by `level` (e.g. `info`, `eniipam=debug`).
 pub fn init_logging(format: LogFormat, level: &str) {
@@ -291,11 +290,6 @@ pub fn render(s: &Sources) -> String {
                     eni: e.id.to_string(),
                 })
                 .set(i64::from(e.in_flight));
-            let _ = e
-                .ips
-                .iter()
-                .filter(|i| matches!(i.state, IpState::Assigned { .. }))
-                .count();
         }
         reg.register(
             "eniipam_eni_backlog",
@@ -320,8 +314,8 @@ pub fn render(s: &Sources) -> String {
     }
     let mut out = String::new();
     let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
-    let out = out.trim_end().trim_end_matches("# EOF").to_owned();
-    let mut out = out;
+    // Append the call histograms before the closing `# EOF`.
+    let mut out = out.trim_end().trim_end_matches("# EOF").to_owned();
     render_calls(&mut out, &s.calls);
     out.push_str("# EOF\n");
     out
