@@ -107,6 +107,8 @@ impl IpamService {
         };
         let sticky = (!r.sticky_key.is_empty()).then(|| r.sticky_key.clone());
         let pool = &self.0.pool;
+        // A repeated ADD finds its allocation in place; only a new one is undone if the record fails.
+        let existed = pool.allocation(&key).is_some();
         let alloc = match pool
             .acquire(key.clone(), pod.clone(), prefer, sticky.clone())
             .await
@@ -131,8 +133,10 @@ impl IpamService {
             assigned_at_ms: unix_ms_now(),
         };
         if let Err(e) = self.0.store.record_assigned(record).await {
-            tracing::error!(error = %e, attachment = %key, ip = %alloc.ip, "cannot record the assignment: giving the IP back");
-            let _ = pool.release(&key, false);
+            tracing::error!(error = %e, attachment = %key, ip = %alloc.ip, "cannot record the assignment");
+            if !existed {
+                let _ = pool.release(&key, false);
+            }
             return Err(Status::internal(format!(
                 "cannot record the assignment durably: {e}"
             )));
