@@ -65,7 +65,7 @@ pub struct HostClaim {
 
 /// Reads every network's result cache under `root` (`<root>/<network>/<container>@<ifname>.json`) and
 /// keeps the entries whose network namespace still exists. A missing root is no evidence, not an error.
-pub fn host_claims(root: &Path, netns_alive: &dyn Fn(&str) -> bool) -> Vec<HostClaim> {
+pub fn host_claims(root: &Path, netns_alive: &(dyn Fn(&str) -> bool + Sync)) -> Vec<HostClaim> {
     let Ok(dirs) = std::fs::read_dir(root) else {
         return Vec::new();
     };
@@ -131,7 +131,7 @@ pub async fn rebuild(
     instance_id: &str,
     stored: StoredState,
     host: &[HostClaim],
-    netns_alive: &dyn Fn(&str) -> bool,
+    netns_alive: &(dyn Fn(&str) -> bool + Sync),
 ) -> Result<Rebuilt, CloudError> {
     let imds = metadata.interfaces().await?;
     let ec2 = cloud
@@ -160,7 +160,7 @@ pub fn merge(
     ec2: &[Eni],
     stored: StoredState,
     host: &[HostClaim],
-    netns_alive: &dyn Fn(&str) -> bool,
+    netns_alive: &(dyn Fn(&str) -> bool + Sync),
     now: Instant,
     now_ms: u64,
 ) -> Rebuilt {

@@ -75,6 +75,48 @@ async fn burst_on_an_empty_node_creates_enis_carrying_the_ips() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_burst_needing_two_enis_creates_them_in_parallel() {
+    let n = start(quiet_config(), NodeSpec::default()).await;
+    n.cloud
+        .set_latency(Action::CreateNetworkInterface, Duration::from_secs(1));
+    n.cloud
+        .set_latency(Action::AttachNetworkInterface, Duration::from_secs(1));
+    let started = tokio::time::Instant::now();
+    // 12 pods, 9 per ENI: two ENIs. One after another would take 4 s of create+attach.
+    let results = acquire_many(&n.pool, 0..12).await;
+    let took = started.elapsed();
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "both ENIs' create+attach chains ran at once: {took:?}"
+    );
+    assert_eq!(n.cloud.call_count(Action::CreateNetworkInterface), 2);
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 0);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_covered_by_an_eni_being_created_do_not_start_another() {
+    let n = start(quiet_config(), NodeSpec::default()).await;
+    n.cloud
+        .set_latency(Action::CreateNetworkInterface, Duration::from_secs(1));
+    // 3 pods start an ENI with room for 9; 3 more arriving while it is created wait for its room.
+    let (first, second) = tokio::join!(acquire_many(&n.pool, 0..3), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        acquire_many(&n.pool, 3..6).await
+    });
+    assert!(first.iter().chain(&second).all(Result::is_ok));
+    assert_eq!(
+        n.cloud.call_count(Action::CreateNetworkInterface),
+        1,
+        "{:?}",
+        n.cloud.calls_of(Action::CreateNetworkInterface)
+    );
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 1);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn mixed_burst_fills_the_eni_then_creates_one_more() {
     // One ENI with 5 of 9 slots taken by seeded pods: 4 left. 10 pods: assign(4) + create(6).
     let n = start_with_enis(quiet_config(), NodeSpec::default(), &[5]).await;

@@ -48,7 +48,10 @@ pub struct PoolConfig {
     pub eni_backoff_max: Duration,
     /// Period of the maintainer's tick (it also runs when notified). Default 5 s.
     pub maintainer_tick: Duration,
-    /// ENI creations running at once (across subnets; one at a time per subnet). Default 2.
+    /// ENI creations running at once. A burst of waiters that needs k new ENIs gets them in
+    /// parallel, up to this many; warming up to `min_idle` alone creates one at a time. The node's
+    /// mutating-call rate limit still paces the calls. Default 4 (a 100-pod burst on a c5.4xlarge
+    /// needs 4 ENIs).
     pub max_concurrent_eni_creates: usize,
     /// After an assign, how long to wait for IMDS to list the new IPs before replying anyway (EC2 has
     /// them; IMDS lags). Zero disables the wait. Default 2 s.
@@ -72,7 +75,7 @@ impl Default for PoolConfig {
             eni_backoff: Duration::from_secs(1),
             eni_backoff_max: Duration::from_secs(60),
             maintainer_tick: Duration::from_secs(5),
-            max_concurrent_eni_creates: 2,
+            max_concurrent_eni_creates: 4,
             imds_wait: Duration::from_secs(2),
             lifecycle: LifecycleConfig::default(),
         }

@@ -6,8 +6,9 @@
 //! acquires becomes one create), and on request ([`super::Pool::maintain_now`]). A round only
 //! *plans* under the pool's lock ([`super::state::PoolState::plan_round`]); the cloud calls run in
 //! spawned tasks (warm-ups and give-backs through the ENI actors, one batch per ENI), so a slow
-//! create never stalls the next round. ENI creation is serialized per subnet (the plan never has two
-//! in flight in one subnet) and bounded overall by `max_concurrent_eni_creates`.
+//! create never stalls the next round. A burst that needs several new ENIs gets them in parallel (each
+//! carrying its waiters' IPs), bounded by `max_concurrent_eni_creates`; warming alone creates one at
+//! a time per subnet.
 
 use std::sync::Arc;
 

@@ -1087,7 +1087,7 @@ impl PoolState {
 
     /// Plans one maintainer round: serve waiters for a new ENI, top up to `min_idle`, give back
     /// beyond `max_idle` (past cooldown, not reserved, longest idle first, one unassign per ENI),
-    /// create at most one ENI per subnet, release empty ENIs nobody needs.
+    /// create the ENIs the waiters need (in parallel; warming alone creates one per subnet), release empty ENIs nobody needs.
     pub fn plan_round(&mut self, now: Instant) -> RoundPlan {
         let mut plan = RoundPlan::default();
         if self.shutting_down {
@@ -1154,60 +1154,89 @@ impl PoolState {
             }
         }
 
-        // 3. One new ENI per subnet, carrying the IPs for its waiters and the rest of the deficit.
+        // 3. New ENIs, carrying the IPs for their waiters and the rest of the deficit. Waiters
+        //    beyond the room that ENIs already being created will have get ENIs of their own,
+        //    created in parallel (up to `max_concurrent_eni_creates`), so a burst needing k ENIs
+        //    waits for one create+attach chain, not k in a row; the warm deficit alone never
+        //    starts a second create in a subnet.
         let subnet_id = self.node.subnet_id.clone();
-        let creating_here = self.creating.values().any(|c| c.subnet_id == subnet_id);
         let blocked_for_ip = self.enis.values().any(|r| {
             r.role == EniRole::Pods
                 && self.eni_room(r) > 0
                 && !r.phase.accepts_work(now)
                 && r.phase != EniPhase::Draining
         });
-        if (!self.create_waiters.is_empty() || (deficit > 0 && !blocked_for_ip)) && !creating_here {
+        // Slots the ENIs being created here will have left for waiters once they are attached.
+        let mut room_coming: u32 = self
+            .creating
+            .values()
+            .filter(|c| c.subnet_id == subnet_id)
+            .map(|c| self.per_eni.saturating_sub(c.count))
+            .sum();
+        loop {
+            let creating_here = self.creating.values().any(|c| c.subnet_id == subnet_id);
+            let uncovered = (self.create_waiters.len() as u32).saturating_sub(room_coming);
+            let for_deficit = deficit > 0 && !blocked_for_ip && !creating_here;
+            if uncovered == 0 && !for_deficit {
+                break;
+            }
+            if self.creating.len() >= self.config.max_concurrent_eni_creates {
+                break;
+            }
             if let Some(err) = self.create_blocked(&subnet_id, now) {
                 for w in std::mem::take(&mut self.create_waiters) {
                     self.capacity.give_back(1);
                     self.fail_waiter(w, err.clone());
                 }
-            } else if let Some(device_index) = self.free_device_index() {
-                let n_wait = (self.create_waiters.len() as u32).min(self.per_eni);
-                let warm = self.capacity.take_up_to(deficit.min(self.per_eni - n_wait));
-                self.warming += warm;
-                let waiters: Vec<Waiter> = self.create_waiters.drain(..n_wait as usize).collect();
-                let count = n_wait + warm;
-                if count > 0 {
-                    self.next_create_id += 1;
-                    let id = self.next_create_id;
-                    self.creating.insert(
-                        id,
-                        CreatingEni {
-                            device_index,
-                            subnet_id: subnet_id.clone(),
-                            count,
-                            warm,
-                            started: now,
-                        },
-                    );
-                    let describe_subnet = self
-                        .subnets
-                        .get(&subnet_id)
-                        .is_none_or(|s| s.subnet.is_none());
-                    plan.creates.push(CreatePlan {
-                        id,
-                        device_index,
-                        subnet_id,
-                        count,
-                        waiters,
-                        describe_subnet,
-                    });
-                }
-            } else if self.creating.is_empty() && !self.any_draining() {
-                let err = self.no_eni_slot();
-                for w in std::mem::take(&mut self.create_waiters) {
-                    self.capacity.give_back(1);
-                    self.fail_waiter(w, err.clone());
-                }
+                break;
             }
+            let Some(device_index) = self.free_device_index() else {
+                if self.creating.is_empty() && !self.any_draining() {
+                    let err = self.no_eni_slot();
+                    for w in std::mem::take(&mut self.create_waiters) {
+                        self.capacity.give_back(1);
+                        self.fail_waiter(w, err.clone());
+                    }
+                }
+                break;
+            };
+            // The waiters this ENI carries: those not covered by ENIs already coming, taken
+            // from the back of the queue so the oldest keep their place for the coming room.
+            let n_wait = uncovered.min(self.per_eni);
+            let warm = self.capacity.take_up_to(deficit.min(self.per_eni - n_wait));
+            deficit -= warm;
+            self.warming += warm;
+            let keep = self.create_waiters.len() - n_wait as usize;
+            let waiters: Vec<Waiter> = self.create_waiters.drain(keep..).collect();
+            let count = n_wait + warm;
+            if count == 0 {
+                break;
+            }
+            room_coming += self.per_eni - count;
+            self.next_create_id += 1;
+            let id = self.next_create_id;
+            self.creating.insert(
+                id,
+                CreatingEni {
+                    device_index,
+                    subnet_id: subnet_id.clone(),
+                    count,
+                    warm,
+                    started: now,
+                },
+            );
+            let describe_subnet = self
+                .subnets
+                .get(&subnet_id)
+                .is_none_or(|s| s.subnet.is_none());
+            plan.creates.push(CreatePlan {
+                id,
+                device_index,
+                subnet_id: subnet_id.clone(),
+                count,
+                waiters,
+                describe_subnet,
+            });
         }
 
         // 4. Give back beyond max_idle, only when nothing is waiting or warming.
