@@ -345,27 +345,36 @@ async fn prefer_is_honoured_or_refused_with_a_typed_error() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn min_idle_prewarms_in_batches() {
+async fn min_idle_prewarms_in_batches_to_halfway_to_max_idle() {
     let config = PoolConfig {
-        min_idle: 5,
+        min_idle: 4,
+        max_idle: 8,
         ..quiet_config()
     };
+    assert_eq!(config.refill_target(), 6);
     let n = start(config, NodeSpec::default()).await;
     n.pool.maintain_now().await.unwrap();
     let snap = n.pool.snapshot();
-    assert_eq!(snap.idle, 5);
+    assert_eq!(snap.idle, 6, "filled to halfway between min_idle and max_idle");
     let creates = n.cloud.calls_of(Action::CreateNetworkInterface);
     assert_eq!(creates.len(), 1);
     assert!(
-        creates[0].args.contains("secondary_ip_count=5"),
+        creates[0].args.contains("secondary_ip_count=6"),
         "{}",
         creates[0].args
     );
     assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 0);
 
-    for i in 0..3 {
+    // Down to min_idle: no call (the batch left headroom).
+    for i in 0..2 {
         n.pool.acquire(key(i), pod(i), None, None).await.unwrap();
     }
+    n.pool.maintain_now().await.unwrap();
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 0);
+    assert_eq!(n.pool.snapshot().idle, 4);
+
+    // Below it: one batch back up to 6.
+    n.pool.acquire(key(2), pod(2), None, None).await.unwrap();
     assert_eq!(
         n.cloud.call_count(Action::AssignPrivateIpAddresses),
         0,
@@ -375,7 +384,7 @@ async fn min_idle_prewarms_in_batches() {
     let assigns = n.cloud.calls_of(Action::AssignPrivateIpAddresses);
     assert_eq!(assigns.len(), 1, "one top-up batch: {assigns:?}");
     assert!(assigns[0].args.contains("count=3"), "{}", assigns[0].args);
-    assert_eq!(n.pool.snapshot().idle, 5);
+    assert_eq!(n.pool.snapshot().idle, 6);
     n.pool.check_invariants().unwrap();
 }
 

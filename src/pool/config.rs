@@ -23,7 +23,8 @@ pub struct ConfigError {
 /// when IPs are needed and deleted when they hold none.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
-    /// Idle IPs to keep ready (cooling ones count, sticky-reserved ones do not). Default 2.
+    /// Idle IPs to keep ready (cooling ones count, sticky-reserved ones do not); below it the pool
+    /// tops up to [`PoolConfig::refill_target`] in one batch. Default 2.
     pub min_idle: u32,
     /// Idle IPs above which the longest-idle ones (past cooldown, not reserved) are given back. Default 10.
     pub max_idle: u32,
@@ -58,6 +59,15 @@ pub struct PoolConfig {
     pub imds_wait: Duration,
     /// Timing of ENI create/attach/detach/delete.
     pub lifecycle: LifecycleConfig,
+}
+
+impl PoolConfig {
+    /// What a top-up fills the idle IPs to once they fall below `min_idle`: halfway between
+    /// `min_idle` and `max_idle` (rounded up). Refilling in one batch to the middle keeps a trickle
+    /// of pods from costing an EC2 call each, and leaves room below `max_idle` for released IPs.
+    pub fn refill_target(&self) -> u32 {
+        self.min_idle + self.max_idle.saturating_sub(self.min_idle).div_ceil(2)
+    }
 }
 
 impl Default for PoolConfig {

@@ -1085,7 +1085,7 @@ impl PoolState {
         self.create_waiters = kept;
     }
 
-    /// Plans one maintainer round: serve waiters for a new ENI, top up to `min_idle`, give back
+    /// Plans one maintainer round: serve waiters for a new ENI, top up below `min_idle`, give back
     /// beyond `max_idle` (past cooldown, not reserved, longest idle first, one unassign per ENI),
     /// create the ENIs the waiters need (in parallel; warming alone creates one per subnet), release empty ENIs nobody needs.
     pub fn plan_round(&mut self, now: Instant) -> RoundPlan {
@@ -1118,9 +1118,15 @@ impl PoolState {
             }
         }
 
-        // 2. Top up to min_idle on ENIs with room.
+        // 2. Below min_idle, top up on ENIs with room — to halfway between min_idle and max_idle,
+        //    not just to min_idle, so a trickle of pods costs one assign call per few pods rather
+        //    than one per pod, and churn has room below max_idle before a give-back.
         let have = self.idle.unreserved(now) + self.warming;
-        let mut deficit = self.config.min_idle.saturating_sub(have);
+        let mut deficit = if have < self.config.min_idle {
+            self.config.refill_target().saturating_sub(have)
+        } else {
+            0
+        };
         deficit = deficit.min(self.capacity.available());
         if deficit > 0 {
             let mut pods: Vec<(u32, EniId)> = self
