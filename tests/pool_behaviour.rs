@@ -355,7 +355,10 @@ async fn min_idle_prewarms_in_batches_to_halfway_to_max_idle() {
     let n = start(config, NodeSpec::default()).await;
     n.pool.maintain_now().await.unwrap();
     let snap = n.pool.snapshot();
-    assert_eq!(snap.idle, 6, "filled to halfway between min_idle and max_idle");
+    assert_eq!(
+        snap.idle, 6,
+        "filled to halfway between min_idle and max_idle"
+    );
     let creates = n.cloud.calls_of(Action::CreateNetworkInterface);
     assert_eq!(creates.len(), 1);
     assert!(

@@ -541,3 +541,68 @@ async fn racing_for_one_ip_exactly_one_attachment_wins() {
     assert_eq!(winners, 1);
     assert_eq!(store.load().await.unwrap().assignments.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_writes_share_a_commit_and_a_refused_one_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let (store, _) = Store::open(&path).await.unwrap();
+    store
+        .record_assigned(assignment(ip(500), &eni_id(0), "holder"))
+        .await
+        .unwrap();
+    store
+        .record_assigned(assignment(ip(501), &eni_id(0), "leaving"))
+        .await
+        .unwrap();
+    // Rounds of many writes queued at once (a group commit takes what is queued together); in
+    // each, one assignment wants an IP that is taken and one release frees an IP.
+    for round in 0..5u32 {
+        let writes = (0..40u32).map(|i| {
+            let n = round * 40 + i;
+            let store = store.clone();
+            async move {
+                match i {
+                    7 => (
+                        n,
+                        store
+                            .record_assigned(assignment(ip(500), &eni_id(0), &format!("c{n}")))
+                            .await,
+                    ),
+                    13 if round == 0 => (
+                        n,
+                        store
+                            .record_released("leaving", "eth0", 1, None)
+                            .await
+                            .map(|freed| assert_eq!(freed, Some(ip(501)))),
+                    ),
+                    _ => (
+                        n,
+                        store
+                            .record_assigned(assignment(ip(n), &eni_id(0), &format!("c{n}")))
+                            .await,
+                    ),
+                }
+            }
+        });
+        for (n, result) in futures::future::join_all(writes).await {
+            if n % 40 == 7 {
+                assert_conflict(result);
+            } else {
+                result.unwrap();
+            }
+        }
+    }
+    store.close().await;
+
+    let (store, _) = Store::open(&path).await.unwrap();
+    let state = store.load().await.unwrap();
+    // 5 rounds × 38 new assignments (the 7th of each was refused; round 0's 13th released), the
+    // holder of .500 untouched, .501 idle.
+    assert_eq!(state.assignments.len(), 5 * 39 - 1 + 1);
+    let holder = state.assignments.iter().find(|a| a.ip == ip(500)).unwrap();
+    assert_eq!(holder.container_id, "holder");
+    assert!(state.idle.iter().any(|i| i.ip == ip(501)));
+    assert!(!state.assignments.iter().any(|a| a.container_id == "c7"));
+    store.close().await;
+}

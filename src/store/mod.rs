@@ -44,7 +44,7 @@ pub struct Store {
 }
 
 /// What can go wrong with the state database.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The file was written by a newer eniipam; this build cannot read it and does not touch it.
     #[error(

@@ -152,7 +152,14 @@ pub(super) fn record_assigned(
     a: &StoredAssignment,
 ) -> Result<(), StoreError> {
     let tx = begin(conn)?;
-    if let Some(held) = ip_of_attachment(&tx, &a.container_id, &a.ifname)?
+    assign_in(&tx, a)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// [`record_assigned`]'s writes, inside the caller's transaction or savepoint.
+pub(super) fn assign_in(tx: &Connection, a: &StoredAssignment) -> Result<(), StoreError> {
+    if let Some(held) = ip_of_attachment(tx, &a.container_id, &a.ifname)?
         && held != a.ip
     {
         return Err(StoreError::Conflict(format!(
@@ -163,7 +170,7 @@ pub(super) fn record_assigned(
     if let Some(Holder::Attachment {
         container_id,
         ifname,
-    }) = holder_of(&tx, a.ip)?
+    }) = holder_of(tx, a.ip)?
         && (container_id != a.container_id || ifname != a.ifname)
     {
         return Err(StoreError::Conflict(format!(
@@ -183,7 +190,6 @@ pub(super) fn record_assigned(
         a.sticky_key,
         a.assigned_at_ms,
     ])?;
-    tx.commit()?;
     Ok(())
 }
 
@@ -196,7 +202,20 @@ pub(super) fn record_released(
     reservation: Option<&(String, u64)>,
 ) -> Result<Option<Ipv4Addr>, StoreError> {
     let tx = begin(conn)?;
-    let Some(ip) = ip_of_attachment(&tx, container_id, ifname)? else {
+    let ip = release_in(&tx, container_id, ifname, idle_since_ms, reservation)?;
+    tx.commit()?;
+    Ok(ip)
+}
+
+/// [`record_released`]'s writes, inside the caller's transaction or savepoint.
+pub(super) fn release_in(
+    tx: &Connection,
+    container_id: &str,
+    ifname: &str,
+    idle_since_ms: u64,
+    reservation: Option<&(String, u64)>,
+) -> Result<Option<Ipv4Addr>, StoreError> {
+    let Some(ip) = ip_of_attachment(tx, container_id, ifname)? else {
         return Ok(None);
     };
     tx.prepare_cached(
@@ -211,8 +230,12 @@ pub(super) fn record_released(
         reservation.map(|(key, _)| key),
         reservation.map(|(_, until)| until),
     ])?;
-    tx.commit()?;
     Ok(Some(ip))
+}
+
+/// Opens the write transaction a group commit runs its requests in (each in a savepoint).
+pub(super) fn begin_group(conn: &mut Connection) -> Result<Transaction<'_>, StoreError> {
+    Ok(begin(conn)?)
 }
 
 /// Inserts or updates idle rows, refusing the whole batch if any IP is assigned or repeated.
@@ -352,7 +375,7 @@ enum Holder {
 }
 
 /// Who holds `ip`, or `None` if the database does not know it.
-fn holder_of(tx: &Transaction<'_>, ip: Ipv4Addr) -> Result<Option<Holder>, StoreError> {
+fn holder_of(tx: &Connection, ip: Ipv4Addr) -> Result<Option<Holder>, StoreError> {
     let holder = tx
         .prepare_cached("SELECT container_id, ifname FROM ips WHERE ip = ?1")?
         .query_row([ip.to_string()], |row| {
@@ -372,7 +395,7 @@ fn holder_of(tx: &Transaction<'_>, ip: Ipv4Addr) -> Result<Option<Holder>, Store
 
 /// The IP an attachment holds, if any.
 fn ip_of_attachment(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     container_id: &str,
     ifname: &str,
 ) -> Result<Option<Ipv4Addr>, StoreError> {

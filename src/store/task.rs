@@ -141,13 +141,178 @@ where
     Ok((tx, report))
 }
 
+/// Most assign/release requests one group commit takes.
+const GROUP_MAX: usize = 128;
+
+impl Request {
+    /// Whether the request may share a transaction with others of its kind (a group commit).
+    fn groupable(&self) -> bool {
+        matches!(
+            self,
+            Request::RecordAssigned { .. } | Request::RecordReleased { .. }
+        )
+    }
+}
+
 /// Serves commands until `close` or until every handle is dropped, then closes the database.
+///
+/// Assign and release requests that are already queued together are written in one transaction
+/// (a group commit): each in its own savepoint, so one refused request changes nothing and fails
+/// alone, and every caller is answered only after the shared commit. Under load this turns many
+/// small commits into few, without delaying a request that arrives alone.
 fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Command>) {
-    while let Some(Command {
+    let mut next: Option<Command> = None;
+    while let Some(cmd) = next.take().or_else(|| rx.blocking_recv()) {
+        if cmd.request.groupable() {
+            let mut group = vec![cmd];
+            while group.len() < GROUP_MAX {
+                match rx.try_recv() {
+                    Ok(c) if c.request.groupable() => group.push(c),
+                    Ok(c) => {
+                        next = Some(c);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            if group.len() > 1 {
+                group_commit(&mut conn, group);
+            } else if let Some(one) = group.pop() {
+                serve_one(&mut conn, one);
+            }
+            continue;
+        }
+        if let Request::Close { respond_to } = cmd.request {
+            let _entered = cmd.span.enter();
+            // Refuse what is still queued (their callers get `Closed`), then close the file
+            // before answering, so a caller may reopen it at once.
+            rx.close();
+            drop(rx);
+            close(conn);
+            let _ = respond_to.send(());
+            return;
+        }
+        serve_one(&mut conn, cmd);
+    }
+    close(conn);
+}
+
+/// What a grouped request answers.
+enum Answer {
+    Unit(Reply<()>, Result<(), StoreError>),
+    Ip(
+        Reply<Option<Ipv4Addr>>,
+        Result<Option<Ipv4Addr>, StoreError>,
+    ),
+}
+
+/// Runs `group` (assigns and releases) in one transaction, a savepoint each; answers after commit.
+fn group_commit(conn: &mut Connection, group: Vec<Command>) {
+    let started = Instant::now();
+    let size = group.len();
+    let mut tx = match queries::begin_group(conn) {
+        Ok(tx) => tx,
+        Err(e) => {
+            for c in group {
+                answer_err(c.request, &e);
+            }
+            return;
+        }
+    };
+    let mut answers = Vec::with_capacity(size);
+    for Command {
         request,
         span,
         enqueued_at,
-    }) = rx.blocking_recv()
+    } in group
+    {
+        let _entered = span.enter();
+        let waited = enqueued_at.elapsed();
+        if waited > SLOW {
+            tracing::warn!(
+                request = request.name(),
+                ?waited,
+                "state store request waited long in the queue"
+            );
+        }
+        let sp = match tx.savepoint() {
+            Ok(sp) => sp,
+            Err(e) => {
+                answer_err(request, &StoreError::from(e));
+                continue;
+            }
+        };
+        let answer = match request {
+            Request::RecordAssigned { a, respond_to } => {
+                Answer::Unit(respond_to, queries::assign_in(&sp, &a))
+            }
+            Request::RecordReleased {
+                container_id,
+                ifname,
+                idle_since_ms,
+                reservation,
+                respond_to,
+            } => Answer::Ip(
+                respond_to,
+                queries::release_in(
+                    &sp,
+                    &container_id,
+                    &ifname,
+                    idle_since_ms,
+                    reservation.as_ref(),
+                ),
+            ),
+            other => {
+                // Only groupable requests reach here.
+                answer_err(other, &StoreError::Io("not a grouped request".into()));
+                continue;
+            }
+        };
+        let ok = match &answer {
+            Answer::Unit(_, r) => r.is_ok(),
+            Answer::Ip(_, r) => r.is_ok(),
+        };
+        // A refused request's savepoint rolls back when dropped; the others are kept.
+        if ok && let Err(e) = sp.commit() {
+            answers.push(match answer {
+                Answer::Unit(tx, _) => Answer::Unit(tx, Err(StoreError::from(e))),
+                Answer::Ip(tx, _) => Answer::Ip(tx, Err(StoreError::from(e))),
+            });
+            continue;
+        }
+        answers.push(answer);
+    }
+    let committed = tx.commit().map_err(StoreError::from);
+    for a in answers {
+        match (a, &committed) {
+            (Answer::Unit(tx, r), Ok(())) => drop(tx.send(r)),
+            (Answer::Ip(tx, r), Ok(())) => drop(tx.send(r)),
+            (Answer::Unit(tx, _), Err(e)) => drop(tx.send(Err(e.clone()))),
+            (Answer::Ip(tx, _), Err(e)) => drop(tx.send(Err(e.clone()))),
+        }
+    }
+    let took = started.elapsed();
+    if took > SLOW {
+        tracing::warn!(size, ?took, "state store group commit was slow");
+    }
+}
+
+/// Answers a request with `err` (its write did not happen).
+fn answer_err(request: Request, err: &StoreError) {
+    match request {
+        Request::RecordAssigned { respond_to, .. } => drop(respond_to.send(Err(err.clone()))),
+        Request::RecordReleased { respond_to, .. } => drop(respond_to.send(Err(err.clone()))),
+        other => tracing::error!(request = other.name(), "not a grouped request"),
+    }
+}
+
+/// Serves one request (anything but `Close`) in its own transaction.
+fn serve_one(conn: &mut Connection, cmd: Command) {
+    let Command {
+        request,
+        span,
+        enqueued_at,
+    } = cmd;
     {
         let _entered = span.enter();
         let name = request.name();
@@ -162,33 +327,28 @@ fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Command>) {
         let started = Instant::now();
         let delivered = match request {
             Request::Close { respond_to } => {
-                // Refuse what is still queued (their callers get `Closed`), then close the file
-                // before answering, so a caller may reopen it at once.
-                rx.close();
-                drop(rx);
-                close(conn);
-                let _ = respond_to.send(());
-                return;
+                // `serve` handles Close; never here.
+                respond_to.send(()).is_ok()
             }
-            Request::Load { respond_to } => respond_to.send(queries::load(&conn)).is_ok(),
+            Request::Load { respond_to } => respond_to.send(queries::load(conn)).is_ok(),
             Request::Durability { respond_to } => {
-                respond_to.send(queries::durability(&conn)).is_ok()
+                respond_to.send(queries::durability(conn)).is_ok()
             }
             Request::SetInstanceId {
                 instance_id,
                 respond_to,
             } => respond_to
-                .send(queries::set_instance_id(&mut conn, &instance_id))
+                .send(queries::set_instance_id(conn, &instance_id))
                 .is_ok(),
-            Request::UpsertEni { eni, respond_to } => respond_to
-                .send(queries::upsert_eni(&mut conn, &eni))
-                .is_ok(),
-            Request::RemoveEni { eni_id, respond_to } => respond_to
-                .send(queries::remove_eni(&mut conn, &eni_id))
-                .is_ok(),
-            Request::RecordAssigned { a, respond_to } => respond_to
-                .send(queries::record_assigned(&mut conn, &a))
-                .is_ok(),
+            Request::UpsertEni { eni, respond_to } => {
+                respond_to.send(queries::upsert_eni(conn, &eni)).is_ok()
+            }
+            Request::RemoveEni { eni_id, respond_to } => {
+                respond_to.send(queries::remove_eni(conn, &eni_id)).is_ok()
+            }
+            Request::RecordAssigned { a, respond_to } => {
+                respond_to.send(queries::record_assigned(conn, &a)).is_ok()
+            }
             Request::RecordReleased {
                 container_id,
                 ifname,
@@ -197,22 +357,22 @@ fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Command>) {
                 respond_to,
             } => respond_to
                 .send(queries::record_released(
-                    &mut conn,
+                    conn,
                     &container_id,
                     &ifname,
                     idle_since_ms,
                     reservation.as_ref(),
                 ))
                 .is_ok(),
-            Request::RecordIdle { ips, respond_to } => respond_to
-                .send(queries::record_idle(&mut conn, &ips))
-                .is_ok(),
-            Request::RemoveIps { ips, respond_to } => respond_to
-                .send(queries::remove_ips(&mut conn, &ips))
-                .is_ok(),
-            Request::ReplaceAll { state, respond_to } => respond_to
-                .send(queries::replace_all(&mut conn, &state))
-                .is_ok(),
+            Request::RecordIdle { ips, respond_to } => {
+                respond_to.send(queries::record_idle(conn, &ips)).is_ok()
+            }
+            Request::RemoveIps { ips, respond_to } => {
+                respond_to.send(queries::remove_ips(conn, &ips)).is_ok()
+            }
+            Request::ReplaceAll { state, respond_to } => {
+                respond_to.send(queries::replace_all(conn, &state)).is_ok()
+            }
         };
         let took = started.elapsed();
         if took > SLOW {
@@ -226,7 +386,6 @@ fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Command>) {
             );
         }
     }
-    close(conn);
 }
 
 /// Closes the connection; the last connection to a WAL database checkpoints it into the main file
