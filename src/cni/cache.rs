@@ -3,8 +3,12 @@
 //!
 //! One JSON file per attachment at `<cache_dir>/<network name>/<container_id>@<ifname>.json` (a
 //! container id never contains `@`, so the name is unambiguous). Files are written atomically (write
-//! to a temporary file in the same directory, fsync, rename, fsync the directory) after a successful
-//! ADD, and removed after DEL. The format is [`CacheEntry`], versioned by its `format` field; the
+//! to a temporary file in the same directory, then rename over the entry) after a successful ADD, and
+//! removed after DEL. They are not fsynced: an entry only matters while its pod's network namespace
+//! exists, and a machine crash — the only thing an fsync guards against — takes every namespace with
+//! it (a plugin or daemon crash leaves the page cache, and so the entry, intact). The two fsyncs cost
+//! milliseconds on every ADD; the reference plugins do not fsync their state either. The format is
+//! [`CacheEntry`], versioned by its `format` field; the
 //! daemon may read these files (read-only) to learn which netns and host veth an IP was wired to.
 
 use std::io::{self, Write};
@@ -118,7 +122,7 @@ impl ResultCache {
             .join(format!("{}@{}.json", key.container_id, key.ifname))
     }
 
-    /// Writes `entry` atomically, replacing any previous one.
+    /// Writes `entry` atomically (temporary file, then rename), replacing any previous one.
     pub fn write(&self, entry: &CacheEntry) -> Result<(), CacheError> {
         let io_err = |path: &Path| {
             let path = path.to_owned();
@@ -139,9 +143,8 @@ impl ResultCache {
         let written = (|| {
             let mut file = std::fs::File::create(&tmp)?;
             file.write_all(&bytes)?;
-            file.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(&self.dir)?.sync_all()
+            drop(file);
+            std::fs::rename(&tmp, &path)
         })();
         if written.is_err() {
             let _ = std::fs::remove_file(&tmp);

@@ -1,0 +1,253 @@
+//! `eniipam-bench`: eniipam's benchmark program (issue 8). Each scenario measures eniipam and, where
+//! it can run here, its anchor in the same run and harness; prints a markdown table of figures,
+//! ratios and targets; writes `report.md` and a latency-distribution plot.
+//!
+//! ```text
+//! cargo run --release -p eniipam-bench -- <ipam|wiring|grpc|cold-burst|startup|memory|fleet|all> [--runs N] [--out DIR]
+//! ```
+
+mod cni;
+mod plot;
+mod report;
+mod scenarios;
+mod stats;
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+
+use report::ScenarioReport;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// IPAM-only ADD+DEL through the plugin binary vs host-local.
+    Ipam,
+    /// Full pod ADD+DEL with wiring in network namespaces vs ptp + host-local.
+    Wiring,
+    /// Warm-pool gRPC latency and throughput, 64 clients.
+    Grpc,
+    /// 100 pods at once on an empty c5.4xlarge, realistic EC2.
+    ColdBurst,
+    /// Startup rebuild of a full m5.24xlarge.
+    Startup,
+    /// Peak RSS of eniipamd (full m5.24xlarge) and of the plugin.
+    Memory,
+    /// 500 simulated nodes against one mockcloud, 20 pods each, vs the AWS VPC CNI's warm policy.
+    Fleet,
+    /// Every scenario above, in this order.
+    All,
+}
+
+impl Scenario {
+    const EACH: [Scenario; 7] = [
+        Scenario::Ipam,
+        Scenario::Wiring,
+        Scenario::Grpc,
+        Scenario::ColdBurst,
+        Scenario::Startup,
+        Scenario::Memory,
+        Scenario::Fleet,
+    ];
+
+    fn needs_binaries(self) -> bool {
+        matches!(
+            self,
+            Scenario::Ipam | Scenario::Wiring | Scenario::Memory | Scenario::All
+        )
+    }
+}
+
+/// eniipam's benchmarks: figures against their anchors and targets.
+#[derive(Parser, Debug)]
+#[command(name = "eniipam-bench", version)]
+struct Args {
+    /// What to run.
+    #[arg(value_enum)]
+    scenario: Scenario,
+    /// Repetitions of each scenario; figures are medians (and percentiles) over them.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    runs: u32,
+    /// Where report.md and latency.png go.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Scenario `fleet`: how many nodes.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=2000))]
+    nodes: u32,
+    /// Scenario `fleet`: pods scheduled onto each node in the scale-up.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=40))]
+    pods_per_node: u32,
+    /// Do not build eniipam/eniipamd first (use the binaries already next to this one).
+    #[arg(long)]
+    no_build: bool,
+}
+
+/// What every scenario gets.
+pub struct Ctx {
+    pub runs: usize,
+    pub fleet_nodes: usize,
+    pub fleet_pods: u32,
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(cni::RUSAGE_WRAPPER) {
+        return match cni::rusage_wrapper(&argv[2..]) {
+            Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Err(e) => {
+                eprintln!("eniipam-bench {}: {e:#}", cni::RUSAGE_WRAPPER);
+                ExitCode::from(125)
+            }
+        };
+    }
+    let args = Args::parse();
+    match run(args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("eniipam-bench: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs the scenarios; `Ok(false)` when one of them failed to run (targets missed are not failures).
+fn run(args: Args) -> anyhow::Result<bool> {
+    if args.scenario.needs_binaries() && !args.no_build {
+        support::build_binaries()?;
+    }
+    let chosen: Vec<Scenario> = if args.scenario == Scenario::All {
+        Scenario::EACH.to_vec()
+    } else {
+        vec![args.scenario]
+    };
+    let ctx = Ctx {
+        runs: args.runs as usize,
+        fleet_nodes: args.nodes as usize,
+        fleet_pods: args.pods_per_node,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let mut reports = Vec::new();
+    let mut failures = Vec::new();
+    for s in chosen {
+        let name = s
+            .to_possible_value()
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default();
+        eprintln!("== {name} ==");
+        let started = std::time::Instant::now();
+        let result = runtime.block_on(async {
+            match s {
+                Scenario::Ipam => scenarios::ipam::run(&ctx).await,
+                Scenario::Wiring => scenarios::wiring::run(&ctx).await,
+                Scenario::Grpc => scenarios::grpc::run(&ctx).await,
+                Scenario::ColdBurst => scenarios::cold_burst::run(&ctx).await,
+                Scenario::Startup => scenarios::startup::run(&ctx).await,
+                Scenario::Memory => scenarios::memory::run(&ctx).await,
+                Scenario::Fleet => scenarios::fleet::run(&ctx).await,
+                Scenario::All => unreachable!("expanded above"),
+            }
+        });
+        match result {
+            Ok(rep) => {
+                println!("\n{}", rep.markdown());
+                eprintln!("({name} took {:.0} s)", started.elapsed().as_secs_f64());
+                reports.push(rep);
+            }
+            Err(e) => {
+                eprintln!("SCENARIO {name} FAILED: {e:#}");
+                failures.push((name, format!("{e:#}")));
+            }
+        }
+    }
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let png = args.out.join("latency.png");
+    let plotted = match plot::draw(&reports, &png) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("NOTICE: no plot: {e:#}");
+            None
+        }
+    };
+    let md = render(&reports, &failures, &args, plotted);
+    let path = args.out.join("report.md");
+    std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    if plotted.is_some() {
+        eprintln!("wrote {}", png.display());
+    }
+    Ok(failures.is_empty())
+}
+
+fn render(
+    reports: &[ScenarioReport],
+    failures: &[(String, String)],
+    args: &Args,
+    plotted: Option<bool>,
+) -> String {
+    let mut s = String::from("# eniipam benchmark report\n\n");
+    s.push_str(&format!(
+        "{}\n\nFigures: the median run's value, with the range over {} runs in brackets; ratio = eniipam / anchor. Method: docs/performance.md.\n\n",
+        machine(),
+        args.runs
+    ));
+    for r in reports {
+        s.push_str(&r.markdown());
+        s.push('\n');
+    }
+    for (name, err) in failures {
+        s.push_str(&format!(
+            "### `{name}`: FAILED TO RUN\n\n```\n{err}\n```\n\n"
+        ));
+    }
+    match plotted {
+        Some(true) => s.push_str("Latency distributions (CDFs): [latency.png](latency.png)\n\n"),
+        Some(false) => s.push_str(
+            "Latency distributions (CDFs, drawn without text: no TrueType font found): [latency.png](latency.png)\n\n",
+        ),
+        None => {}
+    }
+    s
+}
+
+/// One line about where this ran.
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|k| k.trim().to_owned())
+        .unwrap_or_default();
+    let out = |cmd: &str, args: &[&str]| {
+        Command::new(cmd)
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let date = out("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+    let commit = out("git", &["rev-parse", "--short", "HEAD"]);
+    let dirty = if out("git", &["status", "--porcelain"]).is_empty() {
+        ""
+    } else {
+        " + uncommitted changes"
+    };
+    format!("Run {date} on {cpus} CPUs ({model}), Linux {kernel}, commit {commit}{dirty}.")
+}

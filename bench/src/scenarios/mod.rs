@@ -1,0 +1,9 @@
+//! The scenarios of issue 8, one module each.
+
+pub mod cold_burst;
+pub mod fleet;
+pub mod grpc;
+pub mod ipam;
+pub mod memory;
+pub mod startup;
+pub mod wiring;
