@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use eniipam::cloud::CloudError;
+use eniipam::cloud::lifecycle::{EniLifecycle, LifecycleConfig};
 use eniipam::cloud::memory::{Action, NodeSpec};
 use eniipam::pool::{
     AllocationSeed, BackoffTarget, EniPhaseSnapshot, EniRole, ExhaustionReason, IpState, Pool,
@@ -113,6 +114,28 @@ async fn waiters_covered_by_an_eni_being_created_do_not_start_another() {
         n.cloud.calls_of(Action::CreateNetworkInterface)
     );
     assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 1);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_device_index_taken_behind_the_pools_back_is_skipped() {
+    let n = start(quiet_config(), NodeSpec::default()).await;
+    // An ENI attached at index 1 that the pool never heard of (an attach whose answer was lost).
+    let other = EniLifecycle::new(
+        n.cloud.clone(),
+        n.cloud.clone(),
+        n.node.clone(),
+        LifecycleConfig::default(),
+    );
+    other.create_and_attach(0, 1).await.unwrap();
+    n.cloud.reset_calls();
+
+    let got = n.pool.acquire(key(1), pod(1), None, None).await.unwrap();
+    assert_eq!(got.device_index, 2, "attached at the next free index");
+    let attaches = n.cloud.calls_of(Action::AttachNetworkInterface);
+    assert_eq!(attaches.len(), 2, "{attaches:?}");
+    assert!(attaches[0].error.is_some() && attaches[1].error.is_none());
+    assert_eq!(n.cloud.call_count(Action::DescribeInstances), 1);
     n.pool.check_invariants().unwrap();
 }
 

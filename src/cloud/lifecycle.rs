@@ -187,13 +187,58 @@ impl EniLifecycle {
     }
 
     async fn attach_and_settle(&self, created: &Eni, device_index: u32) -> CloudResult<Eni> {
-        let attachment_id = self
+        let (attachment_id, device_index) = match self
             .cloud
             .attach_eni(&created.id, &self.node.instance_id, device_index)
-            .await?;
-        self.cloud
+            .await
+        {
+            Ok(id) => (id, device_index),
+            // Something this pool does not know sits at that index (an attachment whose outcome
+            // was lost, another agent's ENI): ask EC2 which indexes are free and use the lowest.
+            Err(e) if device_index_taken(&e) => {
+                let instance = self.cloud.describe_instance(&self.node.instance_id).await?;
+                let used: BTreeSet<u32> = instance
+                    .enis
+                    .iter()
+                    .filter_map(|e| e.attachment.as_ref().map(|a| a.device_index))
+                    .chain(std::iter::once(device_index))
+                    .collect();
+                let free = (1..=MAX_DEVICE_INDEX)
+                    .find(|i| !used.contains(i))
+                    .ok_or(e)?;
+                tracing::warn!(
+                    eni = %created.id,
+                    taken = device_index,
+                    using = free,
+                    "device index already taken on the instance; attaching at the next free one"
+                );
+                let id = self
+                    .cloud
+                    .attach_eni(&created.id, &self.node.instance_id, free)
+                    .await?;
+                (id, free)
+            }
+            Err(e) => return Err(e),
+        };
+        // The ENI is attached and holds its IPs: a failure to set DeleteOnTermination (a throttling
+        // storm outlasting the retries) is not worth tearing it down for, which would cost more
+        // calls and leave the pods waiting. Left unset, the ENI outlives a terminated instance as
+        // `available`, tagged ours, where the leaked-ENI collector deletes it.
+        let delete_on_termination = match self
+            .cloud
             .set_delete_on_termination(&created.id, &attachment_id)
-            .await?;
+            .await
+        {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    eni = %created.id,
+                    error = %e,
+                    "could not set DeleteOnTermination; keeping the attached ENI"
+                );
+                false
+            }
+        };
         let mut eni = created.clone();
         eni.status = EniStatus::InUse;
         eni.attachment = Some(EniAttachment {
@@ -201,7 +246,7 @@ impl EniLifecycle {
             instance_id: self.node.instance_id.clone(),
             device_index,
             status: AttachmentStatus::Attached,
-            delete_on_termination: true,
+            delete_on_termination,
         });
         self.wait_visible(eni).await
     }
@@ -389,6 +434,16 @@ fn check_ours(eni: &Eni) -> CloudResult<()> {
         eni: eni.id.to_string(),
         reason,
     })
+}
+
+/// Highest device index tried when the planned one is taken (EC2's largest instances have 15 network
+/// cards' worth of indexes well below this).
+const MAX_DEVICE_INDEX: u32 = 31;
+
+/// Whether `e` is EC2 refusing an attach because the instance already has an ENI at that index.
+fn device_index_taken(e: &CloudError) -> bool {
+    matches!(e, CloudError::Rejected { code, message, .. }
+        if code == "InvalidParameterValue" && message.contains("already has an interface attached at device index"))
 }
 
 #[cfg(test)]

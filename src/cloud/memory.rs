@@ -729,7 +729,9 @@ impl Cloud for MemoryCloud {
                 return Err(rejected(
                     name,
                     "InvalidParameterValue",
-                    format!("device index {device_index} is in use"),
+                    format!(
+                        "Instance '{instance_id}' already has an interface attached at device index '{device_index}'."
+                    ),
                 ));
             }
             let attachment_id = format!("eni-attach-{:017x}", st.next_id());
