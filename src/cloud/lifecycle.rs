@@ -187,11 +187,25 @@ impl EniLifecycle {
     }
 
     async fn attach_and_settle(&self, created: &Eni, device_index: u32) -> CloudResult<Eni> {
-        let (attachment_id, device_index) = match self
-            .cloud
-            .attach_eni(&created.id, &self.node.instance_id, device_index)
-            .await
-        {
+        // The ENI exists and holds its IPs: while EC2 is only throttling (retries ran out), keep
+        // trying rather than delete it and start over, which would cost more calls in the storm.
+        let mut rounds = 1;
+        let attached = loop {
+            match self
+                .cloud
+                .attach_eni(&created.id, &self.node.instance_id, device_index)
+                .await
+            {
+                Err(CloudError::RetriesExhausted { ref last, .. })
+                    if rounds < ATTACH_ROUNDS && last.contains("throttled") =>
+                {
+                    tracing::warn!(eni = %created.id, rounds, "attach still throttled; keeping the ENI and trying again");
+                    rounds += 1;
+                }
+                other => break other,
+            }
+        };
+        let (attachment_id, device_index) = match attached {
             Ok(id) => (id, device_index),
             // Something this pool does not know sits at that index (an attachment whose outcome
             // was lost, another agent's ENI): ask EC2 which indexes are free and use the lowest.
@@ -435,6 +449,9 @@ fn check_ours(eni: &Eni) -> CloudResult<()> {
         reason,
     })
 }
+
+/// Rounds of the limiter's retry budget an attach gets while EC2 keeps throttling it.
+const ATTACH_ROUNDS: u32 = 5;
 
 /// Highest device index tried when the planned one is taken (EC2's largest instances have 15 network
 /// cards' worth of indexes well below this).

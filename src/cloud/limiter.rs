@@ -294,6 +294,17 @@ pub enum CallClass {
     Describe,
 }
 
+impl CallClass {
+    /// The class of an EC2 action by its name: `Describe*` reads, everything else mutates.
+    pub fn of_api(api: &str) -> Self {
+        if api.starts_with("Describe") {
+            CallClass::Describe
+        } else {
+            CallClass::Mutating
+        }
+    }
+}
+
 type GovernorLimiter =
     RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<TokioInstant>>;
 
@@ -364,8 +375,71 @@ impl TokenBucket {
 pub struct Limiter {
     mutating: TokenBucket,
     describe: TokenBucket,
+    mutating_gate: ThrottleGate,
+    describe_gate: ThrottleGate,
     retry: BackoffPolicy,
     stats: Arc<CallStats>,
+}
+
+/// The node-wide answer to EC2 throttling, one per call class: after EC2 answers
+/// `RequestLimitExceeded`, every call of that class on this node waits out a pause — not only the
+/// call that was throttled — and each further throttle doubles the pause (jittered, up to
+/// [`ThrottleGate::MAX_PAUSE`]); each success halves it. EC2's buckets are the account's: when many
+/// nodes share them, a node that keeps its own token bucket full would keep spending the account's
+/// refill on throttled attempts. This is additive-increase/multiplicative-decrease on the node's
+/// attempt rate, as the AWS SDKs' adaptive retry mode does.
+#[derive(Debug, Default)]
+struct ThrottleGate {
+    state: std::sync::Mutex<GateState>,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// No call of the class starts before this.
+    until: Option<Instant>,
+    /// The current pause; zero when EC2 has not throttled us lately.
+    pause: Duration,
+}
+
+impl ThrottleGate {
+    const FIRST_PAUSE: Duration = Duration::from_millis(500);
+    const MAX_PAUSE: Duration = Duration::from_secs(60);
+
+    /// Waits until the gate is open.
+    async fn pass(&self) -> Duration {
+        let start = Instant::now();
+        loop {
+            let until = self.state.lock().expect("gate lock").until;
+            match until {
+                Some(t) if t > Instant::now() => tokio::time::sleep_until(t).await,
+                _ => return start.elapsed(),
+            }
+        }
+    }
+
+    /// How long until the gate opens (zero when open).
+    fn remaining(&self) -> Duration {
+        let until = self.state.lock().expect("gate lock").until;
+        until.map_or(Duration::ZERO, |t| {
+            t.saturating_duration_since(Instant::now())
+        })
+    }
+
+    /// Records an attempt's outcome.
+    fn observe(&self, throttled: bool) {
+        let mut st = self.state.lock().expect("gate lock");
+        if throttled {
+            st.pause = (st.pause * 2).clamp(Self::FIRST_PAUSE, Self::MAX_PAUSE);
+            let jittered = st.pause.mul_f64(rand::rng().random_range(0.5..=1.0));
+            let until = Instant::now() + jittered;
+            st.until = Some(st.until.map_or(until, |t| t.max(until)));
+        } else if !st.pause.is_zero() {
+            st.pause /= 2;
+            if st.pause < Self::FIRST_PAUSE {
+                st.pause = Duration::ZERO;
+            }
+        }
+    }
 }
 
 impl Limiter {
@@ -377,6 +451,8 @@ impl Limiter {
         Ok(Self {
             mutating: TokenBucket::new("mutating", cfg.rates.mutating)?,
             describe: TokenBucket::new("describe", cfg.rates.describe)?,
+            mutating_gate: ThrottleGate::default(),
+            describe_gate: ThrottleGate::default(),
             retry: cfg.retry,
             stats,
         })
@@ -399,10 +475,18 @@ impl Limiter {
         }
     }
 
-    /// Wait for a token of `class`, recording the wait.
+    fn gate(&self, class: CallClass) -> &ThrottleGate {
+        match class {
+            CallClass::Mutating => &self.mutating_gate,
+            CallClass::Describe => &self.describe_gate,
+        }
+    }
+
+    /// Wait out any throttling pause of `class`, then for a token, recording the wait.
     pub async fn admit(&self, class: CallClass) {
         let bucket = self.bucket(class);
-        let waited = bucket.acquire().await;
+        let paused = self.gate(class).pass().await;
+        let waited = paused + bucket.acquire().await;
         if waited > Duration::ZERO {
             tracing::debug!(
                 bucket = bucket.name(),
@@ -427,6 +511,8 @@ impl Limiter {
         let start = Instant::now();
         let result = call.await;
         let outcome = Outcome::of(&result);
+        self.gate(class)
+            .observe(matches!(result, Err(CloudError::Throttled { .. })));
         self.stats.record_call(api, outcome, start.elapsed());
         if let Err(e) = &result {
             tracing::debug!(api, %outcome, error = %e, "EC2 call failed");
@@ -485,7 +571,15 @@ impl Retry<'_> {
         if !err.is_retryable() {
             return Err(err);
         }
-        match self.backoff.next_delay() {
+        // Not before the node's throttling pause for this class is over, and not at all when
+        // that pause outlasts the time budget.
+        let paused = self.limiter.gate(CallClass::of_api(self.api)).remaining();
+        let next = self
+            .backoff
+            .next_delay()
+            .filter(|_| self.backoff.started.elapsed() + paused < self.backoff.policy.max_elapsed)
+            .map(|delay| delay.max(paused));
+        match next {
             Some(delay) => {
                 tracing::debug!(
                     api = self.api,
@@ -706,6 +800,61 @@ mod tests {
             api: "AssignPrivateIpAddresses".into(),
             code: "RequestLimitExceeded".into(),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttle_pauses_every_call_of_its_class_on_the_node() {
+        let l = limiter(1, 60_000);
+        let r: CloudResult<()> = l
+            .attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
+                Err(throttled())
+            })
+            .await;
+        assert!(r.is_err());
+        // Another mutating call, not itself throttled, waits out the pause (500 ms, jittered to
+        // 250..500 ms); a describe call does not.
+        let t = Instant::now();
+        l.attempt("DescribeInstances", CallClass::Describe, async { Ok(()) })
+            .await
+            .unwrap();
+        assert!(t.elapsed() < Duration::from_millis(10), "{:?}", t.elapsed());
+        let t = Instant::now();
+        l.attempt("CreateNetworkInterface", CallClass::Mutating, async {
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(250) && waited <= Duration::from_millis(510),
+            "{waited:?}"
+        );
+        // That success halved the pause to nothing; consecutive throttles double it again
+        // (0.5, 1, 2 s) and successes halve it back to nothing.
+        for _ in 0..3 {
+            let _: CloudResult<()> = l
+                .attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
+                    Err(throttled())
+                })
+                .await;
+        }
+        assert_eq!(
+            l.mutating_gate.state.lock().unwrap().pause,
+            Duration::from_secs(2)
+        );
+        for _ in 0..4 {
+            l.attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
+                Ok(())
+            })
+            .await
+            .unwrap();
+        }
+        assert_eq!(l.mutating_gate.state.lock().unwrap().pause, Duration::ZERO);
+        assert_eq!(CallClass::of_api("DescribeSubnets"), CallClass::Describe);
+        assert_eq!(
+            CallClass::of_api("AttachNetworkInterface"),
+            CallClass::Mutating
+        );
     }
 
     #[tokio::test(start_paused = true)]

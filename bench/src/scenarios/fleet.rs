@@ -232,11 +232,18 @@ async fn one_run(policy: &Policy, nodes: usize, pods_per_node: u32) -> anyhow::R
     let all_done_s = t0.elapsed().as_secs_f64();
     let counters = mock.counters();
     let mut mutating = 0;
+    let mut by_action = Vec::new();
     for (action, c) in &counters.actions {
         if ActionClass::of(action) == ActionClass::Mutating {
             mutating += c.calls;
         }
+        by_action.push(format!("{action} {} ({} throttled)", c.calls, c.throttled));
     }
+    eprintln!(
+        "fleet: {}: calls by action: {}",
+        policy.name,
+        by_action.join(", ")
+    );
     let idle_at_end = fleet
         .iter()
         .map(|n| u64::from(n.handle.pool.snapshot().idle))
