@@ -76,6 +76,9 @@ struct Args {
     /// Scenario `fleet`: how many nodes.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=2000))]
     nodes: u32,
+    /// Scenario `fleet`: repetitions (each runs both policies on a whole fleet: minutes each).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    fleet_runs: u32,
     /// Scenario `fleet`: pods scheduled onto each node in the scale-up.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=40))]
     pods_per_node: u32,
@@ -89,6 +92,7 @@ pub struct Ctx {
     pub runs: usize,
     pub fleet_nodes: usize,
     pub fleet_pods: u32,
+    pub fleet_runs: usize,
 }
 
 fn main() -> ExitCode {
@@ -127,6 +131,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
         runs: args.runs as usize,
         fleet_nodes: args.nodes as usize,
         fleet_pods: args.pods_per_node,
+        fleet_runs: args.fleet_runs as usize,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -280,10 +280,23 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         mockcloud::catalog::lookup(INSTANCE).context("instance type not in the catalog")?;
     let pod_ips_per_eni = limits.ipv4_per_eni - 1;
     let [ours_policy, theirs_policy] = policies(pod_ips_per_eni);
+    // eniipam with its warm pool sized for the scale-up, holding no more free IPs at rest than the
+    // VPC CNI's policy does: the same code and knobs an operator expecting such bursts would set.
+    let sized_policy = Policy {
+        name: "eniipam (min_idle sized for the scale-up)",
+        min_idle: pods_per_node,
+        max_idle: (2 * pod_ips_per_eni).max(pods_per_node),
+        ..ours_policy.clone()
+    };
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
-    for r in 0..ctx.runs {
-        for (policy, into) in [(&ours_policy, &mut ours), (&theirs_policy, &mut theirs)] {
+    let mut sized = Vec::new();
+    for r in 0..ctx.fleet_runs {
+        for (policy, into) in [
+            (&ours_policy, &mut ours),
+            (&theirs_policy, &mut theirs),
+            (&sized_policy, &mut sized),
+        ] {
             let res = one_run(policy, nodes, pods_per_node).await?;
             eprintln!(
                 "fleet: run {} {}: {} pods in {:.1} s, p99 wait {:.0} ms, {} EC2 calls ({} mutating, {} throttled = {:.1} %), {} ADDs retried, {} idle IPs held",
@@ -312,11 +325,18 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let p = |q: f64| move |r: &RunResult| percentile(&r.waits_ms, q).unwrap_or(0.0) / 1e3;
     let per_pod = |f: fn(&RunResult) -> u64| move |r: &RunResult| f(r) as f64 / r.pods as f64;
     let mut rows = Vec::new();
-    let mut row = |metric: &str, unit: Unit, f: &dyn Fn(&RunResult) -> f64, target: Target| {
-        let o = across(&ours, f)?;
+    let mut row_of = |runs: &[RunResult],
+                      metric: &str,
+                      unit: Unit,
+                      f: &dyn Fn(&RunResult) -> f64,
+                      target: Target| {
+        let o = across(runs, f)?;
         let t = across(&theirs, f)?;
         rows.push(Row::new(metric, unit, o).anchor(measured(t)).target(target));
         anyhow::Ok(())
+    };
+    let mut row = |metric: &str, unit: Unit, f: &dyn Fn(&RunResult) -> f64, target: Target| {
+        row_of(&ours, metric, unit, f, target)
     };
     row(
         "time until every pod has an IP",
@@ -362,10 +382,55 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         &|r| r.warm_up_s,
         Target::Info,
     )?;
+    let sized_label = |m: &str| {
+        format!(
+            "min_idle {} / max_idle {}: {m}",
+            sized_policy.min_idle, sized_policy.max_idle
+        )
+    };
+    row_of(
+        &sized,
+        &sized_label("time until every pod has an IP"),
+        Unit::Secs,
+        &|r| r.all_done_s,
+        Target::Info,
+    )?;
+    row_of(
+        &sized,
+        &sized_label("per-pod wait, p99"),
+        Unit::Secs,
+        &p(99.0),
+        Target::Info,
+    )?;
+    row_of(
+        &sized,
+        &sized_label("throttled share of EC2 calls, %"),
+        Unit::Ratio,
+        &share,
+        Target::AtMost(1.0),
+    )?;
+    row_of(
+        &sized,
+        &sized_label("EC2 calls per pod"),
+        Unit::Ratio,
+        &per_pod(|r| r.calls),
+        Target::Info,
+    )?;
+    row_of(
+        &sized,
+        &sized_label("free VPC IPs held by the fleet at the end"),
+        Unit::Count,
+        &|r| r.idle_at_end as f64,
+        Target::Info,
+    )?;
     let series = vec![
         Series {
             label: "fleet: pod wait, eniipam".into(),
             samples: ours.iter().flat_map(|r| r.waits_ms.clone()).collect(),
+        },
+        Series {
+            label: "fleet: pod wait, eniipam sized".into(),
+            samples: sized.iter().flat_map(|r| r.waits_ms.clone()).collect(),
         },
         Series {
             label: "fleet: pod wait, VPC CNI policy".into(),
@@ -379,8 +444,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             "{nodes} nodes, one account's EC2 throttling, a scale-up of {pods_per_node} pods per node"
         ),
         reproduce: format!(
-            "cargo run --release -p eniipam-bench -- fleet --runs {} --nodes {nodes} --pods-per-node {pods_per_node}",
-            ctx.runs
+            "cargo run --release -p eniipam-bench -- fleet --fleet-runs {} --nodes {nodes} --pods-per-node {pods_per_node}",
+            ctx.fleet_runs
         ),
         setup: vec![
             format!(
@@ -399,7 +464,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
                 b.mutating.capacity, b.mutating.refill_per_sec, b.describe.capacity, b.describe.refill_per_sec
             ),
             format!(
-                "policies: eniipam as shipped (min_idle {}, max_idle {}, node buckets mutating {}/s burst {}, describe {}/s burst {}); the AWS VPC CNI's default WARM_ENI_TARGET=1 emulated with the same code: min_idle {} (eth0's {pod_ips_per_eni} plus one spare ENI's {pod_ips_per_eni}, eth0 being eniipam's own), max_idle {}, and no node rate limiter (ipamd has none)",
+                "policies: eniipam as shipped (min_idle {}, max_idle {}, node buckets mutating {}/s burst {}, describe {}/s burst {}); the AWS VPC CNI's default WARM_ENI_TARGET=1 emulated with the same code: min_idle {} (eth0's {pod_ips_per_eni} plus one spare ENI's {pod_ips_per_eni}, eth0 being eniipam's own), max_idle {}, and no node rate limiter (ipamd has none); and eniipam with its warm pool sized for the scale-up (min_idle {}, max_idle {}: no more free IPs at rest than the VPC CNI policy holds)",
                 ours_policy.min_idle,
                 ours_policy.max_idle,
                 ours_policy.mutating_qps,
@@ -407,7 +472,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
                 ours_policy.describe_qps,
                 ours_policy.describe_burst,
                 theirs_policy.min_idle,
-                theirs_policy.max_idle
+                theirs_policy.max_idle,
+                sized_policy.min_idle,
+                sized_policy.max_idle
             ),
         ],
         rows,
