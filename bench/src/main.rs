@@ -3,7 +3,7 @@
 //! ratios and targets; writes `report.md` and a latency-distribution plot.
 //!
 //! ```text
-//! cargo run --release -p eniipam-bench -- <ipam|wiring|grpc|cold-burst|startup|memory|fleet|all> [--runs N] [--out DIR]
+//! cargo run --release -p eniipam-bench -- <ipam|wiring|grpc|cold-burst|startup|memory|fleet|all>... [--runs N] [--out DIR]
 //! ```
 
 mod cni;
@@ -64,9 +64,9 @@ impl Scenario {
 #[derive(Parser, Debug)]
 #[command(name = "eniipam-bench", version)]
 struct Args {
-    /// What to run.
-    #[arg(value_enum)]
-    scenario: Scenario,
+    /// What to run: one or more scenarios, or `all`.
+    #[arg(value_enum, required = true, num_args = 1..)]
+    scenarios: Vec<Scenario>,
     /// Repetitions of each scenario; figures are medians (and percentiles) over them.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     runs: u32,
@@ -119,13 +119,19 @@ fn main() -> ExitCode {
 
 /// Runs the scenarios; `Ok(false)` when one of them failed to run (targets missed are not failures).
 fn run(args: Args) -> anyhow::Result<bool> {
-    if args.scenario.needs_binaries() && !args.no_build {
+    if args.scenarios.iter().any(|s| s.needs_binaries()) && !args.no_build {
         support::build_binaries()?;
     }
-    let chosen: Vec<Scenario> = if args.scenario == Scenario::All {
+    let chosen: Vec<Scenario> = if args.scenarios.contains(&Scenario::All) {
         Scenario::EACH.to_vec()
     } else {
-        vec![args.scenario]
+        let mut v = Vec::new();
+        for s in &args.scenarios {
+            if !v.contains(s) {
+                v.push(*s);
+            }
+        }
+        v
     };
     let ctx = Ctx {
         runs: args.runs as usize,

@@ -21,6 +21,9 @@ use super::eni::{EniCommand, EniHandle};
 use super::state::CreatePlan;
 use super::{PoolError, Shared};
 
+/// Extra coalescing before the first ENI creation of a burst (on top of `batch_window`).
+const CREATE_COALESCE: std::time::Duration = std::time::Duration::from_millis(40);
+
 /// Requests to the maintainer task.
 pub(crate) enum MaintainerCommand {
     /// Wait for the work earlier rounds started, run a round now, and answer when its cloud work
@@ -43,7 +46,20 @@ pub(crate) async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Mainta
                 Some(MaintainerCommand::RunNow { respond_to }) => reply = Some(respond_to),
                 None => break,
             },
-            () = shared.wake.notified() => tokio::time::sleep(shared.config.batch_window).await,
+            () = shared.wake.notified() => {
+                tokio::time::sleep(shared.config.batch_window).await;
+                // Pods waiting for a new ENI and none being created: the burst may still be
+                // arriving. An ENI's create+attach chain takes seconds, so a little more coalescing
+                // lets the creates carry every pod of the burst; a pod that arrives after them waits
+                // for an ENI's room and then an assign call (and IMDS) on top.
+                let first_create = {
+                    let st = shared.lock();
+                    !st.create_waiters.is_empty() && st.creating.is_empty()
+                };
+                if first_create {
+                    tokio::time::sleep(CREATE_COALESCE).await;
+                }
+            }
             _ = tick.tick() => {}
         }
         match reply {
