@@ -196,9 +196,9 @@ impl EniLifecycle {
                 .attach_eni(&created.id, &self.node.instance_id, device_index)
                 .await
             {
-                Err(CloudError::RetriesExhausted { ref last, .. })
-                    if rounds < ATTACH_ROUNDS && last.contains("throttled") =>
-                {
+                Err(CloudError::RetriesExhausted {
+                    throttled: true, ..
+                }) if rounds < ATTACH_ROUNDS => {
                     tracing::warn!(eni = %created.id, rounds, "attach still throttled; keeping the ENI and trying again");
                     rounds += 1;
                 }

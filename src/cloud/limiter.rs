@@ -577,7 +577,7 @@ impl Retry<'_> {
         let next = self
             .backoff
             .next_delay()
-            .filter(|_| self.backoff.started.elapsed() + paused < self.backoff.policy.max_elapsed)
+            .filter(|_| self.backoff.elapsed() + paused < self.backoff.policy.max_elapsed)
             .map(|delay| delay.max(paused));
         match next {
             Some(delay) => {
@@ -599,6 +599,7 @@ impl Retry<'_> {
                     api: self.api.to_owned(),
                     attempts: self.backoff.attempts(),
                     last: err.to_string(),
+                    throttled: matches!(err, CloudError::Throttled { .. }),
                 })
             }
         }

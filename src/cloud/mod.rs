@@ -227,6 +227,8 @@ pub enum CloudError {
         api: String,
         attempts: u32,
         last: String,
+        /// The last failure was EC2 throttling (not a transient fault).
+        throttled: bool,
     },
     /// IMDS failed or returned something unparseable.
     #[error("instance metadata: {0}")]

@@ -197,13 +197,17 @@ fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Command>) {
     close(conn);
 }
 
-/// What a grouped request answers.
-enum Answer {
-    Unit(Reply<()>, Result<(), StoreError>),
-    Ip(
-        Reply<Option<Ipv4Addr>>,
-        Result<Option<Ipv4Addr>, StoreError>,
-    ),
+/// A grouped request's answer, sent once the shared commit is known: the request's own result, or
+/// the commit's error when the commit failed.
+type Deferred = Box<dyn FnOnce(Option<&StoreError>)>;
+
+fn defer<T: 'static>(respond_to: Reply<T>, result: Result<T, StoreError>) -> Deferred {
+    Box::new(move |commit_failed| {
+        let _ = respond_to.send(match commit_failed {
+            Some(e) => Err(e.clone()),
+            None => result,
+        });
+    })
 }
 
 /// Runs `group` (assigns and releases) in one transaction, a savepoint each; answers after commit.
@@ -219,7 +223,7 @@ fn group_commit(conn: &mut Connection, group: Vec<Command>) {
             return;
         }
     };
-    let mut answers = Vec::with_capacity(size);
+    let mut answers: Vec<Deferred> = Vec::with_capacity(size);
     for Command {
         request,
         span,
@@ -227,14 +231,7 @@ fn group_commit(conn: &mut Connection, group: Vec<Command>) {
     } in group
     {
         let _entered = span.enter();
-        let waited = enqueued_at.elapsed();
-        if waited > SLOW {
-            tracing::warn!(
-                request = request.name(),
-                ?waited,
-                "state store request waited long in the queue"
-            );
-        }
+        warn_if_waited_long(request.name(), enqueued_at);
         let sp = match tx.savepoint() {
             Ok(sp) => sp,
             Err(e) => {
@@ -242,9 +239,10 @@ fn group_commit(conn: &mut Connection, group: Vec<Command>) {
                 continue;
             }
         };
-        let answer = match request {
+        let (ok, answer) = match request {
             Request::RecordAssigned { a, respond_to } => {
-                Answer::Unit(respond_to, queries::assign_in(&sp, &a))
+                let r = queries::assign_in(&sp, &a);
+                (r.is_ok(), defer(respond_to, r))
             }
             Request::RecordReleased {
                 container_id,
@@ -252,48 +250,50 @@ fn group_commit(conn: &mut Connection, group: Vec<Command>) {
                 idle_since_ms,
                 reservation,
                 respond_to,
-            } => Answer::Ip(
-                respond_to,
-                queries::release_in(
+            } => {
+                let r = queries::release_in(
                     &sp,
                     &container_id,
                     &ifname,
                     idle_since_ms,
                     reservation.as_ref(),
-                ),
-            ),
+                );
+                (r.is_ok(), defer(respond_to, r))
+            }
             other => {
                 // Only groupable requests reach here.
                 answer_err(other, &StoreError::Io("not a grouped request".into()));
                 continue;
             }
         };
-        let ok = match &answer {
-            Answer::Unit(_, r) => r.is_ok(),
-            Answer::Ip(_, r) => r.is_ok(),
-        };
-        // A refused request's savepoint rolls back when dropped; the others are kept.
+        // A refused request's savepoint rolls back when dropped; the others are kept. A savepoint
+        // that cannot be released wrote nothing: its caller gets that error.
         if ok && let Err(e) = sp.commit() {
-            answers.push(match answer {
-                Answer::Unit(tx, _) => Answer::Unit(tx, Err(StoreError::from(e))),
-                Answer::Ip(tx, _) => Answer::Ip(tx, Err(StoreError::from(e))),
-            });
+            let err = StoreError::from(e);
+            answers.push(Box::new(move |_| answer(Some(&err))));
             continue;
         }
         answers.push(answer);
     }
     let committed = tx.commit().map_err(StoreError::from);
-    for a in answers {
-        match (a, &committed) {
-            (Answer::Unit(tx, r), Ok(())) => drop(tx.send(r)),
-            (Answer::Ip(tx, r), Ok(())) => drop(tx.send(r)),
-            (Answer::Unit(tx, _), Err(e)) => drop(tx.send(Err(e.clone()))),
-            (Answer::Ip(tx, _), Err(e)) => drop(tx.send(Err(e.clone()))),
-        }
+    for answer in answers {
+        answer(committed.as_ref().err());
     }
     let took = started.elapsed();
     if took > SLOW {
         tracing::warn!(size, ?took, "state store group commit was slow");
+    }
+}
+
+/// Logs a request that waited in the queue longer than [`SLOW`].
+fn warn_if_waited_long(request: &'static str, enqueued_at: Instant) {
+    let waited = enqueued_at.elapsed();
+    if waited > SLOW {
+        tracing::warn!(
+            request,
+            ?waited,
+            "state store request waited long in the queue"
+        );
     }
 }
 
@@ -316,14 +316,7 @@ fn serve_one(conn: &mut Connection, cmd: Command) {
     {
         let _entered = span.enter();
         let name = request.name();
-        let waited = enqueued_at.elapsed();
-        if waited > SLOW {
-            tracing::warn!(
-                request = name,
-                ?waited,
-                "state store request waited long in the queue"
-            );
-        }
+        warn_if_waited_long(name, enqueued_at);
         let started = Instant::now();
         let delivered = match request {
             Request::Close { respond_to } => {
