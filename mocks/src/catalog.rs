@@ -344,6 +344,12 @@ mod tests {
         assert!(p5.card(32).is_none());
         assert_eq!(p5.default_card_max_enis(), 2);
         let m5 = lookup("m5.large").unwrap();
-        assert_eq!(m5.cards(), vec![NetworkCard { index: 0, max_enis: 3 }]);
+        assert_eq!(
+            m5.cards(),
+            vec![NetworkCard {
+                index: 0,
+                max_enis: 3
+            }]
+        );
     }
 }

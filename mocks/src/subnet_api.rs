@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
+use crate::MockCloud;
 use crate::error::Ec2Error;
 use crate::world::{OccupyPattern, ReservationType, ReservationView, SubnetUsage, SubnetView};
-use crate::MockCloud;
 
 impl MockCloud {
     /// Creates a subnet carrying `tags` (e.g. `kubernetes.io/role/cni` = `1`).

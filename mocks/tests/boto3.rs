@@ -34,14 +34,23 @@ async fn boto3_sees_ec2_s_field_names_and_error_codes() {
     }
     let mock: MockCloud = support::fast().await;
     let d = mock.default_world().unwrap();
-    let cni: BTreeMap<String, String> = [("kubernetes.io/role/cni".to_owned(), "1".to_owned())].into();
+    let cni: BTreeMap<String, String> =
+        [("kubernetes.io/role/cni".to_owned(), "1".to_owned())].into();
     let tagged = mock
-        .create_subnet_with_tags(&d.vpc_id, "10.0.16.0/24".parse().unwrap(), "us-east-1b", &cni)
+        .create_subnet_with_tags(
+            &d.vpc_id,
+            "10.0.16.0/24".parse().unwrap(),
+            "us-east-1b",
+            &cni,
+        )
         .unwrap();
     let tiny = mock
         .create_subnet(&d.vpc_id, "10.0.17.0/28".parse().unwrap(), "us-east-1a")
         .unwrap();
-    let xen = mock.launch_instance("t2.medium", &d.subnet_id).await.unwrap();
+    let xen = mock
+        .launch_instance("t2.medium", &d.subnet_id)
+        .await
+        .unwrap();
     let multi = mock
         .launch_instance("c6in.32xlarge", &d.subnet_id)
         .await
@@ -70,6 +79,9 @@ async fn boto3_sees_ec2_s_field_names_and_error_codes() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}{stderr}");
-    assert!(out.status.success(), "boto3_view.py failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "boto3_view.py failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
 }

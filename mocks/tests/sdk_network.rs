@@ -48,7 +48,12 @@ async fn subnets_in_several_azs_with_tags_and_filters() {
     // Tags through EC2 too.
     c.create_tags()
         .resources(&b)
-        .tags(Tag::builder().key("kubernetes.io/role/cni").value("1").build())
+        .tags(
+            Tag::builder()
+                .key("kubernetes.io/role/cni")
+                .value("1")
+                .build(),
+        )
         .tags(Tag::builder().key("team").value("net").build())
         .send()
         .await
@@ -125,11 +130,7 @@ async fn subnets_in_several_azs_with_tags_and_filters() {
         .await
         .unwrap();
     assert_eq!(
-        mock.subnets()
-            .into_iter()
-            .find(|v| v.id == b)
-            .unwrap()
-            .tags,
+        mock.subnets().into_iter().find(|v| v.id == b).unwrap().tags,
         tags(&[("kubernetes.io/role/cni", "1")])
     );
     let e = c
@@ -288,7 +289,10 @@ async fn network_cards_on_a_multi_card_instance() {
         .await
         .unwrap();
     let att = desc.network_interfaces()[0].attachment().unwrap();
-    assert_eq!((att.network_card_index(), att.device_index()), (Some(1), Some(0)));
+    assert_eq!(
+        (att.network_card_index(), att.device_index()),
+        (Some(1), Some(0))
+    );
     let inst = c
         .describe_instances()
         .instance_ids(&big.instance_id)
@@ -311,7 +315,10 @@ async fn network_cards_on_a_multi_card_instance() {
     );
 
     // IMDS: network-card per MAC on a multi-card type.
-    let mac1 = desc.network_interfaces()[0].mac_address().unwrap().to_owned();
+    let mac1 = desc.network_interfaces()[0]
+        .mac_address()
+        .unwrap()
+        .to_owned();
     let md = imds(&big.imds_url);
     let card_of = |mac: String| {
         let md = md.clone();
@@ -343,7 +350,11 @@ async fn network_cards_on_a_multi_card_instance() {
     let e = attach(spare.clone(), 1, Some(2)).await.unwrap_err();
     assert_eq!(code(e), "InvalidParameterValue", "card 2 of 2");
     let e = attach(spare.clone(), 0, Some(1)).await.unwrap_err();
-    assert_eq!(code(e), "InvalidParameterValue", "device 0 of card 1 is taken");
+    assert_eq!(
+        code(e),
+        "InvalidParameterValue",
+        "device 0 of card 1 is taken"
+    );
     let e = attach(spare.clone(), 8, None).await.unwrap_err();
     assert_eq!(code(e), "InvalidParameterValue", "card 0 holds devices 0-7");
     for device in 1..8 {
@@ -421,7 +432,10 @@ async fn control_api_for_subnets_usage_occupy_reservations_and_seed() {
             .unwrap()
     };
     let u = usage(http.clone(), format!("{ctl}/subnets/{id}/usage")).await;
-    assert_eq!((u.usable, u.free_addresses, u.free_prefix_blocks), (251, 251, 14));
+    assert_eq!(
+        (u.usable, u.free_addresses, u.free_prefix_blocks),
+        (251, 251, 14)
+    );
     // Occupy one address in every block: no /28 left, 235 addresses still free.
     let r: serde_json::Value = http
         .post(format!("{ctl}/subnets/{id}/occupy"))
@@ -475,7 +489,10 @@ async fn control_api_for_subnets_usage_occupy_reservations_and_seed() {
         .unwrap();
     assert_eq!(all.as_array().unwrap().len(), 1);
     let r = http
-        .delete(format!("{ctl}/reservations/{}", res["id"].as_str().unwrap()))
+        .delete(format!(
+            "{ctl}/reservations/{}",
+            res["id"].as_str().unwrap()
+        ))
         .send()
         .await
         .unwrap();

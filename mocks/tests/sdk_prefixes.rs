@@ -76,7 +76,12 @@ async fn prefixes_on_create_assign_describe_and_imds() {
         .unwrap();
     assert_eq!(nets(&prefixes(out.assigned_ipv4_prefixes())), vec![chosen]);
 
-    let all: Vec<Ipv4Net> = first.iter().chain(&by_count).copied().chain([chosen]).collect();
+    let all: Vec<Ipv4Net> = first
+        .iter()
+        .chain(&by_count)
+        .copied()
+        .chain([chosen])
+        .collect();
     let desc = c
         .describe_network_interfaces()
         .network_interface_ids(&eni)
@@ -114,7 +119,10 @@ async fn prefixes_on_create_assign_describe_and_imds() {
         ))
         .await
         .unwrap();
-    assert_eq!(nets(&text.as_ref().lines().map(str::to_owned).collect::<Vec<_>>()), all);
+    assert_eq!(
+        nets(&text.as_ref().lines().map(str::to_owned).collect::<Vec<_>>()),
+        all
+    );
     let listing = md
         .get(format!("/latest/meta-data/network/interfaces/macs/{mac}/"))
         .await
@@ -207,7 +215,10 @@ async fn create_with_explicit_prefixes() {
         .unwrap();
     assert_eq!(nets(&prefixes(created.ipv4_prefixes())), vec![block]);
     let primary: Ipv4Addr = created.private_ip_address().unwrap().parse().unwrap();
-    assert!(!block.contains(&primary), "the primary is outside the prefix");
+    assert!(
+        !block.contains(&primary),
+        "the primary is outside the prefix"
+    );
     // The same block again is in use.
     let e = c
         .create_network_interface()
@@ -379,9 +390,18 @@ async fn prefix_delegation_is_nitro_only() {
     let mock = fast().await;
     let c = ec2(&mock);
     let d = mock.default_world().unwrap();
-    let xen = mock.launch_instance("t2.medium", &d.subnet_id).await.unwrap();
-    let old = mock.launch_instance("m4.large", &d.subnet_id).await.unwrap();
-    let metal = mock.launch_instance("m5.metal", &d.subnet_id).await.unwrap();
+    let xen = mock
+        .launch_instance("t2.medium", &d.subnet_id)
+        .await
+        .unwrap();
+    let old = mock
+        .launch_instance("m4.large", &d.subnet_id)
+        .await
+        .unwrap();
+    let metal = mock
+        .launch_instance("m5.metal", &d.subnet_id)
+        .await
+        .unwrap();
 
     // On a Xen instance's ENI.
     let e = c
@@ -490,7 +510,10 @@ async fn insufficient_cidr_blocks_when_no_aligned_block_is_free() {
         .unwrap();
     // Freed again, a prefix fits.
     mock.release_occupied(&subnet).unwrap();
-    let held: Vec<u8> = held_addresses(&mock).iter().map(|ip| ip.octets()[3]).collect();
+    let held: Vec<u8> = held_addresses(&mock)
+        .iter()
+        .map(|ip| ip.octets()[3])
+        .collect();
     let fits = [16u8, 32]
         .iter()
         .any(|o| !held.iter().any(|h| (*o..*o + 16).contains(h)));
@@ -577,7 +600,11 @@ async fn a_random_churn_of_32s_fragments_the_subnet() {
     eprintln!("free addresses per round:  {free:?}");
     // A /22 has 62 blocks clear of reserved addresses; a few hundred scattered /32s take them all.
     assert_eq!(blocks[0], 62);
-    assert_eq!(*blocks.last().unwrap(), 0, "the churn ends with no free block");
+    assert_eq!(
+        *blocks.last().unwrap(),
+        0,
+        "the churn ends with no free block"
+    );
     assert!(blocks.len() > 4, "it takes a churn, not one request");
     assert!(
         blocks[blocks.len() / 2] < blocks[0] / 2,
@@ -622,7 +649,11 @@ async fn subnet_cidr_reservations_through_the_sdk() {
     );
     assert_eq!(pods.subnet_id(), Some(subnet.as_str()));
     assert_eq!(pods.description(), Some("pods"));
-    assert!(pods.subnet_cidr_reservation_id().unwrap().starts_with("scr-"));
+    assert!(
+        pods.subnet_cidr_reservation_id()
+            .unwrap()
+            .starts_with("scr-")
+    );
     create("10.30.0.128/25", SubnetCidrReservationType::Explicit)
         .await
         .unwrap();

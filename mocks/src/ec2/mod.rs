@@ -171,7 +171,6 @@ fn paginate<T>(items: Vec<T>, p: &Params, has_ids: bool) -> Ec2Result<(Vec<T>, O
     ))
 }
 
-
 fn perform(
     w: &mut World,
     action: &str,

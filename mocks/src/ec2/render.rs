@@ -102,7 +102,8 @@ pub(super) fn instance_xml(x: &mut Xml, i: &InstanceView, owner: &str) {
 }
 
 pub(super) fn instance_type_xml(x: &mut Xml, t: &InstanceType) {
-    x.leaf("instanceType", t.name).leaf("bareMetal", t.bare_metal);
+    x.leaf("instanceType", t.name)
+        .leaf("bareMetal", t.bare_metal);
     if let Some(h) = t.hypervisor {
         x.leaf("hypervisor", h);
     }

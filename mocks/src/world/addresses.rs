@@ -284,7 +284,11 @@ impl Subnet {
     /// random among the free blocks outside every reservation.
     pub(super) fn pick_block(&self, rng: &mut Rng) -> Option<u32> {
         let (in_prefix, clear) = self.auto_blocks();
-        let pool = if in_prefix.is_empty() { clear } else { in_prefix };
+        let pool = if in_prefix.is_empty() {
+            clear
+        } else {
+            in_prefix
+        };
         (!pool.is_empty()).then(|| pool[rng.below(pool.len() as u64) as usize])
     }
 }
@@ -335,7 +339,10 @@ impl World {
 
     /// Takes a random free address outside every reservation for `eni_id`.
     pub(super) fn take_ip(&mut self, subnet_id: &str, eni_id: &str) -> Ec2Result<Ipv4Addr> {
-        let subnet = self.subnets.get(subnet_id).expect("subnet checked by caller");
+        let subnet = self
+            .subnets
+            .get(subnet_id)
+            .expect("subnet checked by caller");
         let ip = subnet
             .pick_ip(&mut self.rng)
             .ok_or_else(|| insufficient(subnet_id))?;
@@ -357,7 +364,10 @@ impl World {
 
     /// Takes a free aligned /28 for `eni_id` (`prefix` reservations first).
     pub(super) fn take_prefix(&mut self, subnet_id: &str, eni_id: &str) -> Ec2Result<Ipv4Net> {
-        let subnet = self.subnets.get(subnet_id).expect("subnet checked by caller");
+        let subnet = self
+            .subnets
+            .get(subnet_id)
+            .expect("subnet checked by caller");
         let start = subnet
             .pick_block(&mut self.rng)
             .ok_or_else(insufficient_cidr_blocks)?;
@@ -521,7 +531,11 @@ impl World {
             }
             OccupyPattern::Stride { stride, offset } => {
                 if *stride == 0 {
-                    return Err(Ec2Error::invalid_value("stride", "0", "Must be at least 1."));
+                    return Err(Ec2Error::invalid_value(
+                        "stride",
+                        "0",
+                        "Must be at least 1.",
+                    ));
                 }
                 (s.first()..=s.last())
                     .filter(|ip| (ip - net) % stride == offset % stride)

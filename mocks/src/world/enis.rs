@@ -142,8 +142,7 @@ impl World {
                 "Specify either Ipv4PrefixCount or Ipv4Prefix, not both",
             ));
         }
-        if wants_prefixes && (args.secondary_count > 0 || args.addresses.iter().any(|(_, p)| !*p))
-        {
+        if wants_prefixes && (args.secondary_count > 0 || args.addresses.iter().any(|(_, p)| !*p)) {
             return Err(Ec2Error::combination(
                 "IPv4 prefixes (Ipv4Prefix, Ipv4PrefixCount) cannot be combined with secondary private IP addresses (PrivateIpAddresses, SecondaryPrivateIpAddressCount)",
             ));

@@ -34,9 +34,7 @@ mod views;
 
 pub use addresses::{OccupyPattern, ReservationType, SubnetUsage};
 pub use subnets::ReservationView;
-pub use views::{
-    AttachmentView, EniView, ImdsEni, ImdsInstance, InstanceView, SubnetView,
-};
+pub use views::{AttachmentView, EniView, ImdsEni, ImdsInstance, InstanceView, SubnetView};
 
 use addresses::{Rng, Subnet};
 

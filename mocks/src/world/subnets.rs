@@ -152,7 +152,10 @@ impl World {
             return Err(Ec2Error::invalid_value(
                 "Cidr",
                 &cidr.to_string(),
-                &format!("The CIDR is not a network address: did you mean {}?", cidr.trunc()),
+                &format!(
+                    "The CIDR is not a network address: did you mean {}?",
+                    cidr.trunc()
+                ),
             ));
         }
         if !s.cidr.contains(&cidr) {

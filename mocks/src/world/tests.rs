@@ -191,14 +191,20 @@ fn reservations_steer_automatic_choice() {
     let got = w
         .assign_ipv4_prefixes(&e, PrefixArgs::Count(3), now)
         .unwrap();
-    assert!(prefix_res.contains(&got[0]) && prefix_res.contains(&got[1]), "{got:?}");
+    assert!(
+        prefix_res.contains(&got[0]) && prefix_res.contains(&got[1]),
+        "{got:?}"
+    );
     assert!(!prefix_res.contains(&got[2]) && !explicit_res.contains(&got[2]));
     // Automatic /32s never come from a reservation.
     let ips = w
         .assign_private_ip_addresses(&e, AssignArgs::Count(6), now)
         .unwrap();
     for ip in &ips {
-        assert!(!prefix_res.contains(ip) && !explicit_res.contains(ip), "{ip}");
+        assert!(
+            !prefix_res.contains(ip) && !explicit_res.contains(ip),
+            "{ip}"
+        );
     }
     // An explicit request may use an explicit reservation.
     let explicit: Ipv4Addr = "10.0.0.200".parse().unwrap();
