@@ -275,3 +275,42 @@ fn glob_matches_like_ec2() {
     assert!(!glob("a?c", "ac"));
     assert!(glob("*", ""));
 }
+
+#[test]
+fn imds_shows_prefixes_after_the_lag_and_lets_removed_ones_linger() {
+    let t0 = Instant::now();
+    let lag = Duration::from_secs(1);
+    let mut w = World::new(
+        "us-east-1",
+        Timing {
+            imds_lag: lag,
+            ..timing()
+        },
+    );
+    let (vpc, _) = w.create_vpc("10.0.0.0/16".parse().unwrap()).unwrap();
+    let subnet = w
+        .create_subnet(&vpc, "10.0.0.0/22".parse().unwrap(), "us-east-1a")
+        .unwrap();
+    let inst = w.launch_instance("m5.large", &subnet, &[], t0).unwrap();
+    let primary = w.instance(&inst, t0).unwrap().enis[0].id.clone();
+    let got = w
+        .assign_ipv4_prefixes(&primary, PrefixArgs::Count(1), t0)
+        .unwrap();
+    let shown = |w: &mut World, at: Instant| {
+        w.imds(&inst, at).unwrap().interfaces[0]
+            .ipv4_prefixes
+            .clone()
+    };
+    assert!(shown(&mut w, t0).is_empty(), "not yet");
+    assert_eq!(shown(&mut w, t0 + lag), got);
+    let t1 = t0 + lag * 2;
+    w.unassign_ipv4_prefixes(&primary, &got, t1).unwrap();
+    assert!(
+        w.instance(&inst, t1).unwrap().enis[0]
+            .ipv4_prefixes
+            .is_empty(),
+        "EC2 at once"
+    );
+    assert_eq!(shown(&mut w, t1), got, "IMDS still shows it");
+    assert!(shown(&mut w, t1 + lag).is_empty());
+}
