@@ -30,8 +30,8 @@ use runtime_support::containerd::{self, Containerd};
 use runtime_support::daemon::{self, Allocation, Eniipamd, MockInNetns};
 use runtime_support::node::{Node, describe};
 use runtime_support::{
-    conflist_under_test, dir_entries, files_under, reference_plugin, repo_file, require_program,
-    root_or_skip, version_line,
+    conflist_under_test, dir_entries, files_under, in_netns, reference_plugin, repo_file,
+    require_program, root_or_skip, tcp_roundtrip, version_line,
 };
 use tonic::transport::Channel;
 
@@ -526,6 +526,30 @@ async fn scenario(conflist: &Path) {
             .any(|l| l.contains(&format!("--dport {HOST_PORT}")) && l.contains(&dnat)),
         "no hostPort DNAT {HOST_PORT} -> {port_ip}:{CONTAINER_PORT} in the node's nat table:\n{nat}"
     );
+
+    // ... and works: a connection to the node's address on the hostPort reaches a listener on the
+    // container port inside the pod.
+    let node_ip = mock.mock.default_instance().private_ip;
+    node.add_local_address(node_ip);
+    let port_netns = &netns_paths[started
+        .iter()
+        .position(|p| p.spec.host_port.is_some())
+        .expect("the hostPort pod")];
+    let listener = in_netns(port_netns, || {
+        std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, CONTAINER_PORT as u16))
+    })
+    .expect("listening inside the pod");
+    tcp_roundtrip(
+        listener,
+        Path::new(&node.netns_path()),
+        (node_ip, HOST_PORT as u16).into(),
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{node_ip}:{HOST_PORT} (hostPort) does not reach {port_ip}:{CONTAINER_PORT}: {e}\n{}",
+            node.nat_rules()
+        )
+    });
 
     // 3. StopPodSandbox + RemovePodSandbox.
     let t_down = Instant::now();

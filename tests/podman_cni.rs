@@ -1,6 +1,6 @@
 //! podman 4.3 with its CNI network backend executes the real `eniipam` plugin with the conflist exactly
 //! as shipped in `deploy/10-eniipam.conflist` (read from disk, copied byte for byte into
-//! `--network-config-dir`), against the real `eniipamd` binary on mockcloud: containers get distinct
+//! `--network-config-dir`), chained with the reference `portmap` (one container publishes a port), against the real `eniipamd` binary on mockcloud: containers get distinct
 //! pool IPs that the daemon and EC2 agree on, and removing them gives every IP back.
 //!
 //! Everything runs in a network namespace and a private mount namespace the test makes (see
@@ -12,17 +12,22 @@ mod runtime_support;
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
 use std::time::Instant;
 
 use runtime_support::daemon::{self, Eniipamd, MockInNetns};
 use runtime_support::image::IMAGE;
-use runtime_support::node::Node;
+use runtime_support::node::{Node, describe};
 use runtime_support::podman::Podman;
 use runtime_support::{
-    conflist_under_test, dir_entries, files_under, require_program, root_or_skip, version_line,
+    conflist_under_test, dir_entries, files_under, in_netns, require_program, root_or_skip,
+    tcp_roundtrip, version_line,
 };
 
 const CONTAINERS: usize = 4;
+const HOST_PORT: u16 = 30081;
+const CONTAINER_PORT: u16 = 8080;
 
 fn text(out: &std::process::Output) -> String {
     format!(
@@ -80,25 +85,29 @@ fn podman_cni_backend_with_the_shipped_conflist() {
     let t_run = Instant::now();
     let subnet = mock.subnet();
     let mut started: Vec<(String, String, Ipv4Addr)> = Vec::new();
+    let mut netns_paths = Vec::new();
     for i in 0..CONTAINERS {
         let name = format!("web-{i}");
         let cgroup_parent = format!("/{}", node.cgroup_parent);
-        let out = podman.run(
-            &node,
-            &[
-                "run",
-                "-d",
-                "--name",
-                &name,
-                "--network",
-                &network,
-                "--cgroup-parent",
-                &cgroup_parent,
-                "--pull",
-                "never",
-                IMAGE,
-            ],
-        );
+        let publish = format!("{HOST_PORT}:{CONTAINER_PORT}");
+        let mut args = vec![
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            &network,
+            "--cgroup-parent",
+            &cgroup_parent,
+            "--pull",
+            "never",
+        ];
+        if i == 0 {
+            // Through the chained portmap (podman passes the portMappings capability).
+            args.extend(["--publish", &publish]);
+        }
+        args.push(IMAGE);
+        let out = podman.run(&node, &args);
         if !out.status.success() {
             panic!(
                 "podman run {name} failed: {}\neniipamd holds {} allocations afterwards",
@@ -151,12 +160,44 @@ fn podman_cni_backend_with_the_shipped_conflist() {
             ec2.contains(ip),
             "{ip} is not on the node's ENIs in EC2: {ec2:?}"
         );
-        assert!(
-            node.inside(&alloc.netns).exists(),
-            "{name}: no netns {}",
-            alloc.netns
+        let netns = node.inside(&alloc.netns);
+        assert!(netns.exists(), "{name}: no netns {}", alloc.netns);
+        let addrs = describe(
+            Command::new(require_program("nsenter"))
+                .arg(format!("--net={}", netns.display()))
+                .args(["ip", "-o", "-4", "addr", "show", "dev", "eth0"]),
         );
+        assert!(
+            addrs.contains(&format!("inet {ip}/")),
+            "{name}: eth0 in the container does not hold {ip}: {addrs}"
+        );
+        netns_paths.push(netns);
     }
+
+    // The published port: a DNAT rule in the node, and a connection to the node's address on it
+    // reaches a listener inside the container's namespace.
+    let (_, _, port_ip) = started[0];
+    let nat = node.nat_rules();
+    assert!(
+        nat.lines()
+            .any(|l| l.contains(&format!("--dport {HOST_PORT}"))
+                && l.contains(&format!("--to-destination {port_ip}:{CONTAINER_PORT}"))),
+        "no DNAT {HOST_PORT} -> {port_ip}:{CONTAINER_PORT} in the node's nat table:\n{nat}"
+    );
+    let node_ip = mock.mock.default_instance().private_ip;
+    node.add_local_address(node_ip);
+    let listener = in_netns(&netns_paths[0], || {
+        std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, CONTAINER_PORT))
+    })
+    .expect("listening inside the container");
+    tcp_roundtrip(
+        listener,
+        Path::new(&node.netns_path()),
+        (node_ip, HOST_PORT).into(),
+    )
+    .unwrap_or_else(|e| {
+        panic!("{node_ip}:{HOST_PORT} does not reach {port_ip}:{CONTAINER_PORT}: {e}")
+    });
     let distinct: HashSet<_> = started.iter().map(|(_, _, ip)| ip).collect();
     assert_eq!(
         distinct.len(),
@@ -182,7 +223,19 @@ fn podman_cni_backend_with_the_shipped_conflist() {
         held.is_empty(),
         "the daemon still holds IPs after every container was removed (leaked): {held:#?}"
     );
+    for netns in &netns_paths {
+        assert!(
+            !netns.exists(),
+            "container netns {} is still there",
+            netns.display()
+        );
+    }
     let netns_left = dir_entries(&node.inside("/run/netns"));
+    let nat = node.nat_rules();
+    assert!(
+        !nat.contains(&format!("--dport {HOST_PORT}")),
+        "the published port's rule outlived its container:\n{nat}"
+    );
     assert!(
         netns_left.is_empty(),
         "container netns left: {netns_left:?}"

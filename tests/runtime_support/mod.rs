@@ -17,7 +17,6 @@ pub mod image;
 pub mod node;
 pub mod podman;
 
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -32,12 +31,7 @@ pub const CONFLIST_OVERRIDE: &str = "ENIIPAM_TEST_CONFLIST";
 /// A binary of this workspace next to the test executable (`target/<profile>/<name>`; the test runs
 /// from `target/<profile>/deps/`). Works when the binary belongs to another package of the workspace.
 pub fn target_bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test executable lives in target/<profile>/deps/");
-    let bin = profile_dir.join(name);
+    let bin = target_profile_dir().join(name);
     assert!(
         bin.is_file(),
         "{} is missing: build it: cargo build --workspace --bins",
@@ -48,9 +42,11 @@ pub fn target_bin(name: &str) -> PathBuf {
 
 /// `target/<profile>/`, for caches shared by test runs.
 pub fn target_profile_dir() -> PathBuf {
-    target_bin("eniipam")
+    std::env::current_exe()
+        .expect("the test executable's path")
         .parent()
-        .expect("target dir")
+        .and_then(Path::parent)
+        .expect("the test executable lives in target/<profile>/deps/")
         .to_path_buf()
 }
 
@@ -232,9 +228,53 @@ pub fn grep(path: &Path, needles: &[&str], max: usize) -> String {
     )
 }
 
-/// Whether `ip` is inside `cidr` (`a.b.c.d/n`).
-pub fn in_cidr(ip: Ipv4Addr, cidr: &ipnet::Ipv4Net) -> bool {
-    cidr.contains(&ip)
+/// Runs `f` on a thread that joined the network namespace at `netns` (sockets it creates stay in that
+/// namespace wherever they are used afterwards).
+pub fn in_netns<T: Send + 'static>(
+    netns: &Path,
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let file = std::fs::File::open(netns)?;
+    std::thread::spawn(move || {
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(std::io::Error::from)?;
+        f()
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the namespace thread panicked"))?
+}
+
+/// Opens a TCP connection from inside `from_netns` to `target` and checks that what `listener` (bound
+/// in another namespace) accepts is that connection: a byte each way.
+pub fn tcp_roundtrip(
+    listener: std::net::TcpListener,
+    from_netns: &Path,
+    target: std::net::SocketAddr,
+) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    let timeout = Duration::from_secs(5);
+    listener.set_nonblocking(false)?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut conn, _) = listener.accept()?;
+        conn.set_read_timeout(Some(timeout))?;
+        let mut byte = [0u8; 1];
+        conn.read_exact(&mut byte)?;
+        conn.write_all(&[byte[0] + 1])
+    });
+    in_netns(from_netns, move || {
+        let mut conn = std::net::TcpStream::connect_timeout(&target, timeout)?;
+        conn.set_read_timeout(Some(timeout))?;
+        conn.write_all(&[41])?;
+        let mut byte = [0u8; 1];
+        conn.read_exact(&mut byte)?;
+        if byte[0] != 42 {
+            return Err(std::io::Error::other(format!("echo answered {}", byte[0])));
+        }
+        Ok(())
+    })?;
+    server
+        .join()
+        .map_err(|_| std::io::Error::other("the server thread panicked"))?
 }
 
 /// Sorted file names in a directory (empty when it does not exist).

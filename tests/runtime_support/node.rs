@@ -187,6 +187,19 @@ impl Node {
         }
     }
 
+    /// Puts `ip`/32 on the node's loopback (the node's own address, as eth0's would be).
+    pub fn add_local_address(&self, ip: std::net::Ipv4Addr) {
+        run_ok(Command::new(require_program("ip")).args([
+            "-n",
+            &self.netns,
+            "addr",
+            "add",
+            &format!("{ip}/32"),
+            "dev",
+            "lo",
+        ]));
+    }
+
     /// `iptables-save -t nat` in the node's network namespace.
     pub fn nat_rules(&self) -> String {
         run_ok(
