@@ -173,21 +173,24 @@ fn gc_releases_and_prunes_the_cache() {
     assert!(cache_files(&daemon).is_empty());
 }
 
+/// STATUS fails only when ADD cannot be served at all (daemon down or not rebuilt): a full pool is
+/// normal at max-pods and must not make containerd mark the node's network not ready.
 #[test]
-fn status_reports_ready_exhausted_and_down() {
+fn status_fails_only_when_the_daemon_cannot_serve() {
     let mut daemon = FakeDaemon::start(&ips(&["10.10.0.11"]));
     let conf = main_config(&daemon, "1.1.0");
     let ok = Invocation::new("STATUS", &conf).run();
     assert_eq!(ok.ok(), Value::Null);
 
+    // The only IP is taken: ADD gets 11, STATUS still succeeds.
     Invocation::new("ADD", &ipam_config(&daemon, "1.1.0"))
         .run()
         .ok();
-    let err = Invocation::new("STATUS", &conf).run().err(51);
-    assert!(
-        err["msg"].as_str().unwrap().contains("no free addresses"),
-        "{err}"
-    );
+    Invocation::new("ADD", &ipam_config(&daemon, "1.1.0"))
+        .container("second")
+        .run()
+        .err(11);
+    assert_eq!(Invocation::new("STATUS", &conf).run().ok(), Value::Null);
 
     daemon.set_ready(false);
     Invocation::new("STATUS", &conf).run().err(50);
@@ -211,6 +214,13 @@ fn exhausted_pool_fails_add_with_try_again() {
         "the daemon's reason: {err}"
     );
     assert!(cache_files(&daemon).is_empty());
+    assert_eq!(
+        Invocation::new("STATUS", &main_config(&daemon, "1.1.0"))
+            .run()
+            .ok(),
+        Value::Null,
+        "an exhausted pool keeps the node's network ready"
+    );
 
     let daemon = pool();
     daemon.fail_with(
@@ -225,9 +235,6 @@ fn exhausted_pool_fails_add_with_try_again() {
         err["details"].as_str().unwrap().contains("instance limit"),
         "{err}"
     );
-    Invocation::new("STATUS", &main_config(&daemon, "1.1.0"))
-        .run()
-        .err(51);
 }
 
 #[test]
@@ -497,5 +504,22 @@ fn bad_input_changes_nothing() {
             daemon.calls()
         );
         assert!(cache_files(&daemon).is_empty(), "{what} wrote the cache");
+    }
+}
+
+#[test]
+fn ipam_role_refuses_reference_parents() {
+    for parent in eniipam_cni::netconf::UNSUPPORTED_IPAM_PARENTS {
+        let daemon = pool();
+        let mut conf = ipam_config(&daemon, "1.0.0");
+        conf["type"] = json!(parent);
+        let err = Invocation::new("ADD", &conf).run().err(7);
+        let msg = err["msg"].as_str().unwrap();
+        assert!(msg.contains(parent), "{err}");
+        assert!(msg.contains("\"type\": \"eniipam\""), "{err}");
+        // Refused before the daemon is asked: no IP was taken.
+        assert!(daemon.calls().is_empty(), "{:?}", daemon.calls());
+        // DEL of such an attachment still succeeds (the runtime cleans up after the failed ADD).
+        assert_eq!(Invocation::new("DEL", &conf).run().ok(), Value::Null);
     }
 }

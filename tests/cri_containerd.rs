@@ -10,6 +10,10 @@
 //! `.ci/install-runtimes.sh`. `ENIIPAM_TEST_CONFLIST=<file>` runs the first test with another conflist;
 //! `ENIIPAM_TEST_KEEP=1` keeps the node's temp dir (logs) after the run.
 
+// These tests drive real processes (containerd, runc, podman) that live on the wall clock: waiting
+// for them uses std time, not tokio's pausable clock.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
 mod runtime_support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -30,8 +34,8 @@ use runtime_support::containerd::{self, Containerd};
 use runtime_support::daemon::{self, Allocation, Eniipamd, MockInNetns};
 use runtime_support::node::{Node, describe};
 use runtime_support::{
-    conflist_under_test, dir_entries, files_under, in_netns, reference_plugin, repo_file,
-    require_program, root_or_skip, tcp_roundtrip, version_line,
+    conflist_under_test, dir_entries, files_under, in_netns, reference_plugin, require_program,
+    root_or_skip, tcp_roundtrip, version_line,
 };
 use tonic::transport::Channel;
 
@@ -55,14 +59,80 @@ async fn containerd_cri_pods_with_the_shipped_conflist() {
     scenario(&conflist_under_test("deploy/10-eniipam.conflist")).await;
 }
 
-/// eniipam as the IPAM plugin under the reference `ptp`, as `deploy/ipam-only.conflist` ships it.
+/// eniipam as IPAM under the reference `ptp` cannot work: ptp applies the IPAM result with
+/// `ipam.ConfigureIface`, which adds the default route via 169.254.1.1 before anything makes that
+/// gateway reachable from a /32 (a session saw "network is unreachable" on every ADD). So the plugin
+/// refuses such a parent before taking an IP. Through containerd: every sandbox fails with that
+/// reason, the kubelet's cleanup succeeds, and the daemon holds nothing and leaks nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn containerd_cri_pods_with_the_ipam_only_conflist() {
-    if !root_or_skip("containerd_cri_pods_with_the_ipam_only_conflist") {
+async fn containerd_refuses_eniipam_as_ipam_under_ptp() {
+    if !root_or_skip("containerd_refuses_eniipam_as_ipam_under_ptp") {
         return;
     }
     let _serial = SERIAL.lock().await;
-    scenario(&repo_file("deploy/ipam-only.conflist")).await;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let conflist = dir.path().join("10-eniipam-ptp.conflist");
+    std::fs::write(
+        &conflist,
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "eniipam-ptp",
+            "plugins": [
+                {"type": "ptp", "mtu": 9001, "ipam": {"type": "eniipam"}},
+                {"type": "portmap", "capabilities": {"portMappings": true}, "snat": true},
+            ],
+        })
+        .to_string(),
+    )
+    .expect("writing the conflist");
+    let (mut node, mock, eniipamd) = tokio::task::block_in_place(|| {
+        let mut node = Node::start("cri-ptp");
+        let mock = MockInNetns::start(&node.netns_path(), "m5.xlarge");
+        let eniipamd = Eniipamd::start(&mut node, &mock);
+        (node, mock, eniipamd)
+    });
+    let mut cri = Containerd::start(&mut node, &conflist).await;
+    let specs: Vec<PodSpec> = pod_specs().into_iter().take(3).collect();
+    let (started, failed) = run_pods(&cri.runtime, &node, &specs).await;
+    assert!(
+        started.is_empty(),
+        "a sandbox came up under ptp + eniipam IPAM: {:?}",
+        started.iter().map(|s| &s.id).collect::<Vec<_>>()
+    );
+    assert_eq!(failed.len(), specs.len());
+    for (spec, msg) in &failed {
+        assert!(
+            msg.contains("cannot work") && msg.contains("\"ptp\""),
+            "{}: not the plugin's refusal: {msg}",
+            spec.key()
+        );
+    }
+    let report = kubelet_cleanup(&mut cri.runtime, &eniipamd).await;
+    let held = eniipamd.allocations();
+    assert!(
+        held.is_empty(),
+        "refused ADDs took IPs: {held:#?}\n{report}"
+    );
+    let left = cri
+        .runtime
+        .list_pod_sandbox(ListPodSandboxRequest { filter: None })
+        .await
+        .expect("ListPodSandbox")
+        .into_inner()
+        .items;
+    assert!(
+        left.is_empty(),
+        "sandboxes left after the cleanup: {left:?}\n{report}"
+    );
+    let pod_netns_left: Vec<String> = dir_entries(&node.inside("/run/netns"));
+    assert!(
+        pod_netns_left.is_empty(),
+        "pod netns left: {pod_netns_left:?}"
+    );
+    containerd::stop(&mut node);
+    daemon::stop(&mut node);
+    drop(mock);
+    drop(node);
 }
 
 #[derive(Clone, Debug)]

@@ -8,6 +8,10 @@
 //! `.ci/install-runtimes.sh`. `ENIIPAM_TEST_CONFLIST=<file>` runs it with another conflist;
 //! `ENIIPAM_TEST_KEEP=1` keeps the node's temp dir (logs) after the run.
 
+// These tests drive real processes (containerd, runc, podman) that live on the wall clock: waiting
+// for them uses std time, not tokio's pausable clock.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
 mod runtime_support;
 
 use std::collections::HashSet;

@@ -483,8 +483,9 @@ pub fn ipam_config(daemon: &FakeDaemon, version: &str) -> Value {
     json!({
         "cniVersion": version,
         "name": "eniipam-test",
-        "type": "bridge",
-        "bridge": "cni0",
+        // A main plugin that wires a /32 with its own link-local gateway, as Calico's does (the
+        // reference plugins cannot, and are refused: see `ipam_role_refuses_reference_parents`).
+        "type": "calico",
         "ipam": {
             "type": "eniipam",
             "socket": daemon.socket,

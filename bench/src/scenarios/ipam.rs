@@ -55,7 +55,8 @@ pub fn eniipam_plugin(program: &Path, socket: &Path, cache: &Path) -> Plugin {
         config: json!({
             "cniVersion": "1.0.0",
             "name": "bench",
-            "type": "ptp",
+            // The plugin is invoked as IPAM directly (no parent runs); a parent that wires /32s itself.
+            "type": "calico",
             "ipam": {"type": "eniipam", "socket": socket, "cache_dir": cache, "timeout_ms": 10000},
         })
         .to_string()
@@ -77,7 +78,7 @@ pub fn host_local_plugin(data_dir: &Path) -> Result<Plugin, String> {
         config: json!({
             "cniVersion": "1.0.0",
             "name": "bench",
-            "type": "ptp",
+            "type": "calico",
             "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/16"}]], "dataDir": data_dir},
         })
         .to_string()

@@ -5,7 +5,6 @@ use std::net::Ipv4Addr;
 
 use ipnet::{IpNet, Ipv4Net};
 use serde_json::{Map, Value};
-use tonic::Code;
 
 use eniipam_api::cache::{CACHE_FORMAT, CacheEntry, ResultCache};
 use eniipam_api::pb;
@@ -140,8 +139,9 @@ fn default_route() -> Route {
 }
 
 /// The IPAM role's result: the address as a `/32` with the link-local gateway and a default route
-/// through it, which suits ptp-style delegating plugins (the VPC subnet's own gateway must never be
-/// put on a host interface).
+/// through it, for a delegating plugin that wires such an address itself (the VPC subnet's own
+/// gateway must never be put on a host interface). The reference plugins cannot; see
+/// [`crate::netconf::UNSUPPORTED_IPAM_PARENTS`].
 fn ipam_result(ip: Ipv4Addr) -> CniResult {
     CniResult {
         interfaces: Vec::new(),
@@ -182,6 +182,7 @@ async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniError> {
 
     // Everything that can be checked before asking for an IP is checked first, so bad input changes
     // nothing.
+    conf.check_ipam_parent()?;
     let side = match conf.role {
         Role::Main => {
             let side = PodSide::open(&netns_path)?;
@@ -515,31 +516,34 @@ async fn gc(conf: &NetConf) -> Result<(), CniError> {
     }
 }
 
+/// STATUS fails only when the plugin truly cannot serve ADDs: the daemon is unreachable or has not
+/// finished rebuilding its state (50). containerd ≥ 2.0.1 turns a failing STATUS into NetworkReady=false,
+/// the kubelet marks the node NotReady, and its pods are evicted after 300 s: a node whose pool is
+/// full right now (normal at max-pods) must not be made NotReady for it. That case stays visible where
+/// it belongs: ADD answers 11 (try again later) with the reason, and the daemon's metrics and
+/// `eniipamctl status` report the exhaustion. Existing pods keep their connectivity either way, so 51
+/// is never answered.
 async fn status(conf: &NetConf) -> Result<(), CniError> {
     let reply = match connect(conf).await {
         Ok(mut client) => client.status().await,
         Err(e) => Err(e),
     };
     match reply {
-        Err(DaemonError::Status(s)) if s.code() == Code::ResourceExhausted => Err(CniError::new(
-            ErrorCode::LimitedConnectivity,
-            format!("eniipamd cannot hand out IPs: {}", s.message()),
-        )),
         Err(e) => Err(CniError::new(ErrorCode::PluginNotAvailable, e.to_string())),
         Ok(r) if !r.ready => Err(CniError::new(
             ErrorCode::PluginNotAvailable,
             "eniipamd is not ready (rebuilding its state)",
         )
         .with_details(r.reason)),
-        Ok(r) if r.exhausted => Err(CniError::new(
-            ErrorCode::LimitedConnectivity,
-            format!("eniipamd cannot hand out IPs: {}", r.reason),
-        )
-        .with_details(format!(
-            "capacity {}, idle {}, assigned {}",
-            r.capacity, r.idle, r.assigned
-        ))),
-        Ok(_) => Ok(()),
+        Ok(r) => {
+            if r.exhausted {
+                tracing::info!(
+                    reason = %r.reason, capacity = r.capacity, assigned = r.assigned,
+                    "STATUS: the pool cannot hand out a new IP now; ADDs get 11 until it can"
+                );
+            }
+            Ok(())
+        }
     }
 }
 

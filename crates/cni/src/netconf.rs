@@ -183,6 +183,8 @@ pub struct NetConf {
     pub name: String,
     /// Main plugin or IPAM plugin.
     pub role: Role,
+    /// The configuration's `type`: `eniipam` in the main role, the delegating plugin in the IPAM role.
+    pub plugin_type: String,
     /// Knobs.
     pub plugin: PluginConfig,
     /// `prevResult` (chained plugins, CHECK, DEL).
@@ -302,6 +304,7 @@ impl NetConf {
             cni_version,
             name,
             role,
+            plugin_type: plugin_type.to_owned(),
             plugin,
             prev_result,
             pod_annotations,
@@ -331,6 +334,41 @@ impl NetConf {
                 ))
             }),
         }
+    }
+}
+
+/// Reference plugins (containernetworking/plugins) that apply an IPAM result with
+/// `ipam.ConfigureIface`, which adds the result's default route before anything makes the gateway
+/// reachable, and expects the address's prefix to hold a connected route it can replace. eniipam
+/// hands out VPC `/32` addresses with a link-local gateway (`169.254.1.1`), which none of them can
+/// configure: `ptp` fails every ADD with "failed to add route 0.0.0.0/0 via 169.254.1.1: network is
+/// unreachable" (seen through containerd's CRI in `tests/cri_containerd.rs`). The IPAM role refuses
+/// them up front, before an IP is taken.
+pub const UNSUPPORTED_IPAM_PARENTS: &[&str] = &[
+    "ptp",
+    "bridge",
+    "macvlan",
+    "ipvlan",
+    "host-device",
+    "vlan",
+    "dummy",
+    "tap",
+];
+
+impl NetConf {
+    /// In the IPAM role, refuses a delegating plugin that cannot configure eniipam's `/32` with a
+    /// link-local gateway ([`UNSUPPORTED_IPAM_PARENTS`]): error 7 naming what to use instead.
+    pub fn check_ipam_parent(&self) -> Result<(), CniError> {
+        if self.role == Role::Ipam && UNSUPPORTED_IPAM_PARENTS.contains(&self.plugin_type.as_str())
+        {
+            return Err(invalid(format!(
+                "eniipam as IPAM under the reference {:?} plugin cannot work: eniipam hands out VPC /32 addresses \
+                 with the link-local gateway 169.254.1.1, which {:?} cannot configure in the pod; use \
+                 \"type\": \"eniipam\" as the main plugin (deploy/10-eniipam.conflist)",
+                self.plugin_type, self.plugin_type
+            )));
+        }
+        Ok(())
     }
 }
 
