@@ -1,0 +1,234 @@
+//! Traffic tools usable in any lab namespace: a TCP echo server (a thread inside the namespace) and
+//! a client whose socket is made inside the namespace. The server answers with the peer address it
+//! saw, so a test observes SNAT: which source a packet had when it arrived.
+//!
+//! Protocol: the client sends `vpclab-echo <nonce>\n`; the server answers `<peer ip:port> <same
+//! line>\n` and closes.
+
+use std::io::{BufRead, BufReader, Read as _, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+use crate::error::LabError;
+use crate::netns::NetNs;
+
+const GREETING: &str = "vpclab-echo";
+/// How often the server's accept loop looks at its stop flags.
+const POLL: Duration = Duration::from_millis(10);
+
+/// A TCP echo server running inside a namespace. Stops when dropped, or when the lab that owns the
+/// namespace is torn down.
+pub struct EchoServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    peers: Arc<Mutex<Vec<SocketAddr>>>,
+    thread: Option<std::thread::JoinHandle<Result<(), LabError>>>,
+}
+
+impl EchoServer {
+    /// Binds `bind` inside `ns` (port 0 picks one) and serves until dropped.
+    pub fn start(ns: &NetNs, bind: SocketAddr) -> Result<Self, LabError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let peers = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let lab_alive = ns.alive_flag();
+        let (stop2, peers2) = (stop.clone(), peers.clone());
+        let thread = ns.spawn(move || {
+            let listener = match TcpListener::bind(bind).and_then(|l| {
+                l.set_nonblocking(true)?;
+                Ok(l)
+            }) {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = tx.send(listener.local_addr());
+            serve(&listener, &stop2, &lab_alive, &peers2);
+        })?;
+        match rx.recv() {
+            Ok(Ok(addr)) => Ok(Self {
+                addr,
+                stop,
+                peers,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => Err(LabError::io(
+                format!("binding the echo server to {bind} in {}", ns.name()),
+                e,
+            )),
+            Err(_) => Err(match thread.join() {
+                Ok(Err(e)) => e,
+                _ => LabError::io(
+                    format!("the echo server thread in {} ended early", ns.name()),
+                    std::io::Error::other("no address reported"),
+                ),
+            }),
+        }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The peer address of every connection served so far, in order.
+    pub fn peers(&self) -> Vec<SocketAddr> {
+        self.peers.lock().expect("peers lock").clone()
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(
+    listener: &TcpListener,
+    stop: &AtomicBool,
+    lab_alive: &AtomicBool,
+    peers: &Mutex<Vec<SocketAddr>>,
+) {
+    while !stop.load(Ordering::Acquire) && lab_alive.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((conn, peer)) => {
+                peers.lock().expect("peers lock").push(peer);
+                // A client that misbehaves only costs its own connection.
+                let _ = answer(conn, peer);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(POLL),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "echo server accept failed");
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+}
+
+fn answer(conn: std::net::TcpStream, peer: SocketAddr) -> std::io::Result<()> {
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut line = String::new();
+    BufReader::new(conn.try_clone()?)
+        .take(1024)
+        .read_line(&mut line)?;
+    let mut conn = conn;
+    conn.write_all(format!("{peer} {}\n", line.trim_end()).as_bytes())?;
+    conn.flush()
+}
+
+/// How the client connects.
+#[derive(Clone, Debug)]
+pub struct EchoOptions {
+    /// Source address to bind before connecting (it must be an address of the namespace).
+    pub bind: Option<Ipv4Addr>,
+    /// For the whole exchange: connect, send, answer.
+    pub timeout: Duration,
+}
+
+impl Default for EchoOptions {
+    fn default() -> Self {
+        Self {
+            bind: None,
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A successful exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EchoReply {
+    /// The client socket's own address.
+    pub local: SocketAddr,
+    /// The peer address the server saw: differs from `local` when something translated it.
+    pub server_saw: SocketAddr,
+}
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EchoError {
+    /// No answer in time: what a dropped packet looks like.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("connection refused")]
+    Refused,
+    #[error("unreachable: {0}")]
+    Unreachable(std::io::Error),
+    #[error("{0}")]
+    Io(std::io::Error),
+    #[error("the server answered something else: {0:?}")]
+    Protocol(String),
+    #[error(transparent)]
+    Lab(#[from] LabError),
+}
+
+impl EchoError {
+    fn from_io(e: std::io::Error) -> Self {
+        use std::io::ErrorKind::*;
+        match e.kind() {
+            ConnectionRefused => Self::Refused,
+            HostUnreachable | NetworkUnreachable | AddrNotAvailable => Self::Unreachable(e),
+            _ => Self::Io(e),
+        }
+    }
+}
+
+/// Connects from inside `ns` to `server`, exchanges one line and reports what the server saw.
+pub async fn echo(
+    ns: &NetNs,
+    server: SocketAddr,
+    opts: &EchoOptions,
+) -> Result<EchoReply, EchoError> {
+    let bind = opts.bind;
+    // The socket is made (and bound) inside the namespace; connecting it from this task is fine.
+    let socket = ns
+        .run_async(move || -> std::io::Result<tokio::net::TcpSocket> {
+            let s = tokio::net::TcpSocket::new_v4()?;
+            if let Some(ip) = bind {
+                s.bind(SocketAddr::V4(SocketAddrV4::new(ip, 0)))?;
+            }
+            Ok(s)
+        })
+        .await?
+        .map_err(EchoError::from_io)?;
+    let nonce: u64 = rand::random();
+    let exchange = async move {
+        let mut stream = socket.connect(server).await.map_err(EchoError::from_io)?;
+        let local = stream.local_addr().map_err(EchoError::Io)?;
+        let line = format!("{GREETING} {nonce:016x}");
+        stream
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .map_err(EchoError::from_io)?;
+        let mut answer = String::new();
+        tokio::io::BufReader::new(stream)
+            .read_line(&mut answer)
+            .await
+            .map_err(EchoError::from_io)?;
+        let answer = answer.trim_end();
+        let (saw, rest) = answer
+            .split_once(' ')
+            .ok_or_else(|| EchoError::Protocol(answer.to_owned()))?;
+        if rest != line {
+            return Err(EchoError::Protocol(answer.to_owned()));
+        }
+        let server_saw = saw
+            .parse()
+            .map_err(|_| EchoError::Protocol(answer.to_owned()))?;
+        Ok(EchoReply { local, server_saw })
+    };
+    tokio::time::timeout(opts.timeout, exchange)
+        .await
+        .map_err(|_| EchoError::Timeout(opts.timeout))?
+}
