@@ -33,6 +33,9 @@ pub enum LabError {
     /// mockcloud's state cannot be read or does not describe a usable VPC.
     #[error("mockcloud state: {0}")]
     CloudState(String),
+    /// A background sync ([`crate::Lab::follow`]) failed; the message is its error.
+    #[error("background sync failed: {0}")]
+    SyncFailed(String),
     /// The caller asked for something the lab does not have.
     #[error("{0}")]
     NotFound(String),

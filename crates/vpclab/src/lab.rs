@@ -2,7 +2,7 @@
 //! hand, and teardown.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -14,6 +14,7 @@ use crate::netns::{self, NetNs, RouteDst};
 use crate::nft;
 use crate::plan::{self, LinkPlan, NodePlan, Plan};
 use crate::state::StateSource;
+use crate::traffic::PortForward;
 
 /// The internet server's address (TEST-NET-2), reachable only through the IGW.
 pub const INTERNET_SERVER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
@@ -29,6 +30,8 @@ const VPC_TO_IGW: Ipv4Addr = Ipv4Addr::new(169, 254, 100, 1);
 const IGW_TO_VPC: Ipv4Addr = Ipv4Addr::new(169, 254, 100, 2);
 const VPC_TO_NAT: Ipv4Addr = Ipv4Addr::new(169, 254, 100, 5);
 const NAT_TO_VPC: Ipv4Addr = Ipv4Addr::new(169, 254, 100, 6);
+/// Where EC2's instance metadata service answers.
+pub const IMDS_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 /// The pod gateway the AWS VPC CNI (and eniipam) give pods.
 pub const POD_GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// The next hop of every route to an ENI, on its veth, with a permanent neighbour entry for the
@@ -57,8 +60,9 @@ pub struct LabConfig {
     pub vpc_id: Option<String>,
     pub egress: Egress,
     /// Sysctl files written in every node namespace before its links appear (keys relative to
-    /// `/proc/sys`). The default is a fresh EKS node on AL2023: forwarding on (the kubelet's
-    /// requirement), loose reverse-path filtering (systemd's `50-default.conf`).
+    /// `/proc/sys`). The default: forwarding on (a Kubernetes node's requirement) and loose
+    /// reverse-path filtering on `all` and `default` (upstream systemd's `50-default.conf`; what
+    /// an AL2023 EKS AMI ships is unverified). Tests that need another value set it here.
     pub node_sysctls: Vec<(String, String)>,
     /// MTU of every ENI veth (EC2: 9001 inside the VPC).
     pub eni_mtu: u32,
@@ -267,20 +271,33 @@ pub struct Lab {
 /// Keeps a background [`Lab::sync`] loop running; stops it when dropped.
 pub struct Follower {
     task: tokio::task::JoinHandle<()>,
-    /// (syncs started, syncs finished), published by the loop.
-    progress: tokio::sync::watch::Receiver<(u64, u64)>,
+    progress: tokio::sync::watch::Receiver<Progress>,
+}
+
+/// What the follow loop publishes.
+#[derive(Clone, Debug, Default)]
+struct Progress {
+    started: u64,
+    finished: u64,
+    /// The error of the last finished sync, if it failed.
+    last_error: Option<String>,
 }
 
 impl Follower {
-    /// Waits until a sync that started after this call has finished (successfully or not), so
-    /// every cloud change made before the call is applied. Errors if the loop has stopped.
+    /// Waits until a sync that started after this call has finished, so every cloud change made
+    /// before the call is applied; that sync's error if it failed, or an error if the loop has
+    /// stopped (its lab is gone).
     pub async fn synced(&mut self) -> Result<(), LabError> {
-        let started = self.progress.borrow_and_update().0;
-        self.progress
-            .wait_for(|(_, finished)| *finished > started)
+        let started = self.progress.borrow_and_update().started;
+        let p = self
+            .progress
+            .wait_for(|p| p.finished > started)
             .await
-            .map(drop)
-            .map_err(|_| LabError::NotFound("the follower stopped (its lab is gone)".into()))
+            .map_err(|_| LabError::NotFound("the follower stopped (its lab is gone)".into()))?;
+        match &p.last_error {
+            None => Ok(()),
+            Some(e) => Err(LabError::SyncFailed(e.clone())),
+        }
     }
 }
 
@@ -400,30 +417,35 @@ impl Lab {
     }
 
     /// Runs [`Lab::sync`] every `every` in a background task (on the current tokio runtime) until
-    /// the returned guard or the lab is dropped. Failures are logged with `tracing` and retried.
+    /// the returned guard or the lab is dropped. Failures are logged with `tracing`, reported by
+    /// [`Follower::synced`], and retried at the next tick.
     pub fn follow(&self, every: Duration) -> Result<Follower, LabError> {
         if every.is_zero() {
             return Err(LabError::Invalid("follow: the period must be > 0".into()));
         }
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        let (tx, progress) = tokio::sync::watch::channel((0u64, 0u64));
+        let (tx, progress) = tokio::sync::watch::channel(Progress::default());
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let Some(inner) = weak.upgrade() else { break };
-                tx.send_modify(|(started, _)| *started += 1);
-                if let Err(e) = inner.sync().await {
+                tx.send_modify(|p| p.started += 1);
+                let result = inner.sync().await;
+                if let Err(e) = &result {
                     tracing::warn!(lab = %inner.name, error = %e, "vpclab sync failed");
                 }
-                tx.send_modify(|(_, finished)| *finished += 1);
+                tx.send_modify(|p| {
+                    p.finished += 1;
+                    p.last_error = result.err().map(|e| e.to_string());
+                });
             }
         });
         Ok(Follower { task, progress })
     }
 
-    /// `vpclab-<pid>-<n>`: the prefix of every namespace of this lab.
+    /// `vpclab-<pid>-<n><random>`: the prefix of every namespace of this lab.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -600,12 +622,40 @@ impl Lab {
 
     /// Removes a pod made by [`Lab::add_pod`]: its veth, node route and namespace.
     pub async fn remove_pod(&self, pod: &Pod) -> Result<(), LabError> {
-        let node_ns = self.node(&pod.instance_id).map(|n| n.ns);
-        if let Some(ns) = node_ns {
-            // Gone already if the node was; the link's deletion takes its route with it.
-            let _ = ns.ip(&["link", "del", &pod.host_if]).await;
+        // The node end is gone already if the node was; its deletion takes the route with it.
+        if let Some(node) = self.node(&pod.instance_id)
+            && node.ns.links().await?.iter().any(|l| l.name == pod.host_if)
+        {
+            node.ns.ip(&["link", "del", &pod.host_if]).await?;
         }
         self.inner.spaces.delete(&pod.ns).await
+    }
+
+    /// Makes instance `instance_id`'s IMDS reachable inside its node at `http://169.254.169.254`,
+    /// as on EC2, for a daemon run in the node namespace (`nsenter --net=<node ns>`): the address
+    /// goes on the node's loopback and a [`PortForward`] relays port 80 to the instance's IMDS
+    /// listener. Needs an in-process mockcloud ([`StateSource::InProcess`]).
+    pub async fn expose_imds(&self, instance_id: &str) -> Result<PortForward, LabError> {
+        let StateSource::InProcess(mock) = &self.inner.source else {
+            return Err(LabError::Invalid(
+                "expose_imds needs an in-process mockcloud; use PortForward::start with the IMDS address".into(),
+            ));
+        };
+        let url = mock.imds_url(instance_id).ok_or_else(|| {
+            LabError::NotFound(format!("mockcloud has no IMDS for {instance_id}"))
+        })?;
+        let target: SocketAddr = url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .map_err(|e| LabError::CloudState(format!("IMDS url {url:?}: {e}")))?;
+        let node = self
+            .node(instance_id)
+            .ok_or_else(|| LabError::NotFound(format!("no node for instance {instance_id}")))?;
+        node.ns
+            .ip(&["addr", "replace", &format!("{IMDS_ADDR}/32"), "dev", "lo"])
+            .await?;
+        PortForward::start(&node.ns, SocketAddr::from((IMDS_ADDR, 80)), target).await
     }
 
     /// A further empty namespace owned by the lab (deleted with it), e.g. for a runtime's pods.
@@ -831,9 +881,10 @@ impl Inner {
         match (deleted, left.is_empty()) {
             (_, true) => Ok(()),
             (Err(e), false) => Err(e),
-            (Ok(()), false) => Err(LabError::NotFound(format!(
-                "veths {left:?} survived their deletion"
-            ))),
+            (Ok(()), false) => Err(LabError::io(
+                format!("deleting veths {left:?}"),
+                std::io::Error::other("still present"),
+            )),
         }
     }
 

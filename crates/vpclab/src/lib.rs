@@ -18,7 +18,8 @@
 //! [`Lab::sync`] (or [`Lab::follow`] in the background) applies mockcloud's changes: instances
 //! launched or terminated, ENIs attached (the link appears in the node, as EC2 hot-plugs it) or
 //! detached, addresses assigned or unassigned. [`traffic`] has a TCP echo server and client that
-//! run inside any lab namespace and report the source address the server saw. Dropping the lab
+//! run inside any lab namespace and report the source address the server saw, and a port forward
+//! that lets a process inside a node reach mockcloud ([`Lab::expose_imds`]). Dropping the lab
 //! deletes every namespace, veth and echo server it made, also when a test panics.
 //!
 //! Tools: `ip` (iproute2), `nft` (nftables), `nsenter` (util-linux); sysctls are written as files
@@ -43,13 +44,13 @@ pub mod traffic;
 
 pub use error::LabError;
 pub use lab::{
-    Egress, Follower, INTERNET_SERVER, IgwDrops, Lab, LabConfig, NAT_GATEWAY_PUBLIC_IP, Node,
-    NodeLink, POD_GATEWAY, Pod, SyncReport,
+    Egress, Follower, IMDS_ADDR, INTERNET_SERVER, IgwDrops, Lab, LabConfig, NAT_GATEWAY_PUBLIC_IP,
+    Node, NodeLink, POD_GATEWAY, Pod, SyncReport,
 };
 pub use netns::{Link, NetNs, Route, RouteDst};
 pub use plan::{node_ifname, subnet_router};
 pub use state::{CloudState, StateSource};
-pub use traffic::{EchoError, EchoOptions, EchoReply, EchoServer, echo};
+pub use traffic::{EchoError, EchoOptions, EchoReply, EchoServer, PortForward, echo};
 
 /// Deletes namespaces left by labs whose process is gone (a test killed before its `Drop` ran):
 /// every `/run/netns/vpclab-<pid>-…` whose `<pid>` no longer exists. Returns what it deleted.

@@ -159,12 +159,7 @@ impl NetNs {
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
     {
-        self.spawn(f)?.join().map_err(|_| {
-            LabError::io(
-                "a thread inside the namespace panicked",
-                std::io::Error::other(self.name.clone()),
-            )
-        })?
+        self.spawn(f)?.join().map_err(|_| self.panicked())?
     }
 
     /// [`NetNs::run`] without blocking the async caller.
@@ -177,20 +172,22 @@ impl NetNs {
         let handle = self.spawn(move || {
             let _ = tx.send(f());
         })?;
-        let res = rx.await.map_err(|_| {
-            LabError::io(
-                format!("a thread inside namespace {} panicked", self.name),
-                std::io::Error::other("panicked"),
-            )
-        });
-        // The thread has sent (or panicked); joining returns at once.
+        let sent = rx.await;
+        // The thread has sent its result, failed to enter the namespace, or panicked: it is
+        // ending, so joining returns at once.
         let joined = handle.join();
-        match (res, joined) {
-            (Ok(r), Ok(Ok(()))) => Ok(r),
-            (_, Ok(Err(e))) => Err(e),
-            (Err(e), _) => Err(e),
-            (Ok(_), Err(_)) => unreachable!("the thread sent its result before ending"),
+        match (sent, joined) {
+            (Ok(r), _) => Ok(r),
+            (Err(_), Ok(Err(entering))) => Err(entering),
+            (Err(_), _) => Err(self.panicked()),
         }
+    }
+
+    fn panicked(&self) -> LabError {
+        LabError::io(
+            format!("code run inside namespace {}", self.name),
+            std::io::Error::other("panicked"),
+        )
     }
 
     /// Spawns a thread that enters this namespace and runs `f`. The join handle yields the

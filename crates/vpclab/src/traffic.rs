@@ -232,3 +232,73 @@ pub async fn echo(
         .await
         .map_err(|_| EchoError::Timeout(opts.timeout))?
 }
+
+/// A TCP port forward from inside a lab namespace to an address of the process's own namespace
+/// (e.g. mockcloud's IMDS or EC2 listener on 127.0.0.1), without any route between the two: the
+/// listening socket is made inside the namespace, the outgoing ones by the tokio runtime's threads,
+/// which never leave the process's namespace. Stops when dropped.
+pub struct PortForward {
+    listen: SocketAddr,
+    task: tokio::task::AbortHandle,
+}
+
+impl PortForward {
+    /// Listens on `listen` inside `ns` (the address must exist there; port 0 picks one) and relays
+    /// every connection to `target`. Needs a tokio runtime.
+    pub async fn start(
+        ns: &NetNs,
+        listen: SocketAddr,
+        target: SocketAddr,
+    ) -> Result<Self, LabError> {
+        let std_listener = ns
+            .run_async(move || -> std::io::Result<TcpListener> {
+                let l = TcpListener::bind(listen)?;
+                l.set_nonblocking(true)?;
+                Ok(l)
+            })
+            .await?
+            .map_err(|e| LabError::io(format!("binding {listen} in {}", ns.name()), e))?;
+        let listener = tokio::net::TcpListener::from_std(std_listener)
+            .map_err(|e| LabError::io("registering the forward's listener", e))?;
+        let listen = listener
+            .local_addr()
+            .map_err(|e| LabError::io("reading the forward's address", e))?;
+        let task = tokio::spawn(async move {
+            loop {
+                let (mut inbound, _) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "port forward accept failed");
+                        continue;
+                    }
+                };
+                tokio::spawn(async move {
+                    match tokio::net::TcpStream::connect(target).await {
+                        Ok(mut outbound) => {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                        Err(e) => {
+                            tracing::warn!(%target, error = %e, "port forward connect failed")
+                        }
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            listen,
+            task: task.abort_handle(),
+        })
+    }
+
+    /// Where it listens (inside the namespace).
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen
+    }
+}
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -162,6 +162,21 @@ async fn nodes_reach_each_other_and_a_pod_on_eth0_across_the_vpc() {
         (Some(Ipv4Addr::new(10, 0, 0, 1)), Some("eth0"))
     );
 
+    // The node sysctls are in place (read from a thread inside the node).
+    let forwarding = na
+        .ns
+        .run(|| std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward"))
+        .expect("in the node")
+        .expect("read");
+    assert_eq!(forwarding.trim(), "1");
+    assert_eq!(
+        lab.vpc()
+            .read_sysctl("net/ipv4/ip_forward")
+            .await
+            .expect("vpc"),
+        "1"
+    );
+
     let _on_b = serve(&nb.ns).await;
     let _on_c = serve(&nc.ns).await;
     let r = reaches(&na.ns, b.private_ip).await;
@@ -209,6 +224,27 @@ async fn nodes_reach_each_other_and_a_pod_on_eth0_across_the_vpc() {
         7,
         "vpc, igw, inet, 3 nodes, pod"
     );
+    // A pod goes as it came: no namespace, no host veth, no host route left.
+    drop(_in_pod);
+    lab.remove_pod(&pod).await.expect("remove pod");
+    assert!(!Path::new("/run/netns").join(pod.ns.name()).exists());
+    assert!(
+        nb.ns
+            .links()
+            .await
+            .expect("links")
+            .iter()
+            .all(|l| l.name != pod.host_if)
+    );
+    assert!(
+        nb.ns
+            .routes(None)
+            .await
+            .expect("routes")
+            .iter()
+            .all(|r| r.dst != vpclab::RouteDst::Net(net(pod_ip)))
+    );
+    assert_eq!(lab_namespaces(&name).len(), 6);
     let t = Instant::now();
     drop(lab);
     println!("lab teardown: {:?}", t.elapsed());
@@ -699,4 +735,66 @@ async fn bad_input_gets_a_clear_error() {
         "{err}"
     );
     assert!(lab.follow(Duration::ZERO).is_err());
+    let err = lab.add_namespace("no/slashes").await.expect_err("bad tag");
+    assert!(
+        err.to_string().contains("use letters, digits and '-'"),
+        "{err}"
+    );
+    let extra = lab.add_namespace("runtime").await.expect("extra namespace");
+    assert!(extra.name().starts_with(lab.name()));
+    let name = lab.name().to_owned();
+    drop(lab);
+    assert!(lab_namespaces(&name).is_empty());
+}
+
+/// Sends one HTTP/1.1 request from a socket made inside `ns`; returns the body of a 200 answer.
+async fn http_in(ns: &NetNs, to: SocketAddr, request: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = ns
+        .run_async(tokio::net::TcpSocket::new_v4)
+        .await
+        .expect("in the namespace")
+        .expect("socket");
+    let mut s = socket.connect(to).await.expect("connect");
+    s.write_all(request.as_bytes()).await.expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("answer");
+    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
+}
+
+async fn imds_get(ns: &NetNs, path: &str) -> String {
+    let imds = SocketAddr::from((vpclab::IMDS_ADDR, 80));
+    let token = http_in(
+        ns,
+        imds,
+        "PUT /latest/api/token HTTP/1.1\r\nHost: 169.254.169.254\r\n\
+         X-aws-ec2-metadata-token-ttl-seconds: 60\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            .into(),
+    )
+    .await;
+    http_in(
+        ns,
+        imds,
+        format!(
+            "GET /latest/meta-data/{path} HTTP/1.1\r\nHost: 169.254.169.254\r\n\
+             X-aws-ec2-metadata-token: {token}\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_process_inside_a_node_reaches_its_instance_metadata_at_the_ec2_address() {
+    let (mock, a, b) = cloud().await;
+    let lab = Lab::start(&mock, LabConfig::default()).await.expect("lab");
+    let _imds_a = lab.expose_imds(&a.instance_id).await.expect("imds a");
+    let _imds_b = lab.expose_imds(&b.instance_id).await.expect("imds b");
+    let na = lab.node(&a.instance_id).expect("node a");
+    let nb = lab.node(&b.instance_id).expect("node b");
+    assert_eq!(imds_get(&na.ns, "instance-id").await, a.instance_id);
+    assert_eq!(imds_get(&na.ns, "mac").await, a.mac);
+    // Each node sees its own instance.
+    assert_eq!(imds_get(&nb.ns, "instance-id").await, b.instance_id);
 }
