@@ -119,7 +119,7 @@ impl Node {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeLink {
     pub eni_id: String,
-    /// `eth<device index>` (see [`plan::node_ifname`]).
+    /// `eth<device index>` (see [`crate::node_ifname`]).
     pub ifname: String,
     pub mac: String,
     pub device_index: u32,

@@ -109,6 +109,46 @@ fn lab_namespaces(lab_name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Every address and prefix any ENI holds now.
+fn held(mock: &MockCloud) -> Vec<Ipv4Net> {
+    mock.dump()["network_interfaces"]
+        .as_array()
+        .expect("enis")
+        .iter()
+        .flat_map(|e| {
+            let ips = ["primary_ip"]
+                .iter()
+                .filter_map(|k| e[*k].as_str())
+                .chain(
+                    e["secondary_ips"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v.as_str()),
+                )
+                .map(|s| Ipv4Net::from(s.parse::<Ipv4Addr>().expect("ip")));
+            let prefixes = e["ipv4_prefixes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str())
+                .map(|s| s.parse::<Ipv4Net>().expect("cidr"));
+            ips.chain(prefixes).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A /28 of `subnet`, past its reserved first addresses, that holds no address of any ENI.
+fn free_block(mock: &MockCloud, subnet: Ipv4Net) -> Ipv4Net {
+    let held = held(mock);
+    subnet
+        .subnets(28)
+        .expect("/28s")
+        .skip(1)
+        .find(|b| !held.iter().any(|h| b.contains(h) || h.contains(b)))
+        .expect("a free /28")
+}
+
 fn net(ip: Ipv4Addr) -> Ipv4Net {
     Ipv4Net::from(ip)
 }
@@ -215,7 +255,8 @@ async fn nodes_reach_each_other_and_a_pod_on_eth0_across_the_vpc() {
 
     // A VPC address nobody holds: ARP is answered, the packet dropped and counted.
     let before = lab.unassigned_drops().await.expect("counter");
-    dropped(&na.ns, Ipv4Addr::new(10, 0, 9, 9)).await;
+    let nobody = free_block(&mock, world.subnet_cidr).network();
+    dropped(&na.ns, nobody).await;
     assert!(lab.unassigned_drops().await.expect("counter") > before);
 
     let name = lab.name().to_owned();
@@ -600,7 +641,8 @@ async fn through_the_nat_gateway_a_pod_reaches_the_internet_without_snat() {
 async fn delegated_prefixes_in_the_state_are_routed_and_pass_the_check() {
     use std::sync::{Arc, Mutex};
     let (mock, a, b) = cloud().await;
-    let prefix: Ipv4Net = "10.0.8.16/28".parse().expect("cidr");
+    let subnet = mock.default_world().expect("default world").subnet_cidr;
+    let prefix = free_block(&mock, subnet);
     let extra = Arc::new(Mutex::new(Some((b.primary_eni.clone(), prefix))));
     let (m2, extra2) = (mock.clone(), extra.clone());
     let app = axum::Router::new().route(
@@ -635,7 +677,7 @@ async fn delegated_prefixes_in_the_state_are_routed_and_pass_the_check() {
     );
     let na = lab.node(&a.instance_id).expect("node a");
     // Any address of the prefix serves a pod on B's eth0, in both directions.
-    let pod_ip = Ipv4Addr::new(10, 0, 8, 20);
+    let pod_ip = prefix.hosts().nth(3).expect("an address of the prefix");
     let pod = lab.add_pod(&b.instance_id, pod_ip).await.expect("pod");
     let _in_pod = serve(&pod.ns).await;
     let _on_a = serve(&na.ns).await;
@@ -797,4 +839,26 @@ async fn a_process_inside_a_node_reaches_its_instance_metadata_at_the_ec2_addres
     assert_eq!(imds_get(&na.ns, "mac").await, a.mac);
     // Each node sees its own instance.
     assert_eq!(imds_get(&nb.ns, "instance-id").await, b.instance_id);
+}
+
+#[tokio::test]
+async fn namespaces_of_a_killed_test_process_are_swept_and_live_ones_kept() {
+    let mock = MockCloud::start(Config::fast()).await.expect("mockcloud");
+    let lab = Lab::start(&mock, LabConfig::default()).await.expect("lab");
+    // A pid above pid_max never runs: this namespace belongs to a process that is gone.
+    let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .expect("pid_max")
+        .trim()
+        .parse()
+        .expect("number");
+    let stale = format!("vpclab-{}-0beef-vpc", pid_max + 1);
+    let out = std::process::Command::new("ip")
+        .args(["netns", "add", &stale])
+        .output()
+        .expect("ip");
+    assert!(out.status.success(), "{out:?}");
+    let removed = vpclab::remove_stale_namespaces().expect("sweep");
+    assert!(removed.contains(&stale), "{removed:?}");
+    assert!(!Path::new("/run/netns").join(&stale).exists());
+    assert!(!lab_namespaces(lab.name()).is_empty(), "a live lab is kept");
 }
