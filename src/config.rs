@@ -127,10 +127,10 @@ impl Default for DaemonConfig {
         let rates = RateLimitConfig::default();
         Self {
             cluster_name: String::new(),
-            socket_path: PathBuf::from(crate::rpc::DEFAULT_SOCKET),
+            socket_path: PathBuf::from(eniipam_api::DEFAULT_SOCKET),
             state_path: PathBuf::from("/var/lib/eniipam/state.db"),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 61678)),
-            cni_cache_dir: PathBuf::from(crate::cni::config::DEFAULT_CACHE_DIR),
+            cni_cache_dir: PathBuf::from(eniipam_api::cache::DEFAULT_CACHE_DIR),
             region: None,
             ec2_endpoint: None,
             imds_endpoint: None,

@@ -15,6 +15,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use aws_sdk_ec2::config::Credentials;
+use ipnet::Ipv4Net;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -24,10 +25,11 @@ use crate::cloud::imds::{ImdsConfig, ImdsMetadata};
 use crate::cloud::leak::{LeakCollector, LeakConfig};
 use crate::cloud::{Cloud, CloudError, Metadata, NodeContext};
 use crate::config::DaemonConfig;
+use crate::ipam::Ipam;
+use crate::pool::PoolSeed;
 use crate::pool::{Pool, PoolError};
 use crate::reconcile::{self, ReconcileReport};
-use crate::rpc::pb;
-use crate::rpc::server::{IntrospectService, IpamService, Services, SocketError, bind_socket};
+use crate::rpc::{IntrospectService, IpamService, SocketError, bind_socket, pb};
 use crate::store::{Store, StoreError};
 use crate::telemetry::{self, Metrics, Sources};
 
@@ -111,7 +113,7 @@ pub struct DaemonHandle {
     pub calls: Arc<CallStats>,
     ready: Arc<AtomicBool>,
     health: tonic_health::server::HealthReporter,
-    services: Arc<Services>,
+    ipam: Ipam,
     cloud: Arc<dyn Cloud>,
     cancel: CancellationToken,
     grpc: JoinHandle<()>,
@@ -122,6 +124,16 @@ pub struct DaemonHandle {
 /// Entry point.
 pub struct Daemon;
 
+/// What is shared while the daemon is being built: shutdown, readiness, metrics, background tasks.
+struct Building {
+    cancel: CancellationToken,
+    ready: Arc<AtomicBool>,
+    metrics: Metrics,
+    pool_cell: Arc<OnceLock<Pool>>,
+    leak_cell: Arc<OnceLock<Arc<LeakCollector>>>,
+    background: Vec<JoinHandle<()>>,
+}
+
 impl Daemon {
     /// Starts with the real AWS clients built from `config`.
     pub async fn start(config: DaemonConfig) -> Result<DaemonHandle, DaemonError> {
@@ -129,206 +141,60 @@ impl Daemon {
         Self::start_with(config, clients).await
     }
 
-    /// Starts with the given cloud clients.
+    /// Starts with the given cloud clients: metrics first, then the state file, the node's identity,
+    /// the rebuild, the pool and its helpers, and the socket last (see the module docs).
     pub async fn start_with(
         config: DaemonConfig,
         clients: CloudClients,
     ) -> Result<DaemonHandle, DaemonError> {
         let started = tokio::time::Instant::now();
-        let cancel = CancellationToken::new();
-        let ready = Arc::new(AtomicBool::new(false));
-        let metrics = Metrics::default();
-        let pool_cell: Arc<OnceLock<Pool>> = Arc::new(OnceLock::new());
-        let leak_cell: Arc<OnceLock<Arc<LeakCollector>>> = Arc::new(OnceLock::new());
-
-        // 1. Metrics first, so probes get a clear "starting".
-        let listener = telemetry::bind(config.metrics_addr)
-            .await
-            .map_err(|source| DaemonError::Metrics {
-                addr: config.metrics_addr,
-                source,
-            })?;
-        let metrics_addr = listener
-            .local_addr()
-            .map_err(|source| DaemonError::Metrics {
-                addr: config.metrics_addr,
-                source,
-            })?;
-        let sources = Sources {
-            metrics: metrics.clone(),
-            pool: pool_cell.clone(),
-            calls: clients.stats.clone(),
-            leak: leak_cell.clone(),
-            ready: ready.clone(),
+        let mut b = Building {
+            cancel: CancellationToken::new(),
+            ready: Arc::new(AtomicBool::new(false)),
+            metrics: Metrics::default(),
+            pool_cell: Arc::new(OnceLock::new()),
+            leak_cell: Arc::new(OnceLock::new()),
+            background: Vec::new(),
         };
-        let mut background = vec![tokio::spawn(telemetry::serve(
-            listener,
-            sources,
-            cancel.clone(),
-        ))];
-
-        // 2. The state file.
-        let (store, opened) = Store::open(&config.state_path).await?;
-        if let Some(aside) = &opened.moved_aside {
-            tracing::error!(
-                path = %config.state_path.display(), moved_to = %aside.display(),
-                "STATE FILE WAS CORRUPT: moved aside for inspection; rebuilding from IMDS, EC2 and the host"
-            );
-        }
-
-        // 3. Who we are, and what EC2 says about us.
-        let identity = clients.metadata.identity().await?;
-        let instance = clients
-            .cloud
-            .describe_instance(&identity.instance_id)
-            .await?;
-        let limits = clients
-            .cloud
-            .instance_limits(&instance.instance_type)
-            .await?;
-        let eth0 = instance
-            .enis
-            .iter()
-            .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
-            .ok_or_else(|| DaemonError::NoPrimaryEni(identity.instance_id.clone()))?;
-        let node = NodeContext {
-            cluster_name: config.cluster_name.clone(),
-            instance_id: identity.instance_id.clone(),
-            instance_type: instance.instance_type.clone(),
-            availability_zone: instance.availability_zone.clone(),
-            vpc_id: instance.vpc_id.clone(),
-            subnet_id: config
-                .subnet_id
-                .clone()
-                .unwrap_or_else(|| eth0.subnet_id.clone()),
-            security_groups: if config.security_groups.is_empty() {
-                eth0.security_groups.clone()
-            } else {
-                config.security_groups.clone()
-            },
-            limits,
-        };
-
-        // 4. Rebuild, and make the file equal the truth before serving.
-        let stored = store.load().await?;
-        let host = reconcile::host_claims(&config.cni_cache_dir, &reconcile::netns_exists);
-        let rebuilt = reconcile::rebuild(
-            clients.cloud.as_ref(),
-            clients.metadata.as_ref(),
-            &node.instance_id,
-            stored,
-            &host,
-            &reconcile::netns_exists,
-        )
-        .await?;
-        let report = rebuilt.report.clone();
-        metrics
-            .reconcile_dropped
-            .inc_by(report.dropped_gone.len() as u64);
-        metrics
-            .reconcile_released
-            .inc_by(report.released_dead.len() as u64);
-        metrics.reconcile_unknown.inc_by(report.unknown_ips as u64);
-        if report.foreign_state {
-            tracing::warn!("the state file belonged to another instance: ignored");
-        }
-        store.replace_all(rebuilt.state).await?;
-        let vpc_cidrs = clients
-            .metadata
-            .interfaces()
-            .await?
-            .into_iter()
-            .find(|m| m.device_number == 0)
-            .map(|m| m.vpc_cidrs.iter().map(|c| c.to_string()).collect())
-            .unwrap_or_default();
-
-        // 5. The pool, and the leaked-ENI collector.
-        let pool_config = config.pool_config();
+        let metrics_addr = serve_metrics(&config, &clients, &mut b).await?;
+        let store = open_store(&config).await?;
+        let node = discover_node(&config, &clients).await?;
+        let (seed, report, vpc_cidrs) =
+            rebuild(&config, &clients, &node, &store, &b.metrics).await?;
         let pool = Pool::start(
-            pool_config.clone(),
+            config.pool_config(),
             clients.cloud.clone(),
             clients.metadata.clone(),
             node.clone(),
-            rebuilt.seed,
+            seed,
         )?;
-        let _ = pool_cell.set(pool.clone());
+        let _ = b.pool_cell.set(pool.clone());
         if config.manage_eni_routes {
-            // Each secondary ENI's table (device_index + 1), kept in step with the pool: installed when an
-            // ENI appears (retried until its link shows up), flushed when it goes.
-            let routing = crate::host::EniRouting::new().await?;
-            let pool_for_routes = pool.clone();
-            background.push(
-                crate::host::RouteKeeper::new(routing, Duration::from_secs(60)).spawn(
-                    move || crate::host::routes::pod_eni_routes(&pool_for_routes.snapshot(), None),
-                    Duration::from_secs(2),
-                    cancel.clone(),
-                ),
-            );
+            spawn_host_routing(&pool, &mut b).await?;
         }
         if !config.cluster_name.is_empty() {
-            let leak = Arc::new(LeakCollector::new(
-                clients.cloud.clone(),
-                config.cluster_name.clone(),
-                node.vpc_id.clone(),
-                LeakConfig {
-                    grace: Duration::from_secs(config.leaked_eni_grace_secs),
-                },
-            ));
-            let _ = leak_cell.set(leak.clone());
-            background.push(leak.spawn(
-                Duration::from_secs(config.leaked_eni_period_secs),
-                cancel.clone(),
-            ));
+            spawn_leak_collector(&config, &clients, &node, &mut b);
         }
-
-        // 6. The socket.
-        let listener = bind_socket(&config.socket_path).await?;
-        let services = Arc::new(Services {
-            pool: pool.clone(),
-            store: store.clone(),
-            ready: ready.clone(),
-            instance_id: node.instance_id.clone(),
-            instance_type: node.instance_type.clone(),
+        let ipam = Ipam::new(
+            pool.clone(),
+            store.clone(),
+            b.ready.clone(),
             vpc_cidrs,
-            ip_stick_time: pool_config.ip_stick_time,
-            metrics: metrics.clone(),
-        });
-        let services_handle = services.clone();
-        background.push(spawn_reconcile(
-            services.clone(),
+            b.metrics.clone(),
+        );
+        b.background.push(spawn_reconcile(
+            ipam.clone(),
             clients.cloud.clone(),
             node.instance_id.clone(),
             Duration::from_secs(config.reconcile_period_secs),
-            metrics.clone(),
-            cancel.clone(),
+            b.metrics.clone(),
+            b.cancel.clone(),
         ));
-        let (health_reporter, health_service) = tonic_health::server::health_reporter();
-        health_reporter
-            .set_serving::<pb::ipam_server::IpamServer<IpamService>>()
-            .await;
-        let shutdown = cancel.clone();
-        let grpc = tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
-                .add_service(health_service)
-                .add_service(pb::ipam_server::IpamServer::new(IpamService(
-                    services.clone(),
-                )))
-                .add_service(pb::introspect_server::IntrospectServer::new(
-                    IntrospectService(services),
-                ))
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(listener),
-                    async move { shutdown.cancelled().await },
-                )
-                .await;
-            if let Err(e) = result {
-                tracing::error!(error = %e, "gRPC server stopped");
-            }
-        });
+        let (health, grpc) = serve_grpc(&config, &node, &ipam, &b).await?;
 
-        ready.store(true, Ordering::Release);
+        b.ready.store(true, Ordering::Release);
         let ms = started.elapsed().as_millis() as u64;
-        metrics.set_startup_ms(ms);
+        b.metrics.set_startup_ms(ms);
         tracing::info!(
             instance = %node.instance_id, instance_type = %node.instance_type,
             socket = %config.socket_path.display(), metrics = %metrics_addr,
@@ -344,23 +210,219 @@ impl Daemon {
             store,
             node,
             report,
-            metrics,
+            metrics: b.metrics,
             calls: clients.stats,
-            ready,
-            health: health_reporter,
-            services: services_handle,
+            ready: b.ready,
+            health,
+            ipam,
             cloud: clients.cloud.clone(),
-            cancel,
+            cancel: b.cancel,
             grpc,
-            background,
+            background: b.background,
             grace: Duration::from_secs(config.shutdown_grace_secs),
         })
     }
 }
 
+/// Step 1: the metrics listener, so probes get a clear "starting" while the rest comes up.
+async fn serve_metrics(
+    config: &DaemonConfig,
+    clients: &CloudClients,
+    b: &mut Building,
+) -> Result<SocketAddr, DaemonError> {
+    let err = |source| DaemonError::Metrics {
+        addr: config.metrics_addr,
+        source,
+    };
+    let listener = telemetry::bind(config.metrics_addr).await.map_err(err)?;
+    let addr = listener.local_addr().map_err(err)?;
+    let sources = Sources {
+        metrics: b.metrics.clone(),
+        pool: b.pool_cell.clone(),
+        calls: clients.stats.clone(),
+        leak: b.leak_cell.clone(),
+        ready: b.ready.clone(),
+    };
+    b.background.push(tokio::spawn(telemetry::serve(
+        listener,
+        sources,
+        b.cancel.clone(),
+    )));
+    Ok(addr)
+}
+
+/// Step 2: the state file (a corrupt one is moved aside and rebuilt).
+async fn open_store(config: &DaemonConfig) -> Result<Store, DaemonError> {
+    let (store, opened) = Store::open(&config.state_path).await?;
+    if let Some(aside) = &opened.moved_aside {
+        tracing::error!(
+            path = %config.state_path.display(), moved_to = %aside.display(),
+            "STATE FILE WAS CORRUPT: moved aside for inspection; rebuilding from IMDS, EC2 and the host"
+        );
+    }
+    Ok(store)
+}
+
+/// Step 3: who we are (IMDS), and what EC2 says about us: instance type, limits, eth0.
+async fn discover_node(
+    config: &DaemonConfig,
+    clients: &CloudClients,
+) -> Result<NodeContext, DaemonError> {
+    let identity = clients.metadata.identity().await?;
+    let instance = clients
+        .cloud
+        .describe_instance(&identity.instance_id)
+        .await?;
+    let limits = clients
+        .cloud
+        .instance_limits(&instance.instance_type)
+        .await?;
+    let eth0 = instance
+        .enis
+        .iter()
+        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+        .ok_or_else(|| DaemonError::NoPrimaryEni(identity.instance_id.clone()))?;
+    Ok(NodeContext {
+        cluster_name: config.cluster_name.clone(),
+        instance_id: identity.instance_id.clone(),
+        instance_type: instance.instance_type.clone(),
+        availability_zone: instance.availability_zone.clone(),
+        vpc_id: instance.vpc_id.clone(),
+        subnet_id: config
+            .subnet_id
+            .clone()
+            .unwrap_or_else(|| eth0.subnet_id.clone()),
+        security_groups: if config.security_groups.is_empty() {
+            eth0.security_groups.clone()
+        } else {
+            config.security_groups.clone()
+        },
+        limits,
+    })
+}
+
+/// Step 4: rebuild from the file, IMDS, EC2 and the host, and make the file equal the truth before
+/// anything is served. Returns the pool's seed, the report and the VPC's CIDRs.
+async fn rebuild(
+    config: &DaemonConfig,
+    clients: &CloudClients,
+    node: &NodeContext,
+    store: &Store,
+    metrics: &Metrics,
+) -> Result<(PoolSeed, ReconcileReport, Vec<Ipv4Net>), DaemonError> {
+    let stored = store.load().await?;
+    let host = reconcile::host_claims(&config.cni_cache_dir, &reconcile::netns_exists);
+    let rebuilt = reconcile::rebuild(
+        clients.cloud.as_ref(),
+        clients.metadata.as_ref(),
+        &node.instance_id,
+        stored,
+        &host,
+        &reconcile::netns_exists,
+    )
+    .await?;
+    let report = rebuilt.report;
+    metrics
+        .reconcile_dropped
+        .inc_by(report.dropped_gone.len() as u64);
+    metrics
+        .reconcile_released
+        .inc_by(report.released_dead.len() as u64);
+    metrics.reconcile_unknown.inc_by(report.unknown_ips as u64);
+    if report.foreign_state {
+        tracing::warn!("the state file belonged to another instance: ignored");
+    }
+    store.replace_all(rebuilt.state).await?;
+    let vpc_cidrs = clients
+        .metadata
+        .interfaces()
+        .await?
+        .into_iter()
+        .find(|m| m.device_number == 0)
+        .map(|m| m.vpc_cidrs)
+        .unwrap_or_default();
+    Ok((rebuilt.seed, report, vpc_cidrs))
+}
+
+/// Each secondary ENI's table (device_index + 1), kept in step with the pool: installed when an ENI
+/// appears (retried until its link shows up), flushed when it goes.
+async fn spawn_host_routing(pool: &Pool, b: &mut Building) -> Result<(), DaemonError> {
+    let routing = crate::host::EniRouting::new().await?;
+    let pool = pool.clone();
+    b.background.push(
+        crate::host::RouteKeeper::new(routing, Duration::from_secs(60)).spawn(
+            move || crate::host::routes::pod_eni_routes(&pool.snapshot(), None),
+            Duration::from_secs(2),
+            b.cancel.clone(),
+        ),
+    );
+    Ok(())
+}
+
+/// The leaked-ENI collector (ours by cluster tag, `available`, past the grace period).
+fn spawn_leak_collector(
+    config: &DaemonConfig,
+    clients: &CloudClients,
+    node: &NodeContext,
+    b: &mut Building,
+) {
+    let leak = Arc::new(LeakCollector::new(
+        clients.cloud.clone(),
+        config.cluster_name.clone(),
+        node.vpc_id.clone(),
+        LeakConfig {
+            grace: Duration::from_secs(config.leaked_eni_grace_secs),
+        },
+    ));
+    let _ = b.leak_cell.set(leak.clone());
+    b.background.push(leak.spawn(
+        Duration::from_secs(config.leaked_eni_period_secs),
+        b.cancel.clone(),
+    ));
+}
+
+/// Last step: the socket, with `Ipam`, `Introspect` and `grpc.health.v1`.
+async fn serve_grpc(
+    config: &DaemonConfig,
+    node: &NodeContext,
+    ipam: &Ipam,
+    b: &Building,
+) -> Result<(tonic_health::server::HealthReporter, JoinHandle<()>), DaemonError> {
+    let listener = bind_socket(&config.socket_path).await?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::ipam_server::IpamServer<IpamService>>()
+        .await;
+    let ipam_service = IpamService {
+        ipam: ipam.clone(),
+        metrics: b.metrics.clone(),
+    };
+    let introspect = IntrospectService {
+        ipam: ipam.clone(),
+        instance_id: node.instance_id.clone(),
+        instance_type: node.instance_type.clone(),
+    };
+    let shutdown = b.cancel.clone();
+    let grpc = tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(pb::ipam_server::IpamServer::new(ipam_service))
+            .add_service(pb::introspect_server::IntrospectServer::new(introspect))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                async move { shutdown.cancelled().await },
+            )
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "gRPC server stopped");
+        }
+    });
+    Ok((health, grpc))
+}
+
 /// The running reconcile, every `period` ±20 %.
 fn spawn_reconcile(
-    services: Arc<Services>,
+    ipam: Ipam,
     cloud: Arc<dyn Cloud>,
     instance_id: String,
     period: Duration,
@@ -376,7 +438,7 @@ fn spawn_reconcile(
                 _ = tokio::time::sleep(wait) => {}
             }
             match reconcile::pass(
-                &services,
+                &ipam,
                 cloud.as_ref(),
                 &instance_id,
                 &reconcile::netns_exists,
@@ -410,7 +472,7 @@ impl DaemonHandle {
     /// Runs one pass of the running reconcile now (it also runs every `reconcile_period_secs`).
     pub async fn reconcile_now(&self) -> Result<reconcile::PassReport, CloudError> {
         let r = reconcile::pass(
-            &self.services,
+            &self.ipam,
             self.cloud.as_ref(),
             &self.node.instance_id,
             &reconcile::netns_exists,

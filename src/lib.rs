@@ -1,32 +1,42 @@
-//! eniipam: pod IP address management for Kubernetes on EC2.
+//! eniipamd, the node daemon of eniipam: pod IP address management for Kubernetes on EC2.
 //!
-//! A daemon per node (`eniipamd`) keeps a warm pool of secondary private IPs on the node's ENIs; the CNI
-//! plugin (`eniipam`) asks it for one per pod over gRPC. Modules:
+//! The daemon keeps a warm pool of secondary private IPs on the node's ENIs and serves them over gRPC
+//! on a unix socket to the CNI plugin (the `eniipam-cni` crate, which never links this one). The model
+//! types, the gRPC contract and the result-cache format are the `eniipam-api` crate's; the netlink
+//! primitives are `eniipam-netlink`'s.
 //!
-//! - [`model`]: plain types (IPs, ENI ids, attachment keys, pod references).
-//! - [`cloud`]: the `Cloud` (EC2) and `Metadata` (IMDSv2) seams, their real implementations on the AWS
-//!   SDK, rate limiting and retries, and in-memory fakes for tests.
+//! Modules, with imports flowing one way (`bin` → [`daemon`] → [`rpc`] → [`ipam`] → [`pool`] /
+//! [`reconcile`] → [`cloud`] / [`store`] → [`model`]):
+//!
+//! - [`daemon`]: `Daemon::start`, which builds and runs everything (the `eniipamd` binary is a thin main).
+//! - [`rpc`]: the tonic services (`Ipam`, `Introspect`) on the unix socket: protobuf ⇄ domain types.
+//! - [`ipam`]: the service: allocate / release / check / GC with the durable record (invariant 5) and
+//!   the sticky and fallback rules in one place.
 //! - [`pool`]: the IP pool: capacity tokens, the idle queue (reverse-time order, cooldown, sticky IPs),
-//!   one actor per ENI with its ipBacklog, and the maintainer that keeps min/max idle.
-//! - [`rpc`]: the gRPC API (generated from `proto/`) the plugin and `eniipamctl` use; the server side.
-//! - [`cni`]: the CNI plugin: spec types, config, commands, the daemon client, pod plumbing, result cache.
-//! - [`store`]: SQLite state (WAL), one owner task behind an async handle.
+//!   one actor per ENI with its ipBacklog, the maintainer that keeps min/max idle.
+//! - [`reconcile`]: the startup rebuild from the state file, IMDS, EC2 and the host; the running
+//!   reconcile.
+//! - [`cloud`]: the `Cloud` (EC2) and `Metadata` (IMDSv2) seams on the AWS SDK, rate limiting, retries
+//!   and backoff, the ENI lifecycle and the leaked-ENI collector.
+//! - [`store`]: SQLite state (WAL), one owner thread behind an async handle.
 //! - [`host`]: the node's own routing the daemon keeps: each secondary ENI's route table.
-//! - [`reconcile`]: the startup rebuild from the state file, IMDS, EC2 and the host.
 //! - [`config`]: the daemon's configuration (file + `ENIIPAM_*` environment), validated.
 //! - [`telemetry`]: logs, Prometheus metrics, `/healthz` and `/readyz`.
-//! - [`daemon`]: `Daemon::start`, which builds and runs all of the above (the `eniipamd` binary is a thin
-//!   main over it).
+//! - [`clock`]: tokio time and the unix milliseconds the state file keeps.
+//! - `simulate` (feature `simulate`, on by default): `--simulate`, the daemon on an embedded mockcloud.
 
+pub mod clock;
 pub mod cloud;
-pub mod cni;
 pub mod config;
 pub mod daemon;
 pub mod host;
-pub mod model;
+pub mod ipam;
 pub mod pool;
 pub mod reconcile;
 pub mod rpc;
+#[cfg(feature = "simulate")]
 pub mod simulate;
 pub mod store;
 pub mod telemetry;
+
+pub use eniipam_api::model;

@@ -16,36 +16,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::clock::{instant_from_unix_ms, unix_ms_now};
 use crate::cloud::{Cloud, CloudError, Eni, EniFilter, Metadata, MetadataEni};
 use crate::model::{AttachmentKey, PodRef};
 use crate::pool::{AllocationSeed, EniSeed, IdleSeed, PoolSeed};
 use crate::store::{StoredAssignment, StoredEni, StoredIdle, StoredState};
-
-/// Wall-clock now, in unix milliseconds (what the store keeps).
-pub fn unix_ms_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// A wall-clock time from the store as a tokio instant (clamped to now for future or ancient times).
-pub fn instant_from_unix_ms(ms: u64, now: Instant, now_ms: u64) -> Instant {
-    now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
-        .unwrap_or(now)
-}
-
-/// A tokio instant as a wall-clock time for the store.
-pub fn unix_ms_from_instant(at: Instant, now: Instant, now_ms: u64) -> u64 {
-    if at >= now {
-        now_ms + (at - now).as_millis() as u64
-    } else {
-        now_ms.saturating_sub((now - at).as_millis() as u64)
-    }
-}
 
 /// Whether a network namespace path still exists. Empty means "not known" (the IPAM-only role under a
 /// runtime that gives none): kept.
@@ -75,7 +54,7 @@ pub fn host_claims(root: &Path, netns_alive: &(dyn Fn(&str) -> bool + Sync)) -> 
             continue;
         }
         let network = d.file_name().to_string_lossy().into_owned();
-        let (entries, errors) = crate::cni::cache::ResultCache::new(root, &network).list();
+        let (entries, errors) = eniipam_api::cache::ResultCache::new(root, &network).list();
         for e in errors {
             tracing::warn!(error = %e, "unreadable plugin cache entry: not used as evidence");
         }
@@ -391,27 +370,24 @@ pub struct PassReport {
 /// One pass of the running reconcile: releases assignments whose network namespace is gone (pods that
 /// died without a DEL), then compares the pool with EC2 and reports the drift.
 pub async fn pass(
-    services: &crate::rpc::server::Services,
+    ipam: &crate::ipam::Ipam,
     cloud: &dyn Cloud,
     instance_id: &str,
     netns_alive: &(dyn Fn(&str) -> bool + Sync),
 ) -> Result<PassReport, CloudError> {
     let mut report = PassReport::default();
-    if let Ok(state) = services.store.load().await {
+    if let Ok(state) = ipam.store().load().await {
         for a in state.assignments {
             if !a.netns.is_empty() && !netns_alive(&a.netns) {
                 let key = AttachmentKey::new(a.container_id.clone(), a.ifname.clone());
-                if crate::rpc::server::release_one(services, &key, false)
-                    .await
-                    .is_ok()
-                {
+                if ipam.release_dead(&key).await.is_ok() {
                     tracing::info!(attachment = %key, ip = %a.ip, netns = %a.netns, "pod network namespace is gone: released");
                     report.released_dead.push((key, a.ip));
                 }
             }
         }
     }
-    let snapshot = services.pool.snapshot();
+    let snapshot = ipam.pool().snapshot();
     let ec2 = cloud
         .describe_enis(&EniFilter {
             attached_to: Some(instance_id.to_owned()),
@@ -431,9 +407,9 @@ pub async fn pass(
             .collect();
         let gone: Vec<Ipv4Addr> = pool_ips.difference(&ec2_ips).copied().collect();
         if !gone.is_empty() {
-            let forgotten = services.pool.forget_gone_ips(&e.id, &gone);
+            let forgotten = ipam.pool().forget_gone_ips(&e.id, &gone);
             let ips: Vec<Ipv4Addr> = forgotten.iter().map(|(ip, _)| *ip).collect();
-            if let Err(err) = services.store.remove_ips(ips).await {
+            if let Err(err) = ipam.store().remove_ips(ips).await {
                 tracing::error!(error = %err, "cannot remove forgotten IPs from the state file");
             }
             report.lost.extend(

@@ -123,85 +123,128 @@ impl Simulation {
     }
 }
 
-/// Synthetic pods through the plugin's own code path: every `1/rate` s one pod is added with
-/// [`crate::cni::command::run`] in its IPAM role (exactly what the `eniipam` binary executes, with a CNI
-/// environment and stdin; the IPAM role wires nothing), lives 5–30 s, and is deleted the same way.
-/// Pods name the daemon's own network namespace (`/proc/self/ns/net`), which always exists.
+/// Synthetic pods over the plugin's API: every `1/rate` s one pod is allocated with the same gRPC
+/// `Allocate` request the `eniipam` plugin sends (IPAM role: nothing is wired), its result is written to
+/// the plugin's result cache as the plugin does, it lives 5–30 s, and is released the same way. Pods
+/// name the daemon's own network namespace (`/proc/self/ns/net`), which always exists.
 pub fn spawn_churn(socket: PathBuf, cache_dir: PathBuf, rate: f64) -> JoinHandle<()> {
-    let config = serde_json::json!({
-        "cniVersion": "1.1.0",
-        "name": "simulate",
-        "type": "ptp",
-        "ipam": {"type": "eniipam", "socket": socket, "cache_dir": cache_dir},
-    })
-    .to_string();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
         let mut n: u64 = 0;
         loop {
             tick.tick().await;
             n += 1;
-            let config = config.clone();
             let lifetime = Duration::from_millis(rand::rng().random_range(5_000..30_000));
+            let pod = SyntheticPod::new(n, &socket, &cache_dir);
             tokio::spawn(async move {
-                let id = format!("churn-{n:08}");
-                let env = |command: &str| -> std::collections::BTreeMap<String, String> {
-                    [
-                        ("CNI_COMMAND", command.to_owned()),
-                        ("CNI_CONTAINERID", id.clone()),
-                        ("CNI_NETNS", "/proc/self/ns/net".to_owned()),
-                        ("CNI_IFNAME", "eth0".to_owned()),
-                        ("CNI_PATH", "/opt/cni/bin".to_owned()),
-                        (
-                            "CNI_ARGS",
-                            format!(
-                                "K8S_POD_NAMESPACE=churn;K8S_POD_NAME=pod-{n};K8S_POD_UID={id}"
-                            ),
-                        ),
-                    ]
-                    .into_iter()
-                    .map(|(k, v)| (k.to_owned(), v))
-                    .collect()
-                };
-                let add = run_plugin(env("ADD"), config.clone()).await;
-                if add.exit_code != 0 {
-                    tracing::warn!(pod = %id, error = %add.stdout, "churn ADD failed");
+                if let Err(e) = pod.add().await {
+                    tracing::warn!(pod = %pod.container_id, error = %e, "churn ADD failed");
                     return;
                 }
-                tracing::debug!(pod = %id, result = %add.stdout, "churn ADD");
                 tokio::time::sleep(lifetime).await;
-                let del = run_plugin(env("DEL"), config).await;
-                if del.exit_code != 0 {
-                    tracing::warn!(pod = %id, error = %del.stdout, "churn DEL failed");
+                if let Err(e) = pod.del().await {
+                    tracing::warn!(pod = %pod.container_id, error = %e, "churn DEL failed");
                 }
             });
         }
     })
 }
 
-/// One plugin invocation, on its own thread with a current-thread runtime, as the binary runs it.
-async fn run_plugin(
-    env: std::collections::BTreeMap<String, String>,
-    stdin: String,
-) -> crate::cni::command::Outcome {
-    let failed = |msg: String| crate::cni::command::Outcome {
-        stdout: msg,
-        exit_code: 1,
-    };
-    tokio::task::spawn_blocking(move || {
-        match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt.block_on(crate::cni::command::run(&env, stdin.as_bytes())),
-            Err(e) => failed(format!("cannot start a runtime: {e}")),
+/// The network name synthetic pods are attached to.
+const CHURN_NETWORK: &str = "simulate";
+
+/// One synthetic pod: what the plugin would send and cache for it.
+struct SyntheticPod {
+    container_id: String,
+    pod: eniipam_api::PodRef,
+    socket: PathBuf,
+    cache: eniipam_api::cache::ResultCache,
+}
+
+impl SyntheticPod {
+    fn new(n: u64, socket: &std::path::Path, cache_dir: &std::path::Path) -> Self {
+        let container_id = format!("churn-{n:08}");
+        Self {
+            pod: eniipam_api::PodRef {
+                namespace: "churn".into(),
+                name: format!("pod-{n}"),
+                uid: container_id.clone(),
+            },
+            container_id,
+            socket: socket.to_owned(),
+            cache: eniipam_api::cache::ResultCache::new(cache_dir, CHURN_NETWORK),
         }
-    })
-    .await
-    .unwrap_or_else(|e| crate::cni::command::Outcome {
-        stdout: format!("plugin invocation panicked: {e}"),
-        exit_code: 1,
-    })
+    }
+
+    async fn client(
+        &self,
+    ) -> anyhow::Result<eniipam_api::pb::ipam_client::IpamClient<tonic::transport::Channel>> {
+        let channel = eniipam_api::connect(&self.socket)
+            .await
+            .with_context(|| format!("cannot connect to {}", self.socket.display()))?;
+        Ok(eniipam_api::pb::ipam_client::IpamClient::new(channel))
+    }
+
+    async fn add(&self) -> anyhow::Result<()> {
+        use eniipam_api::pb;
+        let reply = self
+            .client()
+            .await?
+            .allocate(pb::AllocateRequest {
+                api_version: eniipam_api::API_VERSION,
+                container_id: self.container_id.clone(),
+                ifname: "eth0".into(),
+                netns: "/proc/self/ns/net".into(),
+                pod: Some(pb::Pod {
+                    namespace: self.pod.namespace.clone(),
+                    name: self.pod.name.clone(),
+                    uid: self.pod.uid.clone(),
+                }),
+                network: CHURN_NETWORK.into(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        let ip = reply.ip.parse().context("the daemon answered a bad IP")?;
+        self.cache
+            .write(&eniipam_api::cache::CacheEntry {
+                format: eniipam_api::cache::CACHE_FORMAT,
+                network: CHURN_NETWORK.into(),
+                container_id: self.container_id.clone(),
+                ifname: "eth0".into(),
+                netns: "/proc/self/ns/net".into(),
+                pod: Some(self.pod.clone()),
+                sticky_key: None,
+                ip,
+                route_table: reply.route_table,
+                eni_id: reply.eni_id.clone(),
+                host_veth: None,
+                result: serde_json::json!({"cniVersion": "1.0.0", "ips": [{"address": format!("{ip}/32")}]}),
+            })
+            .context("cannot write the result cache")?;
+        tracing::debug!(pod = %self.container_id, %ip, "churn ADD");
+        Ok(())
+    }
+
+    async fn del(&self) -> anyhow::Result<()> {
+        self.client()
+            .await?
+            .release(eniipam_api::pb::ReleaseRequest {
+                api_version: eniipam_api::API_VERSION,
+                container_id: self.container_id.clone(),
+                ifname: "eth0".into(),
+                network: CHURN_NETWORK.into(),
+                ..Default::default()
+            })
+            .await?;
+        self.cache
+            .remove(&eniipam_api::AttachmentKey::new(
+                self.container_id.clone(),
+                "eth0",
+            ))
+            .context("cannot remove the result cache entry")?;
+        Ok(())
+    }
 }
 
 /// One status line every `every`.

@@ -7,8 +7,8 @@ mod cni_support;
 use cni_support::{
     Call, FakeDaemon, Invocation, Netns, cache_files, can_use_netns, ips, main_config,
 };
-use eniipam::cni::netns::host_veth_name;
 use eniipam::model::{AttachmentKey, PodRef};
+use eniipam_cni::wiring::host_veth_name;
 use serde_json::{Value, json};
 
 fn netns_available(test: &str) -> bool {

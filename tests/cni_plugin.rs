@@ -213,7 +213,11 @@ fn exhausted_pool_fails_add_with_try_again() {
     assert!(cache_files(&daemon).is_empty());
 
     let daemon = pool();
-    daemon.fail_with(Code::ResourceExhausted, "instance limit reached: 3 ENIs");
+    daemon.fail_with(
+        Code::ResourceExhausted,
+        "instance limit reached: 3 ENIs",
+        eniipam_api::pb::ErrorReason::Exhausted,
+    );
     let err = Invocation::new("ADD", &ipam_config(&daemon, "1.1.0"))
         .run()
         .err(11);
@@ -228,18 +232,36 @@ fn exhausted_pool_fails_add_with_try_again() {
 
 #[test]
 fn daemon_errors_map_to_spec_codes() {
-    for (code, msg, cni) in [
-        (Code::InvalidArgument, "bad preferred_ip", 7),
+    use eniipam_api::pb::ErrorReason;
+    for (code, msg, reason, cni) in [
+        (
+            Code::InvalidArgument,
+            "bad preferred_ip",
+            ErrorReason::InvalidRequest,
+            7,
+        ),
         (
             Code::FailedPrecondition,
             "client API version 2, daemon speaks API version 1",
+            ErrorReason::ApiVersionMismatch,
             1,
         ),
-        (Code::Unavailable, "starting: state not rebuilt yet", 11),
-        (Code::Internal, "disk full", 101),
+        (
+            Code::FailedPrecondition,
+            "preferred IP 10.0.0.9 is cooling down",
+            ErrorReason::PreferredIpUnavailable,
+            7,
+        ),
+        (
+            Code::Unavailable,
+            "starting: state not rebuilt yet",
+            ErrorReason::NotReady,
+            11,
+        ),
+        (Code::Internal, "disk full", ErrorReason::Internal, 101),
     ] {
         let daemon = pool();
-        daemon.fail_with(code, msg);
+        daemon.fail_with(code, msg, reason);
         let err = Invocation::new("ADD", &ipam_config(&daemon, "1.1.0"))
             .run()
             .err(cni);

@@ -168,6 +168,8 @@ async fn sigkill_at_random_moments_loses_nothing() {
             c.garbage_collect(pb::GarbageCollectRequest {
                 api_version: API_VERSION,
                 valid,
+                network: "eniipam".into(),
+                listed_before_ms: eniipam::clock::unix_ms_now(),
             })
             .await
             .unwrap();

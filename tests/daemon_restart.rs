@@ -137,7 +137,7 @@ async fn restarts_rebuild_the_truth() {
     std::fs::remove_file(&cfg.state_path).unwrap();
     let netns = dir.0.join("fake-netns");
     std::fs::write(&netns, b"").unwrap();
-    let cache = eniipam::cni::cache::ResultCache::new(&cfg.cni_cache_dir, "eniipam");
+    let cache = eniipam_api::cache::ResultCache::new(&cfg.cni_cache_dir, "eniipam");
     let mut on_host: Vec<(AttachmentKey, Ipv4Addr)> = after
         .iter()
         .map(|(k, ip)| (k.clone(), *ip))
@@ -145,8 +145,8 @@ async fn restarts_rebuild_the_truth() {
         .collect();
     for (k, ip) in &on_host {
         cache
-            .write(&eniipam::cni::cache::CacheEntry {
-                format: eniipam::cni::cache::CACHE_FORMAT,
+            .write(&eniipam_api::cache::CacheEntry {
+                format: eniipam_api::cache::CACHE_FORMAT,
                 network: "eniipam".into(),
                 container_id: k.container_id.clone(),
                 ifname: k.ifname.clone(),
@@ -164,8 +164,8 @@ async fn restarts_rebuild_the_truth() {
     // A cache entry whose namespace is gone is no evidence.
     let (gone_key, gone_ip) = after.iter().nth(2).map(|(k, ip)| (k.clone(), *ip)).unwrap();
     cache
-        .write(&eniipam::cni::cache::CacheEntry {
-            format: eniipam::cni::cache::CACHE_FORMAT,
+        .write(&eniipam_api::cache::CacheEntry {
+            format: eniipam_api::cache::CACHE_FORMAT,
             network: "eniipam".into(),
             container_id: gone_key.container_id.clone(),
             ifname: gone_key.ifname.clone(),

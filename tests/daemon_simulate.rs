@@ -1,6 +1,7 @@
 //! Issue 7: `eniipamd --simulate` as a subprocess; `eniipamctl status --json` and `/metrics` agree with
 //! the pool; SIGTERM ends it cleanly with exit 0; bad flags and knobs are refused by name.
 
+mod bins;
 #[path = "daemon_support/mod.rs"]
 mod daemon_support;
 
@@ -55,7 +56,7 @@ async fn start_sim(extra: &[&str]) -> Sim {
 }
 
 fn ctl(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_eniipamctl"))
+    std::process::Command::new(bins::target_bin("eniipamctl"))
         .args(args)
         .output()
         .unwrap()

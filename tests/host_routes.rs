@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use eniipam::host::routes::{EniRoute, EniRouting, HostError, RouteKeeper};
+use eniipam::host::{EniRoute, EniRouting, HostError, RouteKeeper};
 use nix::sched::CloneFlags;
 use serde_json::Value;
 

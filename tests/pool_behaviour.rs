@@ -6,9 +6,9 @@ use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use crate::pool_support::memory_cloud::{Action, NodeSpec};
 use eniipam::cloud::CloudError;
 use eniipam::cloud::lifecycle::{EniLifecycle, LifecycleConfig};
-use eniipam::cloud::memory::{Action, NodeSpec};
 use eniipam::pool::{
     AllocationSeed, BackoffTarget, EniPhaseSnapshot, EniRole, ExhaustionReason, IpState, Pool,
     PoolConfig, PoolError, PoolSeed, PreferUnavailable,
@@ -202,7 +202,10 @@ async fn acquire_is_idempotent_and_release_of_unknown_is_a_noop() {
     assert_eq!(c.ip, a.ip);
     assert_eq!(n.pool.snapshot().assigned, 1);
     assert_eq!(n.pool.release(&key(99), false), Ok(None));
-    assert_eq!(n.pool.release(&key(1), false), Ok(Some(a.ip)));
+    assert_eq!(
+        n.pool.release(&key(1), false).map(|r| r.map(|r| r.ip)),
+        Ok(Some(a.ip))
+    );
     assert_eq!(
         n.pool.release(&key(1), false),
         Ok(None),
@@ -664,7 +667,7 @@ async fn capacity_leaves_out_eth0_and_secondary_primaries() {
 
 #[tokio::test(start_paused = true)]
 async fn invalid_config_names_the_field() {
-    let (cloud, node) = eniipam::cloud::memory::MemoryCloud::with_node(NodeSpec::default());
+    let (cloud, node) = pool_support::memory_cloud::MemoryCloud::with_node(NodeSpec::default());
     let config = PoolConfig {
         min_idle: 8,
         max_idle: 3,

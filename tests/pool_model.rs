@@ -15,7 +15,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use eniipam::cloud::memory::{Action, NodeSpec};
+use crate::pool_support::memory_cloud::{Action, NodeSpec};
 use eniipam::cloud::{CloudError, InstanceLimits};
 use eniipam::model::{AttachmentKey, PodRef};
 use eniipam::pool::{EniRole, IpState, Pool, PoolConfig, PoolError, PreferUnavailable};
@@ -284,7 +284,11 @@ async fn run_case(min_idle: u32, extra_idle: u32, ops: Vec<Op>) -> Result<(), Te
             Op::Release { pod } => {
                 let key = run.model.key(pod);
                 let sticky = pod < STS;
-                let released = run.pool.release(&key, sticky).expect("release never fails");
+                let released = run
+                    .pool
+                    .release(&key, sticky)
+                    .expect("release never fails")
+                    .map(|r| r.ip);
                 let expected = run.model.held.remove(&key);
                 prop_assert_eq!(released, expected);
                 if let Some(ip) = expected {

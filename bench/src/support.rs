@@ -8,8 +8,8 @@ use anyhow::{Context, bail};
 use aws_sdk_ec2::config::Credentials;
 use eniipam::config::DaemonConfig;
 use eniipam::daemon::{CloudClients, Daemon, DaemonHandle};
-use eniipam::rpc::pb::ipam_client::IpamClient;
-use eniipam::rpc::{API_VERSION, pb};
+use eniipam_api::pb::ipam_client::IpamClient;
+use eniipam_api::{API_VERSION, pb};
 use mockcloud::MockCloud;
 use tonic::transport::Channel;
 
@@ -188,7 +188,7 @@ pub async fn wait_idle(d: &DaemonHandle, n: u32, timeout: Duration) -> anyhow::R
 
 pub async fn client(socket: &Path) -> anyhow::Result<IpamClient<Channel>> {
     Ok(IpamClient::new(
-        eniipam::rpc::connect(socket)
+        eniipam_api::connect(socket)
             .await
             .with_context(|| format!("connecting to {}", socket.display()))?,
     ))
@@ -204,6 +204,7 @@ pub fn alloc_req(container: &str) -> pb::AllocateRequest {
             name: container.into(),
             uid: format!("uid-{container}"),
         }),
+        network: "bench".into(),
         ..Default::default()
     }
 }
@@ -214,6 +215,7 @@ pub fn release_req(container: &str) -> pb::ReleaseRequest {
         container_id: container.into(),
         ifname: "eth0".into(),
         sticky: false,
+        network: "bench".into(),
     }
 }
 

@@ -4,11 +4,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use std::process::ExitCode;
+
+use anyhow::Context;
 use clap::Parser;
 use eniipam::config::{DaemonConfig, ProcessEnv};
-use eniipam::daemon::{Daemon, DaemonHandle};
-use eniipam::simulate;
+use eniipam::daemon::Daemon;
 
 /// Pod IP address management for Kubernetes on EC2: keeps a warm pool of VPC secondary IPs on this
 /// node's ENIs and serves them to the `eniipam` CNI plugin over a unix socket.
@@ -46,42 +47,109 @@ struct Args {
     profile: String,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    if args.simulate {
-        return run_simulate(args).await;
-    }
-    let config =
-        DaemonConfig::load(args.config.as_deref(), &ProcessEnv).context("invalid configuration")?;
-    if config.cluster_name.is_empty() {
-        bail!(
-            "cluster_name (ENIIPAM_CLUSTER_NAME) is required on a real node: it tags the ENIs eniipam creates \
-             and scopes the leaked-ENI collector (use --simulate to try eniipam without a cluster)"
-        );
-    }
-    eniipam::telemetry::init_logging(config.log_format, &config.log_level);
-    let daemon = Daemon::start(config)
-        .await
-        .context("eniipamd failed to start")?;
-    wait_for_signal().await?;
-    daemon.shutdown().await;
-    Ok(())
+/// How `eniipamd` ends, and its exit code: the one place errors become exit codes (listed in
+/// `docs/operations.md`).
+enum Exit {
+    /// Stopped by SIGTERM or Ctrl-C after serving.
+    Stopped,
+    /// The configuration (file, `ENIIPAM_*` variables or flags) is invalid: fix it, restarting won't help.
+    BadConfig(anyhow::Error),
+    /// Starting or running failed (EC2 or IMDS unreachable, state file, socket in use...): a restart
+    /// may help once the cause is gone.
+    Failed(anyhow::Error),
 }
 
-async fn run_simulate(args: Args) -> anyhow::Result<()> {
+impl Exit {
+    fn code(&self) -> ExitCode {
+        match self {
+            Self::Stopped => ExitCode::SUCCESS,
+            Self::Failed(_) => ExitCode::from(1),
+            // EX_CONFIG from sysexits.h (2 is clap's for a malformed command line).
+            Self::BadConfig(_) => ExitCode::from(78),
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let exit = if args.simulate {
+        run_simulate(args).await
+    } else {
+        run(args).await
+    };
+    match &exit {
+        Exit::Stopped => {}
+        Exit::BadConfig(e) => eprintln!("eniipamd: invalid configuration: {e:#}"),
+        Exit::Failed(e) => eprintln!("eniipamd: {e:#}"),
+    }
+    exit.code()
+}
+
+async fn run(args: Args) -> Exit {
+    let config = match DaemonConfig::load(args.config.as_deref(), &ProcessEnv) {
+        Ok(c) => c,
+        Err(e) => return Exit::BadConfig(e.into()),
+    };
+    if config.cluster_name.is_empty() {
+        return Exit::BadConfig(anyhow::anyhow!(
+            "cluster_name is empty: set ENIIPAM_CLUSTER_NAME (the DaemonSet reads it from the `cluster-name` key \
+             of the eniipam-config ConfigMap) or `cluster_name` in the config file. It tags the ENIs eniipam \
+             creates and scopes the leaked-ENI collector (use --simulate to try eniipam without a cluster)"
+        ));
+    }
+    eniipam::telemetry::init_logging(config.log_format, &config.log_level);
+    let daemon = match Daemon::start(config).await {
+        Ok(d) => d,
+        Err(e) => return Exit::Failed(anyhow::Error::new(e).context("eniipamd failed to start")),
+    };
+    let signal = wait_for_signal().await;
+    daemon.shutdown().await;
+    match signal {
+        Ok(()) => Exit::Stopped,
+        Err(e) => Exit::Failed(e),
+    }
+}
+
+#[cfg(not(feature = "simulate"))]
+async fn run_simulate(_: Args) -> Exit {
+    Exit::BadConfig(anyhow::anyhow!(
+        "--simulate is not available: this eniipamd was built without the `simulate` feature"
+    ))
+}
+
+#[cfg(feature = "simulate")]
+async fn run_simulate(args: Args) -> Exit {
+    match simulate_main(args).await {
+        Ok(()) => Exit::Stopped,
+        Err(e) if e.is::<BadArgs>() => Exit::BadConfig(e),
+        Err(e) => Exit::Failed(e),
+    }
+}
+
+/// A `--simulate` flag or variable with a bad value.
+#[cfg(feature = "simulate")]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct BadArgs(String);
+
+#[cfg(feature = "simulate")]
+async fn simulate_main(args: Args) -> anyhow::Result<()> {
+    use eniipam::simulate;
     if !(0.0..=1000.0).contains(&args.churn) {
-        bail!(
+        return Err(BadArgs(format!(
             "--churn must be between 0 and 1000 pods per second, not {}",
             args.churn
-        );
+        ))
+        .into());
     }
     let state_dir = match args.state_dir {
         Some(d) => d,
         None => simulate::default_state_dir()
             .context("cannot find a per-user state directory: pass --state-dir")?,
     };
-    let mut env_config = DaemonConfig::load(None, &ProcessEnv).context("invalid configuration")?;
+    let mut env_config =
+        DaemonConfig::load(None, &ProcessEnv).map_err(|e| BadArgs(e.to_string()))?;
     env_config.log_format = eniipam::config::LogFormat::Text;
     eniipam::telemetry::init_logging(env_config.log_format, &env_config.log_level);
     let sim = simulate::Simulation::start(simulate::SimulationOptions {
@@ -112,7 +180,8 @@ async fn run_simulate(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_where(d: &DaemonHandle, sim: &simulate::Simulation) {
+#[cfg(feature = "simulate")]
+fn print_where(d: &eniipam::daemon::DaemonHandle, sim: &eniipam::simulate::Simulation) {
     println!(
         "eniipamd is serving (simulated node {} {})",
         d.node.instance_id, d.node.instance_type

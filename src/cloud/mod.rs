@@ -3,7 +3,6 @@
 //! - [`Cloud`]: the EC2 calls the pool needs, in domain types. Real implementation on `aws-sdk-ec2` in
 //!   [`ec2`]; every call passes the rate limiter and the retry policy in [`limiter`].
 //! - [`Metadata`]: IMDSv2, real implementation on the `aws-config` IMDS client in [`imds`].
-//! - [`memory`]: in-memory implementations of both, for unit tests of the layers above.
 //!
 //! Errors are classified once, here, into [`CloudError`]: callers decide on kinds (throttled, capacity,
 //! not found), never on strings.
@@ -23,7 +22,6 @@ pub mod imds;
 pub mod leak;
 pub mod lifecycle;
 pub mod limiter;
-pub mod memory;
 
 /// Tag keys eniipam writes on the ENIs it creates.
 pub mod tags {
@@ -108,10 +106,15 @@ pub struct Subnet {
 }
 
 impl Subnet {
-    /// The VPC router's address in this subnet (network + 1), the gateway for routes out of an ENI.
+    /// The VPC router's address in this subnet ([`vpc_router`]).
     pub fn gateway(&self) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.cidr.network()) + 1)
+        vpc_router(self.cidr)
     }
+}
+
+/// The VPC router of a subnet: its network address plus one, the gateway for routes out of an ENI.
+pub fn vpc_router(cidr: Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(cidr.network()).wrapping_add(1))
 }
 
 /// ENI and IP limits of an instance type.

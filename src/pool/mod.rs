@@ -74,6 +74,15 @@ pub struct Allocation {
     pub gateway: Ipv4Addr,
 }
 
+/// What a release did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Released {
+    pub ip: Ipv4Addr,
+    /// The sticky reservation made: the key and until when. `None` without `sticky`, or when
+    /// `ip_stick_time` is zero.
+    pub reservation: Option<(String, Instant)>,
+}
+
 /// Creates/attaches and detaches/deletes the node's ENIs. [`EniLifecycle`] is the real one; the
 /// trait lets the pool be tested against a scripted one.
 #[async_trait]
@@ -334,19 +343,20 @@ impl Pool {
 
     /// Takes `attachment`'s IP back: it goes idle and cools down for `reuse_cooldown`; with
     /// `sticky`, it stays reserved for the attachment's sticky key (or pod `namespace/name`) for
-    /// `ip_stick_time`. Returns the IP, or `None` for an unknown attachment (a no-op).
+    /// `ip_stick_time`. Returns the IP and the reservation made, or `None` for an unknown attachment
+    /// (a no-op).
     pub fn release(
         &self,
         attachment: &AttachmentKey,
         sticky: bool,
-    ) -> Result<Option<Ipv4Addr>, PoolError> {
+    ) -> Result<Option<Released>, PoolError> {
         let released = self
             .shared()
             .lock()
             .release(attachment, sticky, Instant::now());
-        match released {
-            Some(ip) => {
-                tracing::info!(%attachment, %ip, sticky, "released");
+        match &released {
+            Some(r) => {
+                tracing::info!(%attachment, ip = %r.ip, sticky, "released");
                 self.shared().wake.notify_one();
             }
             None => tracing::debug!(%attachment, "release of an unknown attachment"),

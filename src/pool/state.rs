@@ -20,7 +20,7 @@ use super::eni::{EniHandle, EniPhase, Waiter};
 use super::error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
 use super::idle::{IdleEntry, IdleQueue, IdleRefusal, Reservation};
 use super::seed::{PoolSeed, SeedError};
-use super::{Allocation, PoolConfig};
+use super::{Allocation, PoolConfig, Released};
 use crate::cloud::{CloudError, Eni, NodeContext, Subnet};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
@@ -1042,7 +1042,7 @@ impl PoolState {
 
     /// Releases `key`'s IP into the idle queue (cooling; reserved for its sticky key when `sticky`).
     /// `None` when the attachment holds nothing (a no-op, as CNI DEL requires).
-    pub fn release(&mut self, key: &AttachmentKey, sticky: bool, now: Instant) -> Option<Ipv4Addr> {
+    pub fn release(&mut self, key: &AttachmentKey, sticky: bool, now: Instant) -> Option<Released> {
         if let Some(p) = self.pending.get_mut(key) {
             p.released = true;
             return None;
@@ -1056,6 +1056,10 @@ impl PoolState {
                 .unwrap_or_else(|| rec.pod.sticky_key()),
             until: now + self.config.ip_stick_time,
         });
+        let released = Released {
+            ip: rec.ip,
+            reservation: reservation.as_ref().map(|r| (r.key.clone(), r.until)),
+        };
         self.idle.push(
             rec.ip,
             rec.eni,
@@ -1063,7 +1067,7 @@ impl PoolState {
             self.config.reuse_cooldown,
             reservation,
         );
-        Some(rec.ip)
+        Some(released)
     }
 
     /// Drops create waiters whose callers are gone, returning their tokens.

@@ -39,8 +39,8 @@ pub struct FakeState {
     pub calls: Vec<Call>,
     /// Route table to report for allocations (0: primary ENI).
     pub route_table: u32,
-    /// When set, every call fails with this status.
-    pub fail_with: Option<(Code, String)>,
+    /// When set, every call fails with this status (and reason, as the real daemon sends one).
+    pub fail_with: Option<(Code, String, pb::ErrorReason)>,
     /// Status reply overrides.
     pub ready: bool,
 }
@@ -54,8 +54,8 @@ impl FakeIpam {
     fn record(&self, call: Call) -> Result<std::sync::MutexGuard<'_, FakeState>, Status> {
         let mut state = self.state.lock().unwrap();
         state.calls.push(call);
-        if let Some((code, msg)) = &state.fail_with {
-            return Err(Status::new(*code, msg.clone()));
+        if let Some((code, msg, reason)) = &state.fail_with {
+            return Err(eniipam_api::status_with_reason(*code, msg.clone(), *reason));
         }
         Ok(state)
     }
@@ -286,8 +286,8 @@ impl FakeDaemon {
         self.state.lock().unwrap().held.clone()
     }
 
-    pub fn fail_with(&self, code: Code, msg: &str) {
-        self.state.lock().unwrap().fail_with = Some((code, msg.to_owned()));
+    pub fn fail_with(&self, code: Code, msg: &str, reason: pb::ErrorReason) {
+        self.state.lock().unwrap().fail_with = Some((code, msg.to_owned(), reason));
     }
 
     pub fn set_route_table(&self, table: u32) {
@@ -343,9 +343,12 @@ impl PluginRun {
     }
 }
 
+#[path = "../bins/mod.rs"]
+mod bins;
+
 /// The plugin binary under test.
-pub fn plugin_path() -> &'static str {
-    env!("CARGO_BIN_EXE_eniipam")
+pub fn plugin_path() -> PathBuf {
+    bins::target_bin("eniipam")
 }
 
 /// One invocation, as a runtime would make it.
@@ -377,7 +380,7 @@ impl Invocation {
             ),
             config: config.to_string().into_bytes(),
             node: None,
-            binary: plugin_path().into(),
+            binary: plugin_path().display().to_string(),
         }
     }
 

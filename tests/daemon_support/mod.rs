@@ -60,6 +60,7 @@ pub fn alloc_req(container: &str, pod: &str) -> pb::AllocateRequest {
             name: pod.into(),
             uid: format!("uid-{pod}"),
         }),
+        network: "eniipam".into(),
         ..Default::default()
     }
 }
@@ -70,6 +71,7 @@ pub fn release_req(container: &str, sticky: bool) -> pb::ReleaseRequest {
         container_id: container.into(),
         ifname: "eth0".into(),
         sticky,
+        network: "eniipam".into(),
     }
 }
 

@@ -1,14 +1,16 @@
 //! Shared setup for the pool tests: a node on [`MemoryCloud`], a pool on it, and helpers.
 #![allow(dead_code)]
 
+pub mod memory_cloud;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use eniipam::cloud::lifecycle::{EniLifecycle, LifecycleConfig};
-use eniipam::cloud::memory::{MemoryCloud, NodeSpec};
 use eniipam::cloud::{Metadata, NodeContext};
 use eniipam::model::{AttachmentKey, EniId, PodRef};
 use eniipam::pool::{Allocation, Pool, PoolConfig, PoolError, PoolSeed};
+use memory_cloud::{MemoryCloud, NodeSpec};
 
 /// A config that leaves the pool alone unless a test says otherwise: no warm pool, a high ceiling,
 /// a tick far away (tests drive rounds with `maintain_now`).

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use eniipam::rpc::{API_VERSION, pb};
+use eniipam_api::{API_VERSION, pb};
 use mockcloud::MockCloud;
 use tokio::time::Instant;
 

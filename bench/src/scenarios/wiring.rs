@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use eniipam::daemon::DaemonHandle;
-use eniipam::model::AttachmentKey;
 use eniipam::pool::{Pool, PoolSnapshot};
-use eniipam::rpc::{API_VERSION, pb};
+use eniipam_api::AttachmentKey;
+use eniipam_api::{API_VERSION, pb};
 use mockcloud::MockCloud;
 use serde_json::{Value, json};
 

@@ -1,4 +1,4 @@
-//! Plain data types shared by every layer. No I/O here.
+//! Plain data types shared by the plugin and every layer of the daemon. No I/O here.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -98,6 +98,14 @@ impl PodRef {
     pub fn sticky_key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+}
+
+/// The policy-routing table of pod IPs on the ENI at `device_index`: `device_index + 1` (the AWS VPC
+/// CNI's convention, so existing host tooling reads it the same), or `None` for the primary ENI, whose
+/// pod IPs route through the main table. The daemon keeps these tables; the plugin adds the rules that
+/// point at them.
+pub fn route_table(device_index: u32) -> Option<u32> {
+    (device_index > 0).then(|| device_index + 1)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Generates the gRPC code from `proto/` with a vendored `protoc`, so a fresh machine needs nothing
+//! Generates the gRPC code from the workspace's `proto/` with a vendored `protoc`, so a fresh machine needs nothing
 //! installed beyond Rust.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -10,11 +10,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     tonic_prost_build::configure().compile_protos(
         &[
-            "proto/eniipam/v1/ipam.proto",
-            "proto/eniipam/v1/introspect.proto",
+            "../../proto/eniipam/v1/ipam.proto",
+            "../../proto/eniipam/v1/introspect.proto",
         ],
-        &["proto"],
+        &["../../proto"],
     )?;
-    println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rerun-if-changed=../../proto");
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! In-memory [`Cloud`] and [`Metadata`] over one shared state, for tests of the layers above.
+//! Test support: an in-memory [`Cloud`] and [`Metadata`] over one shared state, for the pool tests (the
+//! integration tests run the real SDK against mockcloud instead). Not part of the shipped daemon.
 //!
 //! [`MemoryCloud`] models one VPC with one subnet and one instance (the node). It enforces what EC2
 //! enforces and what the pool depends on: the instance type's ENI and per-ENI IPv4 limits
@@ -22,12 +23,12 @@ use ipnet::Ipv4Net;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{
+use eniipam::cloud::{
     AttachmentStatus, Cloud, CloudError, CloudResult, CreateEni, Eni, EniAttachment, EniFilter,
     EniStatus, Instance, InstanceIdentity, InstanceLimits, Metadata, MetadataEni, NodeContext,
     Subnet,
 };
-use crate::model::EniId;
+use eniipam::model::EniId;
 
 /// One call the fake can record, fail or delay: the EC2 action it stands for, or an IMDS read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

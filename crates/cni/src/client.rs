@@ -8,10 +8,10 @@ use std::time::Duration;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use super::spec::{CniError, ErrorCode};
-use crate::rpc::API_VERSION;
-use crate::rpc::pb;
-use crate::rpc::pb::ipam_client::IpamClient;
+use eniipam_api::pb::ipam_client::IpamClient;
+use eniipam_api::{API_VERSION, pb};
+
+use crate::spec::{CniError, ErrorCode};
 
 /// Why a daemon call failed.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +52,7 @@ impl DaemonError {
                 | Code::Aborted => ErrorCode::TryAgainLater,
                 Code::InvalidArgument => ErrorCode::InvalidNetworkConfig,
                 Code::FailedPrecondition
-                    if s.message().to_ascii_lowercase().contains("version") =>
+                    if eniipam_api::reason_of(s) == Some(pb::ErrorReason::ApiVersionMismatch) =>
                 {
                     ErrorCode::IncompatibleVersion
                 }
@@ -97,7 +97,7 @@ impl DaemonClient {
         if socket.to_str().is_none() {
             return Err(unreachable("socket path is not UTF-8".into()));
         }
-        let endpoint = crate::rpc::endpoint(socket)
+        let endpoint = eniipam_api::endpoint(socket)
             .map_err(|e| unreachable(e.to_string()))?
             .connect_timeout(timeout);
         let channel = with_deadline(timeout, async {
@@ -227,11 +227,17 @@ mod tests {
                 ErrorCode::InvalidNetworkConfig,
             ),
             (
-                status(
+                DaemonError::Status(eniipam_api::status_with_reason(
                     Code::FailedPrecondition,
                     "client API version 2, daemon speaks 1",
-                ),
+                    pb::ErrorReason::ApiVersionMismatch,
+                )),
                 ErrorCode::IncompatibleVersion,
+            ),
+            // The reason decides, not the words of the message.
+            (
+                status(Code::FailedPrecondition, "the version annotation is wrong"),
+                ErrorCode::InvalidNetworkConfig,
             ),
             (
                 status(

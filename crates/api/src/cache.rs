@@ -17,7 +17,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{AttachmentKey, PodRef};
+use crate::{AttachmentKey, PodRef};
+
+/// Default root of the cache (`cache_dir` in the conflist, `cni_cache_dir` in the daemon's configuration).
+pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cni/eniipam";
 
 /// The current cache file format.
 pub const CACHE_FORMAT: u32 = 1;

@@ -5,16 +5,24 @@
 use std::io::Read;
 use std::process::ExitCode;
 
-use eniipam::cni::config::MAX_STDIN_BYTES;
-use eniipam::cni::{CniError, CniVersion, ErrorCode, Outcome, ProcessEnvironment};
+use std::io::IsTerminal;
+
+use eniipam_cni::netconf::MAX_STDIN_BYTES;
+use eniipam_cni::{CniError, CniVersion, ErrorCode, Outcome, ProcessEnvironment};
+use tracing_subscriber::filter::LevelFilter;
 
 fn main() -> ExitCode {
+    // A plain level (`error`, `warn`, `info`, `debug`, `trace`, `off`), not an `EnvFilter`: parsing
+    // directives costs start-up time on every invocation. Colour only on a terminal: the runtime puts
+    // this stderr into its own log.
+    let level = std::env::var("ENIIPAM_CNI_LOG")
+        .ok()
+        .and_then(|v| v.parse::<LevelFilter>().ok())
+        .unwrap_or(LevelFilter::WARN);
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ENIIPAM_CNI_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_max_level(level)
+        .with_ansi(std::io::stderr().is_terminal())
         .without_time()
         .with_target(false)
         .init();
@@ -43,5 +51,5 @@ fn invoke() -> Outcome {
             return Outcome::error(&err, CniVersion::CURRENT);
         }
     };
-    runtime.block_on(eniipam::cni::run(&ProcessEnvironment, &stdin))
+    runtime.block_on(eniipam_cni::run(&ProcessEnvironment, &stdin))
 }

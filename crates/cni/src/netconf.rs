@@ -1,7 +1,6 @@
-//! What the runtime hands the plugin: the `CNI_*` environment and the network configuration on stdin,
-//! parsed and validated into typed values with spec error codes.
-//!
-//! The environment is read through [`Environment`], so tests pass a map and never call `set_var`.
+//! The network configuration on stdin, parsed and validated into typed values with the spec's error
+//! codes: the role (main plugin or IPAM), the knobs, `prevResult`, pod annotations and GC's valid
+//! attachments.
 //!
 //! ## Knobs (in the network configuration)
 //!
@@ -10,7 +9,7 @@
 //!
 //! | knob | default | meaning |
 //! | --- | --- | --- |
-//! | `socket` | [`crate::rpc::DEFAULT_SOCKET`] | the daemon's gRPC unix socket |
+//! | `socket` | [`eniipam_api::DEFAULT_SOCKET`] | the daemon's gRPC unix socket |
 //! | `timeout_ms` | 30000 | deadline of each daemon call (connect included) |
 //! | `mtu` | 9001 | MTU of both veth ends (EC2 jumbo frames) |
 //! | `veth_prefix` | `eni` | host veth name prefix, 1–4 characters |
@@ -32,16 +31,17 @@
 //!
 //! The annotation `eniipam.io/ip: "<IPv4>"` asks for that IP and fails rather than falling back.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use eniipam_api::{AttachmentKey, PodRef};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::spec::{CniError, CniResult, CniVersion, ErrorCode};
-use crate::model::{AttachmentKey, PodRef};
+use crate::env::{CniArgs, is_name_like, parse_bool};
+use crate::spec::{CniError, CniResult, CniVersion, ErrorCode};
 
 /// The largest network configuration accepted on stdin.
 pub const MAX_STDIN_BYTES: usize = 1 << 20;
@@ -52,8 +52,7 @@ pub const PLUGIN_TYPE: &str = "eniipam";
 /// Default host veth prefix.
 pub const DEFAULT_VETH_PREFIX: &str = "eni";
 
-/// Default directory of cached ADD results.
-pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cni/eniipam";
+pub use eniipam_api::cache::DEFAULT_CACHE_DIR;
 
 /// Default MTU of the veth pair.
 pub const DEFAULT_MTU: u32 = 9001;
@@ -69,221 +68,6 @@ pub const IP_ANNOTATION: &str = "eniipam.io/ip";
 
 /// The runtimeConfig key containerd and cri-o use to pass pod annotations.
 pub const POD_ANNOTATIONS_CAPABILITY: &str = "io.kubernetes.cri.pod-annotations";
-
-/// Where the plugin reads `CNI_*` variables from.
-pub trait Environment {
-    /// The value of `name`, if set.
-    fn var(&self, name: &str) -> Option<String>;
-}
-
-/// The process environment.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ProcessEnvironment;
-
-impl Environment for ProcessEnvironment {
-    fn var(&self, name: &str) -> Option<String> {
-        std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
-    }
-}
-
-impl Environment for HashMap<String, String> {
-    fn var(&self, name: &str) -> Option<String> {
-        self.get(name).cloned()
-    }
-}
-
-impl Environment for BTreeMap<String, String> {
-    fn var(&self, name: &str) -> Option<String> {
-        self.get(name).cloned()
-    }
-}
-
-/// `CNI_COMMAND`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Command {
-    /// Attach a container.
-    Add,
-    /// Detach a container (best effort, idempotent).
-    Del,
-    /// Verify an attachment.
-    Check,
-    /// Report supported versions.
-    Version,
-    /// Release everything not in `cni.dev/valid-attachments`.
-    Gc,
-    /// Report whether ADD can be served.
-    Status,
-}
-
-impl Command {
-    /// Reads `CNI_COMMAND`.
-    pub fn from_env(env: &dyn Environment) -> Result<Self, CniError> {
-        let raw = env.var("CNI_COMMAND").ok_or_else(|| {
-            CniError::new(ErrorCode::InvalidEnvironment, "CNI_COMMAND is not set")
-        })?;
-        match raw.as_str() {
-            "ADD" => Ok(Self::Add),
-            "DEL" => Ok(Self::Del),
-            "CHECK" => Ok(Self::Check),
-            "VERSION" => Ok(Self::Version),
-            "GC" => Ok(Self::Gc),
-            "STATUS" => Ok(Self::Status),
-            other => Err(CniError::new(
-                ErrorCode::InvalidEnvironment,
-                format!("unknown CNI_COMMAND {other:?}"),
-            )),
-        }
-    }
-
-    /// Whether the command names one attachment (needs `CNI_CONTAINERID`, `CNI_IFNAME`, `CNI_PATH`).
-    pub fn is_per_attachment(self) -> bool {
-        matches!(self, Self::Add | Self::Del | Self::Check)
-    }
-}
-
-/// Pod identity and plugin options from `CNI_ARGS`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CniArgs {
-    /// `K8S_POD_NAMESPACE` / `K8S_POD_NAME` / `K8S_POD_UID`, when the namespace and name are given.
-    pub pod: Option<PodRef>,
-    /// `ENIIPAM_STICKY=true|false`.
-    pub sticky: Option<bool>,
-}
-
-impl CniArgs {
-    /// Parses `KEY=VALUE;KEY=VALUE`. Unknown keys are ignored (as with `IgnoreUnknown=1`).
-    pub fn parse(raw: &str) -> Result<Self, CniError> {
-        let mut pairs = HashMap::new();
-        for part in raw.split(';').filter(|p| !p.is_empty()) {
-            let (k, v) = part.split_once('=').ok_or_else(|| {
-                CniError::new(
-                    ErrorCode::InvalidEnvironment,
-                    format!("CNI_ARGS: {part:?} is not KEY=VALUE"),
-                )
-            })?;
-            pairs.insert(k, v);
-        }
-        let pod = match (pairs.get("K8S_POD_NAMESPACE"), pairs.get("K8S_POD_NAME")) {
-            (Some(ns), Some(name)) if !ns.is_empty() && !name.is_empty() => Some(PodRef {
-                namespace: (*ns).to_owned(),
-                name: (*name).to_owned(),
-                uid: pairs
-                    .get("K8S_POD_UID")
-                    .map(|s| (*s).to_owned())
-                    .unwrap_or_default(),
-            }),
-            _ => None,
-        };
-        let sticky = match pairs.get("ENIIPAM_STICKY") {
-            None => None,
-            Some(v) => Some(parse_bool(v).ok_or_else(|| {
-                CniError::new(
-                    ErrorCode::InvalidEnvironment,
-                    format!("CNI_ARGS: ENIIPAM_STICKY={v:?} is not true/false"),
-                )
-            })?),
-        };
-        Ok(Self { pod, sticky })
-    }
-}
-
-fn parse_bool(v: &str) -> Option<bool> {
-    match v.to_ascii_lowercase().as_str() {
-        "true" | "1" => Some(true),
-        "false" | "0" => Some(false),
-        _ => None,
-    }
-}
-
-/// The `CNI_*` variables of one invocation, validated for its command.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RuntimeEnv {
-    /// `CNI_COMMAND`.
-    pub command: Command,
-    /// `CNI_CONTAINERID` (empty for VERSION/GC/STATUS).
-    pub container_id: String,
-    /// `CNI_NETNS` (required for ADD and CHECK, optional for DEL).
-    pub netns: Option<String>,
-    /// `CNI_IFNAME` (empty for VERSION/GC/STATUS).
-    pub ifname: String,
-    /// `CNI_ARGS`, parsed.
-    pub args: CniArgs,
-}
-
-impl RuntimeEnv {
-    /// Reads and validates what `command` needs from `env`.
-    pub fn from_env(command: Command, env: &dyn Environment) -> Result<Self, CniError> {
-        let get = |name: &str| env.var(name).filter(|v| !v.is_empty());
-        let require = |name: &str| {
-            get(name).ok_or_else(|| {
-                CniError::new(ErrorCode::InvalidEnvironment, format!("{name} is not set"))
-            })
-        };
-        let mut out = Self {
-            command,
-            container_id: String::new(),
-            netns: None,
-            ifname: String::new(),
-            args: CniArgs::default(),
-        };
-        if !command.is_per_attachment() {
-            return Ok(out);
-        }
-        out.container_id = require("CNI_CONTAINERID")?;
-        validate_container_id(&out.container_id)?;
-        out.ifname = require("CNI_IFNAME")?;
-        validate_ifname(&out.ifname)?;
-        require("CNI_PATH")?;
-        out.netns = match command {
-            Command::Del => get("CNI_NETNS"),
-            _ => Some(require("CNI_NETNS")?),
-        };
-        out.args = CniArgs::parse(&get("CNI_ARGS").unwrap_or_default())?;
-        Ok(out)
-    }
-
-    /// The attachment this invocation is about.
-    pub fn attachment(&self) -> AttachmentKey {
-        AttachmentKey::new(self.container_id.clone(), self.ifname.clone())
-    }
-}
-
-fn is_name_like(s: &str) -> bool {
-    let mut bytes = s.bytes();
-    bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-}
-
-/// The spec's rule for container ids: alphanumerics, then alphanumerics, `_`, `.`, `-`.
-pub fn validate_container_id(id: &str) -> Result<(), CniError> {
-    if is_name_like(id) {
-        Ok(())
-    } else {
-        Err(CniError::new(
-            ErrorCode::InvalidEnvironment,
-            format!("CNI_CONTAINERID {id:?} is not a valid container id"),
-        ))
-    }
-}
-
-/// The spec's (and Linux's) rule for interface names: 1–15 bytes, not `.`/`..`, no `/`, `:` or space.
-pub fn validate_ifname(name: &str) -> Result<(), CniError> {
-    let ok = !name.is_empty()
-        && name.len() <= 15
-        && name != "."
-        && name != ".."
-        && !name
-            .chars()
-            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
-    if ok {
-        Ok(())
-    } else {
-        Err(CniError::new(
-            ErrorCode::InvalidEnvironment,
-            format!("CNI_IFNAME {name:?} is not a valid interface name"),
-        ))
-    }
-}
 
 /// Which job this invocation has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,7 +98,7 @@ pub struct PluginConfig {
 impl Default for PluginConfig {
     fn default() -> Self {
         Self {
-            socket: PathBuf::from(crate::rpc::DEFAULT_SOCKET),
+            socket: PathBuf::from(eniipam_api::DEFAULT_SOCKET),
             timeout: Duration::from_millis(DEFAULT_TIMEOUT_MS),
             mtu: DEFAULT_MTU,
             veth_prefix: DEFAULT_VETH_PREFIX.to_owned(),
@@ -587,13 +371,6 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::json;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
     fn parse(v: Value) -> Result<NetConf, CniError> {
         NetConf::parse(v.to_string().as_bytes())
     }
@@ -606,7 +383,7 @@ mod tests {
         assert_eq!(conf.plugin, PluginConfig::default());
         assert_eq!(
             conf.plugin.socket,
-            PathBuf::from(crate::rpc::DEFAULT_SOCKET)
+            PathBuf::from(eniipam_api::DEFAULT_SOCKET)
         );
         assert_eq!(conf.plugin.veth_prefix, "eni");
         assert!(conf.prev_result.is_none());
@@ -715,76 +492,6 @@ mod tests {
         assert_eq!(
             conf.prev_result.unwrap().ips[0].address.to_string(),
             "10.1.2.3/32"
-        );
-    }
-
-    #[test]
-    fn environment_is_validated_per_command() {
-        let full = [
-            ("CNI_COMMAND", "ADD"),
-            ("CNI_CONTAINERID", "abc123"),
-            ("CNI_NETNS", "/run/netns/x"),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/opt/cni/bin"),
-            (
-                "CNI_ARGS",
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u1",
-            ),
-        ];
-        let e = env(&full);
-        let cmd = Command::from_env(&e).unwrap();
-        let rt = RuntimeEnv::from_env(cmd, &e).unwrap();
-        assert_eq!(rt.args.pod.as_ref().unwrap().sticky_key(), "default/web-0");
-        assert_eq!(rt.args.pod.as_ref().unwrap().uid, "u1");
-
-        for missing in ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"] {
-            let e = env(&full
-                .iter()
-                .copied()
-                .filter(|(k, _)| *k != missing)
-                .collect::<Vec<_>>());
-            let err = RuntimeEnv::from_env(Command::Add, &e).unwrap_err();
-            assert_eq!(err.code, ErrorCode::InvalidEnvironment, "{missing}");
-            assert!(err.msg.contains(missing));
-        }
-        // DEL does not need a netns.
-        let e = env(&full
-            .iter()
-            .copied()
-            .filter(|(k, _)| *k != "CNI_NETNS")
-            .collect::<Vec<_>>());
-        assert!(
-            RuntimeEnv::from_env(Command::Del, &e)
-                .unwrap()
-                .netns
-                .is_none()
-        );
-        // VERSION, GC and STATUS need nothing.
-        assert!(RuntimeEnv::from_env(Command::Status, &env(&[])).is_ok());
-
-        for (k, v) in [
-            ("CNI_CONTAINERID", "-bad"),
-            ("CNI_CONTAINERID", "a/b"),
-            ("CNI_IFNAME", "0123456789abcdef"),
-            ("CNI_IFNAME", "a b"),
-            ("CNI_IFNAME", ".."),
-            ("CNI_ARGS", "novalue"),
-            ("CNI_ARGS", "ENIIPAM_STICKY=maybe"),
-        ] {
-            let mut e = env(&full);
-            e.insert(k.into(), v.into());
-            let err = RuntimeEnv::from_env(Command::Add, &e).unwrap_err();
-            assert_eq!(err.code, ErrorCode::InvalidEnvironment, "{k}={v}");
-        }
-        assert_eq!(
-            Command::from_env(&env(&[("CNI_COMMAND", "FOO")]))
-                .unwrap_err()
-                .code,
-            ErrorCode::InvalidEnvironment
-        );
-        assert_eq!(
-            Command::from_env(&env(&[])).unwrap_err().code,
-            ErrorCode::InvalidEnvironment
         );
     }
 

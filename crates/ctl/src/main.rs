@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use eniipam::rpc::pb;
+use eniipam_api::pb;
 use serde_json::json;
 
 /// Inspect eniipamd on this node: pool status, allocations, ENIs.
@@ -12,7 +12,7 @@ use serde_json::json;
 #[command(name = "eniipamctl", version)]
 struct Args {
     /// eniipamd's socket.
-    #[arg(long, env = "ENIIPAM_SOCKET_PATH", default_value = eniipam::rpc::DEFAULT_SOCKET)]
+    #[arg(long, env = "ENIIPAM_SOCKET_PATH", default_value = eniipam_api::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
@@ -53,7 +53,7 @@ async fn run(args: &Args) -> Result<(), String> {
             socket.display()
         ));
     }
-    let channel = eniipam::rpc::connect(socket).await.map_err(|e| {
+    let channel = eniipam_api::connect(socket).await.map_err(|e| {
         let mut msg = format!("cannot connect to eniipamd at {}: {e}", socket.display());
         if let Err(io) = std::fs::File::open(socket)
             && io.kind() == std::io::ErrorKind::PermissionDenied

@@ -7,16 +7,17 @@ use ipnet::{IpNet, Ipv4Net};
 use serde_json::{Map, Value};
 use tonic::Code;
 
-use super::cache::{CACHE_FORMAT, CacheEntry, ResultCache};
-use super::client::{DaemonClient, DaemonError};
-use super::config::{Command, Environment, NetConf, Role, RuntimeEnv, peek_version};
-use super::netns::{
-    self, GATEWAY, Netlink, NetnsError, NetnsFile, Teardown, WiringPlan, host_veth_name,
-};
-use super::spec::{
+use eniipam_api::cache::{CACHE_FORMAT, CacheEntry, ResultCache};
+use eniipam_api::pb;
+use eniipam_netlink::{Netlink, NetnsFile};
+
+use crate::client::{DaemonClient, DaemonError};
+use crate::env::{Command, Environment, RuntimeEnv};
+use crate::netconf::{NetConf, Role, peek_version};
+use crate::spec::{
     CniError, CniResult, CniVersion, ErrorCode, Interface, IpConfig, Route, version_info,
 };
-use crate::rpc::pb;
+use crate::wiring::{self, GATEWAY, NetnsError, Teardown, WiringPlan, host_veth_name};
 
 /// What one invocation prints on stdout and how it exits.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,11 +76,9 @@ async fn execute(env: &dyn Environment, stdin: &[u8]) -> Result<Option<Value>, C
 
 fn netns_to_cni(err: NetnsError) -> CniError {
     let code = match &err {
-        NetnsError::Open { .. } => ErrorCode::InvalidEnvironment,
+        NetnsError::Netlink(eniipam_netlink::Error::Open { .. }) => ErrorCode::InvalidEnvironment,
         NetnsError::Mismatch(_) => ErrorCode::CheckFailed,
-        NetnsError::Socket { .. } | NetnsError::Netlink { .. } | NetnsError::Conflict(_) => {
-            ErrorCode::WiringFailed
-        }
+        NetnsError::Netlink(_) | NetnsError::Conflict(_) => ErrorCode::WiringFailed,
     };
     CniError::new(code, err.to_string())
 }
@@ -97,14 +96,15 @@ struct PodSide {
 
 impl PodSide {
     fn open(path: &str) -> Result<Self, CniError> {
-        let ns = NetnsFile::open(path).map_err(netns_to_cni)?;
-        let host = Netlink::current().map_err(netns_to_cni)?;
-        let pod = Netlink::in_netns(&ns).map_err(netns_to_cni)?;
+        let nl = |e: eniipam_netlink::Error| netns_to_cni(e.into());
+        let ns = NetnsFile::open(path).map_err(nl)?;
+        let host = Netlink::current().map_err(nl)?;
+        let pod = Netlink::in_netns(&ns).map_err(nl)?;
         Ok(Self { ns, host, pod })
     }
 }
 
-fn main_result(plan: &WiringPlan, wired: &netns::Wired, netns_path: &str) -> CniResult {
+fn main_result(plan: &WiringPlan, wired: &wiring::Wired, netns_path: &str) -> CniResult {
     CniResult {
         interfaces: vec![
             Interface {
@@ -158,6 +158,7 @@ fn ipam_result(ip: Ipv4Addr) -> CniResult {
 
 async fn release(
     client: &mut DaemonClient,
+    conf: &NetConf,
     rt: &RuntimeEnv,
     sticky: bool,
 ) -> Result<pb::ReleaseReply, DaemonError> {
@@ -167,6 +168,7 @@ async fn release(
             container_id: rt.container_id.clone(),
             ifname: rt.ifname.clone(),
             sticky,
+            network: conf.name.clone(),
         })
         .await
 }
@@ -183,7 +185,7 @@ async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniError> {
     let side = match conf.role {
         Role::Main => {
             let side = PodSide::open(&netns_path)?;
-            netns::ensure_absent(&side.pod, &rt.ifname, &side.ns)
+            wiring::ensure_absent(&side.pod, &rt.ifname, &side.ns)
                 .await
                 .map_err(netns_to_cni)?;
             Some(side)
@@ -206,6 +208,7 @@ async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniError> {
             preferred_ip: preferred.map(|ip| ip.to_string()).unwrap_or_default(),
             require_preferred: preferred.is_some(),
             sticky_key: sticky_key.clone().unwrap_or_default(),
+            network: conf.name.clone(),
         })
         .await
         .map_err(|e| e.to_cni())?;
@@ -214,7 +217,7 @@ async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniError> {
     let ip: Ipv4Addr = match reply.ip.parse() {
         Ok(ip) => ip,
         Err(_) => {
-            let _ = release(&mut client, rt, keep).await;
+            let _ = release(&mut client, conf, rt, keep).await;
             return Err(CniError::new(
                 ErrorCode::DaemonFailure,
                 format!(
@@ -241,18 +244,18 @@ async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniError> {
                 host_veth: None,
                 created_host_veth: Some(plan.host_veth.clone()),
             };
-            match netns::wire(&side.host, &side.pod, &side.ns, &plan).await {
+            match wiring::wire(&side.host, &side.pod, &side.ns, &plan).await {
                 Ok(wired) => (
                     main_result(&plan, &wired, &netns_path),
                     Some(wired.host),
                     Some(teardown),
                 ),
                 Err(err) => {
-                    let cleanup = netns::unwire(&side.host, Some(&side.pod), &teardown).await;
+                    let cleanup = wiring::unwire(&side.host, Some(&side.pod), &teardown).await;
                     for e in &cleanup {
                         tracing::warn!("cleaning up after failed wiring: {e}");
                     }
-                    let released = release(&mut client, rt, keep).await;
+                    let released = release(&mut client, conf, rt, keep).await;
                     let mut cni = netns_to_cni(err);
                     if cni.code == ErrorCode::CheckFailed {
                         cni.code = ErrorCode::WiringFailed;
@@ -286,9 +289,9 @@ async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniError> {
     };
     if let Err(e) = cache.write(&entry) {
         if let (Some(side), Some(teardown)) = (&side, &teardown) {
-            netns::unwire(&side.host, Some(&side.pod), teardown).await;
+            wiring::unwire(&side.host, Some(&side.pod), teardown).await;
         }
-        let _ = release(&mut client, rt, keep).await;
+        let _ = release(&mut client, conf, rt, keep).await;
         return Err(CniError::new(ErrorCode::IoFailure, e.to_string())
             .with_details(format!("{ip} was released")));
     }
@@ -308,7 +311,7 @@ async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
     // Release first (the daemon keeps the IP cooling, so tearing down afterwards is safe), but never
     // let a missing or failing daemon stop the teardown: DEL must succeed.
     let released_ip = match connect(conf).await {
-        Ok(mut client) => match release(&mut client, rt, sticky).await {
+        Ok(mut client) => match release(&mut client, conf, rt, sticky).await {
             Ok(reply) => reply.ip.parse::<Ipv4Addr>().ok(),
             Err(e) => {
                 tracing::warn!("DEL {key}: release failed, tearing down from the cache: {e}");
@@ -327,10 +330,10 @@ async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
             .map(|c| c.ip)
             .or(released_ip)
             .or_else(|| conf.prev_result.as_ref()?.ipv4_for(&rt.ifname));
-        let host = Netlink::current().map_err(netns_to_cni)?;
+        let host = Netlink::current().map_err(|e| netns_to_cni(e.into()))?;
         // A netns that is gone took the pod end (and so the whole veth pair) with it.
         let pod = match rt.netns.as_deref().map(NetnsFile::open) {
-            Some(Ok(ns)) => Some(Netlink::in_netns(&ns).map_err(netns_to_cni)?),
+            Some(Ok(ns)) => Some(Netlink::in_netns(&ns).map_err(|e| netns_to_cni(e.into()))?),
             Some(Err(e)) => {
                 tracing::info!("DEL {key}: {e}; nothing to remove inside the pod");
                 None
@@ -343,7 +346,7 @@ async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
             host_veth: cached.as_ref().and_then(|c| c.host_veth.clone()),
             created_host_veth: None,
         };
-        let errors = netns::unwire(&host, pod.as_ref(), &teardown).await;
+        let errors = wiring::unwire(&host, pod.as_ref(), &teardown).await;
         if let Some(first) = errors.into_iter().next() {
             // Keep the cache entry so a retried DEL still knows what to remove.
             return Err(netns_to_cni(first));
@@ -381,6 +384,7 @@ async fn check(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
             container_id: rt.container_id.clone(),
             ifname: rt.ifname.clone(),
             ip: ip.to_string(),
+            network: conf.name.clone(),
         })
         .await
         .map_err(|e| e.to_cni())?;
@@ -423,7 +427,7 @@ async fn check(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
             .as_ref()
             .and_then(|c| c.host_veth.as_ref())
             .map(|h| h.mac.as_str());
-        netns::check(&side.host, &side.pod, &plan, mac)
+        wiring::check(&side.host, &side.pod, &plan, mac)
             .await
             .map_err(|e| {
                 let mut cni = netns_to_cni(e);
@@ -437,6 +441,10 @@ async fn check(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
 }
 
 async fn gc(conf: &NetConf) -> Result<(), CniError> {
+    // The runtime built its list of valid attachments before it started this process.
+    let listed_before_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let valid = conf.valid_attachments.clone().ok_or_else(|| {
         CniError::new(
             ErrorCode::InvalidNetworkConfig,
@@ -456,6 +464,8 @@ async fn gc(conf: &NetConf) -> Result<(), CniError> {
                         ifname: k.ifname.clone(),
                     })
                     .collect(),
+                network: conf.name.clone(),
+                listed_before_ms,
             })
             .await
     }
@@ -484,7 +494,7 @@ async fn gc(conf: &NetConf) -> Result<(), CniError> {
                     host_veth: Some(veth.clone()),
                     created_host_veth: None,
                 };
-                for e in netns::unwire(host, None, &teardown).await {
+                for e in wiring::unwire(host, None, &teardown).await {
                     tracing::warn!("GC {}: {e}", entry.attachment());
                 }
             }

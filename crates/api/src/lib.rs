@@ -1,0 +1,89 @@
+//! eniipam's API: what the CNI plugin and the daemon (`eniipamd`) both speak, and nothing either side
+//! keeps to itself. The plugin links this crate and the netlink crate only; so does the daemon, beside its
+//! cloud, pool and store.
+//!
+//! - [`model`]: plain types (IPs, ENI ids, attachment keys, pod references), re-exported at the root.
+//! - [`pb`]: the gRPC contract generated from the workspace's `proto/eniipam/v1/*.proto` (`Ipam` for the
+//!   plugin, `Introspect` for `eniipamctl`), with [`API_VERSION`], [`DEFAULT_SOCKET`] and typed error
+//!   reasons ([`status_with_reason`], [`reason_of`]).
+//! - [`cache`]: the plugin's result cache, which the plugin writes and the daemon reads as evidence of
+//!   live pods.
+
+pub mod cache;
+pub mod model;
+
+pub use model::{AttachmentKey, EniId, Ip, MalformedEniId, PodRef};
+
+/// Generated protobuf types, clients and servers.
+pub mod pb {
+    #![allow(clippy::all, missing_docs, rust_2018_idioms)]
+    tonic::include_proto!("eniipam.v1");
+}
+
+/// The API version this build speaks; requests carry it and the daemon refuses others with
+/// [`pb::ErrorReason::ApiVersionMismatch`].
+pub const API_VERSION: u32 = 1;
+
+/// Default socket path of the daemon's gRPC API (`socket` in the conflist, `socket_path` in the daemon's
+/// configuration and `ENIIPAM_SOCKET_PATH` for both the daemon and `eniipamctl`).
+pub const DEFAULT_SOCKET: &str = "/run/eniipam/eniipam.sock";
+
+/// The gRPC endpoint of the daemon's unix socket (`unix:<path>`).
+pub fn endpoint(
+    path: &std::path::Path,
+) -> Result<tonic::transport::Endpoint, tonic::transport::Error> {
+    tonic::transport::Endpoint::from_shared(format!("unix:{}", path.display()))
+}
+
+/// Connects a gRPC channel to the daemon's unix socket.
+pub async fn connect(
+    path: &std::path::Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    endpoint(path)?.connect().await
+}
+
+/// A status whose details carry `reason` (a binary [`pb::ErrorDetail`]), so clients map errors by reason
+/// rather than by the message's words.
+pub fn status_with_reason(
+    code: tonic::Code,
+    message: impl Into<String>,
+    reason: pb::ErrorReason,
+) -> tonic::Status {
+    use prost::Message;
+    let detail = pb::ErrorDetail {
+        reason: reason as i32,
+    };
+    tonic::Status::with_details(
+        code,
+        message,
+        tonic::codegen::Bytes::from(detail.encode_to_vec()),
+    )
+}
+
+/// The reason a status carries in its details, if the daemon set one.
+pub fn reason_of(status: &tonic::Status) -> Option<pb::ErrorReason> {
+    use prost::Message;
+    let detail = pb::ErrorDetail::decode(status.details()).ok()?;
+    pb::ErrorReason::try_from(detail.reason)
+        .ok()
+        .filter(|r| *r != pb::ErrorReason::Unspecified)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_round_trip_through_status_details() {
+        let s = status_with_reason(
+            tonic::Code::FailedPrecondition,
+            "mismatch",
+            pb::ErrorReason::ApiVersionMismatch,
+        );
+        assert_eq!(reason_of(&s), Some(pb::ErrorReason::ApiVersionMismatch));
+        assert_eq!(
+            reason_of(&tonic::Status::failed_precondition("version")),
+            None
+        );
+    }
+}

@@ -1,0 +1,451 @@
+//! Pod plumbing over rtnetlink (no `ip` commands): the veth pair, the pod's `/32`, its default route
+//! through the link-local gateway, the host route and the policy rules of secondary-ENI IPs.
+//!
+//! What one attachment looks like once wired:
+//!
+//! ```text
+//! pod netns:   eth0  <ip>/32, default via 169.254.1.1 dev eth0 onlink,
+//!                    neighbour 169.254.1.1 lladdr <host veth MAC> PERMANENT
+//! host netns:  <prefix><11 hex>  (the veth's other end, created directly in the host netns)
+//!              <ip> dev <host veth> scope link              (main table)
+//!              rule 512:  to <ip> lookup main               (only for secondary-ENI IPs)
+//!              rule 1536: from <ip> lookup <route_table>    (only for secondary-ENI IPs)
+//! ```
+//!
+//! The netlink primitives (connections per namespace, messages read back, rules) are the
+//! `eniipam-netlink` crate's, shared with the daemon's host routing.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use eniipam_api::cache::HostVeth;
+use eniipam_api::{AttachmentKey, PodRef};
+use eniipam_netlink::{
+    MAIN_TABLE, Netlink, NetnsFile, PolicyRule, RuleSelector, TableRoute, format_mac, parse_mac,
+};
+use futures::TryStreamExt;
+use netlink_packet_route::link::{InfoData, InfoVeth};
+use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState};
+use netlink_packet_route::route::RouteScope;
+use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use sha1::{Digest, Sha1};
+
+/// The pod's gateway: link-local, answered by the host veth through a static neighbour entry.
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+
+/// Priority of `to <pod ip> lookup main` (before any ENI table).
+pub const TO_POD_RULE_PRIORITY: u32 = 512;
+
+/// Priority of `from <pod ip> lookup <eni table>`.
+pub const FROM_POD_RULE_PRIORITY: u32 = 1536;
+
+/// The host veth name: `prefix` + the first 11 hex digits of SHA-1 over `namespace/name` (plus
+/// `/ifname` for interfaces other than `eth0`, so a pod with several eniipam interfaces gets distinct
+/// names). Without a pod identity the container id stands in for `namespace/name`. At most 15 bytes
+/// for prefixes of up to 4.
+pub fn host_veth_name(prefix: &str, pod: Option<&PodRef>, key: &AttachmentKey) -> String {
+    let mut seed = match pod {
+        Some(pod) => pod.sticky_key(),
+        None => key.container_id.clone(),
+    };
+    if key.ifname != "eth0" {
+        seed.push('/');
+        seed.push_str(&key.ifname);
+    }
+    let digest = Sha1::digest(seed.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}{}", &hex[..11])
+}
+
+/// Why plumbing failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// Opening a namespace or a netlink socket, or a netlink request, failed.
+    #[error(transparent)]
+    Netlink(#[from] eniipam_netlink::Error),
+    /// Something is in the way (an interface of that name exists, ...).
+    #[error("{0}")]
+    Conflict(String),
+    /// CHECK found something missing or different.
+    #[error("{0}")]
+    Mismatch(String),
+}
+
+fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetnsError {
+    let f = eniipam_netlink::Error::request(what);
+    move |source| NetnsError::Netlink(f(source))
+}
+
+/// The rules a pod IP on `route_table` needs (none for the primary ENI, table 0).
+fn pod_rules(ip: Ipv4Addr, route_table: u32) -> Vec<PolicyRule> {
+    if route_table == 0 {
+        return Vec::new();
+    }
+    vec![
+        PolicyRule {
+            priority: TO_POD_RULE_PRIORITY,
+            selector: RuleSelector::To(ip),
+            table: MAIN_TABLE,
+        },
+        PolicyRule {
+            priority: FROM_POD_RULE_PRIORITY,
+            selector: RuleSelector::From(ip),
+            table: route_table,
+        },
+    ]
+}
+
+/// What to wire for one attachment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WiringPlan {
+    /// Interface name inside the pod (`CNI_IFNAME`).
+    pub ifname: String,
+    /// Host veth name ([`host_veth_name`]).
+    pub host_veth: String,
+    /// The pod's IP.
+    pub ip: Ipv4Addr,
+    /// Policy-routing table of the IP's ENI (0: primary ENI, no rules).
+    pub route_table: u32,
+    /// MTU of both ends.
+    pub mtu: u32,
+}
+
+/// What wiring created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wired {
+    /// The host end.
+    pub host: HostVeth,
+    /// MAC of the pod end.
+    pub pod_mac: String,
+}
+
+/// Fails when the pod already has an interface named `ifname` (the spec requires ADD to refuse).
+pub async fn ensure_absent(pod: &Netlink, ifname: &str, ns: &NetnsFile) -> Result<(), NetnsError> {
+    match pod.link(ifname).await? {
+        Some(_) => Err(NetnsError::Conflict(format!(
+            "interface {ifname} already exists in {}",
+            ns.path()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Wires the pod. On error, some of the plan may be in place: call [`unwire`] to clean up.
+pub async fn wire(
+    host: &Netlink,
+    pod: &Netlink,
+    pod_ns: &NetnsFile,
+    plan: &WiringPlan,
+) -> Result<Wired, NetnsError> {
+    // A host veth of the same name is a leftover of an earlier sandbox of the same pod.
+    if let Some(stale) = host.link(&plan.host_veth).await? {
+        if !stale.is_veth() {
+            return Err(NetnsError::Conflict(format!(
+                "host interface {} exists and is not a veth",
+                plan.host_veth
+            )));
+        }
+        host.delete_link(stale.index, &plan.host_veth).await?;
+    }
+
+    // Create the pair with its peer directly in the pod netns (no move between namespaces).
+    let peer = LinkMessageBuilder::<LinkUnspec>::new()
+        .name(plan.ifname.clone())
+        .mtu(plan.mtu)
+        .setns_by_fd(pod_ns.raw_fd())
+        .build();
+    let veth = LinkVeth::new(&plan.host_veth, &plan.ifname)
+        .mtu(plan.mtu)
+        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+        .build();
+    host.handle()
+        .link()
+        .add(veth)
+        .execute()
+        .await
+        .map_err(nl(format!(
+            "creating veth {} <-> {}",
+            plan.host_veth, plan.ifname
+        )))?;
+
+    let host_link = host.link(&plan.host_veth).await?.ok_or_else(|| {
+        NetnsError::Conflict(format!(
+            "host veth {} vanished after creation",
+            plan.host_veth
+        ))
+    })?;
+    let pod_link = pod.link(&plan.ifname).await?.ok_or_else(|| {
+        NetnsError::Conflict(format!(
+            "pod interface {} vanished after creation",
+            plan.ifname
+        ))
+    })?;
+    host.set_up(host_link.index, &plan.host_veth, None).await?;
+    pod.set_up(pod_link.index, &plan.ifname, None).await?;
+
+    // Inside the pod: the /32, the static neighbour for the gateway, the default route.
+    pod.handle()
+        .address()
+        .add(pod_link.index, IpAddr::V4(plan.ip), 32)
+        .execute()
+        .await
+        .map_err(nl(format!("adding {}/32 to {}", plan.ip, plan.ifname)))?;
+    let host_mac = parse_mac(&host_link.mac).ok_or_else(|| {
+        NetnsError::Mismatch(format!("unexpected hardware address {:?}", host_link.mac))
+    })?;
+    pod.handle()
+        .neighbours()
+        .add(pod_link.index, IpAddr::V4(GATEWAY))
+        .link_layer_address(&host_mac)
+        .state(NeighbourState::Permanent)
+        .replace()
+        .execute()
+        .await
+        .map_err(nl(format!("adding neighbour {GATEWAY} on {}", plan.ifname)))?;
+    let default = RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(Ipv4Addr::UNSPECIFIED, 0)
+        .gateway(GATEWAY)
+        .output_interface(pod_link.index)
+        .onlink()
+        .build();
+    pod.handle()
+        .route()
+        .add(default)
+        .replace()
+        .execute()
+        .await
+        .map_err(nl(format!("adding default route via {GATEWAY}")))?;
+
+    // On the host: the /32 route to the veth and, for secondary ENIs, the policy rules.
+    let to_pod = RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(plan.ip, 32)
+        .output_interface(host_link.index)
+        .scope(RouteScope::Link)
+        .build();
+    host.handle()
+        .route()
+        .add(to_pod)
+        .replace()
+        .execute()
+        .await
+        .map_err(nl(format!(
+            "adding host route {}/32 dev {}",
+            plan.ip, plan.host_veth
+        )))?;
+    for rule in pod_rules(plan.ip, plan.route_table) {
+        host.add_rule(&rule).await?;
+    }
+
+    Ok(Wired {
+        host: HostVeth {
+            name: plan.host_veth.clone(),
+            index: host_link.index,
+            mac: host_link.mac,
+        },
+        pod_mac: pod_link.mac,
+    })
+}
+
+/// What [`unwire`] should remove.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Teardown {
+    /// The pod interface to delete (a veth; deleting it deletes the host end too).
+    pub ifname: String,
+    /// The pod IP, whose policy rules go.
+    pub ip: Option<Ipv4Addr>,
+    /// The host veth ADD created: deleted only while its name and MAC still match.
+    pub host_veth: Option<HostVeth>,
+    /// A host veth name to delete unconditionally (cleanup of a failed ADD of our own).
+    pub created_host_veth: Option<String>,
+}
+
+/// Tears an attachment down, best effort: every step is tried, and the errors are returned.
+pub async fn unwire(host: &Netlink, pod: Option<&Netlink>, what: &Teardown) -> Vec<NetnsError> {
+    let mut errors = Vec::new();
+    if let Some(pod) = pod {
+        match pod.link(&what.ifname).await {
+            Ok(Some(link)) if link.is_veth() => {
+                if let Err(e) = pod.delete_link(link.index, &what.ifname).await {
+                    errors.push(e.into());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => errors.push(e.into()),
+        }
+    }
+    let mut host_names: Vec<(String, Option<String>)> = Vec::new();
+    if let Some(v) = &what.host_veth {
+        host_names.push((v.name.clone(), Some(v.mac.clone())));
+    }
+    if let Some(name) = &what.created_host_veth {
+        host_names.push((name.clone(), None));
+    }
+    for (name, mac) in host_names {
+        match host.link(&name).await {
+            Ok(Some(link)) if link.is_veth() && mac.as_ref().is_none_or(|m| *m == link.mac) => {
+                if let Err(e) = host.delete_link(link.index, &name).await {
+                    errors.push(e.into());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => errors.push(e.into()),
+        }
+    }
+    if let Some(ip) = what.ip {
+        let rules = pod_rules(ip, 1);
+        let theirs =
+            |m: &netlink_packet_route::rule::RuleMessage| rules.iter().any(|r| r.selects_like(m));
+        if let Err(e) = host.remove_rules(theirs, &format!("rules of {ip}")).await {
+            errors.push(e.into());
+        }
+    }
+    errors
+}
+
+/// Verifies that everything [`wire`] set up is still there (CHECK).
+pub async fn check(
+    host: &Netlink,
+    pod: &Netlink,
+    plan: &WiringPlan,
+    expected_host_mac: Option<&str>,
+) -> Result<(), NetnsError> {
+    let missing = |what: String| NetnsError::Mismatch(what);
+    let host_link = host
+        .link(&plan.host_veth)
+        .await?
+        .ok_or_else(|| missing(format!("host veth {} is missing", plan.host_veth)))?;
+    if let Some(mac) = expected_host_mac
+        && mac != host_link.mac
+    {
+        return Err(missing(format!(
+            "host veth {} has MAC {}, ADD created {mac}",
+            plan.host_veth, host_link.mac
+        )));
+    }
+    let pod_link = pod
+        .link(&plan.ifname)
+        .await?
+        .ok_or_else(|| missing(format!("pod interface {} is missing", plan.ifname)))?;
+
+    let addrs = pod.addresses(pod_link.index).await?;
+    let has_addr = addrs.iter().any(|a| {
+        a.header.prefix_len == 32
+            && a.attributes.iter().any(|attr| {
+                matches!(attr, netlink_packet_route::address::AddressAttribute::Address(IpAddr::V4(ip)) if *ip == plan.ip)
+            })
+    });
+    if !has_addr {
+        return Err(missing(format!(
+            "{}/32 is not on pod interface {}",
+            plan.ip, plan.ifname
+        )));
+    }
+
+    let pod_routes = pod.routes_v4().await?;
+    let has_default = pod_routes.iter().filter_map(TableRoute::of).any(|r| {
+        r.table == MAIN_TABLE
+            && r.destination.prefix_len() == 0
+            && r.gateway == Some(GATEWAY)
+            && r.oif == Some(pod_link.index)
+    });
+    if !has_default {
+        return Err(missing(format!(
+            "pod default route via {GATEWAY} dev {} is missing",
+            plan.ifname
+        )));
+    }
+
+    let neighbours: Vec<_> = pod
+        .handle()
+        .neighbours()
+        .get()
+        .set_address_family(netlink_packet_route::AddressFamily::Inet)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl("listing pod neighbours"))?;
+    let has_neighbour = neighbours.iter().any(|n| {
+        n.header.ifindex == pod_link.index
+            && n.header.state == NeighbourState::Permanent
+            && n.attributes.iter().any(|a| {
+                matches!(a, NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) if *ip == GATEWAY)
+            })
+            && n.attributes.iter().any(|a| {
+                matches!(a, NeighbourAttribute::LinkLayerAddress(mac) if format_mac(mac) == host_link.mac)
+            })
+    });
+    if !has_neighbour {
+        return Err(missing(format!(
+            "pod neighbour {GATEWAY} -> {} (permanent) is missing",
+            host_link.mac
+        )));
+    }
+
+    let host_routes = host.routes_v4().await?;
+    let has_host_route = host_routes.iter().filter_map(TableRoute::of).any(|r| {
+        r.table == MAIN_TABLE
+            && r.destination == ipnet::Ipv4Net::from(plan.ip)
+            && r.oif == Some(host_link.index)
+    });
+    if !has_host_route {
+        return Err(missing(format!(
+            "host route {}/32 dev {} is missing",
+            plan.ip, plan.host_veth
+        )));
+    }
+
+    let wanted = pod_rules(plan.ip, plan.route_table);
+    if !wanted.is_empty() {
+        let rules = host.rules_v4().await?;
+        for rule in wanted {
+            let present = rules.iter().any(|r| rule.matches(r));
+            if !present {
+                return Err(missing(format!("host rule {rule} is missing")));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_veth_names_fit_and_are_stable() {
+        let pod = PodRef {
+            namespace: "default".into(),
+            name: "web-0".into(),
+            uid: "u".into(),
+        };
+        let key = AttachmentKey::new("c1", "eth0");
+        let a = host_veth_name("eni", Some(&pod), &key);
+        assert_eq!(a.len(), 14);
+        assert!(a.starts_with("eni"));
+        assert!(a[3..].bytes().all(|b| b.is_ascii_hexdigit()));
+        // Same pod, new sandbox: same name (so a stale veth is found and replaced).
+        assert_eq!(
+            a,
+            host_veth_name("eni", Some(&pod), &AttachmentKey::new("c2", "eth0"))
+        );
+        // Another interface of the same pod: another name.
+        assert_ne!(
+            a,
+            host_veth_name("eni", Some(&pod), &AttachmentKey::new("c1", "net1"))
+        );
+        // Four-character prefixes still fit IFNAMSIZ.
+        assert_eq!(host_veth_name("abcd", None, &key).len(), 15);
+        // sha1("default/web-0")
+        let digest = Sha1::digest(b"default/web-0");
+        assert_eq!(&a[3..], &format_mac(&digest).replace(':', "")[..11]);
+    }
+
+    #[test]
+    fn rules_only_for_secondary_enis() {
+        let ip = Ipv4Addr::new(10, 0, 0, 5);
+        assert!(pod_rules(ip, 0).is_empty());
+        let rules = pod_rules(ip, 3);
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[0].to_string(), "512: to 10.0.0.5 lookup 254");
+        assert_eq!(rules[1].to_string(), "1536: from 10.0.0.5 lookup 3");
+    }
+}

@@ -1,0 +1,127 @@
+//! The `Introspect` gRPC service for `eniipamctl`: the pool, the allocations in the state file, the
+//! ENIs. Read-only.
+
+use tonic::{Request, Response, Status};
+
+use super::pb;
+use crate::ipam::Ipam;
+use crate::pool::snapshot::{EniPhaseSnapshot, IpState};
+
+/// The `Introspect` service.
+#[derive(Clone)]
+pub struct IntrospectService {
+    pub ipam: Ipam,
+    pub instance_id: String,
+    pub instance_type: String,
+}
+
+fn eni_info(e: &crate::pool::snapshot::EniSnapshot) -> pb::EniInfo {
+    let count = |f: fn(&IpState) -> bool| e.ips.iter().filter(|i| f(&i.state)).count() as u32;
+    pb::EniInfo {
+        eni_id: e.id.to_string(),
+        mac: e.mac.clone(),
+        device_index: e.device_index,
+        subnet_id: e.subnet_id.clone(),
+        subnet_cidr: e.subnet_cidr.map(|c| c.to_string()).unwrap_or_default(),
+        primary_ip: e.primary_ip.to_string(),
+        idle: count(|s| matches!(s, IpState::Idle { .. })),
+        assigned: count(|s| matches!(s, IpState::Assigned { .. })),
+        cooling: count(|s| matches!(s, IpState::Cooling { .. })),
+        sticky: count(|s| matches!(s, IpState::Reserved { .. })),
+        state: match &e.phase {
+            EniPhaseSnapshot::Serving => "serving".to_owned(),
+            EniPhaseSnapshot::BackingOff { .. } => "backing-off".to_owned(),
+            EniPhaseSnapshot::Draining => "draining".to_owned(),
+        },
+        backlog: e.in_flight,
+    }
+}
+
+#[tonic::async_trait]
+impl pb::introspect_server::Introspect for IntrospectService {
+    async fn pool(&self, _: Request<pb::PoolRequest>) -> Result<Response<pb::PoolReply>, Status> {
+        let s = self.ipam.pool().snapshot();
+        let mut backoffs = Vec::new();
+        for sub in &s.subnets {
+            if let Some(b) = &sub.backoff {
+                backoffs.push(pb::Backoff {
+                    scope: format!("subnet {}", sub.id),
+                    reason: b.error.to_string(),
+                    remaining_ms: b.retry_in.as_millis() as u64,
+                });
+            }
+        }
+        for e in &s.enis {
+            if let EniPhaseSnapshot::BackingOff {
+                retry_in,
+                last_error,
+                ..
+            } = &e.phase
+            {
+                backoffs.push(pb::Backoff {
+                    scope: format!("eni {}", e.id),
+                    reason: last_error.to_string(),
+                    remaining_ms: retry_in.as_millis() as u64,
+                });
+            }
+        }
+        Ok(Response::new(pb::PoolReply {
+            instance_id: self.instance_id.clone(),
+            instance_type: self.instance_type.clone(),
+            capacity: s.capacity,
+            tokens_in_use: s.tokens_used,
+            min_idle: s.min_idle,
+            max_idle: s.max_idle,
+            idle: s.idle_eligible,
+            assigned: s.assigned,
+            cooling: s.cooling,
+            sticky: s.reserved,
+            in_flight: s.in_flight,
+            exhausted: s.exhaustion.is_some(),
+            exhausted_reason: s
+                .exhaustion
+                .as_ref()
+                .map(|r| r.to_string())
+                .unwrap_or_default(),
+            backoffs,
+            enis: s.enis.iter().map(eni_info).collect(),
+            ready: self.ipam.is_ready(),
+        }))
+    }
+
+    async fn allocations(
+        &self,
+        _: Request<pb::AllocationsRequest>,
+    ) -> Result<Response<pb::AllocationsReply>, Status> {
+        let state = self
+            .ipam
+            .store()
+            .load()
+            .await
+            .map_err(|e| Status::internal(format!("cannot read the state file: {e}")))?;
+        Ok(Response::new(pb::AllocationsReply {
+            allocations: state
+                .assignments
+                .into_iter()
+                .map(|a| pb::Allocation {
+                    ip: a.ip.to_string(),
+                    container_id: a.container_id,
+                    ifname: a.ifname,
+                    netns: a.netns,
+                    pod_namespace: a.pod_namespace,
+                    pod_name: a.pod_name,
+                    eni_id: a.eni_id,
+                    sticky_key: a.sticky_key.unwrap_or_default(),
+                    assigned_at_ms: a.assigned_at_ms,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn enis(&self, _: Request<pb::EnisRequest>) -> Result<Response<pb::EnisReply>, Status> {
+        let s = self.ipam.pool().snapshot();
+        Ok(Response::new(pb::EnisReply {
+            enis: s.enis.iter().map(eni_info).collect(),
+        }))
+    }
+}

@@ -1,0 +1,246 @@
+//! The `Ipam` gRPC service: checks the API version and the request's shape, converts protobuf to the
+//! service's domain types, calls [`crate::ipam::Ipam`], and maps its errors to status codes carrying a
+//! typed [`pb::ErrorReason`].
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use tokio::time::Instant;
+
+use eniipam_api::status_with_reason;
+use tonic::{Code, Request, Response, Status};
+
+use super::{API_VERSION, pb};
+use crate::ipam::{AllocateRequest, Ipam, IpamError};
+use crate::model::{AttachmentKey, PodRef};
+use crate::pool::PoolError;
+use crate::telemetry::Metrics;
+
+/// The `Ipam` service.
+#[derive(Clone)]
+pub struct IpamService {
+    pub ipam: Ipam,
+    pub metrics: Metrics,
+}
+
+fn check_version(v: u32) -> Result<(), Status> {
+    if v == API_VERSION {
+        Ok(())
+    } else {
+        Err(status_with_reason(
+            Code::FailedPrecondition,
+            format!(
+                "API version mismatch: the client speaks eniipam API v{v}, this daemon speaks \
+                 v{API_VERSION}; install the plugin that ships with this daemon"
+            ),
+            pb::ErrorReason::ApiVersionMismatch,
+        ))
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Status {
+    status_with_reason(Code::InvalidArgument, msg, pb::ErrorReason::InvalidRequest)
+}
+
+fn attachment(container_id: &str, ifname: &str) -> Result<AttachmentKey, Status> {
+    if container_id.is_empty() || container_id.len() > 256 {
+        return Err(invalid("container_id must be 1 to 256 characters"));
+    }
+    if ifname.is_empty() || ifname.len() > 15 {
+        return Err(invalid("ifname must be 1 to 15 characters"));
+    }
+    Ok(AttachmentKey::new(container_id, ifname))
+}
+
+/// Maps a pool error to the status the plugin turns into a CNI code.
+pub fn pool_status(e: &PoolError) -> Status {
+    use pb::ErrorReason as R;
+    let (code, reason) = match e {
+        PoolError::PreferredUnavailable { .. } => {
+            (Code::FailedPrecondition, R::PreferredIpUnavailable)
+        }
+        PoolError::ShuttingDown => (Code::Unavailable, R::NotReady),
+        PoolError::Config(_) | PoolError::Seed(_) => (Code::Internal, R::Internal),
+        e if e.is_retryable() => (Code::ResourceExhausted, R::Exhausted),
+        _ => (Code::Unavailable, R::Exhausted),
+    };
+    status_with_reason(code, e.to_string(), reason)
+}
+
+/// Maps a service error to a status.
+pub fn ipam_status(e: &IpamError) -> Status {
+    match e {
+        IpamError::NotReady => {
+            status_with_reason(Code::Unavailable, e.to_string(), pb::ErrorReason::NotReady)
+        }
+        IpamError::Pool(p) => pool_status(p),
+        IpamError::Record(_) => {
+            status_with_reason(Code::Internal, e.to_string(), pb::ErrorReason::Internal)
+        }
+    }
+}
+
+fn outcome<T>(r: &Result<T, Status>) -> String {
+    r.as_ref()
+        .map_or_else(|s| format!("{:?}", s.code()), |_| "ok".to_owned())
+}
+
+impl IpamService {
+    async fn allocate_inner(&self, r: pb::AllocateRequest) -> Result<pb::AllocateReply, Status> {
+        check_version(r.api_version)?;
+        let key = attachment(&r.container_id, &r.ifname)?;
+        let prefer = match r.preferred_ip.as_str() {
+            "" => None,
+            s => Some(
+                s.parse::<Ipv4Addr>()
+                    .map_err(|_| invalid(format!("preferred_ip {s:?} is not an IPv4 address")))?,
+            ),
+        };
+        let pod = r.pod.unwrap_or_default();
+        let req = AllocateRequest {
+            key,
+            netns: r.netns,
+            pod: PodRef {
+                namespace: pod.namespace,
+                name: pod.name,
+                uid: pod.uid,
+            },
+            prefer,
+            require_preferred: r.require_preferred,
+            sticky_key: (!r.sticky_key.is_empty()).then_some(r.sticky_key),
+        };
+        let done = self.ipam.allocate(req).await.map_err(|e| ipam_status(&e))?;
+        let a = &done.allocation;
+        Ok(pb::AllocateReply {
+            ip: a.ip.to_string(),
+            prefix_length: 32,
+            eni_id: a.eni.to_string(),
+            mac: a.mac.clone(),
+            device_index: a.device_index,
+            route_table: done.route_table,
+            subnet_cidr: a.subnet_cidr.to_string(),
+            gateway: a.gateway.to_string(),
+            vpc_cidrs: done.vpc_cidrs.iter().map(|c| c.to_string()).collect(),
+        })
+    }
+
+    async fn release_inner(&self, r: pb::ReleaseRequest) -> Result<pb::ReleaseReply, Status> {
+        check_version(r.api_version)?;
+        let key = attachment(&r.container_id, &r.ifname)?;
+        let released = self
+            .ipam
+            .release(&key, r.sticky)
+            .await
+            .map_err(|e| ipam_status(&e))?;
+        Ok(match released {
+            Some(rel) => pb::ReleaseReply {
+                released: true,
+                ip: rel.ip.to_string(),
+            },
+            None => pb::ReleaseReply {
+                released: false,
+                ip: String::new(),
+            },
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl pb::ipam_server::Ipam for IpamService {
+    async fn allocate(
+        &self,
+        req: Request<pb::AllocateRequest>,
+    ) -> Result<Response<pb::AllocateReply>, Status> {
+        let started = Instant::now();
+        let result = self.allocate_inner(req.into_inner()).await;
+        self.metrics
+            .add(&outcome(&result), started.elapsed().as_secs_f64());
+        result.map(Response::new)
+    }
+
+    async fn release(
+        &self,
+        req: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseReply>, Status> {
+        let started = Instant::now();
+        let result = self.release_inner(req.into_inner()).await;
+        self.metrics
+            .del(&outcome(&result), started.elapsed().as_secs_f64());
+        result.map(Response::new)
+    }
+
+    async fn check(
+        &self,
+        req: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::CheckReply>, Status> {
+        let r = req.into_inner();
+        check_version(r.api_version)?;
+        let key = attachment(&r.container_id, &r.ifname)?;
+        let found = self.ipam.check(&key).map_err(|e| ipam_status(&e))?;
+        let reply = match found {
+            None => pb::CheckReply {
+                ok: false,
+                ip: String::new(),
+                message: format!("eniipamd has no IP for {key}"),
+            },
+            Some(a) if !r.ip.is_empty() && r.ip != a.ip.to_string() => pb::CheckReply {
+                ok: false,
+                ip: a.ip.to_string(),
+                message: format!("{key} holds {} but the runtime expects {}", a.ip, r.ip),
+            },
+            Some(a) => pb::CheckReply {
+                ok: true,
+                ip: a.ip.to_string(),
+                message: String::new(),
+            },
+        };
+        Ok(Response::new(reply))
+    }
+
+    async fn garbage_collect(
+        &self,
+        req: Request<pb::GarbageCollectRequest>,
+    ) -> Result<Response<pb::GarbageCollectReply>, Status> {
+        let r = req.into_inner();
+        check_version(r.api_version)?;
+        let valid: BTreeSet<AttachmentKey> = r
+            .valid
+            .iter()
+            .map(|a| AttachmentKey::new(a.container_id.clone(), a.ifname.clone()))
+            .collect();
+        let released = self
+            .ipam
+            .garbage_collect(&valid)
+            .await
+            .map_err(|e| ipam_status(&e))?;
+        Ok(Response::new(pb::GarbageCollectReply {
+            released: released
+                .into_iter()
+                .map(|k| pb::Attachment {
+                    container_id: k.container_id,
+                    ifname: k.ifname,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn status(
+        &self,
+        req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusReply>, Status> {
+        check_version(req.into_inner().api_version)?;
+        let s = self.ipam.pool().snapshot();
+        let exhausted = s.exhaustion.is_some() && s.idle_eligible == 0;
+        Ok(Response::new(pb::StatusReply {
+            ready: self.ipam.is_ready(),
+            exhausted,
+            reason: s
+                .exhaustion
+                .as_ref()
+                .map(|r| r.to_string())
+                .unwrap_or_default(),
+            capacity: s.capacity,
+            idle: s.idle,
+            assigned: s.assigned,
+        }))
+    }
+}
