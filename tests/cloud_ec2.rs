@@ -404,7 +404,7 @@ async fn imds_lag_is_ridden_out() {
     let env = Env::start().await;
     env.mock.set_imds_lag(Duration::from_millis(700));
     let lc = env.lifecycle(fast_lifecycle());
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     let eni = lc.create_and_attach(3, 1).await.unwrap();
     assert!(
         start.elapsed() >= Duration::from_millis(600),
@@ -440,7 +440,7 @@ async fn imds_lag_beyond_the_bound_defers_to_ec2() {
         imds_wait: short,
         ..fast_lifecycle()
     });
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     let eni = lc.create_and_attach(2, 1).await.unwrap();
     assert!(start.elapsed() < Duration::from_secs(3));
     assert!(

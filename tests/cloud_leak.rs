@@ -144,10 +144,10 @@ async fn a_failing_describe_is_counted_and_the_loop_stops_on_cancel() {
     let task = collector
         .clone()
         .spawn(Duration::from_millis(50), cancel.clone());
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     while collector.totals().deleted == 0 {
         assert!(
-            std::time::Instant::now() < deadline,
+            tokio::time::Instant::now() < deadline,
             "the loop never collected"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -41,7 +41,7 @@ async fn a_throttling_storm_with_5xx_still_completes_the_sequence() {
     env.mock
         .inject_fault(Fault::rate(None, "InternalError", 0.2));
 
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     // Two ENIs' worth of work at once (m5.large takes two secondary ENIs), so calls collide.
     tokio::join!(sequence(&env, 1), sequence(&env, 2));
     assert!(start.elapsed() < Duration::from_secs(20));
@@ -142,7 +142,7 @@ async fn calls_reaching_ec2_never_exceed_the_configured_rate() {
     let cloud = env.cloud.clone();
     let subnet = env.node.subnet_id.clone();
     let eni = env.instance.primary_eni.clone();
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     let mut tasks = Vec::new();
     for i in 0..40 {
         let describer = cloud.clone();

@@ -124,6 +124,8 @@ async fn kill_9_loses_no_committed_write() {
             "round {round}: the child never opened the store"
         );
         let delay = Duration::from_micros(rng.random_range(0..150_000));
+        // A real wait: the child process writes on the wall clock, and is killed at a random moment.
+        #[allow(clippy::disallowed_methods)]
         std::thread::sleep(delay);
         child.kill().unwrap();
         child.wait().unwrap();

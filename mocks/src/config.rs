@@ -12,13 +12,13 @@ use serde::{Deserialize, Serialize};
 pub enum ActionClass {
     /// Create/Attach/Detach/Delete/Modify/Assign/Unassign/CreateTags/DeleteTags.
     Mutating,
-    /// Describe*.
+    /// Describe* and Get* (non-mutating).
     Describe,
 }
 
 impl ActionClass {
     pub fn of(action: &str) -> Self {
-        if action.starts_with("Describe") {
+        if action.starts_with("Describe") || action.starts_with("Get") {
             Self::Describe
         } else {
             Self::Mutating
@@ -134,6 +134,9 @@ impl LatencyProfile {
             ("UnassignPrivateIpAddresses", ms(200)),
             ("CreateTags", ms(120)),
             ("DeleteTags", ms(120)),
+            ("CreateSubnetCidrReservation", ms(200)),
+            ("GetSubnetCidrReservations", ms(100)),
+            ("DeleteSubnetCidrReservation", ms(200)),
         ]
         .into_iter()
         .map(|(a, d)| (a.to_owned(), d))

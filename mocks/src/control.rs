@@ -1,6 +1,7 @@
 //! The control API: JSON over HTTP under `/_mock/` on the EC2 listener, for tests, benchmarks and
 //! people. See the README of mockcloud (`mocks/README.md`) for every route.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use serde::Deserialize;
 use crate::config::{LatencyProfile, Throttling};
 use crate::error::Ec2Error;
 use crate::traffic::Fault;
+use crate::world::{OccupyPattern, ReservationType};
 use crate::{Inner, MockCloud};
 
 fn err(status: StatusCode, message: impl std::fmt::Display) -> Response {
@@ -39,7 +41,18 @@ pub fn router() -> Router<Arc<Inner>> {
         .route("/_mock/counters", get(counters).delete(reset_counters))
         .route("/_mock/calls", get(calls))
         .route("/_mock/vpcs", post(create_vpc))
-        .route("/_mock/subnets", post(create_subnet))
+        .route("/_mock/subnets", post(create_subnet).get(list_subnets))
+        .route("/_mock/subnets/{id}/usage", get(subnet_usage))
+        .route(
+            "/_mock/subnets/{id}/occupy",
+            post(occupy).delete(release_occupied),
+        )
+        .route(
+            "/_mock/subnets/{id}/reservations",
+            post(create_reservation).get(list_reservations),
+        )
+        .route("/_mock/reservations/{id}", delete(delete_reservation))
+        .route("/_mock/allocation", put(set_allocation))
         .route("/_mock/instances", post(launch).get(list_instances))
         .route("/_mock/instances/{id}", get(instance).delete(terminate))
         .route(
@@ -104,15 +117,96 @@ struct SubnetReq {
     vpc_id: String,
     cidr: Ipv4Net,
     availability_zone: Option<String>,
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
 }
 
 async fn create_subnet(State(m): State<Arc<Inner>>, Json(r): Json<SubnetReq>) -> Response {
     let mc = MockCloud::from_inner(&m);
     let az = r.availability_zone.unwrap_or_else(|| mc.default_az());
-    match mc.create_subnet(&r.vpc_id, r.cidr, &az) {
+    match mc.create_subnet_with_tags(&r.vpc_id, r.cidr, &az, &r.tags) {
         Ok(id) => Json(serde_json::json!({"subnet_id": id})).into_response(),
         Err(e) => ec2_err(e),
     }
+}
+
+async fn list_subnets(State(m): State<Arc<Inner>>) -> Response {
+    Json(MockCloud::from_inner(&m).subnets()).into_response()
+}
+
+async fn subnet_usage(State(m): State<Arc<Inner>>, Path(id): Path<String>) -> Response {
+    match MockCloud::from_inner(&m).subnet_usage(&id) {
+        Ok(u) => Json(u).into_response(),
+        Err(e) => ec2_err(e),
+    }
+}
+
+async fn occupy(
+    State(m): State<Arc<Inner>>,
+    Path(id): Path<String>,
+    Json(pattern): Json<OccupyPattern>,
+) -> Response {
+    let mc = MockCloud::from_inner(&m);
+    match mc.occupy_addresses(&id, &pattern) {
+        Ok(n) => Json(serde_json::json!({"occupied": n, "usage": mc.subnet_usage(&id).ok()}))
+            .into_response(),
+        Err(e) => ec2_err(e),
+    }
+}
+
+async fn release_occupied(State(m): State<Arc<Inner>>, Path(id): Path<String>) -> Response {
+    match MockCloud::from_inner(&m).release_occupied(&id) {
+        Ok(n) => Json(serde_json::json!({"released": n})).into_response(),
+        Err(e) => ec2_err(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct ReservationReq {
+    cidr: Ipv4Net,
+    reservation_type: ReservationType,
+    #[serde(default)]
+    description: String,
+}
+
+async fn create_reservation(
+    State(m): State<Arc<Inner>>,
+    Path(id): Path<String>,
+    Json(r): Json<ReservationReq>,
+) -> Response {
+    match MockCloud::from_inner(&m).create_subnet_cidr_reservation(
+        &id,
+        r.cidr,
+        r.reservation_type,
+        &r.description,
+    ) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => ec2_err(e),
+    }
+}
+
+async fn list_reservations(State(m): State<Arc<Inner>>, Path(id): Path<String>) -> Response {
+    match MockCloud::from_inner(&m).subnet_cidr_reservations(&id) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => ec2_err(e),
+    }
+}
+
+async fn delete_reservation(State(m): State<Arc<Inner>>, Path(id): Path<String>) -> Response {
+    match MockCloud::from_inner(&m).delete_subnet_cidr_reservation(&id) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => ec2_err(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct AllocationReq {
+    seed: u64,
+}
+
+async fn set_allocation(State(m): State<Arc<Inner>>, Json(r): Json<AllocationReq>) -> Response {
+    MockCloud::from_inner(&m).set_allocation_seed(r.seed);
+    StatusCode::NO_CONTENT.into_response()
 }
 
 #[derive(Deserialize)]

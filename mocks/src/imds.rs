@@ -152,8 +152,8 @@ pub fn lookup(v: &ImdsInstance, path: &str) -> Option<String> {
     let i = v.interfaces.iter().find(|i| i.mac == mac)?;
     let join = |xs: Vec<String>| xs.join("\n");
     Some(match field {
-        "" => join(
-            [
+        "" => {
+            let mut names = vec![
                 "device-number",
                 "interface-id",
                 "local-ipv4s",
@@ -164,11 +164,23 @@ pub fn lookup(v: &ImdsInstance, path: &str) -> Option<String> {
                 "vpc-id",
                 "vpc-ipv4-cidr-block",
                 "vpc-ipv4-cidr-blocks",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ),
+            ];
+            if !i.ipv4_prefixes.is_empty() {
+                names.push("ipv4-prefix");
+            }
+            if i.network_card.is_some() {
+                names.push("network-card");
+            }
+            names.sort_unstable();
+            join(names.into_iter().map(str::to_owned).collect())
+        }
         "device-number" => i.device_number.to_string(),
+        // Absent on single-card types (EC2 answers 404; readers take card 0).
+        "network-card" => i.network_card?.to_string(),
+        // One CIDR per line; 404 when the interface has none.
+        "ipv4-prefix" if !i.ipv4_prefixes.is_empty() => {
+            join(i.ipv4_prefixes.iter().map(|p| p.to_string()).collect())
+        }
         "interface-id" => i.eni_id.clone(),
         "mac" => i.mac.clone(),
         "local-ipv4s" => join(i.ips.iter().map(|ip| ip.to_string()).collect()),

@@ -6,12 +6,13 @@
 //! attachments that take time, IMDS lagging EC2, injected errors and hangs, and fleets of instances.
 //!
 //! Modules:
-//! - [`world`]: the simulated account (VPCs, subnets, instances, ENIs) and EC2's rules.
+//! - [`world`]: the simulated account (VPCs, subnets, instances, ENIs, /28 prefixes, subnet CIDR
+//!   reservations, network cards) and EC2's rules.
 //! - [`ec2`]: the Query API endpoint (form in, XML out); [`query`] decodes parameters, [`xml`] writes.
 //! - [`imds`]: IMDSv2 per instance (tokens, lagged view).
 //! - [`traffic`]: throttling buckets, fault injection, counters and the call log.
-//! - [`control`]: the JSON control API under `/_mock/`.
-//! - [`config`], [`catalog`], [`error`]: knobs, instance-type limits, EC2 errors.
+//! - [`control`]: the JSON control API under `/_mock/`; [`subnet_api`]: the same for subnets in Rust.
+//! - [`config`], [`catalog`], [`error`]: knobs, instance types with EC2's figures, EC2 errors.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -35,6 +36,7 @@ pub mod ec2;
 pub mod error;
 pub mod imds;
 pub mod query;
+pub mod subnet_api;
 pub mod traffic;
 pub mod world;
 pub mod xml;
@@ -42,7 +44,10 @@ pub mod xml;
 pub use config::{ActionClass, Bucket, Config, LatencyProfile, Throttling};
 pub use error::Ec2Error;
 pub use traffic::{ActionCounters, CallRecord, Counters, Fault, FaultKind};
-pub use world::{EniView, ImdsInstance, InstanceView, SubnetView};
+pub use world::{
+    AttachmentView, DEFAULT_ALLOCATION_SEED, EniView, ImdsEni, ImdsInstance, InstanceView,
+    OccupyPattern, ReservationType, ReservationView, SubnetUsage, SubnetView,
+};
 
 /// Shared state behind every listener.
 pub struct Inner {
@@ -122,8 +127,28 @@ impl MockCloud {
         Self::start_on(config, SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await
     }
 
+    /// Starts on an ephemeral loopback port with `allocation_seed` driving EC2's random choice of
+    /// addresses and /28 blocks (the default world's too).
+    pub async fn start_seeded(config: Config, allocation_seed: u64) -> std::io::Result<Self> {
+        Self::start_on_seeded(
+            config,
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            allocation_seed,
+        )
+        .await
+    }
+
     /// Starts the EC2 + control listener on `addr` (IMDS listeners take ephemeral ports on its host).
     pub async fn start_on(config: Config, addr: SocketAddr) -> std::io::Result<Self> {
+        Self::start_on_seeded(config, addr, DEFAULT_ALLOCATION_SEED).await
+    }
+
+    /// [`MockCloud::start_on`] with an allocation seed.
+    pub async fn start_on_seeded(
+        config: Config,
+        addr: SocketAddr,
+        allocation_seed: u64,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let ec2_addr = listener.local_addr()?;
         let now = Instant::now();
@@ -132,8 +157,10 @@ impl MockCloud {
             detach_delay: config.latency.detach_delay,
             imds_lag: config.latency.imds_lag,
         };
+        let mut world = world::World::new(&config.region, timing);
+        world.set_allocation_seed(allocation_seed);
         let inner = Arc::new(Inner {
-            world: Mutex::new(world::World::new(&config.region, timing)),
+            world: Mutex::new(world),
             traffic: Mutex::new(traffic::Traffic::new(config.throttling.clone(), now)),
             latency: Mutex::new(config.latency.clone()),
             imds_tokens: Mutex::new(HashMap::new()),

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::limiter::BackoffPolicy;
+use super::backoff::BackoffPolicy;
 use super::{
     AttachmentStatus, Cloud, CloudError, CloudResult, CreateEni, Eni, EniAttachment, EniFilter,
     EniStatus, Instance, InstanceLimits, Metadata, NodeContext, tags,

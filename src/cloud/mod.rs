@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::EniId;
 
+pub mod backoff;
 pub mod calls;
 pub mod ec2;
 pub mod imds;

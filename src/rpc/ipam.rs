@@ -41,13 +41,10 @@ fn invalid(msg: impl Into<String>) -> Status {
     status_with_reason(Code::InvalidArgument, msg, pb::ErrorReason::InvalidRequest)
 }
 
+/// The attachment a request names, under the rules the plugin applies too.
 fn attachment(container_id: &str, ifname: &str) -> Result<AttachmentKey, Status> {
-    if container_id.is_empty() || container_id.len() > 256 {
-        return Err(invalid("container_id must be 1 to 256 characters"));
-    }
-    if ifname.is_empty() || ifname.len() > 15 {
-        return Err(invalid("ifname must be 1 to 15 characters"));
-    }
+    eniipam_api::validate_container_id(container_id).map_err(|e| invalid(e.to_string()))?;
+    eniipam_api::validate_ifname(ifname).map_err(|e| invalid(e.to_string()))?;
     Ok(AttachmentKey::new(container_id, ifname))
 }
 

@@ -5,6 +5,11 @@
 //! [`Command`]s from a bounded channel one at a time, runs each as one transaction (in `queries`),
 //! and answers on the command's oneshot after the commit. Commands carry the caller's tracing span
 //! and their enqueue time, so a slow disk shows up in the logs of the pods that waited on it.
+//!
+//! Durations here are the disk's, measured on the wall clock (`std::time::Instant`): the owner thread
+//! runs outside the tokio runtime, so tokio's (pausable) clock would not mean the same thing on both
+//! sides of the queue. Nothing here waits on them; they only decide what is logged as slow.
+#![allow(clippy::disallowed_types)]
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};

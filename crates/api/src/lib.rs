@@ -12,7 +12,10 @@
 pub mod cache;
 pub mod model;
 
-pub use model::{AttachmentKey, EniId, Ip, MalformedEniId, PodRef};
+pub use model::{
+    AttachmentKey, EniId, InvalidAttachment, Ip, MalformedEniId, PodRef, validate_container_id,
+    validate_ifname,
+};
 
 /// Generated protobuf types, clients and servers.
 pub mod pb {
@@ -40,6 +43,19 @@ pub async fn connect(
     path: &std::path::Path,
 ) -> Result<tonic::transport::Channel, tonic::transport::Error> {
     endpoint(path)?.connect().await
+}
+
+/// An error and its sources, `outer: inner: innermost` (the one way both sides flatten an error chain
+/// into a log line or a message for the user).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        s.push_str(": ");
+        s.push_str(&e.to_string());
+        cur = e.source();
+    }
+    s
 }
 
 /// A status whose details carry `reason` (a binary [`pb::ErrorDetail`]), so clients map errors by reason

@@ -85,6 +85,50 @@ impl fmt::Display for AttachmentKey {
     }
 }
 
+/// Why a container id or interface name is refused.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum InvalidAttachment {
+    #[error(
+        "container id {0:?} is not valid: 1 to 256 characters, alphanumerics first, then alphanumerics, '_', '.', '-'"
+    )]
+    ContainerId(String),
+    #[error(
+        "interface name {0:?} is not valid: 1 to 15 bytes, not '.' or '..', no '/', ':' or whitespace"
+    )]
+    Ifname(String),
+}
+
+/// The CNI spec's rule for container ids (alphanumerics, then alphanumerics, `_`, `.`, `-`), at most
+/// 256 characters. The plugin and the daemon apply this one rule.
+pub fn validate_container_id(id: &str) -> Result<(), InvalidAttachment> {
+    let mut bytes = id.bytes();
+    let ok = id.len() <= 256
+        && bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidAttachment::ContainerId(id.to_owned()))
+    }
+}
+
+/// The spec's (and Linux's) rule for interface names: 1–15 bytes, not `.`/`..`, no `/`, `:` or
+/// whitespace.
+pub fn validate_ifname(name: &str) -> Result<(), InvalidAttachment> {
+    let ok = !name.is_empty()
+        && name.len() <= 15
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidAttachment::Ifname(name.to_owned()))
+    }
+}
+
 /// The Kubernetes pod an attachment belongs to (as the runtime passes it in CNI_ARGS).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PodRef {
@@ -111,6 +155,20 @@ pub fn route_table(device_index: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attachments_are_validated_by_one_rule() {
+        assert!(validate_container_id("abc-1.2_3").is_ok());
+        assert!(validate_container_id("").is_err());
+        assert!(validate_container_id("-x").is_err());
+        assert!(validate_container_id("a/b").is_err());
+        assert!(validate_container_id(&"a".repeat(257)).is_err());
+        assert!(validate_ifname("eth0").is_ok());
+        assert!(validate_ifname("").is_err());
+        assert!(validate_ifname("..").is_err());
+        assert!(validate_ifname("a:b").is_err());
+        assert!(validate_ifname("sixteen-chars-xx").is_err());
+    }
 
     #[test]
     fn eni_ids_are_validated() {

@@ -101,15 +101,10 @@ impl DaemonClient {
             .map_err(|e| unreachable(e.to_string()))?
             .connect_timeout(timeout);
         let channel = with_deadline(timeout, async {
-            endpoint.connect().await.map_err(|e| {
-                let mut reason = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(s) = source {
-                    reason = format!("{reason}: {s}");
-                    source = s.source();
-                }
-                unreachable(reason)
-            })
+            endpoint
+                .connect()
+                .await
+                .map_err(|e| unreachable(eniipam_api::error_chain(&e)))
         })
         .await?;
         Ok(Self {

@@ -193,35 +193,20 @@ pub(crate) fn is_name_like(s: &str) -> bool {
         && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
-/// The spec's rule for container ids: alphanumerics, then alphanumerics, `_`, `.`, `-`.
+/// `CNI_CONTAINERID` under the rule the daemon applies too ([`eniipam_api::validate_container_id`]).
 pub fn validate_container_id(id: &str) -> Result<(), CniError> {
-    if is_name_like(id) {
-        Ok(())
-    } else {
-        Err(CniError::new(
+    eniipam_api::validate_container_id(id).map_err(|e| {
+        CniError::new(
             ErrorCode::InvalidEnvironment,
-            format!("CNI_CONTAINERID {id:?} is not a valid container id"),
-        ))
-    }
+            format!("CNI_CONTAINERID: {e}"),
+        )
+    })
 }
 
-/// The spec's (and Linux's) rule for interface names: 1–15 bytes, not `.`/`..`, no `/`, `:` or space.
+/// `CNI_IFNAME` under the rule the daemon applies too ([`eniipam_api::validate_ifname`]).
 pub fn validate_ifname(name: &str) -> Result<(), CniError> {
-    let ok = !name.is_empty()
-        && name.len() <= 15
-        && name != "."
-        && name != ".."
-        && !name
-            .chars()
-            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
-    if ok {
-        Ok(())
-    } else {
-        Err(CniError::new(
-            ErrorCode::InvalidEnvironment,
-            format!("CNI_IFNAME {name:?} is not a valid interface name"),
-        ))
-    }
+    eniipam_api::validate_ifname(name)
+        .map_err(|e| CniError::new(ErrorCode::InvalidEnvironment, format!("CNI_IFNAME: {e}")))
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! mockcloud's state as the lab reads it: the JSON of `GET /_mock/state` (or the in-process
 //! [`mockcloud::MockCloud::dump`], the same document).
 //!
-//! This is the adapter for fields mockcloud is gaining: `EniView::ipv4_prefixes` (/28 prefixes) and
-//! `AttachmentView::network_card_index` are read when present and default to none / card 0 when
-//! absent, so the lab works against today's mockcloud and picks prefixes up the moment they appear.
+//! `EniView::ipv4_prefixes` (/28 prefixes) and `AttachmentView::network_card_index` are read when
+//! present and default to none / card 0 when absent, so the lab also reads the state of a mockcloud
+//! built before prefix delegation and network cards.
 
 use std::net::Ipv4Addr;
 

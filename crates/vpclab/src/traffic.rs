@@ -7,18 +7,21 @@
 
 use std::io::{BufRead, BufReader, Read as _, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use nix::poll::{PollFd, PollFlags, poll};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use crate::error::LabError;
 use crate::netns::NetNs;
 
 const GREETING: &str = "vpclab-echo";
-/// How often the server's accept loop looks at its stop flags.
-const POLL: Duration = Duration::from_millis(10);
+/// How long the server's accept loop waits for a connection before it looks at its stop flags
+/// again, in milliseconds.
+const POLL_MS: u16 = 10;
 
 /// A TCP echo server running inside a namespace. Stops when dropped, or when the lab that owns the
 /// namespace is torn down.
@@ -99,18 +102,28 @@ fn serve(
     peers: &Mutex<Vec<SocketAddr>>,
 ) {
     while !stop.load(Ordering::Acquire) && lab_alive.load(Ordering::Acquire) {
+        // Wait (a bounded time) for a connection; the listener is non-blocking.
+        let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, POLL_MS) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "echo server poll failed");
+                return;
+            }
+        }
         match listener.accept() {
             Ok((conn, peer)) => {
                 peers.lock().expect("peers lock").push(peer);
                 // A client that misbehaves only costs its own connection.
                 let _ = answer(conn, peer);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(POLL),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "echo server accept failed");
-                std::thread::sleep(POLL);
-            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => tracing::warn!(error = %e, "echo server accept failed"),
         }
     }
 }
@@ -185,6 +198,9 @@ impl EchoError {
 }
 
 /// Connects from inside `ns` to `server`, exchanges one line and reports what the server saw.
+///
+/// The timeout runs on tokio's clock: under a paused clock (`start_paused`) it would fire as soon
+/// as the runtime idles, so lab traffic belongs in tests on the real clock.
 pub async fn echo(
     ns: &NetNs,
     server: SocketAddr,

@@ -6,7 +6,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ipnet::Ipv4Net;
 use mockcloud::world::{AssignArgs, CreateEniArgs};
@@ -167,7 +167,7 @@ async fn nodes_reach_each_other_and_a_pod_on_eth0_across_the_vpc() {
         .expect("subnet");
     let c = mock.launch_instance("m5.large", &other).await.expect("c");
 
-    let t = Instant::now();
+    let t = tokio::time::Instant::now(); // the real clock: this test is not paused
     let lab = Lab::start(&mock, LabConfig::default()).await.expect("lab");
     println!("lab setup (3 nodes): {:?}", t.elapsed());
     let (na, nb, nc) = (
@@ -286,7 +286,7 @@ async fn nodes_reach_each_other_and_a_pod_on_eth0_across_the_vpc() {
             .all(|r| r.dst != vpclab::RouteDst::Net(net(pod_ip)))
     );
     assert_eq!(lab_namespaces(&name).len(), 6);
-    let t = Instant::now();
+    let t = tokio::time::Instant::now(); // the real clock: this test is not paused
     drop(lab);
     println!("lab teardown: {:?}", t.elapsed());
     assert!(lab_namespaces(&name).is_empty());
@@ -634,43 +634,34 @@ async fn through_the_nat_gateway_a_pod_reaches_the_internet_without_snat() {
     dropped(lab.internet(), a.private_ip).await;
 }
 
-/// mockcloud is gaining /28 prefixes (`ipv4_prefixes` in its state): the lab routes and checks
-/// them as soon as the state carries them. Served here from a real mockcloud's state with a prefix
-/// added, through the control-API source.
+/// A /28 prefix assigned through the real SDK (prefix delegation) is routed to its ENI, serves
+/// pods in both directions, and passes the source/destination check until it is unassigned. The
+/// lab reads mockcloud over its control API here (`GET /_mock/state`), as it would a mockcloud in
+/// another process.
 #[tokio::test]
-async fn delegated_prefixes_in_the_state_are_routed_and_pass_the_check() {
-    use std::sync::{Arc, Mutex};
+async fn delegated_prefixes_are_routed_and_pass_the_check_until_unassigned() {
     let (mock, a, b) = cloud().await;
-    let subnet = mock.default_world().expect("default world").subnet_cidr;
-    let prefix = free_block(&mock, subnet);
-    let extra = Arc::new(Mutex::new(Some((b.primary_eni.clone(), prefix))));
-    let (m2, extra2) = (mock.clone(), extra.clone());
-    let app = axum::Router::new().route(
-        "/_mock/state",
-        axum::routing::get(move || {
-            let (m, extra) = (m2.clone(), extra2.clone());
-            async move {
-                let mut state = m.dump();
-                if let Some((eni, p)) = extra.lock().expect("lock").clone() {
-                    for e in state["network_interfaces"].as_array_mut().expect("enis") {
-                        if e["id"] == eni.as_str() {
-                            e["ipv4_prefixes"] = serde_json::json!([p.to_string()]);
-                        }
-                    }
-                }
-                axum::Json(state)
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    let ec2 = sdk(&mock);
+    let lab = Lab::start(
+        StateSource::ControlApi(mock.control_url()),
+        LabConfig::default(),
+    )
+    .await
+    .expect("lab");
+    let out = ec2
+        .assign_private_ip_addresses()
+        .network_interface_id(&b.primary_eni)
+        .ipv4_prefix_count(1)
+        .send()
         .await
-        .expect("bind");
-    let url = format!("http://{}/_mock", listener.local_addr().expect("addr"));
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-
-    let lab = Lab::start(StateSource::ControlApi(url), LabConfig::default())
-        .await
-        .expect("lab");
+        .expect("assign a prefix");
+    let prefix: Ipv4Net = out.assigned_ipv4_prefixes()[0]
+        .ipv4_prefix()
+        .expect("prefix")
+        .parse()
+        .expect("cidr");
+    assert_eq!(prefix.prefix_len(), 28);
+    assert_eq!(lab.sync().await.expect("sync").routes_added, vec![prefix]);
     assert_eq!(
         lab.vpc_routes().await.expect("routes")[&prefix],
         b.primary_eni
@@ -688,12 +679,16 @@ async fn delegated_prefixes_in_the_state_are_routed_and_pass_the_check() {
         0
     );
 
-    // The prefix is released: route and permission go.
-    *extra.lock().expect("lock") = None;
+    // Unassigned: route and permission go.
+    ec2.unassign_private_ip_addresses()
+        .network_interface_id(&b.primary_eni)
+        .ipv4_prefixes(prefix.to_string())
+        .send()
+        .await
+        .expect("unassign the prefix");
     assert_eq!(lab.sync().await.expect("sync").routes_removed, vec![prefix]);
     dropped(&pod.ns, a.private_ip).await;
     assert!(lab.src_dst_drops().await.expect("counters")[&b.primary_eni] >= 1);
-    server.abort();
 }
 
 #[tokio::test]
@@ -861,4 +856,55 @@ async fn namespaces_of_a_killed_test_process_are_swept_and_live_ones_kept() {
     assert!(removed.contains(&stale), "{removed:?}");
     assert!(!Path::new("/run/netns").join(&stale).exists());
     assert!(!lab_namespaces(lab.name()).is_empty(), "a live lab is kept");
+}
+
+#[tokio::test]
+async fn an_eni_on_another_network_card_gets_its_own_link_name() {
+    let mock = MockCloud::start(Config::fast()).await.expect("mockcloud");
+    let world = mock.default_world().expect("default world");
+    let big = mock
+        .launch_instance("c6in.32xlarge", &world.subnet_id)
+        .await
+        .expect("a two-card instance");
+    let (card0, card1) = mock.with_world(|w, now| {
+        let mut attach = |card: u32| {
+            let eni = w
+                .create_network_interface(
+                    &CreateEniArgs {
+                        subnet_id: world.subnet_id.clone(),
+                        ..Default::default()
+                    },
+                    now,
+                )
+                .expect("create ENI");
+            w.attach_network_interface_on_card(&eni.id, &big.instance_id, 1, card, now)
+                .expect("attach");
+            (eni.id, eni.mac)
+        };
+        (attach(0), attach(1))
+    });
+    let lab = Lab::start(&mock, LabConfig::default()).await.expect("lab");
+    let node = lab.node(&big.instance_id).expect("node");
+    let names: Vec<(u32, u32, String)> = node
+        .links
+        .iter()
+        .map(|l| (l.network_card_index, l.device_index, l.ifname.clone()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (0, 0, "eth0".to_owned()),
+            (0, 1, "eth1".to_owned()),
+            (1, 1, "eth1d1".to_owned())
+        ]
+    );
+    for (eni, mac) in [card0, card1] {
+        let link = node
+            .ns
+            .link_by_mac(&mac)
+            .await
+            .expect("links")
+            .expect("link");
+        assert_eq!(link.name, node.link(&eni).expect("known").ifname);
+    }
 }

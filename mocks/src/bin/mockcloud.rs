@@ -38,6 +38,9 @@ struct Args {
     /// Print the URLs as one JSON line instead of text.
     #[arg(long)]
     json: bool,
+    /// Seed of EC2's random choice of free addresses and /28 blocks (same seed, same addresses).
+    #[arg(long, default_value_t = mockcloud::DEFAULT_ALLOCATION_SEED)]
+    seed: u64,
 }
 
 #[tokio::main]
@@ -80,7 +83,7 @@ async fn main() -> anyhow::Result<()> {
         default_instance_type: args.instance_type.clone(),
         region: args.region.clone(),
     };
-    let mock = MockCloud::start_on(config, args.listen)
+    let mock = MockCloud::start_on_seeded(config, args.listen, args.seed)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let default = mock.default_world();

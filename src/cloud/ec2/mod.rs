@@ -5,8 +5,8 @@
 //! throttled or transient failure is retried with jittered backoff. The SDK's own retries are
 //! disabled so that no attempt bypasses the buckets.
 //!
-//! SDK errors are classified once, in [`classify`], by the EC2 error code
-//! (`ProvideErrorMetadata::code()`) and the raw HTTP status.
+//! Parts: this file (the client and the [`Cloud`] calls), [`classify`] (SDK errors → [`CloudError`],
+//! once, by EC2 error code and HTTP status), [`convert`] (SDK types ⇄ domain types).
 //!
 //! Calls that EC2 cannot make idempotent themselves are made safe after ambiguous failures
 //! (timeouts and 5xx, where the request may have taken effect): AssignPrivateIpAddresses compares
@@ -24,19 +24,22 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::{Credentials, Region};
-use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{
-    Filter, InstanceType, NetworkInterface, NetworkInterfaceAttachmentChanges,
-    NetworkInterfaceStatus, ResourceType, Tag, TagSpecification,
+    InstanceType, NetworkInterfaceAttachmentChanges, ResourceType, TagSpecification,
 };
-use aws_smithy_runtime_api::http::Response as HttpResponse;
 use ipnet::Ipv4Net;
+
+mod classify;
+mod convert;
+
+use classify::is_ambiguous;
+pub use classify::{classify, classify_code};
+use convert::*;
 
 use super::calls::CallStats;
 use super::limiter::{CallClass, Limiter, LimiterConfig, LimiterConfigError};
 use super::{
-    AttachmentStatus, Cloud, CloudError, CloudResult, CreateEni, Eni, EniAttachment, EniFilter,
-    EniStatus, Instance, InstanceLimits, Subnet,
+    Cloud, CloudError, CloudResult, CreateEni, Eni, EniFilter, Instance, InstanceLimits, Subnet,
 };
 use crate::model::EniId;
 
@@ -186,272 +189,6 @@ impl Ec2Cloud {
             .map(|ip| parse_ip(API, ip))
             .collect()
     }
-}
-
-fn to_i32(n: u32) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
-}
-
-/// Transient failures may have taken effect on EC2's side (the request was possibly sent).
-fn is_ambiguous(err: &CloudError) -> bool {
-    matches!(err, CloudError::Transient { .. })
-}
-
-fn malformed(api: &str, what: impl std::fmt::Display) -> CloudError {
-    CloudError::Rejected {
-        api: api.to_owned(),
-        code: "MalformedResponse".into(),
-        message: what.to_string(),
-    }
-}
-
-fn parse_ip(api: &str, s: &str) -> CloudResult<Ipv4Addr> {
-    s.parse()
-        .map_err(|_| malformed(api, format!("not an IPv4 address: {s:?}")))
-}
-
-/// Classify an SDK error into a [`CloudError`] by EC2 error code and HTTP status.
-pub fn classify<E>(api: &str, err: SdkError<E, HttpResponse>) -> CloudError
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    let api_s = api.to_owned();
-    match &err {
-        SdkError::TimeoutError(_) => {
-            return CloudError::Transient {
-                api: api_s,
-                message: "timed out".into(),
-            };
-        }
-        SdkError::DispatchFailure(d) => {
-            let kind = if d.is_timeout() {
-                "timed out connecting"
-            } else if d.is_io() {
-                "I/O failure"
-            } else {
-                "dispatch failure"
-            };
-            return CloudError::Transient {
-                api: api_s,
-                message: format!("{kind}: {}", error_chain(&err)),
-            };
-        }
-        SdkError::ResponseError(_) => {
-            return CloudError::Transient {
-                api: api_s,
-                message: format!("unreadable response: {}", error_chain(&err)),
-            };
-        }
-        SdkError::ConstructionFailure(_) => {
-            return CloudError::Rejected {
-                api: api_s,
-                code: "ConstructionFailure".into(),
-                message: error_chain(&err),
-            };
-        }
-        _ => {}
-    }
-    let status = err.raw_response().map(|r| r.status().as_u16());
-    let code = err.code().unwrap_or_default().to_owned();
-    let message = err.message().unwrap_or_default().to_owned();
-    classify_code(api, &code, &message, status)
-}
-
-/// The classification of a service error by its `code`, `message` and HTTP `status`.
-pub fn classify_code(api: &str, code: &str, message: &str, status: Option<u16>) -> CloudError {
-    let api = api.to_owned();
-    let message = message.to_owned();
-    match code {
-        "RequestLimitExceeded" | "Throttling" | "ThrottlingException" => CloudError::Throttled {
-            api,
-            code: code.to_owned(),
-        },
-        "InsufficientFreeAddressesInSubnet" => CloudError::SubnetFull { api, message },
-        "PrivateIpAddressLimitExceeded" => CloudError::IpLimitExceeded { api, message },
-        "AttachmentLimitExceeded" => CloudError::AttachmentLimitExceeded { api, message },
-        "UnauthorizedOperation" => CloudError::Unauthorized { api, message },
-        c if c.ends_with(".NotFound") => CloudError::NotFound {
-            api,
-            code: code.to_owned(),
-            message,
-        },
-        "InternalError" | "InternalFailure" | "ServiceUnavailable" | "Unavailable" => {
-            CloudError::Transient {
-                api,
-                message: format!("{code}: {message}"),
-            }
-        }
-        _ => match status {
-            Some(s) if s >= 500 => CloudError::Transient {
-                api,
-                message: format!("HTTP {s} {code}: {message}"),
-            },
-            Some(429) => CloudError::Throttled {
-                api,
-                code: if code.is_empty() {
-                    "HTTP 429".into()
-                } else {
-                    code.to_owned()
-                },
-            },
-            Some(s) if (400..500).contains(&s) => CloudError::Rejected {
-                api,
-                code: if code.is_empty() {
-                    format!("HTTP {s}")
-                } else {
-                    code.to_owned()
-                },
-                message,
-            },
-            other => CloudError::Transient {
-                api,
-                message: format!("unexpected reply (status {other:?}) {code}: {message}"),
-            },
-        },
-    }
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        cur = e.source();
-    }
-    s
-}
-
-fn status_from_sdk(s: Option<&NetworkInterfaceStatus>) -> EniStatus {
-    match s {
-        Some(NetworkInterfaceStatus::Available) => EniStatus::Available,
-        Some(NetworkInterfaceStatus::Attaching) => EniStatus::Attaching,
-        Some(NetworkInterfaceStatus::InUse) => EniStatus::InUse,
-        Some(NetworkInterfaceStatus::Detaching) => EniStatus::Detaching,
-        Some(other) => EniStatus::Other(other.as_str().to_owned()),
-        None => EniStatus::Other(String::new()),
-    }
-}
-
-fn status_to_filter(s: &EniStatus) -> &str {
-    match s {
-        EniStatus::Available => "available",
-        EniStatus::Attaching => "attaching",
-        EniStatus::InUse => "in-use",
-        EniStatus::Detaching => "detaching",
-        EniStatus::Other(s) => s,
-    }
-}
-
-fn attachment_status_from_sdk(
-    s: Option<&aws_sdk_ec2::types::AttachmentStatus>,
-) -> AttachmentStatus {
-    use aws_sdk_ec2::types::AttachmentStatus as S;
-    match s {
-        Some(S::Attaching) => AttachmentStatus::Attaching,
-        Some(S::Attached) => AttachmentStatus::Attached,
-        Some(S::Detaching) => AttachmentStatus::Detaching,
-        Some(S::Detached) => AttachmentStatus::Detached,
-        Some(other) => AttachmentStatus::Other(other.as_str().to_owned()),
-        None => AttachmentStatus::Other(String::new()),
-    }
-}
-
-/// An SDK `NetworkInterface` in domain terms.
-fn eni_from_sdk(api: &str, ni: &NetworkInterface) -> CloudResult<Eni> {
-    let id_s = ni
-        .network_interface_id()
-        .ok_or_else(|| malformed(api, "network interface without an id"))?;
-    let id: EniId = id_s.parse().map_err(|e| malformed(api, e))?;
-    let mut primary = ni
-        .private_ip_address()
-        .map(|s| parse_ip(api, s))
-        .transpose()?;
-    let mut secondary = Vec::new();
-    for a in ni.private_ip_addresses() {
-        let Some(ip) = a.private_ip_address() else {
-            continue;
-        };
-        let ip = parse_ip(api, ip)?;
-        if a.primary() == Some(true) {
-            primary.get_or_insert(ip);
-        } else if Some(ip) != primary {
-            secondary.push(ip);
-        }
-    }
-    let primary_ip = primary.ok_or_else(|| malformed(api, format!("{id} has no primary IP")))?;
-    secondary.retain(|ip| *ip != primary_ip);
-    let attachment = match ni.attachment() {
-        Some(a) if a.attachment_id().is_some() => Some(EniAttachment {
-            attachment_id: a.attachment_id().unwrap_or_default().to_owned(),
-            instance_id: a.instance_id().unwrap_or_default().to_owned(),
-            device_index: a
-                .device_index()
-                .and_then(|d| u32::try_from(d).ok())
-                .unwrap_or(0),
-            status: attachment_status_from_sdk(a.status()),
-            delete_on_termination: a.delete_on_termination().unwrap_or(false),
-        }),
-        _ => None,
-    };
-    Ok(Eni {
-        id,
-        mac: ni.mac_address().unwrap_or_default().to_owned(),
-        subnet_id: ni.subnet_id().unwrap_or_default().to_owned(),
-        vpc_id: ni.vpc_id().unwrap_or_default().to_owned(),
-        availability_zone: ni.availability_zone().unwrap_or_default().to_owned(),
-        description: ni.description().unwrap_or_default().to_owned(),
-        status: status_from_sdk(ni.status()),
-        primary_ip,
-        secondary_ips: secondary,
-        security_groups: ni
-            .groups()
-            .iter()
-            .filter_map(|g| g.group_id().map(str::to_owned))
-            .collect(),
-        attachment,
-        tags: ni
-            .tag_set()
-            .iter()
-            .filter_map(|t| {
-                Some((
-                    t.key()?.to_owned(),
-                    t.value().unwrap_or_default().to_owned(),
-                ))
-            })
-            .collect(),
-    })
-}
-
-fn filters(f: &EniFilter) -> Vec<Filter> {
-    let mut out = Vec::new();
-    let one = |name: &str, value: &str| Filter::builder().name(name).values(value).build();
-    if let Some(i) = &f.attached_to {
-        out.push(one("attachment.instance-id", i));
-    }
-    if let Some(s) = &f.status {
-        out.push(one("status", status_to_filter(s)));
-    }
-    if let Some(v) = &f.vpc_id {
-        out.push(one("vpc-id", v));
-    }
-    if let Some(s) = &f.subnet_id {
-        out.push(one("subnet-id", s));
-    }
-    for (k, v) in &f.tags {
-        out.push(one(&format!("tag:{k}"), v));
-    }
-    // Values of one filter are OR'ed by EC2; separate filters are AND'ed: one filter per key.
-    for k in &f.tag_keys {
-        out.push(one("tag-key", k));
-    }
-    out
-}
-
-fn sdk_tags(tags: &BTreeMap<String, String>) -> Vec<Tag> {
-    tags.iter()
-        .map(|(k, v)| Tag::builder().key(k).value(v).build())
-        .collect()
 }
 
 #[async_trait]
@@ -921,88 +658,5 @@ impl Cloud for Ec2Cloud {
             })
             .await
             .map(|_| ())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn codes_are_classified() {
-        let c = |code, status| classify_code("Op", code, "msg", status);
-        assert!(matches!(
-            c("RequestLimitExceeded", Some(503)),
-            CloudError::Throttled { .. }
-        ));
-        assert!(matches!(
-            c("Throttling", Some(400)),
-            CloudError::Throttled { .. }
-        ));
-        assert!(matches!(
-            c("InsufficientFreeAddressesInSubnet", Some(400)),
-            CloudError::SubnetFull { .. }
-        ));
-        assert!(matches!(
-            c("PrivateIpAddressLimitExceeded", Some(400)),
-            CloudError::IpLimitExceeded { .. }
-        ));
-        assert!(matches!(
-            c("AttachmentLimitExceeded", Some(400)),
-            CloudError::AttachmentLimitExceeded { .. }
-        ));
-        assert!(matches!(
-            c("InvalidNetworkInterfaceID.NotFound", Some(400)),
-            CloudError::NotFound { .. }
-        ));
-        assert!(matches!(
-            c("InvalidAttachmentID.NotFound", Some(400)),
-            CloudError::NotFound { .. }
-        ));
-        assert!(matches!(
-            c("InternalError", Some(500)),
-            CloudError::Transient { .. }
-        ));
-        assert!(matches!(
-            c("Whatever", Some(502)),
-            CloudError::Transient { .. }
-        ));
-        assert!(matches!(
-            c("InvalidParameterValue", Some(400)),
-            CloudError::Rejected { .. }
-        ));
-        assert!(matches!(c("", None), CloudError::Transient { .. }));
-        let unauthorized = c("UnauthorizedOperation", Some(403));
-        assert!(matches!(unauthorized, CloudError::Unauthorized { .. }));
-        assert!(
-            unauthorized.to_string().contains("ec2:Op"),
-            "{unauthorized}"
-        );
-    }
-
-    #[test]
-    fn filters_are_one_per_condition() {
-        let f = EniFilter {
-            status: Some(EniStatus::Available),
-            vpc_id: Some("vpc-1".into()),
-            tags: BTreeMap::from([("eniipam.io/cluster".into(), "c".into())]),
-            tag_keys: vec!["eniipam.io/owner".into(), "other".into()],
-            ..Default::default()
-        };
-        let names: Vec<_> = filters(&f)
-            .iter()
-            .map(|f| f.name().unwrap().to_owned())
-            .collect();
-        assert_eq!(
-            names,
-            vec![
-                "status",
-                "vpc-id",
-                "tag:eniipam.io/cluster",
-                "tag-key",
-                "tag-key"
-            ]
-        );
-        assert_eq!(filters(&f)[0].values(), ["available"]);
     }
 }

@@ -1,0 +1,172 @@
+//! Turning Query API parameters into the world's arguments, with EC2's errors for bad or conflicting
+//! parameters: private IPs vs `Ipv4Prefix`/`Ipv4PrefixCount`, tag specifications, modify requests.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+use crate::error::{Ec2Error, Ec2Result};
+use crate::query::Params;
+use crate::world::{AssignArgs, CreateEniArgs, ModifyArgs, PrefixArgs};
+
+pub(super) fn ip_list(p: &Params, prefix: &str) -> Ec2Result<Vec<Ipv4Addr>> {
+    p.list(prefix)
+        .iter()
+        .map(|s| {
+            s.parse()
+                .map_err(|_| Ec2Error::invalid_value(prefix, s, "Expected an IPv4 address."))
+        })
+        .collect()
+}
+
+fn parse_prefix(param: &str, s: &str) -> Ec2Result<Ipv4Net> {
+    s.parse().map_err(|_| {
+        Ec2Error::invalid_value(param, s, "Expected an IPv4 CIDR such as 10.0.0.16/28.")
+    })
+}
+
+/// `Ipv4Prefix.N` as a list of strings (AssignPrivateIpAddresses, UnassignPrivateIpAddresses).
+pub(super) fn prefix_list(p: &Params) -> Ec2Result<Vec<Ipv4Net>> {
+    p.list("Ipv4Prefix")
+        .iter()
+        .map(|s| parse_prefix("Ipv4Prefix", s))
+        .collect()
+}
+
+/// Tags of the `TagSpecification.N` entries for `resource_type`.
+pub(super) fn tag_specs(p: &Params, resource_type: &str) -> Ec2Result<BTreeMap<String, String>> {
+    let mut tags = BTreeMap::new();
+    for spec in p.structs("TagSpecification") {
+        let rt = spec.get("ResourceType").unwrap_or(resource_type);
+        if rt != resource_type {
+            return Err(Ec2Error::invalid_value(
+                "TagSpecification.ResourceType",
+                rt,
+                &format!("This action tags only {resource_type} resources."),
+            ));
+        }
+        for (k, v) in spec.tags("Tag")? {
+            tags.insert(k, v.unwrap_or_default());
+        }
+    }
+    Ok(tags)
+}
+
+pub(super) fn create_eni_args(p: &Params) -> Ec2Result<CreateEniArgs> {
+    let mut addresses = Vec::new();
+    for a in p.structs("PrivateIpAddresses") {
+        let ip = a
+            .ip("PrivateIpAddress")?
+            .ok_or_else(|| Ec2Error::missing("PrivateIpAddresses.N.PrivateIpAddress"))?;
+        addresses.push((ip, a.bool("Primary")?.unwrap_or(false)));
+    }
+    if let Some(ip) = p.ip("PrivateIpAddress")? {
+        if addresses.iter().any(|(_, primary)| *primary) {
+            return Err(Ec2Error::combination(
+                "PrivateIpAddress and a primary PrivateIpAddresses entry both set",
+            ));
+        }
+        addresses.insert(0, (ip, true));
+    }
+    let mut prefixes = Vec::new();
+    for s in p.structs("Ipv4Prefix") {
+        let v = s
+            .req("Ipv4Prefix")
+            .map_err(|_| Ec2Error::missing("Ipv4Prefix.N.Ipv4Prefix"))?;
+        prefixes.push(parse_prefix("Ipv4Prefix.N.Ipv4Prefix", v)?);
+    }
+    let args = CreateEniArgs {
+        subnet_id: p.req("SubnetId")?.to_owned(),
+        security_groups: p.list("SecurityGroupId"),
+        description: p.get("Description").unwrap_or_default().to_owned(),
+        secondary_count: p.u32("SecondaryPrivateIpAddressCount")?.unwrap_or(0),
+        addresses,
+        prefix_count: p.u32("Ipv4PrefixCount")?.unwrap_or(0),
+        prefixes,
+        tags: tag_specs(p, "network-interface")?,
+        client_token: p
+            .get("ClientToken")
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned),
+    };
+    if args.client_token.as_ref().is_some_and(|t| t.len() > 64) {
+        return Err(Ec2Error::invalid_value(
+            "ClientToken",
+            "(too long)",
+            "At most 64 characters.",
+        ));
+    }
+    Ok(args)
+}
+
+/// What one AssignPrivateIpAddresses asks for: /32s or /28 prefixes, never both.
+pub(super) enum AssignRequest {
+    Ips(AssignArgs),
+    Prefixes(PrefixArgs),
+}
+
+pub(super) fn assign_request(p: &Params) -> Ec2Result<AssignRequest> {
+    let ips = ip_list(p, "PrivateIpAddress")?;
+    let count = p.u32("SecondaryPrivateIpAddressCount")?;
+    let prefixes = prefix_list(p)?;
+    let prefix_count = p.u32("Ipv4PrefixCount")?;
+    let wants_ips = count.is_some() || !ips.is_empty();
+    let wants_prefixes = prefix_count.is_some() || !prefixes.is_empty();
+    if wants_ips && wants_prefixes {
+        return Err(Ec2Error::combination(
+            "IPv4 prefixes (Ipv4Prefix, Ipv4PrefixCount) cannot be combined with private IP addresses (PrivateIpAddress, SecondaryPrivateIpAddressCount)",
+        ));
+    }
+    if wants_prefixes {
+        return match (prefix_count, prefixes.is_empty()) {
+            (Some(_), false) => Err(Ec2Error::combination(
+                "Specify either Ipv4PrefixCount or Ipv4Prefix, not both",
+            )),
+            (Some(n), true) => Ok(AssignRequest::Prefixes(PrefixArgs::Count(n))),
+            (None, _) => Ok(AssignRequest::Prefixes(PrefixArgs::Prefixes(prefixes))),
+        };
+    }
+    match (count, ips.is_empty()) {
+        (Some(_), false) => Err(Ec2Error::combination(
+            "Specify either SecondaryPrivateIpAddressCount or PrivateIpAddress, not both",
+        )),
+        (Some(n), true) => Ok(AssignRequest::Ips(AssignArgs::Count(n))),
+        (None, false) => Ok(AssignRequest::Ips(AssignArgs::Addresses {
+            ips,
+            allow_reassignment: p.bool("AllowReassignment")?.unwrap_or(false),
+        })),
+        (None, true) => Err(Ec2Error::missing(
+            "SecondaryPrivateIpAddressCount, PrivateIpAddress, Ipv4PrefixCount or Ipv4Prefix",
+        )),
+    }
+}
+
+pub(super) fn modify_args(p: &Params) -> Ec2Result<ModifyArgs> {
+    let mut changes = Vec::new();
+    if let Some(a) = p.member("Attachment") {
+        let value = a
+            .bool("DeleteOnTermination")?
+            .ok_or_else(|| Ec2Error::missing("Attachment.DeleteOnTermination"))?;
+        changes.push(ModifyArgs::DeleteOnTermination {
+            attachment_id: a
+                .req("AttachmentId")
+                .map_err(|_| Ec2Error::missing("Attachment.AttachmentId"))?
+                .to_owned(),
+            value,
+        });
+    }
+    let groups = p.list("SecurityGroupId");
+    if !groups.is_empty() {
+        changes.push(ModifyArgs::Groups(groups));
+    }
+    if let Some(d) = p.get("Description.Value") {
+        changes.push(ModifyArgs::Description(d.to_owned()));
+    }
+    if changes.len() != 1 {
+        return Err(Ec2Error::combination(
+            "Exactly one attribute (Attachment, SecurityGroupId or Description) must be specified",
+        ));
+    }
+    Ok(changes.remove(0))
+}

@@ -1,0 +1,313 @@
+//! What the world shows: ENIs, attachments, instances and subnets as Describe calls see them, each
+//! instance's IMDS (lagging EC2), and the control API's state dump.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::{AttState, InstanceState, World};
+
+/// An ENI as `DescribeNetworkInterfaces` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EniView {
+    pub id: String,
+    pub mac: String,
+    pub subnet_id: String,
+    pub vpc_id: String,
+    pub availability_zone: String,
+    pub description: String,
+    /// `available`, `attaching`, `in-use` or `detaching`.
+    pub status: &'static str,
+    pub primary_ip: Ipv4Addr,
+    pub secondary_ips: Vec<Ipv4Addr>,
+    /// `Ipv4Prefixes[].Ipv4Prefix`: /28 prefixes, in assignment order.
+    pub ipv4_prefixes: Vec<Ipv4Net>,
+    pub security_groups: Vec<String>,
+    pub tags: BTreeMap<String, String>,
+    pub attachment: Option<AttachmentView>,
+    pub requester_managed: bool,
+}
+
+/// An attachment as EC2 shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AttachmentView {
+    pub id: String,
+    pub instance_id: String,
+    /// Device index on its network card.
+    pub device_index: u32,
+    /// `NetworkCardIndex` (0 unless attached to another card of a multi-card type).
+    pub network_card_index: u32,
+    /// `attaching`, `attached` or `detaching`.
+    pub status: &'static str,
+    pub delete_on_termination: bool,
+}
+
+/// An instance as `DescribeInstances` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InstanceView {
+    pub id: String,
+    pub instance_type: String,
+    pub availability_zone: String,
+    pub subnet_id: String,
+    pub vpc_id: String,
+    pub private_ip: Ipv4Addr,
+    /// `running` or `terminated`.
+    pub state: &'static str,
+    pub security_groups: Vec<String>,
+    /// Attached ENIs by (network card, device index).
+    pub enis: Vec<EniView>,
+}
+
+/// A subnet as `DescribeSubnets` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SubnetView {
+    pub id: String,
+    pub vpc_id: String,
+    pub cidr: Ipv4Net,
+    pub availability_zone: String,
+    /// `AvailableIpAddressCount`: free addresses (a /28 prefix takes 16).
+    pub available_ips: u32,
+    pub tags: BTreeMap<String, String>,
+}
+
+/// One interface in an instance's IMDS.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ImdsEni {
+    pub mac: String,
+    pub eni_id: String,
+    pub device_number: u32,
+    /// `network-card`: only on types with several network cards (EC2 answers 404 otherwise, which
+    /// readers take as card 0).
+    pub network_card: Option<u32>,
+    pub subnet_id: String,
+    pub vpc_id: String,
+    pub subnet_cidr: Ipv4Net,
+    pub vpc_cidr: Ipv4Net,
+    pub security_groups: Vec<String>,
+    /// Primary first.
+    pub ips: Vec<Ipv4Addr>,
+    /// `ipv4-prefix`, one CIDR per line (404 when empty).
+    pub ipv4_prefixes: Vec<Ipv4Net>,
+}
+
+/// What an instance's IMDS shows at one moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ImdsInstance {
+    pub instance_id: String,
+    pub instance_type: String,
+    pub availability_zone: String,
+    pub region: String,
+    pub mac: String,
+    pub local_ipv4: Ipv4Addr,
+    pub interfaces: Vec<ImdsEni>,
+}
+
+impl World {
+    pub(super) fn eni_view(&self, id: &str) -> EniView {
+        let e = &self.enis[id];
+        let attachment = e.attachment.as_ref().map(|a| AttachmentView {
+            id: a.id.clone(),
+            instance_id: a.instance_id.clone(),
+            device_index: a.device_index,
+            network_card_index: a.network_card,
+            status: match a.state {
+                AttState::Attaching { .. } => "attaching",
+                AttState::Attached { .. } => "attached",
+                AttState::Detaching { .. } => "detaching",
+            },
+            delete_on_termination: a.delete_on_termination,
+        });
+        let status = match e.attachment.as_ref().map(|a| a.state) {
+            None => "available",
+            Some(AttState::Attaching { .. }) => "attaching",
+            Some(AttState::Attached { .. }) => "in-use",
+            Some(AttState::Detaching { .. }) => "detaching",
+        };
+        EniView {
+            id: id.to_owned(),
+            mac: e.mac.clone(),
+            subnet_id: e.subnet_id.clone(),
+            vpc_id: e.vpc_id.clone(),
+            availability_zone: e.az.clone(),
+            description: e.description.clone(),
+            status,
+            primary_ip: e.primary_ip,
+            secondary_ips: e.secondaries.iter().map(|(ip, _)| *ip).collect(),
+            ipv4_prefixes: e.prefixes.iter().map(|(net, _)| *net).collect(),
+            security_groups: e.security_groups.clone(),
+            tags: e.tags.clone(),
+            attachment,
+            requester_managed: e.requester_managed,
+        }
+    }
+
+    pub(super) fn instance_view(&self, id: &str) -> InstanceView {
+        let i = &self.instances[id];
+        let mut enis: Vec<EniView> = self
+            .enis
+            .iter()
+            .filter(|(_, e)| e.attachment.as_ref().is_some_and(|a| a.instance_id == id))
+            .map(|(eid, _)| self.eni_view(eid))
+            .collect();
+        enis.sort_by_key(|e| {
+            e.attachment
+                .as_ref()
+                .map(|a| (a.network_card_index, a.device_index))
+        });
+        InstanceView {
+            id: id.to_owned(),
+            instance_type: i.instance_type.name.to_owned(),
+            availability_zone: i.az.clone(),
+            subnet_id: i.subnet_id.clone(),
+            vpc_id: i.vpc_id.clone(),
+            private_ip: i.primary_ip,
+            state: match i.state {
+                InstanceState::Running => "running",
+                InstanceState::Terminated => "terminated",
+            },
+            security_groups: i.security_groups.clone(),
+            enis,
+        }
+    }
+
+    /// The ENI as IMDS would show it now; `ignore_lag` shows everything attached.
+    pub(super) fn imds_eni(&self, id: &str, ignore_lag: bool, now: Instant) -> Option<ImdsEni> {
+        let e = self.enis.get(id)?;
+        let a = e.attachment.as_ref()?;
+        let lag = self.timing.imds_lag;
+        // The primary interface is there from boot.
+        let visible = ignore_lag
+            || a.is_primary()
+            || match a.state {
+                AttState::Attaching { .. } => false,
+                AttState::Attached { since } | AttState::Detaching { since, .. } => {
+                    since + lag <= now
+                }
+            };
+        if !visible {
+            return None;
+        }
+        let settled = |at: &Instant| ignore_lag || *at + lag <= now;
+        let lingering = |at: &Instant| !ignore_lag && *at + lag > now;
+        let mut ips = vec![e.primary_ip];
+        ips.extend(
+            e.secondaries
+                .iter()
+                .filter(|(_, at)| settled(at))
+                .map(|(ip, _)| *ip),
+        );
+        ips.extend(
+            e.removed
+                .iter()
+                .filter(|(_, at)| lingering(at))
+                .map(|(ip, _)| *ip),
+        );
+        let mut ipv4_prefixes: Vec<Ipv4Net> = e
+            .prefixes
+            .iter()
+            .filter(|(_, at)| settled(at))
+            .map(|(net, _)| *net)
+            .collect();
+        ipv4_prefixes.extend(
+            e.removed_prefixes
+                .iter()
+                .filter(|(_, at)| lingering(at))
+                .map(|(net, _)| *net),
+        );
+        let subnet = &self.subnets[&e.subnet_id];
+        let multi_card = self.instances[&a.instance_id].instance_type.network_cards > 1;
+        Some(ImdsEni {
+            mac: e.mac.clone(),
+            eni_id: id.to_owned(),
+            device_number: a.device_index,
+            network_card: multi_card.then_some(a.network_card),
+            subnet_id: e.subnet_id.clone(),
+            vpc_id: e.vpc_id.clone(),
+            subnet_cidr: subnet.cidr,
+            vpc_cidr: self.vpcs[&e.vpc_id].cidr,
+            security_groups: e.security_groups.clone(),
+            ips,
+            ipv4_prefixes,
+        })
+    }
+
+    /// What the instance's IMDS shows at `now` (changes appear after the configured lag).
+    pub fn imds(&mut self, instance_id: &str, now: Instant) -> Option<ImdsInstance> {
+        self.settle(now);
+        let inst = self.instances.get(instance_id)?;
+        let mut interfaces: Vec<ImdsEni> = self
+            .enis
+            .iter()
+            .filter(|(_, e)| {
+                e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.instance_id == instance_id)
+            })
+            .filter_map(|(id, _)| self.imds_eni(id, false, now))
+            .collect();
+        for (ghost, _) in &inst.gone {
+            if !interfaces.iter().any(|i| i.mac == ghost.mac) {
+                interfaces.push(ghost.clone());
+            }
+        }
+        interfaces.sort_by_key(|i| (i.network_card.unwrap_or(0), i.device_number));
+        Some(ImdsInstance {
+            instance_id: instance_id.to_owned(),
+            instance_type: inst.instance_type.name.to_owned(),
+            availability_zone: inst.az.clone(),
+            region: self.region.clone(),
+            mac: inst.primary_mac.clone(),
+            local_ipv4: inst.primary_ip,
+            interfaces,
+        })
+    }
+
+    /// Everything, for the control API's state dump.
+    pub fn dump(&mut self, now: Instant) -> serde_json::Value {
+        self.settle(now);
+        let subnets: Vec<SubnetView> = self.subnets.keys().map(|id| self.subnet_view(id)).collect();
+        let instances: Vec<InstanceView> = self
+            .instances
+            .keys()
+            .map(|id| self.instance_view(id))
+            .collect();
+        let enis: Vec<EniView> = self.enis.keys().map(|id| self.eni_view(id)).collect();
+        let vpcs: Vec<serde_json::Value> = self
+            .vpcs
+            .iter()
+            .map(|(id, v)| serde_json::json!({"id": id, "cidr": v.cidr, "security_groups": v.security_groups}))
+            .collect();
+        let this: &World = self;
+        let reservations: Vec<super::ReservationView> = this
+            .subnets
+            .iter()
+            .flat_map(|(sid, s)| {
+                s.reservations
+                    .keys()
+                    .map(move |rid| this.reservation_view(sid, rid))
+            })
+            .collect();
+        let assigned_ips: usize = self.enis.values().map(|e| 1 + e.secondaries.len()).sum();
+        let assigned_prefixes: usize = self.enis.values().map(|e| e.prefixes.len()).sum();
+        serde_json::json!({
+            "vpcs": vpcs, "subnets": subnets, "instances": instances, "network_interfaces": enis,
+            "subnet_cidr_reservations": reservations,
+            "assigned_ips": assigned_ips, "assigned_prefixes": assigned_prefixes,
+        })
+    }
+
+    pub(super) fn subnet_view(&self, id: &str) -> SubnetView {
+        let s = &self.subnets[id];
+        SubnetView {
+            id: id.to_owned(),
+            vpc_id: s.vpc_id.clone(),
+            cidr: s.cidr,
+            availability_zone: s.az.clone(),
+            available_ips: s.free(),
+            tags: s.tags.clone(),
+        }
+    }
+}

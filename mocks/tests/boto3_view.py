@@ -1,0 +1,290 @@
+"""boto3's view of mockcloud: prefixes, subnet CIDR reservations, subnet filters, network cards and
+instance types, with the field names and error codes as botocore parses them.
+
+Run by mocks/tests/boto3.rs, which starts mockcloud, prepares the world and passes it in the
+environment (MOCK_EC2, VPC_ID, SUBNET_ID, SUBNET_CIDR, TAGGED_SUBNET, TINY_SUBNET, XEN_ENI,
+MULTI_INSTANCE). Exits non-zero if any check fails.
+"""
+
+import ipaddress
+import os
+import sys
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+ENV = os.environ
+ec2 = boto3.client(
+    "ec2",
+    endpoint_url=ENV["MOCK_EC2"],
+    region_name="us-east-1",
+    aws_access_key_id="AKIDMOCKCLOUD",
+    aws_secret_access_key="secret",
+    config=Config(retries={"max_attempts": 1}),
+)
+
+passed = 0
+failed = []
+
+
+def check(what, condition):
+    global passed
+    if condition:
+        passed += 1
+    else:
+        failed.append(what)
+        print(f"FAIL: {what}", file=sys.stderr)
+
+
+def error_of(call, **kwargs):
+    """The (code, message) EC2 answered, or None if the call succeeded."""
+    try:
+        call(**kwargs)
+    except ClientError as e:
+        return e.response["Error"]["Code"], e.response["Error"]["Message"]
+    return None
+
+
+def code_of(call, **kwargs):
+    err = error_of(call, **kwargs)
+    return err and err[0]
+
+
+def is_aligned_28(cidr):
+    net = ipaddress.ip_network(cidr, strict=False)
+    return net.prefixlen == 28 and str(net) == cidr
+
+
+# --- instance types -------------------------------------------------------------------------------
+types = {
+    t["InstanceType"]: t
+    for t in ec2.describe_instance_types(
+        InstanceTypes=["m5.large", "t2.medium", "p5.48xlarge", "m5.metal"]
+    )["InstanceTypes"]
+}
+check("four types", len(types) == 4)
+m5 = types["m5.large"]
+check("m5.large Hypervisor", m5.get("Hypervisor") == "nitro")
+check("m5.large BareMetal", m5.get("BareMetal") is False)
+check("m5.large VCpuInfo", m5["VCpuInfo"]["DefaultVCpus"] == 2)
+net = m5["NetworkInfo"]
+check("m5.large MaximumNetworkInterfaces", net["MaximumNetworkInterfaces"] == 3)
+check("m5.large Ipv4AddressesPerInterface", net["Ipv4AddressesPerInterface"] == 10)
+check("m5.large MaximumNetworkCards", net["MaximumNetworkCards"] == 1)
+check("m5.large DefaultNetworkCardIndex", net["DefaultNetworkCardIndex"] == 0)
+check(
+    "m5.large NetworkCards",
+    net["NetworkCards"] == [{"NetworkCardIndex": 0, "MaximumNetworkInterfaces": 3}],
+)
+check("t2.medium Hypervisor", types["t2.medium"].get("Hypervisor") == "xen")
+check("m5.metal has no Hypervisor", "Hypervisor" not in types["m5.metal"])
+check("m5.metal BareMetal", types["m5.metal"]["BareMetal"] is True)
+p5 = types["p5.48xlarge"]["NetworkInfo"]
+check("p5 cards", p5["MaximumNetworkCards"] == 32 and len(p5["NetworkCards"]) == 32)
+default_card = next(
+    c for c in p5["NetworkCards"] if c["NetworkCardIndex"] == p5["DefaultNetworkCardIndex"]
+)
+check(
+    "p5 max-pods from the default card",
+    default_card["MaximumNetworkInterfaces"] * (p5["Ipv4AddressesPerInterface"] - 1) + 2 == 100,
+)
+check(
+    "unknown type",
+    code_of(ec2.describe_instance_types, InstanceTypes=["x9.mega"]) == "InvalidInstanceType",
+)
+
+# --- prefixes -------------------------------------------------------------------------------------
+subnet = ENV["SUBNET_ID"]
+subnet_cidr = ipaddress.ip_network(ENV["SUBNET_CIDR"])
+created = ec2.create_network_interface(SubnetId=subnet, Ipv4PrefixCount=2)["NetworkInterface"]
+eni = created["NetworkInterfaceId"]
+first = [p["Ipv4Prefix"] for p in created["Ipv4Prefixes"]]
+check("create: two prefixes", len(first) == 2)
+check("create: aligned /28s", all(is_aligned_28(p) for p in first))
+check(
+    "create: inside the subnet",
+    all(ipaddress.ip_network(p).subnet_of(subnet_cidr) for p in first),
+)
+assigned = ec2.assign_private_ip_addresses(NetworkInterfaceId=eni, Ipv4PrefixCount=1)
+new = [p["Ipv4Prefix"] for p in assigned["AssignedIpv4Prefixes"]]
+check("assign: AssignedIpv4Prefixes", len(new) == 1 and is_aligned_28(new[0]))
+described = ec2.describe_network_interfaces(NetworkInterfaceIds=[eni])["NetworkInterfaces"][0]
+check(
+    "describe: Ipv4Prefixes",
+    [p["Ipv4Prefix"] for p in described["Ipv4Prefixes"]] == first + new,
+)
+ec2.unassign_private_ip_addresses(NetworkInterfaceId=eni, Ipv4Prefixes=[first[0]])
+described = ec2.describe_network_interfaces(NetworkInterfaceIds=[eni])["NetworkInterfaces"][0]
+check("unassign: one fewer", len(described["Ipv4Prefixes"]) == 2)
+check(
+    "count and list",
+    code_of(
+        ec2.assign_private_ip_addresses,
+        NetworkInterfaceId=eni,
+        Ipv4PrefixCount=1,
+        Ipv4Prefixes=[first[0]],
+    )
+    == "InvalidParameterCombination",
+)
+check(
+    "prefix and private IP",
+    code_of(
+        ec2.assign_private_ip_addresses,
+        NetworkInterfaceId=eni,
+        Ipv4PrefixCount=1,
+        SecondaryPrivateIpAddressCount=1,
+    )
+    == "InvalidParameterCombination",
+)
+misaligned = str(ipaddress.ip_network(first[0]).network_address + 3) + "/28"
+check(
+    "misaligned",
+    code_of(
+        ec2.assign_private_ip_addresses, NetworkInterfaceId=eni, Ipv4Prefixes=[misaligned]
+    )
+    == "InvalidParameterValue",
+)
+check(
+    "its own prefix again",
+    code_of(ec2.assign_private_ip_addresses, NetworkInterfaceId=eni, Ipv4Prefixes=[new[0]])
+    == "InvalidParameterValue",
+)
+other = ec2.create_network_interface(SubnetId=subnet)["NetworkInterface"]["NetworkInterfaceId"]
+check(
+    "someone else's prefix",
+    code_of(ec2.assign_private_ip_addresses, NetworkInterfaceId=other, Ipv4Prefixes=[new[0]])
+    == "InvalidIPAddress.InUse",
+)
+check(
+    "non-Nitro",
+    code_of(
+        ec2.assign_private_ip_addresses, NetworkInterfaceId=ENV["XEN_ENI"], Ipv4PrefixCount=1
+    )
+    == "UnsupportedOperation",
+)
+tiny_eni = ec2.create_network_interface(SubnetId=ENV["TINY_SUBNET"])["NetworkInterface"][
+    "NetworkInterfaceId"
+]
+err = error_of(ec2.assign_private_ip_addresses, NetworkInterfaceId=tiny_eni, Ipv4PrefixCount=1)
+check(
+    "InsufficientCidrBlocks",
+    err
+    == (
+        "InsufficientCidrBlocks",
+        "The specified subnet does not have enough free cidr blocks to satisfy the request.",
+    ),
+)
+
+# --- subnet CIDR reservations ---------------------------------------------------------------------
+free_block = next(
+    b
+    for b in list(subnet_cidr.subnets(new_prefix=24))[8:]
+    if not any(
+        ipaddress.ip_network(p["Ipv4Prefix"]).overlaps(b)
+        for e in ec2.describe_network_interfaces()["NetworkInterfaces"]
+        for p in e.get("Ipv4Prefixes", [])
+    )
+    and not any(
+        ipaddress.ip_address(a["PrivateIpAddress"]) in b
+        for e in ec2.describe_network_interfaces()["NetworkInterfaces"]
+        for a in e["PrivateIpAddresses"]
+    )
+)
+res = ec2.create_subnet_cidr_reservation(
+    SubnetId=subnet, Cidr=str(free_block), ReservationType="prefix", Description="pods"
+)["SubnetCidrReservation"]
+check("reservation id", res["SubnetCidrReservationId"].startswith("scr-"))
+check("reservation fields", (res["Cidr"], res["ReservationType"]) == (str(free_block), "prefix"))
+check("reservation description", res.get("Description") == "pods")
+got = ec2.get_subnet_cidr_reservations(
+    SubnetId=subnet, Filters=[{"Name": "reservationType", "Values": ["prefix"]}]
+)
+check(
+    "get reservations",
+    [r["Cidr"] for r in got["SubnetIpv4CidrReservations"]] == [str(free_block)],
+)
+auto = ec2.assign_private_ip_addresses(NetworkInterfaceId=eni, Ipv4PrefixCount=1)
+check(
+    "automatic prefix from the prefix reservation",
+    ipaddress.ip_network(auto["AssignedIpv4Prefixes"][0]["Ipv4Prefix"]).subnet_of(free_block),
+)
+check(
+    "reservation overlapping another",
+    code_of(
+        ec2.create_subnet_cidr_reservation,
+        SubnetId=subnet,
+        Cidr=str(next(free_block.subnets(new_prefix=28))),
+        ReservationType="explicit",
+    )
+    == "InvalidParameterValue",
+)
+deleted = ec2.delete_subnet_cidr_reservation(
+    SubnetCidrReservationId=res["SubnetCidrReservationId"]
+)
+check("deleted", deleted["DeletedSubnetCidrReservation"]["Cidr"] == str(free_block))
+check(
+    "delete again",
+    code_of(
+        ec2.delete_subnet_cidr_reservation, SubnetCidrReservationId=res["SubnetCidrReservationId"]
+    )
+    == "InvalidSubnetCidrReservationID.NotFound",
+)
+
+# --- subnets --------------------------------------------------------------------------------------
+tagged = ENV["TAGGED_SUBNET"]
+ec2.create_tags(Resources=[tagged], Tags=[{"Key": "team", "Value": "net"}])
+found = ec2.describe_subnets(
+    Filters=[
+        {"Name": "vpc-id", "Values": [ENV["VPC_ID"]]},
+        {"Name": "availability-zone", "Values": ["us-east-1b"]},
+        {"Name": "tag:kubernetes.io/role/cni", "Values": ["1"]},
+    ]
+)["Subnets"]
+check("filters find the tagged subnet", [s["SubnetId"] for s in found] == [tagged])
+tags = {t["Key"]: t["Value"] for t in found[0]["Tags"]}
+check("subnet tags", tags == {"kubernetes.io/role/cni": "1", "team": "net"})
+check("AvailableIpAddressCount", found[0]["AvailableIpAddressCount"] == 251)
+mine = ec2.describe_subnets(SubnetIds=[subnet])["Subnets"][0]
+held = sum(
+    len(e["PrivateIpAddresses"]) + 16 * len(e.get("Ipv4Prefixes", []))
+    for e in ec2.describe_network_interfaces(Filters=[{"Name": "subnet-id", "Values": [subnet]}])[
+        "NetworkInterfaces"
+    ]
+)
+check(
+    "AvailableIpAddressCount is true",
+    mine["AvailableIpAddressCount"] == subnet_cidr.num_addresses - 5 - held,
+)
+check(
+    "unknown filter",
+    code_of(ec2.describe_subnets, Filters=[{"Name": "moon", "Values": ["x"]}])
+    == "InvalidParameterValue",
+)
+
+# --- network cards --------------------------------------------------------------------------------
+card_eni = ec2.create_network_interface(SubnetId=subnet)["NetworkInterface"]["NetworkInterfaceId"]
+att = ec2.attach_network_interface(
+    NetworkInterfaceId=card_eni,
+    InstanceId=ENV["MULTI_INSTANCE"],
+    DeviceIndex=0,
+    NetworkCardIndex=1,
+)
+check("attach NetworkCardIndex", att.get("NetworkCardIndex") == 1)
+shown = ec2.describe_network_interfaces(NetworkInterfaceIds=[card_eni])["NetworkInterfaces"][0]
+check("attachment NetworkCardIndex", shown["Attachment"]["NetworkCardIndex"] == 1)
+spare = ec2.create_network_interface(SubnetId=subnet)["NetworkInterface"]["NetworkInterfaceId"]
+check(
+    "card out of range",
+    code_of(
+        ec2.attach_network_interface,
+        NetworkInterfaceId=spare,
+        InstanceId=ENV["MULTI_INSTANCE"],
+        DeviceIndex=1,
+        NetworkCardIndex=2,
+    )
+    == "InvalidParameterValue",
+)
+
+print(f"boto3 view: {passed} passed, {len(failed)} failed")
+sys.exit(1 if failed else 0)

@@ -1,0 +1,172 @@
+//! EC2's errors in domain terms: an SDK error is classified once, here, by the EC2 error code
+//! (`ProvideErrorMetadata::code()`) and the raw HTTP status, into a [`CloudError`] callers decide on
+//! by kind (throttled, capacity, not found, ...), never by text.
+
+use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
+use aws_smithy_runtime_api::http::Response as HttpResponse;
+use eniipam_api::error_chain;
+
+use crate::cloud::CloudError;
+
+/// Transient failures may have taken effect on EC2's side (the request was possibly sent).
+pub(super) fn is_ambiguous(err: &CloudError) -> bool {
+    matches!(err, CloudError::Transient { .. })
+}
+
+/// Classify an SDK error into a [`CloudError`] by EC2 error code and HTTP status.
+pub fn classify<E>(api: &str, err: SdkError<E, HttpResponse>) -> CloudError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let api_s = api.to_owned();
+    match &err {
+        SdkError::TimeoutError(_) => {
+            return CloudError::Transient {
+                api: api_s,
+                message: "timed out".into(),
+            };
+        }
+        SdkError::DispatchFailure(d) => {
+            let kind = if d.is_timeout() {
+                "timed out connecting"
+            } else if d.is_io() {
+                "I/O failure"
+            } else {
+                "dispatch failure"
+            };
+            return CloudError::Transient {
+                api: api_s,
+                message: format!("{kind}: {}", error_chain(&err)),
+            };
+        }
+        SdkError::ResponseError(_) => {
+            return CloudError::Transient {
+                api: api_s,
+                message: format!("unreadable response: {}", error_chain(&err)),
+            };
+        }
+        SdkError::ConstructionFailure(_) => {
+            return CloudError::Rejected {
+                api: api_s,
+                code: "ConstructionFailure".into(),
+                message: error_chain(&err),
+            };
+        }
+        _ => {}
+    }
+    let status = err.raw_response().map(|r| r.status().as_u16());
+    let code = err.code().unwrap_or_default().to_owned();
+    let message = err.message().unwrap_or_default().to_owned();
+    classify_code(api, &code, &message, status)
+}
+
+/// The classification of a service error by its `code`, `message` and HTTP `status`.
+pub fn classify_code(api: &str, code: &str, message: &str, status: Option<u16>) -> CloudError {
+    let api = api.to_owned();
+    let message = message.to_owned();
+    match code {
+        "RequestLimitExceeded" | "Throttling" | "ThrottlingException" => CloudError::Throttled {
+            api,
+            code: code.to_owned(),
+        },
+        "InsufficientFreeAddressesInSubnet" => CloudError::SubnetFull { api, message },
+        "PrivateIpAddressLimitExceeded" => CloudError::IpLimitExceeded { api, message },
+        "AttachmentLimitExceeded" => CloudError::AttachmentLimitExceeded { api, message },
+        "UnauthorizedOperation" => CloudError::Unauthorized { api, message },
+        c if c.ends_with(".NotFound") => CloudError::NotFound {
+            api,
+            code: code.to_owned(),
+            message,
+        },
+        "InternalError" | "InternalFailure" | "ServiceUnavailable" | "Unavailable" => {
+            CloudError::Transient {
+                api,
+                message: format!("{code}: {message}"),
+            }
+        }
+        _ => match status {
+            Some(s) if s >= 500 => CloudError::Transient {
+                api,
+                message: format!("HTTP {s} {code}: {message}"),
+            },
+            Some(429) => CloudError::Throttled {
+                api,
+                code: if code.is_empty() {
+                    "HTTP 429".into()
+                } else {
+                    code.to_owned()
+                },
+            },
+            Some(s) if (400..500).contains(&s) => CloudError::Rejected {
+                api,
+                code: if code.is_empty() {
+                    format!("HTTP {s}")
+                } else {
+                    code.to_owned()
+                },
+                message,
+            },
+            other => CloudError::Transient {
+                api,
+                message: format!("unexpected reply (status {other:?}) {code}: {message}"),
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_classified() {
+        let c = |code, status| classify_code("Op", code, "msg", status);
+        assert!(matches!(
+            c("RequestLimitExceeded", Some(503)),
+            CloudError::Throttled { .. }
+        ));
+        assert!(matches!(
+            c("Throttling", Some(400)),
+            CloudError::Throttled { .. }
+        ));
+        assert!(matches!(
+            c("InsufficientFreeAddressesInSubnet", Some(400)),
+            CloudError::SubnetFull { .. }
+        ));
+        assert!(matches!(
+            c("PrivateIpAddressLimitExceeded", Some(400)),
+            CloudError::IpLimitExceeded { .. }
+        ));
+        assert!(matches!(
+            c("AttachmentLimitExceeded", Some(400)),
+            CloudError::AttachmentLimitExceeded { .. }
+        ));
+        assert!(matches!(
+            c("InvalidNetworkInterfaceID.NotFound", Some(400)),
+            CloudError::NotFound { .. }
+        ));
+        assert!(matches!(
+            c("InvalidAttachmentID.NotFound", Some(400)),
+            CloudError::NotFound { .. }
+        ));
+        assert!(matches!(
+            c("InternalError", Some(500)),
+            CloudError::Transient { .. }
+        ));
+        assert!(matches!(
+            c("Whatever", Some(502)),
+            CloudError::Transient { .. }
+        ));
+        assert!(matches!(
+            c("InvalidParameterValue", Some(400)),
+            CloudError::Rejected { .. }
+        ));
+        assert!(matches!(c("", None), CloudError::Transient { .. }));
+        let unauthorized = c("UnauthorizedOperation", Some(403));
+        assert!(matches!(unauthorized, CloudError::Unauthorized { .. }));
+        assert!(
+            unauthorized.to_string().contains("ec2:Op"),
+            "{unauthorized}"
+        );
+    }
+}

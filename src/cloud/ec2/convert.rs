@@ -1,0 +1,191 @@
+//! The SDK's types in domain terms and back: ENIs, statuses, attachments, filters, tags.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use aws_sdk_ec2::types::{Filter, NetworkInterface, NetworkInterfaceStatus, Tag};
+
+use crate::cloud::{
+    AttachmentStatus, CloudError, CloudResult, Eni, EniAttachment, EniFilter, EniStatus,
+};
+use crate::model::EniId;
+
+pub(super) fn to_i32(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+pub(super) fn malformed(api: &str, what: impl std::fmt::Display) -> CloudError {
+    CloudError::Rejected {
+        api: api.to_owned(),
+        code: "MalformedResponse".into(),
+        message: what.to_string(),
+    }
+}
+
+pub(super) fn parse_ip(api: &str, s: &str) -> CloudResult<Ipv4Addr> {
+    s.parse()
+        .map_err(|_| malformed(api, format!("not an IPv4 address: {s:?}")))
+}
+
+pub(super) fn status_from_sdk(s: Option<&NetworkInterfaceStatus>) -> EniStatus {
+    match s {
+        Some(NetworkInterfaceStatus::Available) => EniStatus::Available,
+        Some(NetworkInterfaceStatus::Attaching) => EniStatus::Attaching,
+        Some(NetworkInterfaceStatus::InUse) => EniStatus::InUse,
+        Some(NetworkInterfaceStatus::Detaching) => EniStatus::Detaching,
+        Some(other) => EniStatus::Other(other.as_str().to_owned()),
+        None => EniStatus::Other(String::new()),
+    }
+}
+
+pub(super) fn status_to_filter(s: &EniStatus) -> &str {
+    match s {
+        EniStatus::Available => "available",
+        EniStatus::Attaching => "attaching",
+        EniStatus::InUse => "in-use",
+        EniStatus::Detaching => "detaching",
+        EniStatus::Other(s) => s,
+    }
+}
+
+pub(super) fn attachment_status_from_sdk(
+    s: Option<&aws_sdk_ec2::types::AttachmentStatus>,
+) -> AttachmentStatus {
+    use aws_sdk_ec2::types::AttachmentStatus as S;
+    match s {
+        Some(S::Attaching) => AttachmentStatus::Attaching,
+        Some(S::Attached) => AttachmentStatus::Attached,
+        Some(S::Detaching) => AttachmentStatus::Detaching,
+        Some(S::Detached) => AttachmentStatus::Detached,
+        Some(other) => AttachmentStatus::Other(other.as_str().to_owned()),
+        None => AttachmentStatus::Other(String::new()),
+    }
+}
+
+/// An SDK `NetworkInterface` in domain terms.
+pub(super) fn eni_from_sdk(api: &str, ni: &NetworkInterface) -> CloudResult<Eni> {
+    let id_s = ni
+        .network_interface_id()
+        .ok_or_else(|| malformed(api, "network interface without an id"))?;
+    let id: EniId = id_s.parse().map_err(|e| malformed(api, e))?;
+    let mut primary = ni
+        .private_ip_address()
+        .map(|s| parse_ip(api, s))
+        .transpose()?;
+    let mut secondary = Vec::new();
+    for a in ni.private_ip_addresses() {
+        let Some(ip) = a.private_ip_address() else {
+            continue;
+        };
+        let ip = parse_ip(api, ip)?;
+        if a.primary() == Some(true) {
+            primary.get_or_insert(ip);
+        } else if Some(ip) != primary {
+            secondary.push(ip);
+        }
+    }
+    let primary_ip = primary.ok_or_else(|| malformed(api, format!("{id} has no primary IP")))?;
+    secondary.retain(|ip| *ip != primary_ip);
+    let attachment = match ni.attachment() {
+        Some(a) if a.attachment_id().is_some() => Some(EniAttachment {
+            attachment_id: a.attachment_id().unwrap_or_default().to_owned(),
+            instance_id: a.instance_id().unwrap_or_default().to_owned(),
+            device_index: a
+                .device_index()
+                .and_then(|d| u32::try_from(d).ok())
+                .unwrap_or(0),
+            status: attachment_status_from_sdk(a.status()),
+            delete_on_termination: a.delete_on_termination().unwrap_or(false),
+        }),
+        _ => None,
+    };
+    Ok(Eni {
+        id,
+        mac: ni.mac_address().unwrap_or_default().to_owned(),
+        subnet_id: ni.subnet_id().unwrap_or_default().to_owned(),
+        vpc_id: ni.vpc_id().unwrap_or_default().to_owned(),
+        availability_zone: ni.availability_zone().unwrap_or_default().to_owned(),
+        description: ni.description().unwrap_or_default().to_owned(),
+        status: status_from_sdk(ni.status()),
+        primary_ip,
+        secondary_ips: secondary,
+        security_groups: ni
+            .groups()
+            .iter()
+            .filter_map(|g| g.group_id().map(str::to_owned))
+            .collect(),
+        attachment,
+        tags: ni
+            .tag_set()
+            .iter()
+            .filter_map(|t| {
+                Some((
+                    t.key()?.to_owned(),
+                    t.value().unwrap_or_default().to_owned(),
+                ))
+            })
+            .collect(),
+    })
+}
+
+pub(super) fn filters(f: &EniFilter) -> Vec<Filter> {
+    let mut out = Vec::new();
+    let one = |name: &str, value: &str| Filter::builder().name(name).values(value).build();
+    if let Some(i) = &f.attached_to {
+        out.push(one("attachment.instance-id", i));
+    }
+    if let Some(s) = &f.status {
+        out.push(one("status", status_to_filter(s)));
+    }
+    if let Some(v) = &f.vpc_id {
+        out.push(one("vpc-id", v));
+    }
+    if let Some(s) = &f.subnet_id {
+        out.push(one("subnet-id", s));
+    }
+    for (k, v) in &f.tags {
+        out.push(one(&format!("tag:{k}"), v));
+    }
+    // Values of one filter are OR'ed by EC2; separate filters are AND'ed: one filter per key.
+    for k in &f.tag_keys {
+        out.push(one("tag-key", k));
+    }
+    out
+}
+
+pub(super) fn sdk_tags(tags: &BTreeMap<String, String>) -> Vec<Tag> {
+    tags.iter()
+        .map(|(k, v)| Tag::builder().key(k).value(v).build())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_are_one_per_condition() {
+        let f = EniFilter {
+            status: Some(EniStatus::Available),
+            vpc_id: Some("vpc-1".into()),
+            tags: BTreeMap::from([("eniipam.io/cluster".into(), "c".into())]),
+            tag_keys: vec!["eniipam.io/owner".into(), "other".into()],
+            ..Default::default()
+        };
+        let names: Vec<_> = filters(&f)
+            .iter()
+            .map(|f| f.name().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                "status",
+                "vpc-id",
+                "tag:eniipam.io/cluster",
+                "tag-key",
+                "tag-key"
+            ]
+        );
+        assert_eq!(filters(&f)[0].values(), ["available"]);
+    }
+}

@@ -1,0 +1,392 @@
+//! The pool's bookkeeping: one [`PoolState`] behind the pool's mutex, written by the acquire and
+//! release paths, the ENI actors and the maintainer, each in short critical sections that never
+//! await. Every decision about which IP or which ENI happens here, in one place, against one
+//! consistent view; the cloud calls happen outside, in the actors and the maintainer's tasks.
+//!
+//! Token accounting (checked by [`PoolState::check_invariants`]):
+//! `tokens used = idle + releasing + assigned + Σ ENI in-flight + waiting for an ENI + Σ creating`.
+//!
+//! The state's methods are split by job:
+//! - this file: the records, lookups and the invariant check;
+//! - [`seeding`]: building the state from the startup seed;
+//! - [`routing`]: where an acquire goes (idle IP, an ENI actor, a new ENI) and how waiters are answered;
+//! - [`outcomes`]: applying what the actors and the maintainer's cloud calls returned;
+//! - [`plan`]: the maintainer's plan for one round.
+
+mod outcomes;
+mod plan;
+mod routing;
+mod seeding;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::capacity::{CapacityTokens, node_capacity};
+use super::eni::{EniHandle, EniPhase, Waiter};
+use super::error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
+use super::idle::{IdleEntry, IdleQueue, IdleRefusal, Reservation};
+use super::seed::{PoolSeed, SeedError};
+use super::{Allocation, PoolConfig, Released};
+use crate::cloud::{CloudError, Eni, NodeContext, Subnet};
+use crate::model::{AttachmentKey, EniId, PodRef};
+
+/// What an ENI is to the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EniRole {
+    /// eth0: never used for pods.
+    Primary,
+    /// Attached but not ours (not created by eniipam, or opted out): takes a slot, never touched.
+    Foreign,
+    /// Ours: its secondary IPs serve pods.
+    Pods,
+}
+
+pub(crate) struct EniRecord {
+    pub id: EniId,
+    pub mac: String,
+    pub device_index: u32,
+    pub subnet_id: String,
+    pub primary_ip: Ipv4Addr,
+    pub role: EniRole,
+    /// Secondary IPs the pool holds on this ENI: idle, assigned or being released.
+    pub ips: BTreeSet<Ipv4Addr>,
+    /// IPs asked of the actor and not answered yet.
+    pub inflight: u32,
+    pub phase: EniPhase,
+    /// After a failed release, not before this instant again.
+    pub release_retry_at: Option<Instant>,
+    pub cloud: Option<Eni>,
+    pub handle: Option<EniHandle>,
+    pub task: Option<JoinHandle<()>>,
+}
+
+/// Why a subnet is backing off.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SubnetBackoffKind {
+    /// EC2 said full / limit reached: no new IPs from this subnet until the end.
+    Exhausted,
+    /// ENI creation failed: no creation in this subnet until the end; existing ENIs still serve.
+    CreateFailing,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct SubnetBackoff {
+    pub until: Instant,
+    pub kind: SubnetBackoffKind,
+    pub failures: u32,
+    pub error: CloudError,
+}
+
+pub(crate) struct SubnetRecord {
+    pub subnet: Option<Subnet>,
+    pub backoff: Option<SubnetBackoff>,
+}
+
+pub(crate) struct CreatingEni {
+    pub device_index: u32,
+    pub subnet_id: String,
+    /// IPs in the create call: pods + warm.
+    pub count: u32,
+    pub warm: u32,
+    pub started: Instant,
+}
+
+pub(crate) struct AllocationRecord {
+    pub ip: Ipv4Addr,
+    pub eni: EniId,
+    pub pod: PodRef,
+    pub sticky_key: Option<String>,
+    pub since: Instant,
+}
+
+#[derive(Default)]
+pub(crate) struct Pending {
+    followers: Vec<oneshot::Sender<Result<Allocation, PoolError>>>,
+    released: bool,
+}
+
+/// An acquire as the state sees it.
+pub(crate) struct AcquireRequest {
+    pub key: AttachmentKey,
+    pub pod: PodRef,
+    pub prefer: Option<Ipv4Addr>,
+    pub sticky_key: Option<String>,
+}
+
+/// Where an acquire goes next.
+pub(crate) enum Route {
+    Done(Result<Allocation, PoolError>),
+    /// Waiting for an answer (a new ENI, or the first request for the same attachment).
+    Wait(oneshot::Receiver<Result<Allocation, PoolError>>),
+    /// To an ENI actor.
+    Send {
+        eni: EniId,
+        handle: EniHandle,
+        waiter: Waiter,
+        rx: oneshot::Receiver<Result<Allocation, PoolError>>,
+    },
+}
+
+/// One ENI creation the maintainer decided on.
+pub(crate) struct CreatePlan {
+    pub id: u64,
+    pub device_index: u32,
+    pub subnet_id: String,
+    pub count: u32,
+    pub waiters: Vec<Waiter>,
+    /// The subnet's CIDR is not known yet: describe it first.
+    pub describe_subnet: bool,
+}
+
+/// What one maintainer round does.
+#[derive(Default)]
+pub(crate) struct RoundPlan {
+    pub reroutes: Vec<(EniId, EniHandle, Waiter)>,
+    pub warms: Vec<(EniId, EniHandle, u32)>,
+    pub unassigns: Vec<(EniId, EniHandle, Vec<Ipv4Addr>)>,
+    pub creates: Vec<CreatePlan>,
+    pub releases: Vec<(EniId, EniHandle)>,
+}
+
+impl RoundPlan {
+    pub fn is_empty(&self) -> bool {
+        self.reroutes.is_empty()
+            && self.warms.is_empty()
+            && self.unassigns.is_empty()
+            && self.creates.is_empty()
+            && self.releases.is_empty()
+    }
+}
+
+enum Pick {
+    Eni(EniId),
+    Blocked(PoolError),
+    NeedNewEni,
+}
+
+pub(crate) struct PoolState {
+    pub config: PoolConfig,
+    pub node: NodeContext,
+    pub capacity: CapacityTokens,
+    pub idle: IdleQueue,
+    pub allocations: HashMap<AttachmentKey, AllocationRecord>,
+    pub assigned: HashMap<Ipv4Addr, AttachmentKey>,
+    pub pending: HashMap<AttachmentKey, Pending>,
+    pub enis: BTreeMap<EniId, EniRecord>,
+    pub creating: BTreeMap<u64, CreatingEni>,
+    pub create_waiters: VecDeque<Waiter>,
+    pub subnets: BTreeMap<String, SubnetRecord>,
+    pub releasing: BTreeMap<Ipv4Addr, IdleEntry>,
+    /// Warm-up IPs asked for and not arrived.
+    pub warming: u32,
+    /// ENIs the node may have, eth0 included.
+    pub max_enis: u32,
+    /// Pod IPs per ENI (IPv4 per ENI − 1: the primary is not used).
+    pub per_eni: u32,
+    next_create_id: u64,
+    pub shutting_down: bool,
+}
+
+impl PoolState {
+    fn eni_room(&self, r: &EniRecord) -> u32 {
+        self.per_eni.saturating_sub(r.ips.len() as u32 + r.inflight)
+    }
+
+    pub fn allocation_of(&self, key: &AttachmentKey, rec: &AllocationRecord) -> Allocation {
+        let eni = self.enis.get(&rec.eni);
+        let subnet = eni
+            .and_then(|e| self.subnets.get(&e.subnet_id))
+            .and_then(|s| s.subnet.as_ref());
+        Allocation {
+            ip: rec.ip,
+            attachment: key.clone(),
+            pod: rec.pod.clone(),
+            sticky_key: rec.sticky_key.clone(),
+            eni: rec.eni.clone(),
+            mac: eni.map(|e| e.mac.clone()).unwrap_or_default(),
+            device_index: eni.map_or(0, |e| e.device_index),
+            subnet_id: eni.map(|e| e.subnet_id.clone()).unwrap_or_default(),
+            subnet_cidr: subnet.map_or_else(|| Ipv4Net::from(rec.ip), |s| s.cidr),
+            gateway: subnet.map_or(Ipv4Addr::UNSPECIFIED, Subnet::gateway),
+        }
+    }
+
+    /// Records `ip` (on `eni`) as held by `key` and returns the reply.
+    fn record(
+        &mut self,
+        key: AttachmentKey,
+        pod: PodRef,
+        sticky_key: Option<String>,
+        ip: Ipv4Addr,
+        eni: EniId,
+        now: Instant,
+    ) -> Allocation {
+        let rec = AllocationRecord {
+            ip,
+            eni,
+            pod,
+            sticky_key,
+            since: now,
+        };
+        let alloc = self.allocation_of(&key, &rec);
+        self.assigned.insert(ip, key.clone());
+        self.allocations.insert(key, rec);
+        alloc
+    }
+
+    fn capacity_reached(&self, now: Instant) -> PoolError {
+        PoolError::Exhausted {
+            reason: ExhaustionReason::CapacityReached {
+                capacity: self.capacity.capacity(),
+                cooling: self.idle.cooling(now),
+                reserved: self.idle.reserved(now),
+            },
+            retry_after: self
+                .idle
+                .next_eligible_at()
+                .map(|at| at.saturating_duration_since(now)),
+        }
+    }
+
+    fn no_eni_slot(&self) -> PoolError {
+        PoolError::Exhausted {
+            reason: ExhaustionReason::NoEniSlot {
+                max_enis: self.max_enis,
+            },
+            retry_after: None,
+        }
+    }
+
+    fn any_draining(&self) -> bool {
+        self.enis.values().any(|r| r.phase == EniPhase::Draining)
+    }
+
+    /// An exhausted-subnet error for `subnet_id` if it is backing off as exhausted at `now`.
+    fn subnet_exhausted(&self, subnet_id: &str, now: Instant) -> Option<PoolError> {
+        let b = self.subnets.get(subnet_id)?.backoff.as_ref()?;
+        (b.kind == SubnetBackoffKind::Exhausted && b.until > now).then(|| PoolError::Exhausted {
+            reason: ExhaustionReason::Cloud {
+                subnet_id: subnet_id.to_owned(),
+                error: Box::new(b.error.clone()),
+            },
+            retry_after: Some(b.until - now),
+        })
+    }
+
+    /// Why no ENI may be created in `subnet_id` at `now`, if so.
+    fn create_blocked(&self, subnet_id: &str, now: Instant) -> Option<PoolError> {
+        let b = self.subnets.get(subnet_id)?.backoff.as_ref()?;
+        if b.until <= now {
+            return None;
+        }
+        Some(match b.kind {
+            SubnetBackoffKind::Exhausted => self.subnet_exhausted(subnet_id, now)?,
+            SubnetBackoffKind::CreateFailing => PoolError::BackingOff {
+                target: BackoffTarget::EniCreation {
+                    subnet_id: subnet_id.to_owned(),
+                },
+                retry_after: b.until - now,
+                last_error: Box::new(b.error.clone()),
+            },
+        })
+    }
+
+    /// The lowest device index no ENI uses or is being created at.
+    fn free_device_index(&self) -> Option<u32> {
+        let used: BTreeSet<u32> = self
+            .enis
+            .values()
+            .map(|r| r.device_index)
+            .chain(self.creating.values().map(|c| c.device_index))
+            .collect();
+        (1..self.max_enis).find(|i| !used.contains(i))
+    }
+
+    fn back_off_subnet(
+        &mut self,
+        subnet_id: &str,
+        kind: SubnetBackoffKind,
+        error: CloudError,
+        now: Instant,
+    ) {
+        let rec = self
+            .subnets
+            .entry(subnet_id.to_owned())
+            .or_insert_with(|| SubnetRecord {
+                subnet: None,
+                backoff: None,
+            });
+        let failures = rec
+            .backoff
+            .as_ref()
+            .filter(|b| b.kind == kind)
+            .map_or(1, |b| b.failures + 1);
+        let delay = match kind {
+            SubnetBackoffKind::Exhausted => self.config.subnet_backoff,
+            SubnetBackoffKind::CreateFailing => self.config.backoff_after(failures),
+        };
+        tracing::warn!(subnet = subnet_id, ?kind, error = %error, backoff_ms = delay.as_millis() as u64, "subnet backs off");
+        rec.backoff = Some(SubnetBackoff {
+            until: now + delay,
+            kind,
+            failures,
+            error,
+        });
+    }
+
+    /// EC2's description of an ENI, if known.
+    pub fn cloud_eni(&self, eni: &EniId) -> Option<Eni> {
+        self.enis.get(eni).and_then(|r| r.cloud.clone())
+    }
+
+    /// Records a subnet description fetched before a create.
+    pub fn learn_subnet(&mut self, subnet: Subnet) {
+        let id = subnet.id.clone();
+        self.subnets
+            .entry(id)
+            .or_insert_with(|| SubnetRecord {
+                subnet: None,
+                backoff: None,
+            })
+            .subnet = Some(subnet);
+    }
+
+    /// Checks the token accounting; `Err` describes the mismatch.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let inflight: u32 = self.enis.values().map(|r| r.inflight).sum();
+        let creating: u32 = self.creating.values().map(|c| c.count).sum();
+        let held =
+            self.idle.len() as u32 + self.releasing.len() as u32 + self.allocations.len() as u32;
+        let sum = held + inflight + creating + self.create_waiters.len() as u32;
+        if sum != self.capacity.used() {
+            return Err(format!(
+                "tokens used {} != idle {} + releasing {} + assigned {} + in flight {} + creating {} + waiting {}",
+                self.capacity.used(),
+                self.idle.len(),
+                self.releasing.len(),
+                self.allocations.len(),
+                inflight,
+                creating,
+                self.create_waiters.len()
+            ));
+        }
+        let on_enis: u32 = self
+            .enis
+            .values()
+            .filter(|r| r.role == EniRole::Pods)
+            .map(|r| r.ips.len() as u32)
+            .sum();
+        if on_enis != held {
+            return Err(format!(
+                "ENIs hold {on_enis} IPs, the pool accounts for {held}"
+            ));
+        }
+        Ok(())
+    }
+}

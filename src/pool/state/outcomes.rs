@@ -1,0 +1,307 @@
+//! Applying outcomes: what the ENI actors' assign/unassign calls and the maintainer's ENI creations
+//! and releases returned, with the tokens, back-offs and waiters that follow from each.
+
+use super::*;
+
+impl PoolState {
+    /// Answers a batch the actor will not send to the cloud.
+    pub fn reject_assign(&mut self, eni: &EniId, pods: Vec<Waiter>, warm: u32, err: PoolError) {
+        let n = pods.len() as u32 + warm;
+        if n == 0 {
+            return;
+        }
+        if let Some(r) = self.enis.get_mut(eni) {
+            r.inflight = r.inflight.saturating_sub(n);
+        }
+        self.warming = self.warming.saturating_sub(warm);
+        self.capacity.give_back(n);
+        for w in pods {
+            self.fail_waiter(w, err.clone());
+        }
+    }
+
+    /// A batch's assign succeeded with `ips`.
+    pub fn complete_assign(
+        &mut self,
+        eni: &EniId,
+        ips: Vec<Ipv4Addr>,
+        pods: Vec<Waiter>,
+        warm: u32,
+        now: Instant,
+    ) {
+        let asked = pods.len() as u32 + warm;
+        let got = ips.len() as u32;
+        match self.enis.get_mut(eni) {
+            Some(r) => {
+                r.inflight = r.inflight.saturating_sub(asked);
+                r.phase = r.phase.succeeded();
+                r.ips.extend(ips.iter().copied());
+            }
+            None => tracing::error!(%eni, "assign completed for an unknown ENI"),
+        }
+        self.warming = self.warming.saturating_sub(warm);
+        if got > asked {
+            self.capacity.take_existing(got - asked);
+        } else {
+            self.capacity.give_back(asked - got);
+        }
+        let mut ips = ips.into_iter();
+        for w in pods {
+            match ips.next() {
+                Some(ip) => self.fulfil(w, ip, eni.clone(), now),
+                None => {
+                    let err = PoolError::Cloud(CloudError::Transient {
+                        api: "AssignPrivateIpAddresses".into(),
+                        message: format!("EC2 returned {got} of {asked} requested IPs"),
+                    });
+                    self.fail_waiter(w, err);
+                }
+            }
+        }
+        for ip in ips {
+            self.idle.push(ip, eni.clone(), now, Duration::ZERO, None);
+        }
+    }
+
+    /// A batch's assign failed: every waiter gets the error, tokens go back, the ENI (or subnet)
+    /// backs off. Returns the error the waiters got.
+    pub fn fail_assign(
+        &mut self,
+        eni: &EniId,
+        err: CloudError,
+        pods: Vec<Waiter>,
+        warm: u32,
+        now: Instant,
+    ) -> PoolError {
+        let subnet_backoff = self.config.subnet_backoff;
+        let subnet_id = self
+            .enis
+            .get(eni)
+            .map(|r| r.subnet_id.clone())
+            .unwrap_or_default();
+        let pool_err = match &err {
+            CloudError::SubnetFull { .. } | CloudError::AttachmentLimitExceeded { .. } => {
+                self.back_off_subnet(&subnet_id, SubnetBackoffKind::Exhausted, err.clone(), now);
+                PoolError::Exhausted {
+                    reason: ExhaustionReason::Cloud {
+                        subnet_id,
+                        error: Box::new(err.clone()),
+                    },
+                    retry_after: Some(subnet_backoff),
+                }
+            }
+            CloudError::IpLimitExceeded { .. } => {
+                if let Some(r) = self.enis.get_mut(eni) {
+                    r.phase = r.phase.failed(err.clone(), now, |_| subnet_backoff);
+                }
+                PoolError::Exhausted {
+                    reason: ExhaustionReason::Cloud {
+                        subnet_id,
+                        error: Box::new(err.clone()),
+                    },
+                    retry_after: Some(subnet_backoff),
+                }
+            }
+            _ => {
+                let cfg = self.config.clone();
+                if let Some(r) = self.enis.get_mut(eni) {
+                    r.phase = r.phase.failed(err.clone(), now, |n| cfg.backoff_after(n));
+                }
+                PoolError::Cloud(err)
+            }
+        };
+        self.reject_assign(eni, pods, warm, pool_err.clone());
+        pool_err
+    }
+
+    /// IPs given back to EC2: tokens return.
+    pub fn complete_unassign(&mut self, eni: &EniId, ips: &[Ipv4Addr]) {
+        let mut n = 0;
+        for ip in ips {
+            if self.releasing.remove(ip).is_some() {
+                n += 1;
+            }
+        }
+        if let Some(r) = self.enis.get_mut(eni) {
+            for ip in ips {
+                r.ips.remove(ip);
+            }
+            r.phase = r.phase.succeeded();
+        }
+        self.capacity.give_back(n);
+    }
+
+    /// A give-back failed: the IPs are idle again (same place in the queue), the ENI backs off.
+    pub fn fail_unassign(&mut self, eni: &EniId, ips: &[Ipv4Addr], err: CloudError, now: Instant) {
+        self.unassign_abandoned(eni, ips);
+        let cfg = self.config.clone();
+        if let Some(r) = self.enis.get_mut(eni) {
+            r.phase = r.phase.failed(err, now, |n| cfg.backoff_after(n));
+        }
+    }
+
+    /// A give-back that will not happen: the IPs are idle again.
+    pub fn unassign_abandoned(&mut self, _eni: &EniId, ips: &[Ipv4Addr]) {
+        for ip in ips {
+            if let Some(entry) = self.releasing.remove(ip) {
+                self.idle.reinsert(entry);
+            }
+        }
+    }
+
+    /// EC2 no longer shows these IPs on `eni` (unassigned out of band): the pool forgets them and
+    /// returns their tokens. IPs being given back are skipped (their absence is ours). Returns every IP
+    /// forgotten, with the attachment that held it, if any (that pod lost its IP).
+    pub fn forget_gone(
+        &mut self,
+        eni: &EniId,
+        ips: &[Ipv4Addr],
+    ) -> Vec<(Ipv4Addr, Option<AttachmentKey>)> {
+        let mut forgotten = Vec::new();
+        let Some(r) = self.enis.get_mut(eni) else {
+            return forgotten;
+        };
+        for ip in ips {
+            if self.releasing.contains_key(ip) || !r.ips.remove(ip) {
+                continue;
+            }
+            self.idle.remove(*ip);
+            let holder = self.assigned.remove(ip);
+            if let Some(key) = &holder {
+                self.allocations.remove(key);
+            }
+            forgotten.push((*ip, holder));
+        }
+        self.capacity.give_back(forgotten.len() as u32);
+        forgotten
+    }
+
+    /// The ENI is gone from EC2.
+    pub fn complete_release(&mut self, eni: &EniId) {
+        if let Some(r) = self.enis.remove(eni)
+            && !r.ips.is_empty()
+        {
+            tracing::error!(%eni, ips = r.ips.len(), "released an ENI that still held IPs");
+        }
+    }
+
+    /// The ENI could not be released: it serves again, and is not retried for a back-off.
+    pub fn fail_release(&mut self, eni: &EniId, now: Instant) {
+        let delay = self.config.eni_backoff_max;
+        if let Some(r) = self.enis.get_mut(eni) {
+            r.phase = EniPhase::Serving;
+            r.release_retry_at = Some(now + delay);
+        }
+    }
+
+    /// Registers an ENI the maintainer created, with its actor, and serves the create's waiters.
+    #[allow(clippy::too_many_arguments)]
+    pub fn complete_create(
+        &mut self,
+        id: u64,
+        eni: Eni,
+        handle: EniHandle,
+        task: JoinHandle<()>,
+        waiters: Vec<Waiter>,
+        now: Instant,
+    ) {
+        let Some(c) = self.creating.remove(&id) else {
+            tracing::error!(eni = %eni.id, "completed an unknown ENI creation");
+            return;
+        };
+        self.warming = self.warming.saturating_sub(c.warm);
+        tracing::debug!(eni = %eni.id, took_ms = (now - c.started).as_millis() as u64, "ENI creation done");
+        let got = eni.secondary_ips.len() as u32;
+        if got > c.count {
+            self.capacity.take_existing(got - c.count);
+        } else {
+            self.capacity.give_back(c.count - got);
+        }
+        let (handle, task) = if self.shutting_down {
+            // The actor ends as soon as its only handle is dropped here.
+            (None, None)
+        } else {
+            (Some(handle), Some(task))
+        };
+        let device_index = eni
+            .attachment
+            .as_ref()
+            .map_or(c.device_index, |a| a.device_index);
+        let eni_id = eni.id.clone();
+        let ips = eni.secondary_ips.clone();
+        self.enis.insert(
+            eni_id.clone(),
+            EniRecord {
+                id: eni_id.clone(),
+                mac: eni.mac.clone(),
+                device_index,
+                subnet_id: eni.subnet_id.clone(),
+                primary_ip: eni.primary_ip,
+                role: EniRole::Pods,
+                ips: ips.iter().copied().collect(),
+                inflight: 0,
+                phase: EniPhase::Serving,
+                release_retry_at: None,
+                cloud: Some(eni),
+                handle,
+                task,
+            },
+        );
+        if let Some(s) = self.subnets.get_mut(&c.subnet_id)
+            && s.backoff
+                .as_ref()
+                .is_some_and(|b| b.kind == SubnetBackoffKind::CreateFailing)
+        {
+            s.backoff = None;
+        }
+        let mut ips = ips.into_iter();
+        for w in waiters {
+            match ips.next() {
+                Some(ip) => self.fulfil(w, ip, eni_id.clone(), now),
+                None => {
+                    // Fewer IPs than asked: the waiter goes back in line for the next round.
+                    if self.capacity.try_take(1) {
+                        self.create_waiters.push_front(w);
+                    } else {
+                        let err = self.capacity_reached(now);
+                        self.fail_waiter(w, err);
+                    }
+                }
+            }
+        }
+        for ip in ips {
+            self.idle
+                .push(ip, eni_id.clone(), now, Duration::ZERO, None);
+        }
+    }
+
+    /// An ENI creation failed: waiters get the error, tokens go back, the subnet backs off.
+    pub fn fail_create(&mut self, id: u64, err: CloudError, waiters: Vec<Waiter>, now: Instant) {
+        let Some(c) = self.creating.remove(&id) else {
+            return;
+        };
+        self.warming = self.warming.saturating_sub(c.warm);
+        self.capacity.give_back(c.count);
+        let pool_err = if err.is_capacity() {
+            self.back_off_subnet(&c.subnet_id, SubnetBackoffKind::Exhausted, err.clone(), now);
+            PoolError::Exhausted {
+                reason: ExhaustionReason::Cloud {
+                    subnet_id: c.subnet_id.clone(),
+                    error: Box::new(err),
+                },
+                retry_after: Some(self.config.subnet_backoff),
+            }
+        } else {
+            self.back_off_subnet(
+                &c.subnet_id,
+                SubnetBackoffKind::CreateFailing,
+                err.clone(),
+                now,
+            );
+            PoolError::Cloud(err)
+        };
+        for w in waiters {
+            self.fail_waiter(w, pool_err.clone());
+        }
+    }
+}

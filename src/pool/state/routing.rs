@@ -1,0 +1,271 @@
+//! Where an acquire goes: the attachment's own IP, a sticky or preferred idle IP, the IP idle the
+//! longest, an ENI actor with room, or the wait for a new ENI; and how waiters are answered.
+
+use super::*;
+
+impl PoolState {
+    pub(super) fn record_idle(
+        &mut self,
+        entry: IdleEntry,
+        req: AcquireRequest,
+        now: Instant,
+    ) -> Allocation {
+        tracing::debug!(ip = %entry.ip, idle_ms = (now - entry.idle_since).as_millis() as u64, "IP from the idle queue");
+        self.record(req.key, req.pod, req.sticky_key, entry.ip, entry.eni, now)
+    }
+
+    /// Decides how an acquire is served.
+    pub fn route_acquire(
+        &mut self,
+        req: AcquireRequest,
+        now: Instant,
+        span: tracing::Span,
+    ) -> Route {
+        if self.shutting_down {
+            return Route::Done(Err(PoolError::ShuttingDown));
+        }
+        if let Some(rec) = self.allocations.get(&req.key) {
+            return Route::Done(Ok(self.allocation_of(&req.key, rec)));
+        }
+        if let Some(p) = self.pending.get_mut(&req.key) {
+            let (tx, rx) = oneshot::channel();
+            p.released = false;
+            p.followers.push(tx);
+            return Route::Wait(rx);
+        }
+        if let Some(key) = req.sticky_key.as_deref()
+            && let Some(entry) = self.idle.pop_for_key(key, now, req.prefer)
+        {
+            return Route::Done(Ok(self.record_idle(entry, req, now)));
+        }
+        if let Some(ip) = req.prefer {
+            return match self.idle.take_if_free(ip, now, req.sticky_key.as_deref()) {
+                Ok(entry) => Route::Done(Ok(self.record_idle(entry, req, now))),
+                Err(refusal) => {
+                    let reason = match refusal {
+                        IdleRefusal::Cooling(remaining) => PreferUnavailable::Cooling { remaining },
+                        IdleRefusal::Reserved(remaining) => {
+                            PreferUnavailable::ReservedForOther { remaining }
+                        }
+                        IdleRefusal::NotIdle if self.assigned.contains_key(&ip) => {
+                            PreferUnavailable::Assigned
+                        }
+                        IdleRefusal::NotIdle if self.releasing.contains_key(&ip) => {
+                            PreferUnavailable::BeingReleased
+                        }
+                        IdleRefusal::NotIdle => PreferUnavailable::NotInPool,
+                    };
+                    Route::Done(Err(PoolError::PreferredUnavailable { ip, reason }))
+                }
+            };
+        }
+        if let Some(entry) = self.idle.pop_oldest(now) {
+            return Route::Done(Ok(self.record_idle(entry, req, now)));
+        }
+        self.route_new_ip(req, now, span)
+    }
+
+    pub(super) fn route_new_ip(
+        &mut self,
+        req: AcquireRequest,
+        now: Instant,
+        span: tracing::Span,
+    ) -> Route {
+        if !self.capacity.try_take(1) {
+            return Route::Done(Err(self.capacity_reached(now)));
+        }
+        let (tx, rx) = oneshot::channel();
+        let waiter = Waiter {
+            key: req.key.clone(),
+            pod: req.pod,
+            sticky_key: req.sticky_key,
+            respond_to: tx,
+            span,
+            enqueued_at: now,
+        };
+        match self.pick_eni(now) {
+            Pick::Eni(id) => {
+                let rec = self.enis.get_mut(&id).expect("picked ENI exists");
+                rec.inflight += 1;
+                let handle = rec.handle.clone().expect("pod ENIs have actors");
+                self.pending.insert(req.key, Pending::default());
+                Route::Send {
+                    eni: id,
+                    handle,
+                    waiter,
+                    rx,
+                }
+            }
+            Pick::Blocked(err) => {
+                self.capacity.give_back(1);
+                Route::Done(Err(err))
+            }
+            Pick::NeedNewEni => {
+                let subnet = self.node.subnet_id.clone();
+                if let Some(err) = self.create_blocked(&subnet, now) {
+                    self.capacity.give_back(1);
+                    return Route::Done(Err(err));
+                }
+                if self.free_device_index().is_none()
+                    && self.creating.is_empty()
+                    && !self.any_draining()
+                {
+                    self.capacity.give_back(1);
+                    return Route::Done(Err(self.no_eni_slot()));
+                }
+                self.pending.insert(req.key, Pending::default());
+                self.create_waiters.push_back(waiter);
+                Route::Wait(rx)
+            }
+        }
+    }
+
+    /// The ENI a new IP should come from: the lowest device index with room that takes work.
+    pub(super) fn pick_eni(&self, now: Instant) -> Pick {
+        let mut blocked = None;
+        let mut pods: Vec<&EniRecord> = self
+            .enis
+            .values()
+            .filter(|r| r.role == EniRole::Pods)
+            .collect();
+        pods.sort_by_key(|r| r.device_index);
+        for r in pods {
+            if self.eni_room(r) == 0 || r.phase == EniPhase::Draining || r.handle.is_none() {
+                continue;
+            }
+            if let Some(err) = self.subnet_exhausted(&r.subnet_id, now) {
+                blocked.get_or_insert(err);
+                continue;
+            }
+            if !r.phase.accepts_work(now) {
+                if let EniPhase::BackingOff {
+                    until, last_error, ..
+                } = &r.phase
+                {
+                    blocked.get_or_insert(PoolError::BackingOff {
+                        target: BackoffTarget::Eni(r.id.clone()),
+                        retry_after: *until - now,
+                        last_error: Box::new(last_error.clone()),
+                    });
+                }
+                continue;
+            }
+            return Pick::Eni(r.id.clone());
+        }
+        match blocked {
+            Some(err) => Pick::Blocked(err),
+            None => Pick::NeedNewEni,
+        }
+    }
+
+    /// The send to an ENI actor failed (actor gone): undo the routing and answer.
+    pub fn abort_waiter(&mut self, eni: &EniId, waiter: Waiter, err: PoolError) {
+        if let Some(r) = self.enis.get_mut(eni) {
+            r.inflight = r.inflight.saturating_sub(1);
+        }
+        self.capacity.give_back(1);
+        self.fail_waiter(waiter, err);
+    }
+
+    /// Answers `waiter` (and any followers of its attachment) with `err`. Tokens are the caller's business.
+    pub(super) fn fail_waiter(&mut self, waiter: Waiter, err: PoolError) {
+        if let Some(p) = self.pending.remove(&waiter.key) {
+            for f in p.followers {
+                let _ = f.send(Err(err.clone()));
+            }
+        }
+        tracing::debug!(parent: &waiter.span, error = %err, "acquire failed");
+        let _ = waiter.respond_to.send(Err(err));
+    }
+
+    /// Gives `ip` (new from EC2, on `eni`) to `waiter`, or to the idle queue if nobody wants it any more.
+    pub(super) fn fulfil(&mut self, waiter: Waiter, ip: Ipv4Addr, eni: EniId, now: Instant) {
+        let pending = self.pending.remove(&waiter.key).unwrap_or_default();
+        if pending.released {
+            self.idle.push(ip, eni, now, Duration::ZERO, None);
+            for f in pending.followers {
+                let _ = f.send(Err(PoolError::ReleasedWhilePending));
+            }
+            let _ = waiter.respond_to.send(Err(PoolError::ReleasedWhilePending));
+            return;
+        }
+        let live_followers: Vec<_> = pending
+            .followers
+            .into_iter()
+            .filter(|f| !f.is_closed())
+            .collect();
+        if waiter.respond_to.is_closed() && live_followers.is_empty() {
+            tracing::info!(parent: &waiter.span, %ip, "caller went away before its IP arrived; IP goes idle");
+            self.idle.push(ip, eni, now, Duration::ZERO, None);
+            return;
+        }
+        let Waiter {
+            key,
+            pod,
+            sticky_key,
+            respond_to,
+            span,
+            enqueued_at,
+        } = waiter;
+        let alloc = self.record(key, pod, sticky_key, ip, eni, now);
+        tracing::debug!(
+            parent: &span,
+            %ip,
+            waited_ms = (now - enqueued_at).as_millis() as u64,
+            "IP assigned"
+        );
+        for f in live_followers {
+            let _ = f.send(Ok(alloc.clone()));
+        }
+        let _ = respond_to.send(Ok(alloc));
+    }
+
+    /// Whether the ENI actor may call the cloud now.
+    pub fn eni_accepts_work(&self, eni: &EniId, now: Instant) -> Result<(), PoolError> {
+        let r = self.enis.get(eni).ok_or(PoolError::ShuttingDown)?;
+        if let Some(err) = self.subnet_exhausted(&r.subnet_id, now) {
+            return Err(err);
+        }
+        match &r.phase {
+            EniPhase::Draining => Err(PoolError::ShuttingDown),
+            EniPhase::BackingOff {
+                until, last_error, ..
+            } if *until > now => Err(PoolError::BackingOff {
+                target: BackoffTarget::Eni(eni.clone()),
+                retry_after: *until - now,
+                last_error: Box::new(last_error.clone()),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Releases `key`'s IP into the idle queue (cooling; reserved for its sticky key when `sticky`).
+    /// `None` when the attachment holds nothing (a no-op, as CNI DEL requires).
+    pub fn release(&mut self, key: &AttachmentKey, sticky: bool, now: Instant) -> Option<Released> {
+        if let Some(p) = self.pending.get_mut(key) {
+            p.released = true;
+            return None;
+        }
+        let rec = self.allocations.remove(key)?;
+        self.assigned.remove(&rec.ip);
+        let reservation = (sticky && !self.config.ip_stick_time.is_zero()).then(|| Reservation {
+            key: rec
+                .sticky_key
+                .clone()
+                .unwrap_or_else(|| rec.pod.sticky_key()),
+            until: now + self.config.ip_stick_time,
+        });
+        let released = Released {
+            ip: rec.ip,
+            reservation: reservation.as_ref().map(|r| (r.key.clone(), r.until)),
+        };
+        self.idle.push(
+            rec.ip,
+            rec.eni,
+            now,
+            self.config.reuse_cooldown,
+            reservation,
+        );
+        Some(released)
+    }
+}

@@ -1,0 +1,175 @@
+//! Building the pool's state from the startup seed: ENIs with their roles, allocations, idle IPs with
+//! their cooldowns and reservations, and the capacity tokens they hold.
+
+use super::*;
+
+impl PoolState {
+    /// Builds the state from a startup seed, without actors (the caller spawns them).
+    pub fn from_seed(
+        config: PoolConfig,
+        node: NodeContext,
+        seed: PoolSeed,
+        now: Instant,
+    ) -> Result<Self, SeedError> {
+        let max_enis = config
+            .max_enis
+            .map_or(node.limits.max_enis, |cap| cap.min(node.limits.max_enis));
+        let per_eni = node.limits.ipv4_per_eni.saturating_sub(1);
+        let mut st = Self {
+            capacity: CapacityTokens::new(0),
+            idle: IdleQueue::new(),
+            allocations: HashMap::new(),
+            assigned: HashMap::new(),
+            pending: HashMap::new(),
+            enis: BTreeMap::new(),
+            creating: BTreeMap::new(),
+            create_waiters: VecDeque::new(),
+            subnets: BTreeMap::new(),
+            releasing: BTreeMap::new(),
+            warming: 0,
+            max_enis,
+            per_eni,
+            next_create_id: 0,
+            shutting_down: false,
+            config,
+            node,
+        };
+        let mut ip_owner: HashMap<Ipv4Addr, EniId> = HashMap::new();
+        let mut by_index: HashMap<u32, EniId> = HashMap::new();
+        let mut foreign = 0;
+        for e in seed.enis {
+            if let Some(first) = by_index.insert(e.device_index, e.id.clone()) {
+                return Err(SeedError::DuplicateDeviceIndex {
+                    device_index: e.device_index,
+                    first,
+                    second: e.id,
+                });
+            }
+            let role = if e.device_index == 0 {
+                EniRole::Primary
+            } else if e.managed {
+                EniRole::Pods
+            } else {
+                foreign += 1;
+                EniRole::Foreign
+            };
+            for ip in std::iter::once(e.primary_ip).chain(e.secondary_ips.iter().copied()) {
+                if ip_owner.insert(ip, e.id.clone()).is_some() {
+                    return Err(SeedError::DuplicateIp { ip });
+                }
+            }
+            st.subnets
+                .entry(e.subnet_id.clone())
+                .or_insert_with(|| SubnetRecord {
+                    subnet: Some(Subnet {
+                        id: e.subnet_id.clone(),
+                        vpc_id: st.node.vpc_id.clone(),
+                        cidr: e.subnet_cidr,
+                        availability_zone: st.node.availability_zone.clone(),
+                        available_ips: 0,
+                    }),
+                    backoff: None,
+                });
+            let ips = if role == EniRole::Pods {
+                e.secondary_ips.iter().copied().collect()
+            } else {
+                BTreeSet::new()
+            };
+            st.enis.insert(
+                e.id.clone(),
+                EniRecord {
+                    id: e.id,
+                    mac: e.mac,
+                    device_index: e.device_index,
+                    subnet_id: e.subnet_id,
+                    primary_ip: e.primary_ip,
+                    role,
+                    ips,
+                    inflight: 0,
+                    phase: EniPhase::Serving,
+                    release_retry_at: None,
+                    cloud: e.eni,
+                    handle: None,
+                    task: None,
+                },
+            );
+        }
+        st.capacity = CapacityTokens::new(node_capacity(
+            st.node.limits,
+            st.config.max_enis,
+            st.config.max_ips,
+            foreign,
+        ));
+        let pod_eni_of = |st: &Self, ip: Ipv4Addr| {
+            ip_owner
+                .get(&ip)
+                .filter(|id| {
+                    st.enis
+                        .get(*id)
+                        .is_some_and(|r| r.role == EniRole::Pods && r.ips.contains(&ip))
+                })
+                .cloned()
+        };
+        for a in seed.allocations {
+            let Some(eni) = pod_eni_of(&st, a.ip) else {
+                return Err(SeedError::UnknownIp {
+                    ip: a.ip,
+                    attachment: a.attachment,
+                });
+            };
+            if let Some(first) = st.assigned.get(&a.ip) {
+                return Err(SeedError::IpAssignedTwice {
+                    ip: a.ip,
+                    first: first.clone(),
+                    second: a.attachment,
+                });
+            }
+            if let Some(first) = st.allocations.get(&a.attachment) {
+                return Err(SeedError::DuplicateAttachment {
+                    attachment: a.attachment,
+                    first: first.ip,
+                    second: a.ip,
+                });
+            }
+            st.assigned.insert(a.ip, a.attachment.clone());
+            st.allocations.insert(
+                a.attachment,
+                AllocationRecord {
+                    ip: a.ip,
+                    eni,
+                    pod: a.pod,
+                    sticky_key: a.sticky_key,
+                    since: now,
+                },
+            );
+        }
+        let idle_info: HashMap<Ipv4Addr, _> = seed.idle.into_iter().map(|i| (i.ip, i)).collect();
+        let cooldown = st.config.reuse_cooldown;
+        let mut held = 0;
+        let pod_ips: Vec<(Ipv4Addr, EniId)> = st
+            .enis
+            .values()
+            .filter(|r| r.role == EniRole::Pods)
+            .flat_map(|r| r.ips.iter().map(|ip| (*ip, r.id.clone())))
+            .collect();
+        for (ip, eni) in pod_ips {
+            held += 1;
+            if st.assigned.contains_key(&ip) {
+                continue;
+            }
+            match idle_info.get(&ip) {
+                Some(info) => {
+                    let reservation = info.reserved.as_ref().map(|(key, until)| Reservation {
+                        key: key.clone(),
+                        until: *until,
+                    });
+                    st.idle
+                        .push(ip, eni, info.idle_since, cooldown, reservation);
+                }
+                None => st.idle.push(ip, eni, now, cooldown, None),
+            }
+        }
+        st.capacity.take_existing(held);
+        Ok(st)
+    }
+}
