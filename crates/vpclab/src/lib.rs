@@ -3,7 +3,9 @@
 //!
 //! A [`Lab`] follows a mockcloud ([`mockcloud::MockCloud`] in process, or its control API):
 //! - one **vpc** namespace playing the VPC's routers: it routes every address (primary, secondary,
-//!   /28 prefix) to the veth of the ENI holding it in mockcloud, answers ARP for each subnet's router
+//!   /28 prefix) to the veth of the ENI holding it in mockcloud, delivering to the ENI's MAC (a
+//!   permanent neighbour, as EC2's hypervisor does: a node never has to answer ARP for a pod's
+//!   address), answers ARP for each subnet's router
 //!   (first address + 1) and, by proxy, for any VPC address, and enforces EC2's
 //!   **source/destination check** with nftables (a drop counter per ENI: [`Lab::src_dst_drops`]);
 //!   packets to VPC addresses no ENI holds are dropped and counted ([`Lab::unassigned_drops`]);
@@ -20,7 +22,8 @@
 //! detached, addresses assigned or unassigned. [`traffic`] has a TCP echo server and client that
 //! run inside any lab namespace and report the source address the server saw, and a port forward
 //! that lets a process inside a node reach mockcloud ([`Lab::expose_imds`]). Dropping the lab
-//! deletes every namespace, veth and echo server it made, also when a test panics.
+//! deletes every namespace, veth and echo server it made, also when a test panics;
+//! [`remove_stale_namespaces`] sweeps what a killed test process left.
 //!
 //! Tools: `ip` (iproute2), `nft` (nftables), `nsenter` (util-linux); sysctls are written as files
 //! from a thread inside the namespace. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN for `setns`).
@@ -31,7 +34,7 @@
 //! - `plan`: the fabric wanted for one state (pure);
 //! - `nft`: the nftables rulesets;
 //! - [`netns`]: named namespaces, tools and code run inside them;
-//! - [`traffic`]: the echo server and client;
+//! - [`traffic`]: the echo server and client, the port forward into a namespace;
 //! - [`error`]: the error type, [`LabError`].
 
 pub mod error;
