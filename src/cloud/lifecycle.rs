@@ -77,6 +77,7 @@ pub fn eni_tags(node: &NodeContext, now: SystemTime) -> BTreeMap<String, String>
         (tags::OWNER.to_owned(), tags::OWNER_VALUE.to_owned()),
         (tags::CLUSTER.to_owned(), node.cluster_name.clone()),
         (tags::INSTANCE_ID.to_owned(), node.instance_id.clone()),
+        (tags::AWS_VPC_CNI_NO_MANAGE.to_owned(), "true".to_owned()),
         (
             tags::CREATED_AT.to_owned(),
             humantime::format_rfc3339_seconds(now).to_string(),
@@ -539,6 +540,7 @@ mod tests {
         assert_eq!(t[tags::OWNER], "eniipam");
         assert_eq!(t[tags::CLUSTER], "prod");
         assert_eq!(t[tags::INSTANCE_ID], "i-1");
+        assert_eq!(t[tags::AWS_VPC_CNI_NO_MANAGE], "true");
         assert_eq!(humantime::parse_rfc3339(&t[tags::CREATED_AT]).unwrap(), now);
         assert_eq!(eni_description("i-1"), "eniipam-i-1");
     }

@@ -37,6 +37,10 @@ pub mod tags {
     pub const CREATED_AT: &str = "eniipam.io/created-at";
     /// Opt-out: an ENI carrying `eniipam.io/no-manage=true` is never touched.
     pub const NO_MANAGE: &str = "eniipam.io/no-manage";
+    /// The AWS VPC CNI's opt-out tag. Every ENI eniipam creates carries it set to `true`, so an
+    /// aws-node still running on the node (during a migration, or a rollback) never takes it over.
+    /// It does not stop eniipam: ownership is [`OWNER`].
+    pub const AWS_VPC_CNI_NO_MANAGE: &str = "node.k8s.amazonaws.com/no_manage";
 }
 
 /// Lifecycle state of an ENI as EC2 reports it.

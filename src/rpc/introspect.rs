@@ -86,6 +86,13 @@ impl pb::introspect_server::Introspect for IntrospectService {
             backoffs,
             enis: s.enis.iter().map(eni_info).collect(),
             ready: self.ipam.is_ready(),
+            invariant_error: self
+                .ipam
+                .pool()
+                .check_invariants()
+                .err()
+                .unwrap_or_default(),
+            quarantined: 0,
         }))
     }
 
@@ -113,6 +120,7 @@ impl pb::introspect_server::Introspect for IntrospectService {
                     eni_id: a.eni_id,
                     sticky_key: a.sticky_key.unwrap_or_default(),
                     assigned_at_ms: a.assigned_at_ms,
+                    network: String::new(),
                 })
                 .collect(),
         }))

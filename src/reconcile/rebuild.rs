@@ -1,78 +1,18 @@
-//! Rebuilding the pool's state at startup from what is durable and what is true.
-//!
-//! Sources, in order of authority: EC2 (which ENIs are attached and which IPs they hold; IMDS lags it),
-//! the host (does the pod's network namespace still exist), then SQLite (who holds which IP, cooldowns
-//! and sticky reservations). The result is a [`PoolSeed`] the pool starts from and the [`StoredState`]
-//! written back so the file equals the truth before the first request is served.
-//!
-//! Rules (issue 5): an IP recorded as assigned but on no ENI any more is dropped with a warning; an IP
-//! on our ENIs that the file does not know starts idle and cooling (never handed out at once: its
-//! history is unknown) — unless the host still shows a pod holding it (the plugin's result cache names
-//! the attachment and its network namespace, and the namespace exists), in which case it is adopted as
-//! assigned; an assignment whose network namespace is gone is released into cooldown; cooldown and
-//! sticky reservations survive the restart. Where the file has a record of an IP, the file wins: it is
-//! written before every ADD reply, the cache only after.
+//! The startup rebuild: EC2's ENIs (authoritative) + IMDS (CIDRs, MACs) + the state file + the host's
+//! evidence, merged into the pool's seed and the state written back before anything is served.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::path::Path;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::evidence::HostClaim;
 use crate::clock::{instant_from_unix_ms, unix_ms_now};
 use crate::cloud::{Cloud, CloudError, Eni, EniFilter, Metadata, MetadataEni};
 use crate::model::{AttachmentKey, PodRef};
 use crate::pool::{AllocationSeed, EniSeed, IdleSeed, PoolSeed};
 use crate::store::{StoredAssignment, StoredEni, StoredIdle, StoredState};
-
-/// Whether a network namespace path still exists. Empty means "not known" (the IPAM-only role under a
-/// runtime that gives none): kept.
-pub fn netns_exists(netns: &str) -> bool {
-    netns.is_empty() || Path::new(netns).exists()
-}
-
-/// A pod the host says holds an IP: one entry of the plugin's result cache whose netns still exists.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostClaim {
-    pub ip: Ipv4Addr,
-    pub attachment: AttachmentKey,
-    pub pod: PodRef,
-    pub sticky_key: Option<String>,
-    pub netns: String,
-}
-
-/// Reads every network's result cache under `root` (`<root>/<network>/<container>@<ifname>.json`) and
-/// keeps the entries whose network namespace still exists. A missing root is no evidence, not an error.
-pub fn host_claims(root: &Path, netns_alive: &(dyn Fn(&str) -> bool + Sync)) -> Vec<HostClaim> {
-    let Ok(dirs) = std::fs::read_dir(root) else {
-        return Vec::new();
-    };
-    let mut claims = Vec::new();
-    for d in dirs.flatten() {
-        if !d.path().is_dir() {
-            continue;
-        }
-        let network = d.file_name().to_string_lossy().into_owned();
-        let (entries, errors) = eniipam_api::cache::ResultCache::new(root, &network).list();
-        for e in errors {
-            tracing::warn!(error = %e, "unreadable plugin cache entry: not used as evidence");
-        }
-        for e in entries {
-            if e.netns.is_empty() || !netns_alive(&e.netns) {
-                continue;
-            }
-            claims.push(HostClaim {
-                ip: e.ip,
-                attachment: e.attachment(),
-                pod: e.pod.clone().unwrap_or_default(),
-                sticky_key: e.sticky_key.clone(),
-                netns: e.netns.clone(),
-            });
-        }
-    }
-    claims
-}
 
 /// What the startup rebuild found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -352,84 +292,4 @@ pub fn merge(
         },
         report,
     }
-}
-
-/// What one pass of the running reconcile found and did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PassReport {
-    /// Assignments released because their pod's network namespace is gone.
-    pub released_dead: Vec<(AttachmentKey, Ipv4Addr)>,
-    /// Pool IPs on managed ENIs that EC2 no longer shows there.
-    pub missing_in_ec2: Vec<Ipv4Addr>,
-    /// IPs EC2 shows on our managed ENIs that the pool does not hold (reported; a restart adopts them).
-    pub unknown_to_pool: Vec<Ipv4Addr>,
-    /// Pods whose IP was gone from EC2: forgotten by the pool and the state file.
-    pub lost: Vec<(AttachmentKey, Ipv4Addr)>,
-}
-
-/// One pass of the running reconcile: releases assignments whose network namespace is gone (pods that
-/// died without a DEL), then compares the pool with EC2 and reports the drift.
-pub async fn pass(
-    ipam: &crate::ipam::Ipam,
-    cloud: &dyn Cloud,
-    instance_id: &str,
-    netns_alive: &(dyn Fn(&str) -> bool + Sync),
-) -> Result<PassReport, CloudError> {
-    let mut report = PassReport::default();
-    if let Ok(state) = ipam.store().load().await {
-        for a in state.assignments {
-            if !a.netns.is_empty() && !netns_alive(&a.netns) {
-                let key = AttachmentKey::new(a.container_id.clone(), a.ifname.clone());
-                if ipam.release_dead(&key).await.is_ok() {
-                    tracing::info!(attachment = %key, ip = %a.ip, netns = %a.netns, "pod network namespace is gone: released");
-                    report.released_dead.push((key, a.ip));
-                }
-            }
-        }
-    }
-    let snapshot = ipam.pool().snapshot();
-    let ec2 = cloud
-        .describe_enis(&EniFilter {
-            attached_to: Some(instance_id.to_owned()),
-            ..EniFilter::default()
-        })
-        .await?;
-    for e in snapshot.enis.iter().filter(|e| e.device_index != 0) {
-        let Some(truth) = ec2.iter().find(|x| x.id == e.id) else {
-            continue; // attaching or being released: not drift
-        };
-        let ec2_ips: BTreeSet<Ipv4Addr> = truth.secondary_ips.iter().copied().collect();
-        let pool_ips: BTreeSet<Ipv4Addr> = e
-            .ips
-            .iter()
-            .filter(|i| !matches!(i.state, crate::pool::snapshot::IpState::Releasing))
-            .map(|i| i.ip)
-            .collect();
-        let gone: Vec<Ipv4Addr> = pool_ips.difference(&ec2_ips).copied().collect();
-        if !gone.is_empty() {
-            let forgotten = ipam.pool().forget_gone_ips(&e.id, &gone);
-            let ips: Vec<Ipv4Addr> = forgotten.iter().map(|(ip, _)| *ip).collect();
-            if let Err(err) = ipam.store().remove_ips(ips).await {
-                tracing::error!(error = %err, "cannot remove forgotten IPs from the state file");
-            }
-            report.lost.extend(
-                forgotten
-                    .into_iter()
-                    .filter_map(|(ip, k)| k.map(|k| (k, ip))),
-            );
-        }
-        report.missing_in_ec2.extend(gone);
-        if e.in_flight == 0 && truth.is_managed_by_us() {
-            report.unknown_to_pool.extend(ec2_ips.difference(&pool_ips));
-        }
-    }
-    if !report.missing_in_ec2.is_empty() || !report.unknown_to_pool.is_empty() {
-        tracing::warn!(
-            missing_in_ec2 = ?report.missing_in_ec2, unknown_to_pool = ?report.unknown_to_pool,
-            lost = ?report.lost,
-            "the pool and EC2 disagree (changed out of band?): IPs gone from EC2 were forgotten; \
-             IPs unknown to the pool are adopted at the next restart"
-        );
-    }
-    Ok(report)
 }

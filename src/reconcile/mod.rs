@@ -1,0 +1,24 @@
+//! Rebuilding the pool's state at startup from what is durable and what is true, and keeping it true
+//! while running. Parts: [`evidence`] (what the host shows), [`rebuild`] (startup), [`pass`] (the
+//! running reconcile).
+//!
+//! Sources, in order of authority: EC2 (which ENIs are attached and which IPs they hold; IMDS lags it),
+//! the host (does the pod's network namespace still exist), then SQLite (who holds which IP, cooldowns
+//! and sticky reservations). The result is a [`PoolSeed`] the pool starts from and the [`StoredState`]
+//! written back so the file equals the truth before the first request is served.
+//!
+//! Rules (issue 5): an IP recorded as assigned but on no ENI any more is dropped with a warning; an IP
+//! on our ENIs that the file does not know starts idle and cooling (never handed out at once: its
+//! history is unknown) — unless the host still shows a pod holding it (the plugin's result cache names
+//! the attachment and its network namespace, and the namespace exists), in which case it is adopted as
+//! assigned; an assignment whose network namespace is gone is released into cooldown; cooldown and
+//! sticky reservations survive the restart. Where the file has a record of an IP, the file wins: it is
+//! written before every ADD reply, the cache only after.
+
+mod evidence;
+mod pass;
+mod rebuild;
+
+pub use evidence::{HostClaim, host_claims, netns_exists};
+pub use pass::{PassReport, pass};
+pub use rebuild::{Rebuilt, ReconcileReport, merge, rebuild};
