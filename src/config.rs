@@ -75,6 +75,10 @@ pub struct DaemonConfig {
     pub metrics_addr: SocketAddr,
     /// The plugin's result cache (read at startup as evidence of pods the state file does not know).
     pub cni_cache_dir: PathBuf,
+    /// Directories where the runtime puts pod network namespaces, as the daemon sees them (hostPath
+    /// mounts). A pod is released as dead only when its netns path lies in one of these, the directory
+    /// is visible, and the file is absent; anywhere else its netns is unknown, never gone.
+    pub netns_dirs: Vec<PathBuf>,
     /// AWS region (default: the SDK chain, then IMDS).
     pub region: Option<String>,
     /// EC2 endpoint override (default: the SDK's, `AWS_ENDPOINT_URL_EC2`).
@@ -131,6 +135,7 @@ impl Default for DaemonConfig {
             state_path: PathBuf::from("/var/lib/eniipam/state.db"),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 61678)),
             cni_cache_dir: PathBuf::from(eniipam_api::cache::DEFAULT_CACHE_DIR),
+            netns_dirs: vec![PathBuf::from("/var/run/netns"), PathBuf::from("/run/netns")],
             region: None,
             ec2_endpoint: None,
             imds_endpoint: None,
@@ -210,6 +215,14 @@ impl DaemonConfig {
         set!(state_path, "a path");
         set!(metrics_addr, "an address like 127.0.0.1:61678");
         set!(cni_cache_dir, "a path");
+        if let Some(v) = get("netns_dirs") {
+            self.netns_dirs = v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from)
+                .collect();
+        }
         set_opt!(region, "a region");
         set_opt!(ec2_endpoint, "a URL");
         set_opt!(imds_endpoint, "a URL");

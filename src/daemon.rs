@@ -114,7 +114,7 @@ pub struct DaemonHandle {
     ready: Arc<AtomicBool>,
     health: tonic_health::server::HealthReporter,
     ipam: Ipam,
-    cloud: Arc<dyn Cloud>,
+    reconciler: Reconciler,
     cancel: CancellationToken,
     grpc: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
@@ -157,10 +157,10 @@ impl Daemon {
             background: Vec::new(),
         };
         let metrics_addr = serve_metrics(&config, &clients, &mut b).await?;
-        let store = open_store(&config).await?;
+        let (store, state_lost) = open_store(&config).await?;
         let node = discover_node(&config, &clients).await?;
         let (seed, report, vpc_cidrs) =
-            rebuild(&config, &clients, &node, &store, &b.metrics).await?;
+            rebuild(&config, &clients, &node, (&store, state_lost), &b.metrics).await?;
         let pool = Pool::start(
             config.pool_config(),
             clients.cloud.clone(),
@@ -182,12 +182,20 @@ impl Daemon {
             vpc_cidrs,
             b.metrics.clone(),
         );
+        let reconciler = Reconciler {
+            ipam: ipam.clone(),
+            cloud: clients.cloud.clone(),
+            instance_id: node.instance_id.clone(),
+            host: reconcile::HostView {
+                cni_cache_dir: config.cni_cache_dir.clone(),
+                netns_dirs: config.netns_dirs.clone(),
+            },
+            memory: Arc::new(tokio::sync::Mutex::new(reconcile::Memory::default())),
+            metrics: b.metrics.clone(),
+        };
         b.background.push(spawn_reconcile(
-            ipam.clone(),
-            clients.cloud.clone(),
-            node.instance_id.clone(),
+            reconciler.clone(),
             Duration::from_secs(config.reconcile_period_secs),
-            b.metrics.clone(),
             b.cancel.clone(),
         ));
         let (health, grpc) = serve_grpc(&config, &node, &ipam, &b).await?;
@@ -215,7 +223,7 @@ impl Daemon {
             ready: b.ready,
             health,
             ipam,
-            cloud: clients.cloud.clone(),
+            reconciler,
             cancel: b.cancel,
             grpc,
             background: b.background,
@@ -251,8 +259,9 @@ async fn serve_metrics(
     Ok(addr)
 }
 
-/// Step 2: the state file (a corrupt one is moved aside and rebuilt).
-async fn open_store(config: &DaemonConfig) -> Result<Store, DaemonError> {
+/// Step 2: the state file (a corrupt one is moved aside and rebuilt). Returns whether it was lost
+/// (created afresh or moved aside): the rebuild then trusts nothing but EC2 and the host's evidence.
+async fn open_store(config: &DaemonConfig) -> Result<(Store, bool), DaemonError> {
     let (store, opened) = Store::open(&config.state_path).await?;
     if let Some(aside) = &opened.moved_aside {
         tracing::error!(
@@ -260,7 +269,7 @@ async fn open_store(config: &DaemonConfig) -> Result<Store, DaemonError> {
             "STATE FILE WAS CORRUPT: moved aside for inspection; rebuilding from IMDS, EC2 and the host"
         );
     }
-    Ok(store)
+    Ok((store, opened.created || opened.moved_aside.is_some()))
 }
 
 /// Step 3: who we are (IMDS), and what EC2 says about us: instance type, limits, eth0.
@@ -307,18 +316,22 @@ async fn rebuild(
     config: &DaemonConfig,
     clients: &CloudClients,
     node: &NodeContext,
-    store: &Store,
+    (store, state_lost): (&Store, bool),
     metrics: &Metrics,
 ) -> Result<(PoolSeed, ReconcileReport, Vec<Ipv4Net>), DaemonError> {
     let stored = store.load().await?;
-    let host = reconcile::host_claims(&config.cni_cache_dir, &reconcile::netns_exists);
+    let netns = reconcile::NetnsView::of(&config.netns_dirs);
+    let host = reconcile::host_evidence(&config.cni_cache_dir, &netns);
     let rebuilt = reconcile::rebuild(
         clients.cloud.as_ref(),
         clients.metadata.as_ref(),
         &node.instance_id,
-        stored,
-        &host,
-        &reconcile::netns_exists,
+        reconcile::Inputs {
+            stored,
+            state_lost,
+            host: &host,
+            netns: &netns,
+        },
     )
     .await?;
     let report = rebuilt.report;
@@ -329,6 +342,15 @@ async fn rebuild(
         .reconcile_released
         .inc_by(report.released_dead.len() as u64);
     metrics.reconcile_unknown.inc_by(report.unknown_ips as u64);
+    if !report.quarantined.is_empty() {
+        tracing::error!(
+            quarantined = report.quarantined.len(),
+            cache = %config.cni_cache_dir.display(),
+            "the state file was lost and the plugin's result cache is not visible: IPs on our ENIs are \
+             QUARANTINED (neither handed out nor given back) until the cache is visible or an operator \
+             clears them (eniipamctl quarantine release)"
+        );
+    }
     if report.foreign_state {
         tracing::warn!("the state file belonged to another instance: ignored");
     }
@@ -420,13 +442,43 @@ async fn serve_grpc(
     Ok((health, grpc))
 }
 
-/// The running reconcile, every `period` ±20 %.
-fn spawn_reconcile(
+/// The running reconcile's parts: one pass at a time (the periodic task and `reconcile_now` share the
+/// memory of what earlier passes saw).
+#[derive(Clone)]
+struct Reconciler {
     ipam: Ipam,
     cloud: Arc<dyn Cloud>,
     instance_id: String,
-    period: Duration,
+    host: reconcile::HostView,
+    memory: Arc<tokio::sync::Mutex<reconcile::Memory>>,
     metrics: Metrics,
+}
+
+impl Reconciler {
+    async fn pass(&self) -> Result<reconcile::PassReport, CloudError> {
+        let mut memory = self.memory.lock().await;
+        let r = reconcile::pass(
+            &self.ipam,
+            self.cloud.as_ref(),
+            &self.instance_id,
+            &self.host,
+            &mut memory,
+        )
+        .await?;
+        let m = &self.metrics;
+        m.netns_gc_released.inc_by(r.released_dead.len() as u64);
+        m.drift_missing_in_ec2.set(r.missing_in_ec2.len() as i64);
+        m.drift_unknown_to_pool.set(r.unknown_to_pool.len() as i64);
+        m.lost_pods.inc_by(r.lost.len() as u64);
+        m.forgotten_enis.inc_by(r.forgotten_enis.len() as u64);
+        Ok(r)
+    }
+}
+
+/// The running reconcile, every `period` ±20 %.
+fn spawn_reconcile(
+    reconciler: Reconciler,
+    period: Duration,
     cancel: CancellationToken,
 ) -> JoinHandle<()> {
     use rand::Rng;
@@ -437,28 +489,8 @@ fn spawn_reconcile(
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
             }
-            match reconcile::pass(
-                &ipam,
-                cloud.as_ref(),
-                &instance_id,
-                &reconcile::netns_exists,
-            )
-            .await
-            {
-                Ok(r) => {
-                    metrics
-                        .netns_gc_released
-                        .inc_by(r.released_dead.len() as u64);
-                    metrics
-                        .drift_missing_in_ec2
-                        .set(r.missing_in_ec2.len() as i64);
-                    metrics
-                        .drift_unknown_to_pool
-                        .set(r.unknown_to_pool.len() as i64);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "reconcile pass failed; trying again next period")
-                }
+            if let Err(e) = reconciler.pass().await {
+                tracing::warn!(error = %e, "reconcile pass failed; trying again next period");
             }
         }
     })
@@ -471,23 +503,12 @@ impl DaemonHandle {
 
     /// Runs one pass of the running reconcile now (it also runs every `reconcile_period_secs`).
     pub async fn reconcile_now(&self) -> Result<reconcile::PassReport, CloudError> {
-        let r = reconcile::pass(
-            &self.ipam,
-            self.cloud.as_ref(),
-            &self.node.instance_id,
-            &reconcile::netns_exists,
-        )
-        .await?;
-        self.metrics
-            .netns_gc_released
-            .inc_by(r.released_dead.len() as u64);
-        self.metrics
-            .drift_missing_in_ec2
-            .set(r.missing_in_ec2.len() as i64);
-        self.metrics
-            .drift_unknown_to_pool
-            .set(r.unknown_to_pool.len() as i64);
-        Ok(r)
+        self.reconciler.pass().await
+    }
+
+    /// The IPAM service (what the gRPC API calls).
+    pub fn ipam(&self) -> &Ipam {
+        &self.ipam
     }
 
     /// Stops accepting, lets in-flight requests finish within the grace period, then stops the pool and

@@ -36,8 +36,10 @@ pub fn init_logging(format: LogFormat, level: &str) {
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
+    // Colour only on a terminal: a file or a pipe (the container runtime's log) gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = if json {
         builder.json().try_init()
@@ -67,6 +69,14 @@ pub struct Metrics {
     /// Pool IPs EC2 no longer has on the ENI, and EC2 IPs on our ENIs the pool does not know (last pass).
     pub drift_missing_in_ec2: Gauge,
     pub drift_unknown_to_pool: Gauge,
+    /// Pods whose IP went away with EC2 (out of band, or with its ENI).
+    pub lost_pods: Counter,
+    /// ENIs EC2 confirmed gone from the node (forgotten by the pool).
+    pub forgotten_enis: Counter,
+    /// Quarantined IPs released into the idle queue (evidence or operator).
+    pub quarantine_lifted: Counter,
+    /// State-file rows repaired from the pool by the running reconcile.
+    pub store_repairs: Counter,
     startup_ms: Arc<AtomicU64>,
 }
 
@@ -90,6 +100,10 @@ impl Default for Metrics {
             netns_gc_released: Counter::default(),
             drift_missing_in_ec2: Gauge::default(),
             drift_unknown_to_pool: Gauge::default(),
+            lost_pods: Counter::default(),
+            forgotten_enis: Counter::default(),
+            quarantine_lifted: Counter::default(),
+            store_repairs: Counter::default(),
             startup_ms: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -202,6 +216,26 @@ pub fn render(s: &Sources) -> String {
         "IPs EC2 shows on our ENIs that the pool does not know (last reconcile pass)",
         m.drift_unknown_to_pool.clone(),
     );
+    reg.register(
+        "eniipam_reconcile_lost_pods",
+        "Pods whose IP went away with EC2 (unassigned out of band, or its ENI detached)",
+        m.lost_pods.clone(),
+    );
+    reg.register(
+        "eniipam_reconcile_forgotten_enis",
+        "ENIs EC2 showed no longer attached to the node twice in a row (forgotten)",
+        m.forgotten_enis.clone(),
+    );
+    reg.register(
+        "eniipam_quarantine_lifted_ips",
+        "Quarantined IPs released into the idle queue (evidence visible, or an operator)",
+        m.quarantine_lifted.clone(),
+    );
+    reg.register(
+        "eniipam_reconcile_store_repairs",
+        "State-file rows the running reconcile repaired from the pool",
+        m.store_repairs.clone(),
+    );
     gauge(
         &mut reg,
         "eniipam_ready",
@@ -234,7 +268,19 @@ pub fn render(s: &Sources) -> String {
             "ENIs attached (awscni_eni_allocated)",
             snap.enis.len() as i64,
         );
-        let held = snap.idle + snap.assigned + snap.releasing;
+        gauge(
+            &mut reg,
+            "eniipam_quarantined_ip_addresses",
+            "IPs held out of circulation: history unknown and no evidence of who holds them",
+            i64::from(snap.quarantined),
+        );
+        gauge(
+            &mut reg,
+            "eniipam_held_back_ip_addresses",
+            "Idle IPs held back on ENIs EC2 did not show attached",
+            i64::from(snap.held_back),
+        );
+        let held = snap.idle + snap.assigned + snap.releasing + snap.quarantined + snap.held_back;
         gauge(
             &mut reg,
             "eniipam_total_ip_addresses",

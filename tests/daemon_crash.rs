@@ -170,6 +170,7 @@ async fn sigkill_at_random_moments_loses_nothing() {
                 valid,
                 network: "eniipam".into(),
                 listed_before_ms: eniipam::clock::unix_ms_now(),
+                ..Default::default()
             })
             .await
             .unwrap();

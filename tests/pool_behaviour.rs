@@ -157,6 +157,7 @@ async fn mixed_burst_fills_the_eni_then_creates_one_more() {
             attachment: key(100 + i),
             pod: pod(100 + i),
             sticky_key: None,
+            meta: Default::default(),
         })
         .collect();
     n.cloud.reset_calls();
@@ -691,4 +692,51 @@ async fn shutdown_answers_and_stops() {
         Err(PoolError::ShuttingDown)
     );
     assert_eq!(n.pool.maintain_now().await, Err(PoolError::ShuttingDown));
+}
+
+/// Issue 13, case 6: an acquire cancelled while its request waits for room in a full ipBacklog gives
+/// back its capacity token and its pending entry; the accounting stays exact and a repeated acquire of
+/// the same attachment gets an IP.
+#[tokio::test(start_paused = true)]
+async fn an_acquire_cancelled_on_a_full_backlog_leaks_nothing() {
+    let config = PoolConfig {
+        backlog_depth: 1,
+        min_idle: 0,
+        ..quiet_config()
+    };
+    let n = start_with_enis(config, NodeSpec::default(), &[0]).await;
+    // The ENI actor is busy in a slow assign, so its one-slot backlog fills up behind it.
+    n.cloud
+        .set_latency(Action::AssignPrivateIpAddresses, Duration::from_secs(5));
+    let first = {
+        let pool = n.pool.clone();
+        tokio::spawn(async move { pool.acquire(key(1), pod(1), None, None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let queued = {
+        let pool = n.pool.clone();
+        tokio::spawn(async move { pool.acquire(key(2), pod(2), None, None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // This one cannot even enqueue: cancel it while it waits.
+    let cancelled = {
+        let pool = n.pool.clone();
+        tokio::spawn(async move { pool.acquire(key(3), pod(3), None, None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!cancelled.is_finished());
+    cancelled.abort();
+    let _ = cancelled.await;
+    n.pool.check_invariants().unwrap();
+    let s = n.pool.snapshot();
+    assert_eq!(s.in_flight, 2, "only the two live requests are in flight");
+    // The live ones complete; the cancelled attachment can ask again and gets an IP.
+    first.await.unwrap().unwrap();
+    queued.await.unwrap().unwrap();
+    n.cloud
+        .set_latency(Action::AssignPrivateIpAddresses, Duration::ZERO);
+    let again = n.pool.acquire(key(3), pod(3), None, None).await.unwrap();
+    assert_eq!(n.pool.allocation(&key(3)).map(|a| a.ip), Some(again.ip));
+    n.pool.check_invariants().unwrap();
+    assert_eq!(n.pool.snapshot().assigned, 3);
 }

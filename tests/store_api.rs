@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use eniipam::store::{
-    SCHEMA_VERSION, Store, StoreError, StoredAssignment, StoredIdle, StoredState,
+    SCHEMA_VERSION, Store, StoreError, StoredAssignment, StoredIdle, StoredQuarantined, StoredState,
 };
 use store_support::{assignment, eni, eni_id, idle, ip};
 
@@ -54,6 +54,12 @@ fn sample_state() -> StoredState {
                 ..idle(ip(9), &eni_id(1), 20)
             },
         ],
+        quarantined: vec![StoredQuarantined {
+            ip: ip(11),
+            eni_id: eni_id(1),
+            since_ms: 30,
+            reason: "the state file was lost".to_owned(),
+        }],
     }
 }
 
@@ -141,6 +147,7 @@ async fn every_call_round_trips_through_load_and_survives_reopen() {
                 ..idle(ip(10), &eni_id(2), 400)
             },
         ],
+        quarantined: vec![],
     };
     assert_eq!(store.load().await.unwrap(), expected);
     store.close().await;

@@ -61,6 +61,7 @@ fn assignment() -> impl Strategy<Value = StoredAssignment> {
         .prop_map(|(i, e, c, f, sticky_key, at)| StoredAssignment {
             ip: ip(i),
             eni_id: eni_id(e),
+            network: format!("net-{}", c % 2),
             container_id: container_id(c),
             ifname: IFNAMES[f].to_owned(),
             netns: format!("/proc/{c}/ns/net"),
@@ -111,6 +112,7 @@ fn call() -> impl Strategy<Value = Call> {
                     enis,
                     assignments,
                     idle,
+                    quarantined: Vec::new(),
                 })
             }),
     ]

@@ -216,6 +216,7 @@ pub fn release_req(container: &str) -> pb::ReleaseRequest {
         ifname: "eth0".into(),
         sticky: false,
         network: "bench".into(),
+        ..Default::default()
     }
 }
 

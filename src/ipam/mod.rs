@@ -11,18 +11,24 @@
 //!
 //! It speaks domain types only; `rpc` converts protobuf to and from them.
 
+use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ipnet::Ipv4Net;
+use tokio::sync::OwnedMutexGuard;
 
 use crate::clock::{to_unix_ms, unix_ms_now};
 use crate::model::{AttachmentKey, PodRef};
 use crate::pool::snapshot::IpState;
-use crate::pool::{Allocation, Pool, PoolError, PoolSnapshot};
-use crate::store::{Store, StoreError, StoredAssignment};
+use crate::pool::{Acquire, Allocation, AttachmentMeta, Pool, PoolError, PoolSnapshot};
+use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
+
+mod drift;
+
+pub use drift::StoreRepairs;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -33,15 +39,23 @@ pub enum IpamError {
     /// The pool refused.
     #[error(transparent)]
     Pool(#[from] PoolError),
-    /// The allocation could not be recorded durably (it was undone).
-    #[error("cannot record the assignment durably: {0}")]
+    /// The change could not be recorded durably (and was undone).
+    #[error("cannot record the change durably: {0}")]
     Record(#[source] StoreError),
+    /// A release could not be recorded and could not be undone either (the IP went elsewhere): the
+    /// pool and the file disagree until the running reconcile repairs the file.
+    #[error(
+        "cannot record the release durably ({0}); the running reconcile will repair the state file"
+    )]
+    Unrecorded(#[source] StoreError),
 }
 
 /// One allocation request, as the service sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllocateRequest {
     pub key: AttachmentKey,
+    /// The CNI network (the conflist's `name`).
+    pub network: String,
     pub netns: String,
     pub pod: PodRef,
     /// An IP the caller would like.
@@ -68,6 +82,37 @@ pub struct Released {
     pub reservation: Option<(String, u64)>,
 }
 
+/// One network's CNI GC request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GcRequest {
+    /// Only this network's attachments are considered.
+    pub network: String,
+    /// The network's attachments the runtime still has.
+    pub valid: BTreeSet<AttachmentKey>,
+    /// Unix ms no later than when the runtime built `valid`: allocations recorded after it are kept.
+    pub listed_before_ms: u64,
+}
+
+/// One lock per attachment, so two requests for the same attachment (a runtime's retried ADD while the
+/// first is still in flight, an ADD racing its DEL) run one after the other: a repeated ADD then finds
+/// the first one's allocation in place, and only the request that made an allocation can undo it.
+#[derive(Default)]
+struct AttachmentLocks(Mutex<HashMap<AttachmentKey, Arc<tokio::sync::Mutex<()>>>>);
+
+impl AttachmentLocks {
+    async fn lock(&self, key: &AttachmentKey) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            if map.len() > 1024 {
+                // Forget locks nobody holds or waits for.
+                map.retain(|_, l| Arc::strong_count(l) > 1);
+            }
+            map.entry(key.clone()).or_default().clone()
+        };
+        lock.lock_owned().await
+    }
+}
+
 /// The service. Cheap to clone.
 #[derive(Clone)]
 pub struct Ipam {
@@ -80,6 +125,7 @@ struct Inner {
     ready: Arc<AtomicBool>,
     vpc_cidrs: Vec<Ipv4Net>,
     metrics: Metrics,
+    locks: AttachmentLocks,
 }
 
 impl Ipam {
@@ -97,6 +143,7 @@ impl Ipam {
                 ready,
                 vpc_cidrs,
                 metrics,
+                locks: AttachmentLocks::default(),
             }),
         }
     }
@@ -109,6 +156,11 @@ impl Ipam {
     /// The state file.
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
     }
 
     /// Whether the startup rebuild is done and requests are served.
@@ -127,16 +179,21 @@ impl Ipam {
     /// An IP for `req.key`, recorded durably before it is returned.
     pub async fn allocate(&self, req: AllocateRequest) -> Result<Allocated, IpamError> {
         self.ensure_ready()?;
+        let _serial = self.inner.locks.lock(&req.key).await;
         let pool = &self.inner.pool;
         // A repeated ADD finds its allocation in place; only a new one is undone if the record fails.
         let existed = pool.allocation(&req.key).is_some();
         let acquire = |prefer| {
-            pool.acquire(
-                req.key.clone(),
-                req.pod.clone(),
+            pool.acquire_with(Acquire {
+                key: req.key.clone(),
+                pod: req.pod.clone(),
                 prefer,
-                req.sticky_key.clone(),
-            )
+                sticky_key: req.sticky_key.clone(),
+                meta: AttachmentMeta {
+                    network: req.network.clone(),
+                    netns: req.netns.clone(),
+                },
+            })
         };
         let alloc = match acquire(req.prefer).await {
             Err(PoolError::PreferredUnavailable { .. }) if !req.require_preferred => {
@@ -144,18 +201,7 @@ impl Ipam {
             }
             other => other,
         }?;
-        let record = StoredAssignment {
-            ip: alloc.ip,
-            eni_id: alloc.eni.to_string(),
-            container_id: req.key.container_id.clone(),
-            ifname: req.key.ifname.clone(),
-            netns: req.netns.clone(),
-            pod_namespace: req.pod.namespace.clone(),
-            pod_name: req.pod.name.clone(),
-            pod_uid: req.pod.uid.clone(),
-            sticky_key: alloc.sticky_key.clone(),
-            assigned_at_ms: unix_ms_now(),
-        };
+        let record = drift::assignment_row(&alloc, unix_ms_now());
         if let Err(e) = self.inner.store.record_assigned(record).await {
             tracing::error!(error = %e, attachment = %req.key, ip = %alloc.ip, "cannot record the assignment");
             if !existed {
@@ -181,16 +227,21 @@ impl Ipam {
         self.release_ready(key, sticky).await
     }
 
+    /// The pool and the file agree after every outcome: a release whose record fails is undone (the
+    /// attachment holds its IP again and the caller gets an error, so the runtime retries the DEL),
+    /// rather than leaving an IP idle in the pool and assigned in the file.
     async fn release_ready(
         &self,
         key: &AttachmentKey,
         sticky: bool,
     ) -> Result<Option<Released>, IpamError> {
+        let _serial = self.inner.locks.lock(key).await;
         let Some(released) = self.inner.pool.release(key, sticky)? else {
             return Ok(None);
         };
         let reservation = released
             .reservation
+            .clone()
             .map(|(k, until)| (k, to_unix_ms(until)));
         if let Err(e) = self
             .inner
@@ -203,9 +254,12 @@ impl Ipam {
             )
             .await
         {
-            // The pool has the IP back; the file still says assigned. That errs on the safe side: after a
-            // restart the IP stays held until GC finds the attachment gone.
             tracing::error!(error = %e, attachment = %key, ip = %released.ip, "cannot record the release");
+            return Err(if self.inner.pool.undo_release(&released) {
+                IpamError::Record(e)
+            } else {
+                IpamError::Unrecorded(e)
+            });
         }
         Ok(Some(Released {
             ip: released.ip,
@@ -219,21 +273,36 @@ impl Ipam {
         Ok(self.inner.pool.allocation(key))
     }
 
-    /// CNI GC: releases every attachment not in `valid`; returns those released.
-    pub async fn garbage_collect(
-        &self,
-        valid: &std::collections::BTreeSet<AttachmentKey>,
-    ) -> Result<Vec<AttachmentKey>, IpamError> {
+    /// The attachment holding `ip` now, if any (a plugin asks before removing rules of an IP).
+    pub fn holder_of(&self, ip: Ipv4Addr) -> Option<AttachmentKey> {
+        match self.inner.pool.snapshot().ip(ip) {
+            Some(IpState::Assigned { attachment, .. }) => Some(attachment.clone()),
+            _ => None,
+        }
+    }
+
+    /// CNI GC of one network: releases every attachment of `req.network` that is not in `req.valid` and
+    /// was recorded before the runtime built that list. Attachments of other networks, and records
+    /// that do not say their network (older than schema v2), are never touched. Returns those
+    /// released.
+    pub async fn garbage_collect(&self, req: &GcRequest) -> Result<Vec<AttachmentKey>, IpamError> {
         self.ensure_ready()?;
+        let recorded = self.inner.store.load().await.map_err(IpamError::Record)?;
         let mut released = Vec::new();
-        for key in assigned_attachments(&self.inner.pool.snapshot()) {
-            if valid.contains(&key) {
+        for a in recorded.assignments {
+            let key = AttachmentKey::new(a.container_id.clone(), a.ifname.clone());
+            if a.network != req.network
+                || req.valid.contains(&key)
+                || a.assigned_at_ms >= req.listed_before_ms
+            {
                 continue;
             }
-            self.release_ready(&key, false).await?;
-            self.inner.metrics.gc_released.inc();
-            tracing::info!(attachment = %key, "garbage-collected: not in the runtime's valid attachments");
-            released.push(key);
+            if self.release_ready(&key, false).await?.is_some() {
+                self.inner.metrics.gc_released.inc();
+                tracing::info!(attachment = %key, network = %req.network, ip = %a.ip,
+                    "garbage-collected: not in the runtime's valid attachments of its network");
+                released.push(key);
+            }
         }
         Ok(released)
     }

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
-use super::{Allocation, PoolError, Shared};
+use super::{Allocation, AttachmentMeta, PoolError, Shared};
 use crate::cloud::{CloudError, EniFilter};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
@@ -38,6 +38,10 @@ pub enum EniPhase {
     },
     /// Being detached and deleted; takes no work.
     Draining,
+    /// EC2 did not show the ENI attached to this instance at the last look (or answered NotFound
+    /// for it): takes no work and its idle IPs are held back, until EC2 confirms it (serving again)
+    /// or misses it a second time (forgotten).
+    Suspect { since: Instant },
 }
 
 impl EniPhase {
@@ -46,7 +50,7 @@ impl EniPhase {
         match self {
             Self::Serving => true,
             Self::BackingOff { until, .. } => *until <= now,
-            Self::Draining => false,
+            Self::Draining | Self::Suspect { .. } => false,
         }
     }
 
@@ -62,6 +66,7 @@ impl EniPhase {
     pub fn succeeded(&self) -> Self {
         match self {
             Self::Draining => Self::Draining,
+            Self::Suspect { since } => Self::Suspect { since: *since },
             _ => Self::Serving,
         }
     }
@@ -73,6 +78,9 @@ impl EniPhase {
         now: Instant,
         backoff: impl Fn(u32) -> Duration,
     ) -> Self {
+        if let Self::Suspect { since } = self {
+            return Self::Suspect { since: *since };
+        }
         let failures = match self {
             Self::BackingOff { failures, .. } => failures + 1,
             _ => 1,
@@ -90,6 +98,7 @@ pub(crate) struct Waiter {
     pub key: AttachmentKey,
     pub pod: PodRef,
     pub sticky_key: Option<String>,
+    pub meta: AttachmentMeta,
     pub respond_to: oneshot::Sender<Result<Allocation, PoolError>>,
     pub span: Span,
     pub enqueued_at: Instant,
@@ -398,6 +407,33 @@ impl EniActor {
         }
     }
 
+    /// Whether EC2 shows this ENI attached to this instance: `None` when EC2 cannot say.
+    async fn attached_here(&self) -> Option<bool> {
+        let instance = self.shared.lock().node.instance_id.clone();
+        match self
+            .shared
+            .cloud
+            .describe_enis(&EniFilter {
+                ids: vec![self.eni.clone()],
+                ..EniFilter::default()
+            })
+            .await
+        {
+            Ok(found) => Some(found.iter().any(|e| {
+                e.attachment.as_ref().is_some_and(|a| {
+                    a.instance_id == instance
+                        && matches!(
+                            a.status,
+                            crate::cloud::AttachmentStatus::Attached
+                                | crate::cloud::AttachmentStatus::Attaching
+                        )
+                })
+            })),
+            Err(e) if e.is_not_found() => Some(false),
+            Err(_) => None,
+        }
+    }
+
     async fn release(&self, reply: oneshot::Sender<Result<(), PoolError>>) -> Flow {
         let span = tracing::info_span!("release_eni", eni = %self.eni);
         let described = self.shared.lock().cloud_eni(&self.eni);
@@ -438,9 +474,28 @@ impl EniActor {
                 (Flow::Stop, Ok(()))
             }
             Err(err) => {
-                span.in_scope(|| tracing::warn!(error = %err, "ENI release failed; keeping it"));
-                self.shared.lock().fail_release(&self.eni, Instant::now());
-                (Flow::Continue, Err(PoolError::Cloud(err)))
+                // The detach may have happened and only the delete failed: ask EC2 before this ENI
+                // serves again (an ENI that is not attached must never hand out IPs).
+                let attached = self.attached_here().instrument(span.clone()).await;
+                let mut st = self.shared.lock();
+                match attached {
+                    Some(true) => {
+                        span.in_scope(|| tracing::warn!(error = %err, "ENI release failed; still attached, keeping it"));
+                        st.fail_release(&self.eni, Instant::now());
+                        (Flow::Continue, Err(PoolError::Cloud(err)))
+                    }
+                    Some(false) => {
+                        span.in_scope(|| tracing::warn!(error = %err, "ENI detached but not deleted: forgotten by the pool; the leaked-ENI collector deletes it"));
+                        st.complete_release(&self.eni);
+                        (Flow::Stop, Err(PoolError::Cloud(err)))
+                    }
+                    None => {
+                        span.in_scope(|| tracing::warn!(error = %err, "ENI release failed and EC2 cannot say whether it is still attached: it serves nothing until the reconcile decides"));
+                        st.fail_release(&self.eni, Instant::now());
+                        st.suspend_eni(&self.eni, Instant::now());
+                        (Flow::Continue, Err(PoolError::Cloud(err)))
+                    }
+                }
             }
         };
         self.shared.wake.notify_one();

@@ -102,6 +102,10 @@ pub enum PoolError {
     /// The attachment was released while its IP was still being fetched.
     #[error("attachment released while its IP was being assigned")]
     ReleasedWhilePending,
+    /// The request that was fetching this attachment's IP was cancelled before it reached an ENI;
+    /// a repeated request gets a fresh one.
+    #[error("the request fetching this attachment's IP was cancelled; try again")]
+    Abandoned,
     /// The pool is shutting down.
     #[error("the IP pool is shutting down")]
     ShuttingDown,
@@ -120,6 +124,7 @@ impl PoolError {
             Self::Exhausted { .. }
             | Self::BackingOff { .. }
             | Self::ReleasedWhilePending
+            | Self::Abandoned
             | Self::ShuttingDown => true,
             Self::Cloud(e) => {
                 e.is_retryable()

@@ -92,6 +92,20 @@ impl IdleQueue {
         Self::default()
     }
 
+    /// Every idle IP (any order).
+    pub fn ips(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
+        self.entries.keys().copied()
+    }
+
+    /// The idle IPs of `eni`.
+    pub fn ips_on(&self, eni: &EniId) -> Vec<Ipv4Addr> {
+        self.entries
+            .values()
+            .filter(|e| &e.eni == eni)
+            .map(|e| e.ip)
+            .collect()
+    }
+
     /// Adds an IP that became idle at `idle_since`, cooling for `cooldown`, maybe reserved.
     pub fn push(
         &mut self,

@@ -47,6 +47,7 @@ pub use capacity::{CapacityTokens, node_capacity};
 pub use config::{ConfigError, PoolConfig};
 pub use eni::EniPhase;
 pub use error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
+pub use seed::QuarantineSeed;
 pub use seed::{AllocationSeed, EniSeed, IdleSeed, PoolSeed, SeedError};
 pub use snapshot::{
     EniPhaseSnapshot, EniSnapshot, IpSnapshot, IpState, PoolSnapshot, SubnetBackoffSnapshot,
@@ -58,6 +59,27 @@ use eni::{EniCommand, EniHandle};
 use maintainer::MaintainerCommand;
 use state::{AcquireRequest, PoolState, Route};
 
+/// Where an attachment lives: kept with its allocation, so the pool can say everything the state file
+/// records about it (the running reconcile repairs the file from the pool).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AttachmentMeta {
+    /// The CNI network (the conflist's `name`); empty when unknown.
+    pub network: String,
+    /// The pod's network namespace path; empty when unknown.
+    pub netns: String,
+}
+
+/// One acquire: see [`Pool::acquire_with`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Acquire {
+    pub key: AttachmentKey,
+    pub pod: PodRef,
+    /// An IP the caller would like; see [`Pool::acquire`].
+    pub prefer: Option<Ipv4Addr>,
+    pub sticky_key: Option<String>,
+    pub meta: AttachmentMeta,
+}
+
 /// What an acquire returns: everything the RPC layer needs to reply and the CNI plugin to wire the pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocation {
@@ -65,6 +87,7 @@ pub struct Allocation {
     pub attachment: AttachmentKey,
     pub pod: PodRef,
     pub sticky_key: Option<String>,
+    pub meta: AttachmentMeta,
     pub eni: EniId,
     pub mac: String,
     pub device_index: u32,
@@ -81,6 +104,8 @@ pub struct Released {
     /// The sticky reservation made: the key and until when. `None` without `sticky`, or when
     /// `ip_stick_time` is zero.
     pub reservation: Option<(String, Instant)>,
+    /// The allocation as it was, for [`Pool::undo_release`].
+    pub(crate) undo: state::ReleaseUndo,
 }
 
 /// Creates/attaches and detaches/deletes the node's ENIs. [`EniLifecycle`] is the real one; the
@@ -110,6 +135,25 @@ impl EniProvisioner for EniLifecycle {
 
     async fn detach_and_delete(&self, eni: &Eni) -> CloudResult<()> {
         EniLifecycle::detach_and_delete(self, eni).await
+    }
+}
+
+/// Gives back what routing took for a waiter that never reached its ENI actor (the acquire was
+/// cancelled while the send waited on a full ipBacklog).
+struct RoutedGuard<'a> {
+    shared: &'a Arc<Shared>,
+    eni: EniId,
+    key: AttachmentKey,
+    armed: bool,
+}
+
+impl Drop for RoutedGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::info!(attachment = %self.key, eni = %self.eni, "acquire cancelled before its request reached the ENI; giving back its token");
+            self.shared.lock().abandon_routed(&self.eni, &self.key);
+            self.shared.wake.notify_one();
+        }
     }
 }
 
@@ -289,19 +333,36 @@ impl Pool {
         prefer: Option<Ipv4Addr>,
         sticky_key: Option<String>,
     ) -> Result<Allocation, PoolError> {
+        self.acquire_with(Acquire {
+            key: attachment,
+            pod,
+            prefer,
+            sticky_key,
+            meta: AttachmentMeta::default(),
+        })
+        .await
+    }
+
+    /// [`Pool::acquire`] with the attachment's [`AttachmentMeta`] kept alongside.
+    ///
+    /// Cancelling the returned future is safe at any point: before the request reaches an ENI actor
+    /// everything it took (a capacity token, the attachment's pending entry) is given back; after, an
+    /// IP that arrives for nobody goes idle.
+    pub async fn acquire_with(&self, req: Acquire) -> Result<Allocation, PoolError> {
         let span = tracing::info_span!(
             "acquire",
-            attachment = %attachment,
-            pod = %pod.sticky_key(),
-            prefer = ?prefer,
+            attachment = %req.key,
+            pod = %req.pod.sticky_key(),
+            prefer = ?req.prefer,
         );
         let shared = self.shared().clone();
         async move {
             let req = AcquireRequest {
-                key: attachment,
-                pod,
-                prefer,
-                sticky_key,
+                key: req.key,
+                pod: req.pod,
+                prefer: req.prefer,
+                sticky_key: req.sticky_key,
+                meta: req.meta,
             };
             let route = shared
                 .lock()
@@ -323,9 +384,17 @@ impl Pool {
                     waiter,
                     rx,
                 } => {
-                    if let Err(EniCommand::Assign(w)) =
-                        handle.send(EniCommand::Assign(waiter)).await
-                    {
+                    // Until the actor has the waiter, a cancelled acquire must give back what
+                    // routing took (the send may wait on a full ipBacklog).
+                    let mut guard = RoutedGuard {
+                        shared: &shared,
+                        eni: eni.clone(),
+                        key: waiter.key.clone(),
+                        armed: true,
+                    };
+                    let sent = handle.send(EniCommand::Assign(waiter)).await;
+                    guard.armed = false;
+                    if let Err(EniCommand::Assign(w)) = sent {
                         shared.lock().abort_waiter(&eni, w, PoolError::ShuttingDown);
                     }
                     rx.await.unwrap_or(Err(PoolError::ShuttingDown))
@@ -377,6 +446,92 @@ impl Pool {
             self.shared().wake.notify_one();
         }
         forgotten
+    }
+
+    /// Puts a released allocation back as it was (recording the release failed), unless its IP went
+    /// elsewhere meanwhile. Returns whether it did.
+    pub fn undo_release(&self, released: &Released) -> bool {
+        let undone = self.shared().lock().undo_release(&released.undo);
+        if undone {
+            tracing::warn!(attachment = %released.undo.key, ip = %released.ip, "release undone: the attachment holds its IP again");
+        }
+        undone
+    }
+
+    /// EC2 did not show `eni` attached to this instance (or answered NotFound for it): it takes no
+    /// new work and its idle IPs are held back. Returns whether it was serving until now.
+    pub fn suspend_eni(&self, eni: &EniId) -> bool {
+        let suspended = self.shared().lock().suspend_eni(eni, Instant::now());
+        if suspended {
+            tracing::warn!(%eni, "EC2 does not show this ENI attached: it serves no new IPs until confirmed");
+        }
+        suspended
+    }
+
+    /// EC2 shows a suspected ENI attached again: it serves again.
+    pub fn resume_eni(&self, eni: &EniId) -> bool {
+        let resumed = self.shared().lock().resume_eni(eni);
+        if resumed {
+            tracing::info!(%eni, "EC2 shows this ENI attached again: serving");
+            self.shared().wake.notify_one();
+        }
+        resumed
+    }
+
+    /// EC2 confirms `eni` is gone from this instance: the pool forgets it and every IP on it (their
+    /// tokens return; its actor ends). Returns the IPs, each with the attachment that held it.
+    pub fn forget_eni(&self, eni: &EniId) -> Vec<(Ipv4Addr, Option<AttachmentKey>)> {
+        let (forgotten, record) = self.shared().lock().forget_eni(eni);
+        if record.is_some() {
+            tracing::warn!(%eni, ips = forgotten.len(), "ENI no longer attached to this instance: forgotten");
+            self.shared().wake.notify_one();
+        }
+        drop(record);
+        forgotten
+    }
+
+    /// Takes on an ENI attached to this instance that the pool did not know: ours (`managed`) serves
+    /// pods, its secondary IPs idle and cooling from now; any other only takes its device index.
+    pub fn adopt_eni(&self, eni: &Eni, subnet: crate::cloud::Subnet, managed: bool) -> bool {
+        let shared = self.shared().clone();
+        let serves = shared
+            .lock()
+            .adopt_eni(eni, subnet, managed, Instant::now());
+        if serves {
+            let (handle, task) = EniHandle::spawn(shared.clone(), eni.id.clone(), eni.mac.clone());
+            let mut st = shared.lock();
+            if let Some(r) = st.enis.get_mut(&eni.id) {
+                r.handle = Some(handle);
+                r.task = Some(task);
+            }
+            tracing::warn!(eni = %eni.id, "adopted an attached ENI of ours the pool did not know");
+            shared.wake.notify_one();
+        }
+        serves
+    }
+
+    /// Releases quarantined IPs into the idle queue (cooling from now). Returns those lifted.
+    pub fn lift_quarantine(&self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
+        let lifted = self.shared().lock().lift_quarantine(ips, Instant::now());
+        if !lifted.is_empty() {
+            tracing::info!(ips = ?lifted, "quarantine lifted: the IPs are idle, cooling");
+            self.shared().wake.notify_one();
+        }
+        lifted
+    }
+
+    /// A quarantined IP the host shows held by a live pod becomes that attachment's.
+    pub fn adopt_quarantined(
+        &self,
+        ip: Ipv4Addr,
+        key: AttachmentKey,
+        pod: PodRef,
+        sticky_key: Option<String>,
+        meta: AttachmentMeta,
+    ) -> Option<Allocation> {
+        self.shared()
+            .lock()
+            .adopt_quarantined(ip, key, pod, sticky_key, meta, Instant::now())
     }
 
     /// A read-only view of the pool now.

@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
+use super::AttachmentMeta;
 use crate::cloud::{Eni, MetadataEni};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
@@ -53,6 +54,15 @@ pub struct AllocationSeed {
     pub attachment: AttachmentKey,
     pub pod: PodRef,
     pub sticky_key: Option<String>,
+    pub meta: AttachmentMeta,
+}
+
+/// An IP that starts quarantined: on a managed ENI, history unknown, and no evidence of who holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuarantineSeed {
+    pub ip: Ipv4Addr,
+    pub since: Instant,
+    pub reason: String,
 }
 
 /// What is known about an idle IP (when it became idle, its reservation).
@@ -74,6 +84,7 @@ pub struct PoolSeed {
     pub enis: Vec<EniSeed>,
     pub allocations: Vec<AllocationSeed>,
     pub idle: Vec<IdleSeed>,
+    pub quarantined: Vec<QuarantineSeed>,
 }
 
 impl PoolSeed {
@@ -92,6 +103,7 @@ impl PoolSeed {
                 .collect(),
             allocations: Vec::new(),
             idle: Vec::new(),
+            quarantined: Vec::new(),
         }
     }
 }
@@ -124,4 +136,8 @@ pub enum SeedError {
         first: AttachmentKey,
         second: AttachmentKey,
     },
+    #[error("quarantined IP {ip} is on no managed ENI")]
+    UnknownQuarantined { ip: Ipv4Addr },
+    #[error("IP {ip} is quarantined and also assigned or quarantined twice")]
+    QuarantinedTwice { ip: Ipv4Addr },
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
+use super::AttachmentMeta;
 use super::eni::EniPhase;
 use super::error::ExhaustionReason;
 use super::state::{EniRole, PoolState, SubnetBackoffKind};
@@ -33,6 +34,10 @@ pub struct PoolSnapshot {
     pub assigned: u32,
     /// IPs being given back to EC2.
     pub releasing: u32,
+    /// IPs held out of circulation (see [`IpState::Quarantined`]).
+    pub quarantined: u32,
+    /// Idle IPs held back on ENIs EC2 did not show attached (see [`IpState::HeldBack`]).
+    pub held_back: u32,
     /// IPs asked of EC2 and not arrived (assigns and creates).
     pub in_flight: u32,
     /// Pods waiting for a new ENI.
@@ -95,6 +100,10 @@ pub struct EniSnapshot {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EniPhaseSnapshot {
     Serving,
+    /// EC2 did not show it attached at the last look.
+    Suspect {
+        for_: Duration,
+    },
     BackingOff {
         retry_in: Duration,
         failures: u32,
@@ -117,6 +126,7 @@ pub enum IpState {
         attachment: AttachmentKey,
         pod: PodRef,
         sticky_key: Option<String>,
+        meta: AttachmentMeta,
         held_for: Duration,
     },
     /// Idle and free for any pod.
@@ -134,6 +144,14 @@ pub enum IpState {
     },
     /// Being given back to EC2.
     Releasing,
+    /// Held out of circulation: history unknown and no evidence of who holds it.
+    Quarantined { reason: String, held_for: Duration },
+    /// Idle on an ENI EC2 did not show attached at the last look: not handed out for now. The
+    /// reservation (key and time left), if it had one, is kept.
+    HeldBack {
+        idle_for: Duration,
+        reservation: Option<(String, Duration)>,
+    },
 }
 
 /// A subnet the pool uses.
@@ -193,6 +211,9 @@ impl PoolState {
                             last_error: last_error.clone(),
                         },
                         EniPhase::Draining => EniPhaseSnapshot::Draining,
+                        EniPhase::Suspect { since } => EniPhaseSnapshot::Suspect {
+                            for_: now.saturating_duration_since(*since),
+                        },
                         _ => EniPhaseSnapshot::Serving,
                     },
                     in_flight: r.inflight,
@@ -244,6 +265,8 @@ impl PoolState {
             reserved: self.idle.reserved(now),
             assigned: self.allocations.len() as u32,
             releasing: self.releasing.len() as u32,
+            quarantined: self.quarantined.len() as u32,
+            held_back: self.held_back.len() as u32,
             in_flight,
             waiting_for_eni: self.create_waiters.len() as u32,
             creating_enis: self.creating.len() as u32,
@@ -265,7 +288,20 @@ impl PoolState {
                 attachment: key.clone(),
                 pod: rec.pod.clone(),
                 sticky_key: rec.sticky_key.clone(),
-                held_for: now - rec.since,
+                meta: rec.meta.clone(),
+                held_for: now.saturating_duration_since(rec.since),
+            };
+        }
+        if let Some(q) = self.quarantined.get(&ip) {
+            return IpState::Quarantined {
+                reason: q.reason.clone(),
+                held_for: now.saturating_duration_since(q.since),
+            };
+        }
+        if let Some(e) = self.held_back.get(&ip) {
+            return IpState::HeldBack {
+                idle_for: now.saturating_duration_since(e.idle_since),
+                reservation: e.reserved_at(now).map(|r| (r.key.clone(), r.until - now)),
             };
         }
         if let Some(e) = self.idle.get(ip) {

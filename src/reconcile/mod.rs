@@ -19,6 +19,6 @@ mod evidence;
 mod pass;
 mod rebuild;
 
-pub use evidence::{HostClaim, host_claims, netns_exists};
-pub use pass::{PassReport, pass};
-pub use rebuild::{Rebuilt, ReconcileReport, merge, rebuild};
+pub use evidence::{HostClaim, HostEvidence, NetnsState, NetnsView, host_evidence};
+pub use pass::{HostView, Memory, PassReport, pass};
+pub use rebuild::{Inputs, QUARANTINE_NO_EVIDENCE, Rebuilt, ReconcileReport, merge, rebuild};

@@ -7,12 +7,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::evidence::HostClaim;
+use super::evidence::{HostEvidence, NetnsState, NetnsView};
 use crate::clock::{instant_from_unix_ms, unix_ms_now};
 use crate::cloud::{Cloud, CloudError, Eni, EniFilter, Metadata, MetadataEni};
 use crate::model::{AttachmentKey, PodRef};
-use crate::pool::{AllocationSeed, EniSeed, IdleSeed, PoolSeed};
-use crate::store::{StoredAssignment, StoredEni, StoredIdle, StoredState};
+use crate::pool::{AllocationSeed, AttachmentMeta, EniSeed, IdleSeed, PoolSeed, QuarantineSeed};
+use crate::store::{StoredAssignment, StoredEni, StoredIdle, StoredQuarantined, StoredState};
+
+/// Why an IP is quarantined at startup.
+pub const QUARANTINE_NO_EVIDENCE: &str = "the state file was lost and the plugin's result cache is \
+    not visible: no way to tell whether a pod holds this IP";
 
 /// What the startup rebuild found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -30,6 +34,12 @@ pub struct ReconcileReport {
     pub unknown_ips: usize,
     /// IPs the file did not know but the host shows a live pod holding (adopted as assigned).
     pub adopted: Vec<(AttachmentKey, Ipv4Addr)>,
+    /// IPs held out of circulation: history unknown and no evidence of who holds them.
+    pub quarantined: Vec<Ipv4Addr>,
+    /// Quarantined IPs the evidence now accounts for (adopted or idle).
+    pub quarantine_lifted: Vec<Ipv4Addr>,
+    /// The state file was lost (new, moved aside as corrupt, or another instance's).
+    pub state_lost: bool,
     /// IPs IMDS and EC2 disagreed on (EC2 won).
     pub imds_mismatches: usize,
     /// The file belonged to another instance and was ignored.
@@ -43,14 +53,22 @@ pub struct Rebuilt {
     pub report: ReconcileReport,
 }
 
+/// What the rebuild merges besides EC2 and IMDS.
+pub struct Inputs<'a> {
+    /// The state file's contents.
+    pub stored: StoredState,
+    /// Whether the state file was lost (created afresh or moved aside as corrupt).
+    pub state_lost: bool,
+    pub host: &'a HostEvidence,
+    pub netns: &'a NetnsView,
+}
+
 /// Reads IMDS and EC2 and merges them with the stored state.
 pub async fn rebuild(
     cloud: &dyn Cloud,
     metadata: &dyn Metadata,
     instance_id: &str,
-    stored: StoredState,
-    host: &[HostClaim],
-    netns_alive: &(dyn Fn(&str) -> bool + Sync),
+    inputs: Inputs<'_>,
 ) -> Result<Rebuilt, CloudError> {
     let imds = metadata.interfaces().await?;
     let ec2 = cloud
@@ -63,26 +81,28 @@ pub async fn rebuild(
         instance_id,
         &imds,
         &ec2,
-        stored,
-        host,
-        netns_alive,
+        inputs,
         Instant::now(),
         unix_ms_now(),
     ))
 }
 
-/// The pure part of [`rebuild`]: EC2's ENIs (authoritative) + IMDS (for CIDRs and MACs) + the file.
-#[allow(clippy::too_many_arguments)]
+/// The pure part of [`rebuild`]: EC2's ENIs (authoritative) + IMDS (for CIDRs and MACs) + the file +
+/// the host's evidence.
 pub fn merge(
     instance_id: &str,
     imds: &[MetadataEni],
     ec2: &[Eni],
-    stored: StoredState,
-    host: &[HostClaim],
-    netns_alive: &(dyn Fn(&str) -> bool + Sync),
+    inputs: Inputs<'_>,
     now: Instant,
     now_ms: u64,
 ) -> Rebuilt {
+    let Inputs {
+        stored,
+        state_lost,
+        host,
+        netns,
+    } = inputs;
     let mut report = ReconcileReport::default();
     let stored = if stored
         .instance_id
@@ -94,6 +114,7 @@ pub fn merge(
     } else {
         stored
     };
+    report.state_lost = state_lost || report.foreign_state;
     let by_mac: BTreeMap<&str, &MetadataEni> = imds.iter().map(|m| (m.mac.as_str(), m)).collect();
     let known_enis: BTreeMap<&str, &StoredEni> =
         stored.enis.iter().map(|e| (e.eni_id.as_str(), e)).collect();
@@ -165,6 +186,8 @@ pub fn merge(
     let mut assignments = Vec::new();
     let mut idle = Vec::new();
     let mut stored_idle = Vec::new();
+    let mut quarantined = Vec::new();
+    let mut stored_quarantined = Vec::new();
     let mut seen: BTreeSet<Ipv4Addr> = BTreeSet::new();
     let mut attachments: BTreeSet<AttachmentKey> = BTreeSet::new();
     for a in stored.assignments {
@@ -178,7 +201,7 @@ pub fn merge(
             tracing::warn!(ip = %a.ip, attachment = %key, "duplicate record in the state file: ignored");
             continue;
         }
-        if !netns_alive(&a.netns) {
+        if netns.state(&a.netns) == NetnsState::Gone {
             tracing::info!(ip = %a.ip, attachment = %key, netns = %a.netns, "pod network namespace is gone: released");
             report.released_dead.push((key, a.ip));
             // Released now: it joins the idle IPs below, cooling from now.
@@ -196,6 +219,10 @@ pub fn merge(
                 uid: a.pod_uid.clone(),
             },
             sticky_key: a.sticky_key.clone(),
+            meta: AttachmentMeta {
+                network: a.network.clone(),
+                netns: a.netns.clone(),
+            },
         });
         assignments.push(StoredAssignment {
             eni_id: eni_id.clone(),
@@ -223,7 +250,7 @@ pub fn merge(
             ..i
         });
     }
-    for claim in host {
+    for claim in &host.claims {
         let Some(eni_id) = pod_ips.get(&claim.ip) else {
             continue;
         };
@@ -231,7 +258,7 @@ pub fn merge(
             continue; // the file knows this IP or this attachment: it wins
         }
         tracing::warn!(ip = %claim.ip, attachment = %claim.attachment, netns = %claim.netns,
-            "IP unknown to the state file is held by a live pod (plugin cache): adopted as assigned");
+            "IP unknown to the state file is held by a pod the host still shows (plugin cache): adopted as assigned");
         seen.insert(claim.ip);
         attachments.insert(claim.attachment.clone());
         report.adopted.push((claim.attachment.clone(), claim.ip));
@@ -240,10 +267,15 @@ pub fn merge(
             attachment: claim.attachment.clone(),
             pod: claim.pod.clone(),
             sticky_key: claim.sticky_key.clone(),
+            meta: AttachmentMeta {
+                network: claim.network.clone(),
+                netns: claim.netns.clone(),
+            },
         });
         assignments.push(StoredAssignment {
             ip: claim.ip,
             eni_id: eni_id.clone(),
+            network: claim.network.clone(),
             container_id: claim.attachment.container_id.clone(),
             ifname: claim.attachment.ifname.clone(),
             netns: claim.netns.clone(),
@@ -254,41 +286,76 @@ pub fn merge(
             assigned_at_ms: now_ms,
         });
     }
+    // Quarantined before, and still unexplained: they stay quarantined until evidence is visible.
+    let was_quarantined: BTreeMap<Ipv4Addr, StoredQuarantined> =
+        stored.quarantined.into_iter().map(|q| (q.ip, q)).collect();
     let released: BTreeSet<Ipv4Addr> = report.released_dead.iter().map(|(_, ip)| *ip).collect();
     for (ip, eni_id) in &pod_ips {
-        if !seen.contains(ip) {
-            if !released.contains(ip) {
-                report.unknown_ips += 1;
+        if seen.contains(ip) {
+            if was_quarantined.contains_key(ip) {
+                report.quarantine_lifted.push(*ip);
             }
-            // Unknown history (or just released): idle from now, so it cools before any pod gets it.
-            idle.push(IdleSeed {
+            continue;
+        }
+        let hold = if let Some(q) = was_quarantined.get(ip) {
+            (!host.cache_visible).then(|| (q.since_ms, q.reason.clone()))
+        } else if report.state_lost && !host.cache_visible && !released.contains(ip) {
+            Some((now_ms, QUARANTINE_NO_EVIDENCE.to_owned()))
+        } else {
+            None
+        };
+        if let Some((since_ms, reason)) = hold {
+            tracing::warn!(%ip, eni = %eni_id, %reason, "IP quarantined: neither handed out nor given back until evidence or an operator clears it");
+            report.quarantined.push(*ip);
+            quarantined.push(QuarantineSeed {
                 ip: *ip,
-                idle_since: now,
-                reserved: None,
+                since: instant_from_unix_ms(since_ms, now, now_ms),
+                reason: reason.clone(),
             });
-            stored_idle.push(StoredIdle {
+            stored_quarantined.push(StoredQuarantined {
                 ip: *ip,
                 eni_id: eni_id.clone(),
-                idle_since_ms: now_ms,
-                reservation: None,
+                since_ms,
+                reason,
             });
+            continue;
         }
+        if was_quarantined.contains_key(ip) {
+            report.quarantine_lifted.push(*ip);
+        } else if !released.contains(ip) {
+            report.unknown_ips += 1;
+        }
+        // Unknown history (or just released): idle from now, so it cools before any pod gets it.
+        idle.push(IdleSeed {
+            ip: *ip,
+            idle_since: now,
+            reserved: None,
+        });
+        stored_idle.push(StoredIdle {
+            ip: *ip,
+            eni_id: eni_id.clone(),
+            idle_since_ms: now_ms,
+            reservation: None,
+        });
     }
     enis.sort_by_key(|e| e.device_index);
     stored_enis.sort_by_key(|e| e.device_index);
     assignments.sort_by_key(|a| a.ip);
     stored_idle.sort_by_key(|i| i.ip);
+    stored_quarantined.sort_by_key(|q| q.ip);
     Rebuilt {
         seed: PoolSeed {
             enis,
             allocations,
             idle,
+            quarantined,
         },
         state: StoredState {
             instance_id: Some(instance_id.to_owned()),
             enis: stored_enis,
             assignments,
             idle: stored_idle,
+            quarantined: stored_quarantined,
         },
         report,
     }

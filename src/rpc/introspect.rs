@@ -32,6 +32,7 @@ fn eni_info(e: &crate::pool::snapshot::EniSnapshot) -> pb::EniInfo {
             EniPhaseSnapshot::Serving => "serving".to_owned(),
             EniPhaseSnapshot::BackingOff { .. } => "backing-off".to_owned(),
             EniPhaseSnapshot::Draining => "draining".to_owned(),
+            EniPhaseSnapshot::Suspect { .. } => "suspect".to_owned(),
         },
         backlog: e.in_flight,
     }
@@ -92,7 +93,7 @@ impl pb::introspect_server::Introspect for IntrospectService {
                 .check_invariants()
                 .err()
                 .unwrap_or_default(),
-            quarantined: 0,
+            quarantined: s.quarantined,
         }))
     }
 
@@ -120,9 +121,43 @@ impl pb::introspect_server::Introspect for IntrospectService {
                     eni_id: a.eni_id,
                     sticky_key: a.sticky_key.unwrap_or_default(),
                     assigned_at_ms: a.assigned_at_ms,
-                    network: String::new(),
+                    network: a.network,
                 })
                 .collect(),
+        }))
+    }
+
+    async fn release_quarantined(
+        &self,
+        req: Request<pb::ReleaseQuarantinedRequest>,
+    ) -> Result<Response<pb::ReleaseQuarantinedReply>, Status> {
+        let r = req.into_inner();
+        let ips: Vec<std::net::Ipv4Addr> = if r.all {
+            self.ipam
+                .pool()
+                .snapshot()
+                .ips()
+                .filter(|i| matches!(i.state, IpState::Quarantined { .. }))
+                .map(|i| i.ip)
+                .collect()
+        } else {
+            r.ips
+                .iter()
+                .map(|s| {
+                    s.parse().map_err(|_| {
+                        Status::invalid_argument(format!("{s:?} is not an IPv4 address"))
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        let released = self
+            .ipam
+            .lift_quarantine(&ips)
+            .await
+            .map_err(|e| Status::internal(format!("cannot record the release: {e}")))?;
+        tracing::warn!(ips = ?released, "quarantine released by an operator");
+        Ok(Response::new(pb::ReleaseQuarantinedReply {
+            released: released.iter().map(|ip| ip.to_string()).collect(),
         }))
     }
 

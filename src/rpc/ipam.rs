@@ -2,7 +2,6 @@
 //! service's domain types, calls [`crate::ipam::Ipam`], and maps its errors to status codes carrying a
 //! typed [`pb::ErrorReason`].
 
-use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use tokio::time::Instant;
 
@@ -10,7 +9,7 @@ use eniipam_api::status_with_reason;
 use tonic::{Code, Request, Response, Status};
 
 use super::{API_VERSION, pb};
-use crate::ipam::{AllocateRequest, Ipam, IpamError};
+use crate::ipam::{AllocateRequest, GcRequest, Ipam, IpamError};
 use crate::model::{AttachmentKey, PodRef};
 use crate::pool::PoolError;
 use crate::telemetry::Metrics;
@@ -70,7 +69,7 @@ pub fn ipam_status(e: &IpamError) -> Status {
             status_with_reason(Code::Unavailable, e.to_string(), pb::ErrorReason::NotReady)
         }
         IpamError::Pool(p) => pool_status(p),
-        IpamError::Record(_) => {
+        IpamError::Record(_) | IpamError::Unrecorded(_) => {
             status_with_reason(Code::Internal, e.to_string(), pb::ErrorReason::Internal)
         }
     }
@@ -95,6 +94,7 @@ impl IpamService {
         let pod = r.pod.unwrap_or_default();
         let req = AllocateRequest {
             key,
+            network: r.network,
             netns: r.netns,
             pod: PodRef {
                 namespace: pod.namespace,
@@ -123,19 +123,31 @@ impl IpamService {
     async fn release_inner(&self, r: pb::ReleaseRequest) -> Result<pb::ReleaseReply, Status> {
         check_version(r.api_version)?;
         let key = attachment(&r.container_id, &r.ifname)?;
+        let cleaning = match r.ip.as_str() {
+            "" => None,
+            s => Some(
+                s.parse::<Ipv4Addr>()
+                    .map_err(|_| invalid(format!("ip {s:?} is not an IPv4 address")))?,
+            ),
+        };
         let released = self
             .ipam
             .release(&key, r.sticky)
             .await
             .map_err(|e| ipam_status(&e))?;
+        let ip_held_by_other = cleaning
+            .and_then(|ip| self.ipam.holder_of(ip))
+            .is_some_and(|holder| holder != key);
         Ok(match released {
             Some(rel) => pb::ReleaseReply {
                 released: true,
                 ip: rel.ip.to_string(),
+                ip_held_by_other,
             },
             None => pb::ReleaseReply {
                 released: false,
                 ip: String::new(),
+                ip_held_by_other,
             },
         })
     }
@@ -199,16 +211,39 @@ impl pb::ipam_server::Ipam for IpamService {
     ) -> Result<Response<pb::GarbageCollectReply>, Status> {
         let r = req.into_inner();
         check_version(r.api_version)?;
-        let valid: BTreeSet<AttachmentKey> = r
-            .valid
+        if r.network.is_empty() {
+            return Err(invalid(
+                "network must name the CNI network whose valid attachments are listed",
+            ));
+        }
+        let req = GcRequest {
+            network: r.network,
+            valid: r
+                .valid
+                .iter()
+                .map(|a| AttachmentKey::new(a.container_id.clone(), a.ifname.clone()))
+                .collect(),
+            listed_before_ms: r.listed_before_ms,
+        };
+        let cleaning: Vec<(Ipv4Addr, String)> = r
+            .cleaning
             .iter()
-            .map(|a| AttachmentKey::new(a.container_id.clone(), a.ifname.clone()))
-            .collect();
+            .map(|s| {
+                s.parse::<Ipv4Addr>()
+                    .map(|ip| (ip, s.clone()))
+                    .map_err(|_| invalid(format!("cleaning: {s:?} is not an IPv4 address")))
+            })
+            .collect::<Result<_, _>>()?;
         let released = self
             .ipam
-            .garbage_collect(&valid)
+            .garbage_collect(&req)
             .await
             .map_err(|e| ipam_status(&e))?;
+        let held_by_others = cleaning
+            .into_iter()
+            .filter(|(ip, _)| self.ipam.holder_of(*ip).is_some())
+            .map(|(_, s)| s)
+            .collect();
         Ok(Response::new(pb::GarbageCollectReply {
             released: released
                 .into_iter()
@@ -217,6 +252,7 @@ impl pb::ipam_server::Ipam for IpamService {
                     ifname: k.ifname,
                 })
                 .collect(),
+            held_by_others,
         }))
     }
 

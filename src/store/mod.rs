@@ -115,6 +115,32 @@ pub struct StoredState {
     pub assignments: Vec<StoredAssignment>,
     /// IPs the pool holds with no attachment.
     pub idle: Vec<StoredIdle>,
+    /// IPs held out of circulation: neither idle nor assigned (see [`StoredQuarantined`]).
+    pub quarantined: Vec<StoredQuarantined>,
+}
+
+/// An IP held out of circulation because its history is unknown (the state file was lost) and the
+/// host's evidence could not tell whether a pod holds it. It is neither handed out nor given back
+/// until evidence, or an operator, clears it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredQuarantined {
+    pub ip: Ipv4Addr,
+    pub eni_id: String,
+    /// Since when (unix ms).
+    pub since_ms: u64,
+    /// Why, for the operator.
+    pub reason: String,
+}
+
+/// What [`Store::repair`] makes one IP's row be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowRepair {
+    /// Assigned to this attachment (any other row of the attachment goes).
+    Assigned(StoredAssignment),
+    Idle(StoredIdle),
+    Quarantined(StoredQuarantined),
+    /// No row at all.
+    Absent(Ipv4Addr),
 }
 
 /// One ENI attached to the node.
@@ -145,6 +171,8 @@ pub struct StoredAssignment {
     pub ip: Ipv4Addr,
     /// The ENI the IP is a secondary address of.
     pub eni_id: String,
+    /// The CNI network (the conflist's `name`); empty when unknown (rows older than schema v2).
+    pub network: String,
     /// The CNI container id.
     pub container_id: String,
     /// The CNI interface name in the container.
@@ -273,6 +301,14 @@ impl Store {
     /// One transaction; rows are deleted whether idle or assigned, and unknown IPs are ignored.
     pub async fn remove_ips(&self, ips: Vec<Ipv4Addr>) -> Result<(), StoreError> {
         self.call(|respond_to| Request::RemoveIps { ips, respond_to })
+            .await
+    }
+
+    /// Makes each IP's row what the pool holds (the running reconcile's repair of a store that fell out
+    /// of step, e.g. after a failed write). One transaction; a repair that would still conflict
+    /// changes nothing.
+    pub async fn repair(&self, rows: Vec<RowRepair>) -> Result<(), StoreError> {
+        self.call(|respond_to| Request::Repair { rows, respond_to })
             .await
     }
 

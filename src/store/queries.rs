@@ -9,31 +9,51 @@ use std::net::Ipv4Addr;
 
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
 
-use super::{Durability, StoreError, StoredAssignment, StoredEni, StoredIdle, StoredState};
+use super::{
+    Durability, RowRepair, StoreError, StoredAssignment, StoredEni, StoredIdle, StoredQuarantined,
+    StoredState,
+};
 
-/// Every column of an assigned row, in the order [`assignment_from_row`] reads them.
-const ASSIGNMENT_COLUMNS: &str = "ip, eni_id, container_id, ifname, netns, pod_namespace, \
-                                  pod_name, pod_uid, sticky_key, assigned_at_ms";
+/// Every column of an assigned row, in the order [`assignment_from_row`] reads them and
+/// [`bind_assignment`] binds them.
+const ASSIGNMENT_COLUMNS: &str = "ip, eni_id, network, container_id, ifname, netns, \
+                                  pod_namespace, pod_name, pod_uid, sticky_key, assigned_at_ms";
+
+/// Inserts an assigned row (as `ASSIGNMENT_COLUMNS`, ?1..?11).
+const INSERT_ASSIGNED: &str = "
+INSERT INTO ips (state, ip, eni_id, network, container_id, ifname, netns, pod_namespace, pod_name,
+                 pod_uid, sticky_key, assigned_at_ms)
+VALUES ('assigned', ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
 
 /// Inserts or updates an assigned row; the caller has checked it conflicts with nothing.
 const UPSERT_ASSIGNED: &str = "
-INSERT INTO ips (ip, eni_id, state, container_id, ifname, netns, pod_namespace, pod_name,
+INSERT INTO ips (state, ip, eni_id, network, container_id, ifname, netns, pod_namespace, pod_name,
                  pod_uid, sticky_key, assigned_at_ms)
-VALUES (?1, ?2, 'assigned', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+VALUES ('assigned', ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
 ON CONFLICT (ip) DO UPDATE SET
-    eni_id = excluded.eni_id, state = 'assigned', container_id = excluded.container_id,
-    ifname = excluded.ifname, netns = excluded.netns, pod_namespace = excluded.pod_namespace,
-    pod_name = excluded.pod_name, pod_uid = excluded.pod_uid, sticky_key = excluded.sticky_key,
+    eni_id = excluded.eni_id, state = 'assigned', network = excluded.network,
+    container_id = excluded.container_id, ifname = excluded.ifname, netns = excluded.netns,
+    pod_namespace = excluded.pod_namespace, pod_name = excluded.pod_name,
+    pod_uid = excluded.pod_uid, sticky_key = excluded.sticky_key,
     assigned_at_ms = excluded.assigned_at_ms,
-    idle_since_ms = NULL, reserved_for = NULL, reserved_until_ms = NULL";
+    idle_since_ms = NULL, reserved_for = NULL, reserved_until_ms = NULL, quarantine_reason = NULL";
 
 /// Inserts or updates an idle row; the caller has checked the IP is not assigned.
 const UPSERT_IDLE: &str = "
 INSERT INTO ips (ip, eni_id, state, idle_since_ms, reserved_for, reserved_until_ms)
 VALUES (?1, ?2, 'idle', ?3, ?4, ?5)
 ON CONFLICT (ip) DO UPDATE SET
-    eni_id = excluded.eni_id, idle_since_ms = excluded.idle_since_ms,
-    reserved_for = excluded.reserved_for, reserved_until_ms = excluded.reserved_until_ms";
+    eni_id = excluded.eni_id, state = 'idle', idle_since_ms = excluded.idle_since_ms,
+    reserved_for = excluded.reserved_for, reserved_until_ms = excluded.reserved_until_ms,
+    quarantine_reason = NULL";
+
+/// Inserts or updates a quarantined row; the caller has checked the IP is not assigned.
+const UPSERT_QUARANTINED: &str = "
+INSERT INTO ips (ip, eni_id, state, idle_since_ms, quarantine_reason)
+VALUES (?1, ?2, 'quarantined', ?3, ?4)
+ON CONFLICT (ip) DO UPDATE SET
+    eni_id = excluded.eni_id, state = 'quarantined', idle_since_ms = excluded.idle_since_ms,
+    reserved_for = NULL, reserved_until_ms = NULL, quarantine_reason = excluded.quarantine_reason";
 
 /// Inserts or updates an ENI.
 const UPSERT_ENI: &str = "
@@ -95,11 +115,27 @@ pub(super) fn load(conn: &Connection) -> Result<StoredState, StoreError> {
         .collect::<rusqlite::Result<Vec<_>>>()?;
     idle.sort_by_key(|i| i.ip);
 
+    let mut quarantined = conn
+        .prepare_cached(
+            "SELECT ip, eni_id, idle_since_ms, quarantine_reason FROM ips WHERE state = 'quarantined'",
+        )?
+        .query_map([], |row| {
+            Ok(StoredQuarantined {
+                ip: ip_column(row, 0)?,
+                eni_id: row.get(1)?,
+                since_ms: row.get(2)?,
+                reason: row.get(3)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    quarantined.sort_by_key(|q| q.ip);
+
     Ok(StoredState {
         instance_id,
         enis,
         assignments,
         idle,
+        quarantined,
     })
 }
 
@@ -178,18 +214,7 @@ pub(super) fn assign_in(tx: &Connection, a: &StoredAssignment) -> Result<(), Sto
             a.ip, a.container_id, a.ifname
         )));
     }
-    tx.prepare_cached(UPSERT_ASSIGNED)?.execute(params![
-        a.ip.to_string(),
-        a.eni_id,
-        a.container_id,
-        a.ifname,
-        a.netns,
-        a.pod_namespace,
-        a.pod_name,
-        a.pod_uid,
-        a.sticky_key,
-        a.assigned_at_ms,
-    ])?;
+    bind_assignment(tx, UPSERT_ASSIGNED, a)?;
     Ok(())
 }
 
@@ -219,7 +244,7 @@ pub(super) fn release_in(
         return Ok(None);
     };
     tx.prepare_cached(
-        "UPDATE ips SET state = 'idle', container_id = NULL, ifname = NULL, netns = NULL,
+        "UPDATE ips SET state = 'idle', network = NULL, container_id = NULL, ifname = NULL, netns = NULL,
              pod_namespace = NULL, pod_name = NULL, pod_uid = NULL, sticky_key = NULL,
              assigned_at_ms = NULL, idle_since_ms = ?2, reserved_for = ?3, reserved_until_ms = ?4
          WHERE ip = ?1",
@@ -291,23 +316,7 @@ pub(super) fn replace_all(conn: &mut Connection, state: &StoredState) -> Result<
             .map_err(|e| conflict_or(e, format!("ENI {} appears twice", eni.eni_id)))?;
     }
     for a in &state.assignments {
-        tx.prepare_cached(&format!(
-            "INSERT INTO ips (state, {ASSIGNMENT_COLUMNS})
-             VALUES ('assigned', ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-        ))?
-        .execute(params![
-            a.ip.to_string(),
-            a.eni_id,
-            a.container_id,
-            a.ifname,
-            a.netns,
-            a.pod_namespace,
-            a.pod_name,
-            a.pod_uid,
-            a.sticky_key,
-            a.assigned_at_ms,
-        ])
-        .map_err(|e| {
+        bind_assignment(&tx, INSERT_ASSIGNED, a).map_err(|e| {
             conflict_or(
                 e,
                 format!(
@@ -327,7 +336,76 @@ pub(super) fn replace_all(conn: &mut Connection, state: &StoredState) -> Result<
             )
         })?;
     }
+    for q in &state.quarantined {
+        insert_quarantined(&tx, UPSERT_QUARANTINED, q)
+            .map_err(|e| conflict_or(e, format!("quarantined {} is also held otherwise", q.ip)))?;
+    }
     tx.commit()?;
+    Ok(())
+}
+
+/// Makes each IP's row what `rows` say, in one transaction: an assigned row first drops any other
+/// row of its attachment; idle and quarantined rows replace whatever the IP's row was.
+pub(super) fn repair(conn: &mut Connection, rows: &[RowRepair]) -> Result<(), StoreError> {
+    let tx = begin(conn)?;
+    for row in rows {
+        match row {
+            RowRepair::Assigned(a) => {
+                tx.prepare_cached(
+                    "DELETE FROM ips WHERE container_id = ?1 AND ifname = ?2 AND ip <> ?3",
+                )?
+                .execute(params![a.container_id, a.ifname, a.ip.to_string()])?;
+                bind_assignment(&tx, UPSERT_ASSIGNED, a)?;
+            }
+            RowRepair::Idle(i) => {
+                clear_attachment(&tx, i.ip)?;
+                insert_idle(&tx, UPSERT_IDLE, i)?;
+            }
+            RowRepair::Quarantined(q) => {
+                clear_attachment(&tx, q.ip)?;
+                insert_quarantined(&tx, UPSERT_QUARANTINED, q)?;
+            }
+            RowRepair::Absent(ip) => {
+                tx.prepare_cached("DELETE FROM ips WHERE ip = ?1")?
+                    .execute([ip.to_string()])?;
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Turns an assigned row of `ip` into a bare one the upserts can overwrite (the attachment columns
+/// must be NULL for an idle or quarantined row).
+fn clear_attachment(tx: &Connection, ip: Ipv4Addr) -> rusqlite::Result<()> {
+    tx.prepare_cached("DELETE FROM ips WHERE ip = ?1 AND state = 'assigned'")?
+        .execute([ip.to_string()])?;
+    Ok(())
+}
+
+/// Binds `a` as `ASSIGNMENT_COLUMNS` (?1..?11) to `sql` and runs it: the one place the assignment
+/// columns are bound.
+fn bind_assignment(tx: &Connection, sql: &str, a: &StoredAssignment) -> rusqlite::Result<()> {
+    tx.prepare_cached(sql)?.execute(params![
+        a.ip.to_string(),
+        a.eni_id,
+        (!a.network.is_empty()).then_some(&a.network),
+        a.container_id,
+        a.ifname,
+        a.netns,
+        a.pod_namespace,
+        a.pod_name,
+        a.pod_uid,
+        a.sticky_key,
+        a.assigned_at_ms,
+    ])?;
+    Ok(())
+}
+
+/// Runs `sql` (an insert of the four quarantine columns) for `q`.
+fn insert_quarantined(tx: &Connection, sql: &str, q: &StoredQuarantined) -> rusqlite::Result<()> {
+    tx.prepare_cached(sql)?
+        .execute(params![q.ip.to_string(), q.eni_id, q.since_ms, q.reason,])?;
     Ok(())
 }
 
@@ -337,7 +415,7 @@ fn begin(conn: &mut Connection) -> rusqlite::Result<Transaction<'_>> {
 }
 
 /// Runs `sql` (an insert of the eight ENI columns) for `eni`.
-fn insert_eni(tx: &Transaction<'_>, sql: &str, eni: &StoredEni) -> rusqlite::Result<()> {
+fn insert_eni(tx: &Connection, sql: &str, eni: &StoredEni) -> rusqlite::Result<()> {
     tx.prepare_cached(sql)?.execute(params![
         eni.eni_id,
         eni.mac,
@@ -352,7 +430,7 @@ fn insert_eni(tx: &Transaction<'_>, sql: &str, eni: &StoredEni) -> rusqlite::Res
 }
 
 /// Runs `sql` (an insert of the five idle columns) for `idle`.
-fn insert_idle(tx: &Transaction<'_>, sql: &str, idle: &StoredIdle) -> rusqlite::Result<()> {
+fn insert_idle(tx: &Connection, sql: &str, idle: &StoredIdle) -> rusqlite::Result<()> {
     tx.prepare_cached(sql)?.execute(params![
         idle.ip.to_string(),
         idle.eni_id,
@@ -408,17 +486,19 @@ fn ip_of_attachment(
 
 /// Reads an assigned row selected with [`ASSIGNMENT_COLUMNS`].
 fn assignment_from_row(row: &Row<'_>) -> rusqlite::Result<StoredAssignment> {
+    let network: Option<String> = row.get(2)?;
     Ok(StoredAssignment {
         ip: ip_column(row, 0)?,
         eni_id: row.get(1)?,
-        container_id: row.get(2)?,
-        ifname: row.get(3)?,
-        netns: row.get(4)?,
-        pod_namespace: row.get(5)?,
-        pod_name: row.get(6)?,
-        pod_uid: row.get(7)?,
-        sticky_key: row.get(8)?,
-        assigned_at_ms: row.get(9)?,
+        network: network.unwrap_or_default(),
+        container_id: row.get(3)?,
+        ifname: row.get(4)?,
+        netns: row.get(5)?,
+        pod_namespace: row.get(6)?,
+        pod_name: row.get(7)?,
+        pod_uid: row.get(8)?,
+        sticky_key: row.get(9)?,
+        assigned_at_ms: row.get(10)?,
     })
 }
 

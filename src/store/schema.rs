@@ -10,7 +10,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use super::StoreError;
 
 /// The ordered migrations; index `i` migrates from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -71,6 +71,62 @@ CREATE TABLE ips (
             AND idle_since_ms IS NOT NULL
     END)
 ) STRICT;
+CREATE INDEX ips_by_eni ON ips (eni_id);
+";
+
+/// Version 2: each assignment records its CNI network (CNI GC is scoped to one network), and an IP
+/// can be `quarantined`: held out of circulation, neither idle nor assigned, because its history is
+/// unknown and the host's evidence could not tell whether a pod holds it (`quarantine_reason` says
+/// why; `idle_since_ms` holds since when). SQLite cannot alter a CHECK, so the table is rebuilt with
+/// its rows; the network of rows written before version 2 is NULL (unknown: never released by a
+/// network-scoped GC).
+const V2: &str = "
+CREATE TABLE ips_v2 (
+    ip                TEXT PRIMARY KEY NOT NULL,
+    eni_id            TEXT NOT NULL,
+    state             TEXT NOT NULL CHECK (state IN ('assigned', 'idle', 'quarantined')),
+    network           TEXT,
+    container_id      TEXT,
+    ifname            TEXT,
+    netns             TEXT,
+    pod_namespace     TEXT,
+    pod_name          TEXT,
+    pod_uid           TEXT,
+    sticky_key        TEXT,
+    assigned_at_ms    INTEGER,
+    idle_since_ms     INTEGER,
+    reserved_for      TEXT,
+    reserved_until_ms INTEGER,
+    quarantine_reason TEXT,
+    UNIQUE (container_id, ifname),
+    CHECK ((reserved_for IS NULL) = (reserved_until_ms IS NULL)),
+    CHECK (CASE state
+        WHEN 'assigned' THEN
+            container_id IS NOT NULL AND ifname IS NOT NULL AND netns IS NOT NULL
+            AND pod_namespace IS NOT NULL AND pod_name IS NOT NULL AND pod_uid IS NOT NULL
+            AND assigned_at_ms IS NOT NULL
+            AND idle_since_ms IS NULL AND reserved_for IS NULL AND quarantine_reason IS NULL
+        WHEN 'idle' THEN
+            network IS NULL AND container_id IS NULL AND ifname IS NULL AND netns IS NULL
+            AND pod_namespace IS NULL AND pod_name IS NULL AND pod_uid IS NULL
+            AND sticky_key IS NULL AND assigned_at_ms IS NULL
+            AND idle_since_ms IS NOT NULL AND quarantine_reason IS NULL
+        ELSE
+            network IS NULL AND container_id IS NULL AND ifname IS NULL AND netns IS NULL
+            AND pod_namespace IS NULL AND pod_name IS NULL AND pod_uid IS NULL
+            AND sticky_key IS NULL AND assigned_at_ms IS NULL
+            AND idle_since_ms IS NOT NULL AND reserved_for IS NULL
+            AND quarantine_reason IS NOT NULL
+    END)
+) STRICT;
+INSERT INTO ips_v2 (ip, eni_id, state, network, container_id, ifname, netns, pod_namespace,
+                    pod_name, pod_uid, sticky_key, assigned_at_ms, idle_since_ms, reserved_for,
+                    reserved_until_ms, quarantine_reason)
+    SELECT ip, eni_id, state, NULL, container_id, ifname, netns, pod_namespace, pod_name, pod_uid,
+           sticky_key, assigned_at_ms, idle_since_ms, reserved_for, reserved_until_ms, NULL
+    FROM ips;
+DROP TABLE ips;
+ALTER TABLE ips_v2 RENAME TO ips;
 CREATE INDEX ips_by_eni ON ips (eni_id);
 ";
 
@@ -154,6 +210,54 @@ mod tests {
             other => panic!("expected NewerSchema, got {other:?}"),
         }
         assert_eq!(version(&conn).unwrap(), 7);
+    }
+
+    #[test]
+    fn version_1_rows_survive_the_move_to_version_2() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let tx = conn.transaction().unwrap();
+        tx.execute_batch(V1).unwrap();
+        tx.execute("UPDATE meta SET schema_version = 1", [])
+            .unwrap();
+        tx.execute(
+            "INSERT INTO ips (ip, eni_id, state, container_id, ifname, netns, pod_namespace,
+                              pod_name, pod_uid, assigned_at_ms)
+             VALUES ('10.0.0.1', 'eni-1', 'assigned', 'c1', 'eth0', '/run/netns/x', 'ns', 'p', 'u', 5)",
+            [],
+        )
+        .unwrap();
+        tx.execute(
+            "INSERT INTO ips (ip, eni_id, state, idle_since_ms, reserved_for, reserved_until_ms)
+             VALUES ('10.0.0.2', 'eni-1', 'idle', 7, 'ns/p', 9)",
+            [],
+        )
+        .unwrap();
+        tx.commit().unwrap();
+        assert_eq!(migrate(&mut conn).unwrap(), 2);
+        let (network, container): (Option<String>, String) = conn
+            .query_row(
+                "SELECT network, container_id FROM ips WHERE ip = '10.0.0.1'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((network, container.as_str()), (None, "c1"));
+        let reserved: String = conn
+            .query_row(
+                "SELECT reserved_for FROM ips WHERE ip = '10.0.0.2'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(reserved, "ns/p");
+        // Quarantined rows need their reason, and carry no attachment.
+        let err = conn
+            .execute(
+                "INSERT INTO ips (ip, eni_id, state, idle_since_ms) VALUES ('10.0.0.3', 'e', 'quarantined', 1)",
+                [],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("CHECK"), "{err}");
     }
 
     #[test]

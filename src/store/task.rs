@@ -18,8 +18,8 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Durability, OpenReport, QUEUE_DEPTH, StoreError, StoredAssignment, StoredEni, StoredIdle,
-    StoredState, queries,
+    Durability, OpenReport, QUEUE_DEPTH, RowRepair, StoreError, StoredAssignment, StoredEni,
+    StoredIdle, StoredState, queries,
 };
 
 /// A queue wait or a transaction longer than this is logged as a warning.
@@ -89,6 +89,10 @@ pub(super) enum Request {
         state: StoredState,
         respond_to: Reply<()>,
     },
+    Repair {
+        rows: Vec<RowRepair>,
+        respond_to: Reply<()>,
+    },
     Close {
         respond_to: oneshot::Sender<()>,
     },
@@ -108,6 +112,7 @@ impl Request {
             Request::RecordIdle { .. } => "record_idle",
             Request::RemoveIps { .. } => "remove_ips",
             Request::ReplaceAll { .. } => "replace_all",
+            Request::Repair { .. } => "repair",
             Request::Close { .. } => "close",
         }
     }
@@ -370,6 +375,9 @@ fn serve_one(conn: &mut Connection, cmd: Command) {
             }
             Request::ReplaceAll { state, respond_to } => {
                 respond_to.send(queries::replace_all(conn, &state)).is_ok()
+            }
+            Request::Repair { rows, respond_to } => {
+                respond_to.send(queries::repair(conn, &rows)).is_ok()
             }
         };
         let took = started.elapsed();

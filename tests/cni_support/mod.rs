@@ -107,9 +107,15 @@ impl Ipam for FakeIpam {
         if let Some(ip) = removed {
             state.free.push_back(ip);
         }
+        // As the real daemon: the IP the caller is about to clean up is held by another attachment.
+        let ip_held_by_other = state
+            .held
+            .values()
+            .any(|ip| !req.ip.is_empty() && ip.to_string() == req.ip);
         Ok(Response::new(pb::ReleaseReply {
             released: removed.is_some(),
             ip: removed.map(|ip| ip.to_string()).unwrap_or_default(),
+            ip_held_by_other,
         }))
     }
 
@@ -166,7 +172,16 @@ impl Ipam for FakeIpam {
                 ifname: key.1,
             });
         }
-        Ok(Response::new(pb::GarbageCollectReply { released }))
+        let held_by_others = req
+            .cleaning
+            .iter()
+            .filter(|c| state.held.values().any(|ip| ip.to_string() == **c))
+            .cloned()
+            .collect();
+        Ok(Response::new(pb::GarbageCollectReply {
+            released,
+            held_by_others,
+        }))
     }
 
     async fn status(

@@ -22,6 +22,13 @@ pub fn config(mock: &MockCloud, dir: &Path) -> DaemonConfig {
         state_path: dir.join("state.db"),
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         cni_cache_dir: dir.join("cni-cache"),
+        // Pods' network namespaces in these tests are files in the test's directory, or namespaces
+        // `ip netns add` made.
+        netns_dirs: vec![
+            dir.to_path_buf(),
+            "/run/netns".into(),
+            "/var/run/netns".into(),
+        ],
         manage_eni_routes: false,
         region: Some("us-east-1".into()),
         ec2_endpoint: Some(mock.ec2_url()),
@@ -72,6 +79,7 @@ pub fn release_req(container: &str, sticky: bool) -> pb::ReleaseRequest {
         ifname: "eth0".into(),
         sticky,
         network: "eniipam".into(),
+        ..Default::default()
     }
 }
 
@@ -109,5 +117,56 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A small tmpfs the test can fill up (a disk-full state file), unmounted on drop. `None` when the
+/// test cannot mount (not root).
+pub struct SmallDisk {
+    dir: TempDir,
+}
+
+impl SmallDisk {
+    pub fn mount(tag: &str) -> Option<Self> {
+        let dir = TempDir::new(&format!("disk-{tag}"));
+        let ok = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                "size=8m",
+                "eniipam-test",
+                &dir.0.display().to_string(),
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(Self { dir })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir.0
+    }
+
+    /// Fills every free byte with a ballast file.
+    pub fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.dir.0.join("ballast")).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.flush();
+    }
+
+    /// Removes the ballast.
+    pub fn free(&self) {
+        let _ = std::fs::remove_file(self.dir.0.join("ballast"));
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir.0)
+            .status();
     }
 }

@@ -35,6 +35,7 @@ pub fn assignment(ip: Ipv4Addr, eni_id: &str, container: &str) -> StoredAssignme
     StoredAssignment {
         ip,
         eni_id: eni_id.to_owned(),
+        network: "eniipam".to_owned(),
         container_id: container.to_owned(),
         ifname: "eth0".to_owned(),
         netns: format!("/var/run/netns/cni-{container}"),

@@ -159,6 +159,7 @@ async fn store_probe(d: &eniipam::daemon::DaemonHandle) -> anyhow::Result<Vec<f6
         let t0 = Instant::now();
         d.store
             .record_assigned(eniipam::store::StoredAssignment {
+                network: "bench".into(),
                 ip,
                 eni_id: eni.clone(),
                 container_id: "store-probe".into(),

@@ -161,6 +161,7 @@ async fn release(
     conf: &NetConf,
     rt: &RuntimeEnv,
     sticky: bool,
+    cleaning: Option<Ipv4Addr>,
 ) -> Result<pb::ReleaseReply, DaemonError> {
     client
         .release(pb::ReleaseRequest {
@@ -169,6 +170,7 @@ async fn release(
             ifname: rt.ifname.clone(),
             sticky,
             network: conf.name.clone(),
+            ip: cleaning.map(|ip| ip.to_string()).unwrap_or_default(),
         })
         .await
 }
@@ -218,7 +220,7 @@ async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniError> {
     let ip: Ipv4Addr = match reply.ip.parse() {
         Ok(ip) => ip,
         Err(_) => {
-            let _ = release(&mut client, conf, rt, keep).await;
+            let _ = release(&mut client, conf, rt, keep, None).await;
             return Err(CniError::new(
                 ErrorCode::DaemonFailure,
                 format!(
@@ -242,6 +244,8 @@ async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniError> {
             let teardown = Teardown {
                 ifname: plan.ifname.clone(),
                 ip: Some(ip),
+                // Our own failed ADD: the daemon gave us this IP, nobody else holds it.
+                ip_free: true,
                 host_veth: None,
                 created_host_veth: Some(plan.host_veth.clone()),
             };
@@ -256,7 +260,7 @@ async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniError> {
                     for e in &cleanup {
                         tracing::warn!("cleaning up after failed wiring: {e}");
                     }
-                    let released = release(&mut client, conf, rt, keep).await;
+                    let released = release(&mut client, conf, rt, keep, Some(ip)).await;
                     let mut cni = netns_to_cni(err);
                     if cni.code == ErrorCode::CheckFailed {
                         cni.code = ErrorCode::WiringFailed;
@@ -292,7 +296,7 @@ async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniError> {
         if let (Some(side), Some(teardown)) = (&side, &teardown) {
             wiring::unwire(&side.host, Some(&side.pod), teardown).await;
         }
-        let _ = release(&mut client, conf, rt, keep).await;
+        let _ = release(&mut client, conf, rt, keep, Some(ip)).await;
         return Err(CniError::new(ErrorCode::IoFailure, e.to_string())
             .with_details(format!("{ip} was released")));
     }
@@ -309,28 +313,40 @@ async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
     let sticky = conf.sticky_key(rt.args.pod.as_ref(), &rt.args).is_some()
         || cached.as_ref().is_some_and(|c| c.sticky_key.is_some());
 
+    // The IP this attachment was wired with, as far as the host knows.
+    let known_ip = cached
+        .as_ref()
+        .map(|c| c.ip)
+        .or_else(|| conf.prev_result.as_ref()?.ipv4_for(&rt.ifname));
+
     // Release first (the daemon keeps the IP cooling, so tearing down afterwards is safe), but never
-    // let a missing or failing daemon stop the teardown: DEL must succeed.
-    let released_ip = match connect(conf).await {
-        Ok(mut client) => match release(&mut client, conf, rt, sticky).await {
-            Ok(reply) => reply.ip.parse::<Ipv4Addr>().ok(),
+    // let a missing or failing daemon stop the teardown: DEL must succeed. The IP's policy rules are
+    // removed only when the daemon confirms no other live attachment holds that IP now: a late DEL
+    // (a retried one, or one for a stale cache entry) must not take away the rules of the pod the IP
+    // went to since. Without the daemon's word the rules stay; the next ADD of that IP replaces them.
+    let (rules_ip, ip_free) = match connect(conf).await {
+        Ok(mut client) => match release(&mut client, conf, rt, sticky, known_ip).await {
+            Ok(reply) if reply.ip_held_by_other => {
+                tracing::info!(
+                    "DEL {key}: {known_ip:?} belongs to another pod now; only this pod's own rule goes"
+                );
+                (known_ip, false)
+            }
+            Ok(reply) => (known_ip.or_else(|| reply.ip.parse::<Ipv4Addr>().ok()), true),
             Err(e) => {
                 tracing::warn!("DEL {key}: release failed, tearing down from the cache: {e}");
-                None
+                (known_ip, false)
             }
         },
         Err(e) => {
             tracing::warn!("DEL {key}: tearing down from the cache: {e}");
-            None
+            (known_ip, false)
         }
     };
 
     if conf.role == Role::Main {
-        let ip = cached
-            .as_ref()
-            .map(|c| c.ip)
-            .or(released_ip)
-            .or_else(|| conf.prev_result.as_ref()?.ipv4_for(&rt.ifname));
+        let ip = rules_ip;
+        // Without the daemon's word, only this attachment's own rule (by its host veth) goes.
         let host = Netlink::current().map_err(|e| netns_to_cni(e.into()))?;
         // A netns that is gone took the pod end (and so the whole veth pair) with it.
         let pod = match rt.netns.as_deref().map(NetnsFile::open) {
@@ -344,6 +360,7 @@ async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
         let teardown = Teardown {
             ifname: rt.ifname.clone(),
             ip,
+            ip_free,
             host_veth: cached.as_ref().and_then(|c| c.host_veth.clone()),
             created_host_veth: None,
         };
@@ -453,6 +470,16 @@ async fn gc(conf: &NetConf) -> Result<(), CniError> {
         )
     })?;
 
+    let cache = ResultCache::new(&conf.plugin.cache_dir, &conf.name);
+    let (entries, errors) = cache.list();
+    for e in errors {
+        tracing::warn!("GC: {e}");
+    }
+    let stale: Vec<_> = entries
+        .into_iter()
+        .filter(|e| !valid.contains(&e.attachment()))
+        .collect();
+
     let daemon = async {
         let mut client = connect(conf).await?;
         client
@@ -467,21 +494,18 @@ async fn gc(conf: &NetConf) -> Result<(), CniError> {
                     .collect(),
                 network: conf.name.clone(),
                 listed_before_ms,
+                cleaning: stale.iter().map(|e| e.ip.to_string()).collect(),
             })
             .await
     }
     .await;
 
-    // Continue on errors: the local cleanup happens whatever the daemon said.
-    let cache = ResultCache::new(&conf.plugin.cache_dir, &conf.name);
-    let (entries, errors) = cache.list();
-    for e in errors {
-        tracing::warn!("GC: {e}");
-    }
-    let stale: Vec<_> = entries
-        .into_iter()
-        .filter(|e| !valid.contains(&e.attachment()))
-        .collect();
+    // Continue on errors: the local cleanup happens whatever the daemon said; an IP's rules go only
+    // when the daemon confirms no live attachment holds it now (as in DEL).
+    let keep_rules: Option<std::collections::BTreeSet<String>> = daemon
+        .as_ref()
+        .ok()
+        .map(|r| r.held_by_others.iter().cloned().collect());
     let mut host = None;
     for entry in stale {
         if let Some(veth) = &entry.host_veth {
@@ -489,9 +513,13 @@ async fn gc(conf: &NetConf) -> Result<(), CniError> {
                 host = Netlink::current().ok();
             }
             if let Some(host) = &host {
+                let ip_free = keep_rules
+                    .as_ref()
+                    .is_some_and(|keep| !keep.contains(&entry.ip.to_string()));
                 let teardown = Teardown {
                     ifname: entry.ifname.clone(),
                     ip: Some(entry.ip),
+                    ip_free,
                     host_veth: Some(veth.clone()),
                     created_host_veth: None,
                 };

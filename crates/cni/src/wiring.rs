@@ -8,9 +8,14 @@
 //!                    neighbour 169.254.1.1 lladdr <host veth MAC> PERMANENT
 //! host netns:  <prefix><11 hex>  (the veth's other end, created directly in the host netns)
 //!              <ip> dev <host veth> scope link              (main table)
-//!              rule 512:  to <ip> lookup main               (only for secondary-ENI IPs)
-//!              rule 1536: from <ip> lookup <route_table>    (only for secondary-ENI IPs)
+//!              rule 512:  to <ip> lookup main                          (secondary-ENI IPs only)
+//!              rule 1536: from <ip> iif <host veth> lookup <route_table>  (secondary-ENI IPs only)
 //! ```
+//!
+//! The `from` rule names the pod's own host veth, so it belongs to one attachment: a late DEL of an
+//! earlier owner of the IP (a retried DEL, a stale cache entry, the daemon unreachable) removes its
+//! own rule and never the new owner's. The `to` rule is the same whoever holds the IP; it goes only
+//! when the daemon confirms the IP is free, or when no `from` rule of the IP is left.
 //!
 //! The netlink primitives (connections per namespace, messages read back, rules) are the
 //! `eniipam-netlink` crate's, shared with the daemon's host routing.
@@ -75,23 +80,33 @@ fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetnsError {
     move |source| NetnsError::Netlink(f(source))
 }
 
+/// The `to <ip> lookup main` rule of a secondary-ENI pod IP.
+fn to_rule(ip: Ipv4Addr) -> PolicyRule {
+    PolicyRule {
+        priority: TO_POD_RULE_PRIORITY,
+        selector: RuleSelector::To(ip),
+        iif: None,
+        table: MAIN_TABLE,
+    }
+}
+
+/// The `from <ip> iif <host veth> lookup <table>` rule of a secondary-ENI pod IP (`iif` `None`: any
+/// such rule, whatever its link).
+fn from_rule(ip: Ipv4Addr, host_veth: Option<&str>, route_table: u32) -> PolicyRule {
+    PolicyRule {
+        priority: FROM_POD_RULE_PRIORITY,
+        selector: RuleSelector::From(ip),
+        iif: host_veth.map(str::to_owned),
+        table: route_table,
+    }
+}
+
 /// The rules a pod IP on `route_table` needs (none for the primary ENI, table 0).
-fn pod_rules(ip: Ipv4Addr, route_table: u32) -> Vec<PolicyRule> {
+fn pod_rules(ip: Ipv4Addr, route_table: u32, host_veth: &str) -> Vec<PolicyRule> {
     if route_table == 0 {
         return Vec::new();
     }
-    vec![
-        PolicyRule {
-            priority: TO_POD_RULE_PRIORITY,
-            selector: RuleSelector::To(ip),
-            table: MAIN_TABLE,
-        },
-        PolicyRule {
-            priority: FROM_POD_RULE_PRIORITY,
-            selector: RuleSelector::From(ip),
-            table: route_table,
-        },
-    ]
+    vec![to_rule(ip), from_rule(ip, Some(host_veth), route_table)]
 }
 
 /// What to wire for one attachment.
@@ -231,8 +246,21 @@ pub async fn wire(
             "adding host route {}/32 dev {}",
             plan.ip, plan.host_veth
         )))?;
-    for rule in pod_rules(plan.ip, plan.route_table) {
-        host.add_rule(&rule).await?;
+    // The daemon gave this pod the IP, so any other rule of ours for it is stale (left by an earlier
+    // owner whose DEL could not remove it, or from an ENI at another device index): replace them.
+    let wanted = pod_rules(plan.ip, plan.route_table, &plan.host_veth);
+    let any_from = from_rule(plan.ip, None, 0);
+    let any_to = to_rule(plan.ip);
+    host.remove_rules(
+        |m| {
+            (any_from.same_address_as(m) || any_to.same_address_as(m))
+                && !wanted.iter().any(|r| r.matches(m))
+        },
+        &format!("stale rules of {}", plan.ip),
+    )
+    .await?;
+    for rule in &wanted {
+        host.add_rule(rule).await?;
     }
 
     Ok(Wired {
@@ -250,8 +278,10 @@ pub async fn wire(
 pub struct Teardown {
     /// The pod interface to delete (a veth; deleting it deletes the host end too).
     pub ifname: String,
-    /// The pod IP, whose policy rules go.
+    /// The pod IP, whose policy rules of this attachment go.
     pub ip: Option<Ipv4Addr>,
+    /// The daemon confirmed no other live attachment holds `ip` now: every rule of the IP may go.
+    pub ip_free: bool,
     /// The host veth ADD created: deleted only while its name and MAC still match.
     pub host_veth: Option<HostVeth>,
     /// A host veth name to delete unconditionally (cleanup of a failed ADD of our own).
@@ -279,23 +309,50 @@ pub async fn unwire(host: &Netlink, pod: Option<&Netlink>, what: &Teardown) -> V
     if let Some(name) = &what.created_host_veth {
         host_names.push((name.clone(), None));
     }
+    // Host veth names that were this attachment's: gone now, or removed here. A veth of the same name
+    // with another MAC is a newer sandbox of the same pod: neither it nor its rules are ours.
+    let mut ours: Vec<String> = Vec::new();
     for (name, mac) in host_names {
         match host.link(&name).await {
             Ok(Some(link)) if link.is_veth() && mac.as_ref().is_none_or(|m| *m == link.mac) => {
-                if let Err(e) = host.delete_link(link.index, &name).await {
-                    errors.push(e.into());
+                match host.delete_link(link.index, &name).await {
+                    Ok(()) => ours.push(name),
+                    Err(e) => errors.push(e.into()),
                 }
             }
-            Ok(_) => {}
+            Ok(Some(_)) => {}
+            Ok(None) => ours.push(name),
             Err(e) => errors.push(e.into()),
         }
     }
     if let Some(ip) = what.ip {
-        let rules = pod_rules(ip, 1);
-        let theirs =
-            |m: &netlink_packet_route::rule::RuleMessage| rules.iter().any(|r| r.selects_like(m));
-        if let Err(e) = host.remove_rules(theirs, &format!("rules of {ip}")).await {
+        let mine: Vec<PolicyRule> = ours
+            .iter()
+            .map(|name| from_rule(ip, Some(name), 0))
+            .collect();
+        let any_from = from_rule(ip, None, 0);
+        let any_to = to_rule(ip);
+        let remove = |m: &netlink_packet_route::rule::RuleMessage| {
+            mine.iter().any(|r| r.selects_like(m))
+                || (what.ip_free && (any_from.same_address_as(m) || any_to.same_address_as(m)))
+        };
+        if let Err(e) = host.remove_rules(remove, &format!("rules of {ip}")).await {
             errors.push(e.into());
+        }
+        // The `to` rule is everyone's: it goes once no `from` rule of the IP is left.
+        if !what.ip_free {
+            match host.rules_v4().await {
+                Ok(rules) if !rules.iter().any(|m| any_from.same_address_as(m)) => {
+                    if let Err(e) = host
+                        .remove_rules(|m| any_to.same_address_as(m), &format!("to-rule of {ip}"))
+                        .await
+                    {
+                        errors.push(e.into());
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => errors.push(e.into()),
+            }
         }
     }
     errors
@@ -393,7 +450,7 @@ pub async fn check(
         )));
     }
 
-    let wanted = pod_rules(plan.ip, plan.route_table);
+    let wanted = pod_rules(plan.ip, plan.route_table, &plan.host_veth);
     if !wanted.is_empty() {
         let rules = host.rules_v4().await?;
         for rule in wanted {
@@ -442,10 +499,13 @@ mod tests {
     #[test]
     fn rules_only_for_secondary_enis() {
         let ip = Ipv4Addr::new(10, 0, 0, 5);
-        assert!(pod_rules(ip, 0).is_empty());
-        let rules = pod_rules(ip, 3);
+        assert!(pod_rules(ip, 0, "eni0123").is_empty());
+        let rules = pod_rules(ip, 3, "eni0123");
         assert_eq!(rules.len(), 2);
         assert_eq!(rules[0].to_string(), "512: to 10.0.0.5 lookup 254");
-        assert_eq!(rules[1].to_string(), "1536: from 10.0.0.5 lookup 3");
+        assert_eq!(
+            rules[1].to_string(),
+            "1536: from 10.0.0.5 iif eni0123 lookup 3"
+        );
     }
 }

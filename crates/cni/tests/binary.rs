@@ -98,3 +98,29 @@ fn del_with_neither_daemon_nor_cache_succeeds() {
     assert_eq!(code, 0, "{v}");
     assert_eq!(v, serde_json::Value::Null);
 }
+
+#[test]
+fn its_log_to_the_runtime_is_plain_text() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_eniipam"))
+        .env_clear()
+        .env("CNI_COMMAND", "FROB")
+        .env("ENIIPAM_CNI_LOG", "debug")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"cniVersion":"1.0.0","name":"n","type":"eniipam"}"#)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("FROB"), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI escapes in piped logs: {stderr:?}"
+    );
+}

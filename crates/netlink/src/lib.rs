@@ -16,7 +16,7 @@ pub mod rule;
 pub use conn::{Netlink, NetnsFile};
 pub use errno::{format_mac, is_exists, is_not_found, parse_mac};
 pub use msg::{LinkFacts, MessageTable, TableRoute};
-pub use rule::{PolicyRule, RuleSelector};
+pub use rule::{PolicyRule, RuleSelector, iif_of};
 
 /// The main routing table.
 pub const MAIN_TABLE: u32 = 254;

@@ -1,5 +1,5 @@
-//! Policy rules: `from <ip> lookup <table>`, `to <ip> lookup <table>`, `fwmark <mark>/<mask> lookup
-//! <table>`; added idempotently, matched exactly, removed when present.
+//! Policy rules: `from <ip> [iif <link>] lookup <table>`, `to <ip> lookup <table>`, `fwmark
+//! <mark>/<mask> lookup <table>`; added idempotently, matched exactly, removed when present.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -18,11 +18,13 @@ pub enum RuleSelector {
     FwMark { mark: u32, mask: u32 },
 }
 
-/// One IPv4 policy rule: `<priority>: <selector> lookup <table>`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// One IPv4 policy rule: `<priority>: <selector> [iif <link>] lookup <table>`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PolicyRule {
     pub priority: u32,
     pub selector: RuleSelector,
+    /// Only packets arriving on this link (`iif`): ties a pod's rule to its own host veth.
+    pub iif: Option<String>,
     pub table: u32,
 }
 
@@ -35,13 +37,22 @@ impl std::fmt::Display for PolicyRule {
                 write!(f, "{}: fwmark {mark:#x}/{mask:#x}", self.priority)?
             }
         }
+        if let Some(iif) = &self.iif {
+            write!(f, " iif {iif}")?;
+        }
         write!(f, " lookup {}", self.table)
     }
 }
 
 impl PolicyRule {
-    /// Whether `msg` is this rule's selector at this priority (whatever its table).
+    /// Whether `msg` is this rule's selector and `iif` at this priority (whatever its table).
     pub fn selects_like(&self, msg: &RuleMessage) -> bool {
+        self.same_address_as(msg) && iif_of(msg) == self.iif.as_deref()
+    }
+
+    /// Whether `msg` selects the same address (or mark) at this priority, whatever its `iif` and
+    /// table: every rule of this shape for the IP, whoever added it.
+    pub fn same_address_as(&self, msg: &RuleMessage) -> bool {
         let mut prio = None;
         let mut from = None;
         let mut to = None;
@@ -69,10 +80,18 @@ impl PolicyRule {
         }
     }
 
-    /// Whether `msg` is exactly this rule (selector, priority and table).
+    /// Whether `msg` is exactly this rule (selector, `iif`, priority and table).
     pub fn matches(&self, msg: &RuleMessage) -> bool {
         self.selects_like(msg) && msg.table() == self.table
     }
+}
+
+/// The `iif` of a rule message, if it has one.
+pub fn iif_of(msg: &RuleMessage) -> Option<&str> {
+    msg.attributes.iter().find_map(|a| match a {
+        RuleAttribute::Iifname(n) => Some(n.as_str()),
+        _ => None,
+    })
 }
 
 impl Netlink {
@@ -86,6 +105,10 @@ impl Netlink {
             .table_id(rule.table)
             .priority(rule.priority)
             .action(RuleAction::ToTable);
+        let req = match &rule.iif {
+            Some(iif) => req.input_interface(iif.clone()),
+            None => req,
+        };
         let req = match rule.selector {
             RuleSelector::From(ip) => req.source_prefix(ip, 32),
             RuleSelector::To(ip) => req.destination_prefix(ip, 32),
@@ -143,15 +166,22 @@ mod tests {
         let r = PolicyRule {
             priority: 1536,
             selector: RuleSelector::From(ip),
+            iif: None,
             table: 3,
         };
         assert_eq!(r.to_string(), "1536: from 10.0.0.5 lookup 3");
+        let r = PolicyRule {
+            iif: Some("eni0123".into()),
+            ..r
+        };
+        assert_eq!(r.to_string(), "1536: from 10.0.0.5 iif eni0123 lookup 3");
         let m = PolicyRule {
             priority: 1024,
             selector: RuleSelector::FwMark {
                 mark: 0x80,
                 mask: 0x80,
             },
+            iif: None,
             table: 254,
         };
         assert_eq!(m.to_string(), "1024: fwmark 0x80/0x80 lookup 254");

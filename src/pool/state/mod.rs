@@ -11,8 +11,10 @@
 //! - [`seeding`]: building the state from the startup seed;
 //! - [`routing`]: where an acquire goes (idle IP, an ENI actor, a new ENI) and how waiters are answered;
 //! - [`outcomes`]: applying what the actors and the maintainer's cloud calls returned;
-//! - [`plan`]: the maintainer's plan for one round.
+//! - [`plan`]: the maintainer's plan for one round;
+//! - [`drift`]: what the running reconcile changes when the pool and EC2 (or the host) disagree.
 
+mod drift;
 mod outcomes;
 mod plan;
 mod routing;
@@ -32,7 +34,7 @@ use super::eni::{EniHandle, EniPhase, Waiter};
 use super::error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
 use super::idle::{IdleEntry, IdleQueue, IdleRefusal, Reservation};
 use super::seed::{PoolSeed, SeedError};
-use super::{Allocation, PoolConfig, Released};
+use super::{Allocation, AttachmentMeta, PoolConfig, Released};
 use crate::cloud::{CloudError, Eni, NodeContext, Subnet};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
@@ -97,12 +99,29 @@ pub(crate) struct CreatingEni {
     pub started: Instant,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct AllocationRecord {
     pub ip: Ipv4Addr,
     pub eni: EniId,
     pub pod: PodRef,
     pub sticky_key: Option<String>,
+    pub meta: AttachmentMeta,
     pub since: Instant,
+}
+
+/// An allocation as it was before a release, so the release can be undone when recording it fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ReleaseUndo {
+    pub key: AttachmentKey,
+    pub record: AllocationRecord,
+}
+
+/// An IP held out of circulation: neither idle nor assigned (see [`super::Pool::lift_quarantine`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Quarantine {
+    pub eni: EniId,
+    pub since: Instant,
+    pub reason: String,
 }
 
 #[derive(Default)]
@@ -117,6 +136,7 @@ pub(crate) struct AcquireRequest {
     pub pod: PodRef,
     pub prefer: Option<Ipv4Addr>,
     pub sticky_key: Option<String>,
+    pub meta: AttachmentMeta,
 }
 
 /// Where an acquire goes next.
@@ -183,6 +203,11 @@ pub(crate) struct PoolState {
     pub create_waiters: VecDeque<Waiter>,
     pub subnets: BTreeMap<String, SubnetRecord>,
     pub releasing: BTreeMap<Ipv4Addr, IdleEntry>,
+    /// IPs held out of circulation until evidence or an operator clears them.
+    pub quarantined: BTreeMap<Ipv4Addr, Quarantine>,
+    /// Idle IPs of ENIs EC2 did not show attached at the last look ([`EniPhase::Suspect`]): not
+    /// handed out until the ENI is confirmed (they go back to the idle queue) or forgotten.
+    pub held_back: BTreeMap<Ipv4Addr, IdleEntry>,
     /// Warm-up IPs asked for and not arrived.
     pub warming: u32,
     /// ENIs the node may have, eth0 included.
@@ -208,6 +233,7 @@ impl PoolState {
             attachment: key.clone(),
             pod: rec.pod.clone(),
             sticky_key: rec.sticky_key.clone(),
+            meta: rec.meta.clone(),
             eni: rec.eni.clone(),
             mac: eni.map(|e| e.mac.clone()).unwrap_or_default(),
             device_index: eni.map_or(0, |e| e.device_index),
@@ -218,11 +244,13 @@ impl PoolState {
     }
 
     /// Records `ip` (on `eni`) as held by `key` and returns the reply.
+    #[allow(clippy::too_many_arguments)]
     fn record(
         &mut self,
         key: AttachmentKey,
         pod: PodRef,
         sticky_key: Option<String>,
+        meta: AttachmentMeta,
         ip: Ipv4Addr,
         eni: EniId,
         now: Instant,
@@ -232,6 +260,7 @@ impl PoolState {
             eni,
             pod,
             sticky_key,
+            meta,
             since: now,
         };
         let alloc = self.allocation_of(&key, &rec);
@@ -361,20 +390,46 @@ impl PoolState {
     pub fn check_invariants(&self) -> Result<(), String> {
         let inflight: u32 = self.enis.values().map(|r| r.inflight).sum();
         let creating: u32 = self.creating.values().map(|c| c.count).sum();
-        let held =
-            self.idle.len() as u32 + self.releasing.len() as u32 + self.allocations.len() as u32;
+        let held = self.idle.len() as u32
+            + self.releasing.len() as u32
+            + self.allocations.len() as u32
+            + self.quarantined.len() as u32
+            + self.held_back.len() as u32;
         let sum = held + inflight + creating + self.create_waiters.len() as u32;
         if sum != self.capacity.used() {
             return Err(format!(
-                "tokens used {} != idle {} + releasing {} + assigned {} + in flight {} + creating {} + waiting {}",
+                "tokens used {} != idle {} + releasing {} + assigned {} + quarantined {} + held back {} \
+                 + in flight {} + creating {} + waiting {}",
                 self.capacity.used(),
                 self.idle.len(),
                 self.releasing.len(),
                 self.allocations.len(),
+                self.quarantined.len(),
+                self.held_back.len(),
                 inflight,
                 creating,
                 self.create_waiters.len()
             ));
+        }
+        if self.capacity.used() > self.capacity.capacity() {
+            return Err(format!(
+                "tokens used {} > capacity {}",
+                self.capacity.used(),
+                self.capacity.capacity()
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for ip in self
+            .idle
+            .ips()
+            .chain(self.releasing.keys().copied())
+            .chain(self.assigned.keys().copied())
+            .chain(self.quarantined.keys().copied())
+            .chain(self.held_back.keys().copied())
+        {
+            if !seen.insert(ip) {
+                return Err(format!("{ip} is in two places at once"));
+            }
         }
         let on_enis: u32 = self
             .enis

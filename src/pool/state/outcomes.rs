@@ -37,7 +37,23 @@ impl PoolState {
                 r.phase = r.phase.succeeded();
                 r.ips.extend(ips.iter().copied());
             }
-            None => tracing::error!(%eni, "assign completed for an unknown ENI"),
+            None => {
+                // The ENI was forgotten while the call was out: its IPs are not the pool's.
+                tracing::warn!(%eni, ips = ?ips, "assign completed for an ENI the pool forgot; not using its IPs");
+                self.warming = self.warming.saturating_sub(warm);
+                self.capacity.give_back(asked);
+                for w in pods {
+                    self.fail_waiter(
+                        w,
+                        PoolError::Cloud(CloudError::NotFound {
+                            api: "AssignPrivateIpAddresses".into(),
+                            code: "InvalidNetworkInterfaceID.NotFound".into(),
+                            message: format!("{eni} is no longer attached to this instance"),
+                        }),
+                    );
+                }
+                return;
+            }
         }
         self.warming = self.warming.saturating_sub(warm);
         if got > asked {
@@ -102,6 +118,12 @@ impl PoolState {
                     retry_after: Some(subnet_backoff),
                 }
             }
+            e if e.is_not_found() => {
+                // EC2 does not know the ENI (any more): serve nothing from it until the running
+                // reconcile confirms (forgotten) or refutes (serving again).
+                self.suspend_eni(eni, now);
+                PoolError::Cloud(err)
+            }
             _ => {
                 let cfg = self.config.clone();
                 if let Some(r) = self.enis.get_mut(eni) {
@@ -134,6 +156,10 @@ impl PoolState {
     /// A give-back failed: the IPs are idle again (same place in the queue), the ENI backs off.
     pub fn fail_unassign(&mut self, eni: &EniId, ips: &[Ipv4Addr], err: CloudError, now: Instant) {
         self.unassign_abandoned(eni, ips);
+        if err.is_not_found() {
+            self.suspend_eni(eni, now);
+            return;
+        }
         let cfg = self.config.clone();
         if let Some(r) = self.enis.get_mut(eni) {
             r.phase = r.phase.failed(err, now, |n| cfg.backoff_after(n));
@@ -147,33 +173,6 @@ impl PoolState {
                 self.idle.reinsert(entry);
             }
         }
-    }
-
-    /// EC2 no longer shows these IPs on `eni` (unassigned out of band): the pool forgets them and
-    /// returns their tokens. IPs being given back are skipped (their absence is ours). Returns every IP
-    /// forgotten, with the attachment that held it, if any (that pod lost its IP).
-    pub fn forget_gone(
-        &mut self,
-        eni: &EniId,
-        ips: &[Ipv4Addr],
-    ) -> Vec<(Ipv4Addr, Option<AttachmentKey>)> {
-        let mut forgotten = Vec::new();
-        let Some(r) = self.enis.get_mut(eni) else {
-            return forgotten;
-        };
-        for ip in ips {
-            if self.releasing.contains_key(ip) || !r.ips.remove(ip) {
-                continue;
-            }
-            self.idle.remove(*ip);
-            let holder = self.assigned.remove(ip);
-            if let Some(key) = &holder {
-                self.allocations.remove(key);
-            }
-            forgotten.push((*ip, holder));
-        }
-        self.capacity.give_back(forgotten.len() as u32);
-        forgotten
     }
 
     /// The ENI is gone from EC2.

@@ -11,7 +11,15 @@ impl PoolState {
         now: Instant,
     ) -> Allocation {
         tracing::debug!(ip = %entry.ip, idle_ms = (now - entry.idle_since).as_millis() as u64, "IP from the idle queue");
-        self.record(req.key, req.pod, req.sticky_key, entry.ip, entry.eni, now)
+        self.record(
+            req.key,
+            req.pod,
+            req.sticky_key,
+            req.meta,
+            entry.ip,
+            entry.eni,
+            now,
+        )
     }
 
     /// Decides how an acquire is served.
@@ -79,6 +87,7 @@ impl PoolState {
             key: req.key.clone(),
             pod: req.pod,
             sticky_key: req.sticky_key,
+            meta: req.meta,
             respond_to: tx,
             span,
             enqueued_at: now,
@@ -203,11 +212,12 @@ impl PoolState {
             key,
             pod,
             sticky_key,
+            meta,
             respond_to,
             span,
             enqueued_at,
         } = waiter;
-        let alloc = self.record(key, pod, sticky_key, ip, eni, now);
+        let alloc = self.record(key, pod, sticky_key, meta, ip, eni, now);
         tracing::debug!(
             parent: &span,
             %ip,
@@ -258,6 +268,10 @@ impl PoolState {
         let released = Released {
             ip: rec.ip,
             reservation: reservation.as_ref().map(|r| (r.key.clone(), r.until)),
+            undo: ReleaseUndo {
+                key: key.clone(),
+                record: rec.clone(),
+            },
         };
         self.idle.push(
             rec.ip,
@@ -267,5 +281,32 @@ impl PoolState {
             reservation,
         );
         Some(released)
+    }
+
+    /// Puts a released allocation back as it was (recording the release failed), if its IP is still
+    /// idle: `false` when the IP has gone to another pod or away meanwhile.
+    pub fn undo_release(&mut self, undo: &ReleaseUndo) -> bool {
+        let ip = undo.record.ip;
+        if self.allocations.contains_key(&undo.key) || self.idle.remove(ip).is_none() {
+            return false;
+        }
+        self.assigned.insert(ip, undo.key.clone());
+        self.allocations
+            .insert(undo.key.clone(), undo.record.clone());
+        true
+    }
+
+    /// An acquire routed to `eni` was cancelled before its waiter reached the actor: give back the
+    /// token and the in-flight slot, and answer anyone who followed the same attachment.
+    pub fn abandon_routed(&mut self, eni: &EniId, key: &AttachmentKey) {
+        if let Some(r) = self.enis.get_mut(eni) {
+            r.inflight = r.inflight.saturating_sub(1);
+        }
+        self.capacity.give_back(1);
+        if let Some(p) = self.pending.remove(key) {
+            for f in p.followers {
+                let _ = f.send(Err(PoolError::Abandoned));
+            }
+        }
     }
 }

@@ -26,6 +26,8 @@ impl PoolState {
             create_waiters: VecDeque::new(),
             subnets: BTreeMap::new(),
             releasing: BTreeMap::new(),
+            quarantined: BTreeMap::new(),
+            held_back: BTreeMap::new(),
             warming: 0,
             max_enis,
             per_eni,
@@ -139,7 +141,24 @@ impl PoolState {
                     eni,
                     pod: a.pod,
                     sticky_key: a.sticky_key,
+                    meta: a.meta,
                     since: now,
+                },
+            );
+        }
+        for q in seed.quarantined {
+            let Some(eni) = pod_eni_of(&st, q.ip) else {
+                return Err(SeedError::UnknownQuarantined { ip: q.ip });
+            };
+            if st.assigned.contains_key(&q.ip) || st.quarantined.contains_key(&q.ip) {
+                return Err(SeedError::QuarantinedTwice { ip: q.ip });
+            }
+            st.quarantined.insert(
+                q.ip,
+                Quarantine {
+                    eni,
+                    since: q.since,
+                    reason: q.reason,
                 },
             );
         }
@@ -154,7 +173,7 @@ impl PoolState {
             .collect();
         for (ip, eni) in pod_ips {
             held += 1;
-            if st.assigned.contains_key(&ip) {
+            if st.assigned.contains_key(&ip) || st.quarantined.contains_key(&ip) {
                 continue;
             }
             match idle_info.get(&ip) {

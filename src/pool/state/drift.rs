@@ -1,0 +1,219 @@
+//! What the running reconcile changes when the pool and the truth disagree: IPs EC2 no longer shows,
+//! ENIs EC2 does not show attached (suspected, then forgotten), ENIs attached that the pool did not
+//! know (adopted), quarantined IPs that evidence or an operator clears.
+
+use super::*;
+
+/// One IP the pool forgot, with the attachment that held it (that pod lost its IP).
+pub type Forgotten = (Ipv4Addr, Option<AttachmentKey>);
+
+impl PoolState {
+    /// EC2 no longer shows these IPs on `eni` (unassigned out of band): the pool forgets them and
+    /// returns their tokens. IPs being given back are skipped (their absence is ours).
+    pub fn forget_gone(&mut self, eni: &EniId, ips: &[Ipv4Addr]) -> Vec<Forgotten> {
+        let mut forgotten = Vec::new();
+        let Some(r) = self.enis.get_mut(eni) else {
+            return forgotten;
+        };
+        for ip in ips {
+            if self.releasing.contains_key(ip) || !r.ips.remove(ip) {
+                continue;
+            }
+            forgotten.push((
+                *ip,
+                Self::drop_ip(
+                    &mut self.idle,
+                    &mut self.held_back,
+                    &mut self.quarantined,
+                    &mut self.assigned,
+                    &mut self.allocations,
+                    *ip,
+                ),
+            ));
+        }
+        self.capacity.give_back(forgotten.len() as u32);
+        forgotten
+    }
+
+    /// Removes `ip` from wherever the pool holds it (not from its ENI record); returns its holder.
+    fn drop_ip(
+        idle: &mut IdleQueue,
+        held_back: &mut BTreeMap<Ipv4Addr, IdleEntry>,
+        quarantined: &mut BTreeMap<Ipv4Addr, Quarantine>,
+        assigned: &mut HashMap<Ipv4Addr, AttachmentKey>,
+        allocations: &mut HashMap<AttachmentKey, AllocationRecord>,
+        ip: Ipv4Addr,
+    ) -> Option<AttachmentKey> {
+        idle.remove(ip);
+        held_back.remove(&ip);
+        quarantined.remove(&ip);
+        let holder = assigned.remove(&ip);
+        if let Some(key) = &holder {
+            allocations.remove(key);
+        }
+        holder
+    }
+
+    /// EC2 did not show `eni` attached to this instance: it takes no new work and its idle IPs are
+    /// held back. Pods keep the IPs they hold (EC2 may just be slow to show the attachment). Returns
+    /// whether it was serving until now.
+    pub fn suspend_eni(&mut self, eni: &EniId, now: Instant) -> bool {
+        let Some(r) = self.enis.get_mut(eni) else {
+            return false;
+        };
+        if r.role != EniRole::Pods
+            || matches!(r.phase, EniPhase::Suspect { .. } | EniPhase::Draining)
+        {
+            return false;
+        }
+        r.phase = EniPhase::Suspect { since: now };
+        for ip in self.idle.ips_on(eni) {
+            if let Some(entry) = self.idle.remove(ip) {
+                self.held_back.insert(ip, entry);
+            }
+        }
+        true
+    }
+
+    /// EC2 shows a suspected ENI attached again: it serves, and its held-back IPs are idle again in
+    /// their old places.
+    pub fn resume_eni(&mut self, eni: &EniId) -> bool {
+        let Some(r) = self.enis.get_mut(eni) else {
+            return false;
+        };
+        if !matches!(r.phase, EniPhase::Suspect { .. }) {
+            return false;
+        }
+        r.phase = EniPhase::Serving;
+        let back: Vec<Ipv4Addr> = self
+            .held_back
+            .iter()
+            .filter(|(_, e)| &e.eni == eni)
+            .map(|(ip, _)| *ip)
+            .collect();
+        for ip in back {
+            if let Some(entry) = self.held_back.remove(&ip) {
+                self.idle.reinsert(entry);
+            }
+        }
+        true
+    }
+
+    /// EC2 confirms `eni` is no longer attached to this instance: the pool forgets it with every IP
+    /// on it (returning their tokens); the pods that held them lost their IPs. Its actor ends once
+    /// its handle is dropped here (the caller drops the returned record). Returns the forgotten IPs.
+    pub fn forget_eni(&mut self, eni: &EniId) -> (Vec<Forgotten>, Option<EniRecord>) {
+        let Some(rec) = self.enis.remove(eni) else {
+            return (Vec::new(), None);
+        };
+        let mut forgotten = Vec::new();
+        for ip in &rec.ips {
+            self.releasing.remove(ip);
+            forgotten.push((
+                *ip,
+                Self::drop_ip(
+                    &mut self.idle,
+                    &mut self.held_back,
+                    &mut self.quarantined,
+                    &mut self.assigned,
+                    &mut self.allocations,
+                    *ip,
+                ),
+            ));
+        }
+        self.capacity.give_back(forgotten.len() as u32);
+        (forgotten, Some(rec))
+    }
+
+    /// Registers an ENI EC2 shows attached to this instance that the pool did not know (e.g. a create
+    /// whose answer was lost), without its actor (the caller spawns it). Ours: its secondary IPs
+    /// join the pool idle, cooling from now (no pod can hold them: the pool never handed them out).
+    /// Not ours: it only takes its device index. Returns whether it serves pods.
+    pub fn adopt_eni(&mut self, eni: &Eni, subnet: Subnet, managed: bool, now: Instant) -> bool {
+        let Some(att) = eni.attachment.as_ref() else {
+            return false;
+        };
+        if self.enis.contains_key(&eni.id) {
+            return false;
+        }
+        let role = if managed {
+            EniRole::Pods
+        } else {
+            EniRole::Foreign
+        };
+        let ips: BTreeSet<Ipv4Addr> = if managed {
+            eni.secondary_ips
+                .iter()
+                .copied()
+                .filter(|ip| !self.assigned.contains_key(ip))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        let fits = self.capacity.available() >= ips.len() as u32;
+        let ips = if fits { ips } else { BTreeSet::new() };
+        self.subnets
+            .entry(eni.subnet_id.clone())
+            .or_insert_with(|| SubnetRecord {
+                subnet: None,
+                backoff: None,
+            })
+            .subnet
+            .get_or_insert(subnet);
+        self.capacity.take_existing(ips.len() as u32);
+        for ip in &ips {
+            self.idle
+                .push(*ip, eni.id.clone(), now, self.config.reuse_cooldown, None);
+        }
+        self.enis.insert(
+            eni.id.clone(),
+            EniRecord {
+                id: eni.id.clone(),
+                mac: eni.mac.clone(),
+                device_index: att.device_index,
+                subnet_id: eni.subnet_id.clone(),
+                primary_ip: eni.primary_ip,
+                role,
+                ips,
+                inflight: 0,
+                phase: EniPhase::Serving,
+                release_retry_at: None,
+                cloud: Some(eni.clone()),
+                handle: None,
+                task: None,
+            },
+        );
+        managed
+    }
+
+    /// Releases quarantined IPs into the idle queue, cooling from `now` (evidence says no pod holds
+    /// them, or an operator said so). Returns those that were quarantined.
+    pub fn lift_quarantine(&mut self, ips: &[Ipv4Addr], now: Instant) -> Vec<Ipv4Addr> {
+        let mut lifted = Vec::new();
+        for ip in ips {
+            if let Some(q) = self.quarantined.remove(ip) {
+                self.idle
+                    .push(*ip, q.eni, now, self.config.reuse_cooldown, None);
+                lifted.push(*ip);
+            }
+        }
+        lifted
+    }
+
+    /// A quarantined IP that evidence shows held by a live pod: it becomes that attachment's.
+    pub fn adopt_quarantined(
+        &mut self,
+        ip: Ipv4Addr,
+        key: AttachmentKey,
+        pod: PodRef,
+        sticky_key: Option<String>,
+        meta: AttachmentMeta,
+        now: Instant,
+    ) -> Option<Allocation> {
+        if self.allocations.contains_key(&key) {
+            return None;
+        }
+        let q = self.quarantined.remove(&ip)?;
+        Some(self.record(key, pod, sticky_key, meta, ip, q.eni, now))
+    }
+}
