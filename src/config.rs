@@ -85,8 +85,13 @@ pub struct DaemonConfig {
     pub ec2_endpoint: Option<String>,
     /// IMDS endpoint override (default: `AWS_EC2_METADATA_SERVICE_ENDPOINT`, then 169.254.169.254).
     pub imds_endpoint: Option<String>,
-    /// Subnet for new ENIs (default: eth0's).
+    /// Subnet for new ENIs when no others are found (default: eth0's).
     pub subnet_id: Option<String>,
+    /// Pins the subnets new ENIs may go to (each must be in the node's VPC and availability zone).
+    /// Empty: discovered by the `kubernetes.io/role/cni` tag in the node's availability zone, as the
+    /// AWS VPC CNI does (`ENABLE_SUBNET_DISCOVERY`), with `subnet_id` (eth0's) always a candidate
+    /// unless tagged `0`.
+    pub subnet_ids: Vec<String>,
     /// Security groups for new ENIs (default: eth0's).
     pub security_groups: Vec<String>,
     /// Idle IPs kept ready (AWS VPC CNI: WARM_IP_TARGET).
@@ -97,6 +102,11 @@ pub struct DaemonConfig {
     pub max_ips: Option<u32>,
     /// Cap on ENIs, eth0 included (VPC CNI: MAX_ENI).
     pub max_enis: Option<u32>,
+    /// eth0's secondary IPs serve pods too, as with the AWS VPC CNI (default true).
+    pub use_primary_eni: bool,
+    /// Slots are `/28` prefixes of 16 addresses (VPC CNI: ENABLE_PREFIX_DELEGATION). Nitro instance
+    /// types only. Default false.
+    pub prefix_delegation: bool,
     /// Seconds before a released IP goes to another pod (VPC CNI: IP_COOLDOWN_PERIOD, 30 s).
     pub reuse_cooldown_secs: u64,
     /// Seconds a sticky IP stays reserved for its StatefulSet pod.
@@ -140,11 +150,14 @@ impl Default for DaemonConfig {
             ec2_endpoint: None,
             imds_endpoint: None,
             subnet_id: None,
+            subnet_ids: Vec::new(),
             security_groups: Vec::new(),
             min_idle: pool.min_idle,
             max_idle: pool.max_idle,
             max_ips: pool.max_ips,
             max_enis: pool.max_enis,
+            use_primary_eni: pool.use_primary_eni,
+            prefix_delegation: pool.prefix_delegation,
             reuse_cooldown_secs: pool.reuse_cooldown.as_secs(),
             ip_stick_time_secs: pool.ip_stick_time.as_secs(),
             ec2_mutating_qps: rates.mutating.qps,
@@ -227,6 +240,14 @@ impl DaemonConfig {
         set_opt!(ec2_endpoint, "a URL");
         set_opt!(imds_endpoint, "a URL");
         set_opt!(subnet_id, "a subnet id");
+        if let Some(v) = get("subnet_ids") {
+            self.subnet_ids = v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect();
+        }
         if let Some(v) = get("security_groups") {
             self.security_groups = v
                 .split(',')
@@ -239,6 +260,8 @@ impl DaemonConfig {
         set!(max_idle, "a whole number");
         set_opt!(max_ips, "a whole number");
         set_opt!(max_enis, "a whole number");
+        set!(use_primary_eni, "true or false");
+        set!(prefix_delegation, "true or false");
         set!(reuse_cooldown_secs, "a whole number of seconds");
         set!(ip_stick_time_secs, "a whole number of seconds");
         set!(ec2_mutating_qps, "a number");
@@ -351,6 +374,8 @@ impl DaemonConfig {
             max_idle: self.max_idle,
             max_ips: self.max_ips,
             max_enis: self.max_enis,
+            use_primary_eni: self.use_primary_eni,
+            prefix_delegation: self.prefix_delegation,
             reuse_cooldown: Duration::from_secs(self.reuse_cooldown_secs),
             ip_stick_time: Duration::from_secs(self.ip_stick_time_secs),
             ..PoolConfig::default()

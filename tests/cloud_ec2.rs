@@ -87,6 +87,8 @@ async fn describe_enis_follows_next_token_pages() {
                 security_groups: inst.security_groups.clone(),
                 description: "page".into(),
                 secondary_ip_count: 0,
+                prefix_count: 0,
+                private_ips: Vec::new(),
                 tags: tag_map(&[(tags::CLUSTER, "paged")]),
                 client_token: uuid::Uuid::new_v4().to_string(),
             })

@@ -452,6 +452,8 @@ async fn a_detached_but_undeleted_eni_serves_nothing() {
     let mut cfg = config(&mock, &dir.0);
     cfg.min_idle = 0;
     cfg.max_idle = 0;
+    // About secondary ENIs: eth0 serves no pod here.
+    cfg.use_primary_eni = false;
     cfg.reuse_cooldown_secs = 0;
     let d = start(cfg.clone()).await;
     let mut c = client(&d.socket_path).await;
@@ -515,6 +517,8 @@ async fn an_eni_detached_out_of_band_is_suspended_then_forgotten() {
     let mock = mock().await;
     let dir = TempDir::new("oob-detach");
     let mut cfg = config(&mock, &dir.0);
+    // About secondary ENIs: eth0 serves no pod here.
+    cfg.use_primary_eni = false;
     cfg.min_idle = 3;
     let d = start(cfg.clone()).await;
     let mut c = client(&d.socket_path).await;
@@ -786,6 +790,8 @@ async fn a_late_del_keeps_the_new_owners_rules() {
     let mock = mock().await;
     let dir = TempDir::new("late-del");
     let mut cfg = config(&mock, &dir.0);
+    // About secondary ENIs: eth0 serves no pod here.
+    cfg.use_primary_eni = false;
     cfg.reuse_cooldown_secs = 0;
     cfg.min_idle = 0;
     cfg.max_idle = 100;

@@ -53,7 +53,9 @@ async fn assert_pool_is_truth(
 async fn restarts_rebuild_the_truth() {
     let mock = mock().await;
     let dir = TempDir::new("restart");
-    let cfg = config(&mock, &dir.0);
+    let mut cfg = config(&mock, &dir.0);
+    // Step 5 detaches a secondary ENI: the pods must be on one, not on eth0.
+    cfg.use_primary_eni = false;
 
     // First life: 6 pods; pod-0 released plainly (cooling), pod-1 released sticky.
     let d = start(cfg.clone()).await;

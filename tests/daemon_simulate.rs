@@ -19,11 +19,16 @@ struct Sim {
 }
 
 async fn start_sim(extra: &[&str]) -> Sim {
+    start_sim_env(extra, &[]).await
+}
+
+async fn start_sim_env(extra: &[&str], env: &[(&str, &str)]) -> Sim {
     let dir = TempDir::new("sim");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_eniipamd"))
         .args(["--simulate", "--profile", "fast", "--state-dir"])
         .arg(&dir.0)
         .args(extra)
+        .envs(env.iter().copied())
         .env("ENIIPAM_LOG_LEVEL", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -122,8 +127,8 @@ async fn simulate_status_metrics_and_sigterm() {
     assert_eq!(status["assigned"], 4);
     assert_eq!(
         status["capacity"],
-        7 * 29,
-        "c5.4xlarge: 7 secondary ENIs x 29 IPs"
+        8 * 29,
+        "c5.4xlarge: 8 ENIs (eth0 included) x 29 IPs: the VPC CNI's max-pods 234 - 2"
     );
     assert_eq!(metric(&text, "eniipam_assigned_ip_addresses"), 4.0);
     assert_eq!(
@@ -147,8 +152,9 @@ async fn simulate_status_metrics_and_sigterm() {
         status["cooling"].as_f64().unwrap()
     );
     assert_eq!(metric(&text, "eniipam_ready"), 1.0);
+    // The first pods are served from eth0's secondary IPs: an assign, no new ENI.
     assert!(text.contains(
-        "eniipam_aws_api_latency_seconds_count{api=\"CreateNetworkInterface\",outcome=\"ok\"}"
+        "eniipam_aws_api_latency_seconds_count{api=\"AssignPrivateIpAddresses\",outcome=\"ok\"}"
     ));
     assert!(text.trim_end().ends_with("# EOF"));
     let allocs = ctl(&["--socket", &sim.socket, "allocations", "--json"]);
@@ -175,6 +181,57 @@ async fn simulate_status_metrics_and_sigterm() {
     let out = ctl(&["--socket", &sim.socket, "status"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is eniipamd running"));
+}
+
+/// Issue 15: on an m5.large the daemon serves the VPC CNI's pods per node: 27 pod IPs with secondary
+/// IPs (max-pods 29 − 2 host-network pods, eth0 included), and with prefix delegation the kubelet's
+/// 110 pods, all handed out, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulate_m5_large_serves_the_vpc_cnis_pods_per_node() {
+    for (env, pods, min_capacity) in [
+        (vec![], 27, 27),
+        (vec![("ENIIPAM_PREFIX_DELEGATION", "true")], 110, 110),
+    ] {
+        let mut sim = start_sim_env(&["--instance-type", "m5.large"], &env).await;
+        let mut c = client(std::path::Path::new(&sim.socket)).await;
+        let allocs = (0..pods).map(|i| {
+            let mut c = c.clone();
+            async move {
+                c.allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+                    .await
+                    .map(|r| r.into_inner().ip)
+            }
+        });
+        let ips: Vec<String> = futures::future::join_all(allocs)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("{env:?}: {e}")))
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = ips.iter().collect();
+        assert_eq!(distinct.len(), pods, "{env:?}: every pod its own IP");
+        let out = ctl(&["--socket", &sim.socket, "status", "--json"]);
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            status["capacity"].as_u64().unwrap() >= min_capacity,
+            "{env:?}: {status}"
+        );
+        assert_eq!(status["assigned"], pods as u64);
+        if env.is_empty() {
+            // One more has no room: refused with a clear reason, nothing changes.
+            let err = c
+                .allocate(alloc_req("one-more", "one-more"))
+                .await
+                .unwrap_err();
+            assert!(err.message().contains("all 27 IP slots"), "{err:?}");
+        }
+        let pid = sim.child.id().unwrap() as i32;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(30), sim.child.wait()).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,5 +296,23 @@ fn bad_flags_and_knobs_are_refused_by_name() {
     assert!(e.contains("ec2_mutating_qps"), "{e}");
     let e = run(&[], &[("ENIIPAM_CLUSTER_NAME", "")]);
     assert!(e.contains("ENIIPAM_CLUSTER_NAME"), "{e}");
+    let e = run(&[], &[("ENIIPAM_PREFIX_DELEGATION", "yes please")]);
+    assert!(e.contains("prefix_delegation"), "{e}");
+    // Prefix delegation on a Xen type: refused by name at startup (exit 78), as EC2 would refuse
+    // every prefix.
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_eniipamd"));
+    c.args([
+        "--simulate",
+        "--instance-type",
+        "t2.medium",
+        "--state-dir",
+        "/tmp/eniipam-bad-pd",
+    ])
+    .env("ENIIPAM_PREFIX_DELEGATION", "true");
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("Nitro") && e.contains("t2.medium"), "{e}");
+    let _ = std::fs::remove_dir_all("/tmp/eniipam-bad-pd");
     let _ = std::fs::remove_dir_all("/tmp/eniipam-bad");
 }

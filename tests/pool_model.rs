@@ -7,7 +7,12 @@
 //! the token accounting balances; a released IP goes to another pod only after the cooldown, and a
 //! sticky IP only to its key until the reservation ends (and to its key whenever it asks); a
 //! preferred IP is the one given or the request fails. Checked once quiet: the idle count is within
-//! `[min_idle, max_idle]` (as far as capacity allows), and the pool's IPs are exactly EC2's.
+//! `[min_idle, max_idle]` (as far as capacity allows; with prefixes, no whole free `/28` is kept
+//! beyond it), and the pool's IPs are exactly EC2's.
+//!
+//! Each case runs in one of three supply modes: secondary IPs on secondary ENIs only, eth0 serving
+//! pods too (the default), and prefix delegation (`/28`s on eth0 and secondary ENIs, in a subnet
+//! small enough that prefixes run out and single addresses are packed in).
 
 mod pool_support;
 
@@ -28,6 +33,22 @@ const PODS: usize = 8;
 const STS: usize = 3;
 const COOLDOWN: Duration = Duration::from_secs(30);
 const STICK: Duration = Duration::from_secs(120);
+
+/// How the pool gets its addresses in a case.
+#[derive(Clone, Copy, Debug)]
+enum Supply {
+    SecondaryEnis,
+    WithEth0,
+    Prefixes,
+}
+
+fn supply() -> impl Strategy<Value = Supply> {
+    prop_oneof![
+        Just(Supply::SecondaryEnis),
+        Just(Supply::WithEth0),
+        Just(Supply::Prefixes),
+    ]
+}
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -215,11 +236,19 @@ impl Run {
     }
 }
 
-async fn run_case(min_idle: u32, extra_idle: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
+async fn run_case(
+    supply: Supply,
+    min_idle: u32,
+    extra_idle: u32,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
     let spec = NodeSpec {
-        limits: InstanceLimits {
-            max_enis: 3,
-            ipv4_per_eni: 4,
+        limits: InstanceLimits::new(3, 4),
+        // With prefixes: 4 aligned /28s, one of them broken by the reserved addresses and eth0's
+        // primary, one by the broadcast address: two whole prefixes at most, then single addresses.
+        subnet_cidr: match supply {
+            Supply::Prefixes => "10.0.1.0/26".parse().expect("valid CIDR"),
+            _ => NodeSpec::default().subnet_cidr,
         },
         ..NodeSpec::default()
     };
@@ -229,6 +258,8 @@ async fn run_case(min_idle: u32, extra_idle: u32, ops: Vec<Op>) -> Result<(), Te
         reuse_cooldown: COOLDOWN,
         ip_stick_time: STICK,
         maintainer_tick: Duration::from_secs(5),
+        use_primary_eni: !matches!(supply, Supply::SecondaryEnis),
+        prefix_delegation: matches!(supply, Supply::Prefixes),
         ..PoolConfig::default()
     };
     let node = start(config, spec).await;
@@ -324,11 +355,24 @@ async fn run_case(min_idle: u32, extra_idle: u32, ops: Vec<Op>) -> Result<(), Te
     let snap = run.pool.snapshot();
     let idle = snap.idle - snap.reserved;
     prop_assert_eq!(snap.reserved, 0, "every reservation has ended");
+    // A prefix goes back only whole: the free addresses of a partly used one stay.
+    let whole_free_prefixes = snap
+        .enis
+        .iter()
+        .flat_map(|e| e.prefixes.iter())
+        .filter(|p| {
+            eniipam::pool::slots::prefix_addresses(**p)
+                .all(|ip| matches!(snap.ip(ip), Some(IpState::Idle { .. })))
+        })
+        .count() as u32;
+    let prefix_addresses = eniipam::pool::PREFIX_ADDRESSES;
     prop_assert!(
-        idle <= snap.max_idle,
-        "idle {} > max_idle {}",
+        idle <= snap.max_idle
+            || (whole_free_prefixes == 0 || idle < snap.max_idle + prefix_addresses),
+        "idle {} > max_idle {} with {} whole free prefixes",
         idle,
-        snap.max_idle
+        snap.max_idle,
+        whole_free_prefixes
     );
     let room = snap.capacity - snap.assigned;
     prop_assert!(
@@ -340,11 +384,16 @@ async fn run_case(min_idle: u32, extra_idle: u32, ops: Vec<Op>) -> Result<(), Te
     );
     // The pool's IPs and ENIs are exactly EC2's.
     let pool_ips: BTreeSet<Ipv4Addr> = snap.ips().map(|s| s.ip).collect();
+    let eth0_serves = !matches!(supply, Supply::SecondaryEnis);
     let cloud_ips: BTreeSet<Ipv4Addr> = cloud
         .attached_enis()
         .iter()
-        .filter(|e| e.attachment.as_ref().is_some_and(|a| a.device_index > 0))
-        .flat_map(|e| e.secondary_ips.iter().copied())
+        .filter(|e| {
+            e.attachment
+                .as_ref()
+                .is_some_and(|a| a.device_index > 0 || eth0_serves)
+        })
+        .flat_map(|e| e.pod_addresses())
         .collect();
     prop_assert_eq!(pool_ips, cloud_ips);
     let pool_enis: BTreeSet<String> = snap
@@ -376,11 +425,12 @@ proptest! {
 
     #[test]
     fn the_pool_matches_its_model(
+        supply in supply(),
         min_idle in 0u32..3,
         extra_idle in 0u32..4,
         ops in proptest::collection::vec(op(), 1..40),
     ) {
-        runtime().block_on(run_case(min_idle, extra_idle, ops))?;
+        runtime().block_on(run_case(supply, min_idle, extra_idle, ops))?;
     }
 }
 
@@ -392,7 +442,7 @@ proptest! {
     fn a_burst_costs_the_fewest_calls(n in 1usize..19, per in 3u32..8) {
         runtime().block_on(async move {
             let spec = NodeSpec {
-                limits: InstanceLimits { max_enis: 4, ipv4_per_eni: per + 1 },
+                limits: InstanceLimits::new(4, per + 1),
                 ..NodeSpec::default()
             };
             let node = start(pool_support::quiet_config(), spec).await;

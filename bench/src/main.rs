@@ -37,12 +37,14 @@ enum Scenario {
     Memory,
     /// 500 simulated nodes against one mockcloud, 20 pods each, vs the AWS VPC CNI's warm policy.
     Fleet,
+    /// Whole /28s left for prefixes after single-address churn: packed picks vs EC2's.
+    Fragmentation,
     /// Every scenario above, in this order.
     All,
 }
 
 impl Scenario {
-    const EACH: [Scenario; 7] = [
+    const EACH: [Scenario; 8] = [
         Scenario::Ipam,
         Scenario::Wiring,
         Scenario::Grpc,
@@ -50,6 +52,7 @@ impl Scenario {
         Scenario::Startup,
         Scenario::Memory,
         Scenario::Fleet,
+        Scenario::Fragmentation,
     ];
 
     fn needs_binaries(self) -> bool {
@@ -161,6 +164,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
                 Scenario::Startup => scenarios::startup::run(&ctx).await,
                 Scenario::Memory => scenarios::memory::run(&ctx).await,
                 Scenario::Fleet => scenarios::fleet::run(&ctx).await,
+                Scenario::Fragmentation => scenarios::fragmentation::run(&ctx).await,
                 Scenario::All => unreachable!("expanded above"),
             }
         });

@@ -101,6 +101,7 @@ async fn run(args: Args) -> Exit {
     eniipam::telemetry::init_logging(config.log_format, &config.log_level);
     let daemon = match Daemon::start(config).await {
         Ok(d) => d,
+        Err(e @ eniipam::daemon::DaemonError::Config(_)) => return Exit::BadConfig(e.into()),
         Err(e) => return Exit::Failed(anyhow::Error::new(e).context("eniipamd failed to start")),
     };
     let signal = wait_for_signal().await;
@@ -122,7 +123,15 @@ async fn run_simulate(_: Args) -> Exit {
 async fn run_simulate(args: Args) -> Exit {
     match simulate_main(args).await {
         Ok(()) => Exit::Stopped,
-        Err(e) if e.is::<BadArgs>() => Exit::BadConfig(e),
+        Err(e)
+            if e.is::<BadArgs>()
+                || matches!(
+                    e.downcast_ref::<eniipam::daemon::DaemonError>(),
+                    Some(eniipam::daemon::DaemonError::Config(_))
+                ) =>
+        {
+            Exit::BadConfig(e)
+        }
         Err(e) => Exit::Failed(e),
     }
 }

@@ -63,7 +63,8 @@ impl Outcome {
             }
             CloudError::SubnetFull { .. }
             | CloudError::IpLimitExceeded { .. }
-            | CloudError::AttachmentLimitExceeded { .. } => Outcome::Capacity,
+            | CloudError::AttachmentLimitExceeded { .. }
+            | CloudError::NoFreePrefix { .. } => Outcome::Capacity,
             CloudError::NotFound { .. } => Outcome::NotFound,
             CloudError::Unauthorized { .. } => Outcome::Unauthorized,
             CloudError::Rejected { .. } | CloudError::Metadata(_) | CloudError::NotOurs { .. } => {

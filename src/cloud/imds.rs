@@ -100,7 +100,10 @@ impl ImdsMetadata {
                 };
                 (
                     outcome,
-                    Err(CloudError::Metadata(format!("{path}: {}", error_chain(&e)))),
+                    Err(CloudError::Metadata(format!(
+                        "{path}: {}",
+                        eniipam_api::error_chain(&e)
+                    ))),
                 )
             }
         };
@@ -119,7 +122,7 @@ impl ImdsMetadata {
     async fn read_interface(&self, mac: &str) -> CloudResult<Option<MetadataEni>> {
         let base = format!("network/interfaces/macs/{mac}/");
         let p = |key: &str| format!("{base}{key}");
-        let (id, device, subnet, vpc, subnet_cidr, vpc_cidrs, sgs, ips) = tokio::try_join!(
+        let (id, device, subnet, vpc, subnet_cidr, vpc_cidrs, sgs, ips, prefixes) = tokio::try_join!(
             self.get_opt("imds:interface-id", p("interface-id")),
             self.get_opt("imds:device-number", p("device-number")),
             self.get_opt("imds:subnet-id", p("subnet-id")),
@@ -128,6 +131,7 @@ impl ImdsMetadata {
             self.get_opt("imds:vpc-ipv4-cidr-blocks", p("vpc-ipv4-cidr-blocks")),
             self.get_opt("imds:security-group-ids", p("security-group-ids")),
             self.get_opt("imds:local-ipv4s", p("local-ipv4s")),
+            self.get_opt("imds:ipv4-prefix", p("ipv4-prefix")),
         )?;
         let (Some(id), Some(device), Some(subnet), Some(vpc), Some(subnet_cidr)) =
             (id, device, subnet, vpc, subnet_cidr)
@@ -151,19 +155,13 @@ impl ImdsMetadata {
                 .collect(),
             // A 404 on local-ipv4s means the interface has no IPv4 addresses (yet).
             ips: parse_lines::<Ipv4Addr>(&p("local-ipv4s"), ips.as_deref().unwrap_or(""))?,
+            // A 404 means no delegated prefixes.
+            ipv4_prefixes: parse_lines::<Ipv4Net>(
+                &p("ipv4-prefix"),
+                prefixes.as_deref().unwrap_or(""),
+            )?,
         }))
     }
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        cur = e.source();
-    }
-    s
 }
 
 fn lines(s: &str) -> impl Iterator<Item = &str> {

@@ -71,6 +71,41 @@ pub fn eni_description(instance_id: &str) -> String {
     format!("eniipam-{instance_id}")
 }
 
+/// What a new ENI is created holding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Slots {
+    /// This many secondary IPs, EC2 picking them.
+    Ips(u32),
+    /// This many `/28` prefixes.
+    Prefixes(u32),
+    /// These secondary IPs (packed by the pool into fragmented blocks).
+    Addresses(Vec<Ipv4Addr>),
+}
+
+impl Slots {
+    /// Addresses the ENI will hold for pods.
+    pub fn addresses(&self) -> u32 {
+        match self {
+            Self::Ips(n) => *n,
+            Self::Prefixes(k) => k * 16,
+            Self::Addresses(a) => a.len() as u32,
+        }
+    }
+}
+
+/// One ENI to create and attach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewEni {
+    pub subnet_id: String,
+    pub security_groups: Vec<String>,
+    pub slots: Slots,
+    pub device_index: u32,
+}
+
+/// Security groups for new ENIs in a subnet that names its own (tag `eniipam.io/security-groups`,
+/// comma-separated): used instead of the node's.
+pub const SECURITY_GROUPS_TAG: &str = "eniipam.io/security-groups";
+
 /// The tags of a new ENI for `node`, created at `now`.
 pub fn eni_tags(node: &NodeContext, now: SystemTime) -> BTreeMap<String, String> {
     BTreeMap::from([
@@ -155,14 +190,34 @@ impl EniLifecycle {
         secondary_ip_count: u32,
         device_index: u32,
     ) -> CloudResult<Eni> {
-        let req = CreateEni {
+        self.create(&NewEni {
             subnet_id: self.node.subnet_id.clone(),
             security_groups: self.node.security_groups.clone(),
+            slots: Slots::Ips(secondary_ip_count),
+            device_index,
+        })
+        .await
+    }
+
+    /// Creates the ENI `new` describes (tagged in the same call), attaches it, sets
+    /// DeleteOnTermination and waits until IMDS lists it; cleans up if any step fails.
+    pub async fn create(&self, new: &NewEni) -> CloudResult<Eni> {
+        let (secondary_ip_count, prefix_count, private_ips) = match &new.slots {
+            Slots::Ips(n) => (*n, 0, Vec::new()),
+            Slots::Prefixes(k) => (0, *k, Vec::new()),
+            Slots::Addresses(a) => (0, 0, a.clone()),
+        };
+        let req = CreateEni {
+            prefix_count,
+            private_ips,
+            subnet_id: new.subnet_id.clone(),
+            security_groups: new.security_groups.clone(),
             description: eni_description(&self.node.instance_id),
             secondary_ip_count,
             tags: eni_tags(&self.node, SystemTime::now()),
             client_token: uuid::Uuid::new_v4().to_string(),
         };
+        let device_index = new.device_index;
         let created = self.cloud.create_eni(&req).await?;
         tracing::info!(
             eni = %created.id,
@@ -479,6 +534,7 @@ mod tests {
             status: EniStatus::InUse,
             primary_ip: Ipv4Addr::new(10, 0, 0, 1),
             secondary_ips: vec![],
+            ipv4_prefixes: Vec::new(),
             security_groups: vec![],
             attachment: device_index.map(|d| EniAttachment {
                 attachment_id: format!("eni-attach-{d}"),
@@ -508,10 +564,7 @@ mod tests {
 
     #[test]
     fn next_free_device_index_fills_gaps_and_respects_limit() {
-        let limits = InstanceLimits {
-            max_enis: 3,
-            ipv4_per_eni: 10,
-        };
+        let limits = InstanceLimits::new(3, 10);
         assert_eq!(next_free_device_index(&instance(&[0]), &limits), Some(1));
         assert_eq!(next_free_device_index(&instance(&[0, 2]), &limits), Some(1));
         assert_eq!(next_free_device_index(&instance(&[0, 1]), &limits), Some(2));
@@ -530,10 +583,8 @@ mod tests {
             vpc_id: "vpc-1".into(),
             subnet_id: "subnet-1".into(),
             security_groups: vec!["sg-1".into()],
-            limits: InstanceLimits {
-                max_enis: 3,
-                ipv4_per_eni: 10,
-            },
+            pod_subnets: Vec::new(),
+            limits: InstanceLimits::new(3, 10),
         };
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let t = eni_tags(&node, now);

@@ -87,12 +87,26 @@ pub struct Eni {
     pub primary_ip: Ipv4Addr,
     /// Secondary private IPs (not including the primary).
     pub secondary_ips: Vec<Ipv4Addr>,
+    /// Delegated `/28` prefixes (each counts as one address against the per-ENI limit).
+    pub ipv4_prefixes: Vec<Ipv4Net>,
     pub security_groups: Vec<String>,
     pub attachment: Option<EniAttachment>,
     pub tags: BTreeMap<String, String>,
 }
 
 impl Eni {
+    /// The addresses this ENI can give pods: its secondary IPs, and every address of its prefixes.
+    pub fn pod_addresses(&self) -> Vec<Ipv4Addr> {
+        self.secondary_ips
+            .iter()
+            .copied()
+            .chain(self.ipv4_prefixes.iter().flat_map(|p| {
+                let (start, end) = (u32::from(p.network()), u32::from(p.broadcast()));
+                (start..=end).map(Ipv4Addr::from)
+            }))
+            .collect()
+    }
+
     /// Whether eniipam created this ENI (owner tag) and may manage it (no opt-out tag).
     pub fn is_managed_by_us(&self) -> bool {
         self.tags.get(tags::OWNER).map(String::as_str) == Some(tags::OWNER_VALUE)
@@ -108,6 +122,7 @@ pub struct Subnet {
     pub cidr: Ipv4Net,
     pub availability_zone: String,
     pub available_ips: u32,
+    pub tags: BTreeMap<String, String>,
 }
 
 impl Subnet {
@@ -125,10 +140,40 @@ pub fn vpc_router(cidr: Ipv4Net) -> Ipv4Addr {
 /// ENI and IP limits of an instance type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceLimits {
-    /// Maximum network interfaces, the primary (eth0) included.
+    /// Maximum network interfaces on the default network card, the primary (eth0) included (the
+    /// card every ENI is attached to; multi-card types have more on other cards, as the VPC CNI's
+    /// max-pods counts them too).
     pub max_enis: u32,
-    /// IPv4 addresses per interface, the ENI's primary IP included.
+    /// IPv4 addresses per interface, the ENI's primary IP included (a `/28` prefix counts as one).
     pub ipv4_per_eni: u32,
+    /// Default vCPUs (the kubelet's max-pods cap with prefix delegation: 110 up to 30 vCPUs, else 250).
+    pub vcpus: u32,
+    /// Built on the Nitro system (or bare metal): prefix delegation is possible.
+    pub nitro: bool,
+}
+
+impl InstanceLimits {
+    /// Limits with nothing known beyond ENIs and IPs (a non-Nitro type with 2 vCPUs).
+    pub fn new(max_enis: u32, ipv4_per_eni: u32) -> Self {
+        Self {
+            max_enis,
+            ipv4_per_eni,
+            vcpus: 2,
+            nitro: false,
+        }
+    }
+}
+
+/// EC2's error code when an address asked for by name is taken (`AssignPrivateIpAddresses` or
+/// `CreateNetworkInterface` with `PrivateIpAddresses`).
+pub const ADDRESS_IN_USE: &str = "InvalidIPAddress.InUse";
+
+/// Which subnets a describe call asks for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubnetFilter {
+    pub ids: Vec<String>,
+    pub vpc_id: Option<String>,
+    pub availability_zone: Option<String>,
 }
 
 /// An instance as EC2 describes it.
@@ -164,6 +209,10 @@ pub struct CreateEni {
     pub security_groups: Vec<String>,
     pub description: String,
     pub secondary_ip_count: u32,
+    /// `/28` prefixes delegated in the create call (never together with `secondary_ip_count`).
+    pub prefix_count: u32,
+    /// Specific secondary IPs (never together with the counts).
+    pub private_ips: Vec<Ipv4Addr>,
     pub tags: BTreeMap<String, String>,
     /// Idempotency token: a retried create with the same token returns the same ENI.
     pub client_token: String,
@@ -192,6 +241,8 @@ pub struct MetadataEni {
     pub security_groups: Vec<String>,
     /// `local-ipv4s`: the primary IP first, then the secondaries.
     pub ips: Vec<Ipv4Addr>,
+    /// `ipv4-prefix`: delegated `/28` prefixes.
+    pub ipv4_prefixes: Vec<Ipv4Net>,
 }
 
 /// What went wrong talking to the cloud, classified once.
@@ -212,6 +263,10 @@ pub enum CloudError {
     /// The instance has as many ENIs as its type allows (`AttachmentLimitExceeded`).
     #[error("{api}: ENI attachment limit reached: {message}")]
     AttachmentLimitExceeded { api: String, message: String },
+    /// The subnet has no free aligned `/28` left for a prefix (`InsufficientCidrBlocks`): it may
+    /// still have single addresses.
+    #[error("{api}: subnet has no free /28 block for a prefix: {message}")]
+    NoFreePrefix { api: String, message: String },
     /// The resource does not exist (`*.NotFound`).
     #[error("{api}: not found ({code}): {message}")]
     NotFound {
@@ -259,6 +314,7 @@ impl CloudError {
             Self::SubnetFull { .. }
                 | Self::IpLimitExceeded { .. }
                 | Self::AttachmentLimitExceeded { .. }
+                | Self::NoFreePrefix { .. }
         )
     }
 
@@ -311,6 +367,17 @@ pub trait Cloud: Send + Sync + 'static {
     ) -> CloudResult<Vec<Ipv4Addr>>;
     /// UnassignPrivateIpAddresses.
     async fn unassign_ips(&self, eni: &EniId, ips: &[Ipv4Addr]) -> CloudResult<()>;
+    /// AssignPrivateIpAddresses with Ipv4PrefixCount; returns only the new `/28` prefixes. Like
+    /// [`Cloud::assign_ips`], a retry after an ambiguous failure first looks at what the lost attempt
+    /// assigned.
+    async fn assign_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Net>>;
+    /// UnassignPrivateIpAddresses with Ipv4Prefix.N.
+    async fn unassign_prefixes(&self, eni: &EniId, prefixes: &[Ipv4Net]) -> CloudResult<()>;
+    /// DescribeSubnets with filters (tags included).
+    async fn describe_subnets(&self, filter: &SubnetFilter) -> CloudResult<Vec<Subnet>>;
+    /// GetSubnetCidrReservations: the subnet's `prefix`-type reservations (kept for prefixes: single
+    /// addresses are never packed into them).
+    async fn subnet_prefix_reservations(&self, subnet_id: &str) -> CloudResult<Vec<Ipv4Net>>;
     /// CreateTags on one resource.
     async fn create_tags(
         &self,
@@ -343,4 +410,8 @@ pub struct NodeContext {
     /// Security groups for new ENIs (the primary ENI's, unless configured).
     pub security_groups: Vec<String>,
     pub limits: InstanceLimits,
+    /// The subnets new ENIs may go to, discovered by tag in the node's availability zone or
+    /// configured (`subnet_ids`); empty: `subnet_id` alone.
+    #[serde(default)]
+    pub pod_subnets: Vec<Subnet>,
 }

@@ -69,6 +69,8 @@ fn pool_enis_map_to_routes() {
         subnet_cidr: cidr.map(|c| c.parse().unwrap()),
         primary_ip: "10.1.2.10".parse().unwrap(),
         role,
+        serves_pods: role == EniRole::Pods,
+        prefixes: Vec::new(),
         phase: EniPhaseSnapshot::Serving,
         in_flight: 0,
         ips: Vec::new(),

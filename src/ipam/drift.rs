@@ -270,9 +270,12 @@ impl Ipam {
             }
         }
         // Repair what disagreed the same way twice in a row; remember the rest.
-        let (now, later): (Vec<_>, Vec<_>) = differs
-            .into_iter()
-            .partition(|(ip, row)| memory.suspects.get(ip) == Some(row));
+        let (now, later): (Vec<_>, Vec<_>) = differs.into_iter().partition(|(ip, row)| {
+            memory
+                .suspects
+                .get(ip)
+                .is_some_and(|seen| same_disagreement(seen, row))
+        });
         memory.suspects = later.into_iter().collect();
         let rows: Vec<RowRepair> = now.into_iter().map(|(_, row)| row).collect();
         if rows.is_empty() {
@@ -283,6 +286,22 @@ impl Ipam {
         self.store().repair(rows).await?;
         self.metrics().store_repairs.inc_by(n as u64);
         Ok(n)
+    }
+}
+
+/// Whether two looks found the same disagreement: the same holder wanted for the IP. Timestamps are
+/// left out: they are derived from the pool's monotonic clock at each look and may differ by a
+/// millisecond.
+fn same_disagreement(a: &RowRepair, b: &RowRepair) -> bool {
+    match (a, b) {
+        (RowRepair::Assigned(x), RowRepair::Assigned(y)) => {
+            x.container_id == y.container_id && x.ifname == y.ifname && x.eni_id == y.eni_id
+        }
+        (RowRepair::Quarantined(x), RowRepair::Quarantined(y)) => x.reason == y.reason,
+        (RowRepair::Idle(_), RowRepair::Idle(_)) | (RowRepair::Absent(_), RowRepair::Absent(_)) => {
+            true
+        }
+        _ => false,
     }
 }
 

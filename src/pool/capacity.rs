@@ -4,31 +4,44 @@
 //! back only when the IP is given back to EC2 (or the request fails). So at all times
 //! `idle + assigned + being released + in flight = tokens used ≤ capacity`.
 
+use super::config::{PREFIX_ADDRESSES, PoolConfig};
 use crate::cloud::InstanceLimits;
 
 /// How many pod IPs a node may hold.
 ///
-/// `min(max_ips, (ENIs − 1 − foreign) × (IPv4 per ENI − 1))`, where ENIs is the instance type's
-/// limit, lowered by `max_enis` when configured, and both counts include eth0.
+/// Slots: `(ENIs − foreign − [1 without eth0]) × (IPv4 per ENI − 1)`, where ENIs is the instance type's
+/// limit (lowered by `max_enis` when configured), eth0 counted. With prefix delegation each slot is a
+/// `/28` of 16 addresses. Capped by `max_ips`; with prefix delegation the cap is rounded up to whole
+/// prefixes (a node holds addresses 16 at a time).
 ///
-/// - **eth0 is not used for pods**: its IPs belong to the node (kubelet, host-network pods) and it can
-///   never be detached, so the pool never grows or shrinks it; one ENI slot is subtracted.
-/// - **A secondary ENI's primary IP is not used for pods either**, hence `IPv4 per ENI − 1`: the primary
-///   IP cannot be unassigned from its ENI, so a pod on it would pin the ENI — the ENI could never be
-///   detached and deleted when the pool shrinks, and deleting it anyway would strand the pod on an
-///   address that no longer exists. Secondary IPs can be moved and given back one by one.
+/// - **eth0's secondary IPs serve pods by default** (`use_primary_eni`), as with the VPC CNI, so the
+///   secondary-IP capacity is the VPC CNI's max-pods − 2. eth0 itself never detaches: the pool grows
+///   and shrinks only its secondary IPs.
+/// - **An ENI's primary IP is never used for pods**, hence `IPv4 per ENI − 1`: the primary IP cannot
+///   be unassigned from its ENI, so a pod on it would pin the ENI — it could never be detached and
+///   deleted when the pool shrinks. Secondary IPs (and prefixes) can be given back one by one.
 /// - **Foreign ENIs** (attached, but not created by eniipam or carrying the opt-out tag) take a slot
 ///   and are never touched.
-pub fn node_capacity(
-    limits: InstanceLimits,
-    max_enis: Option<u32>,
-    max_ips: Option<u32>,
-    foreign_enis: u32,
-) -> u32 {
-    let enis = max_enis.map_or(limits.max_enis, |cap| cap.min(limits.max_enis));
-    let pod_enis = enis.saturating_sub(1).saturating_sub(foreign_enis);
+/// - **With prefix delegation the capacity is what the ENIs can hold** (432 on an m5.large), not the
+///   kubelet's max-pods (110 there, 250 above 30 vCPUs): the kubelet keeps the pods under its own
+///   limit, the pool only ever holds what its pods and warm pool need, and a ceiling at max-pods
+///   would make two batches rounded up to whole prefixes collide with it. `eniipamctl max-pods`
+///   gives the kubelet's value.
+pub fn node_capacity(limits: InstanceLimits, config: &PoolConfig, foreign_enis: u32) -> u32 {
+    let enis = config
+        .max_enis
+        .map_or(limits.max_enis, |cap| cap.min(limits.max_enis));
+    let reserved = foreign_enis + u32::from(!config.use_primary_eni);
+    let pod_enis = enis.saturating_sub(reserved);
     let slots = pod_enis.saturating_mul(limits.ipv4_per_eni.saturating_sub(1));
-    max_ips.map_or(slots, |cap| cap.min(slots))
+    if config.prefix_delegation {
+        let addresses = slots.saturating_mul(PREFIX_ADDRESSES);
+        config.max_ips.map_or(addresses, |cap| {
+            addresses.min(cap.div_ceil(PREFIX_ADDRESSES) * PREFIX_ADDRESSES)
+        })
+    } else {
+        config.max_ips.map_or(slots, |cap| cap.min(slots))
+    }
 }
 
 /// A counter of taken IP slots, bounded by the node's capacity.
@@ -99,32 +112,91 @@ mod tests {
     use proptest::prelude::*;
 
     fn limits(max_enis: u32, ipv4_per_eni: u32) -> InstanceLimits {
-        InstanceLimits {
+        InstanceLimits::new(max_enis, ipv4_per_eni)
+    }
+
+    fn config(
+        max_enis: Option<u32>,
+        max_ips: Option<u32>,
+        use_primary_eni: bool,
+        prefix_delegation: bool,
+    ) -> PoolConfig {
+        PoolConfig {
             max_enis,
-            ipv4_per_eni,
+            max_ips,
+            use_primary_eni,
+            prefix_delegation,
+            ..PoolConfig::default()
         }
     }
 
     #[test]
-    fn capacity_excludes_eth0_and_secondary_primaries() {
+    fn capacity_without_eth0_excludes_it_and_secondary_primaries() {
         // m5.large: 3 ENIs × 10 IPs → 2 pod ENIs × 9 secondaries.
-        assert_eq!(node_capacity(limits(3, 10), None, None, 0), 18);
-        assert_eq!(node_capacity(limits(3, 10), Some(2), None, 0), 9);
-        assert_eq!(node_capacity(limits(3, 10), Some(8), Some(12), 0), 12);
-        assert_eq!(node_capacity(limits(3, 10), None, None, 1), 9);
-        assert_eq!(node_capacity(limits(1, 10), None, None, 0), 0);
+        let no_eth0 = |e, i| config(e, i, false, false);
+        assert_eq!(node_capacity(limits(3, 10), &no_eth0(None, None), 0), 18);
+        assert_eq!(node_capacity(limits(3, 10), &no_eth0(Some(2), None), 0), 9);
+        assert_eq!(
+            node_capacity(limits(3, 10), &no_eth0(Some(8), Some(12)), 0),
+            12
+        );
+        assert_eq!(node_capacity(limits(3, 10), &no_eth0(None, None), 1), 9);
+        assert_eq!(node_capacity(limits(1, 10), &no_eth0(None, None), 0), 0);
+    }
+
+    #[test]
+    fn capacity_with_eth0_is_the_vpc_cnis_max_pods_minus_two() {
+        // m5.large 29, t3.medium 17, m5.xlarge 58, c5.4xlarge 234, m5.24xlarge 737.
+        for (enis, ips, max_pods) in [
+            (3, 10, 29),
+            (3, 6, 17),
+            (4, 15, 58),
+            (8, 30, 234),
+            (15, 50, 737),
+        ] {
+            let c = node_capacity(limits(enis, ips), &config(None, None, true, false), 0);
+            assert_eq!(c + 2, max_pods, "{enis}×{ips}");
+        }
+    }
+
+    #[test]
+    fn prefix_capacity_is_every_slot_in_whole_prefixes() {
+        let pd = config(None, None, true, true);
+        // m5.large: 3 × 9 × 16 = 432 (the VPC CNI's max-pods there is 110: the kubelet's cap).
+        assert_eq!(node_capacity(limits(3, 10), &pd, 0), 432);
+        // Without eth0: 2 × 9 × 16.
+        assert_eq!(
+            node_capacity(limits(3, 10), &config(None, None, false, true), 0),
+            288
+        );
+        // An explicit max_ips wins, in whole prefixes.
+        assert_eq!(
+            node_capacity(limits(3, 10), &config(None, Some(40), true, true), 0),
+            48
+        );
+        assert_eq!(
+            node_capacity(limits(3, 10), &config(None, Some(110), true, true), 0),
+            112
+        );
+        assert_eq!(node_capacity(limits(2, 3), &pd, 0), 64);
     }
 
     proptest! {
         #[test]
         fn capacity_never_exceeds_any_bound(
             max_enis in 1u32..16, per in 1u32..50, cap_enis in proptest::option::of(1u32..16),
-            cap_ips in proptest::option::of(0u32..1000), foreign in 0u32..4,
+            cap_ips in proptest::option::of(0u32..1000), foreign in 0u32..4, eth0 in any::<bool>(),
+            pd in any::<bool>(),
         ) {
-            let c = node_capacity(limits(max_enis, per), cap_enis, cap_ips, foreign);
-            prop_assert!(c <= (max_enis - 1) * (per - 1));
-            if let Some(cap) = cap_ips { prop_assert!(c <= cap); }
-            if let Some(e) = cap_enis { prop_assert!(c <= e.saturating_sub(1) * (per - 1)); }
+            let cfg = config(cap_enis, cap_ips, eth0, pd);
+            let c = node_capacity(limits(max_enis, per), &cfg, foreign);
+            let per_slot = if pd { 16 } else { 1 };
+            let enis = cap_enis.map_or(max_enis, |e| e.min(max_enis));
+            prop_assert!(c <= enis * (per - 1) * per_slot);
+            if let Some(cap) = cap_ips {
+                prop_assert!(c <= cap.div_ceil(per_slot) * per_slot);
+            }
+            if pd { prop_assert_eq!(c % 16, 0); }
         }
 
         #[test]

@@ -57,9 +57,24 @@ pub struct PoolConfig {
     /// After an assign, how long to wait for IMDS to list the new IPs before replying anyway (EC2 has
     /// them; IMDS lags). Zero disables the wait. Default 2 s.
     pub imds_wait: Duration,
+    /// eth0's secondary IPs serve pods too, as with the AWS VPC CNI (eth0 itself is never detached,
+    /// so only its secondary IPs grow and shrink). Default true.
+    pub use_primary_eni: bool,
+    /// Slots are `/28` prefixes of 16 addresses instead of single secondary IPs (Nitro instance types
+    /// only; the VPC CNI's `ENABLE_PREFIX_DELEGATION`). Counts (`min_idle`, `max_idle`, `max_ips`)
+    /// stay in addresses. Default false.
+    pub prefix_delegation: bool,
+    /// With prefix delegation, after EC2 answers `InsufficientCidrBlocks` (no free `/28` in a
+    /// subnet), new slots in that subnet are single addresses packed into blocks already fragmented,
+    /// and prefixes are tried again after this long, doubling with each failure up to 30 min.
+    /// Default 2 min.
+    pub prefix_retry: Duration,
     /// Timing of ENI create/attach/detach/delete.
     pub lifecycle: LifecycleConfig,
 }
+
+/// Addresses in one delegated prefix (`/28`).
+pub const PREFIX_ADDRESSES: u32 = 16;
 
 impl PoolConfig {
     /// What a top-up fills the idle IPs to once they fall below `min_idle`: halfway between
@@ -67,6 +82,26 @@ impl PoolConfig {
     /// of pods from costing an EC2 call each, and leaves room below `max_idle` for released IPs.
     pub fn refill_target(&self) -> u32 {
         self.min_idle + self.max_idle.saturating_sub(self.min_idle).div_ceil(2)
+    }
+
+    /// Addresses one slot holds: 16 with prefix delegation, else 1.
+    pub fn addresses_per_slot(&self) -> u32 {
+        if self.prefix_delegation {
+            PREFIX_ADDRESSES
+        } else {
+            1
+        }
+    }
+
+    /// The back-off before prefixes are tried again in a subnet after `failures` consecutive
+    /// `InsufficientCidrBlocks`.
+    pub fn prefix_retry_after(&self, failures: u32) -> Duration {
+        let factor = 1u32
+            .checked_shl(failures.saturating_sub(1).min(16))
+            .unwrap_or(u32::MAX);
+        self.prefix_retry
+            .saturating_mul(factor)
+            .min(Duration::from_secs(30 * 60))
     }
 }
 
@@ -87,6 +122,9 @@ impl Default for PoolConfig {
             maintainer_tick: Duration::from_secs(5),
             max_concurrent_eni_creates: 4,
             imds_wait: Duration::from_secs(2),
+            use_primary_eni: true,
+            prefix_delegation: false,
+            prefix_retry: Duration::from_secs(2 * 60),
             lifecycle: LifecycleConfig::default(),
         }
     }

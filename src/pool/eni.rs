@@ -17,8 +17,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
+use std::collections::BTreeSet;
+
+use ipnet::Ipv4Net;
+
+use super::state::AssignPlan;
 use super::{Allocation, AttachmentMeta, PoolError, Shared};
-use crate::cloud::{CloudError, EniFilter};
+use crate::cloud::{ADDRESS_IN_USE, CloudError, EniFilter};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
 /// How often the actor re-reads IMDS while waiting for freshly assigned IPs to show.
@@ -115,9 +120,10 @@ pub(crate) enum EniCommand {
         span: Span,
         enqueued_at: Instant,
     },
-    /// Give these idle IPs back to EC2.
+    /// Give these idle IPs (and prefixes, every address of which is among `ips`) back to EC2.
     Unassign {
         ips: Vec<Ipv4Addr>,
+        prefixes: Vec<Ipv4Net>,
         respond_to: oneshot::Sender<Result<(), PoolError>>,
         span: Span,
         enqueued_at: Instant,
@@ -169,6 +175,7 @@ struct Batch {
     warm: u32,
     warm_replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
     unassign: Vec<Ipv4Addr>,
+    unassign_prefixes: Vec<Ipv4Net>,
     unassign_replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
     release: Option<oneshot::Sender<Result<(), PoolError>>>,
     oldest: Option<Instant>,
@@ -195,12 +202,14 @@ impl Batch {
             }
             EniCommand::Unassign {
                 ips,
+                prefixes,
                 respond_to,
                 enqueued_at,
                 span,
             } => {
                 tracing::debug!(parent: &span, count = ips.len(), "give-back joins a batch");
                 self.unassign.extend(ips);
+                self.unassign_prefixes.extend(prefixes);
                 self.unassign_replies.push(respond_to);
                 enqueued_at
             }
@@ -278,7 +287,12 @@ impl EniActor {
                 .await;
         }
         if !batch.unassign.is_empty() {
-            self.unassign(batch.unassign, batch.unassign_replies).await;
+            self.unassign(
+                batch.unassign,
+                batch.unassign_prefixes,
+                batch.unassign_replies,
+            )
+            .await;
         }
         match batch.release {
             Some(reply) => self.release(reply).await,
@@ -315,19 +329,75 @@ impl EniActor {
                 "assigning in a batch"
             );
         }
-        let result = self
-            .shared
-            .cloud
-            .assign_ips(&self.eni, count)
-            .instrument(span.clone())
-            .await;
-        let outcome = match result {
-            Ok(ips) => {
-                span.in_scope(|| tracing::info!(assigned = ips.len(), "assigned IPs"));
-                self.wait_visible(&ips).instrument(span).await;
+        let plan = self.shared.lock().plan_assign(&self.eni, count, now);
+        let (result, warm) = match plan {
+            AssignPlan::Ips => (
                 self.shared
-                    .lock()
-                    .complete_assign(&self.eni, ips, pods, warm, Instant::now());
+                    .cloud
+                    .assign_ips(&self.eni, count)
+                    .instrument(span.clone())
+                    .await
+                    .map(|ips| (ips, Vec::new())),
+                warm,
+            ),
+            AssignPlan::Prefixes { count: k, extra } => {
+                let got = self
+                    .shared
+                    .cloud
+                    .assign_prefixes(&self.eni, k)
+                    .instrument(span.clone())
+                    .await;
+                match got {
+                    Ok(prefixes) => {
+                        let ips = prefixes
+                            .iter()
+                            .flat_map(|p| super::slots::prefix_addresses(*p))
+                            .collect();
+                        (Ok((ips, prefixes)), warm + extra)
+                    }
+                    Err(CloudError::NoFreePrefix { .. }) => {
+                        // No `/28` left in the subnet: the same batch as single packed addresses.
+                        {
+                            let mut st = self.shared.lock();
+                            st.unplan_extra(&self.eni, extra);
+                            st.no_free_prefix(&self.eni, Instant::now());
+                        }
+                        (
+                            self.assign_packed(count)
+                                .instrument(span.clone())
+                                .await
+                                .map(|ips| (ips, Vec::new())),
+                            warm,
+                        )
+                    }
+                    Err(e) => {
+                        self.shared.lock().unplan_extra(&self.eni, extra);
+                        (Err(e), warm)
+                    }
+                }
+            }
+            AssignPlan::Packed => (
+                self.assign_packed(count)
+                    .instrument(span.clone())
+                    .await
+                    .map(|ips| (ips, Vec::new())),
+                warm,
+            ),
+        };
+        let outcome = match result {
+            Ok((ips, prefixes)) => {
+                span.in_scope(
+                    || tracing::info!(assigned = ips.len(), prefixes = ?prefixes, "assigned IPs"),
+                );
+                self.wait_visible(&ips).instrument(span).await;
+                self.shared.lock().complete_assign(
+                    &self.eni,
+                    ips,
+                    &prefixes,
+                    pods,
+                    warm,
+                    Instant::now(),
+                );
                 Ok(())
             }
             Err(err) => {
@@ -345,6 +415,41 @@ impl EniActor {
         for r in warm_replies {
             let _ = r.send(outcome.clone());
         }
+    }
+
+    /// `count` single addresses picked by the pool, packed into the subnet's `/28` blocks that are
+    /// already fragmented (see [`super::slots`]), so whole blocks stay free for prefixes. Another node
+    /// may take a picked address first (`InvalidIPAddress.InUse`): one more try with a fresh look.
+    async fn assign_packed(&self, count: u32) -> Result<Vec<Ipv4Addr>, CloudError> {
+        let Some(subnet) = self.shared.lock().subnet_of(&self.eni) else {
+            return self.shared.cloud.assign_ips(&self.eni, count).await;
+        };
+        // The picks come from a moment-old view, and EC2 does not list every taken address (another
+        // node may take one first): on a collision, pack again without the addresses just tried.
+        // After three collisions this batch is left to EC2's picks; the pods are served either way.
+        let mut avoid = BTreeSet::new();
+        for _ in 0..3 {
+            let picked =
+                super::slots::pack_in_subnet(self.shared.cloud.as_ref(), &subnet, count, &avoid)
+                    .await?;
+            match self
+                .shared
+                .cloud
+                .assign_specific_ips(&self.eni, &picked)
+                .await
+            {
+                Err(CloudError::Rejected { code, .. }) if code == ADDRESS_IN_USE => {
+                    tracing::info!(
+                        ?picked,
+                        "a packed address was taken meanwhile; packing again"
+                    );
+                    avoid.extend(picked);
+                }
+                other => return other,
+            }
+        }
+        tracing::warn!("packed addresses collided three times; EC2 picks this batch");
+        self.shared.cloud.assign_ips(&self.eni, count).await
     }
 
     /// Waits (bounded by `imds_wait`) until IMDS lists `ips` on this ENI. EC2 already has them, so
@@ -375,21 +480,40 @@ impl EniActor {
     async fn unassign(
         &self,
         ips: Vec<Ipv4Addr>,
+        prefixes: Vec<Ipv4Net>,
         replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
     ) {
-        let span = tracing::info_span!("unassign_batch", eni = %self.eni, count = ips.len());
-        let result = self
-            .shared
-            .cloud
-            .unassign_ips(&self.eni, &ips)
-            .instrument(span.clone())
-            .await;
+        let span = tracing::info_span!("unassign_batch", eni = %self.eni, count = ips.len(), prefixes = prefixes.len());
+        let in_prefixes: BTreeSet<Ipv4Addr> = prefixes
+            .iter()
+            .flat_map(|p| super::slots::prefix_addresses(*p))
+            .collect();
+        let singles: Vec<Ipv4Addr> = ips
+            .iter()
+            .copied()
+            .filter(|ip| !in_prefixes.contains(ip))
+            .collect();
+        // EC2 refuses a call naming nothing: each kind goes only when there is some.
+        let result: Result<(), CloudError> = async {
+            if !singles.is_empty() {
+                self.shared.cloud.unassign_ips(&self.eni, &singles).await?;
+            }
+            if !prefixes.is_empty() {
+                self.shared
+                    .cloud
+                    .unassign_prefixes(&self.eni, &prefixes)
+                    .await?;
+            }
+            Ok(())
+        }
+        .instrument(span.clone())
+        .await;
         let outcome = {
             let mut st = self.shared.lock();
             match result {
                 Ok(()) => {
                     span.in_scope(|| tracing::info!("gave IPs back to EC2"));
-                    st.complete_unassign(&self.eni, &ips);
+                    st.complete_unassign(&self.eni, &ips, &prefixes);
                     Ok(())
                 }
                 Err(err) => {

@@ -20,6 +20,8 @@ use tracing::Instrument;
 use super::eni::{EniCommand, EniHandle};
 use super::state::CreatePlan;
 use super::{PoolError, Shared};
+use crate::cloud::lifecycle::{NewEni, SECURITY_GROUPS_TAG, Slots};
+use crate::cloud::{ADDRESS_IN_USE, CloudError};
 
 /// Extra coalescing before the first ENI creation of a burst (on top of `batch_window`).
 const CREATE_COALESCE: std::time::Duration = std::time::Duration::from_millis(40);
@@ -126,12 +128,13 @@ fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> 
             }
         }));
     }
-    for (eni, handle, ips) in plan.unassigns {
+    for (eni, handle, ips, prefixes) in plan.unassigns {
         let shared = shared.clone();
         tasks.push(tokio::spawn(async move {
             let (tx, rx) = oneshot::channel();
             let cmd = EniCommand::Unassign {
                 ips: ips.clone(),
+                prefixes,
                 respond_to: tx,
                 span: tracing::info_span!("give_back", %eni, count = ips.len()),
                 enqueued_at: Instant::now(),
@@ -171,7 +174,7 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
         "create_eni",
         subnet = %plan.subnet_id,
         device_index = plan.device_index,
-        count = plan.count,
+        slots = ?plan.slots,
         pods = plan.waiters.len()
     );
     async move {
@@ -179,7 +182,7 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
             return;
         };
         for w in &plan.waiters {
-            tracing::debug!(parent: &w.span, device_index = plan.device_index, count = plan.count, "waiting for a new ENI");
+            tracing::debug!(parent: &w.span, device_index = plan.device_index, slots = ?plan.slots, "waiting for a new ENI");
         }
         if plan.describe_subnet {
             match shared.cloud.describe_subnet(&plan.subnet_id).await {
@@ -193,11 +196,69 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
             }
         }
         let started = Instant::now();
-        match shared.provisioner.create_and_attach(plan.count, plan.device_index).await {
+        let security_groups = {
+            let st = shared.lock();
+            st.subnets
+                .get(&plan.subnet_id)
+                .and_then(|s| s.subnet.as_ref())
+                .and_then(|s| s.tags.get(SECURITY_GROUPS_TAG))
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|g| !g.is_empty())
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>()
+                })
+                .filter(|g| !g.is_empty())
+                .unwrap_or_else(|| st.node.security_groups.clone())
+        };
+        // With prefix delegation but no `/28` left in the subnet: single addresses packed into its
+        // fragmented blocks, not EC2's scattered picks.
+        let mut slots = plan.slots.clone();
+        let pack = {
+            let st = shared.lock();
+            match &slots {
+                Slots::Ips(n)
+                    if st.config.prefix_delegation
+                        && st.prefixes_blocked(&plan.subnet_id, Instant::now()) =>
+                {
+                    st.subnets
+                        .get(&plan.subnet_id)
+                        .and_then(|s| s.subnet.clone())
+                        .map(|s| (s, *n))
+                }
+                _ => None,
+            }
+        };
+        if let Some((subnet, n)) = pack {
+            match super::slots::pack_in_subnet(shared.cloud.as_ref(), &subnet, n, &Default::default()).await {
+                Ok(addresses) if addresses.len() as u32 == n => slots = Slots::Addresses(addresses),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot pack addresses for the new ENI; EC2 picks them"),
+            }
+        }
+        let mut new = NewEni {
+            subnet_id: plan.subnet_id.clone(),
+            security_groups,
+            slots,
+            device_index: plan.device_index,
+        };
+        let mut result = shared.provisioner.create_and_attach(&new).await;
+        if let (Err(CloudError::Rejected { code, .. }), Slots::Addresses(addresses)) =
+            (&result, &new.slots)
+            && code == ADDRESS_IN_USE
+        {
+            // A packed address was taken meanwhile: EC2 picks this ENI's addresses.
+            tracing::info!("a packed address was taken meanwhile; EC2 picks the new ENI's addresses");
+            new.slots = Slots::Ips(addresses.len() as u32);
+            result = shared.provisioner.create_and_attach(&new).await;
+        }
+        match result {
             Ok(eni) => {
                 tracing::info!(
                     eni = %eni.id,
                     ips = eni.secondary_ips.len(),
+                    prefixes = eni.ipv4_prefixes.len(),
                     took_ms = started.elapsed().as_millis() as u64,
                     "ENI ready"
                 );
@@ -208,7 +269,15 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
             }
             Err(err) => {
                 tracing::warn!(error = %err, "ENI creation failed");
-                shared.lock().fail_create(plan.id, err, plan.waiters, Instant::now());
+                let mut st = shared.lock();
+                if matches!(err, CloudError::NoFreePrefix { .. }) {
+                    // No `/28` left: the next round creates this ENI with packed single
+                    // addresses; its waiters keep their place.
+                    st.no_free_prefix_in(&plan.subnet_id, Instant::now());
+                    st.requeue_create(plan.id, plan.waiters);
+                } else {
+                    st.fail_create(plan.id, err, plan.waiters, Instant::now());
+                }
             }
         }
         shared.wake.notify_one();

@@ -13,6 +13,7 @@
 //!   its IPs in the create call) when every ENI is full, releases ENIs that hold no IP.
 //! - `state`: the bookkeeping every part reads and writes under one lock, in short critical
 //!   sections that never await; every routing decision is made there.
+//! - [`slots`]: single IPs or `/28` prefixes, and the dense packing of single addresses.
 //! - [`seed`], [`snapshot`], [`error`], [`config`]: the startup input, the read-only view, the
 //!   typed errors and the configuration.
 //!
@@ -29,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::cloud::lifecycle::EniLifecycle;
+use crate::cloud::lifecycle::{EniLifecycle, NewEni};
 use crate::cloud::{Cloud, CloudResult, Eni, Metadata, NodeContext};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
@@ -40,11 +41,12 @@ pub mod error;
 pub mod idle;
 mod maintainer;
 pub mod seed;
+pub mod slots;
 pub mod snapshot;
 mod state;
 
 pub use capacity::{CapacityTokens, node_capacity};
-pub use config::{ConfigError, PoolConfig};
+pub use config::{ConfigError, PREFIX_ADDRESSES, PoolConfig};
 pub use eni::EniPhase;
 pub use error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
 pub use seed::QuarantineSeed;
@@ -112,25 +114,17 @@ pub struct Released {
 /// trait lets the pool be tested against a scripted one.
 #[async_trait]
 pub trait EniProvisioner: Send + Sync + 'static {
-    /// Creates an ENI with `secondary_ip_count` IPs in the create call, attaches it at
-    /// `device_index`, and returns it once usable.
-    async fn create_and_attach(
-        &self,
-        secondary_ip_count: u32,
-        device_index: u32,
-    ) -> CloudResult<Eni>;
+    /// Creates the ENI `new` describes (its IPs or prefixes in the create call), attaches it, and
+    /// returns it once usable.
+    async fn create_and_attach(&self, new: &NewEni) -> CloudResult<Eni>;
     /// Detaches and deletes an ENI eniipam created.
     async fn detach_and_delete(&self, eni: &Eni) -> CloudResult<()>;
 }
 
 #[async_trait]
 impl EniProvisioner for EniLifecycle {
-    async fn create_and_attach(
-        &self,
-        secondary_ip_count: u32,
-        device_index: u32,
-    ) -> CloudResult<Eni> {
-        EniLifecycle::create_and_attach(self, secondary_ip_count, device_index).await
+    async fn create_and_attach(&self, new: &NewEni) -> CloudResult<Eni> {
+        EniLifecycle::create(self, new).await
     }
 
     async fn detach_and_delete(&self, eni: &Eni) -> CloudResult<()> {
@@ -193,6 +187,9 @@ impl PoolInner {
             let mut st = self.shared.lock();
             st.shutting_down = true;
             for w in std::mem::take(&mut st.create_waiters) {
+                let _ = w.respond_to.send(Err(PoolError::ShuttingDown));
+            }
+            for w in std::mem::take(&mut st.warm_waiters) {
                 let _ = w.respond_to.send(Err(PoolError::ShuttingDown));
             }
             for r in st.enis.values_mut() {
@@ -272,7 +269,7 @@ impl Pool {
         let pod_enis: Vec<(EniId, String)> = state
             .enis
             .values()
-            .filter(|r| r.role == EniRole::Pods)
+            .filter(|r| r.serves)
             .map(|r| (r.id.clone(), r.mac.clone()))
             .collect();
         let shared = Arc::new(Shared {

@@ -16,13 +16,15 @@ use crate::model::{AttachmentKey, EniId, PodRef};
 pub struct EniSeed {
     pub id: EniId,
     pub mac: String,
-    /// 0 is eth0, which is never used for pods.
+    /// 0 is eth0 (its secondary IPs serve pods with `use_primary_eni`; it never detaches).
     pub device_index: u32,
     pub subnet_id: String,
     pub subnet_cidr: Ipv4Net,
     pub primary_ip: Ipv4Addr,
     /// The ENI's secondary IPs (primary excluded).
     pub secondary_ips: Vec<Ipv4Addr>,
+    /// Its delegated `/28` prefixes.
+    pub prefixes: Vec<Ipv4Net>,
     /// Created by eniipam and not opted out: the pool may assign, unassign, detach and delete. Any
     /// other ENI (device index > 0) only takes a slot.
     pub managed: bool,
@@ -41,6 +43,7 @@ impl EniSeed {
             subnet_cidr: md.subnet_cidr,
             primary_ip: md.ips.first().copied().unwrap_or(Ipv4Addr::UNSPECIFIED),
             secondary_ips: md.ips.iter().skip(1).copied().collect(),
+            prefixes: md.ipv4_prefixes.clone(),
             managed,
             eni: None,
         }

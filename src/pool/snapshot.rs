@@ -65,7 +65,7 @@ impl PoolSnapshot {
 
     /// The ENIs that serve pods.
     pub fn pod_enis(&self) -> impl Iterator<Item = &EniSnapshot> {
-        self.enis.iter().filter(|e| e.role == EniRole::Pods)
+        self.enis.iter().filter(|e| e.serves_pods)
     }
 
     /// Every pod IP and its state.
@@ -89,6 +89,10 @@ pub struct EniSnapshot {
     pub subnet_cidr: Option<Ipv4Net>,
     pub primary_ip: Ipv4Addr,
     pub role: EniRole,
+    /// Its addresses serve pods (an ENI of ours, or eth0 with `use_primary_eni`).
+    pub serves_pods: bool,
+    /// Its delegated `/28` prefixes.
+    pub prefixes: Vec<Ipv4Net>,
     pub phase: EniPhaseSnapshot,
     /// IPs asked of EC2 for this ENI and not arrived.
     pub in_flight: u32,
@@ -160,6 +164,9 @@ pub struct SubnetSnapshot {
     pub id: String,
     pub cidr: Option<Ipv4Net>,
     pub backoff: Option<SubnetBackoffSnapshot>,
+    /// With prefix delegation: EC2 had no free `/28` here at the last try; single packed addresses
+    /// until prefixes are tried again in this long.
+    pub prefixes_blocked_for: Option<Duration>,
 }
 
 /// A subnet's back-off.
@@ -200,6 +207,8 @@ impl PoolState {
                         .map(|s| s.cidr),
                     primary_ip: r.primary_ip,
                     role: r.role,
+                    serves_pods: r.serves,
+                    prefixes: r.prefixes.iter().copied().collect(),
                     phase: match &r.phase {
                         EniPhase::BackingOff {
                             until,
@@ -236,6 +245,11 @@ impl PoolState {
                         error: b.error.clone(),
                     }
                 }),
+                prefixes_blocked_for: s
+                    .no_prefix
+                    .as_ref()
+                    .filter(|b| b.until > now)
+                    .map(|b| b.until - now),
             })
             .collect();
         let in_flight = self.enis.values().map(|r| r.inflight).sum::<u32>()

@@ -202,9 +202,12 @@ async fn compare_enis(
     for e in snapshot
         .enis
         .iter()
-        .filter(|e| e.role == EniRole::Pods && e.phase != EniPhaseSnapshot::Draining)
+        .filter(|e| e.serves_pods && e.phase != EniPhaseSnapshot::Draining)
     {
         let Some(truth) = attached.get(&e.id) else {
+            if e.role != EniRole::Pods {
+                continue; // eth0 never goes away while the node runs
+            }
             let misses = memory.eni_misses.get(&e.id).copied().unwrap_or(0) + 1;
             if misses >= 2 {
                 match ipam.forget_eni(&e.id).await {
@@ -231,7 +234,7 @@ async fn compare_enis(
         if matches!(e.phase, EniPhaseSnapshot::Suspect { .. }) && ipam.pool().resume_eni(&e.id) {
             report.resumed_enis.push(e.id.clone());
         }
-        let ec2_ips: BTreeSet<Ipv4Addr> = truth.secondary_ips.iter().copied().collect();
+        let ec2_ips: BTreeSet<Ipv4Addr> = truth.pod_addresses().into_iter().collect();
         let pool_ips: BTreeSet<Ipv4Addr> = e
             .ips
             .iter()
@@ -310,6 +313,7 @@ async fn adopt_unknown(
                 cidr,
                 availability_zone: eni.availability_zone.clone(),
                 available_ips: 0,
+                tags: Default::default(),
             }),
             None => cloud.describe_subnet(&eni.subnet_id).await,
         };

@@ -61,6 +61,8 @@ pub struct Inputs<'a> {
     pub state_lost: bool,
     pub host: &'a HostEvidence,
     pub netns: &'a NetnsView,
+    /// eth0's secondary IPs are pod IPs (the pool's `use_primary_eni`).
+    pub use_primary_eni: bool,
 }
 
 /// Reads IMDS and EC2 and merges them with the stored state.
@@ -102,6 +104,7 @@ pub fn merge(
         state_lost,
         host,
         netns,
+        use_primary_eni,
     } = inputs;
     let mut report = ReconcileReport::default();
     let stored = if stored
@@ -138,6 +141,9 @@ pub fn merge(
                 .chain(e.secondary_ips.iter().copied())
                 .collect();
             report.imds_mismatches += imds_ips.symmetric_difference(&ec2_ips).count();
+            let imds_prefixes: BTreeSet<_> = md.ipv4_prefixes.iter().collect();
+            let ec2_prefixes: BTreeSet<_> = e.ipv4_prefixes.iter().collect();
+            report.imds_mismatches += imds_prefixes.symmetric_difference(&ec2_prefixes).count();
         }
         let subnet_cidr = md.map(|m| m.subnet_cidr).or_else(|| {
             known_enis
@@ -153,8 +159,11 @@ pub fn merge(
         report.enis += 1;
         if managed {
             report.managed_enis += 1;
-            for ip in &e.secondary_ips {
-                pod_ips.insert(*ip, e.id.to_string());
+        }
+        // eth0's secondary IPs serve pods too with `use_primary_eni`.
+        if managed || (att.device_index == 0 && use_primary_eni) {
+            for ip in e.pod_addresses() {
+                pod_ips.insert(ip, e.id.to_string());
             }
         }
         enis.push(EniSeed {
@@ -165,6 +174,7 @@ pub fn merge(
             subnet_cidr,
             primary_ip: e.primary_ip,
             secondary_ips: e.secondary_ips.clone(),
+            prefixes: e.ipv4_prefixes.clone(),
             managed,
             eni: Some(e.clone()),
         });

@@ -106,6 +106,7 @@ impl Env {
             subnet_id: instance.subnet_id.clone(),
             security_groups: instance.security_groups.clone(),
             limits,
+            pod_subnets: Vec::new(),
         };
         Self {
             mock,
@@ -134,6 +135,8 @@ impl Env {
                 security_groups: self.node.security_groups.clone(),
                 description: "raw test ENI".into(),
                 secondary_ip_count: secondary,
+                prefix_count: 0,
+                private_ips: Vec::new(),
                 tags: tags
                     .iter()
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

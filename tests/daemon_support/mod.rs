@@ -83,14 +83,21 @@ pub fn release_req(container: &str, sticky: bool) -> pb::ReleaseRequest {
     }
 }
 
-/// The secondary IPs EC2 holds on the instance's ENIs (device > 0).
+/// The pod addresses EC2 holds on the instance's ENIs, eth0 included: secondary IPs and the
+/// addresses of delegated prefixes.
 pub fn ec2_pod_ips(mock: &MockCloud) -> Vec<Ipv4Addr> {
     let inst = mock.instance(&mock.default_instance().instance_id).unwrap();
     let mut ips: Vec<Ipv4Addr> = inst
         .enis
         .iter()
-        .filter(|e| e.attachment.as_ref().is_some_and(|a| a.device_index > 0))
-        .flat_map(|e| e.secondary_ips.clone())
+        .filter(|e| e.attachment.is_some())
+        .flat_map(|e| {
+            e.secondary_ips.iter().copied().chain(
+                e.ipv4_prefixes
+                    .iter()
+                    .flat_map(|p| eniipam::pool::slots::prefix_addresses(*p)),
+            )
+        })
         .collect();
     ips.sort();
     ips

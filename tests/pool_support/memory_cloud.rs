@@ -26,7 +26,7 @@ use rand::{Rng, SeedableRng};
 use eniipam::cloud::{
     AttachmentStatus, Cloud, CloudError, CloudResult, CreateEni, Eni, EniAttachment, EniFilter,
     EniStatus, Instance, InstanceIdentity, InstanceLimits, Metadata, MetadataEni, NodeContext,
-    Subnet,
+    Subnet, SubnetFilter,
 };
 use eniipam::model::EniId;
 
@@ -47,6 +47,12 @@ pub enum Action {
     /// `assign_specific_ips` (explicit addresses). Same EC2 action, counted apart.
     AssignSpecificPrivateIpAddresses,
     UnassignPrivateIpAddresses,
+    /// `assign_prefixes` (AssignPrivateIpAddresses with Ipv4PrefixCount). Counted apart.
+    AssignIpv4Prefixes,
+    /// `unassign_prefixes` (UnassignPrivateIpAddresses with Ipv4Prefix.N). Counted apart.
+    UnassignIpv4Prefixes,
+    /// GetSubnetCidrReservations.
+    GetSubnetCidrReservations,
     CreateTags,
     /// IMDS `identity()`.
     MetadataIdentity,
@@ -72,6 +78,9 @@ impl Action {
             Self::AssignPrivateIpAddresses => "AssignPrivateIpAddresses",
             Self::AssignSpecificPrivateIpAddresses => "AssignPrivateIpAddresses(specific)",
             Self::UnassignPrivateIpAddresses => "UnassignPrivateIpAddresses",
+            Self::AssignIpv4Prefixes => "AssignPrivateIpAddresses(prefix)",
+            Self::UnassignIpv4Prefixes => "UnassignPrivateIpAddresses(prefix)",
+            Self::GetSubnetCidrReservations => "GetSubnetCidrReservations",
             Self::CreateTags => "CreateTags",
             Self::MetadataIdentity => "imds:identity",
             Self::MetadataInterfaces => "imds:interfaces",
@@ -135,10 +144,7 @@ impl Default for NodeSpec {
             subnet_id: "subnet-0a1b2c3d".into(),
             subnet_cidr: "10.0.1.0/24".parse().expect("valid CIDR"),
             security_groups: vec!["sg-0a1b2c3d".into()],
-            limits: InstanceLimits {
-                max_enis: 3,
-                ipv4_per_eni: 10,
-            },
+            limits: InstanceLimits::new(3, 10),
             seed: 0x5eed,
         }
     }
@@ -190,6 +196,40 @@ impl MemSubnet {
         }
         self.used.extend(free.iter().copied());
         Ok(free)
+    }
+
+    /// Takes the `count` lowest aligned `/28` blocks with every address free (EC2 never hands out
+    /// a prefix overlapping the subnet's reserved first four or last address), or none.
+    fn allocate_prefixes(&mut self, api: &str, count: u32) -> CloudResult<Vec<Ipv4Net>> {
+        let network = u32::from(self.cidr.network());
+        let broadcast = u32::from(self.cidr.broadcast());
+        let mut blocks = Vec::new();
+        let mut start = network;
+        while start + 15 <= broadcast && blocks.len() < count as usize {
+            let all_free = (start..=start + 15).all(|n| {
+                let ip = Ipv4Addr::from(n);
+                self.is_usable(ip) && !self.used.contains(&ip)
+            });
+            if all_free {
+                blocks.push(Ipv4Net::new(Ipv4Addr::from(start), 28).expect("a /28 is valid"));
+            }
+            start += 16;
+        }
+        if blocks.len() < count as usize {
+            return Err(CloudError::NoFreePrefix {
+                api: api.into(),
+                message: format!(
+                    "subnet {} has {} free /28 blocks, {count} requested",
+                    self.id,
+                    blocks.len()
+                ),
+            });
+        }
+        for block in &blocks {
+            self.used
+                .extend(eniipam::pool::slots::prefix_addresses(*block));
+        }
+        Ok(blocks)
     }
 }
 
@@ -288,6 +328,7 @@ impl MemoryState {
             ips: std::iter::once(eni.primary_ip)
                 .chain(eni.secondary_ips.iter().copied())
                 .collect(),
+            ipv4_prefixes: eni.ipv4_prefixes.clone(),
         }
     }
 }
@@ -347,6 +388,7 @@ impl MemoryCloud {
             subnet_id: spec.subnet_id.clone(),
             security_groups: spec.security_groups.clone(),
             limits: spec.limits,
+            pod_subnets: Vec::new(),
         };
         let mut state = MemoryState {
             instance: MemInstance {
@@ -378,6 +420,7 @@ impl MemoryCloud {
                 status: EniStatus::InUse,
                 primary_ip,
                 secondary_ips: Vec::new(),
+                ipv4_prefixes: Vec::new(),
                 security_groups: spec.security_groups.clone(),
                 attachment: Some(EniAttachment {
                     attachment_id,
@@ -506,6 +549,63 @@ impl MemoryCloud {
             .expect("taking no more than what is free")
     }
 
+    /// Puts these addresses on an ENI of another node (attached to `i-another`), as EC2's
+    /// automatic picks spread over a subnet would: one in a `/28` breaks the whole block for
+    /// prefixes. Unlike [`Self::take_subnet_ips`], DescribeNetworkInterfaces shows them.
+    pub fn another_node_takes(&self, ips: &[Ipv4Addr]) -> EniId {
+        let mut st = self.lock();
+        for ip in ips {
+            assert!(st.subnet.used.insert(*ip), "{ip} is already in use");
+        }
+        let id = st.new_eni_id();
+        let mac = st.new_mac();
+        let attachment_id = format!("eni-attach-{:017x}", st.next_id());
+        let spec = st.instance.spec.clone();
+        let eni = Eni {
+            id: id.clone(),
+            mac,
+            subnet_id: spec.subnet_id.clone(),
+            vpc_id: spec.vpc_id.clone(),
+            availability_zone: spec.availability_zone.clone(),
+            description: "another node's ENI".into(),
+            status: EniStatus::InUse,
+            primary_ip: ips[0],
+            secondary_ips: ips[1..].to_vec(),
+            ipv4_prefixes: Vec::new(),
+            security_groups: spec.security_groups.clone(),
+            attachment: Some(EniAttachment {
+                attachment_id,
+                instance_id: "i-another".into(),
+                device_index: 1,
+                status: AttachmentStatus::Attached,
+                delete_on_termination: true,
+            }),
+            tags: BTreeMap::new(),
+        };
+        st.enis.insert(id.clone(), eni);
+        id
+    }
+
+    /// Marks these addresses used with no ENI showing them (taken between a describe and an
+    /// assign, as far as the pool can tell).
+    pub fn take_specific_hidden(&self, ips: &[Ipv4Addr]) {
+        let mut st = self.lock();
+        for ip in ips {
+            assert!(st.subnet.used.insert(*ip), "{ip} is already in use");
+        }
+    }
+
+    /// Another node's ENI goes away with its addresses.
+    pub fn another_node_leaves(&self, eni: &EniId) {
+        let mut st = self.lock();
+        if let Some(e) = st.enis.remove(eni) {
+            st.subnet.used.remove(&e.primary_ip);
+            for ip in e.pod_addresses() {
+                st.subnet.used.remove(&ip);
+            }
+        }
+    }
+
     /// Gives back addresses taken with [`Self::take_subnet_ips`].
     pub fn free_subnet_ips(&self, ips: &[Ipv4Addr]) {
         let mut st = self.lock();
@@ -611,6 +711,7 @@ impl Cloud for MemoryCloud {
                 cidr: s.cidr,
                 availability_zone: s.availability_zone.clone(),
                 available_ips: s.free_count(),
+                tags: BTreeMap::new(),
             })
         })
         .await
@@ -635,8 +736,13 @@ impl Cloud for MemoryCloud {
     async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni> {
         let api = Action::CreateNetworkInterface;
         let args = format!(
-            "subnet={} secondary_ip_count={} client_token={} tags={:?}",
-            req.subnet_id, req.secondary_ip_count, req.client_token, req.tags
+            "subnet={} secondary_ip_count={} prefix_count={} private_ips={:?} client_token={} tags={:?}",
+            req.subnet_id,
+            req.secondary_ip_count,
+            req.prefix_count,
+            req.private_ips,
+            req.client_token,
+            req.tags
         );
         self.call(api, args, |st| {
             let name = api.as_str();
@@ -653,17 +759,49 @@ impl Cloud for MemoryCloud {
                 });
             }
             let per_eni = st.instance.spec.limits.ipv4_per_eni;
-            if req.secondary_ip_count + 1 > per_eni {
+            let slots = req.secondary_ip_count + req.prefix_count + req.private_ips.len() as u32;
+            if slots + 1 > per_eni {
                 return Err(CloudError::IpLimitExceeded {
                     api: name.into(),
                     message: format!(
-                        "{} secondary addresses requested, the limit is {}",
-                        req.secondary_ip_count,
+                        "{slots} secondary addresses or prefixes requested, the limit is {}",
                         per_eni - 1
                     ),
                 });
             }
-            let ips = st.subnet.allocate(name, req.secondary_ip_count + 1)?;
+            if req.private_ips.iter().any(|ip| st.subnet.used.contains(ip)) {
+                return Err(rejected(
+                    name,
+                    eniipam::cloud::ADDRESS_IN_USE,
+                    format!("one of {:?} is in use", req.private_ips),
+                ));
+            }
+            let primary = st.subnet.allocate(name, 1)?[0];
+            let prefixes = match st.subnet.allocate_prefixes(name, req.prefix_count) {
+                Ok(prefixes) => prefixes,
+                Err(err) => {
+                    st.subnet.used.remove(&primary);
+                    return Err(err);
+                }
+            };
+            let mut secondary = req.private_ips.clone();
+            st.subnet.used.extend(secondary.iter().copied());
+            match st.subnet.allocate(name, req.secondary_ip_count) {
+                Ok(ips) => secondary.extend(ips),
+                Err(err) => {
+                    st.subnet.used.remove(&primary);
+                    for ip in prefixes
+                        .iter()
+                        .flat_map(|p| eniipam::pool::slots::prefix_addresses(*p))
+                    {
+                        st.subnet.used.remove(&ip);
+                    }
+                    for ip in &req.private_ips {
+                        st.subnet.used.remove(ip);
+                    }
+                    return Err(err);
+                }
+            }
             let id = st.new_eni_id();
             let mac = st.new_mac();
             let eni = Eni {
@@ -674,8 +812,9 @@ impl Cloud for MemoryCloud {
                 availability_zone: st.subnet.availability_zone.clone(),
                 description: req.description.clone(),
                 status: EniStatus::Available,
-                primary_ip: ips[0],
-                secondary_ips: ips[1..].to_vec(),
+                primary_ip: primary,
+                secondary_ips: secondary,
+                ipv4_prefixes: prefixes,
                 security_groups: req.security_groups.clone(),
                 attachment: None,
                 tags: req.tags.clone(),
@@ -840,7 +979,7 @@ impl Cloud for MemoryCloud {
             let per_eni = st.instance.spec.limits.ipv4_per_eni;
             let held = {
                 let e = st.enis.get(eni).ok_or_else(|| eni_not_found(name, eni))?;
-                1 + e.secondary_ips.len() as u32
+                1 + e.secondary_ips.len() as u32 + e.ipv4_prefixes.len() as u32
             };
             if held + count > per_eni {
                 return Err(CloudError::IpLimitExceeded {
@@ -868,7 +1007,7 @@ impl Cloud for MemoryCloud {
             let per_eni = st.instance.spec.limits.ipv4_per_eni;
             let held = {
                 let e = st.enis.get(eni).ok_or_else(|| eni_not_found(name, eni))?;
-                1 + e.secondary_ips.len() as u32
+                1 + e.secondary_ips.len() as u32 + e.ipv4_prefixes.len() as u32
             };
             if held + ips.len() as u32 > per_eni {
                 return Err(CloudError::IpLimitExceeded {
@@ -887,7 +1026,7 @@ impl Cloud for MemoryCloud {
                 if st.subnet.used.contains(ip) {
                     return Err(rejected(
                         name,
-                        "PrivateIpAddressInUse",
+                        eniipam::cloud::ADDRESS_IN_USE,
                         format!("{ip} is in use"),
                     ));
                 }
@@ -920,6 +1059,88 @@ impl Cloud for MemoryCloud {
             Ok(())
         })
         .await
+    }
+
+    async fn assign_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Net>> {
+        let api = Action::AssignIpv4Prefixes;
+        self.call(api, format!("eni={eni} prefix_count={count}"), |st| {
+            let name = api.as_str();
+            let per_eni = st.instance.spec.limits.ipv4_per_eni;
+            let held = {
+                let e = st.enis.get(eni).ok_or_else(|| eni_not_found(name, eni))?;
+                1 + e.secondary_ips.len() as u32 + e.ipv4_prefixes.len() as u32
+            };
+            if held + count > per_eni {
+                return Err(CloudError::IpLimitExceeded {
+                    api: name.into(),
+                    message: format!(
+                        "{eni} holds {held} addresses and prefixes, {count} more would exceed the limit of {per_eni}"
+                    ),
+                });
+            }
+            let prefixes = st.subnet.allocate_prefixes(name, count)?;
+            st.eni_mut(name, eni)?
+                .ipv4_prefixes
+                .extend(prefixes.iter().copied());
+            Ok(prefixes)
+        })
+        .await
+    }
+
+    async fn unassign_prefixes(&self, eni: &EniId, prefixes: &[Ipv4Net]) -> CloudResult<()> {
+        let api = Action::UnassignIpv4Prefixes;
+        self.call(api, format!("eni={eni} prefixes={prefixes:?}"), |st| {
+            let name = api.as_str();
+            let e = st.eni_mut(name, eni)?;
+            if let Some(p) = prefixes.iter().find(|p| !e.ipv4_prefixes.contains(p)) {
+                return Err(rejected(
+                    name,
+                    "InvalidParameterValue",
+                    format!("{p} is not a prefix of {eni}"),
+                ));
+            }
+            e.ipv4_prefixes.retain(|p| !prefixes.contains(p));
+            for ip in prefixes
+                .iter()
+                .flat_map(|p| eniipam::pool::slots::prefix_addresses(*p))
+            {
+                st.subnet.used.remove(&ip);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn describe_subnets(&self, filter: &SubnetFilter) -> CloudResult<Vec<Subnet>> {
+        let api = Action::DescribeSubnets;
+        self.call(api, format!("filter={filter:?}"), |st| {
+            let s = &st.subnet;
+            let matches = (filter.ids.is_empty() || filter.ids.contains(&s.id))
+                && filter.vpc_id.as_ref().is_none_or(|v| *v == s.vpc_id)
+                && filter
+                    .availability_zone
+                    .as_ref()
+                    .is_none_or(|az| *az == s.availability_zone);
+            Ok(if matches {
+                vec![Subnet {
+                    id: s.id.clone(),
+                    vpc_id: s.vpc_id.clone(),
+                    cidr: s.cidr,
+                    availability_zone: s.availability_zone.clone(),
+                    available_ips: s.free_count(),
+                    tags: BTreeMap::new(),
+                }]
+            } else {
+                Vec::new()
+            })
+        })
+        .await
+    }
+
+    async fn subnet_prefix_reservations(&self, subnet_id: &str) -> CloudResult<Vec<Ipv4Net>> {
+        let api = Action::GetSubnetCidrReservations;
+        self.call(api, format!("subnet={subnet_id}"), |_| Ok(Vec::new()))
+            .await
     }
 
     async fn create_tags(
@@ -993,6 +1214,8 @@ mod tests {
             security_groups: vec![],
             description: "test".into(),
             secondary_ip_count: count,
+            prefix_count: 0,
+            private_ips: Vec::new(),
             tags: BTreeMap::new(),
             client_token: token.into(),
         }

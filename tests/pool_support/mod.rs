@@ -13,13 +13,32 @@ use eniipam::pool::{Allocation, Pool, PoolConfig, PoolError, PoolSeed};
 use memory_cloud::{MemoryCloud, NodeSpec};
 
 /// A config that leaves the pool alone unless a test says otherwise: no warm pool, a high ceiling,
-/// a tick far away (tests drive rounds with `maintain_now`).
+/// a tick far away (tests drive rounds with `maintain_now`). eth0 does not serve pods, so the
+/// secondary-ENI mechanics (create, attach, give back, delete) are what a burst exercises; the
+/// tests of eth0 and of prefix delegation start from [`eth0_config`] and [`prefix_config`].
 pub fn quiet_config() -> PoolConfig {
     PoolConfig {
         min_idle: 0,
         max_idle: 100,
         maintainer_tick: Duration::from_secs(3600),
+        use_primary_eni: false,
         ..PoolConfig::default()
+    }
+}
+
+/// [`quiet_config`] with the default of serving pods from eth0's secondary IPs too.
+pub fn eth0_config() -> PoolConfig {
+    PoolConfig {
+        use_primary_eni: true,
+        ..quiet_config()
+    }
+}
+
+/// [`eth0_config`] with prefix delegation: every slot is a `/28` of 16 addresses.
+pub fn prefix_config() -> PoolConfig {
+    PoolConfig {
+        prefix_delegation: true,
+        ..eth0_config()
     }
 }
 

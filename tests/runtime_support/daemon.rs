@@ -81,15 +81,22 @@ impl MockInNetns {
             .subnet_cidr
     }
 
-    /// The secondary IPs EC2 shows on the node's attached secondary ENIs.
+    /// The pod addresses EC2 shows on the node's attached ENIs, eth0 included: secondary IPs and
+    /// the addresses of delegated prefixes.
     pub fn ec2_pod_ips(&self) -> Vec<Ipv4Addr> {
         let id = self.mock.default_instance().instance_id;
         let inst = self.mock.instance(&id).expect("the default instance");
         let mut ips: Vec<Ipv4Addr> = inst
             .enis
             .iter()
-            .filter(|e| e.attachment.as_ref().is_some_and(|a| a.device_index > 0))
-            .flat_map(|e| e.secondary_ips.clone())
+            .filter(|e| e.attachment.is_some())
+            .flat_map(|e| {
+                e.secondary_ips.iter().copied().chain(
+                    e.ipv4_prefixes
+                        .iter()
+                        .flat_map(|p| eniipam::pool::slots::prefix_addresses(*p)),
+                )
+            })
             .collect();
         ips.sort();
         ips

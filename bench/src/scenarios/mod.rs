@@ -2,6 +2,7 @@
 
 pub mod cold_burst;
 pub mod fleet;
+pub mod fragmentation;
 pub mod grpc;
 pub mod ipam;
 pub mod memory;

@@ -72,6 +72,7 @@ pub fn classify_code(api: &str, code: &str, message: &str, status: Option<u16>) 
         "InsufficientFreeAddressesInSubnet" => CloudError::SubnetFull { api, message },
         "PrivateIpAddressLimitExceeded" => CloudError::IpLimitExceeded { api, message },
         "AttachmentLimitExceeded" => CloudError::AttachmentLimitExceeded { api, message },
+        "InsufficientCidrBlocks" => CloudError::NoFreePrefix { api, message },
         "UnauthorizedOperation" => CloudError::Unauthorized { api, message },
         c if c.ends_with(".NotFound") => CloudError::NotFound {
             api,

@@ -5,8 +5,10 @@ use std::net::Ipv4Addr;
 
 use aws_sdk_ec2::types::{Filter, NetworkInterface, NetworkInterfaceStatus, Tag};
 
+use ipnet::Ipv4Net;
+
 use crate::cloud::{
-    AttachmentStatus, CloudError, CloudResult, Eni, EniAttachment, EniFilter, EniStatus,
+    AttachmentStatus, CloudError, CloudResult, Eni, EniAttachment, EniFilter, EniStatus, Subnet,
 };
 use crate::model::EniId;
 
@@ -20,6 +22,40 @@ pub(super) fn malformed(api: &str, what: impl std::fmt::Display) -> CloudError {
         code: "MalformedResponse".into(),
         message: what.to_string(),
     }
+}
+
+pub(super) fn parse_prefix(api: &str, s: &str) -> CloudResult<Ipv4Net> {
+    s.parse()
+        .map_err(|_| malformed(api, format!("not an IPv4 prefix: {s:?}")))
+}
+
+/// An SDK subnet in domain terms.
+pub(super) fn subnet_from_sdk(api: &str, s: &aws_sdk_ec2::types::Subnet) -> CloudResult<Subnet> {
+    let id = s.subnet_id().unwrap_or_default();
+    let cidr_s = s.cidr_block().unwrap_or_default();
+    let cidr: Ipv4Net = cidr_s
+        .parse()
+        .map_err(|_| malformed(api, format!("{id}: bad CIDR {cidr_s:?}")))?;
+    Ok(Subnet {
+        id: id.to_owned(),
+        vpc_id: s.vpc_id().unwrap_or_default().to_owned(),
+        cidr,
+        availability_zone: s.availability_zone().unwrap_or_default().to_owned(),
+        available_ips: s
+            .available_ip_address_count()
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0),
+        tags: s
+            .tags()
+            .iter()
+            .filter_map(|t| {
+                Some((
+                    t.key()?.to_owned(),
+                    t.value().unwrap_or_default().to_owned(),
+                ))
+            })
+            .collect(),
+    })
 }
 
 pub(super) fn parse_ip(api: &str, s: &str) -> CloudResult<Ipv4Addr> {
@@ -109,6 +145,12 @@ pub(super) fn eni_from_sdk(api: &str, ni: &NetworkInterface) -> CloudResult<Eni>
         status: status_from_sdk(ni.status()),
         primary_ip,
         secondary_ips: secondary,
+        ipv4_prefixes: ni
+            .ipv4_prefixes()
+            .iter()
+            .filter_map(|p| p.ipv4_prefix())
+            .map(|p| parse_prefix(api, p))
+            .collect::<CloudResult<Vec<_>>>()?,
         security_groups: ni
             .groups()
             .iter()

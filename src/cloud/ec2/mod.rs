@@ -25,7 +25,7 @@ use aws_config::timeout::TimeoutConfig;
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::{Credentials, Region};
 use aws_sdk_ec2::types::{
-    InstanceType, NetworkInterfaceAttachmentChanges, ResourceType, TagSpecification,
+    Filter, InstanceType, NetworkInterfaceAttachmentChanges, ResourceType, TagSpecification,
 };
 use ipnet::Ipv4Net;
 
@@ -40,6 +40,7 @@ use super::calls::CallStats;
 use super::limiter::{CallClass, Limiter, LimiterConfig, LimiterConfigError};
 use super::{
     Cloud, CloudError, CloudResult, CreateEni, Eni, EniFilter, Instance, InstanceLimits, Subnet,
+    SubnetFilter,
 };
 use crate::model::EniId;
 
@@ -173,6 +174,18 @@ impl Ec2Cloud {
             .collect())
     }
 
+    async fn eni_prefixes(&self, api: &'static str, eni: &EniId) -> CloudResult<BTreeSet<Ipv4Net>> {
+        let found = self
+            .describe_one(eni)
+            .await?
+            .ok_or_else(|| CloudError::NotFound {
+                api: api.to_owned(),
+                code: "InvalidNetworkInterfaceID.NotFound".into(),
+                message: format!("{eni} does not exist"),
+            })?;
+        Ok(found.ipv4_prefixes.into_iter().collect())
+    }
+
     async fn send_assign_count(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Addr>> {
         const API: &str = "AssignPrivateIpAddresses";
         let out = self
@@ -266,9 +279,20 @@ impl Cloud for Ec2Cloud {
         let net = info
             .network_info()
             .ok_or_else(|| malformed(API, format!("{instance_type}: no network info")))?;
-        let max_enis = net
-            .maximum_network_interfaces()
-            .and_then(|n| u32::try_from(n).ok())
+        // The default card's ENIs: every ENI eniipam attaches goes there (the VPC CNI's max-pods
+        // counts the same), and a multi-card type's instance-wide figure would overshoot it.
+        let default_card = net.default_network_card_index().unwrap_or(0);
+        let card_max = net
+            .network_cards()
+            .iter()
+            .find(|c| c.network_card_index() == Some(default_card))
+            .and_then(|c| c.maximum_network_interfaces())
+            .and_then(|n| u32::try_from(n).ok());
+        let max_enis = card_max
+            .or_else(|| {
+                net.maximum_network_interfaces()
+                    .and_then(|n| u32::try_from(n).ok())
+            })
             .ok_or_else(|| {
                 malformed(API, format!("{instance_type}: no MaximumNetworkInterfaces"))
             })?;
@@ -281,9 +305,18 @@ impl Cloud for Ec2Cloud {
                     format!("{instance_type}: no Ipv4AddressesPerInterface"),
                 )
             })?;
+        let nitro = info.bare_metal() == Some(true)
+            || info.hypervisor().map(|h| h.as_str()) == Some("nitro");
+        let vcpus = info
+            .v_cpu_info()
+            .and_then(|v| v.default_v_cpus())
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0);
         Ok(InstanceLimits {
             max_enis,
             ipv4_per_eni,
+            vcpus,
+            nitro,
         })
     }
 
@@ -309,20 +342,56 @@ impl Cloud for Ec2Cloud {
                 code: "InvalidSubnetID.NotFound".into(),
                 message: format!("{subnet_id} not in the reply"),
             })?;
-        let cidr_s = s.cidr_block().unwrap_or_default();
-        let cidr: Ipv4Net = cidr_s
-            .parse()
-            .map_err(|_| malformed(API, format!("{subnet_id}: bad CIDR {cidr_s:?}")))?;
-        Ok(Subnet {
-            id: subnet_id.to_owned(),
-            vpc_id: s.vpc_id().unwrap_or_default().to_owned(),
-            cidr,
-            availability_zone: s.availability_zone().unwrap_or_default().to_owned(),
-            available_ips: s
-                .available_ip_address_count()
-                .and_then(|n| u32::try_from(n).ok())
-                .unwrap_or(0),
-        })
+        subnet_from_sdk(API, s)
+    }
+
+    async fn subnet_prefix_reservations(&self, subnet_id: &str) -> CloudResult<Vec<Ipv4Net>> {
+        const API: &str = "GetSubnetCidrReservations";
+        let out = self
+            .limiter
+            .call(API, CallClass::Describe, || async {
+                self.client
+                    .get_subnet_cidr_reservations()
+                    .subnet_id(subnet_id)
+                    .send()
+                    .await
+                    .map_err(|e| classify(API, e))
+            })
+            .await?;
+        out.subnet_ipv4_cidr_reservations()
+            .iter()
+            .filter(|r| r.reservation_type().map(|t| t.as_str()) == Some("prefix"))
+            .filter_map(|r| r.cidr())
+            .map(|c| parse_prefix(API, c))
+            .collect()
+    }
+
+    async fn describe_subnets(&self, filter: &SubnetFilter) -> CloudResult<Vec<Subnet>> {
+        const API: &str = "DescribeSubnets";
+        let one = |name: &str, value: &str| Filter::builder().name(name).values(value).build();
+        let mut sdk_filters = Vec::new();
+        if let Some(v) = &filter.vpc_id {
+            sdk_filters.push(one("vpc-id", v));
+        }
+        if let Some(az) = &filter.availability_zone {
+            sdk_filters.push(one("availability-zone", az));
+        }
+        let out = self
+            .limiter
+            .call(API, CallClass::Describe, || async {
+                self.client
+                    .describe_subnets()
+                    .set_subnet_ids((!filter.ids.is_empty()).then(|| filter.ids.clone()))
+                    .set_filters((!sdk_filters.is_empty()).then(|| sdk_filters.clone()))
+                    .send()
+                    .await
+                    .map_err(|e| classify(API, e))
+            })
+            .await?;
+        out.subnets()
+            .iter()
+            .map(|s| subnet_from_sdk(API, s))
+            .collect()
     }
 
     async fn describe_enis(&self, filter: &EniFilter) -> CloudResult<Vec<Eni>> {
@@ -381,6 +450,22 @@ impl Cloud for Ec2Cloud {
                     .client_token(&req.client_token);
                 if req.secondary_ip_count > 0 {
                     b = b.secondary_private_ip_address_count(to_i32(req.secondary_ip_count));
+                }
+                if req.prefix_count > 0 {
+                    b = b.ipv4_prefix_count(to_i32(req.prefix_count));
+                }
+                if !req.private_ips.is_empty() {
+                    b = b.set_private_ip_addresses(Some(
+                        req.private_ips
+                            .iter()
+                            .map(|ip| {
+                                aws_sdk_ec2::types::PrivateIpAddressSpecification::builder()
+                                    .private_ip_address(ip.to_string())
+                                    .primary(false)
+                                    .build()
+                            })
+                            .collect(),
+                    ));
                 }
                 async move { b.send().await.map_err(|e| classify(API, e)) }
             })
@@ -628,6 +713,98 @@ impl Cloud for Ec2Cloud {
                     if ambiguous {
                         let now = self.eni_ips(API, eni).await?;
                         if ips.iter().all(|ip| !now.contains(ip)) {
+                            return Ok(());
+                        }
+                    }
+                    if let Some(e) = final_err {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn assign_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Net>> {
+        const API: &str = "AssignPrivateIpAddresses";
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        // As for IPs: what the ENI had before, so a lost attempt's prefixes are found, not doubled.
+        let before = self.eni_prefixes(API, eni).await?;
+        let appeared = |now: &BTreeSet<Ipv4Net>| -> Vec<Ipv4Net> {
+            now.difference(&before).copied().collect()
+        };
+        let mut retry = self.limiter.retry(API);
+        let mut ambiguous = false;
+        loop {
+            let attempt = self
+                .limiter
+                .attempt(API, CallClass::Mutating, async {
+                    let out = self
+                        .client
+                        .assign_private_ip_addresses()
+                        .network_interface_id(eni.as_str())
+                        .ipv4_prefix_count(to_i32(count))
+                        .send()
+                        .await
+                        .map_err(|e| classify(API, e))?;
+                    out.assigned_ipv4_prefixes()
+                        .iter()
+                        .filter_map(|p| p.ipv4_prefix())
+                        .map(|p| parse_prefix(API, p))
+                        .collect::<CloudResult<Vec<Ipv4Net>>>()
+                })
+                .await;
+            match attempt {
+                Ok(prefixes) if !prefixes.is_empty() => return Ok(prefixes),
+                Ok(_) => return Ok(appeared(&self.eni_prefixes(API, eni).await?)),
+                Err(e) => {
+                    ambiguous |= is_ambiguous(&e);
+                    let final_err = retry.after_failure(e).await.err();
+                    if ambiguous {
+                        let new = appeared(&self.eni_prefixes(API, eni).await?);
+                        if !new.is_empty() {
+                            tracing::info!(%eni, prefixes = ?new, "prefix assign had succeeded despite the error; not assigning again");
+                            return Ok(new);
+                        }
+                    }
+                    if let Some(e) = final_err {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn unassign_prefixes(&self, eni: &EniId, prefixes: &[Ipv4Net]) -> CloudResult<()> {
+        const API: &str = "UnassignPrivateIpAddresses";
+        if prefixes.is_empty() {
+            return Ok(());
+        }
+        let gone: Vec<String> = prefixes.iter().map(Ipv4Net::to_string).collect();
+        let mut retry = self.limiter.retry(API);
+        let mut ambiguous = false;
+        loop {
+            let attempt = self
+                .limiter
+                .attempt(API, CallClass::Mutating, async {
+                    self.client
+                        .unassign_private_ip_addresses()
+                        .network_interface_id(eni.as_str())
+                        .set_ipv4_prefixes(Some(gone.clone()))
+                        .send()
+                        .await
+                        .map_err(|e| classify(API, e))
+                })
+                .await;
+            match attempt {
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    ambiguous |= is_ambiguous(&e);
+                    let final_err = retry.after_failure(e).await.err();
+                    if ambiguous {
+                        let now = self.eni_prefixes(API, eni).await?;
+                        if prefixes.iter().all(|p| !now.contains(p)) {
                             return Ok(());
                         }
                     }

@@ -142,9 +142,8 @@ impl PoolState {
             EniRole::Foreign
         };
         let ips: BTreeSet<Ipv4Addr> = if managed {
-            eni.secondary_ips
-                .iter()
-                .copied()
+            eni.pod_addresses()
+                .into_iter()
                 .filter(|ip| !self.assigned.contains_key(ip))
                 .collect()
         } else {
@@ -154,10 +153,7 @@ impl PoolState {
         let ips = if fits { ips } else { BTreeSet::new() };
         self.subnets
             .entry(eni.subnet_id.clone())
-            .or_insert_with(|| SubnetRecord {
-                subnet: None,
-                backoff: None,
-            })
+            .or_insert_with(|| SubnetRecord::new(None))
             .subnet
             .get_or_insert(subnet);
         self.capacity.take_existing(ips.len() as u32);
@@ -174,6 +170,12 @@ impl PoolState {
                 subnet_id: eni.subnet_id.clone(),
                 primary_ip: eni.primary_ip,
                 role,
+                serves: managed,
+                prefixes: if managed && fits {
+                    eni.ipv4_prefixes.iter().copied().collect()
+                } else {
+                    BTreeSet::new()
+                },
                 ips,
                 inflight: 0,
                 phase: EniPhase::Serving,

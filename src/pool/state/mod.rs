@@ -30,18 +30,20 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::capacity::{CapacityTokens, node_capacity};
+use super::config::PREFIX_ADDRESSES;
 use super::eni::{EniHandle, EniPhase, Waiter};
 use super::error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
 use super::idle::{IdleEntry, IdleQueue, IdleRefusal, Reservation};
 use super::seed::{PoolSeed, SeedError};
 use super::{Allocation, AttachmentMeta, PoolConfig, Released};
+use crate::cloud::lifecycle::Slots;
 use crate::cloud::{CloudError, Eni, NodeContext, Subnet};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
 /// What an ENI is to the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EniRole {
-    /// eth0: never used for pods.
+    /// eth0: never detached; its secondary IPs serve pods when `use_primary_eni` is on.
     Primary,
     /// Attached but not ours (not created by eniipam, or opted out): takes a slot, never touched.
     Foreign,
@@ -56,8 +58,13 @@ pub(crate) struct EniRecord {
     pub subnet_id: String,
     pub primary_ip: Ipv4Addr,
     pub role: EniRole,
-    /// Secondary IPs the pool holds on this ENI: idle, assigned or being released.
+    /// Its addresses serve pods: a [`EniRole::Pods`] ENI, or eth0 with `use_primary_eni`.
+    pub serves: bool,
+    /// Pod addresses the pool holds on this ENI (secondary IPs, and every address of its prefixes):
+    /// idle, assigned, being released, quarantined or held back.
     pub ips: BTreeSet<Ipv4Addr>,
+    /// Its delegated `/28` prefixes (their addresses are in `ips`).
+    pub prefixes: BTreeSet<Ipv4Net>,
     /// IPs asked of the actor and not answered yet.
     pub inflight: u32,
     pub phase: EniPhase,
@@ -88,6 +95,25 @@ pub(crate) struct SubnetBackoff {
 pub(crate) struct SubnetRecord {
     pub subnet: Option<Subnet>,
     pub backoff: Option<SubnetBackoff>,
+    /// With prefix delegation: EC2 found no free `/28` here; single packed addresses until then.
+    pub no_prefix: Option<PrefixBackoff>,
+}
+
+/// A subnet without a free `/28` for now.
+#[derive(Clone, Debug)]
+pub(crate) struct PrefixBackoff {
+    pub until: Instant,
+    pub failures: u32,
+}
+
+impl SubnetRecord {
+    pub fn new(subnet: Option<Subnet>) -> Self {
+        Self {
+            subnet,
+            backoff: None,
+            no_prefix: None,
+        }
+    }
 }
 
 pub(crate) struct CreatingEni {
@@ -153,12 +179,24 @@ pub(crate) enum Route {
     },
 }
 
+/// How an ENI actor fetches a batch's addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AssignPlan {
+    /// Single secondary IPs, EC2 picking them.
+    Ips,
+    /// `/28` prefixes; `extra` addresses beyond the batch's count were added to it as warm-ups.
+    Prefixes { count: u32, extra: u32 },
+    /// Single addresses picked by the pool, packed into blocks already fragmented.
+    Packed,
+}
+
 /// One ENI creation the maintainer decided on.
 pub(crate) struct CreatePlan {
     pub id: u64,
     pub device_index: u32,
     pub subnet_id: String,
-    pub count: u32,
+    /// What the ENI is created with (pods + warm-ups, in single IPs or prefixes).
+    pub slots: Slots,
     pub waiters: Vec<Waiter>,
     /// The subnet's CIDR is not known yet: describe it first.
     pub describe_subnet: bool,
@@ -169,7 +207,7 @@ pub(crate) struct CreatePlan {
 pub(crate) struct RoundPlan {
     pub reroutes: Vec<(EniId, EniHandle, Waiter)>,
     pub warms: Vec<(EniId, EniHandle, u32)>,
-    pub unassigns: Vec<(EniId, EniHandle, Vec<Ipv4Addr>)>,
+    pub unassigns: Vec<(EniId, EniHandle, Vec<Ipv4Addr>, Vec<Ipv4Net>)>,
     pub creates: Vec<CreatePlan>,
     pub releases: Vec<(EniId, EniHandle)>,
 }
@@ -201,6 +239,9 @@ pub(crate) struct PoolState {
     pub enis: BTreeMap<EniId, EniRecord>,
     pub creating: BTreeMap<u64, CreatingEni>,
     pub create_waiters: VecDeque<Waiter>,
+    /// Acquires that found every token taken while warm-ups were in flight: they hold no token and
+    /// take the warm IPs as those land (see [`PoolState::plan_round`]).
+    pub warm_waiters: VecDeque<Waiter>,
     pub subnets: BTreeMap<String, SubnetRecord>,
     pub releasing: BTreeMap<Ipv4Addr, IdleEntry>,
     /// IPs held out of circulation until evidence or an operator clears them.
@@ -212,15 +253,36 @@ pub(crate) struct PoolState {
     pub warming: u32,
     /// ENIs the node may have, eth0 included.
     pub max_enis: u32,
-    /// Pod IPs per ENI (IPv4 per ENI − 1: the primary is not used).
+    /// Slots per ENI (IPv4 per ENI − 1: the primary is not used); a slot is one address, or a
+    /// `/28` prefix of 16 with prefix delegation.
     pub per_eni: u32,
+    /// The subnets new ENIs may go to (the node's own, or those discovered or configured), in order
+    /// of preference when they have as many free addresses.
+    pub pod_subnets: Vec<String>,
     next_create_id: u64,
     pub shutting_down: bool,
 }
 
+impl EniRecord {
+    /// Slots this ENI uses: its prefixes and its single secondary IPs.
+    pub fn slots_used(&self) -> u32 {
+        let in_prefixes = self.prefixes.len() as u32 * super::config::PREFIX_ADDRESSES;
+        self.prefixes.len() as u32 + (self.ips.len() as u32).saturating_sub(in_prefixes)
+    }
+}
+
 impl PoolState {
+    /// Free slots on `r`, requests in flight counted (in prefix mode, a prefix per 16 of them).
     fn eni_room(&self, r: &EniRecord) -> u32 {
-        self.per_eni.saturating_sub(r.ips.len() as u32 + r.inflight)
+        let inflight_slots = r.inflight.div_ceil(self.config.addresses_per_slot());
+        self.per_eni.saturating_sub(r.slots_used() + inflight_slots)
+    }
+
+    /// Addresses `r` can still take.
+    fn eni_room_addresses(&self, r: &EniRecord) -> u32 {
+        let per_slot = self.config.addresses_per_slot();
+        let slots_free = self.per_eni.saturating_sub(r.slots_used());
+        (slots_free * per_slot).saturating_sub(r.inflight)
     }
 
     pub fn allocation_of(&self, key: &AttachmentKey, rec: &AllocationRecord) -> Allocation {
@@ -326,6 +388,34 @@ impl PoolState {
         })
     }
 
+    /// The subnet for a new ENI: of the pod subnets not backing off, the one with the most free
+    /// addresses EC2 last reported (with prefix delegation, one that still has `/28`s first).
+    pub fn pick_subnet(&self, now: Instant) -> String {
+        let candidates: Vec<&String> = self
+            .pod_subnets
+            .iter()
+            .filter(|id| self.create_blocked(id, now).is_none())
+            .collect();
+        let free = |id: &str| {
+            self.subnets
+                .get(id)
+                .and_then(|s| s.subnet.as_ref())
+                .map_or(0, |s| s.available_ips)
+        };
+        candidates
+            .iter()
+            .max_by_key(|id| {
+                let prefixes_ok = !self.config.prefix_delegation || !self.prefixes_blocked(id, now);
+                (
+                    prefixes_ok,
+                    free(id),
+                    std::cmp::Reverse(self.pod_subnets.iter().position(|s| s == **id)),
+                )
+            })
+            .map(|id| (*id).clone())
+            .unwrap_or_else(|| self.node.subnet_id.clone())
+    }
+
     /// The lowest device index no ENI uses or is being created at.
     fn free_device_index(&self) -> Option<u32> {
         let used: BTreeSet<u32> = self
@@ -347,10 +437,7 @@ impl PoolState {
         let rec = self
             .subnets
             .entry(subnet_id.to_owned())
-            .or_insert_with(|| SubnetRecord {
-                subnet: None,
-                backoff: None,
-            });
+            .or_insert_with(|| SubnetRecord::new(None));
         let failures = rec
             .backoff
             .as_ref()
@@ -379,10 +466,7 @@ impl PoolState {
         let id = subnet.id.clone();
         self.subnets
             .entry(id)
-            .or_insert_with(|| SubnetRecord {
-                subnet: None,
-                backoff: None,
-            })
+            .or_insert_with(|| SubnetRecord::new(None))
             .subnet = Some(subnet);
     }
 
@@ -434,7 +518,7 @@ impl PoolState {
         let on_enis: u32 = self
             .enis
             .values()
-            .filter(|r| r.role == EniRole::Pods)
+            .filter(|r| r.serves)
             .map(|r| r.ips.len() as u32)
             .sum();
         if on_enis != held {

@@ -20,11 +20,91 @@ impl PoolState {
         }
     }
 
-    /// A batch's assign succeeded with `ips`.
+    /// How the actor of `eni` fetches `count` addresses (its batch's pods and warm-ups) now.
+    ///
+    /// With prefix delegation it asks for whole prefixes, taking the tokens of the addresses beyond
+    /// `count` (they join the batch as warm-ups: [`AssignPlan::Prefixes::extra`]); when the node has
+    /// no tokens left for a whole prefix, or the subnet has no free `/28` for now, it asks for single
+    /// addresses packed into blocks that are already fragmented.
+    pub fn plan_assign(&mut self, eni: &EniId, count: u32, now: Instant) -> AssignPlan {
+        if !self.config.prefix_delegation {
+            return AssignPlan::Ips;
+        }
+        let Some(r) = self.enis.get(eni) else {
+            return AssignPlan::Ips;
+        };
+        if self.prefixes_blocked(&r.subnet_id, now) {
+            return AssignPlan::Packed;
+        }
+        let k = count.div_ceil(PREFIX_ADDRESSES);
+        let extra = k * PREFIX_ADDRESSES - count;
+        let got = self.capacity.take_up_to(extra);
+        if got < extra {
+            self.capacity.give_back(got);
+            return AssignPlan::Packed;
+        }
+        let r = self.enis.get_mut(eni).expect("checked");
+        r.inflight += extra;
+        self.warming += extra;
+        AssignPlan::Prefixes { count: k, extra }
+    }
+
+    /// A prefix plan's extra addresses that will not come (the prefixes failed): their tokens return.
+    pub fn unplan_extra(&mut self, eni: &EniId, extra: u32) {
+        if let Some(r) = self.enis.get_mut(eni) {
+            r.inflight = r.inflight.saturating_sub(extra);
+        }
+        self.warming = self.warming.saturating_sub(extra);
+        self.capacity.give_back(extra);
+    }
+
+    /// Whether prefixes are off for now in `subnet_id` (no free `/28` at the last try).
+    pub fn prefixes_blocked(&self, subnet_id: &str, now: Instant) -> bool {
+        self.subnets
+            .get(subnet_id)
+            .and_then(|s| s.no_prefix.as_ref())
+            .is_some_and(|b| b.until > now)
+    }
+
+    /// EC2 found no free `/28` in the subnet of `eni`: single packed addresses there until the
+    /// back-off ends.
+    pub fn no_free_prefix(&mut self, eni: &EniId, now: Instant) {
+        if let Some(subnet_id) = self.enis.get(eni).map(|r| r.subnet_id.clone()) {
+            self.no_free_prefix_in(&subnet_id, now);
+        }
+    }
+
+    /// EC2 found no free `/28` in `subnet_id`.
+    pub fn no_free_prefix_in(&mut self, subnet_id: &str, now: Instant) {
+        let subnet_id = subnet_id.to_owned();
+        let rec = self
+            .subnets
+            .entry(subnet_id.clone())
+            .or_insert_with(|| SubnetRecord::new(None));
+        let failures = rec.no_prefix.as_ref().map_or(1, |b| b.failures + 1);
+        let delay = self.config.prefix_retry_after(failures);
+        tracing::warn!(subnet = %subnet_id, failures, retry_in_s = delay.as_secs(),
+            "no free /28 for a prefix in this subnet: serving single addresses packed into fragmented blocks");
+        rec.no_prefix = Some(PrefixBackoff {
+            until: now + delay,
+            failures,
+        });
+    }
+
+    /// The subnet of `eni`, as far as the pool knows it.
+    pub fn subnet_of(&self, eni: &EniId) -> Option<Subnet> {
+        let r = self.enis.get(eni)?;
+        self.subnets.get(&r.subnet_id)?.subnet.clone()
+    }
+
+    /// A batch's assign succeeded with `ips` (and, with prefix delegation, the `prefixes` they came
+    /// in).
+    #[allow(clippy::too_many_arguments)]
     pub fn complete_assign(
         &mut self,
         eni: &EniId,
         ips: Vec<Ipv4Addr>,
+        prefixes: &[Ipv4Net],
         pods: Vec<Waiter>,
         warm: u32,
         now: Instant,
@@ -36,6 +116,12 @@ impl PoolState {
                 r.inflight = r.inflight.saturating_sub(asked);
                 r.phase = r.phase.succeeded();
                 r.ips.extend(ips.iter().copied());
+                r.prefixes.extend(prefixes.iter().copied());
+                if !prefixes.is_empty()
+                    && let Some(s) = self.subnets.get_mut(&r.subnet_id)
+                {
+                    s.no_prefix = None;
+                }
             }
             None => {
                 // The ENI was forgotten while the call was out: its IPs are not the pool's.
@@ -137,7 +223,7 @@ impl PoolState {
     }
 
     /// IPs given back to EC2: tokens return.
-    pub fn complete_unassign(&mut self, eni: &EniId, ips: &[Ipv4Addr]) {
+    pub fn complete_unassign(&mut self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) {
         let mut n = 0;
         for ip in ips {
             if self.releasing.remove(ip).is_some() {
@@ -147,6 +233,9 @@ impl PoolState {
         if let Some(r) = self.enis.get_mut(eni) {
             for ip in ips {
                 r.ips.remove(ip);
+            }
+            for p in prefixes {
+                r.prefixes.remove(p);
             }
             r.phase = r.phase.succeeded();
         }
@@ -210,7 +299,8 @@ impl PoolState {
         };
         self.warming = self.warming.saturating_sub(c.warm);
         tracing::debug!(eni = %eni.id, took_ms = (now - c.started).as_millis() as u64, "ENI creation done");
-        let got = eni.secondary_ips.len() as u32;
+        let addresses = eni.pod_addresses();
+        let got = addresses.len() as u32;
         if got > c.count {
             self.capacity.take_existing(got - c.count);
         } else {
@@ -227,7 +317,8 @@ impl PoolState {
             .as_ref()
             .map_or(c.device_index, |a| a.device_index);
         let eni_id = eni.id.clone();
-        let ips = eni.secondary_ips.clone();
+        let ips = addresses;
+        let prefixes: BTreeSet<Ipv4Net> = eni.ipv4_prefixes.iter().copied().collect();
         self.enis.insert(
             eni_id.clone(),
             EniRecord {
@@ -237,6 +328,8 @@ impl PoolState {
                 subnet_id: eni.subnet_id.clone(),
                 primary_ip: eni.primary_ip,
                 role: EniRole::Pods,
+                serves: true,
+                prefixes,
                 ips: ips.iter().copied().collect(),
                 inflight: 0,
                 phase: EniPhase::Serving,
@@ -275,6 +368,19 @@ impl PoolState {
     }
 
     /// An ENI creation failed: waiters get the error, tokens go back, the subnet backs off.
+    /// A creation that EC2 refused for want of a free `/28` (prefixes are now off in its subnet, see
+    /// [`PoolState::no_free_prefix_in`]): the warm-ups' tokens return, the waiters go back to the
+    /// queue with theirs, and the next planning round creates the ENI with single addresses.
+    pub fn requeue_create(&mut self, id: u64, waiters: Vec<Waiter>) {
+        let Some(c) = self.creating.remove(&id) else {
+            return;
+        };
+        self.warming = self.warming.saturating_sub(c.warm);
+        self.capacity
+            .give_back(c.count.saturating_sub(waiters.len() as u32));
+        self.create_waiters.extend(waiters);
+    }
+
     pub fn fail_create(&mut self, id: u64, err: CloudError, waiters: Vec<Waiter>, now: Instant) {
         let Some(c) = self.creating.remove(&id) else {
             return;

@@ -33,6 +33,22 @@ impl PoolState {
         }
         self.prune_create_waiters();
 
+        // 0. Acquires waiting for warm IPs in flight: served as those land; once nothing is
+        //    warming, they take a token freed meanwhile (and go the way of a new IP) or fail.
+        for w in std::mem::take(&mut self.warm_waiters) {
+            if let Some(entry) = self.idle.pop_oldest(now) {
+                // The idle IP holds the token; the waiter held none.
+                self.fulfil(w, entry.ip, entry.eni, now);
+            } else if self.warming as usize > self.warm_waiters.len() {
+                self.warm_waiters.push_back(w);
+            } else if self.capacity.try_take(1) {
+                self.create_waiters.push_front(w);
+            } else {
+                let err = self.capacity_reached(now);
+                self.fail_waiter(w, err);
+            }
+        }
+
         // 1. Waiters for a new ENI: idle IPs that became eligible, or ENIs that got room.
         for w in std::mem::take(&mut self.create_waiters) {
             if let Some(entry) = self.idle.pop_oldest(now) {
@@ -71,7 +87,7 @@ impl PoolState {
                 .enis
                 .values()
                 .filter(|r| {
-                    r.role == EniRole::Pods
+                    r.serves
                         && r.handle.is_some()
                         && r.phase.accepts_work(now)
                         && self.subnet_exhausted(&r.subnet_id, now).is_none()
@@ -83,7 +99,7 @@ impl PoolState {
                 if deficit == 0 {
                     break;
                 }
-                let room = self.eni_room(&self.enis[&id]);
+                let room = self.eni_room_addresses(&self.enis[&id]);
                 let n = room.min(deficit);
                 if n == 0 {
                     continue;
@@ -103,9 +119,10 @@ impl PoolState {
         //    created in parallel (up to `max_concurrent_eni_creates`), so a burst needing k ENIs
         //    waits for one create+attach chain, not k in a row; the warm deficit alone never
         //    starts a second create in a subnet.
-        let subnet_id = self.node.subnet_id.clone();
+        let subnet_id = self.pick_subnet(now);
+        let per_eni_addresses = self.per_eni * self.config.addresses_per_slot();
         let blocked_for_ip = self.enis.values().any(|r| {
-            r.role == EniRole::Pods
+            r.serves
                 && self.eni_room(r) > 0
                 && !r.phase.accepts_work(now)
                 && r.phase != EniPhase::Draining
@@ -115,7 +132,7 @@ impl PoolState {
             .creating
             .values()
             .filter(|c| c.subnet_id == subnet_id)
-            .map(|c| self.per_eni.saturating_sub(c.count))
+            .map(|c| per_eni_addresses.saturating_sub(c.count))
             .sum();
         loop {
             let creating_here = self.creating.values().any(|c| c.subnet_id == subnet_id);
@@ -146,17 +163,37 @@ impl PoolState {
             };
             // The waiters this ENI carries: those not covered by ENIs already coming, taken
             // from the back of the queue so the oldest keep their place for the coming room.
-            let n_wait = uncovered.min(self.per_eni);
-            let warm = self.capacity.take_up_to(deficit.min(self.per_eni - n_wait));
+            let n_wait = uncovered.min(per_eni_addresses);
+            let mut warm = self
+                .capacity
+                .take_up_to(deficit.min(per_eni_addresses - n_wait));
             deficit -= warm;
-            self.warming += warm;
             let keep = self.create_waiters.len() - n_wait as usize;
             let waiters: Vec<Waiter> = self.create_waiters.drain(keep..).collect();
-            let count = n_wait + warm;
+            let mut count = n_wait + warm;
             if count == 0 {
                 break;
             }
-            room_coming += self.per_eni - count;
+            // With prefix delegation the ENI comes with whole prefixes: the addresses beyond the
+            // count join as warm-ups, when the node has the tokens; else single addresses.
+            let slots = if self.config.prefix_delegation && !self.prefixes_blocked(&subnet_id, now)
+            {
+                let k = count.div_ceil(PREFIX_ADDRESSES);
+                let extra = k * PREFIX_ADDRESSES - count;
+                let got = self.capacity.take_up_to(extra);
+                if got == extra {
+                    warm += extra;
+                    count += extra;
+                    Slots::Prefixes(k)
+                } else {
+                    self.capacity.give_back(got);
+                    Slots::Ips(count)
+                }
+            } else {
+                Slots::Ips(count)
+            };
+            self.warming += warm;
+            room_coming += per_eni_addresses - count;
             self.next_create_id += 1;
             let id = self.next_create_id;
             self.creating.insert(
@@ -177,7 +214,7 @@ impl PoolState {
                 id,
                 device_index,
                 subnet_id: subnet_id.clone(),
-                count,
+                slots,
                 waiters,
                 describe_subnet,
             });
@@ -188,7 +225,7 @@ impl PoolState {
         let unreserved = self.idle.unreserved(now);
         if quiet && unreserved > self.config.max_idle {
             let excess = (unreserved - self.config.max_idle) as usize;
-            let chosen: Vec<(Ipv4Addr, EniId)> = self
+            let candidates: Vec<(Ipv4Addr, EniId)> = self
                 .idle
                 .give_back_candidates(now)
                 .into_iter()
@@ -197,19 +234,49 @@ impl PoolState {
                         .get(&e.eni)
                         .is_some_and(|r| r.handle.is_some() && r.phase.accepts_work(now))
                 })
-                .take(excess)
                 .map(|e| (e.ip, e.eni.clone()))
                 .collect();
-            let mut per_eni: BTreeMap<EniId, Vec<Ipv4Addr>> = BTreeMap::new();
-            for (ip, eni) in chosen {
-                if let Some(entry) = self.idle.remove(ip) {
-                    self.releasing.insert(ip, entry);
-                    per_eni.entry(eni).or_default().push(ip);
+            // Single addresses go one by one; a prefix only whole, when all 16 of its addresses are
+            // among the candidates (idle, past cooldown, unreserved), longest idle first.
+            let eligible: BTreeSet<Ipv4Addr> = candidates.iter().map(|(ip, _)| *ip).collect();
+            let mut per_eni: BTreeMap<EniId, (Vec<Ipv4Addr>, Vec<Ipv4Net>)> = BTreeMap::new();
+            let mut left = excess;
+            let mut taken: BTreeSet<Ipv4Addr> = BTreeSet::new();
+            for (ip, eni) in &candidates {
+                if left == 0 || taken.contains(ip) {
+                    continue;
+                }
+                let r = &self.enis[eni];
+                match r.prefixes.iter().find(|p| p.contains(ip)) {
+                    None => {
+                        taken.insert(*ip);
+                        per_eni.entry(eni.clone()).or_default().0.push(*ip);
+                        left -= 1;
+                    }
+                    Some(prefix) => {
+                        let all: Vec<Ipv4Addr> =
+                            crate::pool::slots::prefix_addresses(*prefix).collect();
+                        if left < all.len() || !all.iter().all(|a| eligible.contains(a)) {
+                            continue;
+                        }
+                        left -= all.len();
+                        taken.extend(all.iter().copied());
+                        let entry = per_eni.entry(eni.clone()).or_default();
+                        entry.0.extend(all);
+                        entry.1.push(*prefix);
+                    }
                 }
             }
-            for (eni, ips) in per_eni {
+            for (eni, (ips, prefixes)) in per_eni {
+                let mut moved = Vec::new();
+                for ip in ips {
+                    if let Some(entry) = self.idle.remove(ip) {
+                        self.releasing.insert(ip, entry);
+                        moved.push(ip);
+                    }
+                }
                 let handle = self.enis[&eni].handle.clone().expect("filtered");
-                plan.unassigns.push((eni, handle, ips));
+                plan.unassigns.push((eni, handle, moved, prefixes));
             }
         }
 

@@ -79,7 +79,10 @@ impl PoolState {
         now: Instant,
         span: tracing::Span,
     ) -> Route {
-        if !self.capacity.try_take(1) {
+        let has_token = self.capacity.try_take(1);
+        // Every token taken, some by warm-ups still in flight: this acquire takes one of those IPs
+        // when it lands instead of failing while the node still has room for it.
+        if !has_token && self.warming as usize <= self.warm_waiters.len() {
             return Route::Done(Err(self.capacity_reached(now)));
         }
         let (tx, rx) = oneshot::channel();
@@ -92,6 +95,12 @@ impl PoolState {
             span,
             enqueued_at: now,
         };
+        if !has_token {
+            tracing::debug!(parent: &waiter.span, warming = self.warming, "every slot taken: waiting for a warm IP in flight");
+            self.pending.insert(req.key, Pending::default());
+            self.warm_waiters.push_back(waiter);
+            return Route::Wait(rx);
+        }
         match self.pick_eni(now) {
             Pick::Eni(id) => {
                 let rec = self.enis.get_mut(&id).expect("picked ENI exists");
@@ -132,14 +141,13 @@ impl PoolState {
     /// The ENI a new IP should come from: the lowest device index with room that takes work.
     pub(super) fn pick_eni(&self, now: Instant) -> Pick {
         let mut blocked = None;
-        let mut pods: Vec<&EniRecord> = self
-            .enis
-            .values()
-            .filter(|r| r.role == EniRole::Pods)
-            .collect();
+        let mut pods: Vec<&EniRecord> = self.enis.values().filter(|r| r.serves).collect();
         pods.sort_by_key(|r| r.device_index);
         for r in pods {
-            if self.eni_room(r) == 0 || r.phase == EniPhase::Draining || r.handle.is_none() {
+            if self.eni_room_addresses(r) == 0
+                || r.phase == EniPhase::Draining
+                || r.handle.is_none()
+            {
                 continue;
             }
             if let Some(err) = self.subnet_exhausted(&r.subnet_id, now) {

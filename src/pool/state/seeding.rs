@@ -24,6 +24,7 @@ impl PoolState {
             enis: BTreeMap::new(),
             creating: BTreeMap::new(),
             create_waiters: VecDeque::new(),
+            warm_waiters: VecDeque::new(),
             subnets: BTreeMap::new(),
             releasing: BTreeMap::new(),
             quarantined: BTreeMap::new(),
@@ -31,11 +32,23 @@ impl PoolState {
             warming: 0,
             max_enis,
             per_eni,
+            pod_subnets: if node.pod_subnets.is_empty() {
+                vec![node.subnet_id.clone()]
+            } else {
+                node.pod_subnets.iter().map(|s| s.id.clone()).collect()
+            },
             next_create_id: 0,
             shutting_down: false,
             config,
             node,
         };
+        for subnet in st.node.pod_subnets.clone() {
+            let id = subnet.id.clone();
+            st.subnets
+                .entry(id)
+                .or_insert_with(|| SubnetRecord::new(None))
+                .subnet = Some(subnet);
+        }
         let mut ip_owner: HashMap<Ipv4Addr, EniId> = HashMap::new();
         let mut by_index: HashMap<u32, EniId> = HashMap::new();
         let mut foreign = 0;
@@ -55,27 +68,38 @@ impl PoolState {
                 foreign += 1;
                 EniRole::Foreign
             };
-            for ip in std::iter::once(e.primary_ip).chain(e.secondary_ips.iter().copied()) {
+            let in_prefixes: Vec<Ipv4Addr> = e
+                .prefixes
+                .iter()
+                .flat_map(|p| crate::pool::slots::prefix_addresses(*p))
+                .collect();
+            for ip in std::iter::once(e.primary_ip)
+                .chain(e.secondary_ips.iter().copied())
+                .chain(in_prefixes.iter().copied())
+            {
                 if ip_owner.insert(ip, e.id.clone()).is_some() {
                     return Err(SeedError::DuplicateIp { ip });
                 }
             }
-            st.subnets
-                .entry(e.subnet_id.clone())
-                .or_insert_with(|| SubnetRecord {
-                    subnet: Some(Subnet {
-                        id: e.subnet_id.clone(),
-                        vpc_id: st.node.vpc_id.clone(),
-                        cidr: e.subnet_cidr,
-                        availability_zone: st.node.availability_zone.clone(),
-                        available_ips: 0,
-                    }),
-                    backoff: None,
-                });
-            let ips = if role == EniRole::Pods {
-                e.secondary_ips.iter().copied().collect()
+            let serves =
+                role == EniRole::Pods || (role == EniRole::Primary && st.config.use_primary_eni);
+            st.subnets.entry(e.subnet_id.clone()).or_insert_with(|| {
+                SubnetRecord::new(Some(Subnet {
+                    id: e.subnet_id.clone(),
+                    vpc_id: st.node.vpc_id.clone(),
+                    cidr: e.subnet_cidr,
+                    availability_zone: st.node.availability_zone.clone(),
+                    available_ips: 0,
+                    tags: Default::default(),
+                }))
+            });
+            let (ips, prefixes) = if serves {
+                (
+                    e.secondary_ips.iter().copied().chain(in_prefixes).collect(),
+                    e.prefixes.iter().copied().collect(),
+                )
             } else {
-                BTreeSet::new()
+                (BTreeSet::new(), BTreeSet::new())
             };
             st.enis.insert(
                 e.id.clone(),
@@ -86,7 +110,9 @@ impl PoolState {
                     subnet_id: e.subnet_id,
                     primary_ip: e.primary_ip,
                     role,
+                    serves,
                     ips,
+                    prefixes,
                     inflight: 0,
                     phase: EniPhase::Serving,
                     release_retry_at: None,
@@ -96,19 +122,14 @@ impl PoolState {
                 },
             );
         }
-        st.capacity = CapacityTokens::new(node_capacity(
-            st.node.limits,
-            st.config.max_enis,
-            st.config.max_ips,
-            foreign,
-        ));
+        st.capacity = CapacityTokens::new(node_capacity(st.node.limits, &st.config, foreign));
         let pod_eni_of = |st: &Self, ip: Ipv4Addr| {
             ip_owner
                 .get(&ip)
                 .filter(|id| {
                     st.enis
                         .get(*id)
-                        .is_some_and(|r| r.role == EniRole::Pods && r.ips.contains(&ip))
+                        .is_some_and(|r| r.serves && r.ips.contains(&ip))
                 })
                 .cloned()
         };
@@ -168,7 +189,7 @@ impl PoolState {
         let pod_ips: Vec<(Ipv4Addr, EniId)> = st
             .enis
             .values()
-            .filter(|r| r.role == EniRole::Pods)
+            .filter(|r| r.serves)
             .flat_map(|r| r.ips.iter().map(|ip| (*ip, r.id.clone())))
             .collect();
         for (ip, eni) in pod_ips {

@@ -1,0 +1,253 @@
+//! Issue 15 through the real daemon on mockcloud (real AWS SDK): new ENIs go to a subnet tagged
+//! `kubernetes.io/role/cni` with the security groups its `eniipam.io/security-groups` tag names when
+//! the node's own subnet is full; with prefix delegation a fragmented subnet still serves pods
+//! (single addresses packed into broken `/28`s) and a restart rebuilds the prefixes' addresses
+//! exactly.
+
+#[path = "daemon_support/mod.rs"]
+mod daemon_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use daemon_support::*;
+use eniipam::model::AttachmentKey;
+use eniipam::pool::slots::prefix_addresses;
+use ipnet::Ipv4Net;
+use mockcloud::world::OccupyPattern;
+use mockcloud::{Config, MockCloud};
+
+async fn mock(instance_type: &str) -> MockCloud {
+    MockCloud::start(Config {
+        default_instance_type: instance_type.into(),
+        ..Config::fast()
+    })
+    .await
+    .unwrap()
+}
+
+async fn allocate_n(
+    d: &eniipam::daemon::DaemonHandle,
+    range: std::ops::Range<usize>,
+) -> Vec<Ipv4Addr> {
+    let mut c = client(&d.socket_path).await;
+    let mut out = Vec::new();
+    for i in range {
+        let r = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("pod-{i}")))
+            .await
+            .unwrap_or_else(|e| panic!("pod {i}: {e}"))
+            .into_inner();
+        out.push(r.ip.parse().unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_enis_go_to_the_tagged_subnet_when_the_nodes_is_full() {
+    let mock = mock("m5.large").await;
+    let inst = mock.default_instance();
+    let (tagged, sg) = mock.with_world(|w, _| {
+        let sg = w.create_security_group(&inst.vpc_id).unwrap();
+        let tags: BTreeMap<String, String> = [
+            ("kubernetes.io/role/cni".to_owned(), "1".to_owned()),
+            ("eniipam.io/security-groups".to_owned(), sg.clone()),
+        ]
+        .into();
+        let id = w
+            .create_subnet_with_tags(
+                &inst.vpc_id,
+                "10.0.32.0/24".parse().unwrap(),
+                &inst.availability_zone,
+                &tags,
+            )
+            .unwrap();
+        // A subnet tagged 0 is never used, even with more room.
+        let zero: BTreeMap<String, String> =
+            [("kubernetes.io/role/cni".to_owned(), "0".to_owned())].into();
+        w.create_subnet_with_tags(
+            &inst.vpc_id,
+            "10.0.64.0/20".parse().unwrap(),
+            &inst.availability_zone,
+            &zero,
+        )
+        .unwrap();
+        // The node's own subnet has nothing left.
+        w.occupy_addresses(
+            &inst.subnet_id,
+            &OccupyPattern::Range {
+                cidr: "10.0.0.0/20".parse().unwrap(),
+            },
+        )
+        .unwrap();
+        (id, sg)
+    });
+    let dir = TempDir::new("tagged-subnet");
+    let mut cfg = config(&mock, &dir.0);
+    cfg.use_primary_eni = false;
+    cfg.min_idle = 0;
+    let d = start(cfg).await;
+    let ips = allocate_n(&d, 0..3).await;
+    let subnet: Ipv4Net = "10.0.32.0/24".parse().unwrap();
+    assert!(ips.iter().all(|ip| subnet.contains(ip)), "{ips:?}");
+    let alloc = d
+        .pool
+        .allocation(&AttachmentKey::new("c0", "eth0"))
+        .unwrap();
+    assert_eq!(alloc.subnet_id, tagged);
+    assert_eq!(alloc.subnet_cidr, subnet);
+    assert_eq!(alloc.gateway, "10.0.32.1".parse::<Ipv4Addr>().unwrap());
+    let eni = mock
+        .network_interfaces()
+        .into_iter()
+        .find(|e| e.id == alloc.eni.as_str())
+        .unwrap();
+    assert_eq!(eni.subnet_id, tagged);
+    assert_eq!(
+        eni.security_groups,
+        vec![sg],
+        "the subnet's security groups"
+    );
+    d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subnet_outside_the_nodes_zone_is_refused_by_name() {
+    let mock = mock("m5.large").await;
+    let inst = mock.default_instance();
+    let other = mock.with_world(|w, _| {
+        w.create_subnet(&inst.vpc_id, "10.0.48.0/24".parse().unwrap(), "us-east-1f")
+            .unwrap()
+    });
+    let dir = TempDir::new("bad-subnet");
+    let mut cfg = config(&mock, &dir.0);
+    cfg.subnet_ids = vec![other.clone()];
+    let clients = eniipam::daemon::CloudClients::from_config(
+        &cfg,
+        Some(aws_sdk_ec2::config::Credentials::new(
+            "a", "b", None, None, "test",
+        )),
+    )
+    .await
+    .unwrap();
+    let err = match eniipam::daemon::Daemon::start_with(cfg, clients).await {
+        Ok(_) => panic!("a subnet in another zone must be refused"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(err, eniipam::daemon::DaemonError::Config(_)),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&other) && text.contains("us-east-1f"),
+        "{text}"
+    );
+}
+
+fn ec2_prefixes(mock: &MockCloud) -> Vec<Ipv4Net> {
+    let inst = mock.instance(&mock.default_instance().instance_id).unwrap();
+    inst.enis
+        .iter()
+        .flat_map(|e| e.ipv4_prefixes.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefixes_survive_a_restart_and_a_lost_state_file() {
+    let mock = mock("m5.large").await;
+    let dir = TempDir::new("pd-restart");
+    let mut cfg = config(&mock, &dir.0);
+    cfg.prefix_delegation = true;
+    cfg.reuse_cooldown_secs = 0;
+    let d = start(cfg.clone()).await;
+    let ips = allocate_n(&d, 0..20).await;
+    assert_eq!(ips.iter().collect::<BTreeSet<_>>().len(), 20);
+    let prefixes = ec2_prefixes(&mock);
+    assert_eq!(prefixes.len(), 2, "20 pods in two /28s: {prefixes:?}");
+    for ip in &ips {
+        assert!(prefixes.iter().any(|p| p.contains(ip)), "{ip}");
+    }
+    d.pool.maintain_now().await.unwrap();
+    let before: BTreeMap<AttachmentKey, Ipv4Addr> = d
+        .pool
+        .snapshot()
+        .ips()
+        .filter_map(|i| match &i.state {
+            eniipam::pool::snapshot::IpState::Assigned { attachment, .. } => {
+                Some((attachment.clone(), i.ip))
+            }
+            _ => None,
+        })
+        .collect();
+    d.shutdown().await;
+
+    // Restart with the file: the same assignments; the pool's addresses are exactly the prefixes'.
+    let d = start(cfg.clone()).await;
+    d.pool.maintain_now().await.unwrap();
+    let snap = d.pool.snapshot();
+    let pool_ips: BTreeSet<Ipv4Addr> = snap.ips().map(|i| i.ip).collect();
+    assert_eq!(pool_ips, ec2_pod_ips(&mock).into_iter().collect());
+    let prefix_ips: BTreeSet<Ipv4Addr> = ec2_prefixes(&mock)
+        .into_iter()
+        .flat_map(prefix_addresses)
+        .collect();
+    assert!(prefix_ips.is_subset(&pool_ips));
+    for (key, ip) in &before {
+        assert_eq!(d.pool.allocation(key).map(|a| a.ip), Some(*ip), "{key:?}");
+    }
+    // Another ten pods: no second prefix call while the two have room.
+    allocate_n(&d, 20..30).await;
+    assert_eq!(ec2_prefixes(&mock).len(), 2);
+    d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+
+    // The file is lost but the plugin's cache is there: the rebuild from EC2 covers every prefix
+    // address; nothing is handed out twice.
+    std::fs::remove_file(&cfg.state_path).unwrap();
+    let d = start(cfg.clone()).await;
+    let snap = d.pool.snapshot();
+    let pool_ips: BTreeSet<Ipv4Addr> = snap.ips().map(|i| i.ip).collect();
+    assert_eq!(pool_ips, ec2_pod_ips(&mock).into_iter().collect());
+    d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fragmented_subnet_still_serves_pods_with_prefix_delegation() {
+    let mock = mock("m5.large").await;
+    let inst = mock.default_instance();
+    // One address taken in every /28: no prefix fits anywhere.
+    mock.with_world(|w, _| {
+        w.occupy_addresses(
+            &inst.subnet_id,
+            &OccupyPattern::Stride {
+                stride: 16,
+                offset: 8,
+            },
+        )
+        .unwrap()
+    });
+    let dir = TempDir::new("pd-fragmented");
+    let mut cfg = config(&mock, &dir.0);
+    cfg.prefix_delegation = true;
+    cfg.min_idle = 0;
+    let d = start(cfg).await;
+    let ips = allocate_n(&d, 0..5).await;
+    assert_eq!(ips.iter().collect::<BTreeSet<_>>().len(), 5, "pods served");
+    assert!(ec2_prefixes(&mock).is_empty());
+    // Packed: all five in one /28 that was already broken.
+    let blocks: BTreeSet<u32> = ips.iter().map(|ip| u32::from(*ip) & !0xf).collect();
+    assert_eq!(blocks.len(), 1, "{ips:?}");
+    let snap = d.pool.snapshot();
+    assert!(
+        snap.subnets
+            .iter()
+            .any(|s| s.prefixes_blocked_for.is_some()),
+        "{:?}",
+        snap.subnets
+    );
+    d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+}
