@@ -67,6 +67,14 @@ pub struct Metrics {
     /// Pool IPs EC2 no longer has on the ENI, and EC2 IPs on our ENIs the pool does not know (last pass).
     pub drift_missing_in_ec2: Gauge,
     pub drift_unknown_to_pool: Gauge,
+    /// Pods released because the API server says they are gone (src/reconcile/api_server).
+    pub api_server_released: Counter,
+    /// Errors of the API server pod watch (each one drops the view until a fresh list).
+    pub api_server_watch_errors: Counter,
+    /// 1 while the API server pod view is synced (initial list done, watch healthy).
+    pub api_server_synced: Gauge,
+    /// Pods bound to this node that the API server watch knows.
+    pub api_server_bound_pods: Gauge,
     startup_ms: Arc<AtomicU64>,
 }
 
@@ -90,6 +98,10 @@ impl Default for Metrics {
             netns_gc_released: Counter::default(),
             drift_missing_in_ec2: Gauge::default(),
             drift_unknown_to_pool: Gauge::default(),
+            api_server_released: Counter::default(),
+            api_server_watch_errors: Counter::default(),
+            api_server_synced: Gauge::default(),
+            api_server_bound_pods: Gauge::default(),
             startup_ms: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -201,6 +213,26 @@ pub fn render(s: &Sources) -> String {
         "eniipam_reconcile_drift_unknown_to_pool",
         "IPs EC2 shows on our ENIs that the pool does not know (last reconcile pass)",
         m.drift_unknown_to_pool.clone(),
+    );
+    reg.register(
+        "eniipam_api_server_released",
+        "Pods released by the running reconcile: gone from the Kubernetes API server",
+        m.api_server_released.clone(),
+    );
+    reg.register(
+        "eniipam_api_server_watch_errors",
+        "Errors of the API server pod watch (each one re-lists)",
+        m.api_server_watch_errors.clone(),
+    );
+    reg.register(
+        "eniipam_api_server_synced",
+        "1 while the API server pod view is synced (0 also when the source is off)",
+        m.api_server_synced.clone(),
+    );
+    reg.register(
+        "eniipam_api_server_bound_pods",
+        "Pods bound to this node that the API server watch knows",
+        m.api_server_bound_pods.clone(),
     );
     gauge(
         &mut reg,

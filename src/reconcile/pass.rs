@@ -11,6 +11,8 @@ use crate::model::AttachmentKey;
 pub struct PassReport {
     /// Assignments released because their pod's network namespace is gone.
     pub released_dead: Vec<(AttachmentKey, Ipv4Addr)>,
+    /// Assignments released because the API server says their pod is gone ([`super::api_server`]).
+    pub released_gone_from_api: Vec<(AttachmentKey, Ipv4Addr)>,
     /// Pool IPs on managed ENIs that EC2 no longer shows there.
     pub missing_in_ec2: Vec<Ipv4Addr>,
     /// IPs EC2 shows on our managed ENIs that the pool does not hold (reported; a restart adopts them).
@@ -19,13 +21,15 @@ pub struct PassReport {
     pub lost: Vec<(AttachmentKey, Ipv4Addr)>,
 }
 
-/// One pass of the running reconcile: releases assignments whose network namespace is gone (pods that
-/// died without a DEL), then compares the pool with EC2 and reports the drift.
+/// One pass of the running reconcile: releases assignments whose network namespace is gone or whose
+/// pod the API server says is gone (`api`, when that source is on: pods that died without a DEL), then
+/// compares the pool with EC2 and reports the drift.
 pub async fn pass(
     ipam: &crate::ipam::Ipam,
     cloud: &dyn Cloud,
     instance_id: &str,
     netns_alive: &(dyn Fn(&str) -> bool + Sync),
+    api: Option<&super::api_server::ApiServerGc>,
 ) -> Result<PassReport, CloudError> {
     let mut report = PassReport::default();
     if let Ok(state) = ipam.store().load().await {
@@ -39,6 +43,7 @@ pub async fn pass(
             }
         }
     }
+    report.released_gone_from_api = super::api_server::release_gone_pods(ipam, api).await;
     let snapshot = ipam.pool().snapshot();
     let ec2 = cloud
         .describe_enis(&EniFilter {
