@@ -12,6 +12,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::cloud::limiter::{BucketConfig, LimiterConfig, RateLimitConfig};
 use crate::pool::PoolConfig;
+use crate::reconcile::api_server::ApiServerTarget;
+
+/// The service account's token and CA bundle, as the kubelet mounts them in every pod.
+pub const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+pub const SERVICE_ACCOUNT_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
 
 /// Where environment variables come from (the process, or a map in tests).
 pub trait Env {
@@ -124,6 +129,23 @@ pub struct DaemonConfig {
     /// Period of the running reconcile (jittered ±20 %): releases pods whose netns is gone, measures
     /// drift against EC2.
     pub reconcile_period_secs: u64,
+    /// This node's Kubernetes name (`ENIIPAM_NODE_NAME`; the DaemonSet sets it from the downward API,
+    /// `spec.nodeName`). Required when the API-server pod GC is on.
+    pub node_name: String,
+    /// Release allocations whose pod is gone from the Kubernetes API server. Unset: on when in-cluster
+    /// config is available (an API server is known: `api_server_url`, or `KUBERNETES_SERVICE_HOST`/
+    /// `_PORT`; and for `https`, the token file exists); `true`: required (an error when no API server
+    /// is known, or the token is missing); `false`: off.
+    pub api_server_gc: Option<bool>,
+    /// The API server (default in a pod: `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`).
+    pub api_server_url: Option<String>,
+    /// Bearer token for the API server (the service account's; re-read as the kubelet rotates it).
+    /// Used when it exists; required for `https`.
+    pub api_server_token_file: PathBuf,
+    /// CA bundle of the API server's certificate (used for `https`).
+    pub api_server_ca_file: PathBuf,
+    /// Seconds a pod must have been gone from the API server before its allocation is released.
+    pub api_server_grace_secs: u64,
     /// Keep each secondary ENI's route table on the host (link up, primary IP, subnet route and default
     /// via the subnet gateway in table device_index + 1). Off only where the daemon must not touch the
     /// host's routing (`--simulate`, tests).
@@ -168,6 +190,12 @@ impl Default for DaemonConfig {
             leaked_eni_period_secs: 3600,
             reconcile_period_secs: 60,
             manage_eni_routes: true,
+            node_name: String::new(),
+            api_server_gc: None,
+            api_server_url: None,
+            api_server_token_file: PathBuf::from(SERVICE_ACCOUNT_TOKEN),
+            api_server_ca_file: PathBuf::from(SERVICE_ACCOUNT_CA),
+            api_server_grace_secs: 60,
             shutdown_grace_secs: 20,
             log_format: LogFormat::Auto,
             log_level: "info".to_owned(),
@@ -272,6 +300,27 @@ impl DaemonConfig {
         set!(leaked_eni_period_secs, "a whole number of seconds");
         set!(reconcile_period_secs, "a whole number of seconds");
         set!(manage_eni_routes, "true or false");
+        set!(node_name, "a node name");
+        if let Some(v) = get("api_server_gc") {
+            self.api_server_gc = match v.trim() {
+                "" | "auto" => None,
+                "true" => Some(true),
+                "false" => Some(false),
+                _ => {
+                    return Err(invalid(
+                        "api_server_gc",
+                        format!("{v:?} is not true, false or auto"),
+                    ));
+                }
+            };
+        }
+        set_opt!(api_server_url, "a URL");
+        set!(api_server_token_file, "a path");
+        set!(api_server_ca_file, "a path");
+        set!(api_server_grace_secs, "a whole number of seconds");
+        if self.api_server_url.is_none() {
+            self.api_server_url = in_cluster_url(env)?;
+        }
         set!(shutdown_grace_secs, "a whole number of seconds");
         if let Some(v) = get("log_format") {
             self.log_format = match v.as_str() {
@@ -352,6 +401,41 @@ impl DaemonConfig {
         if !(5..=3600).contains(&self.reconcile_period_secs) {
             return Err(invalid("reconcile_period_secs", "allowed: 5 ..= 3600"));
         }
+        if self.api_server_grace_secs > 86_400 {
+            return Err(invalid("api_server_grace_secs", "allowed: 0 ..= 86400"));
+        }
+        if !self.node_name.is_empty() && !is_dns_subdomain(&self.node_name) {
+            return Err(invalid(
+                "node_name",
+                format!(
+                    "{:?} is not a Kubernetes node name (lowercase letters, digits, '-' and '.', at most 253)",
+                    self.node_name
+                ),
+            ));
+        }
+        if let Some(url) = &self.api_server_url
+            && !(url.starts_with("https://") || url.starts_with("http://"))
+        {
+            return Err(invalid(
+                "api_server_url",
+                format!("{url:?} is not an https:// (or http://) URL"),
+            ));
+        }
+        if self.api_server_gc == Some(true) && self.api_server_url.is_none() {
+            return Err(invalid(
+                "api_server_gc",
+                "true, but no API server is known: not running in a pod (KUBERNETES_SERVICE_HOST and \
+                 KUBERNETES_SERVICE_PORT are unset) and api_server_url is unset",
+            ));
+        }
+        if self.api_server_gc_enabled() && self.node_name.is_empty() {
+            return Err(invalid(
+                "node_name",
+                "empty, but the API-server pod GC is on (in-cluster config found, or api_server_gc = true): \
+                 set ENIIPAM_NODE_NAME to this node's Kubernetes name (the DaemonSet sets it from the \
+                 downward API, fieldRef spec.nodeName), or set api_server_gc = false",
+            ));
+        }
         if self.shutdown_grace_secs > 600 {
             return Err(invalid("shutdown_grace_secs", "allowed: 0 ..= 600"));
         }
@@ -365,6 +449,33 @@ impl DaemonConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Whether the API-server pod GC runs: `api_server_gc`, or when unset, whether in-cluster config is
+    /// available: an API server is known and, for `https`, the token file exists (a pod with
+    /// `automountServiceAccountToken: false` still gets `KUBERNETES_SERVICE_HOST`, but no credentials).
+    pub fn api_server_gc_enabled(&self) -> bool {
+        self.api_server_gc.unwrap_or_else(|| {
+            self.api_server_url.as_deref().is_some_and(|url| {
+                !url.starts_with("https://") || self.api_server_token_file.exists()
+            })
+        })
+    }
+
+    /// Where the API-server pod GC connects, when it is on: the URL, the token file when it exists (it
+    /// must for `https`) and the CA bundle for `https`.
+    pub fn api_server_target(&self) -> Option<ApiServerTarget> {
+        if !self.api_server_gc_enabled() {
+            return None;
+        }
+        let url = self.api_server_url.clone()?;
+        let https = url.starts_with("https://");
+        Some(ApiServerTarget {
+            token_file: (https || self.api_server_token_file.exists())
+                .then(|| self.api_server_token_file.clone()),
+            ca_file: https.then(|| self.api_server_ca_file.clone()),
+            url,
+        })
     }
 
     /// The pool's knobs.
@@ -398,6 +509,41 @@ impl DaemonConfig {
             ..LimiterConfig::default()
         }
     }
+}
+
+/// The API server as client-go finds it in a pod: `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`
+/// (both set, or none).
+fn in_cluster_url(env: &dyn Env) -> Result<Option<String>, ConfigError> {
+    let host = env
+        .var("KUBERNETES_SERVICE_HOST")
+        .filter(|h| !h.trim().is_empty());
+    let port = env
+        .var("KUBERNETES_SERVICE_PORT")
+        .filter(|p| !p.trim().is_empty());
+    let (host, port) = match (host, port) {
+        (Some(h), Some(p)) => (h, p),
+        _ => return Ok(None),
+    };
+    let port: u16 = parse("KUBERNETES_SERVICE_PORT", &port, "a port")?;
+    let host = host.trim();
+    Ok(Some(match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(ip)) => format!("https://[{ip}]:{port}"),
+        _ => format!("https://{host}:{port}"),
+    }))
+}
+
+/// A DNS subdomain (RFC 1123), which node names are.
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
 }
 
 #[cfg(test)]

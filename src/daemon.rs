@@ -3,7 +3,8 @@
 //!
 //! Startup order (nothing is served before the rebuild): metrics listener (`/readyz` false) → state
 //! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
-//! the rebuilt state → pool → leaked-ENI collector → gRPC socket → ready.
+//! the rebuilt state → pool → leaked-ENI collector → API-server pod watch (when on) → gRPC socket →
+//! ready.
 //!
 //! Shutdown in three steps: stop accepting, let in-flight requests finish within the grace period, then
 //! stop the pool and close the file. Live pods' IPs are left alone (they are in the file and in EC2).
@@ -28,6 +29,7 @@ use crate::config::DaemonConfig;
 use crate::ipam::Ipam;
 use crate::pool::PoolSeed;
 use crate::pool::{Pool, PoolError};
+use crate::reconcile::api_server::{self, ApiServerGc, BoundPods, PodWatch};
 use crate::reconcile::{self, ReconcileReport};
 use crate::rpc::{IntrospectService, IpamService, SocketError, bind_socket, pb};
 use crate::store::{Store, StoreError};
@@ -60,6 +62,8 @@ pub enum DaemonError {
     /// in another availability zone).
     #[error("configuration: {0}")]
     Config(String),
+    #[error("Kubernetes API server: {0}")]
+    ApiServer(#[from] api_server::ApiServerError),
 }
 
 /// The cloud clients a daemon uses (real ones from [`CloudClients::from_config`], or any other).
@@ -119,6 +123,7 @@ pub struct DaemonHandle {
     health: tonic_health::server::HealthReporter,
     ipam: Ipam,
     reconciler: Reconciler,
+    api_server: Option<ApiServerGc>,
     cancel: CancellationToken,
     grpc: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
@@ -186,6 +191,7 @@ impl Daemon {
             vpc_cidrs,
             b.metrics.clone(),
         );
+        let api_server = spawn_api_server_gc(&config, &mut b)?;
         let reconciler = Reconciler {
             ipam: ipam.clone(),
             cloud: clients.cloud.clone(),
@@ -194,6 +200,7 @@ impl Daemon {
                 cni_cache_dir: config.cni_cache_dir.clone(),
                 netns_dirs: config.netns_dirs.clone(),
             },
+            api_server: api_server.clone(),
             memory: Arc::new(tokio::sync::Mutex::new(reconcile::Memory::default())),
             metrics: b.metrics.clone(),
         };
@@ -228,6 +235,7 @@ impl Daemon {
             health,
             ipam,
             reconciler,
+            api_server,
             cancel: b.cancel,
             grpc,
             background: b.background,
@@ -492,6 +500,42 @@ fn spawn_leak_collector(
     ));
 }
 
+/// The pods bound to this node from the Kubernetes API server, when that source is on
+/// (`config.api_server_target()`): the watch starts now and syncs in the background (until it has,
+/// pods are unknown and nothing is released); the running reconcile releases allocations whose pod is
+/// gone from it.
+fn spawn_api_server_gc(
+    config: &DaemonConfig,
+    b: &mut Building,
+) -> Result<Option<ApiServerGc>, DaemonError> {
+    let Some(target) = config.api_server_target() else {
+        if config.api_server_gc.is_none()
+            && let Some(url) = &config.api_server_url
+        {
+            tracing::info!(api_server = %url, token_file = %config.api_server_token_file.display(),
+                "API-server pod GC off: an API server is known but there is no service-account token \
+                 (set api_server_gc = true to require it)");
+        }
+        return Ok(None);
+    };
+    let client = api_server::client(&target)?;
+    let (watch, task) = PodWatch::spawn(
+        client.clone(),
+        config.node_name.clone(),
+        b.metrics.clone(),
+        b.cancel.clone(),
+    );
+    b.background.push(task);
+    tracing::info!(api_server = %target.url, node = %config.node_name, grace_secs = config.api_server_grace_secs,
+        "API-server pod GC on: watching the pods bound to this node");
+    Ok(Some(ApiServerGc::new(
+        watch,
+        client,
+        Duration::from_secs(config.api_server_grace_secs),
+        b.metrics.clone(),
+    )))
+}
+
 /// Last step: the socket, with `Ipam`, `Introspect` and `grpc.health.v1`.
 async fn serve_grpc(
     config: &DaemonConfig,
@@ -537,6 +581,7 @@ async fn serve_grpc(
 struct Reconciler {
     ipam: Ipam,
     cloud: Arc<dyn Cloud>,
+    api_server: Option<ApiServerGc>,
     instance_id: String,
     host: reconcile::HostView,
     memory: Arc<tokio::sync::Mutex<reconcile::Memory>>,
@@ -552,6 +597,7 @@ impl Reconciler {
             &self.instance_id,
             &self.host,
             &mut memory,
+            self.api_server.as_ref(),
         )
         .await?;
         let m = &self.metrics;
@@ -588,6 +634,17 @@ fn spawn_reconcile(
 impl DaemonHandle {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// The pods bound to this node as the API server watch knows them (a cheap snapshot; for a
+    /// lookahead that pre-allocates for pods bound but not yet ADDed). `None` when that source is off.
+    pub fn bound_pods(&self) -> Option<BoundPods> {
+        self.api_server.as_ref().map(|a| a.watch().bound_pods())
+    }
+
+    /// The API-server pod GC, when on (its watch, for waiting on the view).
+    pub fn api_server(&self) -> Option<&ApiServerGc> {
+        self.api_server.as_ref()
     }
 
     /// Runs one pass of the running reconcile now (it also runs every `reconcile_period_secs`).

@@ -92,6 +92,8 @@ impl Simulation {
             cni_cache_dir: o.state_dir.join("cni-cache"),
             // The simulated ENIs have no links on this machine, and its routing is not ours to change.
             manage_eni_routes: false,
+            // The simulated node is in no cluster: the API-server pod GC only when asked for.
+            api_server_gc: Some(o.base.api_server_gc == Some(true)),
             region: Some("us-east-1".to_owned()),
             ec2_endpoint: Some(mock.ec2_url()),
             imds_endpoint: Some(instance.imds_url.clone()),

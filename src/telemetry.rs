@@ -77,6 +77,14 @@ pub struct Metrics {
     pub quarantine_lifted: Counter,
     /// State-file rows repaired from the pool by the running reconcile.
     pub store_repairs: Counter,
+    /// Pods released because the API server says they are gone (src/reconcile/api_server).
+    pub api_server_released: Counter,
+    /// Errors of the API server pod watch (each one drops the view until a fresh list).
+    pub api_server_watch_errors: Counter,
+    /// 1 while the API server pod view is synced (initial list done, watch healthy).
+    pub api_server_synced: Gauge,
+    /// Pods bound to this node that the API server watch knows.
+    pub api_server_bound_pods: Gauge,
     startup_ms: Arc<AtomicU64>,
 }
 
@@ -104,6 +112,10 @@ impl Default for Metrics {
             forgotten_enis: Counter::default(),
             quarantine_lifted: Counter::default(),
             store_repairs: Counter::default(),
+            api_server_released: Counter::default(),
+            api_server_watch_errors: Counter::default(),
+            api_server_synced: Gauge::default(),
+            api_server_bound_pods: Gauge::default(),
             startup_ms: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -235,6 +247,26 @@ pub fn render(s: &Sources) -> String {
         "eniipam_reconcile_store_repairs",
         "State-file rows the running reconcile repaired from the pool",
         m.store_repairs.clone(),
+    );
+    reg.register(
+        "eniipam_api_server_released",
+        "Pods released by the running reconcile: gone from the Kubernetes API server",
+        m.api_server_released.clone(),
+    );
+    reg.register(
+        "eniipam_api_server_watch_errors",
+        "Errors of the API server pod watch (each one re-lists)",
+        m.api_server_watch_errors.clone(),
+    );
+    reg.register(
+        "eniipam_api_server_synced",
+        "1 while the API server pod view is synced (0 also when the source is off)",
+        m.api_server_synced.clone(),
+    );
+    reg.register(
+        "eniipam_api_server_bound_pods",
+        "Pods bound to this node that the API server watch knows",
+        m.api_server_bound_pods.clone(),
     );
     gauge(
         &mut reg,

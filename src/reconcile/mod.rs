@@ -1,6 +1,6 @@
 //! Rebuilding the pool's state at startup from what is durable and what is true, and keeping it true
 //! while running. Parts: [`evidence`] (what the host shows), [`rebuild`] (startup), [`pass`] (the
-//! running reconcile).
+//! running reconcile), [`api_server`] (the pods bound to this node from the Kubernetes API server).
 //!
 //! Sources, in order of authority: EC2 (which ENIs are attached and which IPs they hold; IMDS lags it),
 //! the host (does the pod's network namespace still exist), then SQLite (who holds which IP, cooldowns
@@ -15,6 +15,7 @@
 //! sticky reservations survive the restart. Where the file has a record of an IP, the file wins: it is
 //! written before every ADD reply, the cache only after.
 
+pub mod api_server;
 mod evidence;
 mod pass;
 mod rebuild;

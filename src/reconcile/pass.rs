@@ -43,6 +43,8 @@ pub struct Memory {
 pub struct PassReport {
     /// Assignments released because their pod's network namespace is gone.
     pub released_dead: Vec<(AttachmentKey, Ipv4Addr)>,
+    /// Assignments released because the API server says their pod is gone ([`super::api_server`]).
+    pub released_gone_from_api: Vec<(AttachmentKey, Ipv4Addr)>,
     /// Pool IPs on managed ENIs that EC2 no longer shows there (this pass).
     pub missing_in_ec2: Vec<Ipv4Addr>,
     /// IPs EC2 shows on our managed ENIs that the pool does not hold (reported; a restart adopts them).
@@ -66,18 +68,22 @@ pub struct PassReport {
     pub store_repairs: usize,
 }
 
-/// One pass; see the module docs. EC2 errors end the pass (the next one tries again); store errors
-/// are logged and the pass goes on.
+/// One pass; see the module docs. Releases assignments whose network namespace is gone or whose pod
+/// the API server says is gone (`api`, when that source is on: pods that died without a DEL), then
+/// compares the pool with EC2. EC2 errors end the pass (the next one tries again); store errors are
+/// logged and the pass goes on.
 pub async fn pass(
     ipam: &Ipam,
     cloud: &dyn Cloud,
     instance_id: &str,
     host: &HostView,
     memory: &mut Memory,
+    api: Option<&super::api_server::ApiServerGc>,
 ) -> Result<PassReport, CloudError> {
     let mut report = PassReport::default();
     let netns = NetnsView::of(&host.netns_dirs);
     release_dead(ipam, &netns, &mut report).await;
+    report.released_gone_from_api = super::api_server::release_gone_pods(ipam, api).await;
     clear_quarantine(ipam, host, &netns, &mut report).await;
     let ec2 = cloud
         .describe_enis(&EniFilter {
