@@ -5,7 +5,12 @@
 #     so after the first install this runs offline;
 #   - every JSON file (*.json, *.conflist) with python3 -m json.tool, plus the conflist inside the
 #     eniipam-cni ConfigMap, which must equal deploy/10-eniipam.conflist;
-#   - install-cni.sh with `sh -n` (and shellcheck, when installed).
+#   - the migration's node selection: eniipam's DaemonSet and aws-node patched with
+#     deploy/aws-node-exclude-eniipam.patch.json select complementary nodes (never both, never
+#     neither on an EC2 Linux node), and neither runs on Fargate, Auto Mode or hybrid nodes;
+#   - the socket variable: every manifest uses ENIIPAM_SOCKET_PATH (the name eniipamd and
+#     eniipamctl read), never another spelling;
+#   - shell scripts, if any, with `sh -n` (and shellcheck, when installed).
 # Exits non-zero on any failure, naming the file. Idempotent; re-runs reuse the venv and take seconds.
 #
 # Knobs: ENIIPAM_VENV (default $HOME/.cache/eniipam-venv), K8S_VERSIONS (space-separated Kubernetes
@@ -82,7 +87,80 @@ else
   fail "$DEPLOY/configmap.yaml" "$out"
 fi
 
-# 5. Shell scripts.
+# 5. Node selection: eniipam vs aws-node patched with the shipped JSON patch.
+if out="$("$VENV/bin/python" - "$DEPLOY/daemonset.yaml" "$DEPLOY/aws-node-exclude-eniipam.patch.json" 2>&1 <<'PY'
+import copy, json, sys, yaml
+ds = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d.get("kind") == "DaemonSet"][0]
+patch = json.load(open(sys.argv[2]))
+# aws-node's affinity as the VPC CNI ships it (config/master/aws-k8s-cni.yaml, v1.2x).
+aws_node = {"spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+        {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]},
+        {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]},
+    ]}]}}}}}}}
+def apply(doc, ops):
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        if op["op"] != "add":
+            sys.exit(f"unexpected patch op {op['op']}")
+        *parents, last = op["path"].lstrip("/").split("/")
+        node = doc
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        if last == "-":
+            node.append(op["value"])
+        elif isinstance(node, list):
+            node.insert(int(last), op["value"])
+        else:
+            node[last] = op["value"]
+    return doc
+def selects(pod_spec, labels):
+    terms = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    def expr_ok(e):
+        v = labels.get(e["key"])
+        if e["operator"] == "In": return v in e["values"]
+        if e["operator"] == "NotIn": return v not in e["values"]
+        if e["operator"] == "Exists": return v is not None
+        if e["operator"] == "DoesNotExist": return v is None
+        sys.exit(f"operator {e['operator']}")
+    ok_terms = any(all(expr_ok(e) for e in t.get("matchExpressions", [])) for t in terms)
+    return ok_terms and all(labels.get(k) == v for k, v in pod_spec.get("nodeSelector", {}).items())
+eniipam = ds["spec"]["template"]["spec"]
+patched = apply(aws_node, patch)["spec"]["template"]["spec"]
+base = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+cases = [
+    ({}, "aws-node"),
+    ({"kubernetes.io/arch": "arm64"}, "aws-node"),
+    ({"eniipam.io/enabled": "true"}, "eniipam"),
+    ({"eniipam.io/enabled": "true", "kubernetes.io/arch": "arm64"}, "eniipam"),
+    ({"eniipam.io/enabled": "false"}, "aws-node"),
+    ({"eniipam.io/enabled": "true", "eks.amazonaws.com/compute-type": "fargate"}, None),
+    ({"eniipam.io/enabled": "true", "eks.amazonaws.com/compute-type": "auto"}, None),
+    ({"eniipam.io/enabled": "true", "eks.amazonaws.com/compute-type": "hybrid"}, None),
+    ({"eniipam.io/enabled": "true", "kubernetes.io/os": "windows"}, None),
+    ({"eks.amazonaws.com/compute-type": "ec2"}, "aws-node"),
+]
+for extra, want in cases:
+    labels = {**base, **extra}
+    got = [n for n, spec in (("eniipam", eniipam), ("aws-node", patched)) if selects(spec, labels)]
+    if got != ([want] if want else []):
+        sys.exit(f"node labels {labels}: selected by {got or 'nothing'}, want {want or 'nothing'}")
+PY
+)"; then
+  ok "eniipam and aws-node + $DEPLOY/aws-node-exclude-eniipam.patch.json select complementary nodes"
+else
+  fail "$DEPLOY/aws-node-exclude-eniipam.patch.json" "$out"
+fi
+
+# 6. One name for the socket variable.
+if grep -nE 'ENIIPAM_SOCKET([^_]|$)' "$DEPLOY"/*.yaml; then
+  fail "$DEPLOY" "the socket variable is ENIIPAM_SOCKET_PATH (what eniipamd and eniipamctl read)"
+else
+  ok "$DEPLOY: the socket variable is ENIIPAM_SOCKET_PATH everywhere"
+fi
+
+# 7. Shell scripts.
 for f in "$DEPLOY"/*.sh; do
   if out="$(sh -n "$f" 2>&1)"; then
     ok "$f (sh -n)"

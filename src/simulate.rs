@@ -15,6 +15,46 @@ use crate::config::DaemonConfig;
 use crate::daemon::{CloudClients, Daemon, DaemonHandle};
 use crate::pool::Pool;
 
+/// The simulated node when `--instance-type` is not given: an m5.4xlarge holds 7 secondary ENIs ×
+/// 29 IPs = 203 pod IP slots, so the README's `--churn 1` settles at about 60 of them in use (see
+/// [`ChurnBudget`]) and the pool reaches a steady state; an m5.large (18 slots) would run out.
+pub const DEFAULT_INSTANCE_TYPE: &str = "m5.4xlarge";
+
+/// How long a synthetic pod lives, in milliseconds (uniform).
+pub const CHURN_LIFETIME_MS: std::ops::Range<u64> = 5_000..30_000;
+
+/// What a churn rate costs the pool in steady state: pods alive (rate × mean lifetime), released IPs
+/// still cooling down (rate × `reuse_cooldown`), and up to `max_idle` idle ones. The pool reaches a
+/// steady state when that fits the node's capacity; otherwise it runs out of IPs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChurnBudget {
+    pub alive: f64,
+    pub cooling: f64,
+    pub idle: u32,
+}
+
+impl ChurnBudget {
+    pub fn new(rate: f64, reuse_cooldown: Duration, max_idle: u32) -> Self {
+        let mean_lifetime =
+            Duration::from_millis((CHURN_LIFETIME_MS.start + CHURN_LIFETIME_MS.end) / 2);
+        Self {
+            alive: rate * mean_lifetime.as_secs_f64(),
+            cooling: rate * reuse_cooldown.as_secs_f64(),
+            idle: max_idle,
+        }
+    }
+
+    /// IP slots the churn needs at most, rounded up.
+    pub fn slots(&self) -> u32 {
+        (self.alive + self.cooling).ceil() as u32 + self.idle
+    }
+
+    /// Whether `capacity` slots hold it.
+    pub fn fits(&self, capacity: u32) -> bool {
+        self.slots() <= capacity
+    }
+}
+
 /// Per-user state directory: `$XDG_STATE_HOME/eniipam-simulate` or `~/.local/state/eniipam-simulate`.
 pub fn default_state_dir() -> Option<PathBuf> {
     if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| !x.is_empty()) {
@@ -41,6 +81,9 @@ pub struct Simulation {
     pub state_path: PathBuf,
     /// The plugin result cache churn writes to (also what the daemon reads at startup).
     pub cni_cache_dir: PathBuf,
+    /// The pool knobs a churn's [`ChurnBudget`] depends on.
+    pub reuse_cooldown: Duration,
+    pub max_idle: u32,
 }
 
 impl Simulation {
@@ -100,6 +143,10 @@ impl Simulation {
             ..o.base
         };
         config.validate().context("invalid configuration")?;
+        let (reuse_cooldown, max_idle) = (
+            Duration::from_secs(config.reuse_cooldown_secs),
+            config.max_idle,
+        );
         // Every simulation is a fresh instance: a state file from an earlier run belongs to another
         // instance id, and the daemon ignores it (and says so).
         let clients = CloudClients::from_config(
@@ -121,13 +168,16 @@ impl Simulation {
             daemon,
             state_path,
             cni_cache_dir: o.state_dir.join("cni-cache"),
+            reuse_cooldown,
+            max_idle,
         })
     }
 }
 
 /// Synthetic pods over the plugin's API: every `1/rate` s one pod is allocated with the same gRPC
 /// `Allocate` request the `eniipam` plugin sends (IPAM role: nothing is wired), its result is written to
-/// the plugin's result cache as the plugin does, it lives 5–30 s, and is released the same way. Pods
+/// the plugin's result cache as the plugin does, it lives [`CHURN_LIFETIME_MS`], and is released the
+/// same way. Pods
 /// name the daemon's own network namespace (`/proc/self/ns/net`), which always exists.
 pub fn spawn_churn(socket: PathBuf, cache_dir: PathBuf, rate: f64) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -136,7 +186,7 @@ pub fn spawn_churn(socket: PathBuf, cache_dir: PathBuf, rate: f64) -> JoinHandle
         loop {
             tick.tick().await;
             n += 1;
-            let lifetime = Duration::from_millis(rand::rng().random_range(5_000..30_000));
+            let lifetime = Duration::from_millis(rand::rng().random_range(CHURN_LIFETIME_MS));
             let pod = SyntheticPod::new(n, &socket, &cache_dir);
             tokio::spawn(async move {
                 if let Err(e) = pod.add().await {
@@ -272,4 +322,30 @@ pub fn spawn_status(pool: Pool, every: Duration) -> JoinHandle<()> {
             );
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_churn_fits_the_default_node_and_not_an_m5_large() {
+        // 1 pod/s with the defaults (cooldown 30 s, max_idle 10): 17.5 alive + 30 cooling + 10 idle.
+        let b = ChurnBudget::new(1.0, Duration::from_secs(30), 10);
+        assert_eq!(b.slots(), 58);
+        let m5_4xl = mockcloud::catalog::lookup(DEFAULT_INSTANCE_TYPE).unwrap();
+        // eth0's IPs do not serve pods yet: (ENIs − 1) × (IPs − 1).
+        assert!(b.fits((m5_4xl.max_enis - 1) * (m5_4xl.ipv4_per_eni - 1)));
+        let m5_large = mockcloud::catalog::lookup("m5.large").unwrap();
+        assert!(!b.fits((m5_large.max_enis - 1) * (m5_large.ipv4_per_eni - 1)));
+        assert!(
+            !b.fits(m5_large.max_enis * (m5_large.ipv4_per_eni - 1)),
+            "27 slots are not enough either"
+        );
+        // Without churn only the idle pool counts.
+        assert_eq!(
+            ChurnBudget::new(0.0, Duration::from_secs(30), 10).slots(),
+            10
+        );
+    }
 }

@@ -236,7 +236,8 @@ async fn simulate_m5_large_serves_the_vpc_cnis_pods_per_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn churn_drives_pods_through_the_pool() {
-    let sim = start_sim(&["--churn", "50"]).await;
+    // 50 pods/s outgrow any node within seconds: --exhaust asks for it.
+    let sim = start_sim(&["--churn", "50", "--exhaust"]).await;
     let http = reqwest::Client::new();
     let mut adds = 0.0;
     for _ in 0..200 {
@@ -287,6 +288,25 @@ fn bad_flags_and_knobs_are_refused_by_name() {
         .contains("x9.mega")
     );
     assert!(run(&["--churn", "5"], &[]).contains("--simulate"));
+    // A churn the node cannot hold is refused unless --exhaust asks for it, with what would fit.
+    let e = run(
+        &[
+            "--simulate",
+            "--profile",
+            "fast",
+            "--instance-type",
+            "m5.large",
+            "--churn",
+            "1",
+            "--state-dir",
+            "/tmp/eniipam-bad",
+        ],
+        &[("ENIIPAM_LOG_LEVEL", "warn")],
+    );
+    assert!(
+        e.contains("would run out of IPs") && e.contains("--exhaust") && e.contains("m5.4xlarge"),
+        "{e}"
+    );
     let e = run(
         &[],
         &[("ENIIPAM_MIN_IDLE", "50"), ("ENIIPAM_MAX_IDLE", "5")],

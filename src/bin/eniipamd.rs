@@ -24,7 +24,7 @@ struct Args {
     #[arg(long)]
     simulate: bool,
     /// With --simulate: the simulated node's instance type.
-    #[arg(long, default_value = "m5.large", requires = "simulate")]
+    #[arg(long, default_value = eniipam_simulate_default_type(), requires = "simulate")]
     instance_type: String,
     /// With --simulate: drive synthetic pod ADD/DEL through the plugin's own code path (IPAM role, no
     /// wiring) at this many pods per second (0 = none).
@@ -45,6 +45,23 @@ struct Args {
     /// With --simulate: mockcloud latency profile, `realistic` or `fast`.
     #[arg(long, default_value = "realistic", requires = "simulate")]
     profile: String,
+    /// With --simulate --churn: run even when the churn needs more IP slots than the node has, to
+    /// watch the pool run out (EXHAUSTED in the status lines, CNI error 11 on ADD). Without it such a
+    /// combination is refused with what would fit.
+    #[arg(long, requires = "simulate")]
+    exhaust: bool,
+}
+
+/// `--instance-type`'s default (the simulated node's; a constant string when `simulate` is off).
+const fn eniipam_simulate_default_type() -> &'static str {
+    #[cfg(feature = "simulate")]
+    {
+        eniipam::simulate::DEFAULT_INSTANCE_TYPE
+    }
+    #[cfg(not(feature = "simulate"))]
+    {
+        "m5.4xlarge"
+    }
 }
 
 /// How `eniipamd` ends, and its exit code: the one place errors become exit codes (listed in
@@ -93,9 +110,10 @@ async fn run(args: Args) -> Exit {
     };
     if config.cluster_name.is_empty() {
         return Exit::BadConfig(anyhow::anyhow!(
-            "cluster_name is empty: set ENIIPAM_CLUSTER_NAME (the DaemonSet reads it from the `cluster-name` key \
-             of the eniipam-config ConfigMap) or `cluster_name` in the config file. It tags the ENIs eniipam \
-             creates and scopes the leaked-ENI collector (use --simulate to try eniipam without a cluster)"
+            "cluster_name is empty: set ENIIPAM_CLUSTER_NAME (in the DaemonSet: the ENIIPAM_CLUSTER_NAME key of \
+             the eniipam-config ConfigMap, deploy/configmap.yaml) or `cluster_name` in the config file. It tags \
+             the ENIs eniipam creates, the IAM policy is scoped to it, and the leaked-ENI collector uses it \
+             (use --simulate to try eniipam without a cluster)"
         ));
     }
     eniipam::telemetry::init_logging(config.log_format, &config.log_level);
@@ -172,6 +190,40 @@ async fn simulate_main(args: Args) -> anyhow::Result<()> {
     })
     .await?;
     print_where(&sim.daemon, &sim);
+    if args.churn > 0.0 {
+        let capacity = sim.daemon.pool.snapshot().capacity;
+        let budget = simulate::ChurnBudget::new(args.churn, sim.reuse_cooldown, sim.max_idle);
+        let need = format!(
+            "--churn {} needs about {} IP slots ({:.0} pods alive, {:.0} released IPs cooling down, up to {} idle)",
+            args.churn,
+            budget.slots(),
+            budget.alive,
+            budget.cooling,
+            budget.idle
+        );
+        if budget.fits(capacity) {
+            println!(
+                "churn:    {need}; this node has {capacity}: it settles into a steady state. Watch `assigned` \
+                 and `cooling` level off in the status lines."
+            );
+        } else if args.exhaust {
+            println!(
+                "churn:    {need}; this node has {capacity}: it will run out (--exhaust). Watch for EXHAUSTED \
+                 in the status lines and `eniipam_exhausted 1` in the metrics."
+            );
+        } else {
+            let instance_type = sim.daemon.node.instance_type.clone();
+            sim.daemon.shutdown().await;
+            return Err(BadArgs(format!(
+                "{need}, but a simulated {} has {capacity}: it would run out of IPs. Pick a lower --churn, a \
+                 larger --instance-type (the default {} has room for --churn 1), or add --exhaust to watch it \
+                 run out",
+                instance_type,
+                simulate::DEFAULT_INSTANCE_TYPE
+            ))
+            .into());
+        }
+    }
     let churn = (args.churn > 0.0).then(|| {
         simulate::spawn_churn(
             sim.daemon.socket_path.clone(),

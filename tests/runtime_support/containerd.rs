@@ -44,7 +44,15 @@ impl Containerd {
         }
         let file_name = conflist.file_name().expect("conflist file name");
         std::fs::copy(conflist, conf_dir.join(file_name)).expect("copying the conflist");
+        Self::start_with_dirs(node, &bin_dir, &conf_dir).await
+    }
 
+    /// Starts containerd with the CRI plugin's `bin_dir` and `conf_dir` as they are (e.g. what an
+    /// installer produced), and waits as [`Containerd::start`] does.
+    pub async fn start_with_dirs(node: &mut Node, bin_dir: &Path, conf_dir: &Path) -> Containerd {
+        let base = node.dir.join("containerd");
+        std::fs::create_dir_all(&base).expect("containerd dir");
+        let (bin_dir, conf_dir) = (bin_dir.to_owned(), conf_dir.to_owned());
         let socket = base.join("containerd.sock");
         let config = config_toml(&base, &bin_dir, &conf_dir, &socket);
         let config_path = base.join("config.toml");

@@ -1,0 +1,312 @@
+//! `eniipamctl iam-policy`: the least-privilege IAM policy for eniipamd in one cluster.
+//!
+//! Every EC2 action eniipamd calls (`src/cloud/ec2/`; the workspace's `tests/iam_policy.rs` checks
+//! the list against the code and against a real daemon's calls), and nothing more:
+//! - Describe* on `*`: EC2 has no resource-level permissions for them;
+//! - CreateNetworkInterface only when the request tags the new ENI `eniipam.io/owner=eniipam` and
+//!   `eniipam.io/cluster=<cluster>` and carries no other tag keys than eniipam's own (so every ENI
+//!   the role creates is findable by the leaked-ENI collector), plus the subnet and security groups
+//!   it is created in;
+//! - CreateTags only as part of that create (`ec2:CreateAction`), or to stamp `eniipam.io/created-at`
+//!   on an ENI already tagged for this cluster (the leaked-ENI collector);
+//! - every mutation of an ENI only on ENIs tagged `eniipam.io/owner=eniipam` and
+//!   `eniipam.io/cluster=<cluster>`: eth0, other clusters' ENIs and anyone else's are out of reach;
+//! - Attach/Detach on the instance side too (EC2 authorizes both resources).
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+/// Tags eniipamd writes on every ENI it creates (`eniipam::cloud::tags`; `tests/iam_policy.rs`
+/// checks that this list is exactly the keys of a created ENI).
+pub const OWNER_TAG: &str = "eniipam.io/owner";
+pub const OWNER_VALUE: &str = "eniipam";
+pub const CLUSTER_TAG: &str = "eniipam.io/cluster";
+pub const CREATED_AT_TAG: &str = "eniipam.io/created-at";
+pub const CREATE_TAG_KEYS: &[&str] = &[
+    OWNER_TAG,
+    CLUSTER_TAG,
+    "eniipam.io/instance-id",
+    CREATED_AT_TAG,
+    // So that an aws-node still running on the node never adopts our ENIs (during a migration).
+    "node.k8s.amazonaws.com/no_manage",
+];
+
+/// Read-only EC2 actions eniipamd calls.
+pub const DESCRIBE_ACTIONS: &[&str] = &[
+    "ec2:DescribeInstanceTypes",
+    "ec2:DescribeInstances",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeSubnets",
+];
+
+/// Mutations of an existing ENI eniipamd makes (on its own ENIs only).
+pub const ENI_MUTATIONS: &[&str] = &[
+    "ec2:AssignPrivateIpAddresses",
+    "ec2:AttachNetworkInterface",
+    "ec2:DeleteNetworkInterface",
+    "ec2:DetachNetworkInterface",
+    "ec2:ModifyNetworkInterfaceAttribute",
+    "ec2:UnassignPrivateIpAddresses",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Partition {
+    /// Commercial regions.
+    Aws,
+    /// China (Beijing, Ningxia).
+    AwsCn,
+    /// AWS GovCloud (US).
+    AwsUsGov,
+}
+
+impl Partition {
+    fn arn(self) -> &'static str {
+        match self {
+            Partition::Aws => "aws",
+            Partition::AwsCn => "aws-cn",
+            Partition::AwsUsGov => "aws-us-gov",
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct IamPolicyArgs {
+    /// The cluster name: the same value as eniipamd's cluster_name (ENIIPAM_CLUSTER_NAME).
+    #[arg(long)]
+    cluster: String,
+    /// The AWS partition the cluster runs in.
+    #[arg(long, value_enum, default_value = "aws")]
+    partition: Partition,
+}
+
+pub fn run(a: &IamPolicyArgs) -> Result<(), String> {
+    let policy = policy(&a.cluster, a.partition)?;
+    let text = serde_json::to_string_pretty(&policy).map_err(|e| e.to_string())?;
+    println!("{text}");
+    Ok(())
+}
+
+/// A policy document, fields in the order IAM's examples use.
+#[derive(Serialize)]
+struct Policy {
+    #[serde(rename = "Version")]
+    version: &'static str,
+    #[serde(rename = "Statement")]
+    statement: Vec<Statement>,
+}
+
+#[derive(Serialize)]
+struct Statement {
+    #[serde(rename = "Sid")]
+    sid: &'static str,
+    #[serde(rename = "Effect")]
+    effect: &'static str,
+    #[serde(rename = "Action")]
+    action: Value,
+    #[serde(rename = "Resource")]
+    resource: Value,
+    #[serde(rename = "Condition", skip_serializing_if = "Option::is_none")]
+    condition: Option<Value>,
+}
+
+fn allow(sid: &'static str, action: Value, resource: Value, condition: Option<Value>) -> Statement {
+    Statement {
+        sid,
+        effect: "Allow",
+        action,
+        resource,
+        condition,
+    }
+}
+
+/// Checks a cluster name for use as a tag value in the policy: what eniipamd accepts (≤ 128
+/// characters, no whitespace), limited to the characters EC2 allows in tag values, and nothing IAM
+/// would read as a policy variable or a wildcard.
+pub fn validate_cluster(cluster: &str) -> Result<(), String> {
+    if cluster.is_empty() {
+        return Err(
+            "--cluster is empty: give the cluster name eniipamd tags its ENIs with \
+                    (ENIIPAM_CLUSTER_NAME in deploy/configmap.yaml)"
+                .into(),
+        );
+    }
+    if cluster.chars().count() > 128 {
+        return Err(format!(
+            "--cluster is {} characters long; eniipamd accepts at most 128",
+            cluster.chars().count()
+        ));
+    }
+    if let Some(c) = cluster
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "_.:/=+-@".contains(*c)))
+    {
+        return Err(format!(
+            "--cluster {cluster:?} contains {c:?}: use letters, digits and _ . : / = + - @ \
+             (EC2 tag values; `*`, `?` and `$` would mean something else in an IAM policy)"
+        ));
+    }
+    Ok(())
+}
+
+fn policy(cluster: &str, partition: Partition) -> Result<Policy, String> {
+    validate_cluster(cluster)?;
+    let p = partition.arn();
+    let eni = format!("arn:{p}:ec2:*:*:network-interface/*");
+    let ours = json!({
+        format!("aws:ResourceTag/{OWNER_TAG}"): OWNER_VALUE,
+        format!("aws:ResourceTag/{CLUSTER_TAG}"): cluster,
+    });
+    Ok(Policy {
+        version: "2012-10-17",
+        statement: vec![
+            allow("Describe", json!(DESCRIBE_ACTIONS), json!("*"), None),
+            allow(
+                "CreateEniTaggedForThisCluster",
+                json!("ec2:CreateNetworkInterface"),
+                json!(eni),
+                Some(json!({
+                    "StringEquals": {
+                        format!("aws:RequestTag/{OWNER_TAG}"): OWNER_VALUE,
+                        format!("aws:RequestTag/{CLUSTER_TAG}"): cluster,
+                    },
+                    "ForAllValues:StringEquals": {"aws:TagKeys": CREATE_TAG_KEYS},
+                })),
+            ),
+            allow(
+                "CreateEniInSubnetWithGroups",
+                json!("ec2:CreateNetworkInterface"),
+                json!([
+                    format!("arn:{p}:ec2:*:*:subnet/*"),
+                    format!("arn:{p}:ec2:*:*:security-group/*"),
+                ]),
+                None,
+            ),
+            allow(
+                "TagEniOnlyWhileCreatingIt",
+                json!("ec2:CreateTags"),
+                json!(eni),
+                Some(json!({
+                    "StringEquals": {
+                        "ec2:CreateAction": "CreateNetworkInterface",
+                        format!("aws:RequestTag/{CLUSTER_TAG}"): cluster,
+                    },
+                })),
+            ),
+            allow(
+                "StampCreatedAtOnThisClustersEnis",
+                json!("ec2:CreateTags"),
+                json!(eni),
+                Some(json!({
+                    "StringEquals": ours,
+                    "ForAllValues:StringEquals": {"aws:TagKeys": [CREATED_AT_TAG]},
+                })),
+            ),
+            allow(
+                "ManageThisClustersEnisOnly",
+                json!(ENI_MUTATIONS),
+                json!(eni),
+                Some(json!({"StringEquals": ours})),
+            ),
+            allow(
+                "AttachDetachOnInstances",
+                json!(["ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface"]),
+                json!(format!("arn:{p}:ec2:*:*:instance/*")),
+                None,
+            ),
+        ],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(cluster: &str, p: Partition) -> Value {
+        serde_json::to_value(policy(cluster, p).unwrap()).unwrap()
+    }
+
+    /// Every action with its statements' resources, for the assertions below.
+    fn actions(v: &Value) -> std::collections::BTreeSet<String> {
+        v["Statement"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| match &s["Action"] {
+                Value::String(a) => vec![a.clone()],
+                Value::Array(a) => a.iter().map(|x| x.as_str().unwrap().to_owned()).collect(),
+                other => panic!("Action {other}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_mutation_is_scoped_to_the_cluster_tag() {
+        let v = doc("prod-1", Partition::Aws);
+        for s in v["Statement"].as_array().unwrap() {
+            let sid = s["Sid"].as_str().unwrap();
+            let resources: Vec<&str> = match &s["Resource"] {
+                Value::String(r) => vec![r.as_str()],
+                Value::Array(r) => r.iter().map(|x| x.as_str().unwrap()).collect(),
+                other => panic!("{sid}: Resource {other}"),
+            };
+            if sid == "Describe" {
+                assert_eq!(resources, ["*"]);
+                continue;
+            }
+            assert!(
+                resources.iter().all(|r| r.starts_with("arn:aws:ec2:")),
+                "{sid}: {resources:?}"
+            );
+            if resources
+                .iter()
+                .any(|r| r.ends_with(":network-interface/*"))
+            {
+                let cond = s["Condition"].to_string();
+                assert!(
+                    cond.contains("\"aws:ResourceTag/eniipam.io/cluster\":\"prod-1\"")
+                        || cond.contains("\"aws:RequestTag/eniipam.io/cluster\":\"prod-1\""),
+                    "{sid} touches ENIs without the cluster condition: {cond}"
+                );
+            }
+        }
+        let all = actions(&v);
+        assert_eq!(all.len(), 12, "{all:?}");
+        assert!(all.iter().all(|a| a.starts_with("ec2:")));
+    }
+
+    #[test]
+    fn partitions_change_only_the_arns() {
+        let cn = doc("c", Partition::AwsCn).to_string();
+        assert!(cn.contains("arn:aws-cn:ec2:*:*:network-interface/*"));
+        assert!(!cn.contains("arn:aws:"));
+        let gov = doc("c", Partition::AwsUsGov).to_string();
+        assert!(gov.contains("arn:aws-us-gov:ec2:*:*:instance/*"));
+        assert_eq!(
+            actions(&doc("c", Partition::AwsCn)),
+            actions(&doc("c", Partition::Aws))
+        );
+    }
+
+    #[test]
+    fn bad_cluster_names_are_refused_with_the_reason() {
+        assert!(
+            validate_cluster("")
+                .unwrap_err()
+                .contains("ENIIPAM_CLUSTER_NAME")
+        );
+        assert!(validate_cluster("a b").unwrap_err().contains("' '"));
+        assert!(
+            validate_cluster("${aws:username}")
+                .unwrap_err()
+                .contains("'$'")
+        );
+        assert!(validate_cluster("prod*").is_err());
+        assert!(
+            validate_cluster(&"x".repeat(129))
+                .unwrap_err()
+                .contains("128")
+        );
+        validate_cluster("my-cluster_2.eu:prod/a=b+c@d").unwrap();
+    }
+}

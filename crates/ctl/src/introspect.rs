@@ -1,0 +1,203 @@
+//! What the node's pool is doing, from eniipamd's Introspect service, and its gRPC health.
+
+use std::path::Path;
+
+use eniipam_api::pb;
+use serde_json::json;
+use tonic::transport::Channel;
+
+/// Connects to eniipamd, with errors that say what to do.
+async fn connect(socket: &Path) -> Result<Channel, String> {
+    if !socket.exists() {
+        return Err(format!(
+            "no socket at {}: is eniipamd running? (pass --socket or set ENIIPAM_SOCKET_PATH)",
+            socket.display()
+        ));
+    }
+    eniipam_api::connect(socket).await.map_err(|e| {
+        let mut msg = format!("cannot connect to eniipamd at {}: {e}", socket.display());
+        if let Err(io) = std::fs::File::open(socket)
+            && io.kind() == std::io::ErrorKind::PermissionDenied
+        {
+            msg.push_str(" (permission denied: the socket is root-only, try sudo)");
+        }
+        msg
+    })
+}
+
+fn status_err(s: tonic::Status) -> String {
+    format!("eniipamd answered {:?}: {}", s.code(), s.message())
+}
+
+/// Ok when eniipamd's gRPC health service reports SERVING for the plugin's service; the reason
+/// otherwise (no socket, cannot connect, not serving).
+pub async fn check_health(socket: &Path) -> Result<(), String> {
+    let channel = connect(socket).await?;
+    let mut h = tonic_health::pb::health_client::HealthClient::new(channel);
+    let r = h
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "eniipam.v1.Ipam".into(),
+        })
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    if r.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
+        Ok(())
+    } else {
+        Err("eniipamd is not serving".into())
+    }
+}
+
+pub async fn health(socket: &Path, as_json: bool) -> Result<(), String> {
+    let result = check_health(socket).await;
+    // A daemon that answered "not serving" is a result to print; no daemon at all is an error.
+    let serving = match &result {
+        Ok(()) => true,
+        Err(e) if e == "eniipamd is not serving" => false,
+        Err(_) => return result,
+    };
+    if as_json {
+        println!("{}", json!({"serving": serving}));
+    } else {
+        println!("{}", if serving { "SERVING" } else { "NOT SERVING" });
+    }
+    result
+}
+
+pub async fn status(socket: &Path, as_json: bool) -> Result<(), String> {
+    let mut c = pb::introspect_client::IntrospectClient::new(connect(socket).await?);
+    let p = c
+        .pool(pb::PoolRequest {})
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    if as_json {
+        println!("{}", pool_json(&p));
+    } else {
+        print_pool(&p);
+    }
+    Ok(())
+}
+
+pub async fn allocations(socket: &Path, as_json: bool) -> Result<(), String> {
+    let mut c = pb::introspect_client::IntrospectClient::new(connect(socket).await?);
+    let a = c
+        .allocations(pb::AllocationsRequest {})
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    if as_json {
+        let v: Vec<_> = a
+            .allocations
+            .iter()
+            .map(|x| {
+                json!({"ip": x.ip, "container_id": x.container_id, "ifname": x.ifname, "netns": x.netns,
+                       "pod_namespace": x.pod_namespace, "pod_name": x.pod_name, "eni_id": x.eni_id,
+                       "sticky_key": x.sticky_key, "assigned_at_ms": x.assigned_at_ms})
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+    } else {
+        println!(
+            "{:<16} {:<21} {:<32} {:<14} CONTAINER",
+            "IP", "ENI", "POD", "IFNAME"
+        );
+        for x in &a.allocations {
+            let pod = format!("{}/{}", x.pod_namespace, x.pod_name);
+            println!(
+                "{:<16} {:<21} {:<32} {:<14} {}",
+                x.ip, x.eni_id, pod, x.ifname, x.container_id
+            );
+        }
+        println!("{} allocations", a.allocations.len());
+    }
+    Ok(())
+}
+
+pub async fn enis(socket: &Path, as_json: bool) -> Result<(), String> {
+    let mut c = pb::introspect_client::IntrospectClient::new(connect(socket).await?);
+    let e = c
+        .enis(pb::EnisRequest {})
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    if as_json {
+        println!(
+            "{}",
+            serde_json::Value::Array(e.enis.iter().map(eni_json).collect())
+        );
+    } else {
+        print_enis(&e.enis);
+    }
+    Ok(())
+}
+
+fn eni_json(e: &pb::EniInfo) -> serde_json::Value {
+    json!({"eni_id": e.eni_id, "mac": e.mac, "device_index": e.device_index, "subnet_id": e.subnet_id,
+           "subnet_cidr": e.subnet_cidr, "primary_ip": e.primary_ip, "idle": e.idle, "assigned": e.assigned,
+           "cooling": e.cooling, "sticky": e.sticky, "state": e.state, "backlog": e.backlog})
+}
+
+fn pool_json(p: &pb::PoolReply) -> serde_json::Value {
+    json!({
+        "instance_id": p.instance_id, "instance_type": p.instance_type, "ready": p.ready,
+        "capacity": p.capacity, "tokens_in_use": p.tokens_in_use, "min_idle": p.min_idle, "max_idle": p.max_idle,
+        "idle": p.idle, "assigned": p.assigned, "cooling": p.cooling, "sticky": p.sticky, "in_flight": p.in_flight,
+        "exhausted": p.exhausted, "exhausted_reason": p.exhausted_reason,
+        "backoffs": p.backoffs.iter().map(|b| json!({"scope": b.scope, "reason": b.reason, "remaining_ms": b.remaining_ms})).collect::<Vec<_>>(),
+        "enis": p.enis.iter().map(eni_json).collect::<Vec<_>>(),
+    })
+}
+
+fn print_enis(enis: &[pb::EniInfo]) {
+    println!(
+        "{:<4} {:<21} {:<26} {:<18} {:>5} {:>8} {:>7} {:>6} {:<12}",
+        "DEV", "ENI", "SUBNET", "CIDR", "IDLE", "ASSIGNED", "COOLING", "STICKY", "STATE"
+    );
+    for e in enis {
+        println!(
+            "{:<4} {:<21} {:<26} {:<18} {:>5} {:>8} {:>7} {:>6} {:<12}",
+            e.device_index,
+            e.eni_id,
+            e.subnet_id,
+            e.subnet_cidr,
+            e.idle,
+            e.assigned,
+            e.cooling,
+            e.sticky,
+            e.state
+        );
+    }
+}
+
+fn print_pool(p: &pb::PoolReply) {
+    println!(
+        "node:      {} ({}){}",
+        p.instance_id,
+        p.instance_type,
+        if p.ready { "" } else { "  NOT READY" }
+    );
+    println!(
+        "capacity:  {} IP slots, {} in use",
+        p.capacity, p.tokens_in_use
+    );
+    println!(
+        "IPs:       {} assigned, {} idle, {} cooling, {} sticky, {} in flight",
+        p.assigned, p.idle, p.cooling, p.sticky, p.in_flight
+    );
+    println!(
+        "warm pool: min_idle {}, max_idle {}",
+        p.min_idle, p.max_idle
+    );
+    if p.exhausted {
+        println!("EXHAUSTED: {}", p.exhausted_reason);
+    }
+    for b in &p.backoffs {
+        println!(
+            "backoff:   {} for {} ms: {}",
+            b.scope, b.remaining_ms, b.reason
+        );
+    }
+    println!();
+    print_enis(&p.enis);
+}

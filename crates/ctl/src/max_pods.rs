@@ -1,0 +1,116 @@
+//! `eniipamctl max-pods`: what kubelet's `maxPods` should be on an eniipam node of one instance type,
+//! next to the AWS VPC CNI's figure, plus a nodeadm `maxPodsExpression` for a whole node group.
+
+use clap::Args;
+use eniipam_limits::{AddressMode, EniLimits};
+use serde_json::json;
+
+#[derive(Args, Debug)]
+pub struct MaxPodsArgs {
+    /// The EC2 instance type, e.g. m5.large.
+    #[arg(long)]
+    instance_type: String,
+    /// Pods get addresses from /28 prefixes (16 addresses per slot) instead of secondary IPs.
+    #[arg(long)]
+    prefix_delegation: bool,
+    /// For a type not in eniipam's table: MaximumNetworkInterfaces of its default network card.
+    #[arg(long, requires = "ips_per_eni")]
+    enis: Option<u32>,
+    /// For a type not in eniipam's table: Ipv4AddressesPerInterface.
+    #[arg(long, requires = "enis")]
+    ips_per_eni: Option<u32>,
+    /// For a type not in eniipam's table: its vCPUs (the prefix-delegation cap depends on them).
+    #[arg(long)]
+    vcpus: Option<u32>,
+}
+
+pub fn run(a: &MaxPodsArgs, as_json: bool) -> Result<(), String> {
+    let (limits, source) = resolve(a)?;
+    let mode = if a.prefix_delegation {
+        AddressMode::Prefixes
+    } else {
+        AddressMode::SecondaryIps
+    };
+    let pod_ips = eniipam_limits::eniipam_pod_ips(&limits, mode);
+    let eniipam = eniipam_limits::eniipam_max_pods(&limits, mode);
+    let vpc_cni = eniipam_limits::vpc_cni_max_pods(&limits, mode);
+    let cap = eniipam_limits::prefix_delegation_cap(limits.vcpus);
+    let expression = eniipam_limits::nodeadm_max_pods_expression(mode, cap);
+    if as_json {
+        println!(
+            "{}",
+            json!({
+                "instance_type": a.instance_type,
+                "source": source,
+                "mode": mode,
+                "enis": limits.enis,
+                "ips_per_eni": limits.ipv4_per_eni,
+                "vcpus": limits.vcpus,
+                "pod_ips": pod_ips,
+                "max_pods": eniipam,
+                "vpc_cni_max_pods": vpc_cni,
+                "nodeadm_max_pods_expression": expression,
+            })
+        );
+        return Ok(());
+    }
+    let per_slot = match mode {
+        AddressMode::SecondaryIps => "",
+        AddressMode::Prefixes => " × 16",
+    };
+    println!("{eniipam}");
+    eprintln!(
+        "{} ({source}): {} ENIs × {} IPv4 addresses, {} vCPUs, {}",
+        a.instance_type,
+        limits.enis,
+        limits.ipv4_per_eni,
+        limits.vcpus,
+        match mode {
+            AddressMode::SecondaryIps => "secondary IPs",
+            AddressMode::Prefixes => "prefix delegation",
+        }
+    );
+    eprintln!(
+        "  eniipam:     {} × ({} − 1){per_slot} = {pod_ips} pod IPs (eth0's included) + 2 host-network pods{}",
+        limits.enis,
+        limits.ipv4_per_eni,
+        if eniipam < pod_ips + eniipam_limits::HOST_NETWORK_PODS {
+            format!(
+                ", capped at {cap} (Kubernetes' limit EKS applies above 30 vCPUs: 250, else 110)"
+            )
+        } else {
+            String::new()
+        }
+    );
+    eprintln!("  AWS VPC CNI: {vpc_cni}");
+    eprintln!("  nodeadm:     maxPodsExpression: \"{expression}\"");
+    Ok(())
+}
+
+/// The limits from the table, or from the flags for a type it lacks (flags win when both are given).
+fn resolve(a: &MaxPodsArgs) -> Result<(EniLimits, &'static str), String> {
+    let known = eniipam_limits::lookup(&a.instance_type);
+    match (a.enis, a.ips_per_eni, known) {
+        (Some(enis), Some(ips), k) => {
+            let vcpus = a.vcpus.or(k.map(|t| t.vcpus)).ok_or_else(|| {
+                format!(
+                    "{} is not in eniipam's table: pass --vcpus too",
+                    a.instance_type
+                )
+            })?;
+            EniLimits::new(enis, ips, vcpus)
+                .map(|l| (l, "figures from the command line"))
+                .map_err(|e| e.to_string())
+        }
+        (_, _, Some(t)) => Ok((t.eni_limits(), "eniipam's instance-type table")),
+        (_, _, None) => Err(format!(
+            "{:?} is not in eniipam's table of {} instance types: pass --enis, --ips-per-eni and --vcpus \
+             (aws ec2 describe-instance-types --instance-types {} --query \
+             'InstanceTypes[].[NetworkInfo.NetworkCards[?NetworkCardIndex==`0`].MaximumNetworkInterfaces|[0], \
+             NetworkInfo.Ipv4AddressesPerInterface, VCpuInfo.DefaultVCpus]')",
+            a.instance_type,
+            eniipam_limits::CATALOG.len(),
+            a.instance_type
+        )),
+    }
+}

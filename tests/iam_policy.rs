@@ -1,0 +1,383 @@
+//! Issue 14, IAM: the policy `eniipamctl iam-policy` prints grants exactly the EC2 actions eniipamd
+//! calls, and its conditions hold for what eniipamd sends.
+//!
+//! - Static: every `aws_sdk_ec2` operation called in `src/cloud/ec2/` (the only module that holds
+//!   the SDK client) is an action of the policy, and the policy has no other action: actions reached
+//!   only on rare paths (an ambiguous retry's describe, assigning a named IP) count too.
+//! - Dynamic: the real daemon on mockcloud goes through create ENI, assign, unassign, release
+//!   (detach + delete), the leaked-ENI collector (delete + stamping a creation tag) and a reconcile;
+//!   every action mockcloud saw is in the policy, and the ENIs it created carry exactly the tag keys
+//!   the policy's `aws:TagKeys` allows, with the owner and cluster values its conditions require.
+//! - `deploy/iam-policy.json` is `eniipamctl iam-policy --cluster my-cluster`.
+
+mod bins;
+#[path = "daemon_support/mod.rs"]
+mod daemon_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use daemon_support::*;
+use eniipam::cloud::tags;
+use mockcloud::MockCloud;
+use serde_json::Value;
+
+const CLUSTER: &str = "iam-test";
+
+/// `eniipamctl iam-policy --cluster <cluster>` as JSON.
+fn policy(cluster: &str) -> Value {
+    let out = std::process::Command::new(bins::target_bin("eniipamctl"))
+        .args(["iam-policy", "--cluster", cluster])
+        .output()
+        .expect("eniipamctl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the policy is JSON")
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    match v {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a
+            .iter()
+            .map(|x| x.as_str().expect("a string").to_owned())
+            .collect(),
+        other => panic!("not a string or list: {other}"),
+    }
+}
+
+fn statements(p: &Value) -> &Vec<Value> {
+    p["Statement"].as_array().expect("Statement list")
+}
+
+/// The policy's actions without the `ec2:` prefix.
+fn policy_actions(p: &Value) -> BTreeSet<String> {
+    statements(p)
+        .iter()
+        .flat_map(|s| strings(&s["Action"]))
+        .map(|a| {
+            a.strip_prefix("ec2:")
+                .unwrap_or_else(|| panic!("{a}: not an EC2 action"))
+                .to_owned()
+        })
+        .collect()
+}
+
+fn statement<'a>(p: &'a Value, sid: &str) -> &'a Value {
+    statements(p)
+        .iter()
+        .find(|s| s["Sid"] == sid)
+        .unwrap_or_else(|| panic!("no statement {sid}"))
+}
+
+/// `snake_case` SDK operation → `PascalCase` EC2 action.
+fn action_name(op: &str) -> String {
+    op.split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Every operation called on the SDK client (`<…>.client.<operation>()`, whitespace allowed) in
+/// `src/cloud/ec2/`.
+fn sdk_calls_in_the_code() -> BTreeSet<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cloud/ec2");
+    let mut calls = BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).expect("src/cloud/ec2") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let code = std::fs::read_to_string(&path).expect("read");
+        let mut rest = code.as_str();
+        while let Some(i) = rest.find(".client") {
+            rest = &rest[i + ".client".len()..];
+            let after = rest.trim_start();
+            let Some(after) = after.strip_prefix('.') else {
+                continue;
+            };
+            let op: String = after
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if after[op.len()..].starts_with("()") && !op.is_empty() {
+                calls.insert(action_name(&op));
+            }
+        }
+    }
+    calls
+}
+
+/// No module but `src/cloud/ec2/` names the SDK client, so the scan above sees every call.
+fn sdk_client_only_in_cloud_ec2() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && !path.starts_with(src.join("cloud/ec2"))
+            {
+                let code = std::fs::read_to_string(&path).expect("read");
+                assert!(
+                    !code.contains("aws_sdk_ec2::Client"),
+                    "{} uses the EC2 client directly: the static scan only reads src/cloud/ec2/",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_policy_grants_exactly_the_sdk_calls_in_the_code() {
+    sdk_client_only_in_cloud_ec2();
+    let code = sdk_calls_in_the_code();
+    assert!(
+        code.contains("CreateNetworkInterface") && code.contains("DescribeInstances"),
+        "the scan found the calls: {code:?}"
+    );
+    let granted = policy_actions(&policy(CLUSTER));
+    assert_eq!(
+        granted, code,
+        "the policy must grant exactly what src/cloud/ec2/ calls"
+    );
+}
+
+#[test]
+fn the_shipped_policy_is_the_generated_one() {
+    let shipped: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/iam-policy.json"),
+        )
+        .expect("deploy/iam-policy.json"),
+    )
+    .expect("JSON");
+    assert_eq!(
+        shipped,
+        policy("my-cluster"),
+        "regenerate it: cargo run -p eniipamctl -- iam-policy --cluster my-cluster > deploy/iam-policy.json"
+    );
+}
+
+#[test]
+fn the_policy_tag_keys_are_the_daemons() {
+    let p = policy(CLUSTER);
+    let create = statement(&p, "CreateEniTaggedForThisCluster");
+    let keys: BTreeSet<String> =
+        strings(&create["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"])
+            .into_iter()
+            .collect();
+    let daemon: BTreeSet<String> = [
+        tags::OWNER,
+        tags::CLUSTER,
+        tags::INSTANCE_ID,
+        tags::CREATED_AT,
+        tags::AWS_VPC_CNI_NO_MANAGE,
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    assert_eq!(keys, daemon);
+    let stamp = statement(&p, "StampCreatedAtOnThisClustersEnis");
+    assert_eq!(
+        strings(&stamp["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]),
+        [tags::CREATED_AT]
+    );
+}
+
+async fn mock() -> MockCloud {
+    // t3.small: 3 ENIs × 4 IPs, so a handful of pods needs a second secondary ENI.
+    MockCloud::start(mockcloud::Config {
+        default_instance_type: "t3.small".into(),
+        ..mockcloud::Config::fast()
+    })
+    .await
+    .expect("mockcloud")
+}
+
+/// A leaked ENI of this cluster (available, tagged as eniipam tags its own), created behind the
+/// daemon's back (not through the EC2 API, so not in the call log).
+fn leak(mock: &MockCloud, created_at: Option<&str>) -> String {
+    let world = mock.default_world().expect("default world");
+    let mut t = BTreeMap::from([
+        (tags::OWNER.to_owned(), tags::OWNER_VALUE.to_owned()),
+        (tags::CLUSTER.to_owned(), CLUSTER.to_owned()),
+        (
+            tags::INSTANCE_ID.to_owned(),
+            world.instance.instance_id.clone(),
+        ),
+    ]);
+    if let Some(at) = created_at {
+        t.insert(tags::CREATED_AT.to_owned(), at.to_owned());
+    }
+    mock.with_world(|w, now| {
+        w.create_network_interface(
+            &mockcloud::world::CreateEniArgs {
+                subnet_id: world.subnet_id.clone(),
+                security_groups: vec![world.security_group_id.clone()],
+                description: "leaked".into(),
+                tags: t,
+                ..Default::default()
+            },
+            now,
+        )
+    })
+    .expect("create a leaked ENI")
+    .id
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..300 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_daemon_calls_only_what_the_policy_grants() {
+    let mock = mock().await;
+    let dir = TempDir::new("iam");
+    let old =
+        humantime::format_rfc3339_seconds(std::time::SystemTime::now() - Duration::from_secs(3600))
+            .to_string();
+    let leaked_old = leak(&mock, Some(&old));
+    let leaked_untimed = leak(&mock, None);
+    let d = start(eniipam::config::DaemonConfig {
+        cluster_name: CLUSTER.into(),
+        min_idle: 0,
+        max_idle: 0,
+        reuse_cooldown_secs: 0,
+        leaked_eni_grace_secs: 60,
+        leaked_eni_period_secs: 10,
+        ..config(&mock, &dir.0)
+    })
+    .await;
+
+    // Create ENIs and assign: 5 pods need both secondary ENIs (3 IPs each).
+    let mut c = client(&d.socket_path).await;
+    for i in 0..5 {
+        c.allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+            .await
+            .expect("allocate");
+    }
+    let ours = |m: &MockCloud| -> Vec<mockcloud::world::EniView> {
+        m.network_interfaces()
+            .into_iter()
+            .filter(|e| e.tags.get(tags::OWNER).map(String::as_str) == Some(tags::OWNER_VALUE))
+            .filter(|e| e.attachment.is_some())
+            .collect()
+    };
+    assert_eq!(ours(&mock).len(), 2, "two ENIs created");
+    let created_tags: Vec<BTreeMap<String, String>> =
+        ours(&mock).into_iter().map(|e| e.tags).collect();
+
+    // Unassign and release ENIs: every pod goes, the pool gives everything back.
+    for i in 0..5 {
+        c.release(release_req(&format!("c{i}"), false))
+            .await
+            .expect("release");
+    }
+    for _ in 0..100 {
+        d.pool.maintain_now().await.expect("maintain");
+        if ours(&mock).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        ours(&mock).is_empty(),
+        "the empty ENIs were detached and deleted: {:?}",
+        ours(&mock)
+    );
+
+    // The leaked-ENI collector: deletes the old one, stamps a creation time on the untimed one.
+    eventually("the collector to delete the old leaked ENI", || {
+        !mock.network_interfaces().iter().any(|e| e.id == leaked_old)
+    })
+    .await;
+    eventually("the collector to stamp the untimed ENI", || {
+        mock.network_interfaces()
+            .iter()
+            .any(|e| e.id == leaked_untimed && e.tags.contains_key(tags::CREATED_AT))
+    })
+    .await;
+
+    d.reconcile_now().await.expect("reconcile");
+    d.shutdown().await;
+
+    let called: BTreeSet<String> = mock.call_log().into_iter().map(|r| r.action).collect();
+    for needed in [
+        "CreateNetworkInterface",
+        "AttachNetworkInterface",
+        "ModifyNetworkInterfaceAttribute",
+        "DetachNetworkInterface",
+        "DeleteNetworkInterface",
+        "UnassignPrivateIpAddresses",
+        "CreateTags",
+        "DescribeNetworkInterfaces",
+    ] {
+        assert!(
+            called.contains(needed),
+            "the scenario did not reach {needed}: {called:?}"
+        );
+    }
+    let p = policy(CLUSTER);
+    let granted = policy_actions(&p);
+    let denied: Vec<&String> = called.difference(&granted).collect();
+    assert!(
+        denied.is_empty(),
+        "eniipamd called {denied:?}, which the policy does not grant"
+    );
+    let code = sdk_calls_in_the_code();
+    assert!(
+        called.is_subset(&code),
+        "mockcloud saw calls the static scan missed: {:?}",
+        called.difference(&code).collect::<Vec<_>>()
+    );
+
+    // The create condition holds for what eniipamd sent: only allowed keys, owner and cluster set.
+    let create = statement(&p, "CreateEniTaggedForThisCluster");
+    let allowed: BTreeSet<String> =
+        strings(&create["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"])
+            .into_iter()
+            .collect();
+    let required = create["Condition"]["StringEquals"]
+        .as_object()
+        .expect("StringEquals");
+    for t in &created_tags {
+        let keys: BTreeSet<String> = t.keys().cloned().collect();
+        assert!(
+            keys.is_subset(&allowed),
+            "a created ENI has tag keys the policy refuses: {keys:?} vs {allowed:?}"
+        );
+        for (cond, want) in required {
+            let key = cond
+                .strip_prefix("aws:RequestTag/")
+                .expect("a request-tag condition");
+            assert_eq!(t.get(key).map(String::as_str), want.as_str(), "{cond}");
+        }
+    }
+    // The stamp: only eniipam.io/created-at was added to an ENI tagged for this cluster.
+    let stamped = mock
+        .network_interfaces()
+        .into_iter()
+        .find(|e| e.id == leaked_untimed)
+        .expect("the untimed ENI is still there (too young now)");
+    assert_eq!(
+        stamped.tags.get(tags::CLUSTER).map(String::as_str),
+        Some(CLUSTER)
+    );
+}
