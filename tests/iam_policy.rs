@@ -262,6 +262,8 @@ async fn a_real_daemon_calls_only_what_the_policy_grants() {
         reuse_cooldown_secs: 0,
         leaked_eni_grace_secs: 60,
         leaked_eni_period_secs: 10,
+        // The ENI lifecycle is what is exercised: no pod on eth0.
+        use_primary_eni: false,
         ..config(&mock, &dir.0)
     })
     .await;

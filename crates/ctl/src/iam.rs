@@ -32,12 +32,14 @@ pub const CREATE_TAG_KEYS: &[&str] = &[
     "node.k8s.amazonaws.com/no_manage",
 ];
 
-/// Read-only EC2 actions eniipamd calls.
+/// Read-only EC2 actions eniipamd calls (GetSubnetCidrReservations: with prefix delegation, so packed
+/// single addresses stay out of `prefix` reservations).
 pub const DESCRIBE_ACTIONS: &[&str] = &[
     "ec2:DescribeInstanceTypes",
     "ec2:DescribeInstances",
     "ec2:DescribeNetworkInterfaces",
     "ec2:DescribeSubnets",
+    "ec2:GetSubnetCidrReservations",
 ];
 
 /// Mutations of an existing ENI eniipamd makes (on its own ENIs only).
