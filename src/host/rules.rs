@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | `mark-primary` | filter prerouting, mangle (-150) | NodePort/hostPort mark ([`super::nodeport`]) |
 //! | `mark-pods` | filter prerouting, dstnat + 10 (-90) | egress mark ([`super::snat`]), mark restore |
-//! | `snat` | nat postrouting, srcnat + 10 (110) | SNAT to eth0's primary IP ([`super::snat`]) |
+//! | `pod-snat` | nat postrouting, srcnat + 10 (110) | SNAT to eth0's primary IP ([`super::snat`]) |
 //!
 //! plus the policy rule `1024: fwmark <mark>/<mark> lookup main` and loose `rp_filter` on the primary
 //! interface, whenever SNAT or NodePort support is on.
@@ -268,7 +268,7 @@ mod tests {
     #[test]
     fn the_default_has_every_chain() {
         let t = desired_table(&HostRulesConfig::default(), &primary()).unwrap();
-        assert_eq!(chain_names(&t), ["mark-primary", "mark-pods", "snat"]);
+        assert_eq!(chain_names(&t), ["mark-primary", "mark-pods", "pod-snat"]);
         let pods = &t.chains[1];
         assert_eq!(pods.rules.len(), 2, "egress mark, then restore");
         assert!(
@@ -307,7 +307,7 @@ mod tests {
             ..HostRulesConfig::default()
         };
         let t = desired_table(&config, &primary()).unwrap();
-        assert_eq!(chain_names(&t), ["mark-pods", "snat"]);
+        assert_eq!(chain_names(&t), ["mark-pods", "pod-snat"]);
         let script = t.render().unwrap();
         assert!(
             script.contains("{ 10.0.0.0/16, 192.168.0.0/16 }"),

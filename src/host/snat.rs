@@ -9,7 +9,7 @@
 //! chain mark-pods   filter prerouting, priority dstnat + 10 (after kube-proxy's and portmap's DNAT)
 //!   iifname "eni*" ct state new ip daddr != { VPC CIDRs, exclusions } fib daddr type != local
 //!       ct mark set ct mark | 0x80          # "leave by eth0": rule 1024 fwmark 0x80 lookup main
-//! chain snat        nat postrouting, priority srcnat + 10 (after kube-proxy's and portmap's masquerade)
+//! chain pod-snat    nat postrouting, priority srcnat + 10 (after kube-proxy's and portmap's masquerade)
 //!   ip daddr { VPC CIDRs, exclusions } return
 //!   fib daddr type local return
 //!   snat to <eth0 primary IP> fully-random  # `random` for hashrandom, nothing for none
@@ -28,7 +28,7 @@ use ipnet::Ipv4Net;
 use super::netfilter::{Action, Chain, ChainType, Hook, Match, Priority, Rule, SnatPorts};
 
 /// The SNAT chain's name.
-pub const SNAT_CHAIN: &str = "snat";
+pub const SNAT_CHAIN: &str = "pod-snat";
 
 /// Whether and how pod egress is SNATed.
 #[derive(Clone, Debug, PartialEq, Eq)]
