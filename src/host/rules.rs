@@ -19,10 +19,11 @@
 //! rewritten by any of them, and ours never touches theirs; the order between us and them is the
 //! chains' priorities, not rule positions in shared chains that each side inserts into (the VPC CNI's
 //! `AWS-SNAT-CHAIN-0` jump must stay behind `KUBE-POSTROUTING`). `nft -f` replaces the whole table in
-//! one kernel transaction, so an update never leaves a window with half the rules. It works the same
-//! under `iptables-legacy` (both are netfilter hooks, and since Linux 4.18 NAT chains of both kinds
-//! coexist on one hook). What it costs: the rules show in `nft list ruleset`, not in
-//! `iptables-save`, and the node needs the `nft` binary (package `nftables`).
+//! one kernel transaction, so an update never leaves a window with half the rules. Next to
+//! `iptables-legacy` rules it works by the same priorities (both attach to the same netfilter hooks;
+//! only the `iptables-nft` pairing is tested here). What it costs: the rules show in
+//! `nft list ruleset`, not in `iptables-save`, and the node needs the `nft` binary (package
+//! `nftables`).
 
 use eniipam_netlink::{LinkFacts, Netlink};
 use ipnet::Ipv4Net;

@@ -194,8 +194,9 @@ impl RulesKeeper {
                 let before = self.rules.listing().await?;
                 let after = self.rules.load(wanted.as_ref()).await?;
                 let change = match (&wanted, before == after) {
-                    (_, true) => TableChange::Kept,
+                    (Some(_), true) => TableChange::Kept,
                     (Some(_), false) => TableChange::Installed,
+                    (None, true) => TableChange::Unchanged,
                     (None, false) => TableChange::Removed,
                 };
                 self.loaded = Some(Loaded {
