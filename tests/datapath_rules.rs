@@ -275,6 +275,7 @@ fn installs_once_keeps_over_a_restart_and_follows_the_vpc_cidrs() {
     let (r, again) = first;
     assert_eq!(r.table, TableChange::Installed);
     assert!(r.fwmark_rule_changed && r.rp_filter_loosened);
+    assert_eq!(r.rp_filter_error, None);
     assert_eq!(r.primary.ifname, "ens5", "found by eth0's MAC, not by name");
     assert_eq!(
         r.primary.primary_ip,

@@ -10,7 +10,10 @@
 //!    renamed interface, the first round), loads it in one transaction; otherwise lists the kernel's
 //!    table and, when the listing differs from the one read back after the last load (a rule
 //!    deleted or added by hand, the table flushed), loads it again;
-//! 4. keeps the `fwmark` rule and the primary interface's loose `rp_filter`.
+//! 4. keeps the `fwmark` rule and the primary interface's loose `rp_filter`. A `rp_filter` that
+//!    cannot be written (a container whose `/proc/sys` is read-only) is a warning, not a failure:
+//!    pods still get addresses and SNAT; only NodePort traffic to pods on secondary ENIs (and their
+//!    SNATed replies) suffers until the host sets it (the DaemonSet's init container does).
 //!
 //! The first round after a start always loads (no listing is known yet); the transaction is atomic,
 //! so over a daemon restart pods see the same rules all along. Rules are **not** removed when the
@@ -56,6 +59,8 @@ pub struct RulesReport {
     pub fwmark_rule_changed: bool,
     /// The primary interface's `rp_filter` went from strict to loose.
     pub rp_filter_loosened: bool,
+    /// Why it could not be read or loosened, if so.
+    pub rp_filter_error: Option<String>,
     /// The facts the round used.
     pub primary: PrimaryInterface,
 }
@@ -79,6 +84,8 @@ pub struct RulesKeeper {
     /// When IMDS is read next (at once when a read failed).
     next_read: Option<Instant>,
     loaded: Option<Loaded>,
+    /// The last `rp_filter` error logged as a warning (repeats go to debug).
+    rp_filter_warned: Option<String>,
 }
 
 impl std::fmt::Debug for RulesKeeper {
@@ -109,6 +116,7 @@ impl RulesKeeper {
             facts: None,
             next_read: None,
             loaded: None,
+            rp_filter_warned: None,
         }
     }
 
@@ -242,18 +250,28 @@ impl RulesKeeper {
             .rules
             .ensure_fwmark_rule(self.config.connmark, wants)
             .await?;
-        let rp_filter_loosened = wants && self.rules.loosen_rp_filter(&primary.ifname)?;
+        let (rp_filter_loosened, rp_filter_error) = match wants {
+            false => (false, None),
+            true => match self.rules.loosen_rp_filter(&primary.ifname) {
+                Ok(changed) => {
+                    self.rp_filter_warned = None;
+                    (changed, None)
+                }
+                Err(e) => (false, Some(e.to_string())),
+            },
+        };
         let report = RulesReport {
             table: change,
             fwmark_rule_changed,
             rp_filter_loosened,
+            rp_filter_error,
             primary,
         };
         self.log(&report);
         Ok(report)
     }
 
-    fn log(&self, r: &RulesReport) {
+    fn log(&mut self, r: &RulesReport) {
         let p = &r.primary;
         match r.table {
             TableChange::Installed | TableChange::Kept | TableChange::Updated => tracing::info!(
@@ -274,6 +292,19 @@ impl RulesKeeper {
                 present = self.config.wants_rules(),
                 "fwmark policy rule changed"
             );
+        }
+        if let Some(e) = &r.rp_filter_error {
+            if self.rp_filter_warned.as_ref() != Some(e) {
+                tracing::warn!(
+                    interface = %p.ifname, error = %e,
+                    "cannot set the primary interface's rp_filter to 2 (loose): NodePort replies of pods on \
+                     secondary ENIs are dropped while it is 1; set net.ipv4.conf.{}.rp_filter=2 on the host",
+                    p.ifname
+                );
+                self.rp_filter_warned = Some(e.clone());
+            } else {
+                tracing::debug!(interface = %p.ifname, error = %e, "rp_filter still not writable");
+            }
         }
         if r.rp_filter_loosened {
             tracing::info!(interface = %p.ifname, "rp_filter of the primary interface set to 2 (loose)");
