@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::cloud::limiter::{BucketConfig, LimiterConfig, RateLimitConfig};
+use crate::host::{HostRulesConfig, Snat, SnatPorts};
 use crate::pool::PoolConfig;
 use crate::reconcile::api_server::ApiServerTarget;
 
@@ -150,6 +151,27 @@ pub struct DaemonConfig {
     /// via the subnet gateway in table device_index + 1). Off only where the daemon must not touch the
     /// host's routing (`--simulate`, tests).
     pub manage_eni_routes: bool,
+    /// Pods keep their own address towards destinations outside the VPC: a NAT gateway translates
+    /// (VPC CNI: AWS_VPC_K8S_CNI_EXTERNALSNAT). Off: SNAT to eth0's primary IP. Needs
+    /// `manage_eni_routes`, like every host rule.
+    pub external_snat: bool,
+    /// Destinations never SNATed besides the VPC's CIDRs (VPC CNI: AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS).
+    pub snat_exclude_cidrs: Vec<ipnet::Ipv4Net>,
+    /// Source ports of SNATed connections: `prng`, `hashrandom` or `none` (VPC CNI:
+    /// AWS_VPC_K8S_CNI_RANDOMIZESNAT).
+    pub snat_randomize: SnatPorts,
+    /// Mark connections arriving on eth0 so replies of pods on secondary ENIs leave by eth0
+    /// (NodePort, hostPort, instance targets; VPC CNI: AWS_VPC_CNI_NODE_PORT_SUPPORT).
+    pub node_port_support: bool,
+    /// The connection/packet mark bit(s) of those rules and of `fwmark` rule 1024 (VPC CNI:
+    /// AWS_VPC_K8S_CNI_CONNMARK).
+    pub connmark: u32,
+    /// The plugin's host veth prefix (its `veth_prefix` in the conflist): the rules match pod
+    /// traffic by it (VPC CNI: AWS_VPC_K8S_CNI_VETHPREFIX).
+    pub veth_prefix: String,
+    /// Seconds between checks of the host rules (drift is healed; IMDS's VPC CIDRs are re-read
+    /// every 30 s).
+    pub host_rules_check_secs: u64,
     /// Seconds in-flight requests get to finish on SIGTERM.
     pub shutdown_grace_secs: u64,
     pub log_format: LogFormat,
@@ -196,11 +218,28 @@ impl Default for DaemonConfig {
             api_server_token_file: PathBuf::from(SERVICE_ACCOUNT_TOKEN),
             api_server_ca_file: PathBuf::from(SERVICE_ACCOUNT_CA),
             api_server_grace_secs: 60,
+            external_snat: false,
+            snat_exclude_cidrs: Vec::new(),
+            snat_randomize: SnatPorts::Prng,
+            node_port_support: true,
+            connmark: 0x80,
+            veth_prefix: "eni".to_owned(),
+            host_rules_check_secs: 10,
             shutdown_grace_secs: 20,
             log_format: LogFormat::Auto,
             log_level: "info".to_owned(),
         }
     }
+}
+
+/// A mark as the VPC CNI writes it: `0x80` (hex) or `128` (decimal).
+fn parse_mark(v: &str) -> Result<u32, ConfigError> {
+    let t = v.trim();
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => t.parse().ok(),
+    };
+    parsed.ok_or_else(|| invalid("connmark", format!("{v:?} is not a mark like 0x80 or 128")))
 }
 
 fn parse<T: std::str::FromStr>(knob: &str, v: &str, what: &str) -> Result<T, ConfigError> {
@@ -321,6 +360,22 @@ impl DaemonConfig {
         if self.api_server_url.is_none() {
             self.api_server_url = in_cluster_url(env)?;
         }
+        set!(external_snat, "true or false");
+        if let Some(v) = get("snat_exclude_cidrs") {
+            self.snat_exclude_cidrs = v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|c| parse("snat_exclude_cidrs", c, "an IPv4 CIDR like 10.1.0.0/16"))
+                .collect::<Result<_, _>>()?;
+        }
+        set!(snat_randomize, "prng, hashrandom or none");
+        set!(node_port_support, "true or false");
+        if let Some(v) = get("connmark") {
+            self.connmark = parse_mark(&v)?;
+        }
+        set!(veth_prefix, "a prefix");
+        set!(host_rules_check_secs, "a whole number of seconds");
         set!(shutdown_grace_secs, "a whole number of seconds");
         if let Some(v) = get("log_format") {
             self.log_format = match v.as_str() {
@@ -436,6 +491,7 @@ impl DaemonConfig {
                  downward API, fieldRef spec.nodeName), or set api_server_gc = false",
             ));
         }
+        self.validate_host_rules()?;
         if self.shutdown_grace_secs > 600 {
             return Err(invalid("shutdown_grace_secs", "allowed: 0 ..= 600"));
         }
@@ -476,6 +532,65 @@ impl DaemonConfig {
             ca_file: https.then(|| self.api_server_ca_file.clone()),
             url,
         })
+    }
+
+    fn validate_host_rules(&self) -> Result<(), ConfigError> {
+        if self.connmark == 0 {
+            return Err(invalid(
+                "connmark",
+                "must not be 0 (the VPC CNI's default is 0x80)",
+            ));
+        }
+        // Marks other node components set: kube-proxy's masquerade (0x4000) and drop (0x8000) bits,
+        // portmap's masquerade bit (0x2000).
+        const TAKEN: u32 = 0x2000 | 0x4000 | 0x8000;
+        if self.connmark & TAKEN != 0 {
+            return Err(invalid(
+                "connmark",
+                format!(
+                    "{:#x} overlaps bits kube-proxy (0x4000, 0x8000) or portmap (0x2000) use",
+                    self.connmark
+                ),
+            ));
+        }
+        let prefix_ok = (1..=4).contains(&self.veth_prefix.len())
+            && self
+                .veth_prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !prefix_ok {
+            return Err(invalid(
+                "veth_prefix",
+                format!(
+                    "{:?}: 1-4 characters of [A-Za-z0-9_-], the conflist's veth_prefix",
+                    self.veth_prefix
+                ),
+            ));
+        }
+        if self.snat_exclude_cidrs.len() > 256 {
+            return Err(invalid("snat_exclude_cidrs", "allowed: at most 256 CIDRs"));
+        }
+        if !(1..=3600).contains(&self.host_rules_check_secs) {
+            return Err(invalid("host_rules_check_secs", "allowed: 1 ..= 3600"));
+        }
+        Ok(())
+    }
+
+    /// The host rules' knobs (kept when `manage_eni_routes` is on).
+    pub fn host_rules_config(&self) -> HostRulesConfig {
+        HostRulesConfig {
+            snat: if self.external_snat {
+                Snat::External
+            } else {
+                Snat::Node {
+                    ports: self.snat_randomize,
+                    exclude: self.snat_exclude_cidrs.clone(),
+                }
+            },
+            node_port_support: self.node_port_support,
+            connmark: self.connmark,
+            veth_prefix: self.veth_prefix.clone(),
+        }
     }
 
     /// The pool's knobs.
@@ -589,6 +704,80 @@ mod tests {
         assert!(e.to_string().starts_with("ec2_mutating_qps"), "{e}");
         let e = DaemonConfig::load(None, &env(&[("ENIIPAM_LOG_FORMAT", "xml")])).unwrap_err();
         assert!(e.to_string().starts_with("log_format"), "{e}");
+    }
+
+    #[test]
+    fn host_rule_knobs_read_like_the_vpc_cni() {
+        let c = DaemonConfig::load(None, &env(&[])).unwrap();
+        assert_eq!(
+            c.host_rules_config(),
+            HostRulesConfig::default(),
+            "SNAT with prng ports and NodePort support by default"
+        );
+        let c = DaemonConfig::load(
+            None,
+            &env(&[
+                ("ENIIPAM_EXTERNAL_SNAT", "true"),
+                ("ENIIPAM_NODE_PORT_SUPPORT", "false"),
+                ("ENIIPAM_CONNMARK", "0x100"),
+                ("ENIIPAM_VETH_PREFIX", "pod"),
+            ]),
+        )
+        .unwrap();
+        let h = c.host_rules_config();
+        assert_eq!(h.snat, Snat::External);
+        assert!(!h.node_port_support && !h.wants_rules());
+        assert_eq!((h.connmark, h.veth_prefix.as_str()), (0x100, "pod"));
+        let c = DaemonConfig::load(
+            None,
+            &env(&[
+                ("ENIIPAM_SNAT_EXCLUDE_CIDRS", "10.1.0.0/16, 192.168.0.0/24"),
+                ("ENIIPAM_SNAT_RANDOMIZE", "hashrandom"),
+                ("ENIIPAM_CONNMARK", "64"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.host_rules_config().snat,
+            Snat::Node {
+                ports: SnatPorts::Hashrandom,
+                exclude: vec![
+                    "10.1.0.0/16".parse().unwrap(),
+                    "192.168.0.0/24".parse().unwrap()
+                ],
+            }
+        );
+        assert_eq!(c.connmark, 64);
+        for (var, value, knob) in [
+            (
+                "ENIIPAM_SNAT_EXCLUDE_CIDRS",
+                "10.1.0.0/16,nope",
+                "snat_exclude_cidrs",
+            ),
+            ("ENIIPAM_SNAT_RANDOMIZE", "random", "snat_randomize"),
+            ("ENIIPAM_CONNMARK", "0", "connmark"),
+            ("ENIIPAM_CONNMARK", "0x4000", "connmark"),
+            ("ENIIPAM_CONNMARK", "0xzz", "connmark"),
+            ("ENIIPAM_VETH_PREFIX", "toolong", "veth_prefix"),
+            (
+                "ENIIPAM_HOST_RULES_CHECK_SECS",
+                "0",
+                "host_rules_check_secs",
+            ),
+        ] {
+            let e = DaemonConfig::load(None, &env(&[(var, value)])).unwrap_err();
+            assert!(e.to_string().starts_with(knob), "{var}={value}: {e}");
+        }
+        // The TOML spelling of the same knobs.
+        let c: DaemonConfig = toml::from_str(
+            "external_snat = true\nsnat_randomize = \"none\"\nsnat_exclude_cidrs = [\"10.9.0.0/16\"]\nconnmark = 0x200\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            (c.external_snat, c.snat_randomize, c.connmark),
+            (true, SnatPorts::None, 0x200)
+        );
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //!
 //! Startup order (nothing is served before the rebuild): metrics listener (`/readyz` false) → state
 //! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
-//! the rebuilt state → pool → leaked-ENI collector → API-server pod watch (when on) → gRPC socket →
-//! ready.
+//! the rebuilt state → pool → host routing and rules (SNAT, NodePort) → leaked-ENI collector →
+//! API-server pod watch (when on) → gRPC socket → ready.
 //!
 //! Shutdown in three steps: stop accepting, let in-flight requests finish within the grace period, then
 //! stop the pool and close the file. Live pods' IPs are left alone (they are in the file and in EC2).
@@ -56,6 +56,8 @@ pub enum DaemonError {
     },
     #[error("host routing: {0}")]
     Host(#[from] crate::host::HostError),
+    #[error("host netfilter rules (SNAT, NodePort): {0}")]
+    HostRules(#[from] crate::host::RulesError),
     #[error("this node's primary interface (device 0) is not in EC2's view of {0}")]
     NoPrimaryEni(String),
     /// The configuration does not fit this node (a knob the instance type cannot honour, a subnet
@@ -180,6 +182,7 @@ impl Daemon {
         let _ = b.pool_cell.set(pool.clone());
         if config.manage_eni_routes {
             spawn_host_routing(&pool, &mut b).await?;
+            spawn_host_rules(&config, &clients, &mut b).await?;
         }
         if !config.cluster_name.is_empty() {
             spawn_leak_collector(&config, &clients, &node, &mut b);
@@ -475,6 +478,29 @@ async fn spawn_host_routing(pool: &Pool, b: &mut Building) -> Result<(), DaemonE
             b.cancel.clone(),
         ),
     );
+    Ok(())
+}
+
+/// SNAT and NodePort rules (nftables table `ip eniipam`, `fwmark` rule 1024, loose rp_filter on
+/// eth0), installed before the socket is served and then kept: drift healed, VPC CIDRs re-read
+/// from IMDS every 30 s. Left in place on shutdown (see `host::rules_keeper`).
+async fn spawn_host_rules(
+    config: &DaemonConfig,
+    clients: &CloudClients,
+    b: &mut Building,
+) -> Result<(), DaemonError> {
+    let rules = crate::host::HostRules::new(crate::host::Nft::default())?;
+    let mut keeper = crate::host::RulesKeeper::new(
+        config.host_rules_config(),
+        rules,
+        clients.metadata.clone(),
+        Duration::from_secs(30),
+    );
+    keeper.sync().await?;
+    b.background.push(keeper.spawn(
+        Duration::from_secs(config.host_rules_check_secs),
+        b.cancel.clone(),
+    ));
     Ok(())
 }
 

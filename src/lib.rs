@@ -19,7 +19,8 @@
 //! - [`cloud`]: the `Cloud` (EC2) and `Metadata` (IMDSv2) seams on the AWS SDK, rate limiting, retries
 //!   and backoff, the ENI lifecycle and the leaked-ENI collector.
 //! - [`store`]: SQLite state (WAL), one owner thread behind an async handle.
-//! - [`host`]: the node's own routing the daemon keeps: each secondary ENI's route table.
+//! - [`host`]: the node's own networking the daemon keeps: each secondary ENI's route table, the SNAT and
+//!   NodePort rules (nftables table `ip eniipam`, fwmark rule 1024, loose rp_filter on eth0).
 //! - [`config`]: the daemon's configuration (file + `ENIIPAM_*` environment), validated.
 //! - [`telemetry`]: logs, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`clock`]: tokio time and the unix milliseconds the state file keeps.

@@ -50,6 +50,11 @@ struct Args {
     /// combination is refused with what would fit.
     #[arg(long, requires = "simulate")]
     exhaust: bool,
+    /// Remove the host rules eniipamd keeps (the nftables table `ip eniipam`, the `fwmark` policy
+    /// rule) and exit. For a node eniipam is being removed from: a stopping daemon leaves them in
+    /// place so pod egress and NodePort replies survive restarts.
+    #[arg(long, conflicts_with = "simulate")]
+    uninstall_host_rules: bool,
 }
 
 /// `--instance-type`'s default (the simulated node's; a constant string when `simulate` is off).
@@ -92,6 +97,8 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     let exit = if args.simulate {
         run_simulate(args).await
+    } else if args.uninstall_host_rules {
+        uninstall_host_rules(args).await
     } else {
         run(args).await
     };
@@ -127,6 +134,30 @@ async fn run(args: Args) -> Exit {
     match signal {
         Ok(()) => Exit::Stopped,
         Err(e) => Exit::Failed(e),
+    }
+}
+
+async fn uninstall_host_rules(args: Args) -> Exit {
+    let config = match DaemonConfig::load(args.config.as_deref(), &ProcessEnv) {
+        Ok(c) => c,
+        Err(e) => return Exit::BadConfig(e.into()),
+    };
+    let removed = async {
+        eniipam::host::HostRules::new(eniipam::host::Nft::default())?
+            .uninstall(config.connmark)
+            .await
+    };
+    match removed.await {
+        Ok(r) => {
+            println!(
+                "eniipamd: host rules removed (nftables table ip {}: {}; fwmark rules: {})",
+                eniipam::host::TABLE,
+                if r.table { "deleted" } else { "absent" },
+                r.fwmark_rules
+            );
+            Exit::Stopped
+        }
+        Err(e) => Exit::Failed(anyhow::Error::new(e).context("removing the host rules")),
     }
 }
 

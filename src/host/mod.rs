@@ -1,14 +1,32 @@
 //! Networking of the node itself that the daemon owns, as opposed to the per-pod plumbing the CNI
-//! plugin does. Both use the `eniipam-netlink` primitives; this module never touches a pod's netns.
+//! plugin does. This module never touches a pod's netns.
 //!
 //! - [`routes`]: the policy-routing table of every secondary ENI (`device_index + 1`): the subnet
 //!   route and the default route via the subnet's VPC router on that ENI's link, which the plugin's
 //!   `from <pod ip> lookup <table>` rules send replies through.
 //! - [`keeper`]: [`RouteKeeper`], which follows the pool's ENIs and keeps their tables in step.
+//! - [`netfilter`]: a typed wrapper over the system's `nft` binary (tables, base chains, rules,
+//!   atomic replace).
+//! - [`snat`]: SNAT of pod egress to eth0's primary IP outside the VPC, and the egress mark.
+//! - [`nodeport`]: NodePort / hostPort: the connmark on eth0, its restore, `fwmark` rule 1024,
+//!   loose `rp_filter` on the primary interface.
+//! - [`rules`]: the node's whole rule set for a configuration ([`desired_table`]), installed, read
+//!   back and removed by [`HostRules`] (nftables table `ip eniipam`).
+//! - [`rules_keeper`]: [`RulesKeeper`], which keeps those rules in step with the config and IMDS
+//!   (VPC CIDRs re-read periodically) and heals drift.
 
 pub mod keeper;
+pub mod netfilter;
+pub mod nodeport;
 pub mod routes;
+pub mod rules;
+pub mod rules_keeper;
+pub mod snat;
 
 pub use eniipam_netlink::TableRoute;
 pub use keeper::{RouteKeeper, SyncReport};
+pub use netfilter::{Nft, NftError, SnatPorts};
 pub use routes::{EniRoute, EniRouting, HostError};
+pub use rules::{HostRules, HostRulesConfig, PrimaryInterface, RulesError, TABLE, desired_table};
+pub use rules_keeper::{RulesKeeper, RulesReport, TableChange};
+pub use snat::Snat;

@@ -133,6 +133,7 @@ impl Node {
         let ns = Netns::add(format!("eniipam-bench-{}-{tag}", std::process::id()))?;
         ns.ip(&["link", "set", "lo", "up"])?;
         ns.sh("echo 1 > /proc/sys/net/ipv4/ip_forward")?;
+        host_rules(&ns)?;
         let entry = NodeNetns::open(Path::new(&ns.path()))?;
         Ok(Self { ns, entry })
     }
@@ -157,11 +158,42 @@ impl Node {
         );
         let rules = self.ns.ip(&["-4", "rule", "show"])?;
         ensure!(
-            rules.lines().count() == 3,
-            "{who}: policy rules left in the node namespace after DEL:\n{rules}"
+            rules.lines().count() == 4,
+            "{who}: policy rules left in the node namespace after DEL (expected the 3 default ones and eniipamd's fwmark rule):\n{rules}"
         );
         Ok(())
     }
+}
+
+/// The SNAT and NodePort rules eniipamd keeps on a node with its defaults (nftables table `ip
+/// eniipam`, rule `1024: fwmark 0x80/0x80 lookup main`), loaded into the node namespace as the daemon
+/// loads them, so the wiring is measured with them in place (the in-process daemon runs in the
+/// machine's namespace with `manage_eni_routes` off and must not install them there).
+fn host_rules(ns: &Netns) -> anyhow::Result<()> {
+    use eniipam::host::{HostRulesConfig, PrimaryInterface, desired_table};
+    let table = desired_table(
+        &HostRulesConfig::default(),
+        &PrimaryInterface {
+            ifname: "eth0".into(),
+            primary_ip: Ipv4Addr::new(10, 0, 0, 4),
+            vpc_cidrs: vec!["10.0.0.0/16".parse()?],
+        },
+    )
+    .context("the default config wants host rules")?;
+    let script = table.replace_script()?;
+    ns.sh(&format!("nft -f - <<'EOF'\n{script}EOF"))
+        .context("loading eniipamd's host rules (needs `nft`, package nftables)")?;
+    ns.ip(&[
+        "rule",
+        "add",
+        "priority",
+        "1024",
+        "fwmark",
+        "0x80/0x80",
+        "lookup",
+        "main",
+    ])?;
+    Ok(())
 }
 
 /// `n` pod namespaces named after `tag`.
@@ -834,7 +866,7 @@ fn report(
             ),
             "namespaces: per run a fresh \"node\" netns (lo up, ip_forward on) in which every plugin process is spawned (from a thread that entered it with setns(2); no `ip netns exec` in the timed path), so veths, routes and rules land there and the machine's own routing is never touched; per pod a fresh netns made by the harness, untimed: all of a phase's pod namespaces are made before its first ADD and removed after its last DEL, then 300 ms of settling, so the kernel's namespace teardown (RCU callbacks a veth deletion's rcu_barrier would wait for) stays out of the timed invocations (CNI_NETNS=/var/run/netns/<pod>, CNI_IFNAME=eth0, K8S_POD_NAME=<container id>)".into(),
             format!(
-                "eniipam: `target/release/eniipam` as the main plugin (`\"type\": \"eniipam\"`, mtu {MTU}: veth pair, pod /32 with default via 169.254.1.1, host /32 route and the ENI table's policy rules) talking gRPC to a real in-process eniipamd on mockcloud (fast profile, c5.4xlarge), every Allocate/Release committed to SQLite before the reply; manage_eni_routes off"
+                "eniipam: `target/release/eniipam` as the main plugin (`\"type\": \"eniipam\"`, mtu {MTU}: veth pair, pod /32 with default via 169.254.1.1, host /32 route and the ENI table's policy rules) talking gRPC to a real in-process eniipamd on mockcloud (fast profile, c5.4xlarge), every Allocate/Release committed to SQLite before the reply; manage_eni_routes off, eniipamd's default SNAT and NodePort rules (nftables table ip eniipam, rule 1024) loaded in every node netns"
             ),
             format!(
                 "warm pool: min_idle = max_idle = max_ips = {POOL_IPS}, reuse_cooldown 0, so neither the pairs nor the burst ever waits on (or triggers) EC2; EC2 calls during the runs: {ec2_calls}; at the end the pool held {} idle, {} assigned",

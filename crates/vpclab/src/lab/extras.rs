@@ -73,7 +73,7 @@ impl Lab {
 
     /// Makes instance `instance_id`'s IMDS reachable inside its node at `http://169.254.169.254`,
     /// as on EC2, for a daemon run in the node namespace (`nsenter --net=<node ns>`): the address
-    /// goes on the node's loopback and a [`PortForward`] relays port 80 to the instance's IMDS
+    /// goes on the node's loopback (scope host) and a [`PortForward`] relays port 80 to the instance's IMDS
     /// listener. Needs an in-process mockcloud ([`StateSource::InProcess`]).
     pub async fn expose_imds(&self, instance_id: &str) -> Result<PortForward, LabError> {
         let StateSource::InProcess(mock) = &self.inner.source else {
@@ -92,8 +92,19 @@ impl Lab {
         let node = self
             .node(instance_id)
             .ok_or_else(|| LabError::NotFound(format!("no node for instance {instance_id}")))?;
+        // Scope host: local to the node, never picked as the source of the node's own traffic
+        // (on EC2 the IMDS address is not a node address; with global scope on `lo` the kernel
+        // would pick it as the source towards a pod's veth, which has no address of its own).
         node.ns
-            .ip(&["addr", "replace", &format!("{IMDS_ADDR}/32"), "dev", "lo"])
+            .ip(&[
+                "addr",
+                "replace",
+                &format!("{IMDS_ADDR}/32"),
+                "dev",
+                "lo",
+                "scope",
+                "host",
+            ])
             .await?;
         PortForward::start(&node.ns, SocketAddr::from((IMDS_ADDR, 80)), target).await
     }

@@ -1,0 +1,164 @@
+//! SNAT of pod egress, as the AWS VPC CNI does it: connections from pods to destinations outside the
+//! VPC's CIDRs (and outside `snat_exclude_cidrs`) leave with eth0's primary IP, which is the address
+//! that has a public IP behind an internet gateway. With `external_snat` (a NAT gateway does the
+//! translation) none of this is installed and pods leave with their own VPC address.
+//!
+//! Two pieces (rendered by [`super::rules::desired_table`]):
+//!
+//! ```text
+//! chain mark-pods   filter prerouting, priority dstnat + 10 (after kube-proxy's and portmap's DNAT)
+//!   iifname "eni*" ct state new ip daddr != { VPC CIDRs, exclusions } fib daddr type != local
+//!       ct mark set ct mark | 0x80          # "leave by eth0": rule 1024 fwmark 0x80 lookup main
+//! chain pod-snat    nat postrouting, priority srcnat + 10 (after kube-proxy's and portmap's masquerade)
+//!   ip daddr { VPC CIDRs, exclusions } return
+//!   fib daddr type local return
+//!   snat to <eth0 primary IP> fully-random  # `random` for hashrandom, nothing for none
+//! ```
+//!
+//! The mark matters for pods on a secondary ENI: their `from <pod ip> lookup <ENI table>` rule would
+//! send the connection out of that ENI, and a packet leaving ethN with eth0's address is dropped by
+//! EC2's source/destination check. The mark is set after destination NAT, so a pod's connection to a
+//! ClusterIP is judged by the backend it was translated to (a VPC address: not marked, not SNATed),
+//! never by the service address (the VPC CNI pitfall of marking before DNAT, issues #3563 and #3800).
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+use super::netfilter::{Action, Chain, ChainType, Hook, Match, Priority, Rule, SnatPorts};
+
+/// The SNAT chain's name.
+pub const SNAT_CHAIN: &str = "pod-snat";
+
+/// Whether and how pod egress is SNATed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Snat {
+    /// Destinations outside the VPC get eth0's primary IP as source.
+    Node {
+        /// Source port selection (`AWS_VPC_K8S_CNI_RANDOMIZESNAT`).
+        ports: SnatPorts,
+        /// Further destinations never SNATed (`AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`).
+        exclude: Vec<Ipv4Net>,
+    },
+    /// Pods keep their own address; a NAT gateway translates (`AWS_VPC_K8S_CNI_EXTERNALSNAT=true`).
+    External,
+}
+
+impl Snat {
+    pub fn is_on(&self) -> bool {
+        matches!(self, Self::Node { .. })
+    }
+}
+
+/// The destinations never SNATed: the VPC's CIDRs and the exclusions, merged (overlaps and
+/// neighbours collapse), so the sets in the rules are minimal and canonical.
+pub fn never_snat(vpc_cidrs: &[Ipv4Net], exclude: &[Ipv4Net]) -> Vec<Ipv4Net> {
+    let all: Vec<Ipv4Net> = vpc_cidrs
+        .iter()
+        .chain(exclude.iter())
+        .map(|n| n.trunc())
+        .collect();
+    Ipv4Net::aggregate(&all)
+}
+
+/// Marks a pod's new connection to a destination that will be SNATed, so it leaves by eth0.
+pub fn egress_mark_rule(veth_prefix: &str, never: &[Ipv4Net], mark: u32) -> Rule {
+    Rule {
+        matches: vec![
+            Match::IifNamePrefix(veth_prefix.to_owned()),
+            Match::CtStateNew,
+            Match::DaddrIn {
+                nets: never.to_vec(),
+                negate: true,
+            },
+            Match::DaddrLocal {
+                on_iif: false,
+                negate: true,
+            },
+        ],
+        action: Action::CtMarkSet(mark),
+        comment: Some("eniipam: pod egress to be SNATed leaves by the primary ENI".into()),
+    }
+}
+
+/// The nat chain that translates pod egress to `to` (eth0's primary IP).
+pub fn snat_chain(to: Ipv4Addr, never: &[Ipv4Net], ports: SnatPorts) -> Chain {
+    Chain {
+        name: SNAT_CHAIN.into(),
+        kind: ChainType::Nat,
+        hook: Hook::Postrouting,
+        // After kube-proxy's and portmap's masquerade (srcnat): the first chain to NAT a connection
+        // decides, as KUBE-POSTROUTING does when it precedes AWS-SNAT-CHAIN-0 in iptables.
+        priority: Priority::SrcNat(10),
+        rules: vec![
+            Rule {
+                matches: vec![Match::DaddrIn {
+                    nets: never.to_vec(),
+                    negate: false,
+                }],
+                action: Action::Return,
+                comment: Some(
+                    "eniipam: VPC and excluded destinations keep the pod's address".into(),
+                ),
+            },
+            Rule {
+                matches: vec![Match::DaddrLocal {
+                    on_iif: false,
+                    negate: false,
+                }],
+                action: Action::Return,
+                comment: None,
+            },
+            Rule {
+                matches: vec![],
+                action: Action::Snat { to, ports },
+                comment: Some("eniipam: SNAT to the primary ENI's primary IP".into()),
+            },
+        ],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn never_snat_merges_the_vpc_and_the_exclusions() {
+        assert_eq!(
+            never_snat(
+                &[n("10.0.0.0/16"), n("10.1.0.0/16")],
+                &[n("10.0.5.0/24"), n("192.168.7.9/24")]
+            ),
+            vec![n("10.0.0.0/15"), n("192.168.7.0/24")]
+        );
+        // Excluding everything leaves one network that covers everything: nothing is SNATed.
+        assert_eq!(
+            never_snat(&[n("10.0.0.0/16")], &[n("0.0.0.0/0")]),
+            vec![n("0.0.0.0/0")]
+        );
+    }
+
+    #[test]
+    fn the_chain_returns_for_the_vpc_then_snats() {
+        let c = snat_chain(
+            "10.0.0.4".parse().unwrap(),
+            &[n("10.0.0.0/16")],
+            SnatPorts::Prng,
+        );
+        let lines: Vec<String> = c.rules.iter().map(|r| r.to_string()).collect();
+        assert!(
+            lines[0].starts_with("ip daddr { 10.0.0.0/16 } return"),
+            "{lines:?}"
+        );
+        assert_eq!(lines[1], "fib daddr type local return");
+        assert!(
+            lines[2].starts_with("snat to 10.0.0.4 fully-random"),
+            "{lines:?}"
+        );
+        assert_eq!(c.priority.value(), 110);
+    }
+}

@@ -1,0 +1,574 @@
+//! The data-path matrix (issue 16) on the emulated VPC: the real `eniipamd` in each node namespace
+//! (host routing and host rules on), pods made by the real plugin with the shipped conflist (and
+//! `portmap` for hostPorts), real TCP packets, and EC2's source/destination check counting drops
+//! (every case asserts none). Nodes run strict `rp_filter`: the daemon must loosen eth0 itself.
+//!
+//! | case | pod on eth0 | pod on a secondary ENI |
+//! | --- | --- | --- |
+//! | pod ↔ pod, same node | `same_node_eth0` | `same_node_secondary` |
+//! | pod ↔ pod, across nodes | `across_nodes_eth0` | `across_nodes_secondary` |
+//! | node → pod (probes) | `node_to_pod_eth0` | `node_to_pod_secondary` |
+//! | pod → internet, SNAT | `snat_eth0` | `snat_secondary` |
+//! | pod → internet, NAT gateway | `nat_gateway_eth0` | `nat_gateway_secondary` |
+//! | NodePort via eth0 | `node_port_eth0` | `node_port_secondary` |
+//! | hostPort (portmap) | `host_port_eth0` | `host_port_secondary` |
+//! | pod IP reused | `reused_ip_eth0` | `reused_ip_secondary` |
+//! | ENI released, re-created | — | `recreated_eni_secondary` |
+//!
+//! Plus: the NodePort case fails without the connmark rule (and the daemon heals it), and the rules
+//! survive daemon restarts, follow a knob change and go with `--uninstall-host-rules`.
+//!
+//! Pods on eth0 are served from eth0's secondary IPs (`use_primary_eni`, the default). Needs root, `ip`, `nft`,
+//! `iptables`, `nsenter` and `/usr/lib/cni/portmap`; build the plugin first (`cargo build
+//! --workspace --bins`). Skipped with a notice where the lab cannot run.
+
+mod bins;
+mod datapath_support;
+
+use datapath_support::*;
+use vpclab::{Egress, INTERNET_SERVER, NAT_GATEWAY_PUBLIC_IP};
+
+macro_rules! matrix {
+    ($case:ident: $eth0:ident, $secondary:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $eth0() {
+            $case(stringify!($eth0), Placement::Eth0).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $secondary() {
+            $case(stringify!($secondary), Placement::SecondaryEni).await;
+        }
+    };
+}
+
+matrix!(same_node: same_node_eth0, same_node_secondary);
+matrix!(across_nodes: across_nodes_eth0, across_nodes_secondary);
+matrix!(node_to_pod: node_to_pod_eth0, node_to_pod_secondary);
+matrix!(snat: snat_eth0, snat_secondary);
+matrix!(nat_gateway: nat_gateway_eth0, nat_gateway_secondary);
+matrix!(node_port: node_port_eth0, node_port_secondary);
+matrix!(host_port: host_port_eth0, host_port_secondary);
+matrix!(reused_ip: reused_ip_eth0, reused_ip_secondary);
+
+async fn same_node(test: &str, placement: Placement) {
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    let d = Daemon::start(&c, &c.a.instance_id, placement, &[]).await;
+    let p1 = d.add_pod(&c, "web-1", PodOptions::default()).await;
+    let p2 = d.add_pod(&c, "web-2", PodOptions::default()).await;
+    p1.assert_placed(placement);
+    p2.assert_placed(placement);
+    let (_s1, _s2) = (serve(&p1.ns), serve(&p2.ns));
+    assert_eq!(
+        reaches(&p1.ns, p2.ip, ECHO_PORT).await.server_saw.ip(),
+        p1.ip
+    );
+    assert_eq!(
+        reaches(&p2.ns, p1.ip, ECHO_PORT).await.server_saw.ip(),
+        p2.ip
+    );
+    c.assert_no_drops().await;
+}
+
+async fn across_nodes(test: &str, placement: Placement) {
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    let da = Daemon::start(&c, &c.a.instance_id, placement, &[]).await;
+    let db = Daemon::start(&c, &c.b.instance_id, placement, &[]).await;
+    let pa = da.add_pod(&c, "web-a", PodOptions::default()).await;
+    let pb = db.add_pod(&c, "web-b", PodOptions::default()).await;
+    pa.assert_placed(placement);
+    pb.assert_placed(placement);
+    let (_sa, _sb) = (serve(&pa.ns), serve(&pb.ns));
+    // No SNAT inside the VPC: each side sees the other pod's own address.
+    assert_eq!(
+        reaches(&pa.ns, pb.ip, ECHO_PORT).await.server_saw.ip(),
+        pa.ip
+    );
+    assert_eq!(
+        reaches(&pb.ns, pa.ip, ECHO_PORT).await.server_saw.ip(),
+        pb.ip
+    );
+    // And a node reaches a pod on the other node (and its reply goes back by the pod's ENI).
+    let node_b = c.node_ns(&c.b.instance_id);
+    assert_eq!(
+        reaches(&node_b, pa.ip, ECHO_PORT).await.server_saw.ip(),
+        c.b.private_ip
+    );
+    c.assert_no_drops().await;
+}
+
+async fn node_to_pod(test: &str, placement: Placement) {
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    let d = Daemon::start(&c, &c.a.instance_id, placement, &[]).await;
+    let p = d.add_pod(&c, "probed", PodOptions::default()).await;
+    p.assert_placed(placement);
+    let _s = serve(&p.ns);
+    // The kubelet's probes come from the node itself.
+    let node = c.node_ns(&c.a.instance_id);
+    assert_eq!(
+        reaches(&node, p.ip, ECHO_PORT).await.server_saw.ip(),
+        c.a.private_ip
+    );
+    // And the pod reaches a host-network server on its node.
+    let _on_node = serve(&node);
+    assert_eq!(
+        reaches(&p.ns, c.a.private_ip, ECHO_PORT)
+            .await
+            .server_saw
+            .ip(),
+        p.ip
+    );
+    c.assert_no_drops().await;
+}
+
+async fn snat(test: &str, placement: Placement) {
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    let d = Daemon::start(&c, &c.a.instance_id, placement, &[]).await;
+    let p = d.add_pod(&c, "egress", PodOptions::default()).await;
+    p.assert_placed(placement);
+    let _internet = serve(c.lab.internet());
+    let _on_b = serve(&c.node_ns(&c.b.instance_id));
+    // Outside the VPC: SNAT to eth0's primary IP, the address the IGW lets through.
+    let r = reaches(&p.ns, INTERNET_SERVER, ECHO_PORT).await;
+    assert_eq!(r.server_saw.ip(), c.a.private_ip);
+    // Several connections, each translated (fully random ports).
+    for _ in 0..3 {
+        let r = reaches(&p.ns, INTERNET_SERVER, ECHO_PORT).await;
+        assert_eq!(r.server_saw.ip(), c.a.private_ip);
+    }
+    // Inside the VPC: the pod's own address.
+    assert_eq!(
+        reaches(&p.ns, c.b.private_ip, ECHO_PORT)
+            .await
+            .server_saw
+            .ip(),
+        p.ip
+    );
+    assert_eq!(c.lab.igw_drops().await.expect("igw").egress_not_public, 0);
+    c.assert_no_drops().await;
+    // The daemon loosened the primary interface's reverse-path filter (the lab starts it strict).
+    assert_eq!(
+        d.ns.read_sysctl("net/ipv4/conf/eth0/rp_filter")
+            .await
+            .expect("sysctl"),
+        "2"
+    );
+    assert!(
+        d.ip_rules()
+            .await
+            .contains("1024:\tfrom all fwmark 0x80/0x80 lookup main"),
+        "{}",
+        d.ip_rules().await
+    );
+}
+
+async fn nat_gateway(test: &str, placement: Placement) {
+    let Some(c) = Cluster::start(test, Egress::NatGateway).await else {
+        return;
+    };
+    let d = Daemon::start(
+        &c,
+        &c.a.instance_id,
+        placement,
+        &[("ENIIPAM_EXTERNAL_SNAT", "true")],
+    )
+    .await;
+    let rules = d.rules().await.expect("the NodePort rules stay");
+    assert!(
+        !rules.contains("snat to"),
+        "no SNAT with external_snat:\n{rules}"
+    );
+    let p = d.add_pod(&c, "egress", PodOptions::default()).await;
+    p.assert_placed(placement);
+    let _internet = serve(c.lab.internet());
+    let _on_b = serve(&c.node_ns(&c.b.instance_id));
+    // The pod leaves with its own address (by its own ENI); the NAT gateway translates.
+    let r = reaches(&p.ns, INTERNET_SERVER, ECHO_PORT).await;
+    assert_eq!(r.server_saw.ip(), NAT_GATEWAY_PUBLIC_IP);
+    assert_eq!(
+        reaches(&p.ns, c.b.private_ip, ECHO_PORT)
+            .await
+            .server_saw
+            .ip(),
+        p.ip
+    );
+    c.assert_no_drops().await;
+}
+
+async fn node_port(test: &str, placement: Placement) {
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    let d = Daemon::start(&c, &c.a.instance_id, placement, &[]).await;
+    let p = d.add_pod(&c, "svc", PodOptions::default()).await;
+    p.assert_placed(placement);
+    let _s = serve(&p.ns);
+    d.add_node_port(p.ip).await;
+    // A client on another node → node A's eth0 primary IP:NodePort → DNAT → the pod; the reply
+    // gets back (un-DNATed to node A's address, out of eth0).
+    let client = c.node_ns(&c.b.instance_id);
+    for _ in 0..3 {
+        let r = reaches(&client, c.a.private_ip, NODE_PORT).await;
+        assert_eq!(
+            r.server_saw.ip(),
+            c.b.private_ip,
+            "no masquerade (Local policy)"
+        );
+    }
+    c.assert_no_drops().await;
+}
+
+async fn host_port(test: &str, placement: Placement) {
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    let d = Daemon::start(&c, &c.a.instance_id, placement, &[]).await;
+    let p = d
+        .add_pod(
+            &c,
+            "hostport",
+            PodOptions {
+                host_port: Some(HOST_PORT),
+                ..Default::default()
+            },
+        )
+        .await;
+    p.assert_placed(placement);
+    let _s = serve(&p.ns);
+    assert!(
+        d.iptables_nat()
+            .await
+            .contains(&format!("--dport {HOST_PORT}")),
+        "portmap's DNAT"
+    );
+    let client = c.node_ns(&c.b.instance_id);
+    let r = reaches(&client, c.a.private_ip, HOST_PORT).await;
+    assert_eq!(r.server_saw.ip(), c.b.private_ip);
+    c.assert_no_drops().await;
+    d.del_pod(&p).await;
+    assert!(
+        !d.iptables_nat()
+            .await
+            .contains(&format!("--dport {HOST_PORT}")),
+        "portmap's DEL removed its DNAT"
+    );
+}
+
+/// Every kind of traffic for `p` on node A: from node B, to node B, to the internet (SNAT),
+/// through the NodePort (DNAT rule already in place) and its hostPort (if any).
+async fn all_traffic(c: &Cluster, p: &CniPod) {
+    let _s = serve(&p.ns);
+    let node_b = c.node_ns(&c.b.instance_id);
+    let _on_b = serve(&node_b);
+    let _internet = serve(c.lab.internet());
+    assert_eq!(
+        reaches(&node_b, p.ip, ECHO_PORT).await.server_saw.ip(),
+        c.b.private_ip
+    );
+    assert_eq!(
+        reaches(&p.ns, c.b.private_ip, ECHO_PORT)
+            .await
+            .server_saw
+            .ip(),
+        p.ip
+    );
+    assert_eq!(
+        reaches(&p.ns, INTERNET_SERVER, ECHO_PORT)
+            .await
+            .server_saw
+            .ip(),
+        c.a.private_ip
+    );
+    assert_eq!(
+        reaches(&node_b, c.a.private_ip, NODE_PORT)
+            .await
+            .server_saw
+            .ip(),
+        c.b.private_ip
+    );
+    if let Some(port) = p.host_port {
+        assert_eq!(
+            reaches(&node_b, c.a.private_ip, port).await.server_saw.ip(),
+            c.b.private_ip
+        );
+    }
+}
+
+async fn reused_ip(test: &str, placement: Placement) {
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    let d = Daemon::start(
+        &c,
+        &c.a.instance_id,
+        placement,
+        &[("ENIIPAM_REUSE_COOLDOWN_SECS", "0")],
+    )
+    .await;
+    let with_port = PodOptions {
+        host_port: Some(HOST_PORT),
+        ..Default::default()
+    };
+    let old = d.add_pod(&c, "old", with_port).await;
+    old.assert_placed(placement);
+    d.add_node_port(old.ip).await;
+    all_traffic(&c, &old).await;
+    d.del_pod(&old).await;
+    // A new pod (another name, another sandbox) asks for the same address.
+    let new = d
+        .add_pod(
+            &c,
+            "new",
+            PodOptions {
+                want_ip: Some(old.ip),
+                ..with_port
+            },
+        )
+        .await;
+    assert_eq!(new.ip, old.ip, "the address is reused");
+    new.assert_placed(placement);
+    all_traffic(&c, &new).await;
+    c.assert_no_drops().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recreated_eni_secondary() {
+    let test = "recreated_eni_secondary";
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    // No warm IPs: the ENI empties when its only pod goes, and is detached and deleted.
+    let d = Daemon::start(
+        &c,
+        &c.a.instance_id,
+        Placement::SecondaryEni,
+        &[
+            ("ENIIPAM_MIN_IDLE", "0"),
+            ("ENIIPAM_MAX_IDLE", "0"),
+            ("ENIIPAM_REUSE_COOLDOWN_SECS", "0"),
+        ],
+    )
+    .await;
+    let first = d.add_pod(&c, "first", PodOptions::default()).await;
+    first.assert_placed(Placement::SecondaryEni);
+    d.add_node_port(first.ip).await;
+    all_traffic(&c, &first).await;
+    c.assert_no_drops().await;
+    d.del_pod(&first).await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while c
+        .mock
+        .network_interfaces()
+        .iter()
+        .any(|e| e.id == first.eni)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} was not released within 60 s:\n{}",
+            first.eni,
+            d.tail()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    c.lab.sync().await.expect("sync");
+    assert!(
+        c.lab
+            .node(&c.a.instance_id)
+            .expect("node")
+            .link(&first.eni)
+            .is_none(),
+        "the released ENI's link is gone"
+    );
+    // A new pod needs a new ENI: another id and MAC, the same device index (and table).
+    let second = d
+        .add_pod(
+            &c,
+            "second",
+            PodOptions {
+                want_ip: None,
+                host_port: Some(HOST_PORT),
+            },
+        )
+        .await;
+    second.assert_placed(Placement::SecondaryEni);
+    assert_ne!(second.eni, first.eni, "a new ENI");
+    println!(
+        "{} (device {}) replaced {} (device {})",
+        second.eni, second.device_index, first.eni, first.device_index
+    );
+    d.add_node_port(second.ip).await;
+    all_traffic(&c, &second).await;
+    c.assert_no_drops().await;
+}
+
+/// Deleting the connmark rule breaks the NodePort case for a pod on a secondary ENI: the reply
+/// leaves by the pod's ENI with node A's address and EC2's check drops it. The daemon puts the rule
+/// back at its next check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_port_needs_the_connmark_rule_and_the_daemon_heals_it() {
+    let test = "node_port_needs_the_connmark_rule_and_the_daemon_heals_it";
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    let d = Daemon::start(
+        &c,
+        &c.a.instance_id,
+        Placement::SecondaryEni,
+        &[("ENIIPAM_HOST_RULES_CHECK_SECS", "3")],
+    )
+    .await;
+    let p = d.add_pod(&c, "svc", PodOptions::default()).await;
+    p.assert_placed(Placement::SecondaryEni);
+    let _s = serve(&p.ns);
+    d.add_node_port(p.ip).await;
+    let client = c.node_ns(&c.b.instance_id);
+    reaches(&client, c.a.private_ip, NODE_PORT).await;
+    c.assert_no_drops().await;
+    let installed = d.rules().await.expect("rules");
+
+    // Delete the mark rule; keep the attempt only if the daemon did not restore it meanwhile.
+    let mut broken = false;
+    for _ in 0..5 {
+        let listing =
+            d.ns.exec(
+                "nft",
+                &["-a", "list", "chain", "ip", "eniipam", "mark-primary"],
+            )
+            .await
+            .expect("nft -a");
+        let handle = listing
+            .lines()
+            .find(|l| l.contains("fib daddr . iif type local"))
+            .and_then(|l| l.rsplit("# handle ").next())
+            .map(|h| h.trim().to_owned())
+            .expect("the connmark rule and its handle");
+        d.ns.exec(
+            "nft",
+            &[
+                "delete",
+                "rule",
+                "ip",
+                "eniipam",
+                "mark-primary",
+                "handle",
+                &handle,
+            ],
+        )
+        .await
+        .expect("delete the connmark rule");
+        let before = c.drops_on(&p.eni).await;
+        dropped(&client, c.a.private_ip, NODE_PORT).await;
+        let still_missing = !d
+            .rules()
+            .await
+            .expect("rules")
+            .contains("fib daddr . iif type local");
+        if still_missing {
+            assert!(
+                c.drops_on(&p.eni).await > before,
+                "the reply left by {} with node A's address and was dropped",
+                p.eni
+            );
+            broken = true;
+            break;
+        }
+    }
+    assert!(broken, "the rule kept coming back before the probe ended");
+
+    // Healed at the next check (every 3 s): the same table as before, the NodePort answers again,
+    // and kube-proxy's chains are untouched.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    while d.rules().await.as_deref() != Some(installed.as_str()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not healed within 15 s:\n{}",
+            d.tail()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(d.log_text().contains("drifted"), "the repair is logged");
+    let r = reaches(&client, c.a.private_ip, NODE_PORT).await;
+    assert_eq!(r.server_saw.ip(), c.b.private_ip);
+    assert!(d.iptables_nat().await.contains("KUBE-NODEPORTS"));
+}
+
+/// A daemon restart keeps pod egress and the NodePort working throughout (the rules stay while it
+/// is down, and the restarted daemon finds them exactly as it would load them); a knob change
+/// applies at the next start; `--uninstall-host-rules` removes everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_survive_restarts_follow_knobs_and_uninstall() {
+    let test = "rules_survive_restarts_follow_knobs_and_uninstall";
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    let mut d = Daemon::start(&c, &c.a.instance_id, Placement::SecondaryEni, &[]).await;
+    let p = d.add_pod(&c, "egress", PodOptions::default()).await;
+    p.assert_placed(Placement::SecondaryEni);
+    let _s = serve(&p.ns);
+    let _internet = serve(c.lab.internet());
+    d.add_node_port(p.ip).await;
+    let client = c.node_ns(&c.b.instance_id);
+    let works = |what: &'static str| {
+        let (c, p, client) = (&c, &p, &client);
+        async move {
+            let r = reaches(&p.ns, INTERNET_SERVER, ECHO_PORT).await;
+            assert_eq!(r.server_saw.ip(), c.a.private_ip, "SNAT {what}");
+            let r = reaches(client, c.a.private_ip, NODE_PORT).await;
+            assert_eq!(r.server_saw.ip(), c.b.private_ip, "NodePort {what}");
+        }
+    };
+    works("before").await;
+    let installed = d.rules().await.expect("rules");
+
+    d.stop().await;
+    assert_eq!(d.rules().await.as_deref(), Some(installed.as_str()));
+    works("while the daemon is down").await;
+
+    d.restart_with(&[]).await;
+    assert_eq!(d.rules().await.as_deref(), Some(installed.as_str()));
+    assert!(
+        d.log_text().contains("change=Kept"),
+        "the restarted daemon found its rules as they were:\n{}",
+        d.tail()
+    );
+    works("after a restart").await;
+    assert_eq!(
+        d.ip_rules().await.matches("fwmark 0x80/0x80").count(),
+        1,
+        "no duplicate rule"
+    );
+
+    // A NAT gateway takes over: SNAT goes at the next start, the NodePort marks stay; in this
+    // public subnet the pod's own address is then dropped by the IGW.
+    d.restart_with(&[("ENIIPAM_EXTERNAL_SNAT", "true")]).await;
+    let rules = d.rules().await.expect("rules");
+    assert!(
+        !rules.contains("snat to") && rules.contains("mark-primary"),
+        "{rules}"
+    );
+    let igw_before = c.lab.igw_drops().await.expect("igw").egress_not_public;
+    dropped(&p.ns, INTERNET_SERVER, ECHO_PORT).await;
+    assert!(c.lab.igw_drops().await.expect("igw").egress_not_public > igw_before);
+    let r = reaches(&client, c.a.private_ip, NODE_PORT).await;
+    assert_eq!(r.server_saw.ip(), c.b.private_ip);
+    c.assert_no_drops().await;
+
+    // eniipam leaves the node.
+    d.stop().await;
+    let out = d.run_once(&["--uninstall-host-rules"]).await;
+    assert!(out.contains("deleted"), "{out}");
+    assert_eq!(d.rules().await, None);
+    assert!(
+        !d.ip_rules().await.contains("fwmark"),
+        "{}",
+        d.ip_rules().await
+    );
+}
