@@ -4,12 +4,17 @@
 //!
 //! ```text
 //! cargo run --release -p eniipam-bench -- <ipam|wiring|grpc|cold-burst|startup|memory|fleet|all>... [--runs N] [--out DIR]
+//! cargo run --release -p eniipam-bench -- soak [--minutes 30] [--seed N] [--soak-steps N] [--soak-faults LIST]
 //! ```
+//!
+//! `soak` is the fault soak with its invariant checker (issue 13): it reports violations, not
+//! figures, and is not part of `all`.
 
 mod cni;
 mod plot;
 mod report;
 mod scenarios;
+mod soak;
 mod stats;
 mod support;
 
@@ -39,6 +44,8 @@ enum Scenario {
     Fleet,
     /// Every scenario above, in this order.
     All,
+    /// The fault soak with the invariant checker (issue 13; not in `all`): `--minutes`, `--seed`.
+    Soak,
 }
 
 impl Scenario {
@@ -55,7 +62,7 @@ impl Scenario {
     fn needs_binaries(self) -> bool {
         matches!(
             self,
-            Scenario::Ipam | Scenario::Wiring | Scenario::Memory | Scenario::All
+            Scenario::Ipam | Scenario::Wiring | Scenario::Memory | Scenario::All | Scenario::Soak
         )
     }
 }
@@ -85,6 +92,31 @@ struct Args {
     /// Do not build eniipam/eniipamd first (use the binaries already next to this one).
     #[arg(long)]
     no_build: bool,
+    /// Scenario `soak`: how long to run (minutes of steps, then the final GC and check).
+    #[arg(long, default_value_t = 30.0)]
+    minutes: f64,
+    /// Scenario `soak`: a fixed number of steps instead of `--minutes`.
+    #[arg(long)]
+    soak_steps: Option<u64>,
+    /// Scenario `soak`: the seed of the fault schedule, the pods and mockcloud's addresses (default:
+    /// from the clock; printed, so a run can be repeated).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Scenario `soak`: 1 or 2 networks (conflists).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    soak_networks: u8,
+    /// Scenario `soak`: faults to inject: `all`, `none`, a comma list (kill, ec2-error,
+    /// ec2-error-rate, ec2-hang, ec2-slow-reply, throttle-burst, oob-unassign, oob-detach, imds-lag,
+    /// state-file-removed, disk-full, netns-hidden, pod-death), or `-name,...` for all but those.
+    #[arg(long, default_value = "all", allow_hyphen_values = true, value_parser = parse_faults)]
+    soak_faults: std::collections::BTreeSet<soak::faults::FaultKind>,
+    /// Scenario `soak`: keep eniipamd's log in this file (default: with the temporary directory).
+    #[arg(long)]
+    soak_log: Option<PathBuf>,
+}
+
+fn parse_faults(s: &str) -> Result<std::collections::BTreeSet<soak::faults::FaultKind>, String> {
+    soak::faults::parse_fault_set(s)
 }
 
 /// What every scenario gets.
@@ -93,6 +125,7 @@ pub struct Ctx {
     pub fleet_nodes: usize,
     pub fleet_pods: u32,
     pub fleet_runs: usize,
+    pub soak: scenarios::soak::SoakArgs,
 }
 
 fn main() -> ExitCode {
@@ -138,6 +171,19 @@ fn run(args: Args) -> anyhow::Result<bool> {
         fleet_nodes: args.nodes as usize,
         fleet_pods: args.pods_per_node,
         fleet_runs: args.fleet_runs as usize,
+        soak: scenarios::soak::SoakArgs {
+            minutes: args.minutes,
+            steps: args.soak_steps,
+            seed: args.seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs() % 100_000)
+                    .unwrap_or(1)
+            }),
+            networks: args.soak_networks as usize,
+            faults: args.soak_faults.clone(),
+            log: args.soak_log.clone(),
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -161,6 +207,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
                 Scenario::Startup => scenarios::startup::run(&ctx).await,
                 Scenario::Memory => scenarios::memory::run(&ctx).await,
                 Scenario::Fleet => scenarios::fleet::run(&ctx).await,
+                Scenario::Soak => scenarios::soak::run(&ctx.soak).await,
                 Scenario::All => unreachable!("expanded above"),
             }
         });

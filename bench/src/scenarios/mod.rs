@@ -5,5 +5,6 @@ pub mod fleet;
 pub mod grpc;
 pub mod ipam;
 pub mod memory;
+pub mod soak;
 pub mod startup;
 pub mod wiring;
