@@ -24,9 +24,10 @@ pub struct SoakArgs {
 const DESCRIBED_PER_KIND: usize = 3;
 
 /// Every violation kind the checker knows, so a clean run shows its zeros.
-const KINDS: [&str; 13] = [
+const KINDS: [&str; 14] = [
     "duplicate-ip",
     "detached-eni-serving",
+    "eni-unknown-to-pool",
     "held-ip-not-in-ec2",
     "lost-ip-kept",
     "token-accounting",

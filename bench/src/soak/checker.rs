@@ -8,6 +8,8 @@
 //!   store; across networks).
 //! - `detached-eni-serving`: the pool serves from an ENI EC2 no longer shows attached to the instance
 //!   (longer than the grace period).
+//! - `eni-unknown-to-pool`: EC2 shows a secondary ENI attached to the instance that the pool does not
+//!   list (longer than the grace period): its IPs are out of reach and its slot counted free.
 //! - `held-ip-not-in-ec2`: the pool or the store holds an IP for an attachment that is on none of the
 //!   instance's attached ENIs in EC2 (outside the grace period of an out-of-band change).
 //! - `lost-ip-kept`: an IP the soak removed out of band is still claimed after the grace period
@@ -218,6 +220,20 @@ fn key_str(k: &Key) -> String {
 pub struct CheckerState {
     /// ENIs the pool shows while EC2 does not show them attached: since when.
     unattached_since: BTreeMap<String, Instant>,
+    /// ENIs EC2 shows attached that the pool does not list: since when.
+    unlisted_since: BTreeMap<String, Instant>,
+}
+
+impl CheckerState {
+    /// When the discrepancies the checker is timing (ENIs unattached or unlisted) would have lasted
+    /// `grace`: the final check waits for it, so a discrepancy that began late is still judged.
+    pub fn judged_by(&self, grace: Duration) -> Option<Instant> {
+        self.unattached_since
+            .values()
+            .chain(self.unlisted_since.values())
+            .max()
+            .map(|since| *since + grace)
+    }
 }
 
 /// What one evaluation returns besides violations.
@@ -314,6 +330,30 @@ pub fn evaluate(
     state
         .unattached_since
         .retain(|k, _| seen_unattached.contains(k));
+    let listed: BTreeSet<&str> = p.enis.iter().map(|e| e.eni_id.as_str()).collect();
+    let mut seen_unlisted = BTreeSet::new();
+    for (eni, (_, ips)) in &obs.ec2.secondary_enis {
+        if listed.contains(eni.as_str()) {
+            continue;
+        }
+        seen_unlisted.insert(eni.clone());
+        let since = *state.unlisted_since.entry(eni.clone()).or_insert(now);
+        if now.duration_since(since) >= grace {
+            push(
+                "eni-unknown-to-pool",
+                eni.clone(),
+                format!(
+                    "EC2 shows {eni} attached to the instance with {} secondary IPs, but the pool has not listed it for {:.0} s",
+                    ips.len(),
+                    now.duration_since(since).as_secs_f64()
+                ),
+                false,
+            );
+        }
+    }
+    state
+        .unlisted_since
+        .retain(|k, _| seen_unlisted.contains(k));
 
     // Who holds what: live pods (minus those whose IP the soak took), the pool, the store.
     let mut holders: BTreeMap<Ipv4Addr, BTreeMap<Key, BTreeSet<&'static str>>> = BTreeMap::new();
@@ -388,6 +428,9 @@ pub fn evaluate(
         }
         let att = model.atts.get(k);
         let oob = att.and_then(|a| model.oob_since(a, grace, eni_of));
+        if who == "pool" && oob.is_none() && att.is_some_and(|a| a.is_live() && a.ip == Some(ip)) {
+            continue; // a live attachment's own IP: `live-ip-not-in-ec2` below
+        }
         match oob {
             Some(at) if now.duration_since(at) < grace => {}
             Some(at) => {
@@ -461,6 +504,10 @@ pub fn evaluate(
                     );
                 }
             }
+            // The state file was lost while this pod's netns was hidden: no witness tells the
+            // daemon about it until the rack shows again (its IP must stay out of circulation: the
+            // duplicate check above still holds it to that).
+            None if model.unknowable(a, now, grace) => {}
             // Once the pool has let go of the IP, what EC2 does with it is the pool's business:
             // the violation is the loss.
             other => push(

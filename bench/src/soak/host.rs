@@ -1,9 +1,12 @@
 //! The node the soak plays on: a temporary directory holding the daemon's state directory (a small
 //! tmpfs, so the disk can be filled), the plugin's result cache, and the pods' network namespaces —
 //! real ones (`unshare(CLONE_NEWNET)` in a throw-away thread, bind-mounted onto a file, exactly what
-//! `ip netns add` does), grouped in "racks" that can be hidden (an empty tmpfs mounted over the rack's
-//! directory: the namespaces exist but the daemon cannot see them). Everything mounted is unmounted
-//! on drop, also when the soak fails.
+//! `ip netns add` does), grouped in "racks" that can be hidden. A pod's namespace is bound at
+//! `netns/r<k>/ns/<container id>`; hiding rack k mounts an empty tmpfs over `netns/r<k>`, so the
+//! namespaces still exist but their directory `netns/r<k>/ns` is gone for everyone looking — what a
+//! daemon whose container lacks the host's `/var/run/netns` sees: not an empty directory (that is what
+//! deleted namespaces look like), a missing one. Everything mounted is unmounted on drop, also when
+//! the soak fails.
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
@@ -63,7 +66,7 @@ impl Host {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         }
         for r in 0..RACKS {
-            let d = host.rack_dir(r);
+            let d = host.rack_dir(r).join("ns");
             std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
         }
         nix::mount::mount(
@@ -89,7 +92,7 @@ impl Host {
 
     /// The path a pod's namespace gets.
     pub fn netns_path(&self, rack: usize, container_id: &str) -> PathBuf {
-        self.rack_dir(rack).join(container_id)
+        self.rack_dir(rack).join("ns").join(container_id)
     }
 
     /// Creates a network namespace bound at `path` (inside a visible rack).
@@ -128,7 +131,7 @@ impl Host {
         Ok(())
     }
 
-    /// Mounts an empty tmpfs over a rack: its namespaces still exist, but nobody sees their files.
+    /// Mounts an empty tmpfs over a rack: its namespaces still exist, but their directory is gone.
     pub fn hide_rack(&mut self, rack: usize) -> anyhow::Result<()> {
         if self.hidden.contains(&rack) {
             return Ok(());
@@ -181,11 +184,8 @@ impl Host {
             }
         }
         // The last partial pages too.
-        loop {
-            match f.write(&[0u8]) {
-                Ok(1) => written += 1,
-                _ => break,
-            }
+        while let Ok(1) = f.write(&[0u8]) {
+            written += 1;
         }
         Ok(written)
     }

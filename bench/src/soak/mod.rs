@@ -280,10 +280,13 @@ enum Job {
     },
 }
 
+/// An ADD's outcome: the IP and when it came, or the plugin's error.
+type AddOutcome = Result<(Ipv4Addr, Instant), String>;
+
 enum JobResult {
     Started {
         pod: usize,
-        adds: Vec<(Key, Result<(Ipv4Addr, Instant), String>)>,
+        adds: Vec<(Key, AddOutcome)>,
         dels: Vec<(Key, Result<(), String>)>,
     },
     Deleted {
@@ -652,7 +655,7 @@ impl Soak {
                 Undo::Throttling => self.mock.set_throttling(Throttling::default()),
                 Undo::ImdsLag => self.mock.set_imds_lag(BASE_IMDS_LAG),
                 Undo::Disk => self.host.free_disk()?,
-                Undo::Unhide(r) => self.host.unhide_rack(r)?,
+                Undo::Unhide(r) => self.unhide(r)?,
             }
         }
         Ok(())
@@ -743,6 +746,43 @@ impl Soak {
             FaultKind::StateFileRemoved => {
                 self.daemon.kill().await;
                 self.counts.kills += 1;
+                // Half the time the loss meets invisible evidence: one rack's netns hidden across
+                // the restart, so the daemon can tell neither who holds those IPs nor that they are free.
+                let hidden = if rng.random_bool(0.5) {
+                    match self.busiest_visible_rack() {
+                        Some(rack) => {
+                            self.hide(rack)?;
+                            let steps = rng.random_range(6..=10);
+                            self.undo_later(
+                                step,
+                                steps,
+                                Duration::from_secs(8),
+                                Undo::Unhide(rack),
+                            );
+                            let pods: Vec<usize> = (0..self.model.pods.len())
+                                .filter(|p| {
+                                    self.model.pods[*p].rack == rack
+                                        && self.model.pods[*p].phase == PodPhase::Running
+                                })
+                                .collect();
+                            for p in &pods {
+                                for k in self.model.pods[*p].attachments.clone() {
+                                    let a = self.model.atts.get_mut(&k).expect("known");
+                                    if a.is_live() {
+                                        a.record_lost_hidden = Some(rack);
+                                    }
+                                }
+                            }
+                            format!(
+                                ", rack {rack} ({} live pods) hidden across the restart for ≥ {steps} steps and 8 s",
+                                pods.len()
+                            )
+                        }
+                        None => String::new(),
+                    }
+                } else {
+                    String::new()
+                };
                 for f in self.host.state_files() {
                     match std::fs::remove_file(&f) {
                         Ok(()) => {}
@@ -755,7 +795,7 @@ impl Soak {
                 self.note_fault(
                     step,
                     kind,
-                    "SIGKILL, state.db + WAL + SHM removed, restart".into(),
+                    format!("SIGKILL, state.db + WAL + SHM removed{hidden}, restart"),
                 );
                 self.ensure_up(step).await?;
                 return Ok(());
@@ -773,14 +813,7 @@ impl Soak {
                 )
             }
             FaultKind::NetnsHidden => {
-                let visible: Vec<usize> = (0..RACKS).filter(|r| !self.host.is_hidden(*r)).collect();
-                let Some(rack) = visible.iter().copied().max_by_key(|r| {
-                    self.model
-                        .pods
-                        .iter()
-                        .filter(|p| p.rack == *r && p.phase == PodPhase::Running)
-                        .count()
-                }) else {
+                let Some(rack) = self.busiest_visible_rack() else {
                     return Ok(());
                 };
                 let pods = self
@@ -789,12 +822,12 @@ impl Soak {
                     .iter()
                     .filter(|p| p.rack == rack && p.phase == PodPhase::Running)
                     .count();
-                self.host.hide_rack(rack)?;
+                self.hide(rack)?;
                 let steps = rng.random_range(6..=10);
                 self.undo_later(step, steps, Duration::from_secs(8), Undo::Unhide(rack));
                 let restart = rng.random_bool(0.5);
                 let detail = format!(
-                    "rack {rack} ({pods} live pods' netns) hidden under a tmpfs for ≥ {steps} steps and 8 s{}",
+                    "rack {rack} ({pods} live pods) hidden: its netns directory gone for ≥ {steps} steps and 8 s{}",
                     if restart {
                         ", SIGKILL + restart while hidden"
                     } else {
@@ -812,6 +845,36 @@ impl Soak {
             }
         };
         self.note_fault(step, kind, detail);
+        Ok(())
+    }
+
+    /// The visible rack with the most live pods, unless half the racks are hidden already (pods
+    /// keep coming and going in the others).
+    fn busiest_visible_rack(&self) -> Option<usize> {
+        let visible: Vec<usize> = (0..RACKS).filter(|r| !self.host.is_hidden(*r)).collect();
+        if visible.len() <= RACKS / 2 {
+            return None;
+        }
+        visible.into_iter().max_by_key(|r| {
+            self.model
+                .pods
+                .iter()
+                .filter(|p| p.rack == *r && p.phase == PodPhase::Running)
+                .count()
+        })
+    }
+
+    fn hide(&mut self, rack: usize) -> anyhow::Result<()> {
+        self.host.hide_rack(rack)?;
+        self.model.hidden_racks.insert(rack);
+        Ok(())
+    }
+
+    fn unhide(&mut self, rack: usize) -> anyhow::Result<()> {
+        self.host.unhide_rack(rack)?;
+        if self.model.hidden_racks.remove(&rack) {
+            self.model.rack_shown_at.insert(rack, Instant::now());
+        }
         Ok(())
     }
 
@@ -1079,6 +1142,7 @@ impl Soak {
                         lost_reported: false,
                         collected: None,
                         late_del: None,
+                        record_lost_hidden: None,
                     },
                 );
                 plan.push((key, *net));
@@ -1272,7 +1336,7 @@ impl Soak {
         self.mock.set_throttling(Throttling::default());
         self.mock.set_imds_lag(BASE_IMDS_LAG);
         for r in self.host.hidden_racks() {
-            self.host.unhide_rack(r)?;
+            self.unhide(r)?;
         }
         self.host.free_disk()?;
         self.ensure_up(step).await?;
@@ -1301,11 +1365,19 @@ impl Soak {
         while let Some(r) = set.join_next().await {
             self.apply(step, r.context("a pod job panicked")?)?;
         }
-        if let Some(at) = self.last_oob {
-            let until = at + self.grace;
+        // Out-of-band changes, and discrepancies the checker is timing, get their grace period.
+        self.check(step, false).await;
+        let until = [
+            self.last_oob.map(|at| at + self.grace),
+            self.checker.judged_by(self.grace),
+        ]
+        .into_iter()
+        .flatten()
+        .max();
+        if let Some(until) = until {
             let now = Instant::now();
             if until > now {
-                tokio::time::sleep(until - now).await;
+                tokio::time::sleep(until - now + Duration::from_millis(100)).await;
             }
         }
         self.ensure_up(step).await?;

@@ -68,6 +68,9 @@ pub struct Attachment {
     pub collected: Option<u64>,
     /// A late DEL for a dead attachment is due at this step.
     pub late_del: Option<u64>,
+    /// The state file was lost while this (live) attachment's netns was hidden in this rack: no
+    /// witness can tell the daemon who holds its IP until the rack shows again.
+    pub record_lost_hidden: Option<usize>,
 }
 
 impl Attachment {
@@ -117,6 +120,10 @@ pub struct Model {
     pub pods: Vec<Pod>,
     pub atts: BTreeMap<Key, Attachment>,
     pub oob: Vec<OobEvent>,
+    /// Racks hidden now.
+    pub hidden_racks: BTreeSet<usize>,
+    /// When each rack last became visible again.
+    pub rack_shown_at: BTreeMap<usize, Instant>,
 }
 
 impl Model {
@@ -171,6 +178,18 @@ impl Model {
         eni_of: &dyn Fn(Ipv4Addr) -> Option<String>,
     ) -> Option<&OobEvent> {
         self.oob.iter().rev().find(|e| e.took(ip, eni_of))
+    }
+
+    /// Whether the daemon cannot know `a` holds its IP now: its record was lost while its netns was
+    /// hidden, and the rack is still hidden or showed again less than `window` ago.
+    pub fn unknowable(&self, a: &Attachment, now: Instant, window: Duration) -> bool {
+        a.record_lost_hidden.is_some_and(|r| {
+            self.hidden_racks.contains(&r)
+                || self
+                    .rack_shown_at
+                    .get(&r)
+                    .is_some_and(|at| now < *at + window)
+        })
     }
 
     /// Live attachments of `network`, as GC's valid list.
