@@ -1,4 +1,4 @@
-//! Issue 13's fault soak, short version (about a minute and a half): the real `eniipamd` binary against
+//! Issue 13's fault soak, short version (about a minute): the real `eniipamd` binary against
 //! an in-process mockcloud, the real `eniipam` plugin (IPAM role) doing ADD/DEL/GC churn on two
 //! networks from a fake runtime, every fault kind of the schedule injected at least once (SIGKILLs,
 //! EC2 errors, hangs and slow replies, throttling, IMDS lag, out-of-band unassign and detach, the state

@@ -78,8 +78,10 @@ struct Args {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     runs: u32,
     /// Where report.md and latency.png go.
-    #[arg(long, default_value = "bench/results")]
-    out: PathBuf,
+    /// (Default `bench/results`; `bench/results/soak` when `soak` is the only scenario, so a soak
+    /// never overwrites the benchmark's report.)
+    #[arg(long)]
+    out: Option<PathBuf>,
     /// Scenario `fleet`: how many nodes.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=2000))]
     nodes: u32,
@@ -191,7 +193,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
         .context("tokio runtime")?;
     let mut reports = Vec::new();
     let mut failures = Vec::new();
-    for s in chosen {
+    for s in chosen.iter().copied() {
         let name = s
             .to_possible_value()
             .map(|v| v.get_name().to_owned())
@@ -225,9 +227,15 @@ fn run(args: Args) -> anyhow::Result<bool> {
     }
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
 
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    let png = args.out.join("latency.png");
+    let out = args.out.clone().unwrap_or_else(|| {
+        if chosen == [Scenario::Soak] {
+            PathBuf::from("bench/results/soak")
+        } else {
+            PathBuf::from("bench/results")
+        }
+    });
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let png = out.join("latency.png");
     let plotted = match plot::draw(&reports, &png) {
         Ok(p) => p,
         Err(e) => {
@@ -236,7 +244,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
         }
     };
     let md = render(&reports, &failures, &args, plotted);
-    let path = args.out.join("report.md");
+    let path = out.join("report.md");
     std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("wrote {}", path.display());
     if plotted.is_some() {
