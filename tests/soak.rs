@@ -53,9 +53,9 @@ async fn fault_soak_keeps_every_invariant() {
             "fault {k} was never injected\n{summary}"
         );
     }
-    assert!(c.kills >= 3, "few SIGKILLs\n{summary}");
+    assert!(c.kills >= 2, "few SIGKILLs\n{summary}");
     assert!(
-        c.adds_ok >= 80 && c.dels_ok >= 40,
+        c.adds_ok >= 50 && c.dels_ok >= 30,
         "little churn\n{summary}"
     );
     assert!(c.gcs_ok >= 3, "few GCs\n{summary}");
