@@ -270,7 +270,16 @@ pub fn evaluate(
         })
     };
     let p = &obs.pool;
-    let eni_of = |ip: Ipv4Addr| obs.ec2.all_ip_eni.get(&ip).cloned();
+    // Which ENI an IP is on: EC2's word while the ENI exists, else the daemon's (its store row), so an
+    // IP of a detached ENI that was deleted since is still known as that ENI's.
+    let eni_of = |ip: Ipv4Addr| {
+        obs.ec2.all_ip_eni.get(&ip).cloned().or_else(|| {
+            obs.store
+                .iter()
+                .find(|r| r.ip == ip)
+                .map(|r| r.eni_id.clone())
+        })
+    };
     let eni_of: &dyn Fn(Ipv4Addr) -> Option<String> = &eni_of;
     let store_by_key: BTreeMap<&Key, &StoreRow> = obs.store.iter().map(|r| (&r.key, r)).collect();
 
