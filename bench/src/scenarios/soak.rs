@@ -63,7 +63,13 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
     cfg.progress = true;
     let knobs = cfg.knobs.clone();
     let instance = cfg.instance_type.clone();
-    let out = soak::run(cfg).await?;
+    // Ctrl-C or SIGTERM drops the soak, whose guards unmount what it mounted and kill what it started.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let out = tokio::select! {
+        out = soak::run(cfg) => out?,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted (SIGINT); cleaned up"),
+        _ = term.recv() => anyhow::bail!("interrupted (SIGTERM); cleaned up"),
+    };
     eprintln!("{}", out.summary(DESCRIBED_PER_KIND));
 
     let c = &out.counts;
