@@ -419,9 +419,10 @@ pub fn evaluate(
             })
             .collect::<Vec<_>>()
             .join(" and ");
+        let who: Vec<String> = keys.keys().map(key_str).collect();
         push(
             "duplicate-ip",
-            ip.to_string(),
+            format!("{ip} {}", who.join(" ")),
             format!("{ip} is held by {text}"),
             not_store_only < 2,
         );
