@@ -77,7 +77,7 @@ pub fn build_binaries() -> anyhow::Result<()> {
         .arg("build")
         // With the bench selected too, cargo unifies features as it did for this binary, so the
         // shared dependency tree (the AWS SDK) is reused instead of being built a second time.
-        .args(["-p", "eniipam-bench", "-p", "eniipam"])
+        .args(["-p", "eniipam-bench", "-p", "eniipam", "-p", "eniipam-cni"])
         .args(["--bin", "eniipam", "--bin", "eniipamd"])
         .arg("--target-dir")
         .arg(target_dir);
