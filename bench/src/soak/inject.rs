@@ -1,6 +1,6 @@
 //! Injecting the soak's faults into mockcloud, the host and the daemon, and undoing them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -274,12 +274,17 @@ impl Soak {
         rng: &mut rand::rngs::StdRng,
     ) -> anyhow::Result<Option<String>> {
         let ec2 = checker::Ec2View::read(&self.mock, &self.instance_id)?;
-        let candidates: Vec<Key> = self
-            .model
-            .live()
-            .filter(|a| a.oob.is_none() && a.ip.is_some_and(|ip| ec2.ip_eni.contains_key(&ip)))
-            .map(|a| a.key.clone())
-            .collect();
+        // One attachment per IP: when the daemon gave an IP to two pods (a violation of its own),
+        // the IP is taken once.
+        let mut by_ip: BTreeMap<Ipv4Addr, Key> = BTreeMap::new();
+        for a in self.model.live() {
+            if let Some(ip) =
+                a.ip.filter(|ip| a.oob.is_none() && ec2.ip_eni.contains_key(ip))
+            {
+                by_ip.entry(ip).or_insert_with(|| a.key.clone());
+            }
+        }
+        let candidates: Vec<Key> = by_ip.into_values().collect();
         let n = rng.random_range(1..=2).min(candidates.len());
         if n == 0 {
             return Ok(None);
