@@ -592,6 +592,109 @@ async fn an_eni_detached_out_of_band_is_suspended_then_forgotten() {
     d.shutdown().await;
 }
 
+/// Case 4d (found by the fault soak): an IP of an ENI that may be detached goes to no pod. After the
+/// ENI is suspended, an IP released on it is held back, not idle; and an assign on an ENI detached
+/// out of band (EC2 takes it: the ENI still exists) that IMDS does not list at all suspends the ENI
+/// and hands its new IPs to nobody, so the pod is not given an IP the instance does not hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_ip_of_a_possibly_detached_eni_goes_to_a_pod() {
+    let mock = mock().await;
+    let dir = TempDir::new("suspect-eni");
+    let mut cfg = config(&mock, &dir.0);
+    cfg.use_primary_eni = false;
+    cfg.min_idle = 0;
+    cfg.max_idle = 0;
+    let d = start(cfg).await;
+    let mut c = client(&d.socket_path).await;
+    fn eni_of(d: &eniipam::daemon::DaemonHandle, id: &str) -> Option<eniipam::model::EniId> {
+        d.pool
+            .allocation(&AttachmentKey::new(id, "eth0"))
+            .map(|a| a.eni)
+    }
+    let attachment_of = |eni: &eniipam::model::EniId| {
+        mock.network_interfaces()
+            .into_iter()
+            .find(|e| e.id == eni.as_str())
+            .and_then(|e| e.attachment)
+            .unwrap()
+            .id
+    };
+
+    // 1. Released on a suspended ENI: held back.
+    c.allocate(alloc_req("p0", "pod-0")).await.unwrap();
+    c.allocate(alloc_req("p1", "pod-1")).await.unwrap();
+    let eni = eni_of(&d, "p0").unwrap();
+    assert_eq!(eni_of(&d, "p1").as_ref(), Some(&eni));
+    let p1_ip = d
+        .pool
+        .allocation(&AttachmentKey::new("p1", "eth0"))
+        .unwrap()
+        .ip;
+    let att = attachment_of(&eni);
+    mock.with_world(|w, now| w.detach_network_interface(&att, true, now))
+        .unwrap();
+    let r = d.reconcile_now().await.unwrap();
+    assert_eq!(r.suspended_enis, vec![eni.clone()]);
+    c.release(daemon_support::release_req("p1", false))
+        .await
+        .unwrap();
+    let s = d.pool.snapshot();
+    assert_eq!(s.idle, 0, "released IP held back, not idle");
+    assert!(s.held_back >= 1);
+    let got: Ipv4Addr = c
+        .allocate(alloc_req("p2", "pod-2"))
+        .await
+        .unwrap()
+        .into_inner()
+        .ip
+        .parse()
+        .unwrap();
+    assert_ne!(got, p1_ip, "the held-back IP went to a pod");
+    assert_ne!(eni_of(&d, "p2").as_ref(), Some(&eni));
+    d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+
+    // 2. Detached out of band, not yet seen by a describe: the next assign on it finds the ENI
+    //    missing from IMDS, and its IP goes to nobody.
+    let dir = TempDir::new("suspect-eni-2");
+    let mut cfg = config(&mock, &dir.0);
+    cfg.use_primary_eni = false;
+    cfg.min_idle = 0;
+    cfg.max_idle = 0;
+    let d = start(cfg).await;
+    let mut c = client(&d.socket_path).await;
+    c.allocate(alloc_req("q0", "pod-q0")).await.unwrap();
+    let eni = eni_of(&d, "q0").unwrap();
+    let att = attachment_of(&eni);
+    mock.with_world(|w, now| w.detach_network_interface(&att, true, now))
+        .unwrap();
+    let first = c.allocate(alloc_req("q1", "pod-q1")).await;
+    let held = d.pool.snapshot();
+    assert!(
+        matches!(
+            held.eni(&eni).unwrap().phase,
+            EniPhaseSnapshot::Suspect { .. }
+        ),
+        "the ENI IMDS does not list is suspended"
+    );
+    match first {
+        Err(status) => assert!(
+            status.message().contains("not shown attached"),
+            "{status:?}"
+        ),
+        Ok(_) => assert_ne!(
+            eni_of(&d, "q1").as_ref(),
+            Some(&eni),
+            "q1 got an IP of the detached ENI"
+        ),
+    }
+    // The runtime retries the ADD: served from an attached ENI.
+    c.allocate(alloc_req("q1", "pod-q1")).await.unwrap();
+    assert_ne!(eni_of(&d, "q1").as_ref(), Some(&eni));
+    d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+}
+
 /// Case 4c: an ENI of ours attached to the node that the pool does not know (a create whose answer
 /// was lost) is adopted at the second sighting: its IPs serve pods, never twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -389,15 +389,18 @@ impl EniActor {
                 span.in_scope(
                     || tracing::info!(assigned = ips.len(), prefixes = ?prefixes, "assigned IPs"),
                 );
-                self.wait_visible(&ips, &prefixes).instrument(span).await;
-                self.shared.lock().complete_assign(
-                    &self.eni,
-                    ips,
-                    &prefixes,
-                    pods,
-                    warm,
-                    Instant::now(),
-                );
+                let gone = self
+                    .wait_visible(&ips, &prefixes)
+                    .instrument(span.clone())
+                    .await;
+                let mut st = self.shared.lock();
+                if gone && st.suspend_eni(&self.eni, Instant::now()) {
+                    // Detached behind the pool's back (an assign on a detached ENI succeeds): its
+                    // IPs are held back, not handed out, until the running reconcile asks EC2.
+                    span.in_scope(|| tracing::warn!("IMDS does not list this ENI at all: it serves no new IPs until EC2 confirms it attached"));
+                }
+                st.complete_assign(&self.eni, ips, &prefixes, pods, warm, Instant::now());
+                drop(st);
                 Ok(())
             }
             Err(err) => {
@@ -457,11 +460,16 @@ impl EniActor {
     ///
     /// Addresses inside `prefixes` are not listed one by one (IMDS has the prefix under `ipv4-prefix`):
     /// the prefix is what is waited for.
-    async fn wait_visible(&self, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) {
+    ///
+    /// Returns true when every read in the wait (at least two) found no interface with this ENI's
+    /// MAC: IMDS, the instance's own view, does not have the ENI attached (IMDS lag shows an older
+    /// state, in which an ENI the pool has served from was attached).
+    async fn wait_visible(&self, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) -> bool {
         let bound = self.shared.config.imds_wait;
         if bound.is_zero() || ips.is_empty() {
-            return;
+            return false;
         }
+        let (mut absent, mut reads) = (0u32, 0u32);
         let singles: Vec<Ipv4Addr> = ips
             .iter()
             .copied()
@@ -474,9 +482,12 @@ impl EniActor {
                     if singles.iter().all(|ip| md.ips.contains(ip))
                         && prefixes.iter().all(|p| md.ipv4_prefixes.contains(p)) =>
                 {
-                    return;
+                    return false;
                 }
-                Ok(_) => {}
+                Ok(md) => {
+                    reads += 1;
+                    absent += u32::from(md.is_none());
+                }
                 Err(e) => tracing::debug!(error = %e, "IMDS read failed while waiting for IPs"),
             }
             if Instant::now() + IMDS_POLL > deadline {
@@ -484,7 +495,7 @@ impl EniActor {
                     waited_ms = bound.as_millis() as u64,
                     "IMDS does not list the new IPs yet; going on"
                 );
-                return;
+                return reads >= 2 && absent == reads;
             }
             tokio::time::sleep(IMDS_POLL).await;
         }

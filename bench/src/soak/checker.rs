@@ -317,7 +317,10 @@ pub fn evaluate(
             .entry(e.eni_id.clone())
             .or_insert(now);
         let holds = e.idle + e.assigned + e.cooling + e.sticky;
-        if now.duration_since(since) >= grace && e.state != "draining" && holds > 0 {
+        if now.duration_since(since) >= model.grace_after(since, grace)
+            && e.state != "draining"
+            && holds > 0
+        {
             push(
                 "detached-eni-serving",
                 e.eni_id.clone(),
@@ -347,7 +350,7 @@ pub fn evaluate(
         }
         seen_unlisted.insert(eni.clone());
         let since = *state.unlisted_since.entry(eni.clone()).or_insert(now);
-        if now.duration_since(since) >= grace {
+        if now.duration_since(since) >= model.grace_after(since, grace) {
             push(
                 "eni-unknown-to-pool",
                 eni.clone(),
@@ -442,7 +445,7 @@ pub fn evaluate(
             continue; // a live attachment's own IP: `live-ip-not-in-ec2` below
         }
         match oob {
-            Some(at) if now.duration_since(at) < grace => {}
+            Some(at) if now.duration_since(at) < model.grace_after(at, grace) => {}
             Some(at) => {
                 let what = att
                     .and_then(|a| a.oob.as_ref().map(|m| m.what.clone()))

@@ -329,6 +329,19 @@ impl Soak {
                 return;
             }
         };
+        // An ENI detached out of band still takes IPs (EC2 assigns to a detached ENI): whatever
+        // lands on it later was never the instance's either.
+        for e in self.model.oob.iter_mut() {
+            if let Some(eni) = &e.eni {
+                e.ips.extend(
+                    obs.ec2
+                        .all_ip_eni
+                        .iter()
+                        .filter(|(_, on)| *on == eni)
+                        .map(|(ip, _)| *ip),
+                );
+            }
+        }
         let mut ev = checker::evaluate(&obs, &self.model, &mut self.checker, &rules);
         // Findings that may be a moment between two writes count only if they persist.
         let mut settle: Vec<Found> = ev.found.iter().filter(|f| f.settle).cloned().collect();
@@ -407,7 +420,8 @@ impl Soak {
         // Out-of-band changes, and discrepancies the checker is timing, get their grace period.
         self.check(step, false).await;
         let until = [
-            self.last_oob.map(|at| at + self.grace),
+            self.last_oob
+                .map(|at| at + self.model.grace_after(at, self.grace)),
             self.checker.judged_by(self.grace),
         ]
         .into_iter()

@@ -41,8 +41,14 @@ impl Soak {
         self.undos = keep;
         for u in due {
             match u.undo {
-                Undo::ClearEc2Faults => self.mock.clear_faults(),
-                Undo::Throttling => self.mock.set_throttling(Throttling::default()),
+                Undo::ClearEc2Faults => {
+                    self.mock.clear_faults();
+                    self.model.ec2_recovered("ec2-error-rate");
+                }
+                Undo::Throttling => {
+                    self.mock.set_throttling(Throttling::default());
+                    self.model.ec2_recovered("throttle-burst");
+                }
                 Undo::ImdsLag => self.mock.set_imds_lag(BASE_IMDS_LAG),
                 Undo::Disk => self.host.free_disk()?,
                 Undo::Unhide(r) => self.unhide(r)?,
@@ -68,12 +74,14 @@ impl Soak {
                 let code = *ERROR_CODES.choose(&mut rng).expect("not empty");
                 let count = rng.random_range(1..=4);
                 self.mock.inject_fault(Fault::error(action, code, count));
+                self.model.ec2_impeded("ec2-error", Some(Instant::now()));
                 format!("next {count} {action} answer {code}")
             }
             FaultKind::Ec2ErrorRate => {
                 let code = *ERROR_CODES.choose(&mut rng).expect("not empty");
                 let p = rng.random_range(0.1..0.3);
                 self.mock.inject_fault(Fault::rate(None, code, p));
+                self.model.ec2_impeded("ec2-error-rate", None);
                 let steps = rng.random_range(2..=5);
                 self.undo_later(step, steps, Duration::ZERO, Undo::ClearEc2Faults);
                 format!(
@@ -92,6 +100,10 @@ impl Soak {
                 let count = rng.random_range(1..=2);
                 self.mock
                     .inject_fault(Fault::hang(action, Duration::from_millis(ms), count));
+                self.model.ec2_impeded(
+                    "ec2-hang",
+                    Some(Instant::now() + Duration::from_millis(ms) * count),
+                );
                 format!("next {count} {action} hang {ms} ms, then fail")
             }
             FaultKind::Ec2SlowReply => {
@@ -114,6 +126,7 @@ impl Soak {
                         refill_per_sec: 2.0,
                     },
                 });
+                self.model.ec2_impeded("throttle-burst", None);
                 let steps = rng.random_range(3..=7);
                 self.undo_later(step, steps, Duration::ZERO, Undo::Throttling);
                 format!("account buckets 4 + 1/s mutating, 6 + 2/s describe for {steps} steps")

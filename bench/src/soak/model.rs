@@ -124,9 +124,46 @@ pub struct Model {
     pub hidden_racks: BTreeSet<usize>,
     /// When each rack last became visible again.
     pub rack_shown_at: BTreeMap<usize, Instant>,
+    /// Spans in which EC2 was impeded (throttling bursts, failing or hanging calls); `None`: not
+    /// over yet. The daemon notices out-of-band changes by asking EC2, and backs off while EC2
+    /// throttles or fails, so its time to notice runs from when EC2 answers again.
+    pub impeded: Vec<(&'static str, Instant, Option<Instant>)>,
 }
 
 impl Model {
+    /// The daemon's time to notice a change made at `at`: `grace`, or, when EC2 was impeded within
+    /// it, until `grace` after EC2 recovered (repeatedly, for spans that follow each other).
+    pub fn grace_after(&self, at: Instant, grace: Duration) -> Duration {
+        let now = Instant::now();
+        let mut deadline = at + grace;
+        loop {
+            let later = self
+                .impeded
+                .iter()
+                .filter(|(_, start, end)| *start <= deadline && end.unwrap_or(now) >= at)
+                .map(|(_, _, end)| end.unwrap_or(now) + grace)
+                .max();
+            match later {
+                Some(d) if d > deadline => deadline = d,
+                _ => return deadline - at,
+            }
+        }
+    }
+
+    /// EC2 is impeded by fault `kind` from now (until `end`, or until [`Model::ec2_recovered`]
+    /// when `None`).
+    pub fn ec2_impeded(&mut self, kind: &'static str, end: Option<Instant>) {
+        self.impeded.push((kind, Instant::now(), end));
+    }
+
+    /// The open impeded spans of fault `kind` end now.
+    pub fn ec2_recovered(&mut self, kind: &'static str) {
+        let now = Instant::now();
+        for (_, _, end) in self.impeded.iter_mut().filter(|(k, _, _)| *k == kind) {
+            end.get_or_insert(now);
+        }
+    }
+
     pub fn live(&self) -> impl Iterator<Item = &Attachment> {
         self.atts.values().filter(|a| a.is_live())
     }
@@ -153,7 +190,11 @@ impl Model {
         let (ip, added) = (a.ip?, a.added_at?);
         self.oob
             .iter()
-            .filter(|e| added >= e.at && added <= e.at + window && e.took(ip, eni_of))
+            .filter(|e| {
+                added >= e.at
+                    && added <= e.at + self.grace_after(e.at, window)
+                    && e.took(ip, eni_of)
+            })
             .map(|e| e.at)
             .next()
     }
@@ -168,7 +209,7 @@ impl Model {
     ) -> bool {
         self.oob
             .iter()
-            .any(|e| now < e.at + window && e.took(ip, eni_of))
+            .any(|e| now < e.at + self.grace_after(e.at, window) && e.took(ip, eni_of))
     }
 
     /// The out-of-band event that took `ip`, if any (for messages).

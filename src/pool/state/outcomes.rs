@@ -161,7 +161,7 @@ impl PoolState {
             }
         }
         for ip in ips {
-            self.idle.push(ip, eni.clone(), now, Duration::ZERO, None);
+            self.park_idle(ip, eni.clone(), now, Duration::ZERO, None);
         }
     }
 

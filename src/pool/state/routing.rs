@@ -199,7 +199,7 @@ impl PoolState {
     pub(super) fn fulfil(&mut self, waiter: Waiter, ip: Ipv4Addr, eni: EniId, now: Instant) {
         let pending = self.pending.remove(&waiter.key).unwrap_or_default();
         if pending.released {
-            self.idle.push(ip, eni, now, Duration::ZERO, None);
+            self.park_idle(ip, eni, now, Duration::ZERO, None);
             for f in pending.followers {
                 let _ = f.send(Err(PoolError::ReleasedWhilePending));
             }
@@ -213,7 +213,23 @@ impl PoolState {
             .collect();
         if waiter.respond_to.is_closed() && live_followers.is_empty() {
             tracing::info!(parent: &waiter.span, %ip, "caller went away before its IP arrived; IP goes idle");
-            self.idle.push(ip, eni, now, Duration::ZERO, None);
+            self.park_idle(ip, eni, now, Duration::ZERO, None);
+            return;
+        }
+        if self.eni_suspect(&eni) {
+            // EC2 stopped showing the ENI attached while this IP was being assigned to it (an
+            // assign on a detached ENI succeeds): a pod given it would have an IP the instance does
+            // not hold. The IP is held back with the ENI; the caller retries (CNI ADD is retried
+            // by the runtime) and is served from an ENI that is attached.
+            tracing::warn!(parent: &waiter.span, %ip, %eni, "new IP is on an ENI EC2 does not show attached: held back, not handed out");
+            self.park_idle(ip, eni.clone(), now, Duration::ZERO, None);
+            self.fail_waiter(
+                waiter,
+                PoolError::Cloud(CloudError::Transient {
+                    api: "AssignPrivateIpAddresses".into(),
+                    message: format!("{eni} is not shown attached to this instance; retry"),
+                }),
+            );
             return;
         }
         let Waiter {
@@ -257,6 +273,30 @@ impl PoolState {
         }
     }
 
+    /// Whether EC2 did not show `eni` attached at the last look ([`EniPhase::Suspect`]).
+    pub(super) fn eni_suspect(&self, eni: &EniId) -> bool {
+        self.enis
+            .get(eni)
+            .is_some_and(|r| matches!(r.phase, EniPhase::Suspect { .. }))
+    }
+
+    /// Puts `ip` (on `eni`) into the idle queue, or holds it back while its ENI is suspect: an IP of
+    /// an ENI that may be detached goes to no pod until EC2 shows the ENI attached again.
+    pub(super) fn park_idle(
+        &mut self,
+        ip: Ipv4Addr,
+        eni: EniId,
+        now: Instant,
+        cooldown: Duration,
+        reservation: Option<Reservation>,
+    ) {
+        let suspect = self.eni_suspect(&eni);
+        self.idle.push(ip, eni, now, cooldown, reservation);
+        if suspect && let Some(entry) = self.idle.remove(ip) {
+            self.held_back.insert(ip, entry);
+        }
+    }
+
     /// Releases `key`'s IP into the idle queue (cooling; reserved for its sticky key when `sticky`).
     /// `None` when the attachment holds nothing (a no-op, as CNI DEL requires).
     pub fn release(&mut self, key: &AttachmentKey, sticky: bool, now: Instant) -> Option<Released> {
@@ -281,7 +321,7 @@ impl PoolState {
                 record: rec.clone(),
             },
         };
-        self.idle.push(
+        self.park_idle(
             rec.ip,
             rec.eni,
             now,
@@ -295,7 +335,9 @@ impl PoolState {
     /// idle: `false` when the IP has gone to another pod or away meanwhile.
     pub fn undo_release(&mut self, undo: &ReleaseUndo) -> bool {
         let ip = undo.record.ip;
-        if self.allocations.contains_key(&undo.key) || self.idle.remove(ip).is_none() {
+        if self.allocations.contains_key(&undo.key)
+            || (self.idle.remove(ip).is_none() && self.held_back.remove(&ip).is_none())
+        {
             return false;
         }
         self.assigned.insert(ip, undo.key.clone());
