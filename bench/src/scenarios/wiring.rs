@@ -716,7 +716,8 @@ fn report(
             |s| s.seq.iter().map(|t| t.del.clone()).collect(),
             50.0,
             Unit::Ms,
-            Target::Info,
+            // Not slower than the anchor's DEL.
+            Target::RatioAtMost(1.0),
         ),
         (
             "DEL, p99",
@@ -730,7 +731,7 @@ fn report(
             |s| s.seq.iter().map(SeqTimes::pairs).collect(),
             50.0,
             Unit::Ms,
-            Target::Info,
+            Target::RatioAtMost(0.7),
         ),
         (
             "burst of 30 concurrent ADDs: each ADD, p50",

@@ -21,6 +21,6 @@ pub mod netconf;
 pub mod spec;
 pub mod wiring;
 
-pub use command::{Outcome, run};
+pub use command::{Job, Outcome, Prepared, prepare, run};
 pub use env::{Environment, ProcessEnvironment};
 pub use spec::{CniError, CniVersion, ErrorCode};
