@@ -167,6 +167,7 @@ async fn calls_reaching_ec2_never_exceed_the_configured_rate() {
     // 20 mutating at 10/s after a burst of 3 needs ≥ 1.7 s; 40 describes at 25/s after 5, ≥ 1.4 s.
     assert!(took >= Duration::from_millis(1600), "{took:?}");
 
+    const ARRIVAL_JITTER_S: f64 = 0.2;
     let log = env.mock.call_log();
     for (action, qps, burst) in [
         ("CreateTags", MUT_QPS, MUT_BURST),
@@ -182,9 +183,12 @@ async fn calls_reaching_ec2_never_exceed_the_configured_rate() {
             for j in i..times.len() {
                 let n = (j - i + 1) as f64;
                 let window_s = (times[j] - times[i]) / 1000.0;
-                // One call of slack: arrival order at the mock can differ slightly from grant order.
+                // Slack for the transport: arrival order at the mock can differ slightly from grant
+                // order (one call), and on a loaded machine calls granted apart can arrive bunched
+                // (up to ARRIVAL_JITTER_S). An unlimited client would put all 20 or 40 calls within
+                // a few milliseconds, far beyond either.
                 assert!(
-                    n <= burst as f64 + qps * window_s + 1.0,
+                    n <= burst as f64 + qps * (window_s + ARRIVAL_JITTER_S) + 1.0,
                     "{action}: {n} calls in {window_s:.3}s exceeds burst {burst} + {qps}/s"
                 );
             }

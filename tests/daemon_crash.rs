@@ -2,6 +2,8 @@
 //! killed with SIGKILL at random moments (50 times) and restarted. After every restart: no IP held by
 //! two attachments, every ADD that succeeded and was not deleted still holds its IP, EC2 (mockcloud) and
 //! the daemon agree; at the end, GC leaves exactly the live pods. Prints kills and operations survived.
+//! Run twice: secondary IPs on a c5.4xlarge (eth0's included), and prefix delegation on an m5.large
+//! (every pod address inside a `/28` on eth0 or a secondary ENI).
 
 #[path = "daemon_support/mod.rs"]
 mod daemon_support;
@@ -20,10 +22,15 @@ use rand::Rng;
 
 const KILLS: usize = 50;
 
-fn spawn_daemon(mock: &MockCloud, dir: &std::path::Path) -> tokio::process::Child {
+fn spawn_daemon(
+    mock: &MockCloud,
+    dir: &std::path::Path,
+    extra: &[(&str, &str)],
+) -> tokio::process::Child {
     let inst = mock.default_instance();
     tokio::process::Command::new(env!("CARGO_BIN_EXE_eniipamd"))
         .env_clear()
+        .envs(extra.iter().copied())
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("AWS_ACCESS_KEY_ID", "AKIDCRASH")
         .env("AWS_SECRET_ACCESS_KEY", "secret")
@@ -82,8 +89,22 @@ struct Model {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_moments_loses_nothing() {
+    crash_run("c5.4xlarge", &[], KILLS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_moments_loses_nothing_with_prefixes() {
+    crash_run(
+        "m5.large",
+        &[("ENIIPAM_PREFIX_DELEGATION", "true")],
+        KILLS / 2,
+    )
+    .await;
+}
+
+async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
     let mock = MockCloud::start(Config {
-        default_instance_type: "c5.4xlarge".into(),
+        default_instance_type: instance_type.into(),
         ..Config::fast()
     })
     .await
@@ -93,8 +114,8 @@ async fn sigkill_at_random_moments_loses_nothing() {
     let model = Arc::new(Mutex::new(Model::default()));
     let mut rng = rand::rng();
 
-    for kill in 0..=KILLS {
-        let mut child = spawn_daemon(&mock, &dir.0);
+    for kill in 0..=kills {
+        let mut child = spawn_daemon(&mock, &dir.0, extra);
         wait_ready(&socket, &mut child).await;
         let ch = eniipam::rpc::connect(&socket).await.unwrap();
         let ipam = pb::ipam_client::IpamClient::new(ch.clone());
@@ -152,7 +173,7 @@ async fn sigkill_at_random_moments_loses_nothing() {
             }
             m.uncertain.clear();
         }
-        if kill == KILLS {
+        if kill == kills {
             // Last life: GC with the model's live set; afterwards exactly those remain.
             let valid: Vec<pb::Attachment> = model
                 .lock()
@@ -186,10 +207,10 @@ async fn sigkill_at_random_moments_loses_nothing() {
             child.kill().await.unwrap();
             let ops = model.lock().unwrap().ops;
             println!(
-                "crash test: {KILLS} SIGKILLs survived, {ops} ADD/DEL operations, {} pods live at the end",
+                "crash test ({instance_type} {extra:?}): {kills} SIGKILLs survived, {ops} ADD/DEL operations, {} pods live at the end",
                 live.len()
             );
-            assert!(ops >= 300, "enough churn happened ({ops})");
+            assert!(ops >= 6 * kills as u64, "enough churn happened ({ops})");
             assert!(!live.is_empty(), "pods were live at the end");
             return;
         }

@@ -502,7 +502,8 @@ async fn node_port_needs_the_connmark_rule_and_the_daemon_heals_it() {
 
 /// A daemon restart keeps pod egress and the NodePort working throughout (the rules stay while it
 /// is down, and the restarted daemon finds them exactly as it would load them); a knob change
-/// applies at the next start; `--uninstall-host-rules` removes everything.
+/// applies at the next start; `--prepare-host` (the init container) loosens a strict rp_filter;
+/// `--uninstall-host-rules` removes everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_survive_restarts_follow_knobs_and_uninstall() {
     let test = "rules_survive_restarts_follow_knobs_and_uninstall";
@@ -561,8 +562,28 @@ async fn rules_survive_restarts_follow_knobs_and_uninstall() {
     assert_eq!(r.server_saw.ip(), c.b.private_ip);
     c.assert_no_drops().await;
 
-    // eniipam leaves the node.
+    // The privileged init container's job: the primary interface's strict rp_filter made loose
+    // (the daemon's own container sees /proc/sys read-only).
     d.stop().await;
+    let node = c.node_ns(&c.a.instance_id);
+    let links = node.ip(&["-o", "link"]).await.expect("links");
+    let ifname = links
+        .lines()
+        .find(|l| l.contains(&c.a.mac))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|n| n.trim().split('@').next().unwrap_or_default().to_owned())
+        .expect("the primary interface, by eth0's MAC");
+    let key = format!("net/ipv4/conf/{ifname}/rp_filter");
+    node.write_sysctls(&[(key.clone(), "1".into())])
+        .await
+        .expect("strict rp_filter");
+    let out = d.run_once(&["--prepare-host"]).await;
+    assert!(out.contains("set to 2 (loose)"), "{out}");
+    assert_eq!(node.read_sysctl(&key).await.expect("rp_filter"), "2");
+    let out = d.run_once(&["--prepare-host"]).await;
+    assert!(out.contains("left as it is"), "{out}");
+
+    // eniipam leaves the node.
     let out = d.run_once(&["--uninstall-host-rules"]).await;
     assert!(out.contains("deleted"), "{out}");
     assert_eq!(d.rules().await, None);

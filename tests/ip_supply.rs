@@ -169,6 +169,23 @@ async fn prefixes_survive_a_restart_and_a_lost_state_file() {
     for ip in &ips {
         assert!(prefixes.iter().any(|p| p.contains(ip)), "{ip}");
     }
+    // Introspect (eniipamctl enis) shows each ENI's prefixes.
+    let shown: Vec<String> = eniipam::rpc::pb::introspect_client::IntrospectClient::new(
+        eniipam::rpc::connect(&d.socket_path).await.unwrap(),
+    )
+    .enis(eniipam::rpc::pb::EnisRequest {})
+    .await
+    .unwrap()
+    .into_inner()
+    .enis
+    .into_iter()
+    .flat_map(|e| e.prefixes)
+    .collect();
+    let mut want: Vec<String> = prefixes.iter().map(ToString::to_string).collect();
+    want.sort();
+    let mut shown = shown;
+    shown.sort();
+    assert_eq!(shown, want);
     d.pool.maintain_now().await.unwrap();
     let before: BTreeMap<AttachmentKey, Ipv4Addr> = d
         .pool

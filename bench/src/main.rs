@@ -4,12 +4,17 @@
 //!
 //! ```text
 //! cargo run --release -p eniipam-bench -- <ipam|wiring|grpc|cold-burst|startup|memory|fleet|all>... [--runs N] [--out DIR]
+//! cargo run --release -p eniipam-bench -- soak [--minutes 30] [--seed N] [--soak-steps N] [--soak-faults LIST]
 //! ```
+//!
+//! `soak` is the fault soak with its invariant checker (issue 13): it reports violations, not
+//! figures, and is not part of `all`.
 
 mod cni;
 mod plot;
 mod report;
 mod scenarios;
+mod soak;
 mod stats;
 mod support;
 
@@ -41,6 +46,8 @@ enum Scenario {
     Fragmentation,
     /// Every scenario above, in this order.
     All,
+    /// The fault soak with the invariant checker (issue 13; not in `all`): `--minutes`, `--seed`.
+    Soak,
 }
 
 impl Scenario {
@@ -58,7 +65,7 @@ impl Scenario {
     fn needs_binaries(self) -> bool {
         matches!(
             self,
-            Scenario::Ipam | Scenario::Wiring | Scenario::Memory | Scenario::All
+            Scenario::Ipam | Scenario::Wiring | Scenario::Memory | Scenario::All | Scenario::Soak
         )
     }
 }
@@ -74,8 +81,10 @@ struct Args {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     runs: u32,
     /// Where report.md and latency.png go.
-    #[arg(long, default_value = "bench/results")]
-    out: PathBuf,
+    /// (Default `bench/results`; `bench/results/soak` when `soak` is the only scenario, so a soak
+    /// never overwrites the benchmark's report.)
+    #[arg(long)]
+    out: Option<PathBuf>,
     /// Scenario `fleet`: how many nodes.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=2000))]
     nodes: u32,
@@ -88,6 +97,31 @@ struct Args {
     /// Do not build eniipam/eniipamd first (use the binaries already next to this one).
     #[arg(long)]
     no_build: bool,
+    /// Scenario `soak`: how long to run (minutes of steps, then the final GC and check).
+    #[arg(long, default_value_t = 30.0)]
+    minutes: f64,
+    /// Scenario `soak`: a fixed number of steps instead of `--minutes`.
+    #[arg(long)]
+    soak_steps: Option<u64>,
+    /// Scenario `soak`: the seed of the fault schedule, the pods and mockcloud's addresses (default:
+    /// from the clock; printed, so a run can be repeated).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Scenario `soak`: 1 or 2 networks (conflists).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    soak_networks: u8,
+    /// Scenario `soak`: faults to inject: `all`, `none`, a comma list (kill, ec2-error,
+    /// ec2-error-rate, ec2-hang, ec2-slow-reply, throttle-burst, oob-unassign, oob-detach, imds-lag,
+    /// state-file-removed, disk-full, netns-hidden, pod-death), or `-name,...` for all but those.
+    #[arg(long, default_value = "all", allow_hyphen_values = true, value_parser = parse_faults)]
+    soak_faults: std::collections::BTreeSet<soak::faults::FaultKind>,
+    /// Scenario `soak`: keep eniipamd's log in this file (default: with the temporary directory).
+    #[arg(long)]
+    soak_log: Option<PathBuf>,
+}
+
+fn parse_faults(s: &str) -> Result<std::collections::BTreeSet<soak::faults::FaultKind>, String> {
+    soak::faults::parse_fault_set(s)
 }
 
 /// What every scenario gets.
@@ -96,6 +130,7 @@ pub struct Ctx {
     pub fleet_nodes: usize,
     pub fleet_pods: u32,
     pub fleet_runs: usize,
+    pub soak: scenarios::soak::SoakArgs,
 }
 
 fn main() -> ExitCode {
@@ -141,6 +176,19 @@ fn run(args: Args) -> anyhow::Result<bool> {
         fleet_nodes: args.nodes as usize,
         fleet_pods: args.pods_per_node,
         fleet_runs: args.fleet_runs as usize,
+        soak: scenarios::soak::SoakArgs {
+            minutes: args.minutes,
+            steps: args.soak_steps,
+            seed: args.seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs() % 100_000)
+                    .unwrap_or(1)
+            }),
+            networks: args.soak_networks as usize,
+            faults: args.soak_faults.clone(),
+            log: args.soak_log.clone(),
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -148,7 +196,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
         .context("tokio runtime")?;
     let mut reports = Vec::new();
     let mut failures = Vec::new();
-    for s in chosen {
+    for s in chosen.iter().copied() {
         let name = s
             .to_possible_value()
             .map(|v| v.get_name().to_owned())
@@ -165,6 +213,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
                 Scenario::Memory => scenarios::memory::run(&ctx).await,
                 Scenario::Fleet => scenarios::fleet::run(&ctx).await,
                 Scenario::Fragmentation => scenarios::fragmentation::run(&ctx).await,
+                Scenario::Soak => scenarios::soak::run(&ctx.soak).await,
                 Scenario::All => unreachable!("expanded above"),
             }
         });
@@ -182,9 +231,15 @@ fn run(args: Args) -> anyhow::Result<bool> {
     }
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
 
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    let png = args.out.join("latency.png");
+    let out = args.out.clone().unwrap_or_else(|| {
+        if chosen == [Scenario::Soak] {
+            PathBuf::from("bench/results/soak")
+        } else {
+            PathBuf::from("bench/results")
+        }
+    });
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let png = out.join("latency.png");
     let plotted = match plot::draw(&reports, &png) {
         Ok(p) => p,
         Err(e) => {
@@ -193,7 +248,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
         }
     };
     let md = render(&reports, &failures, &args, plotted);
-    let path = args.out.join("report.md");
+    let path = out.join("report.md");
     std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("wrote {}", path.display());
     if plotted.is_some() {

@@ -55,6 +55,12 @@ struct Args {
     /// place so pod egress and NodePort replies survive restarts.
     #[arg(long, conflicts_with = "simulate")]
     uninstall_host_rules: bool,
+    /// Prepare the node's kernel settings the data path needs and exit: the primary interface (found
+    /// by eth0's MAC from IMDS) gets `rp_filter` 2 (loose) when it is 1 (strict), so replies of pods
+    /// on secondary ENIs to NodePort and load-balancer traffic are not dropped. For a privileged init
+    /// container: the daemon's own container sees `/proc/sys` read-only.
+    #[arg(long, conflicts_with_all = ["simulate", "uninstall_host_rules"])]
+    prepare_host: bool,
 }
 
 /// `--instance-type`'s default (the simulated node's; a constant string when `simulate` is off).
@@ -99,6 +105,8 @@ async fn main() -> ExitCode {
         run_simulate(args).await
     } else if args.uninstall_host_rules {
         uninstall_host_rules(args).await
+    } else if args.prepare_host {
+        prepare_host(args).await
     } else {
         run(args).await
     };
@@ -158,6 +166,49 @@ async fn uninstall_host_rules(args: Args) -> Exit {
             Exit::Stopped
         }
         Err(e) => Exit::Failed(anyhow::Error::new(e).context("removing the host rules")),
+    }
+}
+
+async fn prepare_host(args: Args) -> Exit {
+    let config = match DaemonConfig::load(args.config.as_deref(), &ProcessEnv) {
+        Ok(c) => c,
+        Err(e) => return Exit::BadConfig(e.into()),
+    };
+    if !(config.manage_eni_routes && config.node_port_support) {
+        println!(
+            "eniipamd: nothing to prepare (node_port_support or manage_eni_routes is off): rp_filter left as it is"
+        );
+        return Exit::Stopped;
+    }
+    let prepared = async {
+        let clients = eniipam::daemon::CloudClients::from_config(&config, None)
+            .await
+            .context("building the IMDS client")?;
+        let mac = clients
+            .metadata
+            .identity()
+            .await
+            .context("reading eth0's MAC from IMDS")?
+            .mac;
+        let rules = eniipam::host::HostRules::new(eniipam::host::Nft::default())?;
+        let link = rules.primary_link(&mac).await?;
+        let changed = eniipam::host::nodeport::loosen_rp_filter(&link.name)
+            .with_context(|| format!("setting {}'s rp_filter", link.name))?;
+        anyhow::Ok((link.name, changed))
+    };
+    match prepared.await {
+        Ok((ifname, changed)) => {
+            println!(
+                "eniipamd: {ifname} (primary interface): rp_filter {}",
+                if changed {
+                    "set to 2 (loose)"
+                } else {
+                    "already not strict, left as it is"
+                }
+            );
+            Exit::Stopped
+        }
+        Err(e) => Exit::Failed(e.context("preparing the host")),
     }
 }
 

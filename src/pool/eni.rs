@@ -389,7 +389,7 @@ impl EniActor {
                 span.in_scope(
                     || tracing::info!(assigned = ips.len(), prefixes = ?prefixes, "assigned IPs"),
                 );
-                self.wait_visible(&ips).instrument(span).await;
+                self.wait_visible(&ips, &prefixes).instrument(span).await;
                 self.shared.lock().complete_assign(
                     &self.eni,
                     ips,
@@ -454,15 +454,28 @@ impl EniActor {
 
     /// Waits (bounded by `imds_wait`) until IMDS lists `ips` on this ENI. EC2 already has them, so
     /// after the bound the pods get them anyway; the reconciler trusts EC2 over IMDS.
-    async fn wait_visible(&self, ips: &[Ipv4Addr]) {
+    ///
+    /// Addresses inside `prefixes` are not listed one by one (IMDS has the prefix under `ipv4-prefix`):
+    /// the prefix is what is waited for.
+    async fn wait_visible(&self, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) {
         let bound = self.shared.config.imds_wait;
         if bound.is_zero() || ips.is_empty() {
             return;
         }
+        let singles: Vec<Ipv4Addr> = ips
+            .iter()
+            .copied()
+            .filter(|ip| !prefixes.iter().any(|p| p.contains(ip)))
+            .collect();
         let deadline = Instant::now() + bound;
         loop {
             match self.shared.metadata.interface(&self.mac).await {
-                Ok(Some(md)) if ips.iter().all(|ip| md.ips.contains(ip)) => return,
+                Ok(Some(md))
+                    if singles.iter().all(|ip| md.ips.contains(ip))
+                        && prefixes.iter().all(|p| md.ipv4_prefixes.contains(p)) =>
+                {
+                    return;
+                }
                 Ok(_) => {}
                 Err(e) => tracing::debug!(error = %e, "IMDS read failed while waiting for IPs"),
             }

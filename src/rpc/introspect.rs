@@ -35,6 +35,8 @@ fn eni_info(e: &crate::pool::snapshot::EniSnapshot) -> pb::EniInfo {
             EniPhaseSnapshot::Suspect { .. } => "suspect".to_owned(),
         },
         backlog: e.in_flight,
+        prefixes: e.prefixes.iter().map(ToString::to_string).collect(),
+        serves_pods: e.serves_pods,
     }
 }
 

@@ -6,5 +6,6 @@ pub mod fragmentation;
 pub mod grpc;
 pub mod ipam;
 pub mod memory;
+pub mod soak;
 pub mod startup;
 pub mod wiring;

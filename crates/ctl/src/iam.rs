@@ -273,7 +273,7 @@ mod tests {
             }
         }
         let all = actions(&v);
-        assert_eq!(all.len(), 12, "{all:?}");
+        assert_eq!(all.len(), 13, "{all:?}");
         assert!(all.iter().all(|a| a.starts_with("ec2:")));
     }
 

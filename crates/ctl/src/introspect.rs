@@ -135,7 +135,8 @@ pub async fn enis(socket: &Path, as_json: bool) -> Result<(), String> {
 fn eni_json(e: &pb::EniInfo) -> serde_json::Value {
     json!({"eni_id": e.eni_id, "mac": e.mac, "device_index": e.device_index, "subnet_id": e.subnet_id,
            "subnet_cidr": e.subnet_cidr, "primary_ip": e.primary_ip, "idle": e.idle, "assigned": e.assigned,
-           "cooling": e.cooling, "sticky": e.sticky, "state": e.state, "backlog": e.backlog})
+           "cooling": e.cooling, "sticky": e.sticky, "state": e.state, "backlog": e.backlog,
+           "prefixes": e.prefixes, "serves_pods": e.serves_pods})
 }
 
 fn pool_json(p: &pb::PoolReply) -> serde_json::Value {
@@ -151,12 +152,26 @@ fn pool_json(p: &pb::PoolReply) -> serde_json::Value {
 
 fn print_enis(enis: &[pb::EniInfo]) {
     println!(
-        "{:<4} {:<21} {:<26} {:<18} {:>5} {:>8} {:>7} {:>6} {:<12}",
-        "DEV", "ENI", "SUBNET", "CIDR", "IDLE", "ASSIGNED", "COOLING", "STICKY", "STATE"
+        "{:<4} {:<21} {:<26} {:<18} {:>5} {:>8} {:>7} {:>6} {:>8} {:<12}",
+        "DEV",
+        "ENI",
+        "SUBNET",
+        "CIDR",
+        "IDLE",
+        "ASSIGNED",
+        "COOLING",
+        "STICKY",
+        "PREFIXES",
+        "STATE"
     );
     for e in enis {
+        let state = if e.serves_pods {
+            e.state.clone()
+        } else {
+            format!("{} (no pods)", e.state)
+        };
         println!(
-            "{:<4} {:<21} {:<26} {:<18} {:>5} {:>8} {:>7} {:>6} {:<12}",
+            "{:<4} {:<21} {:<26} {:<18} {:>5} {:>8} {:>7} {:>6} {:>8} {:<12}",
             e.device_index,
             e.eni_id,
             e.subnet_id,
@@ -165,7 +180,8 @@ fn print_enis(enis: &[pb::EniInfo]) {
             e.assigned,
             e.cooling,
             e.sticky,
-            e.state
+            e.prefixes.len(),
+            state
         );
     }
 }

@@ -1,0 +1,220 @@
+//! Scenario `soak` (issue 13): the fault soak of [`crate::soak`] for a number of minutes (or steps),
+//! reported as a table of operations, kills, faults by kind and invariant violations by kind (each
+//! must be 0), with the first violations of each kind described.
+
+use std::time::Duration;
+
+use crate::report::{Anchor, Row, ScenarioReport, Target, Unit};
+use crate::soak::faults::FaultKind;
+use crate::soak::{self, Budget, SoakConfig};
+use crate::support;
+
+/// What `eniipam-bench soak` is told.
+#[derive(Clone, Debug)]
+pub struct SoakArgs {
+    pub minutes: f64,
+    pub steps: Option<u64>,
+    pub seed: u64,
+    pub networks: usize,
+    pub faults: std::collections::BTreeSet<FaultKind>,
+    pub log: Option<std::path::PathBuf>,
+}
+
+/// Violations described in the report, per kind.
+const DESCRIBED_PER_KIND: usize = 3;
+
+/// Every violation kind the checker knows, so a clean run shows its zeros.
+const KINDS: [&str; 14] = [
+    "duplicate-ip",
+    "detached-eni-serving",
+    "eni-unknown-to-pool",
+    "held-ip-not-in-ec2",
+    "lost-ip-kept",
+    "token-accounting",
+    "live-lost-ip",
+    "live-ip-not-in-ec2",
+    "store-daemon-disagree",
+    "leak-after-gc",
+    "host-cache",
+    "del-failed",
+    "daemon-exited",
+    "daemon-down",
+];
+
+pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
+    anyhow::ensure!(
+        args.minutes.is_finite() && args.minutes > 0.0,
+        "--minutes must be a positive number, not {}",
+        args.minutes
+    );
+    let budget = match args.steps {
+        Some(n) => Budget::Steps(n),
+        None => Budget::Time(Duration::from_secs_f64(args.minutes * 60.0)),
+    };
+    let mut cfg = SoakConfig::new(
+        args.seed,
+        budget,
+        support::sibling("eniipamd")?,
+        support::sibling("eniipam")?,
+    );
+    cfg.networks = args.networks;
+    cfg.faults = args.faults.clone();
+    cfg.log_file = args.log.clone();
+    cfg.progress = true;
+    let knobs = cfg.knobs.clone();
+    let instance = cfg.instance_type.clone();
+    // Ctrl-C or SIGTERM drops the soak, whose guards unmount what it mounted and kill what it started.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let out = tokio::select! {
+        out = soak::run(cfg) => out?,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted (SIGINT); cleaned up"),
+        _ = term.recv() => anyhow::bail!("interrupted (SIGTERM); cleaned up"),
+    };
+    eprintln!("{}", out.summary(DESCRIBED_PER_KIND));
+
+    let c = &out.counts;
+    let info = |m: &str, u: Unit, v: f64| Row::single(m, u, v);
+    let mut rows = vec![
+        info("steps", Unit::Count, c.steps as f64),
+        info("wall time", Unit::Secs, out.wall.as_secs_f64()),
+        info("ADD ok", Unit::Count, c.adds_ok as f64),
+        info(
+            "ADD failed (the runtime DELs after)",
+            Unit::Count,
+            c.adds_failed as f64,
+        ),
+        info("DEL ok", Unit::Count, c.dels_ok as f64),
+        info("GC ok", Unit::Count, c.gcs_ok as f64),
+        info("GC failed", Unit::Count, c.gcs_failed as f64),
+        info("SIGKILLs of eniipamd", Unit::Count, c.kills as f64),
+        info("restarts (ready again)", Unit::Count, c.restarts as f64),
+        info("pods", Unit::Count, c.pods as f64),
+        info("peak live pods", Unit::Count, c.peak_live_pods as f64),
+        info(
+            "distinct IPs handed out",
+            Unit::Count,
+            c.distinct_ips as f64,
+        ),
+        info("invariant checks", Unit::Count, c.checks as f64),
+        info(
+            "checks skipped (daemon down)",
+            Unit::Count,
+            c.checks_skipped as f64,
+        ),
+    ];
+    for k in FaultKind::ALL {
+        rows.push(info(
+            &format!("fault `{}`", k.name()),
+            Unit::Count,
+            *c.faults.get(k.name()).unwrap_or(&0) as f64,
+        ));
+    }
+    let by_kind = out.by_kind();
+    let mut kinds: Vec<&str> = KINDS.to_vec();
+    for k in by_kind.keys() {
+        if !kinds.contains(k) {
+            kinds.push(k);
+        }
+    }
+    for k in kinds {
+        rows.push(
+            Row::single(
+                format!("violations `{k}`"),
+                Unit::Count,
+                *by_kind.get(k).unwrap_or(&0) as f64,
+            )
+            .anchor(Anchor::None("invariant".into()))
+            .target(Target::AtMost(0.0)),
+        );
+    }
+
+    let mut notes = Vec::new();
+    for k in by_kind.keys() {
+        for v in out
+            .violations
+            .iter()
+            .filter(|v| v.kind == *k)
+            .take(DESCRIBED_PER_KIND)
+        {
+            notes.push(format!("`{}`: {}", v.kind, escape(&v.to_string())));
+        }
+    }
+    if !c.add_errors.is_empty() {
+        let list: Vec<String> = c
+            .add_errors
+            .iter()
+            .map(|(k, n)| format!("{k}: {n}"))
+            .collect();
+        notes.push(format!("ADD failures by plugin error: {}", list.join(", ")));
+    }
+    if c.checks_skipped > 0 || c.starts_failed_disk_full > 0 {
+        notes.push(format!(
+            "{} checks skipped (daemon not ready or unreachable); {} startups failed while the state disk was full (expected)",
+            c.checks_skipped, c.starts_failed_disk_full
+        ));
+    }
+    for n in &out.notes {
+        notes.push(escape(n));
+    }
+
+    let faults = if args.faults.len() == FaultKind::ALL.len() {
+        String::new()
+    } else {
+        format!(
+            " --soak-faults {}",
+            args.faults
+                .iter()
+                .map(|k| k.name())
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+    };
+    let length = match args.steps {
+        Some(n) => format!("--soak-steps {n}"),
+        None => format!("--minutes {}", args.minutes),
+    };
+    Ok(ScenarioReport {
+        id: "soak",
+        title: format!(
+            "fault soak: {} against the invariant checker (seed {})",
+            match args.steps {
+                Some(n) => format!("{n} steps"),
+                None => format!("{} minutes", args.minutes),
+            },
+            args.seed
+        ),
+        reproduce: format!(
+            "cargo run --release -p eniipam-bench -- soak {length} --seed {} --soak-networks {}{faults}",
+            args.seed, args.networks
+        ),
+        setup: vec![
+            format!(
+                "the real eniipamd binary (reuse cooldown {} s, reconcile every {} s, min/max idle {}/{}) on a mockcloud {instance} (EC2's latencies ÷ 5, attach 400 ms, IMDS lag 200 ms, EC2's account throttling), SIGKILLed and restarted at random moments",
+                knobs.reuse_cooldown_secs, knobs.reconcile_period_secs, knobs.min_idle, knobs.max_idle
+            ),
+            format!(
+                "the real eniipam plugin in its IPAM role under a calico parent, {} network(s) (soak-a; soak-b), pods in real network namespaces on one or both networks, living 2–30 steps; GC from a fake runtime (cniVersion 1.1.0) listing one network's live attachments",
+                args.networks
+            ),
+            "after every step: duplicates across pods, pool and store; the pool's ENIs and IPs against EC2; token accounting; every live attachment held with its IP; out-of-band-removed IPs reported lost; the store against the pool (settled); GC leaks; the plugin's cache".into(),
+            format!(
+                "faults on a seeded schedule: one every {} steps after {} warm-up steps, each enabled kind in turn (all of them within the first {} steps; `state-file-removed` and `disk-full` only then), a SIGKILL in {:.0} % of the steps, {:.0} % of pods dying without a DEL",
+                soak::faults::PERIOD,
+                soak::faults::WARM_UP,
+                soak::faults::first_cycle_steps(&args.faults),
+                soak::faults::KILL_CHANCE * 100.0,
+                soak::faults::DEATH_CHANCE * 100.0
+            ),
+            format!("capacity {} pod IPs", out.capacity),
+        ],
+        rows,
+        notes,
+        plot_unit: "",
+        series: Vec::new(),
+    })
+}
+
+/// Table cells and list items must not break the markdown.
+fn escape(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}

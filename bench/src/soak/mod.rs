@@ -1,0 +1,347 @@
+//! The fault soak (issue 13): the real `eniipamd` binary against an in-process mockcloud, driven by a
+//! fake container runtime that runs the real `eniipam` plugin (IPAM role) for ADD/DEL/GC churn on two
+//! networks, while a seeded schedule injects faults — SIGKILLs, EC2 errors, hangs, throttling, IMDS lag,
+//! out-of-band unassigns and detaches, a lost state file, a full disk, hidden network namespaces,
+//! pods dying without a DEL — and an invariant checker compares the daemon, the store,
+//! EC2 and the host after every step.
+//!
+//! A run is a sequence of steps. Each step: undo the faults whose time is up, apply the step's
+//! planned faults ([`faults::planned`]), maybe GC one network (never concurrently with ADD/DEL: the
+//! spec makes the runtime serialise them), run one batch of pod operations concurrently (pods ending by
+//! DEL or by dying, late DELs, new pods ADDing to one or both networks), SIGKILL the daemon in the
+//! middle of the batch if planned, restart it, then check. Everything random is drawn from an RNG of
+//! (seed, step), so a violation is named by its seed and step; the daemon's own timing still varies.
+//!
+//! Modules: [`driver`] (the run's state and the step loop, restarts, GC, checks, the end), [`pods`] (a
+//! step's batch of pod operations and what the runtime learns from it), [`inject`] (applying and
+//! undoing faults), [`faults`] (the kinds and the seeded schedule), [`checker`] (the witnesses and the
+//! invariants), [`model`] (the runtime's truth), [`runtime`] (the plugin binary as libcni runs it),
+//! [`daemon`] (the eniipamd subprocess), [`host`] (the temporary node: state tmpfs, cache, namespaces).
+//! Besides the checker's kinds, the driver reports `del-failed` (a DEL answered an error),
+//! `daemon-exited` (eniipamd ended by itself) and `daemon-down` (not ready within a minute).
+//!
+//! Used by the benchmark program (`eniipam-bench soak`) and, through a `#[path]` include, by the short
+//! CI test `tests/soak.rs`; so it names only crates both have.
+
+pub mod checker;
+pub mod daemon;
+pub mod faults;
+pub mod host;
+pub mod model;
+pub mod runtime;
+
+mod driver;
+mod inject;
+mod pods;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use mockcloud::{LatencyProfile, MockCloud, Throttling};
+use tokio::time::Instant;
+
+use checker::CheckerState;
+use daemon::{DaemonKnobs, DaemonProc};
+use driver::Soak;
+use faults::FaultKind;
+use host::Host;
+use model::Model;
+use runtime::Runtime;
+
+/// How long a run lasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Budget {
+    Steps(u64),
+    Time(Duration),
+}
+
+/// Everything a soak is told.
+#[derive(Clone, Debug)]
+pub struct SoakConfig {
+    pub seed: u64,
+    pub budget: Budget,
+    pub daemon_bin: PathBuf,
+    pub plugin_bin: PathBuf,
+    /// 1 or 2 networks (conflists).
+    pub networks: usize,
+    pub faults: BTreeSet<FaultKind>,
+    pub instance_type: String,
+    pub knobs: DaemonKnobs,
+    /// Keep the daemon's log here (else it goes with the temporary directory).
+    pub log_file: Option<PathBuf>,
+    /// Print progress and each violation on stderr as found.
+    pub progress: bool,
+}
+
+impl SoakConfig {
+    pub fn new(seed: u64, budget: Budget, daemon_bin: PathBuf, plugin_bin: PathBuf) -> Self {
+        Self {
+            seed,
+            budget,
+            daemon_bin,
+            plugin_bin,
+            networks: 2,
+            faults: FaultKind::ALL.into_iter().collect(),
+            instance_type: "c5.xlarge".into(),
+            knobs: DaemonKnobs::default(),
+            log_file: None,
+            progress: false,
+        }
+    }
+}
+
+/// What happened, by the numbers.
+#[derive(Clone, Debug, Default)]
+pub struct Counts {
+    pub steps: u64,
+    pub adds_ok: u64,
+    pub adds_failed: u64,
+    pub dels_ok: u64,
+    pub dels_failed: u64,
+    pub gcs_ok: u64,
+    pub gcs_failed: u64,
+    pub kills: u64,
+    pub restarts: u64,
+    /// Startups that failed while the disk was full (expected).
+    pub starts_failed_disk_full: u64,
+    pub checks: u64,
+    pub checks_skipped: u64,
+    pub pods: u64,
+    pub peak_live_pods: usize,
+    pub distinct_ips: usize,
+    pub faults: BTreeMap<&'static str, u64>,
+    /// ADD failures by the plugin's error code.
+    pub add_errors: BTreeMap<String, u64>,
+}
+
+/// One broken invariant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: &'static str,
+    pub subject: String,
+    pub seed: u64,
+    pub step: u64,
+    pub text: String,
+    /// The faults of the steps before.
+    pub context: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "[seed {} step {}] {}: {}",
+            self.seed, self.step, self.kind, self.text
+        )?;
+        if !self.context.is_empty() {
+            write!(f, " (before: {})", self.context)?;
+        }
+        Ok(())
+    }
+}
+
+/// A run's result.
+#[derive(Clone, Debug)]
+pub struct SoakOutcome {
+    pub seed: u64,
+    pub wall: Duration,
+    pub capacity: u32,
+    pub counts: Counts,
+    /// Distinct violations (kind, subject), in the order found.
+    pub violations: Vec<Violation>,
+    /// Things worth knowing that are not violations (failed GCs, skipped checks).
+    pub notes: Vec<String>,
+}
+
+impl SoakOutcome {
+    pub fn by_kind(&self) -> BTreeMap<&'static str, usize> {
+        let mut m = BTreeMap::new();
+        for v in &self.violations {
+            *m.entry(v.kind).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// A plain-text summary: counts, then up to `per_kind` violations of each kind.
+    pub fn summary(&self, per_kind: usize) -> String {
+        let c = &self.counts;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "soak seed {}: {} steps in {:.0} s, capacity {}; ADD {} ok / {} failed, DEL {} ok / {} failed, \
+             GC {} ok / {} failed; {} SIGKILLs, {} restarts; {} pods, peak {} live, {} distinct IPs; \
+             {} checks ({} skipped)",
+            self.seed,
+            c.steps,
+            self.wall.as_secs_f64(),
+            self.capacity,
+            c.adds_ok,
+            c.adds_failed,
+            c.dels_ok,
+            c.dels_failed,
+            c.gcs_ok,
+            c.gcs_failed,
+            c.kills,
+            c.restarts,
+            c.pods,
+            c.peak_live_pods,
+            c.distinct_ips,
+            c.checks,
+            c.checks_skipped
+        );
+        let faults: Vec<String> = c.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let _ = writeln!(s, "faults: {}", faults.join(", "));
+        let kinds = self.by_kind();
+        if kinds.is_empty() {
+            let _ = writeln!(s, "violations: none");
+        } else {
+            let list: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let _ = writeln!(
+                s,
+                "violations: {} ({})",
+                self.violations.len(),
+                list.join(", ")
+            );
+            for k in kinds.keys() {
+                for v in self
+                    .violations
+                    .iter()
+                    .filter(|v| v.kind == *k)
+                    .take(per_kind)
+                {
+                    let _ = writeln!(s, "  {v}");
+                }
+            }
+        }
+        for n in &self.notes {
+            let _ = writeln!(s, "note: {n}");
+        }
+        s
+    }
+}
+
+/// mockcloud as the soak runs it: EC2's shape of latency at a fifth of the realistic figures (the
+/// attach and IMDS delays included), EC2's default account throttling.
+pub fn mock_latency() -> LatencyProfile {
+    let mut p = LatencyProfile::realistic();
+    for v in p.per_action.values_mut() {
+        *v /= 5;
+    }
+    p.default /= 5;
+    p.attach_delay = Duration::from_millis(400);
+    p.detach_delay = Duration::from_millis(400);
+    p.imds_lag = BASE_IMDS_LAG;
+    p
+}
+
+const BASE_IMDS_LAG: Duration = Duration::from_millis(200);
+const NETWORKS: [&str; 2] = ["soak-a", "soak-b"];
+const IFNAMES: [&str; 2] = ["eth0", "net1"];
+/// Chance a step starts with a GC of one network.
+const GC_CHANCE: f64 = 0.12;
+/// How long the daemon may take to become ready.
+const READY_DEADLINE: Duration = Duration::from_secs(60);
+/// EC2 actions the error, hang and slow-reply faults pick from.
+const ACTIONS: [&str; 9] = [
+    "AssignPrivateIpAddresses",
+    "UnassignPrivateIpAddresses",
+    "CreateNetworkInterface",
+    "AttachNetworkInterface",
+    "DetachNetworkInterface",
+    "DeleteNetworkInterface",
+    "DescribeNetworkInterfaces",
+    "ModifyNetworkInterfaceAttribute",
+    "CreateTags",
+];
+const ERROR_CODES: [&str; 3] = ["InternalError", "RequestLimitExceeded", "Unavailable"];
+
+/// Runs one soak. Errors are the harness's (cannot mount, cannot start); broken invariants are in the
+/// outcome.
+pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
+    anyhow::ensure!(
+        (1..=2).contains(&cfg.networks),
+        "networks must be 1 or 2, not {}",
+        cfg.networks
+    );
+    for b in [&cfg.daemon_bin, &cfg.plugin_bin] {
+        anyhow::ensure!(b.is_file(), "{} is not built", b.display());
+    }
+    let started = Instant::now();
+    let host = Host::new(&format!("s{}", cfg.seed))?;
+    let mock = MockCloud::start_seeded(
+        mockcloud::Config {
+            latency: mock_latency(),
+            throttling: Throttling::default(),
+            default_instance_type: cfg.instance_type.clone(),
+            ..mockcloud::Config::fast()
+        },
+        cfg.seed,
+    )
+    .await
+    .context("starting mockcloud")?;
+    let instance_id = mock.default_instance().instance_id;
+    let log = cfg
+        .log_file
+        .clone()
+        .unwrap_or_else(|| host.root.join("eniipamd.log"));
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(&log);
+    let daemon = DaemonProc::new(
+        &cfg.daemon_bin,
+        &mock,
+        &host.state_dir,
+        &host.cache_dir,
+        &host.root,
+        &log,
+        &cfg.knobs,
+    );
+    let runtime = Runtime {
+        plugin: cfg.plugin_bin.clone(),
+        socket: daemon.socket.clone(),
+        cache_dir: host.cache_dir.clone(),
+        cni_path: host.cni_path.clone(),
+    };
+    // The reconcile runs every period ±20 %: two of them, and a second, to notice an out-of-band change.
+    let grace = Duration::from_secs_f64(cfg.knobs.reconcile_period_secs as f64 * 1.2 * 2.0 + 2.0);
+    let mut soak = Soak {
+        network_names: NETWORKS[..cfg.networks]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        cfg,
+        host,
+        mock,
+        instance_id,
+        daemon,
+        runtime,
+        model: Model::default(),
+        counts: Counts::default(),
+        violations: Vec::new(),
+        reported: BTreeSet::new(),
+        undos: Vec::new(),
+        checker: CheckerState::default(),
+        recent: VecDeque::new(),
+        notes: Vec::new(),
+        capacity: 0,
+        target_pods: 0,
+        ips_seen: BTreeSet::new(),
+        last_oob: None,
+        grace,
+    };
+    let result = soak.drive(started).await;
+    soak.daemon.kill().await;
+    result?;
+    Ok(SoakOutcome {
+        seed: soak.cfg.seed,
+        wall: started.elapsed(),
+        capacity: soak.capacity,
+        counts: soak.counts.clone(),
+        violations: soak.violations.clone(),
+        notes: soak.notes.clone(),
+    })
+}

@@ -1,0 +1,202 @@
+//! What the fake runtime knows: its pods, their attachments (one per network a pod joins) and what
+//! happened to each — the truth the checker holds the daemon to — plus the out-of-band changes the
+//! soak made to EC2 behind the daemon's back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The daemon's name for an attachment: (container id, ifname).
+pub type Key = (String, String);
+
+/// Where an attachment is in its life, as the runtime saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttState {
+    /// ADD is running.
+    Adding,
+    /// ADD succeeded; no DEL since, the netns exists, GC lists it.
+    Live,
+    /// ADD failed and the DEL that follows succeeded.
+    AddFailed,
+    /// DEL succeeded.
+    Deleted,
+    /// A DEL failed (retried at the next step).
+    DelFailed,
+    /// The pod's netns was removed without a DEL (the pod died); GC or a late DEL ends it.
+    Dead,
+}
+
+impl AttState {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Adding => "adding",
+            Self::Live => "live",
+            Self::AddFailed => "add failed",
+            Self::Deleted => "deleted",
+            Self::DelFailed => "DEL failed",
+            Self::Dead => "dead (netns gone, no DEL)",
+        }
+    }
+}
+
+/// The soak removed this attachment's IP from EC2 behind the daemon's back.
+#[derive(Clone, Debug)]
+pub struct OobMark {
+    pub step: u64,
+    pub at: Instant,
+    pub what: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Attachment {
+    pub key: Key,
+    pub network: usize,
+    pub pod: usize,
+    pub state: AttState,
+    /// The IP ADD returned (kept after the attachment ends, for the record).
+    pub ip: Option<Ipv4Addr>,
+    pub added_step: u64,
+    pub added_at: Option<Instant>,
+    pub ended_step: Option<u64>,
+    pub oob: Option<OobMark>,
+    /// The daemon no longer claims the attachment's out-of-band-removed IP.
+    pub lost_reported: bool,
+    /// A successful GC of its network did not list it (step).
+    pub collected: Option<u64>,
+    /// A late DEL for a dead attachment is due at this step.
+    pub late_del: Option<u64>,
+    /// The state file was lost while this (live) attachment's netns was hidden in this rack: no
+    /// witness can tell the daemon who holds its IP until the rack shows again.
+    pub record_lost_hidden: Option<usize>,
+}
+
+impl Attachment {
+    pub fn is_live(&self) -> bool {
+        self.state == AttState::Live
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodPhase {
+    Running,
+    Ended,
+}
+
+#[derive(Clone, Debug)]
+pub struct Pod {
+    pub container_id: String,
+    pub name: String,
+    pub uid: String,
+    pub rack: usize,
+    pub netns: PathBuf,
+    /// Keys of its attachments, in ADD order.
+    pub attachments: Vec<Key>,
+    pub end_step: u64,
+    pub phase: PodPhase,
+}
+
+/// An out-of-band change to EC2: the IPs it took from the instance (and the ENI it detached).
+#[derive(Clone, Debug)]
+pub struct OobEvent {
+    pub step: u64,
+    pub at: Instant,
+    pub ips: BTreeSet<Ipv4Addr>,
+    pub eni: Option<String>,
+    pub what: String,
+}
+
+impl OobEvent {
+    /// Whether the change took `ip` (`eni_of` says which ENI holds an IP in EC2 now, attached or not).
+    fn took(&self, ip: Ipv4Addr, eni_of: &dyn Fn(Ipv4Addr) -> Option<String>) -> bool {
+        self.ips.contains(&ip) || (self.eni.is_some() && eni_of(ip) == self.eni)
+    }
+}
+
+#[derive(Default)]
+pub struct Model {
+    pub pods: Vec<Pod>,
+    pub atts: BTreeMap<Key, Attachment>,
+    pub oob: Vec<OobEvent>,
+    /// Racks hidden now.
+    pub hidden_racks: BTreeSet<usize>,
+    /// When each rack last became visible again.
+    pub rack_shown_at: BTreeMap<usize, Instant>,
+}
+
+impl Model {
+    pub fn live(&self) -> impl Iterator<Item = &Attachment> {
+        self.atts.values().filter(|a| a.is_live())
+    }
+
+    pub fn live_pods(&self) -> usize {
+        self.pods
+            .iter()
+            .filter(|p| p.phase == PodPhase::Running)
+            .count()
+    }
+
+    /// When the attachment's IP was taken out of band, if it was: marked at the change, or handed out
+    /// within `window` after it from what the change took (an IP it removed, or any IP of the ENI it
+    /// detached, even one assigned to that ENI afterwards): the daemon cannot have known yet.
+    pub fn oob_since(
+        &self,
+        a: &Attachment,
+        window: Duration,
+        eni_of: &dyn Fn(Ipv4Addr) -> Option<String>,
+    ) -> Option<Instant> {
+        if let Some(m) = &a.oob {
+            return Some(m.at);
+        }
+        let (ip, added) = (a.ip?, a.added_at?);
+        self.oob
+            .iter()
+            .filter(|e| added >= e.at && added <= e.at + window && e.took(ip, eni_of))
+            .map(|e| e.at)
+            .next()
+    }
+
+    /// Whether `ip` was taken out of band less than `window` ago.
+    pub fn ip_recently_oob(
+        &self,
+        ip: Ipv4Addr,
+        now: Instant,
+        window: Duration,
+        eni_of: &dyn Fn(Ipv4Addr) -> Option<String>,
+    ) -> bool {
+        self.oob
+            .iter()
+            .any(|e| now < e.at + window && e.took(ip, eni_of))
+    }
+
+    /// The out-of-band event that took `ip`, if any (for messages).
+    pub fn oob_event_of(
+        &self,
+        ip: Ipv4Addr,
+        eni_of: &dyn Fn(Ipv4Addr) -> Option<String>,
+    ) -> Option<&OobEvent> {
+        self.oob.iter().rev().find(|e| e.took(ip, eni_of))
+    }
+
+    /// Whether the daemon cannot know `a` holds its IP now: its record was lost while its netns was
+    /// hidden, and the rack is still hidden or showed again less than `window` ago.
+    pub fn unknowable(&self, a: &Attachment, now: Instant, window: Duration) -> bool {
+        a.record_lost_hidden.is_some_and(|r| {
+            self.hidden_racks.contains(&r)
+                || self
+                    .rack_shown_at
+                    .get(&r)
+                    .is_some_and(|at| now < *at + window)
+        })
+    }
+
+    /// Live attachments of `network`, as GC's valid list.
+    pub fn valid_attachments(&self, network: usize) -> Vec<Key> {
+        self.live()
+            .filter(|a| a.network == network)
+            .map(|a| a.key.clone())
+            .collect()
+    }
+}

@@ -1,0 +1,333 @@
+//! Pods: planning a step's batch of operations, running it through the plugin, and what the runtime
+//! learns from the outcomes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use rand::Rng as _;
+use rand::seq::IndexedRandom as _;
+use tokio::time::Instant;
+
+use super::driver::Soak;
+use super::faults::{self, FaultKind};
+use super::host::RACKS;
+use super::model::{AttState, Attachment, Key, Pod, PodPhase};
+use super::runtime::{PodArgs, Runtime};
+use super::{IFNAMES, NETWORKS};
+
+/// A job of one step's batch, run concurrently with the others.
+pub(super) enum Job {
+    /// ADD to each network in order; on a failure DEL what was added (the sandbox fails).
+    Start {
+        pod: usize,
+        args: PodArgs,
+        plan: Vec<(Key, usize)>,
+    },
+    /// DEL these attachments (reverse order), then the pod's netns goes when `end_pod`.
+    Del {
+        pod: usize,
+        args: PodArgs,
+        keys: Vec<(Key, usize)>,
+        end_pod: bool,
+    },
+}
+
+/// An ADD's outcome: the IP and when it came, or the plugin's error.
+pub(super) type AddOutcome = Result<(Ipv4Addr, Instant), String>;
+
+pub(super) enum JobResult {
+    Started {
+        pod: usize,
+        adds: Vec<(Key, AddOutcome)>,
+        dels: Vec<(Key, Result<(), String>)>,
+    },
+    Deleted {
+        pod: usize,
+        dels: Vec<(Key, Result<(), String>)>,
+        end_pod: bool,
+    },
+}
+
+pub(super) async fn run_job(rt: Runtime, job: Job) -> JobResult {
+    match job {
+        Job::Start { pod, args, plan } => {
+            let mut adds = Vec::new();
+            let mut dels = Vec::new();
+            for (i, (key, net)) in plan.iter().enumerate() {
+                match rt.add(NETWORKS[*net], &key.1, &args).await {
+                    Ok(ip) => adds.push((key.clone(), Ok((ip, Instant::now())))),
+                    Err(e) => {
+                        adds.push((key.clone(), Err(e.error_text())));
+                        // The spec: a DEL follows a failed ADD; the sandbox goes, so the others too.
+                        for (k, n) in plan[..=i].iter().rev() {
+                            let r = rt.del(NETWORKS[*n], &k.1, &args).await;
+                            dels.push((k.clone(), r.map_err(|e| e.error_text())));
+                        }
+                        break;
+                    }
+                }
+            }
+            JobResult::Started { pod, adds, dels }
+        }
+        Job::Del {
+            pod,
+            args,
+            keys,
+            end_pod,
+        } => {
+            let mut dels = Vec::new();
+            for (k, n) in keys.iter().rev() {
+                let r = rt.del(NETWORKS[*n], &k.1, &args).await;
+                dels.push((k.clone(), r.map_err(|e| e.error_text())));
+            }
+            JobResult::Deleted { pod, dels, end_pod }
+        }
+    }
+}
+
+impl Soak {
+    pub(super) fn pod_args(&self, pod: usize) -> PodArgs {
+        let p = &self.model.pods[pod];
+        PodArgs {
+            container_id: p.container_id.clone(),
+            name: p.name.clone(),
+            uid: p.uid.clone(),
+            netns: p.netns.clone(),
+        }
+    }
+
+    /// This step's pod operations.
+    pub(super) fn plan_batch(
+        &mut self,
+        step: u64,
+        rng: &mut rand::rngs::StdRng,
+    ) -> anyhow::Result<Vec<Job>> {
+        let mut jobs = Vec::new();
+        let mut busy: BTreeSet<usize> = BTreeSet::new();
+        // Pods whose time is up (not while their netns is hidden: it cannot be removed then).
+        let ending: Vec<usize> = (0..self.model.pods.len())
+            .filter(|i| {
+                let p = &self.model.pods[*i];
+                p.phase == PodPhase::Running && p.end_step <= step && !self.host.is_hidden(p.rack)
+            })
+            .collect();
+        for i in ending {
+            let keys: Vec<(Key, usize)> = self.model.pods[i]
+                .attachments
+                .iter()
+                .filter(|k| self.model.atts[*k].is_live())
+                .map(|k| (k.clone(), self.model.atts[k].network))
+                .collect();
+            let dies = self.cfg.faults.contains(&FaultKind::PodDeath)
+                && rng.random_bool(faults::DEATH_CHANCE);
+            if dies {
+                let netns = self.model.pods[i].netns.clone();
+                self.host.delete_netns(&netns)?;
+                self.model.pods[i].phase = PodPhase::Ended;
+                let late = rng.random_bool(0.5).then(|| step + rng.random_range(2..=8));
+                for (k, _) in &keys {
+                    let a = self.model.atts.get_mut(k).expect("listed");
+                    a.state = AttState::Dead;
+                    a.ended_step = Some(step);
+                    a.late_del = late;
+                }
+                let cid = self.model.pods[i].container_id.clone();
+                self.note_fault(
+                    step,
+                    FaultKind::PodDeath,
+                    format!(
+                        "pod {cid} died: netns removed without DEL{}",
+                        late.map(|s| format!(", DEL at step {s}"))
+                            .unwrap_or_default()
+                    ),
+                );
+                continue;
+            }
+            busy.insert(i);
+            jobs.push(Job::Del {
+                pod: i,
+                args: self.pod_args(i),
+                keys,
+                end_pod: true,
+            });
+        }
+        // Late DELs of dead pods, retried DELs.
+        let mut extra: BTreeMap<usize, Vec<(Key, usize)>> = BTreeMap::new();
+        for a in self.model.atts.values() {
+            let due = match a.state {
+                AttState::Dead => a.late_del.is_some_and(|s| s <= step),
+                AttState::DelFailed => true,
+                _ => false,
+            };
+            if due && !busy.contains(&a.pod) {
+                extra
+                    .entry(a.pod)
+                    .or_default()
+                    .push((a.key.clone(), a.network));
+            }
+        }
+        for (pod, keys) in extra {
+            for (k, _) in &keys {
+                self.model.atts.get_mut(k).expect("listed").late_del = None;
+            }
+            jobs.push(Job::Del {
+                pod,
+                args: self.pod_args(pod),
+                keys,
+                end_pod: false,
+            });
+        }
+        // New pods.
+        let live = self.model.live_pods();
+        let n = if live < self.target_pods {
+            rng.random_range(1..=4)
+        } else {
+            rng.random_range(0..=1)
+        };
+        let racks: Vec<usize> = (0..RACKS).filter(|r| !self.host.is_hidden(*r)).collect();
+        for j in 0..n {
+            let Some(&rack) = racks.choose(rng) else {
+                break;
+            };
+            let nets: Vec<usize> = if self.cfg.networks == 1 {
+                vec![0]
+            } else {
+                match rng.random_range(0.0..1.0) {
+                    x if x < 0.45 => vec![0],
+                    x if x < 0.80 => vec![1],
+                    _ => vec![0, 1],
+                }
+            };
+            let container_id = format!("c{step:05}x{j}s{}", self.cfg.seed);
+            let netns = self.host.netns_path(rack, &container_id);
+            self.host.create_netns(&netns)?;
+            let pod = self.model.pods.len();
+            let mut plan = Vec::new();
+            for (slot, net) in nets.iter().enumerate() {
+                let key = (container_id.clone(), IFNAMES[slot].to_owned());
+                self.model.atts.insert(
+                    key.clone(),
+                    Attachment {
+                        key: key.clone(),
+                        network: *net,
+                        pod,
+                        state: AttState::Adding,
+                        ip: None,
+                        added_step: step,
+                        added_at: None,
+                        ended_step: None,
+                        oob: None,
+                        lost_reported: false,
+                        collected: None,
+                        late_del: None,
+                        record_lost_hidden: None,
+                    },
+                );
+                plan.push((key, *net));
+            }
+            self.model.pods.push(Pod {
+                name: format!("pod-{step}-{j}"),
+                uid: format!("uid-{step}-{j}-{}", self.cfg.seed),
+                container_id,
+                rack,
+                netns,
+                attachments: plan.iter().map(|(k, _)| k.clone()).collect(),
+                end_step: step + rng.random_range(2..=30),
+                phase: PodPhase::Running,
+            });
+            self.counts.pods += 1;
+            jobs.push(Job::Start {
+                pod,
+                args: self.pod_args(pod),
+                plan,
+            });
+        }
+        Ok(jobs)
+    }
+
+    pub(super) fn record_del(
+        &mut self,
+        step: u64,
+        key: &Key,
+        r: &Result<(), String>,
+        after: AttState,
+    ) {
+        let a = self.model.atts.get_mut(key).expect("known");
+        match r {
+            Ok(()) => {
+                self.counts.dels_ok += 1;
+                a.state = after;
+                a.ended_step.get_or_insert(step);
+            }
+            Err(e) => {
+                self.counts.dels_failed += 1;
+                a.state = AttState::DelFailed;
+                let text = format!(
+                    "DEL {}/{} failed ({e}); the spec wants DEL to succeed whatever the daemon's state",
+                    key.0, key.1
+                );
+                self.violation(step, "del-failed", format!("{}/{}", key.0, key.1), text);
+            }
+        }
+    }
+
+    pub(super) fn apply(&mut self, step: u64, r: JobResult) -> anyhow::Result<()> {
+        match r {
+            JobResult::Started { pod, adds, dels } => {
+                let failed = adds.iter().any(|(_, r)| r.is_err());
+                for (k, r) in &adds {
+                    match r {
+                        Ok((ip, at)) => {
+                            self.counts.adds_ok += 1;
+                            self.ips_seen.insert(*ip);
+                            let a = self.model.atts.get_mut(k).expect("known");
+                            a.ip = Some(*ip);
+                            a.added_at = Some(*at);
+                            a.state = AttState::Live;
+                        }
+                        Err(e) => {
+                            self.counts.adds_failed += 1;
+                            let code = e.split(' ').take(2).collect::<Vec<_>>().join(" ");
+                            *self.counts.add_errors.entry(code).or_insert(0) += 1;
+                            self.model.atts.get_mut(k).expect("known").state = AttState::AddFailed;
+                        }
+                    }
+                }
+                for (k, r) in &dels {
+                    let after = if self.model.atts[k].state == AttState::AddFailed {
+                        AttState::AddFailed
+                    } else {
+                        AttState::Deleted
+                    };
+                    self.record_del(step, k, r, after);
+                }
+                if failed {
+                    // Attachments never tried (after the failed one) never existed.
+                    let keys = self.model.pods[pod].attachments.clone();
+                    for k in keys {
+                        let a = self.model.atts.get_mut(&k).expect("known");
+                        if a.state == AttState::Adding {
+                            a.state = AttState::AddFailed;
+                            a.ended_step = Some(step);
+                        }
+                    }
+                    let netns = self.model.pods[pod].netns.clone();
+                    self.host.delete_netns(&netns)?;
+                    self.model.pods[pod].phase = PodPhase::Ended;
+                }
+            }
+            JobResult::Deleted { pod, dels, end_pod } => {
+                for (k, r) in &dels {
+                    self.record_del(step, k, r, AttState::Deleted);
+                }
+                if end_pod {
+                    let netns = self.model.pods[pod].netns.clone();
+                    self.host.delete_netns(&netns)?;
+                    self.model.pods[pod].phase = PodPhase::Ended;
+                }
+            }
+        }
+        self.counts.distinct_ips = self.ips_seen.len();
+        Ok(())
+    }
+}
