@@ -69,8 +69,11 @@ pub fn build_binaries() -> anyhow::Result<()> {
         .current_dir(workspace)
         .arg("build")
         // With the bench selected too, cargo unifies features as it did for this binary, so the
-        // shared dependency tree (the AWS SDK) is reused instead of being built a second time.
-        .args(["-p", "eniipam-bench", "-p", "eniipam", "--bin", "eniipamd"])
+        // shared dependency tree (the AWS SDK) is reused instead of being built a second time. The
+        // plugin's package stays selected for the same reason (the same feature set as every earlier
+        // build); its workspace-profile binary is replaced below by the one that ships.
+        .args(["-p", "eniipam-bench", "-p", "eniipam", "-p", "eniipam-cni"])
+        .args(["--bin", "eniipam", "--bin", "eniipamd"])
         .arg("--target-dir")
         .arg(target_dir);
     match profile.as_str() {
