@@ -121,7 +121,11 @@ pub fn build_binaries() -> anyhow::Result<()> {
         .with_context(|| format!("copying {} to {}", built.display(), staging.display()))?;
     std::fs::rename(&staging, &placed)
         .with_context(|| format!("moving {} to {}", staging.display(), placed.display()))?;
-    eprintln!("the plugin measured: {} (from {})", placed.display(), built.display());
+    eprintln!(
+        "the plugin measured: {} (from {})",
+        placed.display(),
+        built.display()
+    );
     Ok(())
 }
 

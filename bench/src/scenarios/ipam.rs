@@ -234,16 +234,20 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let version = probe(|p| &p.eniipam_version).context("no probes")?;
     let host_local_version = probe(|p| &p.host_local_version);
     rows.push(
-        Row::new("VERSION (process start-up, no daemon call), p50", Unit::Ms, version)
-            .anchor(match (host_local_version, &theirs) {
-                (Some(h), _) => Anchor::Measured {
-                    name: "host-local VERSION".into(),
-                    value: h.median,
-                },
-                (None, Err(why)) => Anchor::None(format!("host-local skipped: {why}")),
-                (None, Ok(_)) => Anchor::None("host-local: no runs".into()),
-            })
-            .target(Target::RatioAtMost(0.5)),
+        Row::new(
+            "VERSION (process start-up, no daemon call), p50",
+            Unit::Ms,
+            version,
+        )
+        .anchor(match (host_local_version, &theirs) {
+            (Some(h), _) => Anchor::Measured {
+                name: "host-local VERSION".into(),
+                value: h.median,
+            },
+            (None, Err(why)) => Anchor::None(format!("host-local skipped: {why}")),
+            (None, Ok(_)) => Anchor::None("host-local: no runs".into()),
+        })
+        .target(Target::RatioAtMost(0.5)),
     );
     rows.push(Row::new(
         "floor: /bin/true, same harness, p50",

@@ -6,9 +6,9 @@ use std::net::Ipv4Addr;
 use ipnet::{IpNet, Ipv4Net};
 use serde_json::{Map, Value};
 
+use eniipam_api::AttachmentKey;
 use eniipam_api::cache::{CACHE_FORMAT, CacheEntry, ResultCache};
 use eniipam_api::pb;
-use eniipam_api::AttachmentKey;
 use eniipam_netlink::{Netlink, NetnsFile};
 
 use crate::client::{DaemonClient, DaemonError};
