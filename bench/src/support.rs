@@ -45,8 +45,11 @@ pub fn bin_dir() -> anyhow::Result<PathBuf> {
         .context("the running binary has no parent directory")
 }
 
-/// Builds `eniipam` and `eniipamd` with cargo into this binary's target directory and profile, so a
-/// `cargo run --release -p eniipam-bench` measures the plugin and daemon of the same source tree.
+/// Builds `eniipamd` with cargo into this binary's target directory and profile, and the CNI plugin
+/// `eniipam` exactly as it ships (`crates/cni/build-plugin.sh`, which deploy/Dockerfile runs too:
+/// static, not position-independent, profile `plugin`), placed next to this binary; so a
+/// `cargo run --release -p eniipam-bench` measures the daemon of this source tree and the plugin as the
+/// image carries it.
 pub fn build_binaries() -> anyhow::Result<()> {
     let dir = bin_dir()?;
     let profile = dir
@@ -55,14 +58,82 @@ pub fn build_binaries() -> anyhow::Result<()> {
         .unwrap_or("release")
         .to_owned();
     let target_dir = dir.parent().context("no target directory")?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("no workspace")?;
-    let mut cmd = Command::new(cargo);
-    // `cargo run` gives this process the bench package's CARGO_PKG_*, CARGO_MANIFEST_* ... variables;
-    // build scripts (ring, aws-lc-sys) track some of them, so passing them on would make cargo see a
-    // changed environment and rebuild the whole AWS SDK tree. Build as from a plain shell.
+
+    let mut daemon = plain_cargo_env(Command::new(
+        std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()),
+    ));
+    daemon
+        .current_dir(workspace)
+        .arg("build")
+        // With the bench selected too, cargo unifies features as it did for this binary, so the
+        // shared dependency tree (the AWS SDK) is reused instead of being built a second time. The
+        // plugin's package stays selected for the same reason (the same feature set as every earlier
+        // build); its workspace-profile binary is replaced below by the one that ships.
+        .args(["-p", "eniipam-bench", "-p", "eniipam", "-p", "eniipam-cni"])
+        .args(["--bin", "eniipam", "--bin", "eniipamd"])
+        .arg("--target-dir")
+        .arg(target_dir);
+    match profile.as_str() {
+        "release" => {
+            daemon.arg("--release");
+        }
+        "debug" => {}
+        other => {
+            daemon.args(["--profile", other]);
+        }
+    }
+    eprintln!(
+        "building eniipamd ({profile}) into {} ...",
+        target_dir.display()
+    );
+    let status = daemon.status().context("cannot run cargo")?;
+    if !status.success() {
+        bail!("cargo build of eniipamd failed ({status})");
+    }
+
+    let script = workspace.join("crates/cni/build-plugin.sh");
+    eprintln!(
+        "building the eniipam plugin as shipped ({} host) ...",
+        script.display()
+    );
+    let mut plugin = plain_cargo_env(Command::new("bash"));
+    let out = plugin
+        .current_dir(workspace)
+        .arg(&script)
+        .arg("host")
+        .arg("--target-dir")
+        .arg(target_dir)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({})", script.display(), out.status);
+    }
+    let built = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    // Next to this binary, where every scenario looks for it. Through a rename, so a hard link cargo
+    // may have left at that name (to an artifact in deps/) is replaced, never written through.
+    let placed = dir.join("eniipam");
+    let staging = dir.join(".eniipam.shipped");
+    std::fs::copy(&built, &staging)
+        .with_context(|| format!("copying {} to {}", built.display(), staging.display()))?;
+    std::fs::rename(&staging, &placed)
+        .with_context(|| format!("moving {} to {}", staging.display(), placed.display()))?;
+    eprintln!(
+        "the plugin measured: {} (from {})",
+        placed.display(),
+        built.display()
+    );
+    Ok(())
+}
+
+/// `cmd` without the variables `cargo run` gave this process: the bench package's CARGO_PKG_*,
+/// CARGO_MANIFEST_* ... Build scripts (ring, aws-lc-sys) track some of them, so passing them on would
+/// make cargo see a changed environment and rebuild the whole AWS SDK tree. Build as from a plain
+/// shell.
+fn plain_cargo_env(mut cmd: Command) -> Command {
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy();
         let keep = matches!(
@@ -73,32 +144,7 @@ pub fn build_binaries() -> anyhow::Result<()> {
             cmd.env_remove(k.as_ref());
         }
     }
-    cmd.current_dir(workspace)
-        .arg("build")
-        // With the bench selected too, cargo unifies features as it did for this binary, so the
-        // shared dependency tree (the AWS SDK) is reused instead of being built a second time.
-        .args(["-p", "eniipam-bench", "-p", "eniipam", "-p", "eniipam-cni"])
-        .args(["--bin", "eniipam", "--bin", "eniipamd"])
-        .arg("--target-dir")
-        .arg(target_dir);
-    match profile.as_str() {
-        "release" => {
-            cmd.arg("--release");
-        }
-        "debug" => {}
-        other => {
-            cmd.args(["--profile", other]);
-        }
-    }
-    eprintln!(
-        "building eniipam and eniipamd ({profile}) into {} ...",
-        target_dir.display()
-    );
-    let status = cmd.status().context("cannot run cargo")?;
-    if !status.success() {
-        bail!("cargo build of eniipam/eniipamd failed ({status})");
-    }
-    Ok(())
+    cmd
 }
 
 /// A binary next to this one, which must exist.
@@ -106,7 +152,7 @@ pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     let p = bin_dir()?.join(name);
     if !p.is_file() {
         bail!(
-            "{} not found: build it with `cargo build --release -p eniipam --bins` (or run without --no-build)",
+            "{} not found: run without --no-build (the bench builds eniipamd, and the plugin with crates/cni/build-plugin.sh)",
             p.display()
         );
     }

@@ -695,7 +695,9 @@ fn report(
             |s| s.seq.iter().map(SeqTimes::all).collect(),
             50.0,
             Unit::Ms,
-            Target::RatioAtMost(0.7),
+            // Reported, not the target: ADDs and DELs are two modes, and this median falls between
+            // them (see the notes). The target is one pod's ADD + DEL, below.
+            Target::Info,
         ),
         (
             "ADD, p50",
@@ -716,7 +718,8 @@ fn report(
             |s| s.seq.iter().map(|t| t.del.clone()).collect(),
             50.0,
             Unit::Ms,
-            Target::Info,
+            // Not slower than the anchor's DEL.
+            Target::RatioAtMost(1.0),
         ),
         (
             "DEL, p99",
@@ -730,7 +733,7 @@ fn report(
             |s| s.seq.iter().map(SeqTimes::pairs).collect(),
             50.0,
             Unit::Ms,
-            Target::Info,
+            Target::RatioAtMost(0.7),
         ),
         (
             "burst of 30 concurrent ADDs: each ADD, p50",
@@ -841,6 +844,9 @@ fn report(
     notes.push(
         "A DEL is dominated by the kernel, for both plugins: deleting a veth (RTM_DELLINK) blocks in unregister_netdevice (synchronize_rcu_expedited, twice) and netdev_run_todo (rcu_barrier), 10 to 25 ms on the 2-CPU machine this scenario was written on (perf sched_switch stacks of an eniipam DEL; the same 15 to 20 ms sendto(2) in an strace of a ptp DEL). ADDs and DELs are thus two separate modes, and the per-invocation median of 100 ADDs and 100 DELs falls between the slowest ADDs and the fastest DELs; the ADD, DEL and per-pod sum rows are the steadier comparison.".into(),
     );
+    notes.push(
+        "eniipam's DEL overlaps its two slow steps: the pod end of the veth is deleted on a thread of its own while the main thread's Release round trip to the daemon is in flight; only the policy rules wait for the daemon's answer (a late DEL must not remove the rules of the IP's new owner). ptp + host-local's DEL runs host-local (a second Go process) and then deletes the veth, in sequence.".into(),
+    );
     if let Anchor::Measured {
         value: theirs_inv, ..
     } = rows[0].anchor
@@ -866,7 +872,7 @@ fn report(
             ),
             "namespaces: per run a fresh \"node\" netns (lo up, ip_forward on) in which every plugin process is spawned (from a thread that entered it with setns(2); no `ip netns exec` in the timed path), so veths, routes and rules land there and the machine's own routing is never touched; per pod a fresh netns made by the harness, untimed: all of a phase's pod namespaces are made before its first ADD and removed after its last DEL, then 300 ms of settling, so the kernel's namespace teardown (RCU callbacks a veth deletion's rcu_barrier would wait for) stays out of the timed invocations (CNI_NETNS=/var/run/netns/<pod>, CNI_IFNAME=eth0, K8S_POD_NAME=<container id>)".into(),
             format!(
-                "eniipam: `target/release/eniipam` as the main plugin (`\"type\": \"eniipam\"`, mtu {MTU}: veth pair, pod /32 with default via 169.254.1.1, host /32 route and the ENI table's policy rules) talking gRPC to a real in-process eniipamd on mockcloud (fast profile, c5.4xlarge), every Allocate/Release committed to SQLite before the reply; manage_eni_routes off, eniipamd's default SNAT and NodePort rules (nftables table ip eniipam, rule 1024) loaded in every node netns"
+                "eniipam: `target/release/eniipam` (built as shipped: `crates/cni/build-plugin.sh`) as the main plugin (`\"type\": \"eniipam\"`, mtu {MTU}: veth pair, pod /32 with default via 169.254.1.1, host /32 route and the ENI table's policy rules) talking gRPC to a real in-process eniipamd on mockcloud (fast profile, c5.4xlarge), every Allocate/Release committed to SQLite before the reply; manage_eni_routes off, eniipamd's default SNAT and NodePort rules (nftables table ip eniipam, rule 1024) loaded in every node netns"
             ),
             format!(
                 "warm pool: min_idle = max_idle = max_ips = {POOL_IPS}, reuse_cooldown 0, so neither the pairs nor the burst ever waits on (or triggers) EC2; EC2 calls during the runs: {ec2_calls}; at the end the pool held {} idle, {} assigned",

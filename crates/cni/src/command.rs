@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 use ipnet::{IpNet, Ipv4Net};
 use serde_json::{Map, Value};
 
+use eniipam_api::AttachmentKey;
 use eniipam_api::cache::{CACHE_FORMAT, CacheEntry, ResultCache};
 use eniipam_api::pb;
 use eniipam_netlink::{Netlink, NetnsFile};
@@ -37,40 +38,81 @@ impl Outcome {
     }
 }
 
-/// Runs one invocation. Never panics on bad input: every failure becomes a spec error object.
-pub async fn run(env: &dyn Environment, stdin: &[u8]) -> Outcome {
-    match execute(env, stdin).await {
-        Ok(Some(out)) => Outcome {
-            stdout: out.to_string(),
-            exit_code: 0,
-        },
-        Ok(None) => Outcome {
-            stdout: String::new(),
-            exit_code: 0,
-        },
-        Err(err) => {
-            tracing::warn!(code = err.code.code(), "{err}");
-            Outcome::error(&err, peek_version(stdin))
+/// An invocation whose environment and configuration were read and validated, ready to run.
+#[derive(Debug)]
+pub struct Job {
+    command: Command,
+    conf: NetConf,
+    rt: RuntimeEnv,
+}
+
+/// What [`prepare`] made of an invocation.
+#[derive(Debug)]
+pub enum Prepared {
+    /// Answered without any I/O: VERSION, or input refused before anything was touched.
+    Answered(Outcome),
+    /// Work for the daemon or the kernel: run it with [`Job::run`] on a tokio runtime.
+    Job(Box<Job>),
+}
+
+/// Reads and validates an invocation, synchronously: VERSION and bad input are answered here, so the
+/// binary starts no runtime for them (start-up time is paid on every invocation).
+pub fn prepare(env: &dyn Environment, stdin: &[u8]) -> Prepared {
+    let read = || -> Result<Option<Job>, CniError> {
+        let command = Command::from_env(env)?;
+        if command == Command::Version {
+            return Ok(None);
+        }
+        let conf = NetConf::parse(stdin)?;
+        let rt = RuntimeEnv::from_env(command, env)?;
+        Ok(Some(Job { command, conf, rt }))
+    };
+    match read() {
+        Ok(Some(job)) => Prepared::Job(Box::new(job)),
+        // VERSION answers whatever the input: its cniVersion if supported, else the current one.
+        Ok(None) => Prepared::Answered(success(Some(version_info(peek_version(stdin))))),
+        Err(err) => Prepared::Answered(failure(&err, peek_version(stdin))),
+    }
+}
+
+impl Job {
+    /// Runs the command. Never panics on bad input: every failure becomes a spec error object.
+    pub async fn run(self) -> Outcome {
+        let Job { command, conf, rt } = self;
+        let result = match command {
+            Command::Add => add(&conf, &rt).await.map(Some),
+            Command::Del => del(&conf, &rt).await.map(|()| None),
+            Command::Check => check(&conf, &rt).await.map(|()| None),
+            Command::Gc => gc(&conf).await.map(|()| None),
+            Command::Status => status(&conf).await.map(|()| None),
+            Command::Version => Ok(Some(version_info(conf.cni_version))),
+        };
+        match result {
+            Ok(out) => success(out),
+            Err(err) => failure(&err, conf.cni_version),
         }
     }
 }
 
-async fn execute(env: &dyn Environment, stdin: &[u8]) -> Result<Option<Value>, CniError> {
-    let command = Command::from_env(env)?;
-    if command == Command::Version {
-        // VERSION answers whatever the input: its cniVersion if supported, else the current one.
-        return Ok(Some(version_info(peek_version(stdin))));
+/// Runs one invocation ([`prepare`], then [`Job::run`]). Never panics on bad input: every failure
+/// becomes a spec error object.
+pub async fn run(env: &dyn Environment, stdin: &[u8]) -> Outcome {
+    match prepare(env, stdin) {
+        Prepared::Answered(outcome) => outcome,
+        Prepared::Job(job) => job.run().await,
     }
-    let conf = NetConf::parse(stdin)?;
-    let rt = RuntimeEnv::from_env(command, env)?;
-    match command {
-        Command::Add => add(&conf, &rt).await.map(Some),
-        Command::Del => del(&conf, &rt).await.map(|()| None),
-        Command::Check => check(&conf, &rt).await.map(|()| None),
-        Command::Gc => gc(&conf).await.map(|()| None),
-        Command::Status => status(&conf).await.map(|()| None),
-        Command::Version => Ok(Some(version_info(conf.cni_version))),
+}
+
+fn success(out: Option<Value>) -> Outcome {
+    Outcome {
+        stdout: out.map(|v| v.to_string()).unwrap_or_default(),
+        exit_code: 0,
     }
+}
+
+fn failure(err: &CniError, version: CniVersion) -> Outcome {
+    tracing::warn!(code = err.code.code(), "{err}");
+    Outcome::error(err, version)
 }
 
 fn netns_to_cni(err: NetnsError) -> CniError {
@@ -319,11 +361,19 @@ async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
         .map(|c| c.ip)
         .or_else(|| conf.prev_result.as_ref()?.ipv4_for(&rt.ifname));
 
-    // Release first (the daemon keeps the IP cooling, so tearing down afterwards is safe), but never
-    // let a missing or failing daemon stop the teardown: DEL must succeed. The IP's policy rules are
-    // removed only when the daemon confirms no other live attachment holds that IP now: a late DEL
-    // (a retried one, or one for a stale cache entry) must not take away the rules of the pod the IP
-    // went to since. Without the daemon's word the rules stay; the next ADD of that IP replaces them.
+    // The pod end of the veth pair goes at once, on a thread of its own: deleting it blocks in the
+    // kernel for most of a DEL (RCU grace periods while the pair unregisters), and it needs nothing
+    // from the daemon. Meanwhile this thread asks the daemon to release the IP. Only the policy rules
+    // wait for the daemon's answer: an IP's rules are removed only when the daemon confirms no other
+    // live attachment holds it now, because a late DEL (a retried one, or one for a stale cache entry)
+    // must not take away the rules of the pod the IP went to since. Without the daemon's word the
+    // rules stay; the next ADD of that IP replaces them. A missing or failing daemon never stops the
+    // teardown: DEL must succeed. (The daemon keeps a released IP cooling, so the order of the two
+    // does not matter to the next owner.)
+    let pod_end = match conf.role {
+        Role::Main => Some(PodEnd::start(&key, rt.netns.clone(), rt.ifname.clone())),
+        Role::Ipam => None,
+    };
     let (rules_ip, ip_free) = match connect(conf).await {
         Ok(mut client) => match release(&mut client, conf, rt, sticky, known_ip).await {
             Ok(reply) if reply.ip_held_by_other => {
@@ -344,27 +394,22 @@ async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
         }
     };
 
-    if conf.role == Role::Main {
-        let ip = rules_ip;
+    if let Some(pod_end) = pod_end {
+        let mut errors = pod_end.join();
         // Without the daemon's word, only this attachment's own rule (by its host veth) goes.
-        let host = Netlink::current().map_err(|e| netns_to_cni(e.into()))?;
-        // A netns that is gone took the pod end (and so the whole veth pair) with it.
-        let pod = match rt.netns.as_deref().map(NetnsFile::open) {
-            Some(Ok(ns)) => Some(Netlink::in_netns(&ns).map_err(|e| netns_to_cni(e.into()))?),
-            Some(Err(e)) => {
-                tracing::info!("DEL {key}: {e}; nothing to remove inside the pod");
-                None
+        match Netlink::current() {
+            Ok(host) => {
+                let teardown = Teardown {
+                    ifname: rt.ifname.clone(),
+                    ip: rules_ip,
+                    ip_free,
+                    host_veth: cached.as_ref().and_then(|c| c.host_veth.clone()),
+                    created_host_veth: None,
+                };
+                errors.extend(wiring::unwire_host(&host, &teardown).await);
             }
-            None => None,
-        };
-        let teardown = Teardown {
-            ifname: rt.ifname.clone(),
-            ip,
-            ip_free,
-            host_veth: cached.as_ref().and_then(|c| c.host_veth.clone()),
-            created_host_veth: None,
-        };
-        let errors = wiring::unwire(&host, pod.as_ref(), &teardown).await;
+            Err(e) => errors.push(e.into()),
+        }
         if let Some(first) = errors.into_iter().next() {
             // Keep the cache entry so a retried DEL still knows what to remove.
             return Err(netns_to_cni(first));
@@ -374,6 +419,73 @@ async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {
         tracing::warn!("DEL {key}: {e}");
     }
     Ok(())
+}
+
+/// A DEL's removal of the pod end of the veth pair, running on its own thread (with its own
+/// single-threaded runtime for the netlink connection inside the pod's namespace).
+enum PodEnd {
+    /// No namespace, or it is gone: it took the pod end, and so the whole pair, with it.
+    Gone,
+    Running(std::thread::JoinHandle<Vec<NetnsError>>),
+    /// The thread could not be started.
+    Failed(NetnsError),
+}
+
+impl PodEnd {
+    /// Starts deleting `ifname` inside the namespace at `netns`.
+    fn start(key: &AttachmentKey, netns: Option<String>, ifname: String) -> Self {
+        let Some(path) = netns else {
+            return Self::Gone;
+        };
+        let ns = match NetnsFile::open(&path) {
+            Ok(ns) => ns,
+            Err(e) => {
+                tracing::info!("DEL {key}: {e}; nothing to remove inside the pod");
+                return Self::Gone;
+            }
+        };
+        let socket_error = move |reason: String| -> NetnsError {
+            eniipam_netlink::Error::Socket { path, reason }.into()
+        };
+        let work = {
+            let socket_error = socket_error.clone();
+            move || -> Vec<NetnsError> {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_io()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => return vec![socket_error(format!("starting a runtime: {e}"))],
+                };
+                runtime.block_on(async {
+                    match Netlink::in_netns(&ns) {
+                        Ok(pod) => wiring::unwire_pod(&pod, &ifname).await,
+                        Err(e) => vec![e.into()],
+                    }
+                })
+            }
+        };
+        match std::thread::Builder::new()
+            .name("eniipam-pod-end".into())
+            .spawn(work)
+        {
+            Ok(handle) => Self::Running(handle),
+            Err(e) => Self::Failed(socket_error(format!("starting a thread: {e}"))),
+        }
+    }
+
+    /// Waits for the deletion; its errors.
+    fn join(self) -> Vec<NetnsError> {
+        match self {
+            Self::Gone => Vec::new(),
+            Self::Failed(e) => vec![e],
+            Self::Running(handle) => handle.join().unwrap_or_else(|_| {
+                vec![NetnsError::Conflict(
+                    "the thread removing the pod end panicked".into(),
+                )]
+            }),
+        }
+    }
 }
 
 async fn check(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError> {

@@ -10,9 +10,11 @@
 //! - [`spec`]: versions, the error object and codes, result types.
 //! - [`env`]: the `CNI_*` environment, parsed and validated.
 //! - [`netconf`]: the network configuration (knobs and the sticky-IP opt-in are documented there).
-//! - [`command`]: ADD, DEL, CHECK, VERSION, GC, STATUS, and [`run`].
+//! - [`command`]: ADD, DEL, CHECK, VERSION, GC, STATUS: [`prepare`] reads and validates an invocation
+//!   synchronously (VERSION and refused input are answered there, with no runtime), [`Job::run`] does
+//!   the rest; [`run`] is both.
 //! - [`client`]: the gRPC client over the unix socket and the daemon-error → CNI-code mapping.
-//! - [`wiring`]: pod plumbing with rtnetlink.
+//! - [`wiring`]: pod plumbing with rtnetlink, and its teardown in two halves (the pod end, the host side).
 
 pub mod client;
 pub mod command;
@@ -21,6 +23,6 @@ pub mod netconf;
 pub mod spec;
 pub mod wiring;
 
-pub use command::{Outcome, run};
+pub use command::{Job, Outcome, Prepared, prepare, run};
 pub use env::{Environment, ProcessEnvironment};
 pub use spec::{CniError, CniVersion, ErrorCode};

@@ -1,14 +1,18 @@
 //! `eniipam`: the CNI plugin, executed by the container runtime once per ADD, DEL, CHECK, GC, STATUS
 //! or VERSION. Reads the network configuration from stdin (at most 1 MiB), prints the result or the
 //! spec's error object on stdout, and logs to stderr (`ENIIPAM_CNI_LOG`, default `warn`).
+//!
+//! Start-up is paid on every invocation, so this main does as little as it can before the command is
+//! known: VERSION and refused input are answered without a tokio runtime; the runtime is
+//! single-threaded. The shipped binary is linked statically and not position-independent (no dynamic
+//! loader, no relocations at start-up): see `crates/cni/build-plugin.sh` and docs/performance.md,
+//! "Plugin start-up".
 
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::process::ExitCode;
 
-use std::io::IsTerminal;
-
 use eniipam_cni::netconf::MAX_STDIN_BYTES;
-use eniipam_cni::{CniError, CniVersion, ErrorCode, Outcome, ProcessEnvironment};
+use eniipam_cni::{CniError, CniVersion, ErrorCode, Outcome, Prepared, ProcessEnvironment};
 use tracing_subscriber::filter::LevelFilter;
 
 fn main() -> ExitCode {
@@ -41,6 +45,12 @@ fn invoke() -> Outcome {
         let err = CniError::new(ErrorCode::IoFailure, format!("reading stdin: {e}"));
         return Outcome::error(&err, CniVersion::CURRENT);
     }
+    let job = match eniipam_cni::prepare(&ProcessEnvironment, &stdin) {
+        Prepared::Answered(outcome) => return outcome,
+        Prepared::Job(job) => job,
+    };
+    // One thread: every command is a short sequence of requests; the one step that blocks in the
+    // kernel for long (a DEL's veth deletion) runs on a thread of its own (see `command::del`).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -51,5 +61,5 @@ fn invoke() -> Outcome {
             return Outcome::error(&err, CniVersion::CURRENT);
         }
     };
-    runtime.block_on(eniipam_cni::run(&ProcessEnvironment, &stdin))
+    runtime.block_on(job.run())
 }

@@ -288,20 +288,35 @@ pub struct Teardown {
     pub created_host_veth: Option<String>,
 }
 
-/// Tears an attachment down, best effort: every step is tried, and the errors are returned.
+/// Tears an attachment down, best effort: every step is tried, and the errors are returned. The pod
+/// end first ([`unwire_pod`]), then the host side ([`unwire_host`]).
 pub async fn unwire(host: &Netlink, pod: Option<&Netlink>, what: &Teardown) -> Vec<NetnsError> {
-    let mut errors = Vec::new();
-    if let Some(pod) = pod {
-        match pod.link(&what.ifname).await {
-            Ok(Some(link)) if link.is_veth() => {
-                if let Err(e) = pod.delete_link(link.index, &what.ifname).await {
-                    errors.push(e.into());
-                }
-            }
-            Ok(_) => {}
-            Err(e) => errors.push(e.into()),
-        }
+    let mut errors = match pod {
+        Some(pod) => unwire_pod(pod, &what.ifname).await,
+        None => Vec::new(),
+    };
+    errors.extend(unwire_host(host, what).await);
+    errors
+}
+
+/// Deletes the pod's interface `ifname` when it is a veth (deleting either end deletes the pair, with
+/// the host route through it). This is the slow step of a teardown: the kernel waits for RCU grace
+/// periods while it unregisters the two devices.
+pub async fn unwire_pod(pod: &Netlink, ifname: &str) -> Vec<NetnsError> {
+    match pod.link(ifname).await {
+        Ok(Some(link)) if link.is_veth() => match pod.delete_link(link.index, ifname).await {
+            Ok(()) => Vec::new(),
+            Err(e) => vec![e.into()],
+        },
+        Ok(_) => Vec::new(),
+        Err(e) => vec![e.into()],
     }
+}
+
+/// The host side of a teardown, once the pod end is gone (or was never reachable): the host veth if it
+/// is still there and still ours, then the IP's policy rules this attachment may remove.
+pub async fn unwire_host(host: &Netlink, what: &Teardown) -> Vec<NetnsError> {
+    let mut errors = Vec::new();
     let mut host_names: Vec<(String, Option<String>)> = Vec::new();
     if let Some(v) = &what.host_veth {
         host_names.push((v.name.clone(), Some(v.mac.clone())));
