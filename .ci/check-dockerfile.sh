@@ -114,6 +114,17 @@ for p in meta["packages"]:
     if p["id"] in members:
         bins[p["name"]] = {t["name"] for t in p["targets"] if "bin" in t["kind"]}
 
+# Scripts a RUN executes from the copied files (`bash crates/cni/build-plugin.sh ...`) must be among
+# them, and their `cargo build` lines are checked like the Dockerfile's own.
+for run in list(runs):
+    for script in re.findall(r"\bbash\s+([\w./-]+\.sh)\b", run):
+        copied = os.path.join(ctx, script)
+        if os.path.isfile(copied):
+            ok(f"script {script} run by the Dockerfile is in the copied files")
+            runs.append(" ".join(l.rstrip("\\") for l in open(copied) if not l.lstrip().startswith("#")))
+        else:
+            fail(f"the Dockerfile runs {script}, which the COPY lines do not bring in")
+
 for run in runs:
     for cmd in re.findall(r"cargo build[^;&|]*", run):
         w = cmd.split()
