@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use cni_support::{Invocation, Netns, can_use_netns};
+use cni_support::{Invocation, Netns, bins, can_use_netns};
 use daemon_support::{TempDir, alloc_req, client, config, start};
 use eniipam::model::AttachmentKey;
 use eniipam::pool::snapshot::{EniPhaseSnapshot, IpState};
@@ -317,15 +317,35 @@ async fn an_operator_releases_the_quarantine() {
         n,
         "bad input changed nothing"
     );
-    let r = introspect
-        .release_quarantined(pb::ReleaseQuarantinedRequest {
-            ips: vec![],
-            all: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.released.len() as u32, n);
+    // Through the operator's tool: an IP that is not quarantined is refused, naming it, and nothing
+    // is released; `--all` releases every one.
+    let ctl = |args: &[&str]| {
+        std::process::Command::new(bins::target_bin("eniipamctl"))
+            .arg("--socket")
+            .arg(&d.socket_path)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = ctl(&["quarantine", "release", "--ip", "192.0.2.7"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not quarantined: 192.0.2.7"), "{stderr}");
+    assert_eq!(
+        d.pool.snapshot().quarantined,
+        n,
+        "bad input changed nothing"
+    );
+    let out = ctl(&["quarantine", "release"]);
+    assert!(!out.status.success(), "neither --all nor --ip is refused");
+    let out = ctl(&["--json", "quarantine", "release", "--all"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["released"].as_array().unwrap().len() as u32, n);
     assert_eq!(d.pool.snapshot().quarantined, 0);
     assert!(d.store.load().await.unwrap().quarantined.is_empty());
     d.pool.check_invariants().unwrap();

@@ -134,23 +134,45 @@ impl pb::introspect_server::Introspect for IntrospectService {
         req: Request<pb::ReleaseQuarantinedRequest>,
     ) -> Result<Response<pb::ReleaseQuarantinedReply>, Status> {
         let r = req.into_inner();
+        let quarantined: std::collections::BTreeSet<std::net::Ipv4Addr> = self
+            .ipam
+            .pool()
+            .snapshot()
+            .ips()
+            .filter(|i| matches!(i.state, IpState::Quarantined { .. }))
+            .map(|i| i.ip)
+            .collect();
         let ips: Vec<std::net::Ipv4Addr> = if r.all {
-            self.ipam
-                .pool()
-                .snapshot()
-                .ips()
-                .filter(|i| matches!(i.state, IpState::Quarantined { .. }))
-                .map(|i| i.ip)
-                .collect()
+            quarantined.into_iter().collect()
         } else {
-            r.ips
+            if r.ips.is_empty() {
+                return Err(Status::invalid_argument(
+                    "name the IPs to release, or ask for all",
+                ));
+            }
+            let ips: Vec<std::net::Ipv4Addr> = r
+                .ips
                 .iter()
                 .map(|s| {
                     s.parse().map_err(|_| {
                         Status::invalid_argument(format!("{s:?} is not an IPv4 address"))
                     })
                 })
-                .collect::<Result<_, _>>()?
+                .collect::<Result<_, _>>()?;
+            // Bad input changes nothing: an IP that is not quarantined (a typo, a pod's IP) fails
+            // the whole request.
+            let not: Vec<String> = ips
+                .iter()
+                .filter(|ip| !quarantined.contains(ip))
+                .map(|ip| ip.to_string())
+                .collect();
+            if !not.is_empty() {
+                return Err(Status::invalid_argument(format!(
+                    "not quarantined: {} (nothing released)",
+                    not.join(", ")
+                )));
+            }
+            ips
         };
         let released = self
             .ipam

@@ -359,7 +359,7 @@ impl PluginRun {
 }
 
 #[path = "../bins/mod.rs"]
-mod bins;
+pub mod bins;
 
 /// The plugin binary under test.
 pub fn plugin_path() -> PathBuf {

@@ -114,6 +114,36 @@ pub async fn allocations(socket: &Path, as_json: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// `quarantine release`: every quarantined IP (`all`) or exactly `ips`.
+pub async fn release_quarantined(
+    socket: &Path,
+    all: bool,
+    ips: &[std::net::Ipv4Addr],
+    as_json: bool,
+) -> Result<(), String> {
+    let mut c = pb::introspect_client::IntrospectClient::new(connect(socket).await?);
+    let r = c
+        .release_quarantined(pb::ReleaseQuarantinedRequest {
+            ips: ips.iter().map(|ip| ip.to_string()).collect(),
+            all,
+        })
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    if as_json {
+        println!("{}", json!({"released": r.released}));
+    } else {
+        for ip in &r.released {
+            println!("{ip}");
+        }
+        println!(
+            "{} IPs released from quarantine (idle after the reuse cooldown)",
+            r.released.len()
+        );
+    }
+    Ok(())
+}
+
 pub async fn enis(socket: &Path, as_json: bool) -> Result<(), String> {
     let mut c = pb::introspect_client::IntrospectClient::new(connect(socket).await?);
     let e = c

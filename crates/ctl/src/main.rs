@@ -1,7 +1,8 @@
 //! `eniipamctl`: the operator's CLI for eniipam on a node and for setting a cluster up.
 //!
 //! Modules:
-//! - [`introspect`]: `status`, `allocations`, `enis`, `health` over eniipamd's gRPC socket;
+//! - [`introspect`]: `status`, `allocations`, `enis`, `health` and `quarantine release` over
+//!   eniipamd's gRPC socket;
 //! - [`install`]: `install-cni` / `uninstall-cni`, the DaemonSet's installer (plugins copied
 //!   atomically into the host's CNI bin dir, the conflist written only once eniipamd is healthy);
 //! - [`max_pods`]: `max-pods`, what kubelet's `maxPods` should be on an eniipam node;
@@ -51,6 +52,24 @@ enum Command {
     MaxPods(max_pods::MaxPodsArgs),
     /// Print the least-privilege IAM policy for eniipamd in one cluster.
     IamPolicy(iam::IamPolicyArgs),
+    /// IPs eniipamd holds out of circulation after its state file was lost without evidence of who
+    /// holds them (docs/operations.md).
+    #[command(subcommand)]
+    Quarantine(QuarantineCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum QuarantineCommand {
+    /// Release quarantined IPs into the idle queue (they cool down first), when you know no pod holds
+    /// them (e.g. the node was drained). Names an IP that is not quarantined: error, nothing released.
+    Release {
+        /// Every quarantined IP.
+        #[arg(long, conflicts_with = "ips", required_unless_present = "ips")]
+        all: bool,
+        /// One quarantined IP (repeat for several).
+        #[arg(long = "ip", value_name = "IPV4")]
+        ips: Vec<std::net::Ipv4Addr>,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -65,6 +84,9 @@ async fn main() -> ExitCode {
         Command::UninstallCni(a) => install::uninstall(a),
         Command::MaxPods(a) => max_pods::run(a, args.json),
         Command::IamPolicy(a) => iam::run(a),
+        Command::Quarantine(QuarantineCommand::Release { all, ips }) => {
+            introspect::release_quarantined(&args.socket, *all, ips, args.json).await
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
