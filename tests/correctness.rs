@@ -715,6 +715,87 @@ async fn no_ip_of_a_possibly_detached_eni_goes_to_a_pod() {
     d.shutdown().await;
 }
 
+/// Case 4e (found by the fault soak): a restart right after a new ENI served its first pod, while
+/// IMDS does not list the ENI yet and the file does not know it: the restart takes the subnet's CIDR
+/// from EC2 and keeps the ENI and the pod on it. (It used to skip the ENI and drop the pod's record;
+/// the pod's IP then went to another pod.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_eni_unknown_to_imds_and_the_file_keeps_its_pods_at_restart() {
+    let mock = mock().await;
+    let dir = TempDir::new("new-eni-restart");
+    let mut cfg = config(&mock, &dir.0);
+    cfg.use_primary_eni = false;
+    cfg.min_idle = 0;
+    cfg.max_idle = 0;
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let ip: Ipv4Addr = c
+        .allocate(alloc_req("p0", "pod-0"))
+        .await
+        .unwrap()
+        .into_inner()
+        .ip
+        .parse()
+        .unwrap();
+    let eni = d
+        .pool
+        .allocation(&AttachmentKey::new("p0", "eth0"))
+        .unwrap()
+        .eni;
+    d.shutdown().await;
+    // The file has the pod's row but not its ENI's (the file learns ENIs at a start or an adoption;
+    // EC2 is the truth about them), and IMDS lags the attach (as after a crash right after it).
+    let stored = eniipam::store::Store::open(&cfg.state_path)
+        .await
+        .unwrap()
+        .0
+        .load()
+        .await
+        .unwrap();
+    assert!(stored.enis.iter().all(|e| e.eni_id != eni.as_str()));
+    assert!(stored.assignments.iter().any(|a| a.ip == ip));
+    mock.set_imds_lag(std::time::Duration::from_secs(3600));
+    let d = start(cfg.clone()).await;
+    assert_eq!(
+        d.pool
+            .allocation(&AttachmentKey::new("p0", "eth0"))
+            .map(|a| (a.ip, a.eni)),
+        Some((ip, eni.clone())),
+        "the pod keeps its IP on its ENI"
+    );
+    assert!(d.pool.snapshot().eni(&eni).is_some(), "the ENI serves");
+    let stored = d.store.load().await.unwrap();
+    assert!(stored.enis.iter().any(|e| e.eni_id == eni.as_str()));
+    assert!(
+        stored
+            .assignments
+            .iter()
+            .any(|a| a.container_id == "p0" && a.ip == ip)
+    );
+    // Nobody else gets it (IMDS caught up: an ENI IMDS does not list takes no assign).
+    mock.set_imds_lag(std::time::Duration::ZERO);
+    for i in 1..4 {
+        let other: Ipv4Addr = c_for(&d)
+            .await
+            .allocate(alloc_req(&format!("q{i}"), &format!("pod-q{i}")))
+            .await
+            .unwrap()
+            .into_inner()
+            .ip
+            .parse()
+            .unwrap();
+        assert_ne!(other, ip);
+    }
+    d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+}
+
+async fn c_for(
+    d: &eniipam::daemon::DaemonHandle,
+) -> eniipam_api::pb::ipam_client::IpamClient<tonic::transport::Channel> {
+    client(&d.socket_path).await
+}
+
 /// Case 4c: an ENI of ours attached to the node that the pool does not know (a create whose answer
 /// was lost) is adopted at the second sighting: its IPs serve pods, never twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,11 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
 use super::evidence::{HostEvidence, NetnsState, NetnsView};
 use crate::clock::{instant_from_unix_ms, unix_ms_now};
-use crate::cloud::{Cloud, CloudError, Eni, EniFilter, Metadata, MetadataEni};
+use crate::cloud::{Cloud, CloudError, Eni, EniFilter, Metadata, MetadataEni, SubnetFilter};
 use crate::model::{AttachmentKey, PodRef};
 use crate::pool::{AllocationSeed, AttachmentMeta, EniSeed, IdleSeed, PoolSeed, QuarantineSeed};
 use crate::store::{StoredAssignment, StoredEni, StoredIdle, StoredQuarantined, StoredState};
@@ -79,10 +80,45 @@ pub async fn rebuild(
             ..EniFilter::default()
         })
         .await?;
+    // An ENI attached just before a crash may be in neither IMDS (which lags) nor the file: its
+    // subnet's CIDR comes from EC2 then, so the ENI and the pods already on it are kept. Skipping it
+    // would drop those pods' records, and their IPs would go to other pods.
+    let imds_macs: BTreeSet<&str> = imds.iter().map(|m| m.mac.as_str()).collect();
+    let stored_ids: BTreeSet<&str> = inputs
+        .stored
+        .enis
+        .iter()
+        .map(|e| e.eni_id.as_str())
+        .collect();
+    let unknown_subnets: BTreeSet<String> = ec2
+        .iter()
+        .filter(|e| {
+            e.attachment
+                .as_ref()
+                .is_some_and(|a| a.instance_id == instance_id)
+                && !imds_macs.contains(e.mac.as_str())
+                && !stored_ids.contains(e.id.as_str())
+        })
+        .map(|e| e.subnet_id.clone())
+        .collect();
+    let subnet_cidrs: BTreeMap<String, Ipv4Net> = if unknown_subnets.is_empty() {
+        BTreeMap::new()
+    } else {
+        cloud
+            .describe_subnets(&SubnetFilter {
+                ids: unknown_subnets.into_iter().collect(),
+                ..SubnetFilter::default()
+            })
+            .await?
+            .into_iter()
+            .map(|s| (s.id, s.cidr))
+            .collect()
+    };
     Ok(merge(
         instance_id,
         &imds,
         &ec2,
+        &subnet_cidrs,
         inputs,
         Instant::now(),
         unix_ms_now(),
@@ -95,6 +131,7 @@ pub fn merge(
     instance_id: &str,
     imds: &[MetadataEni],
     ec2: &[Eni],
+    subnet_cidrs: &BTreeMap<String, Ipv4Net>,
     inputs: Inputs<'_>,
     now: Instant,
     now_ms: u64,
@@ -145,13 +182,17 @@ pub fn merge(
             let ec2_prefixes: BTreeSet<_> = e.ipv4_prefixes.iter().collect();
             report.imds_mismatches += imds_prefixes.symmetric_difference(&ec2_prefixes).count();
         }
-        let subnet_cidr = md.map(|m| m.subnet_cidr).or_else(|| {
-            known_enis
-                .get(e.id.as_str())
-                .and_then(|s| s.subnet_cidr.parse().ok())
-        });
+        let subnet_cidr = md
+            .map(|m| m.subnet_cidr)
+            .or_else(|| {
+                known_enis
+                    .get(e.id.as_str())
+                    .and_then(|s| s.subnet_cidr.parse().ok())
+            })
+            .or_else(|| subnet_cidrs.get(&e.subnet_id).copied());
         let Some(subnet_cidr) = subnet_cidr else {
-            // Neither IMDS nor the file knows the CIDR yet (a brand-new ENI): leave it to the next start.
+            // Neither IMDS, the file nor EC2 knows the CIDR (EC2 did not describe the subnet):
+            // leave it to the next start.
             tracing::warn!(eni = %e.id, "no subnet CIDR known for an attached ENI yet; not serving from it");
             continue;
         };
