@@ -259,6 +259,33 @@ async fn a_fragmented_subnet_serves_packed_single_addresses_then_prefixes_again(
     n.pool.check_invariants().unwrap();
 }
 
+/// While the subnet has no free `/28`, new IPs come as single packed addresses, one per slot: an ENI's
+/// room is its free slots, not a prefix's worth per slot. A burst larger than eth0's remaining slots
+/// is split between eth0 and a new ENI instead of asking eth0 for more addresses than an interface
+/// may hold (which EC2 refuses, failing every pod of the batch). Found by the fleet branch's warm-ups.
+#[tokio::test(start_paused = true)]
+async fn a_fragmented_subnet_counts_an_enis_room_in_single_addresses() {
+    let n = start(prefix_config(), NodeSpec::default()).await;
+    fragment_every_block(&n);
+    let first = acquire_many(&n.pool, 0..5).await;
+    assert!(first.iter().all(|r| r.is_ok()), "{first:?}");
+    let burst = acquire_many(&n.pool, 10..30).await;
+    let failed: Vec<_> = burst.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failed.is_empty(), "pods failed: {failed:?}");
+    let got = ips(&burst);
+    assert_eq!(got.iter().collect::<BTreeSet<_>>().len(), 20);
+    let limit = n.node.limits.ipv4_per_eni;
+    for e in n.cloud.attached_enis() {
+        assert!(
+            1 + e.secondary_ips.len() as u32 <= limit,
+            "{} holds {} addresses, more than {limit}",
+            e.id,
+            1 + e.secondary_ips.len()
+        );
+    }
+    n.pool.check_invariants().unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_new_eni_in_a_fragmented_subnet_comes_with_packed_addresses() {
     // eth0 left out, so the first pods need a new ENI.

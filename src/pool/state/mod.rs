@@ -285,6 +285,20 @@ impl PoolState {
         (slots_free * per_slot).saturating_sub(r.inflight)
     }
 
+    /// Addresses the next assign on `r` can bring now: with prefix delegation, while its subnet has
+    /// no free `/28` the assign asks for single packed addresses, one per slot, so the room is
+    /// counted in single addresses (else a batch of a prefix's worth of singles exceeds the ENI's
+    /// per-interface limit, and EC2 refuses the whole batch).
+    pub(super) fn eni_room_now(&self, r: &EniRecord, now: Instant) -> u32 {
+        if self.config.prefix_delegation && self.prefixes_blocked(&r.subnet_id, now) {
+            self.per_eni
+                .saturating_sub(r.slots_used())
+                .saturating_sub(r.inflight)
+        } else {
+            self.eni_room_addresses(r)
+        }
+    }
+
     pub fn allocation_of(&self, key: &AttachmentKey, rec: &AllocationRecord) -> Allocation {
         let eni = self.enis.get(&rec.eni);
         let subnet = eni

@@ -99,7 +99,7 @@ impl PoolState {
                 if deficit == 0 {
                     break;
                 }
-                let room = self.eni_room_addresses(&self.enis[&id]);
+                let room = self.eni_room_now(&self.enis[&id], now);
                 let n = room.min(deficit);
                 if n == 0 {
                     continue;
@@ -120,7 +120,12 @@ impl PoolState {
         //    waits for one create+attach chain, not k in a row; the warm deficit alone never
         //    starts a second create in a subnet.
         let subnet_id = self.pick_subnet(now);
-        let per_eni_addresses = self.per_eni * self.config.addresses_per_slot();
+        // While the subnet has no free /28, a new ENI comes with single addresses, one per slot.
+        let per_eni_addresses = if self.prefixes_blocked(&subnet_id, now) {
+            self.per_eni
+        } else {
+            self.per_eni * self.config.addresses_per_slot()
+        };
         let blocked_for_ip = self.enis.values().any(|r| {
             r.serves
                 && self.eni_room(r) > 0

@@ -144,9 +144,7 @@ impl PoolState {
         let mut pods: Vec<&EniRecord> = self.enis.values().filter(|r| r.serves).collect();
         pods.sort_by_key(|r| r.device_index);
         for r in pods {
-            if self.eni_room_addresses(r) == 0
-                || r.phase == EniPhase::Draining
-                || r.handle.is_none()
+            if self.eni_room_now(r, now) == 0 || r.phase == EniPhase::Draining || r.handle.is_none()
             {
                 continue;
             }
