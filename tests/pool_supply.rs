@@ -277,7 +277,7 @@ async fn a_fragmented_subnet_counts_an_enis_room_in_single_addresses() {
     let limit = n.node.limits.ipv4_per_eni;
     for e in n.cloud.attached_enis() {
         assert!(
-            1 + e.secondary_ips.len() as u32 <= limit,
+            (e.secondary_ips.len() as u32) < limit, // plus the primary address
             "{} holds {} addresses, more than {limit}",
             e.id,
             1 + e.secondary_ips.len()
