@@ -315,23 +315,7 @@ impl Soak {
             done.push(format!("{ip} of {}/{} from {eni}", k.0, k.1));
         }
         let what = format!("unassigned {}", done.join(", "));
-        for a in self.model.atts.values_mut() {
-            if a.is_live() && a.ip.is_some_and(|ip| ips.contains(&ip)) {
-                a.oob = Some(OobMark {
-                    step,
-                    at: now,
-                    what: what.clone(),
-                });
-            }
-        }
-        self.model.oob.push(OobEvent {
-            step,
-            at: now,
-            ips,
-            eni: None,
-            what: what.clone(),
-        });
-        self.last_oob = Some(now);
+        self.record_oob(step, now, ips, None, &what);
         Ok(Some(what))
     }
 
@@ -363,12 +347,26 @@ impl Soak {
             "detached {eni} ({} secondary IPs, {hit} held by live pods)",
             ips.len()
         );
+        self.record_oob(step, now, ips, Some(eni.clone()), &what);
+        Ok(Some(what))
+    }
+
+    /// An out-of-band change took `ips` (and detached `eni`): the live attachments holding them are
+    /// marked, and the event is kept for the checker.
+    fn record_oob(
+        &mut self,
+        step: u64,
+        now: Instant,
+        ips: BTreeSet<Ipv4Addr>,
+        eni: Option<String>,
+        what: &str,
+    ) {
         for a in self.model.atts.values_mut() {
             if a.is_live() && a.ip.is_some_and(|ip| ips.contains(&ip)) {
                 a.oob = Some(OobMark {
                     step,
                     at: now,
-                    what: what.clone(),
+                    what: what.to_owned(),
                 });
             }
         }
@@ -376,10 +374,9 @@ impl Soak {
             step,
             at: now,
             ips,
-            eni: Some(eni.clone()),
-            what: what.clone(),
+            eni,
+            what: what.to_owned(),
         });
         self.last_oob = Some(now);
-        Ok(Some(what))
     }
 }
