@@ -62,6 +62,32 @@ fn allocations(d: &eniipam::daemon::DaemonHandle) -> BTreeMap<String, Ipv4Addr> 
         .collect()
 }
 
+/// The ENI `container`'s eth0 IP is on, per the pool.
+fn eni_of(d: &eniipam::daemon::DaemonHandle, container: &str) -> Option<eniipam::model::EniId> {
+    d.pool
+        .allocation(&AttachmentKey::new(container, "eth0"))
+        .map(|a| a.eni)
+}
+
+/// The attachment id EC2 shows for `eni` (to detach it out of band).
+fn attachment_id(mock: &mockcloud::MockCloud, eni: &eniipam::model::EniId) -> String {
+    mock.network_interfaces()
+        .into_iter()
+        .find(|e| e.id == eni.as_str())
+        .and_then(|e| e.attachment)
+        .unwrap()
+        .id
+}
+
+/// Pods on secondary ENIs only (eth0 serves none), and no warm IPs: every IP is a pod's.
+fn secondary_only(mock: &mockcloud::MockCloud, dir: &Path) -> eniipam::config::DaemonConfig {
+    let mut cfg = config(mock, dir);
+    cfg.use_primary_eni = false;
+    cfg.min_idle = 0;
+    cfg.max_idle = 0;
+    cfg
+}
+
 /// Case 1: CNI GC of network A (CNI 1.1 lists only A's valid attachments) releases nothing of network
 /// B, and nothing of A that was allocated after the runtime built its list. Through the real plugin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -478,11 +504,7 @@ async fn a_detached_but_undeleted_eni_serves_nothing() {
     let d = start(cfg.clone()).await;
     let mut c = client(&d.socket_path).await;
     c.allocate(alloc_req("p0", "pod-0")).await.unwrap();
-    let eni = d
-        .pool
-        .allocation(&AttachmentKey::new("p0", "eth0"))
-        .unwrap()
-        .eni;
+    let eni = eni_of(&d, "p0").unwrap();
     // The delete is refused (an IAM policy without ec2:DeleteNetworkInterface, say); the detach worked.
     mock.inject_fault(mockcloud::Fault::error(
         "DeleteNetworkInterface",
@@ -518,13 +540,7 @@ async fn a_detached_but_undeleted_eni_serves_nothing() {
         .parse()
         .unwrap();
     assert!(!described.secondary_ips.contains(&r));
-    assert_ne!(
-        d.pool
-            .allocation(&AttachmentKey::new("p1", "eth0"))
-            .unwrap()
-            .eni,
-        eni
-    );
+    assert_ne!(eni_of(&d, "p1").unwrap(), eni);
     d.pool.check_invariants().unwrap();
     d.shutdown().await;
 }
@@ -544,18 +560,8 @@ async fn an_eni_detached_out_of_band_is_suspended_then_forgotten() {
     let mut c = client(&d.socket_path).await;
     c.allocate(alloc_req("p0", "pod-0")).await.unwrap();
     d.pool.maintain_now().await.unwrap();
-    let eni = d
-        .pool
-        .allocation(&AttachmentKey::new("p0", "eth0"))
-        .unwrap()
-        .eni;
-    let attachment = mock
-        .network_interfaces()
-        .into_iter()
-        .find(|e| e.id == eni.as_str())
-        .and_then(|e| e.attachment)
-        .unwrap()
-        .id;
+    let eni = eni_of(&d, "p0").unwrap();
+    let attachment = attachment_id(&mock, &eni);
     mock.with_world(|w, now| w.detach_network_interface(&attachment, true, now))
         .unwrap();
     let r = d.reconcile_now().await.unwrap();
@@ -577,13 +583,7 @@ async fn an_eni_detached_out_of_band_is_suspended_then_forgotten() {
         .ip
         .parse()
         .unwrap();
-    assert_ne!(
-        d.pool
-            .allocation(&AttachmentKey::new("p1", "eth0"))
-            .unwrap()
-            .eni,
-        eni
-    );
+    assert_ne!(eni_of(&d, "p1").unwrap(), eni);
     let r = d.reconcile_now().await.unwrap();
     assert_eq!(r.forgotten_enis, vec![eni.clone()]);
     assert!(
@@ -620,25 +620,8 @@ async fn an_eni_detached_out_of_band_is_suspended_then_forgotten() {
 async fn no_ip_of_a_possibly_detached_eni_goes_to_a_pod() {
     let mock = mock().await;
     let dir = TempDir::new("suspect-eni");
-    let mut cfg = config(&mock, &dir.0);
-    cfg.use_primary_eni = false;
-    cfg.min_idle = 0;
-    cfg.max_idle = 0;
-    let d = start(cfg).await;
+    let d = start(secondary_only(&mock, &dir.0)).await;
     let mut c = client(&d.socket_path).await;
-    fn eni_of(d: &eniipam::daemon::DaemonHandle, id: &str) -> Option<eniipam::model::EniId> {
-        d.pool
-            .allocation(&AttachmentKey::new(id, "eth0"))
-            .map(|a| a.eni)
-    }
-    let attachment_of = |eni: &eniipam::model::EniId| {
-        mock.network_interfaces()
-            .into_iter()
-            .find(|e| e.id == eni.as_str())
-            .and_then(|e| e.attachment)
-            .unwrap()
-            .id
-    };
 
     // 1. Released on a suspended ENI: held back.
     c.allocate(alloc_req("p0", "pod-0")).await.unwrap();
@@ -650,7 +633,7 @@ async fn no_ip_of_a_possibly_detached_eni_goes_to_a_pod() {
         .allocation(&AttachmentKey::new("p1", "eth0"))
         .unwrap()
         .ip;
-    let att = attachment_of(&eni);
+    let att = attachment_id(&mock, &eni);
     mock.with_world(|w, now| w.detach_network_interface(&att, true, now))
         .unwrap();
     let r = d.reconcile_now().await.unwrap();
@@ -677,15 +660,11 @@ async fn no_ip_of_a_possibly_detached_eni_goes_to_a_pod() {
     // 2. Detached out of band, not yet seen by a describe: the next assign on it finds the ENI
     //    missing from IMDS, and its IP goes to nobody.
     let dir = TempDir::new("suspect-eni-2");
-    let mut cfg = config(&mock, &dir.0);
-    cfg.use_primary_eni = false;
-    cfg.min_idle = 0;
-    cfg.max_idle = 0;
-    let d = start(cfg).await;
+    let d = start(secondary_only(&mock, &dir.0)).await;
     let mut c = client(&d.socket_path).await;
     c.allocate(alloc_req("q0", "pod-q0")).await.unwrap();
     let eni = eni_of(&d, "q0").unwrap();
-    let att = attachment_of(&eni);
+    let att = attachment_id(&mock, &eni);
     mock.with_world(|w, now| w.detach_network_interface(&att, true, now))
         .unwrap();
     let first = c.allocate(alloc_req("q1", "pod-q1")).await;
@@ -723,10 +702,7 @@ async fn no_ip_of_a_possibly_detached_eni_goes_to_a_pod() {
 async fn a_new_eni_unknown_to_imds_and_the_file_keeps_its_pods_at_restart() {
     let mock = mock().await;
     let dir = TempDir::new("new-eni-restart");
-    let mut cfg = config(&mock, &dir.0);
-    cfg.use_primary_eni = false;
-    cfg.min_idle = 0;
-    cfg.max_idle = 0;
+    let cfg = secondary_only(&mock, &dir.0);
     let d = start(cfg.clone()).await;
     let mut c = client(&d.socket_path).await;
     let ip: Ipv4Addr = c
@@ -737,11 +713,7 @@ async fn a_new_eni_unknown_to_imds_and_the_file_keeps_its_pods_at_restart() {
         .ip
         .parse()
         .unwrap();
-    let eni = d
-        .pool
-        .allocation(&AttachmentKey::new("p0", "eth0"))
-        .unwrap()
-        .eni;
+    let eni = eni_of(&d, "p0").unwrap();
     d.shutdown().await;
     // The file has the pod's row but not its ENI's (the file learns ENIs at a start or an adoption;
     // EC2 is the truth about them), and IMDS lags the attach (as after a crash right after it).
@@ -774,9 +746,9 @@ async fn a_new_eni_unknown_to_imds_and_the_file_keeps_its_pods_at_restart() {
     );
     // Nobody else gets it (IMDS caught up: an ENI IMDS does not list takes no assign).
     mock.set_imds_lag(std::time::Duration::ZERO);
+    let mut c = client(&d.socket_path).await;
     for i in 1..4 {
-        let other: Ipv4Addr = c_for(&d)
-            .await
+        let other: Ipv4Addr = c
             .allocate(alloc_req(&format!("q{i}"), &format!("pod-q{i}")))
             .await
             .unwrap()
@@ -788,12 +760,6 @@ async fn a_new_eni_unknown_to_imds_and_the_file_keeps_its_pods_at_restart() {
     }
     d.pool.check_invariants().unwrap();
     d.shutdown().await;
-}
-
-async fn c_for(
-    d: &eniipam::daemon::DaemonHandle,
-) -> eniipam_api::pb::ipam_client::IpamClient<tonic::transport::Channel> {
-    client(&d.socket_path).await
 }
 
 /// Case 4c: an ENI of ours attached to the node that the pool does not know (a create whose answer
@@ -865,11 +831,7 @@ async fn an_ip_is_forgotten_only_at_the_second_missing_describe() {
         .ip
         .parse()
         .unwrap();
-    let eni = d
-        .pool
-        .allocation(&AttachmentKey::new("p0", "eth0"))
-        .unwrap()
-        .eni;
+    let eni = eni_of(&d, "p0").unwrap();
     mock.with_world(|w, now| w.unassign_private_ip_addresses(eni.as_str(), &[ip], now))
         .unwrap();
     let r = d.reconcile_now().await.unwrap();
