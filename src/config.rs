@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::cloud::limiter::{BucketConfig, LimiterConfig, RateLimitConfig};
 use crate::host::{HostRulesConfig, Snat, SnatPorts};
 use crate::pool::PoolConfig;
+use crate::pool::config::WarmPolicy;
 use crate::reconcile::api_server::ApiServerTarget;
 
 /// The service account's token and CA bundle, as the kubelet mounts them in every pod.
@@ -100,10 +101,19 @@ pub struct DaemonConfig {
     pub subnet_ids: Vec<String>,
     /// Security groups for new ENIs (default: eth0's).
     pub security_groups: Vec<String>,
-    /// Idle IPs kept ready (AWS VPC CNI: WARM_IP_TARGET).
+    /// How the warm pool's level is chosen: `adaptive` (default: learned from the node's pod starts
+    /// and bursts, within `min_idle ..= max_idle`) or `fixed` (top up below `min_idle` to halfway
+    /// to `max_idle`, give back above `max_idle`).
+    pub warm_policy: WarmPolicy,
+    /// Idle IPs always kept ready: the warm level's floor (AWS VPC CNI: WARM_IP_TARGET).
     pub min_idle: u32,
-    /// Idle IPs above which the surplus is given back (no direct VPC CNI equivalent).
+    /// The warm level's ceiling: idle IPs beyond it are given back.
     pub max_idle: u32,
+    /// `fixed` policy: IPs held at least, pods included (VPC CNI: MINIMUM_IP_TARGET). Default 0.
+    pub minimum_ips: u32,
+    /// `adaptive` policy: seconds a burst's leftovers are held, and the node must be quiet before
+    /// the pool shrinks to its fill level. Default 600.
+    pub give_back_delay_secs: u64,
     /// Cap on pod IPs held by the node (VPC CNI: max pods).
     pub max_ips: Option<u32>,
     /// Cap on ENIs, eth0 included (VPC CNI: MAX_ENI).
@@ -196,8 +206,11 @@ impl Default for DaemonConfig {
             subnet_id: None,
             subnet_ids: Vec::new(),
             security_groups: Vec::new(),
+            warm_policy: pool.warm_policy,
             min_idle: pool.min_idle,
             max_idle: pool.max_idle,
+            minimum_ips: pool.minimum_ips,
+            give_back_delay_secs: pool.give_back_delay.as_secs(),
             max_ips: pool.max_ips,
             max_enis: pool.max_enis,
             use_primary_eni: pool.use_primary_eni,
@@ -323,8 +336,11 @@ impl DaemonConfig {
                 .map(str::to_owned)
                 .collect();
         }
+        set!(warm_policy, "adaptive or fixed");
         set!(min_idle, "a whole number");
         set!(max_idle, "a whole number");
+        set!(minimum_ips, "a whole number");
+        set!(give_back_delay_secs, "a whole number of seconds");
         set_opt!(max_ips, "a whole number");
         set_opt!(max_enis, "a whole number");
         set!(use_primary_eni, "true or false");
@@ -410,6 +426,12 @@ impl DaemonConfig {
         }
         if self.max_idle > 10_000 {
             return Err(invalid("max_idle", "allowed: 0 ..= 10000"));
+        }
+        if self.minimum_ips > 10_000 {
+            return Err(invalid("minimum_ips", "allowed: 0 ..= 10000"));
+        }
+        if self.give_back_delay_secs > 24 * 3600 {
+            return Err(invalid("give_back_delay_secs", "allowed: 0 ..= 86400"));
         }
         if let Some(m) = self.max_enis
             && !(2..=32).contains(&m)
@@ -596,8 +618,11 @@ impl DaemonConfig {
     /// The pool's knobs.
     pub fn pool_config(&self) -> PoolConfig {
         PoolConfig {
+            warm_policy: self.warm_policy,
             min_idle: self.min_idle,
             max_idle: self.max_idle,
+            minimum_ips: self.minimum_ips,
+            give_back_delay: Duration::from_secs(self.give_back_delay_secs),
             max_ips: self.max_ips,
             max_enis: self.max_enis,
             use_primary_eni: self.use_primary_eni,

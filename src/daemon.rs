@@ -24,7 +24,7 @@ use crate::cloud::calls::CallStats;
 use crate::cloud::ec2::{Ec2Cloud, Ec2Config};
 use crate::cloud::imds::{ImdsConfig, ImdsMetadata};
 use crate::cloud::leak::{LeakCollector, LeakConfig};
-use crate::cloud::{Cloud, CloudError, Metadata, NodeContext};
+use crate::cloud::{Cloud, CloudError, Metadata, NodeContext, Purpose, with_purpose};
 use crate::config::DaemonConfig;
 use crate::ipam::Ipam;
 use crate::pool::PoolSeed;
@@ -169,9 +169,14 @@ impl Daemon {
         };
         let metrics_addr = serve_metrics(&config, &clients, &mut b).await?;
         let (store, state_lost) = open_store(&config).await?;
-        let node = discover_node(&config, &clients).await?;
-        let (seed, report, vpc_cidrs) =
-            rebuild(&config, &clients, &node, (&store, state_lost), &b.metrics).await?;
+        // Every EC2 call until the pool starts is the startup's.
+        let (node, (seed, report, vpc_cidrs)) = with_purpose(Purpose::Startup, async {
+            let node = discover_node(&config, &clients).await?;
+            let rebuilt =
+                rebuild(&config, &clients, &node, (&store, state_lost), &b.metrics).await?;
+            Ok::<_, DaemonError>((node, rebuilt))
+        })
+        .await?;
         let pool = Pool::start(
             config.pool_config(),
             clients.cloud.clone(),
@@ -617,13 +622,16 @@ struct Reconciler {
 impl Reconciler {
     async fn pass(&self) -> Result<reconcile::PassReport, CloudError> {
         let mut memory = self.memory.lock().await;
-        let r = reconcile::pass(
-            &self.ipam,
-            self.cloud.as_ref(),
-            &self.instance_id,
-            &self.host,
-            &mut memory,
-            self.api_server.as_ref(),
+        let r = with_purpose(
+            Purpose::Reconcile,
+            reconcile::pass(
+                &self.ipam,
+                self.cloud.as_ref(),
+                &self.instance_id,
+                &self.host,
+                &mut memory,
+                self.api_server.as_ref(),
+            ),
         )
         .await?;
         let m = &self.metrics;

@@ -330,9 +330,9 @@ mod tests {
 
     #[test]
     fn the_readme_churn_fits_the_default_node_and_not_an_m5_large() {
-        // 1 pod/s with the defaults (cooldown 30 s, max_idle 10): 17.5 alive + 30 cooling + 10 idle.
-        let b = ChurnBudget::new(1.0, Duration::from_secs(30), 10);
-        assert_eq!(b.slots(), 58);
+        // 1 pod/s with the defaults (cooldown 30 s, max_idle 16): 17.5 alive + 30 cooling + 16 idle.
+        let b = ChurnBudget::new(1.0, Duration::from_secs(30), 16);
+        assert_eq!(b.slots(), 64);
         let m5_4xl = mockcloud::catalog::lookup(DEFAULT_INSTANCE_TYPE).unwrap();
         // eth0's IPs do not serve pods yet: (ENIs − 1) × (IPs − 1).
         assert!(b.fits((m5_4xl.max_enis - 1) * (m5_4xl.ipv4_per_eni - 1)));

@@ -357,6 +357,24 @@ pub fn render(s: &Sources) -> String {
         );
         gauge(
             &mut reg,
+            "eniipam_warm_target_ip_addresses",
+            "The warm level now: below it (idle + arriving) the pool tops up",
+            i64::from(snap.warm_target),
+        );
+        gauge(
+            &mut reg,
+            "eniipam_warm_fill_ip_addresses",
+            "What a top-up fills the idle IPs to now",
+            i64::from(snap.warm_fill),
+        );
+        gauge(
+            &mut reg,
+            "eniipam_warm_keep_ip_addresses",
+            "Idle IPs beyond this are given back now",
+            i64::from(snap.warm_keep),
+        );
+        gauge(
+            &mut reg,
             "eniipam_exhausted",
             "1 while the pool cannot get more IPs",
             i64::from(snap.exhaustion.is_some()),
@@ -410,7 +428,8 @@ impl Sources {
     }
 }
 
-/// EC2/IMDS call histograms and retry counters from [`CallStats`], in OpenMetrics text.
+/// EC2/IMDS call histograms, retry counters and EC2 calls by purpose from [`CallStats`], in
+/// OpenMetrics text.
 fn render_calls(out: &mut String, calls: &CallStats) {
     let snap = calls.snapshot();
     let _ = writeln!(
@@ -451,6 +470,21 @@ fn render_calls(out: &mut String, calls: &CallStats) {
     let _ = writeln!(out, "# TYPE eniipam_aws_api_retries counter");
     for (api, n) in &snap.retries {
         let _ = writeln!(out, "eniipam_aws_api_retries_total{{api=\"{api}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP eniipam_ec2_calls EC2 call attempts by purpose, API and whether EC2 throttled them"
+    );
+    let _ = writeln!(out, "# TYPE eniipam_ec2_calls counter");
+    for p in &snap.by_purpose {
+        for (throttled, n) in [(false, p.calls - p.throttled), (true, p.throttled)] {
+            let _ = writeln!(
+                out,
+                "eniipam_ec2_calls_total{{purpose=\"{}\",api=\"{}\",throttled=\"{throttled}\"}} {n}",
+                p.purpose.as_str(),
+                p.api
+            );
+        }
     }
     let _ = writeln!(
         out,

@@ -156,6 +156,12 @@ async fn simulate_status_metrics_and_sigterm() {
     assert!(text.contains(
         "eniipam_aws_api_latency_seconds_count{api=\"AssignPrivateIpAddresses\",outcome=\"ok\"}"
     ));
+    // EC2 calls by purpose: node discovery and the rebuild are the startup's; pods waited on calls.
+    assert!(text.contains("eniipam_ec2_calls_total{purpose=\"startup\",api=\"DescribeInstances\""));
+    assert!(
+        text.contains("eniipam_ec2_calls_total{purpose=\"pod\""),
+        "{text}"
+    );
     assert!(text.trim_end().ends_with("# EOF"));
     let allocs = ctl(&["--socket", &sim.socket, "allocations", "--json"]);
     let allocs: Vec<serde_json::Value> = serde_json::from_slice(&allocs.stdout).unwrap();

@@ -12,6 +12,7 @@ use std::net::Ipv4Addr;
 
 use daemon_support::*;
 use eniipam::model::AttachmentKey;
+use eniipam::pool::config::WarmPolicy;
 use eniipam::pool::slots::prefix_addresses;
 use ipnet::Ipv4Net;
 use mockcloud::world::OccupyPattern;
@@ -161,6 +162,9 @@ async fn prefixes_survive_a_restart_and_a_lost_state_file() {
     let mut cfg = config(&mock, &dir.0);
     cfg.prefix_delegation = true;
     cfg.reuse_cooldown_secs = 0;
+    // The fixed warm policy: the prefixes counted are the pods' (the adaptive one warms a burst's
+    // tail too; tests/pool_adaptive.rs).
+    cfg.warm_policy = WarmPolicy::Fixed;
     let d = start(cfg.clone()).await;
     let ips = allocate_n(&d, 0..20).await;
     assert_eq!(ips.iter().collect::<BTreeSet<_>>().len(), 20);
@@ -250,6 +254,8 @@ async fn a_fragmented_subnet_still_serves_pods_with_prefix_delegation() {
     let mut cfg = config(&mock, &dir.0);
     cfg.prefix_delegation = true;
     cfg.min_idle = 0;
+    // The fixed warm policy: the blocks counted are the pods' (not a burst's warmed tail).
+    cfg.warm_policy = WarmPolicy::Fixed;
     let d = start(cfg).await;
     let ips = allocate_n(&d, 0..5).await;
     assert_eq!(ips.iter().collect::<BTreeSet<_>>().len(), 5, "pods served");

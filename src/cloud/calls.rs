@@ -1,5 +1,6 @@
 //! Call accounting for the cloud layer: every EC2 and IMDS call counted and timed by API name and
-//! outcome, plus retries and rate-limiter waits.
+//! outcome, plus retries and rate-limiter waits, and every EC2 attempt counted by what it was for
+//! ([`Purpose`]) and whether EC2 throttled it.
 //!
 //! [`CallStats`] is shared (`Arc`) by the EC2 client, the IMDS client and the limiter; the metrics
 //! endpoint reads it through [`CallStats::snapshot`], which returns plain data (no locks, no
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::purpose::Purpose;
 use super::{CloudError, CloudResult};
 
 /// How one call ended, as counted. Matches the `outcome` label the metrics endpoint will export.
@@ -148,6 +150,19 @@ pub struct CallSeries {
     pub latency: Histogram,
 }
 
+/// One (purpose, api) series of a snapshot: EC2 attempts only (IMDS reads have no purpose).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PurposeSeries {
+    /// What the attempts were for.
+    pub purpose: Purpose,
+    /// EC2 action name.
+    pub api: String,
+    /// Attempts that reached the wire, throttled ones included.
+    pub calls: u64,
+    /// Of those, the ones EC2 throttled.
+    pub throttled: u64,
+}
+
 /// A point-in-time copy of everything [`CallStats`] counted.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct CallStatsSnapshot {
@@ -159,6 +174,8 @@ pub struct CallStatsSnapshot {
     pub retries_exhausted: BTreeMap<String, u64>,
     /// Per limiter bucket (`mutating`, `describe`): time callers waited for a token.
     pub limiter_waits: BTreeMap<String, Histogram>,
+    /// Per (purpose, api): EC2 attempts and how many were throttled.
+    pub by_purpose: Vec<PurposeSeries>,
 }
 
 impl CallStatsSnapshot {
@@ -199,6 +216,24 @@ impl CallStatsSnapshot {
         self.retries.values().sum()
     }
 
+    /// EC2 attempts made for `purpose`, any api.
+    pub fn purpose_calls(&self, purpose: Purpose) -> u64 {
+        self.by_purpose
+            .iter()
+            .filter(|s| s.purpose == purpose)
+            .map(|s| s.calls)
+            .sum()
+    }
+
+    /// EC2 attempts made for `purpose` that EC2 throttled, any api.
+    pub fn purpose_throttled(&self, purpose: Purpose) -> u64 {
+        self.by_purpose
+            .iter()
+            .filter(|s| s.purpose == purpose)
+            .map(|s| s.throttled)
+            .sum()
+    }
+
     /// Total time spent waiting for tokens, all buckets.
     pub fn total_limiter_wait(&self) -> Duration {
         self.limiter_waits.values().map(|h| h.sum).sum()
@@ -211,6 +246,8 @@ struct Inner {
     retries: BTreeMap<String, u64>,
     retries_exhausted: BTreeMap<String, u64>,
     waits: BTreeMap<String, Histogram>,
+    /// (purpose, api) -> (attempts, throttled).
+    purposes: BTreeMap<(Purpose, String), (u64, u64)>,
 }
 
 /// Counters and timers of cloud calls, shared by every client of one daemon.
@@ -245,6 +282,15 @@ impl CallStats {
                 .entry((api.to_owned(), outcome))
                 .or_default()
                 .observe(took)
+        });
+    }
+
+    /// Count one EC2 attempt of `api` made for `purpose` (the limiter's, so IMDS reads never count).
+    pub fn record_purpose(&self, purpose: Purpose, api: &str, throttled: bool) {
+        self.with(|i| {
+            let (calls, thr) = i.purposes.entry((purpose, api.to_owned())).or_default();
+            *calls += 1;
+            *thr += u64::from(throttled);
         });
     }
 
@@ -283,6 +329,16 @@ impl CallStats {
             retries: i.retries.clone(),
             retries_exhausted: i.retries_exhausted.clone(),
             limiter_waits: i.waits.clone(),
+            by_purpose: i
+                .purposes
+                .iter()
+                .map(|((purpose, api), &(calls, throttled))| PurposeSeries {
+                    purpose: *purpose,
+                    api: api.clone(),
+                    calls,
+                    throttled,
+                })
+                .collect(),
         })
     }
 }

@@ -23,7 +23,7 @@ use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{AttachmentStatus, Cloud, EniFilter, EniStatus, tags};
+use super::{AttachmentStatus, Cloud, EniFilter, EniStatus, Purpose, tags, with_purpose};
 
 /// Settings of the collector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,7 +235,7 @@ impl LeakCollector {
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => break,
-                    _ = self.run_once() => {}
+                    _ = with_purpose(Purpose::Reconcile, self.run_once()) => {}
                 }
                 delay = jittered_period(period, &mut rand::rng());
             }

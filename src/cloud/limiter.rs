@@ -30,6 +30,20 @@
 //! burst, and the jittered backoff on `RequestLimitExceeded` spreads the fleet out when the
 //! account's bucket is dry. Large fleets should lower the rates (they are configurable).
 //!
+//! # Under throttling: one probe at a time, and pods first
+//!
+//! After EC2 throttles a call, the class's throttle gate pauses every call of the class, and
+//! stays *recovering* (its pause non-zero) until enough calls have succeeded to halve the pause to
+//! nothing. While it recovers:
+//!
+//! - only one attempt of the class is on the wire at a time (a probe): a node that fires its whole
+//!   backlog the moment the pause ends spends the account's trickle on throttled attempts;
+//! - refills and give-backs ([`Purpose::yields`]) wait, after the pause, while a call of another
+//!   purpose (a pod's, the reconcile's) is waiting or running in the class, so the trickle goes to
+//!   the calls a pod waits on. The wait is bounded (2 × the longest pause, 2 min): a steady stream of
+//!   throttled pod calls never starves a refill for good; and with no pod-driven call about, a
+//!   refill goes as the probe itself (otherwise nothing would succeed and end the recovery).
+//!
 //! # Default retries
 //!
 //! 6 attempts, backoff base 250 ms doubling to a 10 s cap, full jitter, and no retry starts after
@@ -50,10 +64,12 @@ use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 pub use super::backoff::{Backoff, BackoffPolicy};
 use super::calls::{CallStats, Outcome};
+use super::purpose::{Purpose, current_purpose};
 use super::{CloudError, CloudResult};
 
 /// A governor clock on tokio's time, so `tokio::time::pause` drives the buckets.
@@ -248,9 +264,26 @@ pub struct Limiter {
 /// nodes share them, a node that keeps its own token bucket full would keep spending the account's
 /// refill on throttled attempts. This is additive-increase/multiplicative-decrease on the node's
 /// attempt rate, as the AWS SDKs' adaptive retry mode does.
-#[derive(Debug, Default)]
+///
+/// While the pause is non-zero (recovering) the gate also runs one attempt at a time and lets
+/// refills and give-backs yield to the other calls (module docs).
+#[derive(Debug)]
 struct ThrottleGate {
     state: std::sync::Mutex<GateState>,
+    /// One permit: the probe, taken by each attempt that starts while the gate is recovering.
+    probe: Semaphore,
+    /// Wakes yielding callers when the pause or the count of priority callers changes.
+    changed: Notify,
+}
+
+impl Default for ThrottleGate {
+    fn default() -> Self {
+        Self {
+            state: Default::default(),
+            probe: Semaphore::new(1),
+            changed: Notify::new(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -259,17 +292,72 @@ struct GateState {
     until: Option<Instant>,
     /// The current pause; zero when EC2 has not throttled us lately.
     pause: Duration,
+    /// Attempts of a purpose that does not yield, waiting or running.
+    priority: usize,
+}
+
+/// An attempt of a purpose that does not yield, counted from admission to outcome.
+struct PriorityGuard<'a>(&'a ThrottleGate);
+
+impl Drop for PriorityGuard<'_> {
+    fn drop(&mut self) {
+        self.0.lock().priority -= 1;
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// What an admitted attempt holds until its outcome is recorded.
+struct Admission<'a> {
+    _probe: Option<SemaphorePermit<'a>>,
+    _priority: Option<PriorityGuard<'a>>,
 }
 
 impl ThrottleGate {
     const FIRST_PAUSE: Duration = Duration::from_millis(500);
     const MAX_PAUSE: Duration = Duration::from_secs(60);
+    /// The longest a refill or give-back yields to other calls.
+    const MAX_YIELD: Duration = Duration::from_secs(2 * Self::MAX_PAUSE.as_secs());
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().expect("gate lock")
+    }
+
+    /// Whether EC2 throttled the class lately (the pause has not decayed to zero).
+    fn recovering(&self) -> bool {
+        !self.lock().pause.is_zero()
+    }
+
+    /// Counts a non-yielding attempt until the guard drops.
+    fn enter_priority(&self) -> PriorityGuard<'_> {
+        self.lock().priority += 1;
+        PriorityGuard(self)
+    }
+
+    /// Waits while the gate recovers and a non-yielding attempt is about, at most
+    /// [`Self::MAX_YIELD`].
+    async fn yield_to_priority(&self) {
+        let deadline = Instant::now() + Self::MAX_YIELD;
+        loop {
+            // Created before the check, so a change between the check and the await still wakes it.
+            let changed = self.changed.notified();
+            {
+                let st = self.lock();
+                if st.pause.is_zero() || st.priority == 0 {
+                    return;
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                tracing::debug!("stopped yielding to pod-driven calls: waited long enough");
+                return;
+            }
+        }
+    }
 
     /// Waits until the gate is open.
     async fn pass(&self) -> Duration {
         let start = Instant::now();
         loop {
-            let until = self.state.lock().expect("gate lock").until;
+            let until = self.lock().until;
             match until {
                 Some(t) if t > Instant::now() => tokio::time::sleep_until(t).await,
                 _ => return start.elapsed(),
@@ -279,7 +367,7 @@ impl ThrottleGate {
 
     /// How long until the gate opens (zero when open).
     fn remaining(&self) -> Duration {
-        let until = self.state.lock().expect("gate lock").until;
+        let until = self.lock().until;
         until.map_or(Duration::ZERO, |t| {
             t.saturating_duration_since(Instant::now())
         })
@@ -287,7 +375,7 @@ impl ThrottleGate {
 
     /// Records an attempt's outcome.
     fn observe(&self, throttled: bool) {
-        let mut st = self.state.lock().expect("gate lock");
+        let mut st = self.lock();
         if throttled {
             st.pause = (st.pause * 2).clamp(Self::FIRST_PAUSE, Self::MAX_PAUSE);
             let jittered = st.pause.mul_f64(rand::rng().random_range(0.5..=1.0));
@@ -299,6 +387,8 @@ impl ThrottleGate {
                 st.pause = Duration::ZERO;
             }
         }
+        drop(st);
+        self.changed.notify_waiters();
     }
 }
 
@@ -342,11 +432,32 @@ impl Limiter {
         }
     }
 
-    /// Wait out any throttling pause of `class`, then for a token, recording the wait.
-    pub async fn admit(&self, class: CallClass) {
-        let bucket = self.bucket(class);
-        let paused = self.gate(class).pass().await;
-        let waited = paused + bucket.acquire().await;
+    /// Wait out any throttling pause of `class` (then, while it recovers, for the other calls if
+    /// `purpose` yields, and for the probe), then for a token, recording the wait. The admission is
+    /// held until the attempt's outcome is recorded.
+    async fn admit(&self, class: CallClass, purpose: Purpose) -> Admission<'_> {
+        let (bucket, gate) = (self.bucket(class), self.gate(class));
+        let start = Instant::now();
+        let priority = (!purpose.yields()).then(|| gate.enter_priority());
+        gate.pass().await;
+        if purpose.yields() {
+            gate.yield_to_priority().await;
+        }
+        let probe = if gate.recovering() {
+            let permit = gate
+                .probe
+                .acquire()
+                .await
+                .expect("the probe is never closed");
+            // The probe before us may have been throttled again: wait out the new pause. If it
+            // succeeded and the gate recovered meanwhile, the permit goes on to the next in line.
+            gate.pass().await;
+            gate.recovering().then_some(permit)
+        } else {
+            None
+        };
+        bucket.acquire().await;
+        let waited = start.elapsed();
         if waited > Duration::ZERO {
             tracing::debug!(
                 bucket = bucket.name(),
@@ -355,9 +466,14 @@ impl Limiter {
             );
         }
         self.stats.record_limiter_wait(bucket.name(), waited);
+        Admission {
+            _probe: probe,
+            _priority: priority,
+        }
     }
 
-    /// One attempt: a token, then `call`, counted and timed under `api`. No retry.
+    /// One attempt: a token, then `call`, counted and timed under `api` and under the task's
+    /// [`Purpose`] ([`current_purpose`]). No retry.
     pub async fn attempt<T, Fut>(
         &self,
         api: &'static str,
@@ -367,13 +483,17 @@ impl Limiter {
     where
         Fut: Future<Output = CloudResult<T>>,
     {
-        self.admit(class).await;
+        let purpose = current_purpose();
+        let admission = self.admit(class, purpose).await;
         let start = Instant::now();
         let result = call.await;
         let outcome = Outcome::of(&result);
-        self.gate(class)
-            .observe(matches!(result, Err(CloudError::Throttled { .. })));
+        let throttled = matches!(result, Err(CloudError::Throttled { .. }));
+        self.gate(class).observe(throttled);
+        // Only now may the next probe go, and yielding callers look at the gate again.
+        drop(admission);
         self.stats.record_call(api, outcome, start.elapsed());
+        self.stats.record_purpose(purpose, api, throttled);
         if let Err(e) = &result {
             tracing::debug!(api, %outcome, error = %e, "EC2 call failed");
         }
@@ -669,6 +789,142 @@ mod tests {
         assert_eq!(
             CallClass::of_api("AttachNetworkInterface"),
             CallClass::Mutating
+        );
+    }
+
+    /// Throttles the mutating class once: the gate recovers (pause 500 ms, jittered 250..500 ms).
+    async fn throttle_once(l: &Limiter) {
+        let _: CloudResult<()> = l
+            .attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
+                Err(throttled())
+            })
+            .await;
+        assert!(l.mutating_gate.recovering());
+    }
+
+    /// One mutating attempt of `purpose` that takes `took`; returns when it started and ended.
+    async fn timed_attempt(l: &Limiter, purpose: Purpose, took: Duration) -> (Instant, Instant) {
+        crate::cloud::with_purpose(purpose, async {
+            l.attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
+                let started = Instant::now();
+                tokio::time::sleep(took).await;
+                Ok((started, Instant::now()))
+            })
+            .await
+            .unwrap()
+        })
+        .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_throttle_one_attempt_runs_at_a_time() {
+        let l = Arc::new(limiter(1, 60_000));
+        throttle_once(&l).await;
+        let (a, b) = tokio::join!(
+            timed_attempt(&l, Purpose::Pod, Duration::from_secs(1)),
+            timed_attempt(&l, Purpose::Pod, Duration::from_secs(1)),
+        );
+        let (first, second) = if a.0 <= b.0 { (a, b) } else { (b, a) };
+        assert!(second.0 >= first.1, "overlap: {first:?} {second:?}");
+        // The first one's success ended the recovery: attempts run side by side again.
+        assert!(!l.mutating_gate.recovering());
+        let start = Instant::now();
+        tokio::join!(
+            timed_attempt(&l, Purpose::Pod, Duration::from_secs(1)),
+            timed_attempt(&l, Purpose::Pod, Duration::from_secs(1)),
+        );
+        // Side by side (the bucket's 200 ms between tokens aside).
+        assert!(
+            start.elapsed() < Duration::from_millis(1_500),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_throttle_a_refill_waits_for_the_pods_call() {
+        let l = limiter(1, 60_000);
+        // Three throttles: a 2 s pause, which two successes only halve to 500 ms (still recovering).
+        for _ in 0..3 {
+            throttle_once(&l).await;
+        }
+        let secs = Duration::from_secs;
+        let after = |d: Duration, purpose| {
+            let l = &l;
+            async move {
+                tokio::time::sleep(d).await;
+                timed_attempt(l, purpose, secs(3)).await
+            }
+        };
+        // A pod's call is the probe; a refill, then another pod's call, arrive while it runs. The
+        // refill asked first, yet the pod's call goes first.
+        let (_, refill, pod) = tokio::join!(
+            after(Duration::ZERO, Purpose::Pod),
+            after(Duration::from_millis(2_100), Purpose::Refill),
+            after(Duration::from_millis(2_200), Purpose::Pod),
+        );
+        assert!(refill.0 >= pod.1, "refill {refill:?} pod {pod:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refill_yields_for_a_bounded_time_and_alone_goes_as_the_probe() {
+        let l = limiter(1, 60_000);
+        throttle_once(&l).await;
+        // Alone, a refill is the probe: it goes once the pause is over.
+        let start = Instant::now();
+        timed_attempt(&l, Purpose::GiveBack, Duration::ZERO).await;
+        assert!(
+            start.elapsed() <= Duration::from_millis(510),
+            "{:?}",
+            start.elapsed()
+        );
+        // A pod-driven call that never ends holds a refill back at most MAX_YIELD.
+        throttle_once(&l).await;
+        let _pod = l.mutating_gate.enter_priority();
+        let start = Instant::now();
+        timed_attempt(&l, Purpose::Refill, Duration::ZERO).await;
+        let waited = start.elapsed();
+        assert!(
+            waited >= ThrottleGate::MAX_YIELD
+                && waited <= ThrottleGate::MAX_YIELD + Duration::from_millis(510),
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ec2_calls_are_counted_by_purpose() {
+        let l = limiter(1, 60_000);
+        timed_attempt(&l, Purpose::Pod, Duration::ZERO).await;
+        let _: CloudResult<()> = crate::cloud::with_purpose(
+            Purpose::Refill,
+            l.attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
+                Err(throttled())
+            }),
+        )
+        .await;
+        // Unscoped: counted as reconcile. IMDS reads are not counted by purpose.
+        l.attempt("DescribeSubnets", CallClass::Describe, async { Ok(()) })
+            .await
+            .unwrap();
+        l.stats()
+            .record_call("imds:mac", Outcome::Ok, Duration::from_millis(1));
+        let s = l.stats().snapshot();
+        assert_eq!(s.purpose_calls(Purpose::Pod), 1);
+        assert_eq!(s.purpose_throttled(Purpose::Pod), 0);
+        assert_eq!(s.purpose_calls(Purpose::Refill), 1);
+        assert_eq!(s.purpose_throttled(Purpose::Refill), 1);
+        assert_eq!(s.purpose_calls(Purpose::Reconcile), 1);
+        assert_eq!(s.purpose_calls(Purpose::Startup), 0);
+        assert_eq!(s.by_purpose.len(), 3);
+        assert!(s.by_purpose.iter().all(|p| !p.api.starts_with("imds:")));
+        assert_eq!(
+            s.by_purpose[0],
+            crate::cloud::calls::PurposeSeries {
+                purpose: Purpose::Pod,
+                api: "AssignPrivateIpAddresses".into(),
+                calls: 1,
+                throttled: 0,
+            }
         );
     }
 

@@ -3,6 +3,9 @@
 //! - [`Cloud`]: the EC2 calls the pool needs, in domain types. Real implementation on `aws-sdk-ec2` in
 //!   [`ec2`]; every call passes the rate limiter and the retry policy in [`limiter`].
 //! - [`Metadata`]: IMDSv2, real implementation on the `aws-config` IMDS client in [`imds`].
+//! - [`Purpose`]: what a call is for (pod, refill, give-back, reconcile, startup), a task-local set
+//!   with [`with_purpose`] where the work starts; counted per call, and refills yield to pods under
+//!   throttling ([`purpose`]).
 //!
 //! Errors are classified once, here, into [`CloudError`]: callers decide on kinds (throttled, capacity,
 //! not found), never on strings.
@@ -23,6 +26,9 @@ pub mod imds;
 pub mod leak;
 pub mod lifecycle;
 pub mod limiter;
+pub mod purpose;
+
+pub use purpose::{Purpose, current_purpose, with_purpose};
 
 /// Tag keys eniipam writes on the ENIs it creates.
 pub mod tags {

@@ -23,11 +23,22 @@ pub struct ConfigError {
 /// when IPs are needed and deleted when they hold none.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
-    /// Idle IPs to keep ready (cooling ones count, sticky-reserved ones do not); below it the pool
-    /// tops up to [`PoolConfig::refill_target`] in one batch. Default 2.
+    /// How the warm levels are chosen within `[min_idle, max_idle]`: learned from this node's
+    /// demand (`adaptive`, the default) or fixed (see [`super::demand`]).
+    pub warm_policy: WarmPolicy,
+    /// Idle IPs always kept ready (cooling ones count, sticky-reserved ones do not): the floor of
+    /// the warm level. With the `fixed` policy, below it the pool tops up to
+    /// [`PoolConfig::refill_target`] in one batch. Default 2.
     pub min_idle: u32,
-    /// Idle IPs above which the longest-idle ones (past cooldown, not reserved) are given back. Default 10.
+    /// Idle IPs the pool never holds more of for long: the ceiling of the warm level; beyond it the
+    /// longest-idle IPs (past cooldown, not reserved) are given back. Default 16.
     pub max_idle: u32,
+    /// `fixed` policy only: IPs the node holds at least, pods included (the VPC CNI's
+    /// `MINIMUM_IP_TARGET`). Default 0.
+    pub minimum_ips: u32,
+    /// `adaptive` policy: how long after a burst its leftovers are held (up to its size), and how
+    /// long the node must be quiet before idle IPs go back down to the fill level. Default 10 min.
+    pub give_back_delay: Duration,
     /// Hard cap on the pod IPs the node holds; `None`: the instance type's limit. Default `None`.
     pub max_ips: Option<u32>,
     /// Cap on attached ENIs, eth0 included; `None`: the instance type's limit. Default `None`.
@@ -73,6 +84,46 @@ pub struct PoolConfig {
     pub lifecycle: LifecycleConfig,
 }
 
+/// How the warm levels are chosen (see [`super::demand`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WarmPolicy {
+    /// Learned from the node's pod starts and bursts, within `[min_idle, max_idle]`; given back
+    /// slowly after a burst and at once when the subnet is short.
+    #[default]
+    Adaptive,
+    /// Below `min_idle` top up to halfway to `max_idle`; give back above `max_idle` (and hold
+    /// `minimum_ips`, pods included).
+    Fixed,
+}
+
+impl WarmPolicy {
+    /// The name used in configuration and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarmPolicy::Adaptive => "adaptive",
+            WarmPolicy::Fixed => "fixed",
+        }
+    }
+}
+
+impl std::fmt::Display for WarmPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for WarmPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "adaptive" => Ok(WarmPolicy::Adaptive),
+            "fixed" => Ok(WarmPolicy::Fixed),
+            other => Err(format!("{other:?} is not adaptive or fixed")),
+        }
+    }
+}
+
 /// Addresses in one delegated prefix (`/28`).
 pub const PREFIX_ADDRESSES: u32 = 16;
 
@@ -108,8 +159,11 @@ impl PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
+            warm_policy: WarmPolicy::Adaptive,
             min_idle: 2,
-            max_idle: 10,
+            max_idle: 16,
+            minimum_ips: 0,
+            give_back_delay: Duration::from_secs(10 * 60),
             max_ips: None,
             max_enis: None,
             reuse_cooldown: Duration::from_secs(30),
@@ -146,6 +200,18 @@ impl PoolConfig {
                     "({}) must not exceed max_idle ({})",
                     self.min_idle, self.max_idle
                 ),
+            );
+        }
+        if self.minimum_ips > 10_000 {
+            return bad(
+                "minimum_ips",
+                format!("({}) must be at most 10000", self.minimum_ips),
+            );
+        }
+        if self.give_back_delay > Duration::from_secs(24 * 3600) {
+            return bad(
+                "give_back_delay",
+                format!("({:?}) must be at most 24h", self.give_back_delay),
             );
         }
         if self.max_ips == Some(0) {

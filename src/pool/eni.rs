@@ -7,6 +7,10 @@
 //! senders; a failed call is answered to every waiter of the batch and moves the ENI into
 //! [`EniPhase::BackingOff`]. Commands carry the caller's tracing span and enqueue time, so a slow
 //! batch shows up in the trace of each pod that waited on it.
+//!
+//! The actor sets each call's [`Purpose`]: an assign batch with a pod in it is `Pod`, one of
+//! warm-ups only `Refill`; unassign and release are `GiveBack` (they yield to pod-driven calls
+//! while EC2 throttles the node, see [`crate::cloud::limiter`]).
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -23,7 +27,7 @@ use ipnet::Ipv4Net;
 
 use super::state::AssignPlan;
 use super::{Allocation, AttachmentMeta, PoolError, Shared};
-use crate::cloud::{ADDRESS_IN_USE, CloudError, EniFilter};
+use crate::cloud::{ADDRESS_IN_USE, CloudError, EniFilter, Purpose, with_purpose};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
 /// How often the actor re-reads IMDS while waiting for freshly assigned IPs to show.
@@ -283,19 +287,30 @@ impl EniActor {
             );
         }
         if !batch.pods.is_empty() || batch.warm > 0 {
-            self.assign(batch.pods, batch.warm, batch.warm_replies)
-                .await;
+            let purpose = if batch.pods.is_empty() {
+                Purpose::Refill
+            } else {
+                Purpose::Pod
+            };
+            with_purpose(
+                purpose,
+                self.assign(batch.pods, batch.warm, batch.warm_replies),
+            )
+            .await;
         }
         if !batch.unassign.is_empty() {
-            self.unassign(
-                batch.unassign,
-                batch.unassign_prefixes,
-                batch.unassign_replies,
+            with_purpose(
+                Purpose::GiveBack,
+                self.unassign(
+                    batch.unassign,
+                    batch.unassign_prefixes,
+                    batch.unassign_replies,
+                ),
             )
             .await;
         }
         match batch.release {
-            Some(reply) => self.release(reply).await,
+            Some(reply) => with_purpose(Purpose::GiveBack, self.release(reply)).await,
             None => Flow::Continue,
         }
     }

@@ -9,6 +9,9 @@
 //! create never stalls the next round. A burst that needs several new ENIs gets them in parallel (each
 //! carrying its waiters' IPs), bounded by `max_concurrent_eni_creates`; warming alone creates one at
 //! a time per subnet.
+//!
+//! A create's EC2 calls (the subnet describe included) are `Pod` calls when the ENI carries waiters,
+//! `Refill` when it only warms ([`Purpose`]); warm-ups and give-backs get theirs in the ENI actors.
 
 use std::sync::Arc;
 
@@ -21,7 +24,7 @@ use super::eni::{EniCommand, EniHandle};
 use super::state::CreatePlan;
 use super::{PoolError, Shared};
 use crate::cloud::lifecycle::{NewEni, SECURITY_GROUPS_TAG, Slots};
-use crate::cloud::{ADDRESS_IN_USE, CloudError};
+use crate::cloud::{ADDRESS_IN_USE, CloudError, Purpose, with_purpose};
 
 /// Extra coalescing before the first ENI creation of a burst (on top of `batch_window`).
 const CREATE_COALESCE: std::time::Duration = std::time::Duration::from_millis(40);
@@ -147,7 +150,15 @@ fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> 
         }));
     }
     for c in plan.creates {
-        tasks.push(tokio::spawn(create(shared.clone(), c, creates.clone())));
+        let purpose = if c.waiters.is_empty() {
+            Purpose::Refill
+        } else {
+            Purpose::Pod
+        };
+        tasks.push(tokio::spawn(with_purpose(
+            purpose,
+            create(shared.clone(), c, creates.clone()),
+        )));
     }
     for (eni, handle) in plan.releases {
         let shared = shared.clone();

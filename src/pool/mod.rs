@@ -9,8 +9,10 @@
 //!   reuse cooldown and sticky reservations.
 //! - `eni`: one actor per attached ENI with its bounded ipBacklog; it batches what it receives
 //!   within a short window into ONE assign (or unassign) call and answers every waiter.
-//! - `maintainer`: keeps idle IPs within `[min_idle, max_idle]` in batches, creates an ENI (with
-//!   its IPs in the create call) when every ENI is full, releases ENIs that hold no IP.
+//! - [`demand`]: the adaptive warm pool: the node's recent pod starts and bursts, and the warm
+//!   levels (top up below, fill to, give back beyond) that follow, within `[min_idle, max_idle]`.
+//! - `maintainer`: keeps idle IPs at those levels in batches, creates an ENI (with its IPs in the
+//!   create call) when every ENI is full, releases ENIs that hold no IP.
 //! - `state`: the bookkeeping every part reads and writes under one lock, in short critical
 //!   sections that never await; every routing decision is made there.
 //! - [`slots`]: single IPs or `/28` prefixes, and the dense packing of single addresses.
@@ -36,6 +38,7 @@ use crate::model::{AttachmentKey, EniId, PodRef};
 
 pub mod capacity;
 pub mod config;
+pub mod demand;
 mod eni;
 pub mod error;
 pub mod idle;

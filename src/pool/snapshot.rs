@@ -9,6 +9,7 @@ use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
 use super::AttachmentMeta;
+use super::config::WarmPolicy;
 use super::eni::EniPhase;
 use super::error::ExhaustionReason;
 use super::state::{EniRole, PoolState, SubnetBackoffKind};
@@ -46,6 +47,13 @@ pub struct PoolSnapshot {
     pub creating_enis: u32,
     pub min_idle: u32,
     pub max_idle: u32,
+    /// The warm policy in force.
+    pub warm_policy: WarmPolicy,
+    /// The warm levels now (see [`super::demand`]): the pool tops up when idle IPs fall below
+    /// `warm_target`, fills to `warm_fill`, gives back beyond `warm_keep`.
+    pub warm_target: u32,
+    pub warm_fill: u32,
+    pub warm_keep: u32,
     /// ENIs the node may have, eth0 included.
     pub max_enis: u32,
     /// Pod IPs per ENI.
@@ -182,6 +190,7 @@ pub struct SubnetBackoffSnapshot {
 impl PoolState {
     /// The view at `now`.
     pub fn snapshot(&self, now: Instant) -> PoolSnapshot {
+        let levels = self.warm_levels(now);
         let mut enis: Vec<EniSnapshot> = self
             .enis
             .values()
@@ -286,6 +295,10 @@ impl PoolState {
             creating_enis: self.creating.len() as u32,
             min_idle: self.config.min_idle,
             max_idle: self.config.max_idle,
+            warm_policy: self.config.warm_policy,
+            warm_target: levels.low,
+            warm_fill: levels.fill,
+            warm_keep: levels.keep,
             max_enis: self.max_enis,
             ips_per_eni: self.per_eni,
             enis,

@@ -96,6 +96,10 @@ impl pb::introspect_server::Introspect for IntrospectService {
                 .err()
                 .unwrap_or_default(),
             quarantined: s.quarantined,
+            warm_policy: s.warm_policy.to_string(),
+            warm_target: s.warm_target,
+            warm_fill: s.warm_fill,
+            warm_keep: s.warm_keep,
         }))
     }
 

@@ -9,15 +9,19 @@ use std::time::Duration;
 use eniipam::cloud::lifecycle::{EniLifecycle, LifecycleConfig};
 use eniipam::cloud::{Metadata, NodeContext};
 use eniipam::model::{AttachmentKey, EniId, PodRef};
+use eniipam::pool::config::WarmPolicy;
 use eniipam::pool::{Allocation, Pool, PoolConfig, PoolError, PoolSeed};
 use memory_cloud::{MemoryCloud, NodeSpec};
 
-/// A config that leaves the pool alone unless a test says otherwise: no warm pool, a high ceiling,
-/// a tick far away (tests drive rounds with `maintain_now`). eth0 does not serve pods, so the
+/// A config that leaves the pool alone unless a test says otherwise: no warm pool (the `fixed`
+/// policy with `min_idle` 0, so a burst of acquires does not warm more; tests/pool_adaptive.rs
+/// tests the adaptive default), a high ceiling, a tick far away (tests drive rounds with
+/// `maintain_now`). eth0 does not serve pods, so the
 /// secondary-ENI mechanics (create, attach, give back, delete) are what a burst exercises; the
 /// tests of eth0 and of prefix delegation start from [`eth0_config`] and [`prefix_config`].
 pub fn quiet_config() -> PoolConfig {
     PoolConfig {
+        warm_policy: WarmPolicy::Fixed,
         min_idle: 0,
         max_idle: 100,
         maintainer_tick: Duration::from_secs(3600),

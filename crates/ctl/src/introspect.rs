@@ -173,6 +173,7 @@ fn pool_json(p: &pb::PoolReply) -> serde_json::Value {
     json!({
         "instance_id": p.instance_id, "instance_type": p.instance_type, "ready": p.ready,
         "capacity": p.capacity, "tokens_in_use": p.tokens_in_use, "min_idle": p.min_idle, "max_idle": p.max_idle,
+        "warm_policy": p.warm_policy, "warm_target": p.warm_target, "warm_fill": p.warm_fill, "warm_keep": p.warm_keep,
         "idle": p.idle, "assigned": p.assigned, "cooling": p.cooling, "sticky": p.sticky, "in_flight": p.in_flight,
         "exhausted": p.exhausted, "exhausted_reason": p.exhausted_reason,
         "backoffs": p.backoffs.iter().map(|b| json!({"scope": b.scope, "reason": b.reason, "remaining_ms": b.remaining_ms})).collect::<Vec<_>>(),
@@ -232,8 +233,8 @@ fn print_pool(p: &pb::PoolReply) {
         p.assigned, p.idle, p.cooling, p.sticky, p.in_flight
     );
     println!(
-        "warm pool: min_idle {}, max_idle {}",
-        p.min_idle, p.max_idle
+        "warm pool: {} policy, min_idle {}, max_idle {}; now: top up below {}, fill to {}, give back beyond {}",
+        p.warm_policy, p.min_idle, p.max_idle, p.warm_target, p.warm_fill, p.warm_keep
     );
     if p.exhausted {
         println!("EXHAUSTED: {}", p.exhausted_reason);

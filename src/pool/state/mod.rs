@@ -31,6 +31,7 @@ use tokio::time::Instant;
 
 use super::capacity::{CapacityTokens, node_capacity};
 use super::config::PREFIX_ADDRESSES;
+use super::demand::{Demand, NodeLoad, WarmLevels};
 use super::eni::{EniHandle, EniPhase, Waiter};
 use super::error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
 use super::idle::{IdleEntry, IdleQueue, IdleRefusal, Reservation};
@@ -97,6 +98,8 @@ pub(crate) struct SubnetRecord {
     pub backoff: Option<SubnetBackoff>,
     /// With prefix delegation: EC2 found no free `/28` here; single packed addresses until then.
     pub no_prefix: Option<PrefixBackoff>,
+    /// `subnet.available_ips` came from EC2 (a record built from IMDS alone has no count).
+    pub free_known: bool,
 }
 
 /// A subnet without a free `/28` for now.
@@ -112,6 +115,7 @@ impl SubnetRecord {
             subnet,
             backoff: None,
             no_prefix: None,
+            free_known: false,
         }
     }
 }
@@ -251,6 +255,8 @@ pub(crate) struct PoolState {
     pub held_back: BTreeMap<Ipv4Addr, IdleEntry>,
     /// Warm-up IPs asked for and not arrived.
     pub warming: u32,
+    /// The node's recent pod starts, for the adaptive warm levels.
+    pub demand: Demand,
     /// ENIs the node may have, eth0 included.
     pub max_enis: u32,
     /// Slots per ENI (IPv4 per ENI − 1: the primary is not used); a slot is one address, or a
@@ -372,6 +378,28 @@ impl PoolState {
         self.enis.values().any(|r| r.phase == EniPhase::Draining)
     }
 
+    /// The warm levels of the configured policy at `now` (see [`super::demand`]).
+    pub fn warm_levels(&self, now: Instant) -> WarmLevels {
+        // Short: every pod subnet EC2 told us about has under a tenth of its addresses free.
+        let known: Vec<&Subnet> = self
+            .pod_subnets
+            .iter()
+            .filter_map(|id| self.subnets.get(id))
+            .filter(|r| r.free_known)
+            .filter_map(|r| r.subnet.as_ref())
+            .collect();
+        let subnet_short = !known.is_empty()
+            && known.iter().all(|s| {
+                let size = 1u64 << (32 - u32::from(s.cidr.prefix_len()));
+                u64::from(s.available_ips) * 10 < size
+            });
+        let load = NodeLoad {
+            in_use: self.allocations.len() as u32,
+            subnet_short,
+        };
+        super::demand::warm_levels(&self.config, &self.demand, load, now)
+    }
+
     /// An exhausted-subnet error for `subnet_id` if it is backing off as exhausted at `now`.
     fn subnet_exhausted(&self, subnet_id: &str, now: Instant) -> Option<PoolError> {
         let b = self.subnets.get(subnet_id)?.backoff.as_ref()?;
@@ -478,10 +506,12 @@ impl PoolState {
     /// Records a subnet description fetched before a create.
     pub fn learn_subnet(&mut self, subnet: Subnet) {
         let id = subnet.id.clone();
-        self.subnets
+        let r = self
+            .subnets
             .entry(id)
-            .or_insert_with(|| SubnetRecord::new(None))
-            .subnet = Some(subnet);
+            .or_insert_with(|| SubnetRecord::new(None));
+        r.subnet = Some(subnet);
+        r.free_known = true;
     }
 
     /// Checks the token accounting; `Err` describes the mismatch.

@@ -1,5 +1,5 @@
-//! The maintainer's plan for one round: serve waiters for a new ENI, top up below `min_idle`, create
-//! ENIs, give back beyond `max_idle`, release empty ENIs.
+//! The maintainer's plan for one round: serve waiters for a new ENI, top up below the warm level,
+//! create ENIs, give back beyond it, release empty ENIs.
 
 use super::*;
 
@@ -23,8 +23,8 @@ impl PoolState {
         self.create_waiters = kept;
     }
 
-    /// Plans one maintainer round: serve waiters for a new ENI, top up below `min_idle`, give back
-    /// beyond `max_idle` (past cooldown, not reserved, longest idle first, one unassign per ENI),
+    /// Plans one maintainer round: serve waiters for a new ENI, top up below the warm level, give
+    /// back beyond it (past cooldown, not reserved, longest idle first, one unassign per ENI),
     /// create the ENIs the waiters need (in parallel; warming alone creates one per subnet), release empty ENIs nobody needs.
     pub fn plan_round(&mut self, now: Instant) -> RoundPlan {
         let mut plan = RoundPlan::default();
@@ -72,12 +72,13 @@ impl PoolState {
             }
         }
 
-        // 2. Below min_idle, top up on ENIs with room — to halfway between min_idle and max_idle,
-        //    not just to min_idle, so a trickle of pods costs one assign call per few pods rather
-        //    than one per pod, and churn has room below max_idle before a give-back.
+        // 2. Below the warm level, top up on ENIs with room — to the fill level, not just to the
+        //    low mark, so a trickle of pods costs one assign call per few pods rather than one per
+        //    pod, and churn has room below the give-back level (see `pool::demand`).
+        let levels = self.warm_levels(now);
         let have = self.idle.unreserved(now) + self.warming;
-        let mut deficit = if have < self.config.min_idle {
-            self.config.refill_target().saturating_sub(have)
+        let mut deficit = if have < levels.low {
+            levels.fill.saturating_sub(have)
         } else {
             0
         };
@@ -225,11 +226,12 @@ impl PoolState {
             });
         }
 
-        // 4. Give back beyond max_idle, only when nothing is waiting or warming.
+        // 4. Give back beyond the keep level (down to its target), only when nothing is waiting or
+        //    warming.
         let quiet = self.create_waiters.is_empty() && self.creating.is_empty() && self.warming == 0;
         let unreserved = self.idle.unreserved(now);
-        if quiet && unreserved > self.config.max_idle {
-            let excess = (unreserved - self.config.max_idle) as usize;
+        if quiet && unreserved > levels.keep {
+            let excess = (unreserved - levels.down_to.min(levels.keep)) as usize;
             let candidates: Vec<(Ipv4Addr, EniId)> = self
                 .idle
                 .give_back_candidates(now)

@@ -41,6 +41,8 @@ impl PoolState {
             p.followers.push(tx);
             return Route::Wait(rx);
         }
+        // A new pod start (not a retry of an attachment held or in flight): the demand learns it.
+        self.demand.record_start(now);
         if let Some(key) = req.sticky_key.as_deref()
             && let Some(entry) = self.idle.pop_for_key(key, now, req.prefer)
         {

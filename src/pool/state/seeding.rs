@@ -30,6 +30,7 @@ impl PoolState {
             quarantined: BTreeMap::new(),
             held_back: BTreeMap::new(),
             warming: 0,
+            demand: Demand::default(),
             max_enis,
             per_eni,
             pod_subnets: if node.pod_subnets.is_empty() {
@@ -43,11 +44,7 @@ impl PoolState {
             node,
         };
         for subnet in st.node.pod_subnets.clone() {
-            let id = subnet.id.clone();
-            st.subnets
-                .entry(id)
-                .or_insert_with(|| SubnetRecord::new(None))
-                .subnet = Some(subnet);
+            st.learn_subnet(subnet);
         }
         let mut ip_owner: HashMap<Ipv4Addr, EniId> = HashMap::new();
         let mut by_index: HashMap<u32, EniId> = HashMap::new();
