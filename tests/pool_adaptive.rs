@@ -177,3 +177,42 @@ async fn the_fixed_policy_keeps_minimum_ips_pods_included() {
     assert_eq!((s.assigned, s.idle), (5, 2), "five pods: min_idle rules");
     n.pool.check_invariants().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn ips_still_cooling_do_not_push_warm_ones_back_to_ec2() {
+    let config = PoolConfig {
+        min_idle: 2,
+        max_idle: 4,
+        ..adaptive()
+    };
+    let n = start(config, NodeSpec::default()).await;
+    n.pool.maintain_now().await.unwrap();
+    for r in acquire_many(&n.pool, 0..6).await {
+        r.unwrap();
+    }
+    n.pool.maintain_now().await.unwrap();
+    assert_eq!(
+        n.pool.snapshot().idle,
+        4,
+        "warmed to max_idle for the burst"
+    );
+    // All six pods go at once: six IPs cool down beside four warm ones.
+    for i in 0..6 {
+        n.pool.release(&key(i), false).unwrap();
+    }
+    advance(Duration::from_secs(1)).await;
+    n.pool.maintain_now().await.unwrap();
+    let s = n.pool.snapshot();
+    assert_eq!((s.idle, s.cooling), (10, 6), "{s:?}");
+    assert_eq!(
+        n.cloud.call_count(Action::UnassignPrivateIpAddresses),
+        0,
+        "the cooling IPs are on their way back into service: the warm ones stay"
+    );
+    // Past the cooldown the surplus goes back, down to max_idle.
+    advance(Duration::from_secs(30)).await;
+    n.pool.maintain_now().await.unwrap();
+    assert_eq!(n.pool.snapshot().idle, 4);
+    assert!(n.cloud.call_count(Action::UnassignPrivateIpAddresses) >= 1);
+    n.pool.check_invariants().unwrap();
+}

@@ -40,7 +40,8 @@ enum Scenario {
     Startup,
     /// Peak RSS of eniipamd (full m5.24xlarge) and of the plugin.
     Memory,
-    /// 500 simulated nodes against one mockcloud, 20 pods each, vs the AWS VPC CNI's warm policy.
+    /// 500 simulated nodes against one mockcloud on simulated time: traffic patterns under eniipam's
+    /// and the AWS VPC CNI's warm policies (`--fleet-patterns`, `--fleet-policies`).
     Fleet,
     /// Whole /28s left for prefixes after single-address churn: packed picks vs EC2's.
     Fragmentation,
@@ -88,12 +89,16 @@ struct Args {
     /// Scenario `fleet`: how many nodes.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=2000))]
     nodes: u32,
-    /// Scenario `fleet`: repetitions (each runs both policies on a whole fleet: minutes each).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
-    fleet_runs: u32,
-    /// Scenario `fleet`: pods scheduled onto each node in the scale-up.
+    /// Scenario `fleet`: pods scheduled onto each node in the scale-up (and down-up).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=40))]
     pods_per_node: u32,
+    /// Scenario `fleet`: traffic patterns, `all` or a comma list of scale-up, churn, down-up, mixed.
+    #[arg(long, default_value = "all", value_parser = scenarios::fleet::parse_patterns)]
+    fleet_patterns: std::collections::BTreeSet<scenarios::fleet::Pattern>,
+    /// Scenario `fleet`: warm-pool policies, `all` or a comma list of eniipam, eniipam-pd, warm-eni,
+    /// warm-ip, warm-prefix (the last three: the AWS VPC CNI's, emulated).
+    #[arg(long, default_value = "all", value_parser = scenarios::fleet::parse_policies)]
+    fleet_policies: std::collections::BTreeSet<scenarios::fleet::Policy>,
     /// Do not build eniipam/eniipamd first (use the binaries already next to this one).
     #[arg(long)]
     no_build: bool,
@@ -104,7 +109,8 @@ struct Args {
     #[arg(long)]
     soak_steps: Option<u64>,
     /// Scenario `soak`: the seed of the fault schedule, the pods and mockcloud's addresses (default:
-    /// from the clock; printed, so a run can be repeated).
+    /// from the clock; printed, so a run can be repeated). Scenario `fleet`: the seed of the traffic
+    /// and of mockcloud's addresses (default 17).
     #[arg(long)]
     seed: Option<u64>,
     /// Scenario `soak`: 1 or 2 networks (conflists).
@@ -127,9 +133,7 @@ fn parse_faults(s: &str) -> Result<std::collections::BTreeSet<soak::faults::Faul
 /// What every scenario gets.
 pub struct Ctx {
     pub runs: usize,
-    pub fleet_nodes: usize,
-    pub fleet_pods: u32,
-    pub fleet_runs: usize,
+    pub fleet: scenarios::fleet::FleetArgs,
     pub soak: scenarios::soak::SoakArgs,
 }
 
@@ -171,11 +175,24 @@ fn run(args: Args) -> anyhow::Result<bool> {
         }
         v
     };
+    let out = args.out.clone().unwrap_or_else(|| {
+        if chosen == [Scenario::Soak] {
+            PathBuf::from("bench/results/soak")
+        } else {
+            PathBuf::from("bench/results")
+        }
+    });
     let ctx = Ctx {
         runs: args.runs as usize,
-        fleet_nodes: args.nodes as usize,
-        fleet_pods: args.pods_per_node,
-        fleet_runs: args.fleet_runs as usize,
+        fleet: scenarios::fleet::FleetArgs {
+            nodes: args.nodes as usize,
+            pods_per_node: args.pods_per_node,
+            patterns: args.fleet_patterns.clone(),
+            policies: args.fleet_policies.clone(),
+            seed: args.seed.unwrap_or(scenarios::fleet::DEFAULT_SEED),
+            out: out.clone(),
+            out_given: args.out.clone(),
+        },
         soak: scenarios::soak::SoakArgs {
             minutes: args.minutes,
             steps: args.soak_steps,
@@ -211,7 +228,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
                 Scenario::ColdBurst => scenarios::cold_burst::run(&ctx).await,
                 Scenario::Startup => scenarios::startup::run(&ctx).await,
                 Scenario::Memory => scenarios::memory::run(&ctx).await,
-                Scenario::Fleet => scenarios::fleet::run(&ctx).await,
+                Scenario::Fleet => scenarios::fleet::run(&ctx.fleet).await,
                 Scenario::Fragmentation => scenarios::fragmentation::run(&ctx).await,
                 Scenario::Soak => scenarios::soak::run(&ctx.soak).await,
                 Scenario::All => unreachable!("expanded above"),
@@ -231,13 +248,6 @@ fn run(args: Args) -> anyhow::Result<bool> {
     }
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
 
-    let out = args.out.clone().unwrap_or_else(|| {
-        if chosen == [Scenario::Soak] {
-            PathBuf::from("bench/results/soak")
-        } else {
-            PathBuf::from("bench/results")
-        }
-    });
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let png = out.join("latency.png");
     let plotted = match plot::draw(&reports, &png) {

@@ -23,7 +23,7 @@ const FONT_CANDIDATES: &[&str] = &[
 ];
 
 /// Registers a system font as plotters' "sans-serif"; whether text can be drawn.
-fn fonts() -> bool {
+pub fn fonts() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
         for path in FONT_CANDIDATES {

@@ -47,8 +47,10 @@ pub enum Anchor {
 pub enum Target {
     AtMost(f64),
     AtLeast(f64),
-    /// ours / anchor ≤ r.
+    /// ours / anchor ≤ r (both zero counts as met).
     RatioAtMost(f64),
+    /// ours ≤ anchor + d.
+    AtMostAnchorPlus(f64),
     /// Reported for information.
     Info,
 }
@@ -130,6 +132,20 @@ impl Row {
                 100.0 * v / t,
                 u.format(t - v)
             )),
+            Target::RatioAtMost(_) if self.anchor_value() == Some(0.0) => {
+                if v <= 0.0 {
+                    Verdict::Met("yes (both 0)".into())
+                } else {
+                    Verdict::Missed("NO: the anchor is 0".into())
+                }
+            }
+            Target::AtMostAnchorPlus(d) => match self.anchor_value() {
+                None => Verdict::NotApplicable,
+                Some(a) if v <= a + d => {
+                    Verdict::Met(format!("yes ({} to spare)", u.format(a + d - v)))
+                }
+                Some(a) => Verdict::Missed(format!("NO: +{} over the limit", u.format(v - a - d))),
+            },
             Target::RatioAtMost(r) => match self.ratio() {
                 None => Verdict::NotApplicable,
                 Some(x) if x <= r => Verdict::Met(format!("yes (ratio {x:.2})")),
@@ -144,6 +160,7 @@ impl Row {
             Target::AtMost(t) => format!("≤ {}", self.unit.format(t)),
             Target::AtLeast(t) => format!("≥ {}", self.unit.format(t)),
             Target::RatioAtMost(r) => format!("≤ {r} × anchor"),
+            Target::AtMostAnchorPlus(d) => format!("≤ anchor + {}", self.unit.format(d)),
         }
     }
 }
@@ -274,5 +291,30 @@ mod tests {
             Verdict::Missed("NO: ratio 0.75, ×1.50 the limit".into())
         );
         assert_eq!(row(1.0).verdict(), Verdict::NotApplicable);
+        let anchored = |v: f64, a: f64, t: Target| {
+            row(v)
+                .anchor(Anchor::Measured {
+                    name: "a".into(),
+                    value: a,
+                })
+                .target(t)
+                .verdict()
+        };
+        assert!(matches!(
+            anchored(0.0, 0.0, Target::RatioAtMost(0.1)),
+            Verdict::Met(_)
+        ));
+        assert!(matches!(
+            anchored(1.0, 0.0, Target::RatioAtMost(0.1)),
+            Verdict::Missed(_)
+        ));
+        assert!(matches!(
+            anchored(2.9, 2.0, Target::AtMostAnchorPlus(1.0)),
+            Verdict::Met(_)
+        ));
+        assert!(matches!(
+            anchored(3.1, 2.0, Target::AtMostAnchorPlus(1.0)),
+            Verdict::Missed(_)
+        ));
     }
 }

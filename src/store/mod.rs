@@ -19,6 +19,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -33,6 +34,21 @@ use task::{Command, Request};
 
 /// How many commands may wait for the owner thread before callers wait to enqueue.
 const QUEUE_DEPTH: usize = 256;
+
+/// Whether store calls hold a paused tokio clock while they wait (see [`hold_the_clock_on_disk_waits`]).
+static HOLD_THE_CLOCK: AtomicBool = AtomicBool::new(false);
+
+/// For simulations on a paused clock (a `current_thread` runtime built with `start_paused(true)`, or
+/// `tokio::time::pause`), process-wide; off by default.
+///
+/// The owner thread answers outside the runtime, so while a call waits for it the runtime sees no
+/// work and a paused clock auto-advances to the next timer: simulated time jumps ahead by however
+/// long that timer was away, once per disk write. When on, each call waits for its answer inside
+/// `tokio::task::spawn_blocking`, and tokio does not auto-advance a paused clock while a blocking
+/// task runs. It costs a blocking-pool thread per call in flight; leave it off in the daemon.
+pub fn hold_the_clock_on_disk_waits(on: bool) {
+    HOLD_THE_CLOCK.store(on, Ordering::Relaxed);
+}
 
 /// A cloneable handle to the store's owner thread.
 ///
@@ -337,8 +353,9 @@ impl Store {
         }
     }
 
-    /// Sends one request to the owner thread and waits for its answer.
-    async fn call<T>(
+    /// Sends one request to the owner thread and waits for its answer (holding a paused clock while
+    /// it waits when [`hold_the_clock_on_disk_waits`] is on).
+    async fn call<T: Send + 'static>(
         &self,
         request: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Request,
     ) -> Result<T, StoreError> {
@@ -347,6 +364,42 @@ impl Store {
             .send(Command::new(request(respond_to)))
             .await
             .map_err(|_| StoreError::Closed)?;
+        if HOLD_THE_CLOCK.load(Ordering::Relaxed) {
+            return tokio::task::spawn_blocking(move || response.blocking_recv())
+                .await
+                .map_err(|_| StoreError::Closed)?
+                .map_err(|_| StoreError::Closed)?;
+        }
         response.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// With the switch on, a paused clock stays put while the owner thread answers: a timer an hour
+    /// ahead is not reached because a call waited on the disk.
+    #[test]
+    fn a_held_clock_does_not_move_while_the_store_answers() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let store = Store::open_in_memory().await.expect("store");
+            let _far = tokio::spawn(tokio::time::sleep(Duration::from_secs(3600)));
+            hold_the_clock_on_disk_waits(true);
+            let before = tokio::time::Instant::now();
+            for _ in 0..50 {
+                store.load().await.expect("load");
+            }
+            let after = tokio::time::Instant::now();
+            hold_the_clock_on_disk_waits(false);
+            assert_eq!(after, before);
+        });
     }
 }

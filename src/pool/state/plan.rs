@@ -229,9 +229,15 @@ impl PoolState {
         // 4. Give back beyond the keep level (down to its target), only when nothing is waiting or
         //    warming.
         let quiet = self.create_waiters.is_empty() && self.creating.is_empty() && self.warming == 0;
-        let unreserved = self.idle.unreserved(now);
-        if quiet && unreserved > levels.keep {
-            let excess = (unreserved - levels.down_to.min(levels.keep)) as usize;
+        // IPs still cooling are on their way back into service (at a high churn a steady
+        // rate × cooldown of them): they do not count toward the give-back level, or each released
+        // IP would go back to EC2 as it cooled and each new pod would pay an assign for another.
+        let spare = self
+            .idle
+            .unreserved(now)
+            .saturating_sub(self.idle.cooling(now));
+        if quiet && spare > levels.keep {
+            let excess = (spare - levels.down_to.min(levels.keep)) as usize;
             let candidates: Vec<(Ipv4Addr, EniId)> = self
                 .idle
                 .give_back_candidates(now)

@@ -1,0 +1,293 @@
+//! The fleet's traffic patterns: which pod starts on which node when, and how long it lives. A plan
+//! is drawn once from a seeded RNG, so every policy of a run, and every run with the same seed, sees
+//! the same pods at the same instants.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A scale-up's pods start at uniformly random instants within this window (the scheduler binding
+/// them; a cluster-wide scale-up does not reach every node in the same millisecond).
+pub const SPREAD: Duration = Duration::from_secs(10);
+/// How long the scale-up patterns are watched (extended while pods still wait).
+const SCALE_UP_WINDOW: Duration = Duration::from_secs(5 * 60);
+/// Churn: pods per node in steady state (arrival rate × mean lifetime), present before it starts.
+pub const CHURN_STEADY: u32 = 30;
+/// Churn: one pod start per node per this long, on average (Poisson arrivals).
+pub const CHURN_MEAN_GAP: Duration = Duration::from_secs(10);
+/// Churn: how long it runs.
+pub const CHURN_WINDOW: Duration = Duration::from_secs(30 * 60);
+/// Churn: a pod lives a uniformly random time in this range after it has its IP.
+pub const CHURN_LIFE: (Duration, Duration) =
+    (Duration::from_secs(2 * 60), Duration::from_secs(8 * 60));
+/// Down-up: the first scale-up's pods are released this long after it starts.
+pub const DOWN_AFTER: Duration = Duration::from_secs(10 * 60);
+/// Down-up: the quiet hour between the release and the second scale-up.
+pub const QUIET: Duration = Duration::from_secs(60 * 60);
+/// Down-up: how long the second scale-up is watched.
+pub const SECOND_WATCH: Duration = Duration::from_secs(10 * 60);
+/// Mixed: every this-many-th node is a busy one.
+pub const MIXED_EVERY: usize = 10;
+/// Mixed: pods on a busy node, and on each other node.
+pub const MIXED_PODS: (u32, u32) = (36, 1);
+
+/// A traffic pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Pattern {
+    /// `--pods-per-node` pods on every node, starting within 10 s, on a booted and settled fleet.
+    ScaleUp,
+    /// 30 pods per node already running, then 30 min of Poisson arrivals (one per node per 10 s on
+    /// average), each pod living 2–8 min.
+    Churn,
+    /// The scale-up; its pods released 10 min later; an hour of quiet; the same scale-up again,
+    /// watched for 10 min: did the pool give back, and how fast does it come back.
+    DownUp,
+    /// Every 10th node takes 36 pods, every other node 1, within 10 s: 10 % of the nodes take ~80 %
+    /// of the pods.
+    Mixed,
+}
+
+impl Pattern {
+    pub const ALL: [Pattern; 4] = [
+        Pattern::ScaleUp,
+        Pattern::Churn,
+        Pattern::DownUp,
+        Pattern::Mixed,
+    ];
+
+    /// The name on the command line, in the tables and in file names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pattern::ScaleUp => "scale-up",
+            Pattern::Churn => "churn",
+            Pattern::DownUp => "down-up",
+            Pattern::Mixed => "mixed",
+        }
+    }
+
+    /// Whether the pattern ends with every pod of its last wave served (so "time until every pod has
+    /// an IP" means something); churn never does.
+    pub fn has_finish(self) -> bool {
+        self != Pattern::Churn
+    }
+
+    /// The pods, drawn from `seed`.
+    pub fn plan(self, nodes: usize, pods_per_node: u32, seed: u64) -> Plan {
+        // One stream per pattern, so the scale-up of `all` is the same as the scale-up alone.
+        let mut rng = StdRng::seed_from_u64(seed ^ (self as u64 + 1).wrapping_mul(0x9E37_79B9));
+        let mut pods = Vec::new();
+        let mut prepopulated = Vec::new();
+        let window;
+        let mut waves = vec![Duration::ZERO];
+        let scale_up = |rng: &mut StdRng, pods: &mut Vec<PodPlan>, at: Duration, wave: u8| {
+            for node in 0..nodes {
+                let n = match self {
+                    Pattern::Mixed if node % MIXED_EVERY == 0 => MIXED_PODS.0,
+                    Pattern::Mixed => MIXED_PODS.1,
+                    _ => pods_per_node,
+                };
+                for _ in 0..n {
+                    pods.push(PodPlan {
+                        node,
+                        start: at + SPREAD.mul_f64(rng.random::<f64>()),
+                        life: Life::Forever,
+                        wave,
+                    });
+                }
+            }
+        };
+        match self {
+            Pattern::ScaleUp | Pattern::Mixed => {
+                scale_up(&mut rng, &mut pods, Duration::ZERO, 0);
+                window = SCALE_UP_WINDOW;
+            }
+            Pattern::DownUp => {
+                scale_up(&mut rng, &mut pods, Duration::ZERO, 0);
+                for p in &mut pods {
+                    p.life = Life::Until(DOWN_AFTER + SPREAD.mul_f64(rng.random::<f64>()));
+                }
+                let second = DOWN_AFTER + QUIET;
+                scale_up(&mut rng, &mut pods, second, 1);
+                waves.push(second);
+                window = second + SECOND_WATCH;
+            }
+            Pattern::Churn => {
+                let (lo, hi) = (CHURN_LIFE.0.as_secs_f64(), CHURN_LIFE.1.as_secs_f64());
+                for node in 0..nodes {
+                    // Already running: each with the time left of a pod caught in steady state (a
+                    // lifetime drawn length-biased, density ∝ l on [lo, hi], and a uniform point
+                    // of it), so the releases keep the population steady from the first second.
+                    for _ in 0..CHURN_STEADY {
+                        let u: f64 = rng.random();
+                        let life = (lo * lo + u * (hi * hi - lo * lo)).sqrt();
+                        let left = life * rng.random::<f64>();
+                        prepopulated.push(PodPlan {
+                            node,
+                            start: Duration::ZERO,
+                            life: Life::Until(Duration::from_secs_f64(left)),
+                            wave: 0,
+                        });
+                    }
+                    let mut t = 0.0;
+                    loop {
+                        let u: f64 = rng.random();
+                        t += -(1.0 - u).ln() * CHURN_MEAN_GAP.as_secs_f64();
+                        if t >= CHURN_WINDOW.as_secs_f64() {
+                            break;
+                        }
+                        pods.push(PodPlan {
+                            node,
+                            start: Duration::from_secs_f64(t),
+                            life: Life::For(Duration::from_secs_f64(rng.random_range(lo..hi))),
+                            wave: 0,
+                        });
+                    }
+                }
+                window = CHURN_WINDOW;
+            }
+        }
+        pods.sort_by_key(|p| (p.node, p.start));
+        Plan {
+            prepopulated,
+            pods,
+            window,
+            waves,
+        }
+    }
+
+    /// One line for the report's set-up.
+    pub fn describe(self, pods_per_node: u32) -> String {
+        let s = SPREAD.as_secs();
+        match self {
+            Pattern::ScaleUp => format!(
+                "scale-up: {pods_per_node} pods per node, each starting at a uniformly random instant within {s} s; watched {} min (longer while pods wait)",
+                SCALE_UP_WINDOW.as_secs() / 60
+            ),
+            Pattern::Churn => format!(
+                "churn: {CHURN_STEADY} pods per node running at the start (allocated before the fleet settles; each released after the time left of a pod caught in steady state), then {} min of Poisson arrivals, one per node per {} s on average, each pod released {}–{} min after it has its IP",
+                CHURN_WINDOW.as_secs() / 60,
+                CHURN_MEAN_GAP.as_secs(),
+                CHURN_LIFE.0.as_secs() / 60,
+                CHURN_LIFE.1.as_secs() / 60
+            ),
+            Pattern::DownUp => format!(
+                "down-up: the scale-up ({pods_per_node} pods per node within {s} s); {} min later all of them released (within {s} s); {} min quiet; the same scale-up again, watched {} min. Pod waits: both scale-ups; time until every pod has an IP: the second",
+                DOWN_AFTER.as_secs() / 60,
+                QUIET.as_secs() / 60,
+                SECOND_WATCH.as_secs() / 60
+            ),
+            Pattern::Mixed => format!(
+                "mixed: every {MIXED_EVERY}th node {} pods, the others {}, within {s} s; watched {} min",
+                MIXED_PODS.0,
+                MIXED_PODS.1,
+                SCALE_UP_WINDOW.as_secs() / 60
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Pattern {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Pattern::ALL
+            .into_iter()
+            .find(|p| p.name() == s.trim())
+            .ok_or_else(|| {
+                format!(
+                    "unknown pattern {s:?} (known: {}, or all)",
+                    Pattern::ALL.map(Pattern::name).join(", ")
+                )
+            })
+    }
+}
+
+/// When a pod is released.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Life {
+    /// Never (within the run).
+    Forever,
+    /// This long after it has its IP.
+    For(Duration),
+    /// At this offset from the pattern's start.
+    Until(Duration),
+}
+
+/// One pod.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PodPlan {
+    pub node: usize,
+    /// Its ADD's first attempt, from the pattern's start.
+    pub start: Duration,
+    pub life: Life,
+    /// Which scale-up it belongs to (down-up has two; the others one).
+    pub wave: u8,
+}
+
+/// A pattern's pods.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Running before the pattern starts (allocated while the fleet boots), by node.
+    pub prepopulated: Vec<PodPlan>,
+    /// Started during the pattern, sorted by node then start.
+    pub pods: Vec<PodPlan>,
+    /// How long the pattern is watched.
+    pub window: Duration,
+    /// Each wave's start.
+    pub waves: Vec<Duration>,
+}
+
+impl Plan {
+    /// Pods of the last wave: the ones "time until every pod has an IP" waits for.
+    pub fn last_wave(&self) -> u8 {
+        (self.waves.len() - 1) as u8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_are_repeatable_and_shaped_as_documented() {
+        let a = Pattern::ScaleUp.plan(10, 20, 7);
+        let b = Pattern::ScaleUp.plan(10, 20, 7);
+        assert_eq!(a.pods, b.pods);
+        assert_eq!(a.pods.len(), 200);
+        assert!(a.pods.iter().all(|p| p.start < SPREAD));
+
+        let mixed = Pattern::Mixed.plan(20, 20, 7);
+        assert_eq!(mixed.pods.len(), 2 * 36 + 18);
+
+        let du = Pattern::DownUp.plan(4, 20, 7);
+        assert_eq!(du.pods.len(), 160);
+        assert_eq!(du.pods.iter().filter(|p| p.wave == 1).count(), 80);
+        assert_eq!(du.window, DOWN_AFTER + QUIET + SECOND_WATCH);
+
+        let churn = Pattern::Churn.plan(50, 20, 7);
+        assert_eq!(churn.prepopulated.len(), 50 * CHURN_STEADY as usize);
+        // 50 nodes × 1800 s / 10 s = 9000 arrivals expected; Poisson spread ≈ ±95.
+        let n = churn.pods.len() as f64;
+        assert!((8600.0..9400.0).contains(&n), "{n}");
+        // Steady state: the running pods' mean time left is E[L²]/(2 E[L]) = 2.8 min for U(2, 8).
+        let left: f64 = churn
+            .prepopulated
+            .iter()
+            .map(|p| match p.life {
+                Life::Until(d) => d.as_secs_f64(),
+                _ => unreachable!(),
+            })
+            .sum::<f64>()
+            / churn.prepopulated.len() as f64;
+        assert!((155.0..181.0).contains(&left), "{left}");
+    }
+}
