@@ -381,15 +381,15 @@ impl PoolState {
     /// The warm levels of the configured policy at `now` (see [`super::demand`]).
     pub fn warm_levels(&self, now: Instant) -> WarmLevels {
         // Short: every pod subnet EC2 told us about has under a tenth of its addresses free.
-        let known: Vec<&Subnet> = self
+        let mut known = self
             .pod_subnets
             .iter()
             .filter_map(|id| self.subnets.get(id))
             .filter(|r| r.free_known)
             .filter_map(|r| r.subnet.as_ref())
-            .collect();
-        let subnet_short = !known.is_empty()
-            && known.iter().all(|s| {
+            .peekable();
+        let subnet_short = known.peek().is_some()
+            && known.all(|s| {
                 let size = 1u64 << (32 - u32::from(s.cidr.prefix_len()));
                 u64::from(s.available_ips) * 10 < size
             });

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::harness::{PairResult, SAMPLE_EVERY, TRACKED_NODE};
@@ -17,6 +18,38 @@ fn minutes(i: usize) -> f64 {
 
 fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("plot: {e}")
+}
+
+/// A chart of both plots: simulated minutes against a count.
+type Chart<'a> = ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// One line; with `label` (when text can be drawn), its legend entry too.
+fn line(
+    chart: &mut Chart<'_>,
+    points: impl IntoIterator<Item = (f64, f64)>,
+    color: RGBAColor,
+    label: Option<String>,
+) -> anyhow::Result<()> {
+    let series = chart
+        .draw_series(LineSeries::new(points, color.stroke_width(2)))
+        .map_err(err)?;
+    if let Some(label) = label {
+        series.label(label).legend(move |(x, y)| {
+            PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+        });
+    }
+    Ok(())
+}
+
+/// The legend box, top right.
+fn legend(chart: &mut Chart<'_>) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
 }
 
 /// `fleet-free-<pattern>.png`: the fleet's free IPs, one line per policy.
@@ -68,31 +101,16 @@ fn draw_fleet_free(path: &Path, pattern: Pattern, results: &[&PairResult]) -> an
             .map_err(err)?;
     }
     for (i, r) in results.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
         let points = r
             .free_series
             .iter()
             .enumerate()
             .map(|(t, v)| (minutes(t), *v as f64));
-        let series = chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(err)?;
-        if text {
-            series
-                .label(format!("{} (mean {:.0})", r.policy, r.free_mean))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-        }
+        let label = text.then(|| format!("{} (mean {:.0})", r.policy, r.free_mean));
+        line(&mut chart, points, Palette99::pick(i).to_rgba(), label)?;
     }
     if text {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart)?;
     }
     root.present().map_err(err)?;
     Ok(())
@@ -155,23 +173,10 @@ fn draw_one_node(path: &Path, pattern: Pattern, results: &[&PairResult]) -> anyh
                 .iter()
                 .enumerate()
                 .map(|(t, v)| (minutes(t), f64::from(*v)));
-            let series = chart
-                .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                .map_err(err)?;
-            if text {
-                series.label(label).legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-            }
+            line(&mut chart, points, color, text.then(|| label.to_owned()))?;
         }
         if text {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
-                .map_err(err)?;
+            legend(&mut chart)?;
         }
     }
     root.present().map_err(err)?;
