@@ -9,8 +9,14 @@
 //!   it is created in;
 //! - CreateTags only as part of that create (`ec2:CreateAction`), or to stamp `eniipam.io/created-at`
 //!   on an ENI already tagged for this cluster (the leaked-ENI collector);
-//! - every mutation of an ENI only on ENIs tagged `eniipam.io/owner=eniipam` and
-//!   `eniipam.io/cluster=<cluster>`: eth0, other clusters' ENIs and anyone else's are out of reach;
+//! - every mutation of an ENI on ENIs tagged `eniipam.io/owner=eniipam` and
+//!   `eniipam.io/cluster=<cluster>`;
+//! - AssignPrivateIpAddresses and UnassignPrivateIpAddresses also on the untagged ENIs of the
+//!   cluster's VPC (`ec2:Vpc`): the node's eth0, created at launch without our tags, serves pods by
+//!   default (`use_primary_eni`). EC2 offers no condition key naming the instance an ENI belongs to,
+//!   so the VPC is the tightest scope; delete, detach and modify stay on our tagged ENIs only;
+//! - an explicit Deny of every ENI mutation on an ENI tagged for another cluster, which no Allow
+//!   (the VPC one included) can outweigh;
 //! - Attach/Detach on the instance side too (EC2 authorizes both resources).
 
 use clap::{Args, ValueEnum};
@@ -77,13 +83,17 @@ pub struct IamPolicyArgs {
     /// The cluster name: the same value as eniipamd's cluster_name (ENIIPAM_CLUSTER_NAME).
     #[arg(long)]
     cluster: String,
+    /// The cluster's VPC (vpc-…): assigning and unassigning IPs on the node's eth0, which carries
+    /// none of eniipam's tags, is allowed on this VPC's ENIs only.
+    #[arg(long)]
+    vpc_id: String,
     /// The AWS partition the cluster runs in.
     #[arg(long, value_enum, default_value = "aws")]
     partition: Partition,
 }
 
 pub fn run(a: &IamPolicyArgs) -> Result<(), String> {
-    let policy = policy(&a.cluster, a.partition)?;
+    let policy = policy(&a.cluster, &a.vpc_id, a.partition)?;
     let text = serde_json::to_string_pretty(&policy).map_err(|e| e.to_string())?;
     println!("{text}");
     Ok(())
@@ -91,7 +101,7 @@ pub fn run(a: &IamPolicyArgs) -> Result<(), String> {
 
 /// A policy document, fields in the order IAM's examples use.
 #[derive(Serialize)]
-struct Policy {
+pub struct Policy {
     #[serde(rename = "Version")]
     version: &'static str,
     #[serde(rename = "Statement")]
@@ -119,6 +129,29 @@ fn allow(sid: &'static str, action: Value, resource: Value, condition: Option<Va
         action,
         resource,
         condition,
+    }
+}
+
+fn deny(sid: &'static str, action: Value, resource: Value, condition: Value) -> Statement {
+    Statement {
+        effect: "Deny",
+        ..allow(sid, action, resource, Some(condition))
+    }
+}
+
+/// Checks a VPC id (`vpc-` and 8 or 17 lowercase hex digits, as EC2 issues them).
+pub fn validate_vpc_id(vpc: &str) -> Result<(), String> {
+    let ok = vpc.strip_prefix("vpc-").is_some_and(|h| {
+        (h.len() == 8 || h.len() == 17)
+            && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "--vpc-id {vpc:?} is not a VPC id: expected vpc- and 8 or 17 hex digits \
+             (aws ec2 describe-instances --instance-ids <node> --query 'Reservations[].Instances[].VpcId')"
+        ))
     }
 }
 
@@ -151,10 +184,14 @@ pub fn validate_cluster(cluster: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn policy(cluster: &str, partition: Partition) -> Result<Policy, String> {
+/// The policy for `cluster` in `vpc_id` (`deploy/iam-policy.json` is `my-cluster` in
+/// `vpc-0123456789abcdef0`).
+pub fn policy(cluster: &str, vpc_id: &str, partition: Partition) -> Result<Policy, String> {
     validate_cluster(cluster)?;
+    validate_vpc_id(vpc_id)?;
     let p = partition.arn();
     let eni = format!("arn:{p}:ec2:*:*:network-interface/*");
+    let in_vpc = json!({"ArnEquals": {"ec2:Vpc": format!("arn:{p}:ec2:*:*:vpc/{vpc_id}")}});
     let ours = json!({
         format!("aws:ResourceTag/{OWNER_TAG}"): OWNER_VALUE,
         format!("aws:ResourceTag/{CLUSTER_TAG}"): cluster,
@@ -182,7 +219,7 @@ fn policy(cluster: &str, partition: Partition) -> Result<Policy, String> {
                     format!("arn:{p}:ec2:*:*:subnet/*"),
                     format!("arn:{p}:ec2:*:*:security-group/*"),
                 ]),
-                None,
+                Some(in_vpc.clone()),
             ),
             allow(
                 "TagEniOnlyWhileCreatingIt",
@@ -211,6 +248,21 @@ fn policy(cluster: &str, partition: Partition) -> Result<Policy, String> {
                 Some(json!({"StringEquals": ours})),
             ),
             allow(
+                "AssignAndUnassignOnThisVpcsEnis",
+                json!(["ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses"]),
+                json!(eni),
+                Some(in_vpc),
+            ),
+            deny(
+                "NeverAnotherClustersEnis",
+                json!(ENI_MUTATIONS),
+                json!(eni),
+                json!({
+                    "StringNotEquals": {format!("aws:ResourceTag/{CLUSTER_TAG}"): cluster},
+                    "Null": {format!("aws:ResourceTag/{CLUSTER_TAG}"): "false"},
+                }),
+            ),
+            allow(
                 "AttachDetachOnInstances",
                 json!(["ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface"]),
                 json!(format!("arn:{p}:ec2:*:*:instance/*")),
@@ -224,8 +276,10 @@ fn policy(cluster: &str, partition: Partition) -> Result<Policy, String> {
 mod tests {
     use super::*;
 
+    const VPC: &str = "vpc-0a1b2c3d";
+
     fn doc(cluster: &str, p: Partition) -> Value {
-        serde_json::to_value(policy(cluster, p).unwrap()).unwrap()
+        serde_json::to_value(policy(cluster, VPC, p).unwrap()).unwrap()
     }
 
     /// Every action with its statements' resources, for the assertions below.
@@ -267,14 +321,60 @@ mod tests {
                 let cond = s["Condition"].to_string();
                 assert!(
                     cond.contains("\"aws:ResourceTag/eniipam.io/cluster\":\"prod-1\"")
-                        || cond.contains("\"aws:RequestTag/eniipam.io/cluster\":\"prod-1\""),
-                    "{sid} touches ENIs without the cluster condition: {cond}"
+                        || cond.contains("\"aws:RequestTag/eniipam.io/cluster\":\"prod-1\"")
+                        || cond.contains("\"ec2:Vpc\":\"arn:aws:ec2:*:*:vpc/vpc-0a1b2c3d\""),
+                    "{sid} touches ENIs without the cluster or VPC condition: {cond}"
                 );
             }
         }
         let all = actions(&v);
         assert_eq!(all.len(), 13, "{all:?}");
         assert!(all.iter().all(|a| a.starts_with("ec2:")));
+    }
+
+    /// Only assign and unassign reach untagged ENIs (eth0), and only in the cluster's VPC; an ENI
+    /// tagged for another cluster is denied outright.
+    #[test]
+    fn eth0_gets_assign_and_unassign_in_the_vpc_only() {
+        let v = doc("prod-1", Partition::Aws);
+        let st = |sid: &str| {
+            v["Statement"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["Sid"] == sid)
+                .unwrap()
+                .clone()
+        };
+        let vpc = st("AssignAndUnassignOnThisVpcsEnis");
+        assert_eq!(
+            vpc["Action"],
+            json!(["ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses"])
+        );
+        assert_eq!(
+            vpc["Condition"],
+            json!({"ArnEquals": {"ec2:Vpc": "arn:aws:ec2:*:*:vpc/vpc-0a1b2c3d"}})
+        );
+        let deny = st("NeverAnotherClustersEnis");
+        assert_eq!(deny["Effect"], "Deny");
+        assert_eq!(deny["Action"], json!(ENI_MUTATIONS));
+        assert_eq!(
+            deny["Condition"]["StringNotEquals"]["aws:ResourceTag/eniipam.io/cluster"],
+            "prod-1"
+        );
+        assert_eq!(
+            deny["Condition"]["Null"]["aws:ResourceTag/eniipam.io/cluster"],
+            "false"
+        );
+    }
+
+    #[test]
+    fn bad_vpc_ids_are_refused() {
+        for bad in ["", "vpc-", "vpc-0A1B2C3D", "subnet-0a1b2c3d", "vpc-0a1b2c3", "vpc-*"] {
+            let e = policy("c", bad, Partition::Aws).err().unwrap();
+            assert!(e.contains("--vpc-id"), "{bad}: {e}");
+        }
+        policy("c", "vpc-0123456789abcdef0", Partition::Aws).unwrap();
     }
 
     #[test]
