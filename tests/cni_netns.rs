@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 fn netns_available(test: &str) -> bool {
     let ok = can_use_netns();
     if !ok {
-        eprintln!(
-            "NOTICE: {test} skipped: cannot create network namespaces (needs root and iproute2)"
+        mockcloud::ci::skip(
+            test,
+            "cannot create network namespaces (needs root and iproute2)",
         );
     }
     ok
@@ -205,7 +206,10 @@ fn pods_are_wired_reach_each_other_and_are_torn_down() {
         let (ok, out) = node.exec("ping", &["-c", "1", "-W", "5", "10.10.0.11"]);
         assert!(ok, "ping pod from node: {out}");
     } else {
-        eprintln!("NOTICE: ping is not installed (package iputils-ping): connectivity not checked");
+        mockcloud::ci::skip(
+            "the plugin's connectivity check",
+            "ping is not installed (package iputils-ping)",
+        );
     }
 
     Invocation::new("CHECK", &with_prev(&daemon, &r1))
@@ -511,8 +515,9 @@ fn chained_with_portmap() {
     }
     let portmap = "/usr/lib/cni/portmap";
     if !std::path::Path::new(portmap).exists() {
-        eprintln!(
-            "NOTICE: chained_with_portmap skipped: {portmap} is absent (package containernetworking-plugins)"
+        mockcloud::ci::skip(
+            "chained_with_portmap",
+            &format!("{portmap} is absent (package containernetworking-plugins)"),
         );
         return;
     }
@@ -543,9 +548,9 @@ fn chained_with_portmap() {
         .binary(portmap)
         .run();
     if pm.code != 0 && pm.stdout.contains("iptables") {
-        eprintln!(
-            "NOTICE: chained_with_portmap: portmap needs iptables here: {}",
-            pm.stdout
+        mockcloud::ci::skip(
+            "chained_with_portmap",
+            &format!("portmap needs iptables here: {}", pm.stdout),
         );
         return;
     }

@@ -384,8 +384,9 @@ async fn an_operator_releases_the_quarantine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_release_record_leaves_no_poisoned_ip() {
     let Some(disk) = daemon_support::SmallDisk::mount("release-record") else {
-        eprintln!(
-            "NOTICE: a_failed_release_record_leaves_no_poisoned_ip skipped: needs root (tmpfs)"
+        mockcloud::ci::skip(
+            "a_failed_release_record_leaves_no_poisoned_ip",
+            "needs root (tmpfs)",
         );
         return;
     };
@@ -950,7 +951,10 @@ async fn concurrent_adds_of_one_attachment_agree() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_del_keeps_the_new_owners_rules() {
     if !can_use_netns() {
-        eprintln!("NOTICE: a_late_del_keeps_the_new_owners_rules skipped: needs root and iproute2");
+        mockcloud::ci::skip(
+            "a_late_del_keeps_the_new_owners_rules",
+            "needs root and iproute2",
+        );
         return;
     }
     let mock = mock().await;

@@ -240,31 +240,149 @@ async fn simulate_m5_large_serves_the_vpc_cnis_pods_per_node() {
     }
 }
 
+/// `eniipamctl status --json` of a running simulation.
+fn status(sim: &Sim) -> serde_json::Value {
+    let out = ctl(&["--socket", &sim.socket, "status", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Allocate requests by outcome, from `/metrics`.
+async fn add_outcomes(sim: &Sim) -> std::collections::BTreeMap<String, f64> {
+    let text = reqwest::get(&sim.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("eniipam_add_ip_req_total{outcome=\""))
+        .filter_map(|l| l.split_once("\"} "))
+        .map(|(o, v)| (o.to_owned(), v.trim().parse().unwrap()))
+        .collect()
+}
+
+/// The README's first command, `--churn 1` on the default node (an m5.4xlarge: 232 slots), does what
+/// the README says a healthy node looks like: every ADD succeeds, never EXHAUSTED, the pool settles
+/// on eth0 and one secondary ENI with about 17 pods alive (1/s × 5-30 s lifetimes), the released IPs
+/// cooling for 30 s and a few idle, and the accounting holds throughout. Fast EC2 profile, real time:
+/// cooling needs 30 s to reach its steady state, so this test samples from 35 s to 50 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn churn_drives_pods_through_the_pool() {
+async fn the_readme_churn_settles_as_promised() {
+    let sim = start_sim(&["--churn", "1"]).await;
+    let started = tokio::time::Instant::now();
+    let mut assigned = Vec::new();
+    while started.elapsed() < Duration::from_secs(50) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let st = status(&sim);
+        assert_eq!(
+            st["exhausted"], false,
+            "EXHAUSTED under the README's churn: {st}"
+        );
+        assert_eq!(st["invariant_error"], "", "{st}");
+        assert_eq!(st["capacity"], 232, "{st}");
+        let enis = st["enis"].as_array().unwrap().len();
+        assert!(
+            enis <= 2,
+            "the churn needs eth0 and one secondary ENI, not {enis}: {st}"
+        );
+        if started.elapsed() >= Duration::from_secs(35) {
+            let a = st["assigned"].as_u64().unwrap();
+            let cooling = st["cooling"].as_u64().unwrap();
+            let idle = st["idle"].as_u64().unwrap();
+            assert_eq!(enis, 2, "{st}");
+            // Steady state: ~17.5 pods alive (sd ~2), ~30 released IPs cooling, up to max_idle idle.
+            assert!((8..=28).contains(&a), "assigned {a} (README: 15-21): {st}");
+            assert!(
+                (15..=45).contains(&cooling),
+                "cooling {cooling} (README: 25-35): {st}"
+            );
+            assert!(
+                idle <= st["max_idle"].as_u64().unwrap().max(3),
+                "idle {idle} above max_idle: {st}"
+            );
+            assigned.push(a);
+        }
+    }
+    assigned.sort_unstable();
+    let median = assigned[assigned.len() / 2];
+    assert!(
+        (13..=23).contains(&median),
+        "median assigned {median} over the last 15 s (README: 15-21): {assigned:?}"
+    );
+    let outcomes = add_outcomes(&sim).await;
+    let ok = outcomes.get("ok").copied().unwrap_or(0.0);
+    assert!(ok >= 40.0, "about one ADD per second: {outcomes:?}");
+    assert_eq!(
+        outcomes.values().sum::<f64>(),
+        ok,
+        "every ADD of the README's churn succeeds: {outcomes:?}"
+    );
+}
+
+/// The README's way to watch a node run out: `--instance-type m5.large --exhaust` (27 slots). The
+/// node fills to its capacity and no further, says EXHAUSTED with a reason, refuses the excess ADDs
+/// as retryable (gRPC RESOURCE_EXHAUSTED, the plugin's CNI error 11), and hands no IP out twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_node_says_so_and_hands_out_nothing_twice() {
     // 50 pods/s outgrow any node within seconds: --exhaust asks for it.
-    let sim = start_sim(&["--churn", "50", "--exhaust"]).await;
-    let http = reqwest::Client::new();
-    let mut adds = 0.0;
-    for _ in 0..200 {
-        let text = http
-            .get(&sim.metrics)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        adds = text
-            .lines()
-            .find_map(|l| l.strip_prefix("eniipam_add_ip_req_total{outcome=\"ok\"} "))
-            .map_or(0.0, |v| v.trim().parse().unwrap());
-        if adds >= 10.0 {
+    let sim = start_sim(&["--instance-type", "m5.large", "--churn", "50", "--exhaust"]).await;
+    // Until the node is full: EXHAUSTED, and the ADDs that were waiting on EC2 answered.
+    let mut st = status(&sim);
+    for _ in 0..300 {
+        if st["exhausted"] == true && st["assigned"].as_u64().unwrap() >= 20 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        st = status(&sim);
     }
-    assert!(adds >= 10.0, "churn made {adds} successful ADDs");
+    assert_eq!(st["exhausted"], true, "never EXHAUSTED: {st}");
+    assert!(
+        !st["exhausted_reason"].as_str().unwrap().is_empty(),
+        "EXHAUSTED without a reason: {st}"
+    );
+    assert_eq!(
+        st["capacity"], 27,
+        "m5.large: 3 ENIs x 9 IPs, the VPC CNI's 29 - 2"
+    );
+    assert_eq!(st["invariant_error"], "", "{st}");
+    let held = ["assigned", "idle", "cooling", "in_flight", "quarantined"]
+        .iter()
+        .map(|k| st[k].as_u64().unwrap())
+        .sum::<u64>();
+    assert!(held <= 27, "more IPs held than the node's capacity: {st}");
+
+    let outcomes = add_outcomes(&sim).await;
+    assert!(
+        outcomes.get("ok").copied().unwrap_or(0.0) >= 20.0,
+        "the node filled before running out: {outcomes:?}"
+    );
+    let refused: f64 = outcomes
+        .iter()
+        .filter(|(o, _)| o.as_str() != "ok")
+        .map(|(_, v)| v)
+        .sum();
+    assert!(refused > 0.0, "no ADD was refused: {outcomes:?}");
+    assert_eq!(
+        refused,
+        outcomes.get("ResourceExhausted").copied().unwrap_or(0.0),
+        "an exhausted node refuses ADDs as retryable (CNI error 11), nothing else: {outcomes:?}"
+    );
+
+    let allocs = ctl(&["--socket", &sim.socket, "allocations", "--json"]);
+    let allocs: Vec<serde_json::Value> = serde_json::from_slice(&allocs.stdout).unwrap();
+    let ips: std::collections::BTreeSet<&str> =
+        allocs.iter().map(|a| a["ip"].as_str().unwrap()).collect();
+    assert_eq!(ips.len(), allocs.len(), "an IP on two pods: {allocs:?}");
+    assert!(
+        allocs.len() <= 27,
+        "{} allocations on 27 slots",
+        allocs.len()
+    );
 }
 
 #[test]

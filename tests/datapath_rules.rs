@@ -39,7 +39,7 @@ impl Node {
                 .output()
                 .map_or(true, |o| !o.status.success())
             {
-                eprintln!("NOTICE: {test} skipped: `{tool}` is not installed");
+                mockcloud::ci::skip(test, &format!("`{tool}` is not installed"));
                 return None;
             }
         }
@@ -53,7 +53,7 @@ impl Node {
             .output()
             .is_ok_and(|o| o.status.success());
         if !made {
-            eprintln!("NOTICE: {test} skipped: cannot create network namespaces (needs root)");
+            mockcloud::ci::skip(test, "cannot create network namespaces (needs root)");
             return None;
         }
         let node = Node { name };

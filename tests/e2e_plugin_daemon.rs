@@ -32,7 +32,10 @@ async fn plugin(inv: Invocation) -> cni_support::PluginRun {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_plugin_real_daemon_in_namespaces() {
     if !can_use_netns() {
-        eprintln!("NOTICE: real_plugin_real_daemon_in_namespaces skipped: needs root and iproute2");
+        mockcloud::ci::skip(
+            "real_plugin_real_daemon_in_namespaces",
+            "needs root and iproute2",
+        );
         return;
     }
     let mock = mockcloud::MockCloud::start(mockcloud::Config {
@@ -107,7 +110,10 @@ async fn real_plugin_real_daemon_in_namespaces() {
             assert!(ok, "ping {to}: {out}");
         }
     } else {
-        eprintln!("NOTICE: ping not installed: connectivity not checked (install iputils-ping)");
+        mockcloud::ci::skip(
+            "real_plugin_real_daemon_in_namespaces' connectivity check",
+            "ping is not installed (package iputils-ping)",
+        );
     }
 
     // CHECK passes; STATUS is ready.

@@ -42,8 +42,9 @@ impl Netns {
             .output()
             .is_ok_and(|o| o.status.success());
         if !ok {
-            eprintln!(
-                "NOTICE: {test} skipped: cannot create network namespaces (needs root and iproute2)"
+            mockcloud::ci::skip(
+                test,
+                "cannot create network namespaces (needs root and iproute2)",
             );
             return None;
         }

@@ -8,7 +8,8 @@
 //!   (detach + delete), the leaked-ENI collector (delete + stamping a creation tag) and a reconcile;
 //!   every action mockcloud saw is in the policy, and the ENIs it created carry exactly the tag keys
 //!   the policy's `aws:TagKeys` allows, with the owner and cluster values its conditions require.
-//! - `deploy/iam-policy.json` is `eniipamctl iam-policy --cluster my-cluster`.
+//! - `deploy/iam-policy.json` is `eniipamctl iam-policy --cluster my-cluster --vpc-id
+//!   vpc-0123456789abcdef0`.
 
 mod bins;
 #[path = "daemon_support/mod.rs"]
@@ -24,10 +25,18 @@ use serde_json::Value;
 
 const CLUSTER: &str = "iam-test";
 
-/// `eniipamctl iam-policy --cluster <cluster>` as JSON.
+/// The VPC `deploy/iam-policy.json` is generated for.
+const SHIPPED_VPC: &str = "vpc-0123456789abcdef0";
+
+/// `eniipamctl iam-policy --cluster <cluster> --vpc-id vpc-0123456789abcdef0` as JSON.
 fn policy(cluster: &str) -> Value {
+    policy_in(cluster, SHIPPED_VPC)
+}
+
+/// `eniipamctl iam-policy --cluster <cluster> --vpc-id <vpc>` as JSON.
+fn policy_in(cluster: &str, vpc: &str) -> Value {
     let out = std::process::Command::new(bins::target_bin("eniipamctl"))
-        .args(["iam-policy", "--cluster", cluster])
+        .args(["iam-policy", "--cluster", cluster, "--vpc-id", vpc])
         .output()
         .expect("eniipamctl runs");
     assert!(
@@ -165,7 +174,8 @@ fn the_shipped_policy_is_the_generated_one() {
     assert_eq!(
         shipped,
         policy("my-cluster"),
-        "regenerate it: cargo run -p eniipamctl -- iam-policy --cluster my-cluster > deploy/iam-policy.json"
+        "regenerate it: cargo run -p eniipamctl -- iam-policy --cluster my-cluster \
+         --vpc-id vpc-0123456789abcdef0 > deploy/iam-policy.json"
     );
 }
 

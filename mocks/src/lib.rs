@@ -13,6 +13,7 @@
 //! - [`traffic`]: throttling buckets, fault injection, counters and the call log.
 //! - [`control`]: the JSON control API under `/_mock/`; [`subnet_api`]: the same for subnets in Rust.
 //! - [`config`], [`catalog`], [`error`]: knobs, instance types with EC2's figures, EC2 errors.
+//! - [`ci`]: what a test does when it cannot run its real parts (fails under `CI=true`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -30,6 +31,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 pub mod catalog;
+pub mod ci;
 pub mod config;
 pub mod control;
 pub mod ec2;

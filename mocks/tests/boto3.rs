@@ -20,15 +20,20 @@ async fn boto3_sees_ec2_s_field_names_and_error_codes() {
     match probe {
         Ok(out) if out.status.success() => {}
         Ok(out) => {
-            eprintln!(
-                "SKIPPED boto3_sees_ec2_s_field_names_and_error_codes: python3 cannot import boto3 \
-                 ({}); install it with `pip install boto3==1.43.11`",
-                String::from_utf8_lossy(&out.stderr).trim()
+            mockcloud::ci::skip(
+                "boto3_sees_ec2_s_field_names_and_error_codes",
+                &format!(
+                    "python3 cannot import boto3 ({}); install it with `pip install boto3==1.43.11`",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
             );
             return;
         }
         Err(e) => {
-            eprintln!("SKIPPED boto3_sees_ec2_s_field_names_and_error_codes: no python3 ({e})");
+            mockcloud::ci::skip(
+                "boto3_sees_ec2_s_field_names_and_error_codes",
+                &format!("no python3 ({e})"),
+            );
             return;
         }
     }

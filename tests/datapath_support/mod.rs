@@ -77,12 +77,15 @@ impl Cluster {
     pub async fn start(test: &str, egress: Egress) -> Option<Cluster> {
         for tool in ["ip", "nft", "nsenter", "iptables", "iptables-restore"] {
             if !have(tool) {
-                eprintln!("NOTICE: {test} skipped: `{tool}` is not installed");
+                mockcloud::ci::skip(test, &format!("`{tool}` is not installed"));
                 return None;
             }
         }
         if !Path::new(PORTMAP).exists() {
-            eprintln!("NOTICE: {test} skipped: {PORTMAP} is absent (containernetworking-plugins)");
+            mockcloud::ci::skip(
+                test,
+                &format!("{PORTMAP} is absent (containernetworking-plugins)"),
+            );
             return None;
         }
         let can = std::process::Command::new("ip")
@@ -101,7 +104,7 @@ impl Cluster {
             ])
             .output();
         if !can {
-            eprintln!("NOTICE: {test} skipped: cannot create network namespaces (needs root)");
+            mockcloud::ci::skip(test, "cannot create network namespaces (needs root)");
             return None;
         }
         let _ = vpclab::remove_stale_namespaces();

@@ -103,8 +103,9 @@ pub fn root_or_skip(test: &str) -> bool {
     if is_root() {
         return true;
     }
-    eprintln!(
-        "NOTICE: {test} skipped: it needs root (network and mount namespaces, a container runtime)"
+    mockcloud::ci::skip(
+        test,
+        "it needs root (network and mount namespaces, a container runtime)",
     );
     false
 }

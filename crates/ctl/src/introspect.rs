@@ -175,7 +175,8 @@ fn pool_json(p: &pb::PoolReply) -> serde_json::Value {
         "capacity": p.capacity, "tokens_in_use": p.tokens_in_use, "min_idle": p.min_idle, "max_idle": p.max_idle,
         "warm_policy": p.warm_policy, "warm_target": p.warm_target, "warm_fill": p.warm_fill, "warm_keep": p.warm_keep,
         "idle": p.idle, "assigned": p.assigned, "cooling": p.cooling, "sticky": p.sticky, "in_flight": p.in_flight,
-        "exhausted": p.exhausted, "exhausted_reason": p.exhausted_reason,
+        "quarantined": p.quarantined, "exhausted": p.exhausted, "exhausted_reason": p.exhausted_reason,
+        "invariant_error": p.invariant_error,
         "backoffs": p.backoffs.iter().map(|b| json!({"scope": b.scope, "reason": b.reason, "remaining_ms": b.remaining_ms})).collect::<Vec<_>>(),
         "enis": p.enis.iter().map(eni_json).collect::<Vec<_>>(),
     })

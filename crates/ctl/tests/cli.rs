@@ -115,6 +115,8 @@ fn iam_policy_is_scoped_to_the_cluster_and_partition() {
         "iam-policy",
         "--cluster",
         "prod",
+        "--vpc-id",
+        "vpc-0a1b2c3d",
         "--partition",
         "aws-us-gov",
     ]);
@@ -125,14 +127,31 @@ fn iam_policy_is_scoped_to_the_cluster_and_partition() {
     assert!(text.contains("arn:aws-us-gov:ec2:*:*:network-interface/*"));
     assert!(text.contains("\"aws:ResourceTag/eniipam.io/cluster\": \"prod\""));
     assert!(text.contains("\"aws:RequestTag/eniipam.io/cluster\": \"prod\""));
-    let out = ctl(&["iam-policy", "--cluster", ""]);
+    assert!(text.contains("\"ec2:Vpc\": \"arn:aws-us-gov:ec2:*:*:vpc/vpc-0a1b2c3d\""));
+    let out = ctl(&["iam-policy", "--cluster", "", "--vpc-id", "vpc-0a1b2c3d"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("ENIIPAM_CLUSTER_NAME"));
     assert_eq!(
-        ctl(&["iam-policy"]).status.code(),
+        ctl(&["iam-policy", "--vpc-id", "vpc-0a1b2c3d"])
+            .status
+            .code(),
         Some(2),
         "--cluster is required"
     );
+    assert_eq!(
+        ctl(&["iam-policy", "--cluster", "prod"]).status.code(),
+        Some(2),
+        "--vpc-id is required"
+    );
+    let out = ctl(&[
+        "iam-policy",
+        "--cluster",
+        "prod",
+        "--vpc-id",
+        "subnet-0a1b2c3d",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--vpc-id"), "{}", stderr(&out));
 }
 
 /// A host root and an image plugin dir, for the installer's refusals (none needs a daemon: each is
