@@ -178,6 +178,9 @@ pub struct Config {
     pub default_instance_type: String,
     /// Region reported in the default availability zone (`<region>a`).
     pub region: String,
+    /// The account-wide IAM policy every EC2 call is evaluated against (None: no enforcement).
+    #[serde(default)]
+    pub iam_policy: Option<crate::iam::Policy>,
 }
 
 impl Config {
@@ -189,6 +192,7 @@ impl Config {
             seed_default_world: true,
             default_instance_type: "m5.large".to_owned(),
             region: "us-east-1".to_owned(),
+            iam_policy: None,
         }
     }
 

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
@@ -63,6 +64,12 @@ pub fn router() -> Router<Arc<Inner>> {
         .route("/_mock/latency", put(set_latency).get(get_latency))
         .route("/_mock/imds-lag", put(set_imds_lag))
         .route("/_mock/deny/{action}", put(deny).delete(allow))
+        .route(
+            "/_mock/iam/policy",
+            get(get_iam_policy).put(put_iam_policy).delete(delete_iam_policy),
+        )
+        .route("/_mock/iam/denials", get(iam_denials).delete(clear_iam_denials))
+        .route("/_mock/iam/decode", post(iam_decode))
         .route("/_mock/default", get(default_world))
         .route("/_mock/healthz", get(|| async { "ok" }))
         .route(
@@ -340,5 +347,81 @@ async fn default_world(State(m): State<Arc<Inner>>) -> Response {
             StatusCode::NOT_FOUND,
             "mockcloud was started without a default world",
         ),
+    }
+}
+
+#[derive(Deserialize)]
+struct CallerQuery {
+    access_key_id: Option<String>,
+}
+
+/// `GET /_mock/iam/policy[?access_key_id=]`: the policy in force (account-wide, or for that caller).
+async fn get_iam_policy(State(m): State<Arc<Inner>>, Query(q): Query<CallerQuery>) -> Response {
+    let policy = MockCloud::from_inner(&m).iam_policy(q.access_key_id.as_deref());
+    Json(serde_json::json!({
+        "access_key_id": q.access_key_id,
+        "policy": policy.map(|p| p.to_json()),
+    }))
+    .into_response()
+}
+
+/// `PUT /_mock/iam/policy[?access_key_id=]` with a policy document: enforce it from the next call.
+async fn put_iam_policy(
+    State(m): State<Arc<Inner>>,
+    Query(q): Query<CallerQuery>,
+    body: Bytes,
+) -> Response {
+    let text = match std::str::from_utf8(&body) {
+        Ok(t) => t,
+        Err(_) => return err(StatusCode::BAD_REQUEST, "the policy must be UTF-8 JSON"),
+    };
+    let policy = match crate::iam::Policy::parse(text) {
+        Ok(p) => p,
+        Err(e) => return err(StatusCode::BAD_REQUEST, e),
+    };
+    let mc = MockCloud::from_inner(&m);
+    match q.access_key_id {
+        Some(k) => mc.set_iam_policy_for(&k, Some(policy)),
+        None => mc.set_iam_policy(Some(policy)),
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// `DELETE /_mock/iam/policy[?access_key_id=]`: no enforcement (or drop that caller's override).
+async fn delete_iam_policy(State(m): State<Arc<Inner>>, Query(q): Query<CallerQuery>) -> Response {
+    let mc = MockCloud::from_inner(&m);
+    match q.access_key_id {
+        Some(k) => mc.set_iam_policy_for(&k, None),
+        None => mc.set_iam_policy(None),
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn iam_denials(State(m): State<Arc<Inner>>) -> Response {
+    Json(MockCloud::from_inner(&m).iam_denials()).into_response()
+}
+
+async fn clear_iam_denials(State(m): State<Arc<Inner>>) -> Response {
+    MockCloud::from_inner(&m).clear_iam_denials();
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// `POST /_mock/iam/decode`: mockcloud's `sts:DecodeAuthorizationMessage`. The body is the encoded
+/// message, raw or as `{"EncodedMessage": "..."}`; the answer is the decision as JSON.
+async fn iam_decode(body: Bytes) -> Response {
+    let text = String::from_utf8_lossy(&body);
+    let encoded = match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(serde_json::Value::Object(o)) => o
+            .get("EncodedMessage")
+            .or_else(|| o.get("encoded_message"))
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_owned(),
+        Ok(serde_json::Value::String(s)) => s,
+        _ => text.trim().to_owned(),
+    };
+    match crate::iam::decode(&encoded) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => err(StatusCode::BAD_REQUEST, e),
     }
 }

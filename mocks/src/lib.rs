@@ -12,6 +12,7 @@
 //! - [`imds`]: IMDSv2 per instance (tokens, lagged view).
 //! - [`traffic`]: throttling buckets, fault injection, counters and the call log.
 //! - [`control`]: the JSON control API under `/_mock/`; [`subnet_api`]: the same for subnets in Rust.
+//! - [`iam`]: identity-based policies evaluated on every EC2 call (`UnauthorizedOperation`).
 //! - [`config`], [`catalog`], [`error`]: knobs, instance types with EC2's figures, EC2 errors.
 //! - [`ci`]: what a test does when it cannot run its real parts (fails under `CI=true`).
 
@@ -36,6 +37,7 @@ pub mod config;
 pub mod control;
 pub mod ec2;
 pub mod error;
+pub mod iam;
 pub mod imds;
 pub mod query;
 pub mod subnet_api;
@@ -56,6 +58,7 @@ pub struct Inner {
     pub(crate) world: Mutex<world::World>,
     pub(crate) traffic: Mutex<traffic::Traffic>,
     pub(crate) latency: Mutex<LatencyProfile>,
+    pub(crate) iam: Mutex<iam::IamState>,
     /// IMDS token → (instance id, expiry).
     pub(crate) imds_tokens: Mutex<HashMap<String, (String, Instant)>>,
     imds_urls: Mutex<BTreeMap<String, String>>,
@@ -165,6 +168,10 @@ impl MockCloud {
             world: Mutex::new(world),
             traffic: Mutex::new(traffic::Traffic::new(config.throttling.clone(), now)),
             latency: Mutex::new(config.latency.clone()),
+            iam: Mutex::new(iam::IamState {
+                account: config.iam_policy.clone().map(Arc::new),
+                ..Default::default()
+            }),
             imds_tokens: Mutex::new(HashMap::new()),
             imds_urls: Mutex::new(BTreeMap::new()),
             next_request: AtomicU64::new(1),
@@ -487,5 +494,47 @@ impl MockCloud {
             .lock()
             .expect("traffic lock")
             .reset(Instant::now());
+    }
+
+    /// Sets the account-wide IAM policy: every caller's EC2 calls are evaluated against it (a
+    /// caller with its own policy, [`MockCloud::set_iam_policy_for`], against that one instead).
+    /// `None` turns enforcement off for callers without their own policy (the default).
+    pub fn set_iam_policy(&self, policy: Option<iam::Policy>) {
+        self.inner.iam.lock().expect("iam lock").account = policy.map(Arc::new);
+    }
+
+    /// Sets the policy of one caller, identified by the access key id of its SigV4 `Credential`
+    /// (e.g. one node's instance-profile role); it overrides the account-wide policy for that
+    /// caller. `None` removes the override (the caller follows the account-wide policy again).
+    pub fn set_iam_policy_for(&self, access_key_id: &str, policy: Option<iam::Policy>) {
+        let mut s = self.inner.iam.lock().expect("iam lock");
+        match policy {
+            Some(p) => {
+                s.callers.insert(access_key_id.to_owned(), Arc::new(p));
+            }
+            None => {
+                s.callers.remove(access_key_id);
+            }
+        }
+    }
+
+    /// The policy in force for `access_key_id` (its own, else the account-wide one); with `None`,
+    /// the account-wide one.
+    pub fn iam_policy(&self, access_key_id: Option<&str>) -> Option<iam::Policy> {
+        let s = self.inner.iam.lock().expect("iam lock");
+        match access_key_id {
+            Some(k) => s.policy_for(k).map(|p| (*p).clone()),
+            None => s.account.as_deref().cloned(),
+        }
+    }
+
+    /// Every call refused for IAM so far, oldest first.
+    pub fn iam_denials(&self) -> Vec<iam::Denial> {
+        self.inner.iam.lock().expect("iam lock").denials.clone()
+    }
+
+    /// Forgets the recorded denials.
+    pub fn clear_iam_denials(&self) {
+        self.inner.iam.lock().expect("iam lock").denials.clear();
     }
 }

@@ -41,6 +41,14 @@ struct Args {
     /// Seed of EC2's random choice of free addresses and /28 blocks (same seed, same addresses).
     #[arg(long, default_value_t = mockcloud::DEFAULT_ALLOCATION_SEED)]
     seed: u64,
+    /// Enforce this IAM policy document (JSON) on every EC2 call, account-wide: a denied call answers
+    /// `UnauthorizedOperation`.
+    #[arg(long, value_name = "FILE", conflicts_with = "iam_shipped")]
+    iam_policy: Option<std::path::PathBuf>,
+    /// Enforce eniipam's shipped policy (deploy/iam-policy.json) for this cluster name and the
+    /// default world's VPC.
+    #[arg(long, value_name = "CLUSTER")]
+    iam_shipped: Option<String>,
 }
 
 #[tokio::main]
@@ -72,6 +80,20 @@ async fn main() -> anyhow::Result<()> {
     if let Some(ms) = args.imds_lag_ms {
         latency.imds_lag = Duration::from_millis(ms);
     }
+    let iam_policy = match &args.iam_policy {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --iam-policy {}", path.display()))?;
+            Some(
+                mockcloud::iam::Policy::parse(&text)
+                    .with_context(|| format!("--iam-policy {}", path.display()))?,
+            )
+        }
+    };
+    if args.iam_shipped.is_some() && args.no_default_world {
+        bail!("--iam-shipped needs the default world's VPC: drop --no-default-world or use --iam-policy");
+    }
     let config = Config {
         latency,
         throttling: if args.no_throttling {
@@ -82,17 +104,26 @@ async fn main() -> anyhow::Result<()> {
         seed_default_world: !args.no_default_world,
         default_instance_type: args.instance_type.clone(),
         region: args.region.clone(),
+        iam_policy,
     };
     let mock = MockCloud::start_on_seeded(config, args.listen, args.seed)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let default = mock.default_world();
+    if let (Some(cluster), Some(d)) = (&args.iam_shipped, &default) {
+        mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(cluster, &d.vpc_id)));
+    }
+    let iam = match (&args.iam_policy, &args.iam_shipped) {
+        (Some(p), _) => format!("policy {}", p.display()),
+        (None, Some(c)) => format!("shipped policy for cluster {c}"),
+        (None, None) => "off".to_owned(),
+    };
     if args.json {
         println!(
             "{}",
             serde_json::json!({
                 "ec2": mock.ec2_url(), "control": mock.control_url(), "region": mock.region(),
-                "default": default,
+                "default": default, "iam": iam,
             })
         );
     } else {
@@ -106,6 +137,7 @@ async fn main() -> anyhow::Result<()> {
             mock.control_url()
         );
         println!("  region:        {}", mock.region());
+        println!("  IAM:           {iam}");
         if let Some(d) = default {
             println!(
                 "  instance:      {} ({}) in {} / {}",

@@ -35,7 +35,7 @@ pub(super) fn prefix_list(p: &Params) -> Ec2Result<Vec<Ipv4Net>> {
 }
 
 /// Tags of the `TagSpecification.N` entries for `resource_type`.
-pub(super) fn tag_specs(p: &Params, resource_type: &str) -> Ec2Result<BTreeMap<String, String>> {
+pub(crate) fn tag_specs(p: &Params, resource_type: &str) -> Ec2Result<BTreeMap<String, String>> {
     let mut tags = BTreeMap::new();
     for spec in p.structs("TagSpecification") {
         let rt = spec.get("ResourceType").unwrap_or(resource_type);

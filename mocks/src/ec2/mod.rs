@@ -20,7 +20,7 @@ use crate::traffic::Admission;
 use crate::world::{ReservationType, World};
 use crate::xml::{self, Xml};
 
-mod args;
+pub(crate) mod args;
 mod render;
 
 use args::{AssignRequest, assign_request, create_eni_args, ip_list, modify_args, prefix_list};
@@ -117,9 +117,30 @@ pub async fn handle(State(mock): State<Arc<Inner>>, headers: HeaderMap, body: By
     };
     let delay = mock.latency_for(&action);
     tokio::time::sleep(delay).await;
+    // IAM is evaluated after the throttling bucket (a denied call still spends its token, as the
+    // safe reading of EC2: never kinder) and before the action, under the same world lock so the
+    // tags and VPCs it reads are the ones the action sees. DryRun is answered after it, as EC2 does.
+    let caller = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .map(crate::iam::access_key_id)
+        .unwrap_or_default();
+    let policy = mock.iam.lock().expect("iam lock").policy_for(&caller);
     let result = {
         let mut world = mock.world.lock().expect("world lock");
-        perform(&mut world, &action, &params, &request_id, Instant::now())
+        let now = Instant::now();
+        let auth = match &policy {
+            None => Ok(None),
+            Some(p) => crate::iam::authorize(p, &mut world, &action, &params, &caller, now),
+        };
+        match auth {
+            Ok(None) => perform(&mut world, &action, &params, &request_id, now),
+            Ok(Some((denial, error))) => {
+                mock.iam.lock().expect("iam lock").record(denial);
+                Err(error)
+            }
+            Err(e) => Err(e),
+        }
     };
     if let Some(d) = slow_reply {
         tokio::time::sleep(d).await;

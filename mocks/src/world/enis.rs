@@ -394,7 +394,7 @@ impl World {
         Ok(attachment_id)
     }
 
-    fn find_attachment(&self, attachment_id: &str) -> Ec2Result<String> {
+    pub(super) fn find_attachment(&self, attachment_id: &str) -> Ec2Result<String> {
         if !well_formed(attachment_id, "eni-attach") {
             return Err(malformed(
                 "InvalidAttachmentID.Malformed",

@@ -26,12 +26,14 @@ use crate::error::{Ec2Error, Ec2Result};
 mod addresses;
 mod assign;
 mod enis;
+mod iam;
 mod instances;
 mod subnets;
 #[cfg(test)]
 mod tests;
 mod views;
 
+pub use iam::IamFacts;
 pub use addresses::{OccupyPattern, ReservationType, SubnetUsage};
 pub use subnets::ReservationView;
 pub use views::{AttachmentView, EniView, ImdsEni, ImdsInstance, InstanceView, SubnetView};

@@ -247,7 +247,7 @@ impl World {
         Ok(view)
     }
 
-    fn reservation_subnet(&self, id: &str) -> Ec2Result<String> {
+    pub(super) fn reservation_subnet(&self, id: &str) -> Ec2Result<String> {
         if !well_formed(id, "scr") {
             return Err(malformed(
                 "InvalidSubnetCidrReservationID.Malformed",

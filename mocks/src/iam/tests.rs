@@ -1,0 +1,3 @@
+//! The evaluator on the shipped policy and on small documents, without HTTP.
+
+use super::*;
