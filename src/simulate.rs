@@ -117,17 +117,27 @@ impl Simulation {
             seed_default_world: true,
             default_instance_type: o.instance_type.clone(),
             region: "us-east-1".to_owned(),
+            // Set below, once the simulated VPC exists.
+            iam_policy: None,
         })
         .await
         .context("cannot start the embedded mockcloud")?;
         let instance = mock.default_instance();
         let state_path = o.state_dir.join("state.db");
+        let cluster_name = if o.base.cluster_name.is_empty() {
+            "simulate".to_owned()
+        } else {
+            o.base.cluster_name.clone()
+        };
+        // EC2 as a real account has it: the shipped IAM policy (deploy/iam-policy.json) for this
+        // cluster and the simulated VPC, evaluated on every call.
+        let vpc = mock
+            .default_world()
+            .context("the embedded mockcloud has no default world")?
+            .vpc_id;
+        mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(&cluster_name, &vpc)));
         let config = DaemonConfig {
-            cluster_name: if o.base.cluster_name.is_empty() {
-                "simulate".to_owned()
-            } else {
-                o.base.cluster_name.clone()
-            },
+            cluster_name,
             socket_path: o.state_dir.join("eniipam.sock"),
             state_path: state_path.clone(),
             metrics_addr: o.metrics_addr,

@@ -265,7 +265,7 @@ async fn a_real_daemon_calls_only_what_the_policy_grants() {
             .to_string();
     let leaked_old = leak(&mock, Some(&old));
     let leaked_untimed = leak(&mock, None);
-    let d = start(eniipam::config::DaemonConfig {
+    let config = eniipam::config::DaemonConfig {
         cluster_name: CLUSTER.into(),
         min_idle: 0,
         max_idle: 0,
@@ -275,8 +275,10 @@ async fn a_real_daemon_calls_only_what_the_policy_grants() {
         // The ENI lifecycle is what is exercised: no pod on eth0.
         use_primary_eni: false,
         ..config(&mock, &dir.0)
-    })
-    .await;
+    };
+    // config() enforced the shipped policy for its own cluster name: this daemon's is CLUSTER.
+    enforce_shipped_policy(&mock, CLUSTER);
+    let d = start(config).await;
 
     // Create ENIs and assign: 5 pods need both secondary ENIs (3 IPs each).
     let mut c = client(&d.socket_path).await;
@@ -391,5 +393,314 @@ async fn a_real_daemon_calls_only_what_the_policy_grants() {
     assert_eq!(
         stamped.tags.get(tags::CLUSTER).map(String::as_str),
         Some(CLUSTER)
+    );
+}
+
+// ---- Issue 23: the policy enforced (mockcloud evaluates every call as IAM does) ----
+
+/// `eniipamctl iam-policy` for `cluster` in `mock`'s VPC, as mockcloud enforces it.
+fn enforced(mock: &MockCloud, cluster: &str) -> mockcloud::iam::Policy {
+    let vpc = mock.default_world().expect("default world").vpc_id;
+    mockcloud::iam::Policy::from_value(&policy_in(cluster, &vpc)).expect("the policy parses")
+}
+
+/// Pods on eth0 and on two new ENIs, all at once; every pod released; the pool gives every address
+/// back and releases both ENIs; `policy` enforced throughout. Returns the actions mockcloud saw.
+async fn burst_give_back_and_release(
+    mock: &MockCloud,
+    dir: &TempDir,
+    policy: mockcloud::iam::Policy,
+) -> BTreeSet<String> {
+    let config = eniipam::config::DaemonConfig {
+        cluster_name: CLUSTER.into(),
+        // What this test changes from the defaults only lets give-back and ENI release happen
+        // within the test: no warm pool to keep, no cooldown to wait out. use_primary_eni, the
+        // default the shipped policy used to break, stays on.
+        min_idle: 0,
+        max_idle: 0,
+        reuse_cooldown_secs: 0,
+        ..config(mock, &dir.0)
+    };
+    mock.set_iam_policy(Some(policy));
+    let d = start(config).await;
+    assert!(
+        eniipam::config::DaemonConfig::default().use_primary_eni,
+        "eth0 serves pods by default"
+    );
+    // t3.small: eth0 and two secondary ENIs, 3 pod IPs each: 8 pods need all three.
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let mut c = client(&d.socket_path).await;
+        set.spawn(async move {
+            c.allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+                .await
+                .map(|r| r.into_inner())
+        });
+    }
+    let mut enis = BTreeSet::new();
+    while let Some(r) = set.join_next().await {
+        let reply = r.unwrap().expect("every pod of the burst is served");
+        enis.insert(reply.eni_id);
+    }
+    let eth0 = mock.default_instance().primary_eni;
+    assert!(enis.contains(&eth0), "eth0 served pods: {enis:?}");
+    assert_eq!(enis.len(), 3, "eth0 and two new ENIs: {enis:?}");
+
+    let mut c = client(&d.socket_path).await;
+    for i in 0..8 {
+        c.release(release_req(&format!("c{i}"), false))
+            .await
+            .expect("release");
+    }
+    let secondary = |m: &MockCloud| -> usize {
+        m.network_interfaces()
+            .iter()
+            .filter(|e| e.attachment.is_some())
+            .map(|e| e.secondary_ips.len() + e.ipv4_prefixes.len())
+            .sum()
+    };
+    for _ in 0..100 {
+        d.pool.maintain_now().await.expect("maintain");
+        if mock.network_interfaces().len() == 1 && secondary(mock) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        mock.network_interfaces().len(),
+        1,
+        "both new ENIs released (detached and deleted)"
+    );
+    assert_eq!(secondary(mock), 0, "every address given back, eth0's too");
+    d.reconcile_now().await.expect("reconcile");
+    d.shutdown().await;
+    mock.call_log().into_iter().map(|r| r.action).collect()
+}
+
+/// The real daemon, default configuration, with the policy `eniipamctl iam-policy` prints enforced by
+/// mockcloud: a cold burst on eth0 and two new ENIs, give-back and ENI release make no call the
+/// policy refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_daemon_makes_no_call_the_enforced_policy_refuses() {
+    let mock = mock().await;
+    let dir = TempDir::new("iam-enforced");
+    let called = burst_give_back_and_release(&mock, &dir, enforced(&mock, CLUSTER)).await;
+    for needed in [
+        "AssignPrivateIpAddresses",
+        "UnassignPrivateIpAddresses",
+        "CreateNetworkInterface",
+        "AttachNetworkInterface",
+        "ModifyNetworkInterfaceAttribute",
+        "DetachNetworkInterface",
+        "DeleteNetworkInterface",
+    ] {
+        assert!(
+            called.contains(needed),
+            "not exercised: {needed} ({called:?})"
+        );
+    }
+    assert_eq!(
+        mock.iam_denials(),
+        vec![],
+        "the enforced policy refused calls of the default daemon"
+    );
+}
+
+/// What the fix is: without the VPC-scoped statement (the policy as shipped before issue 23), EC2
+/// refuses the default daemon's assign on eth0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_vpc_statement_eth0_is_refused() {
+    let mock = mock().await;
+    let vpc = mock.default_world().unwrap().vpc_id;
+    let mut p = policy_in(CLUSTER, &vpc);
+    p["Statement"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|s| s["Sid"] != "AssignAndUnassignOnThisVpcsEnis");
+    let dir = TempDir::new("iam-old");
+    let config = eniipam::config::DaemonConfig {
+        cluster_name: CLUSTER.into(),
+        ..config(&mock, &dir.0)
+    };
+    mock.set_iam_policy(Some(mockcloud::iam::Policy::from_value(&p).unwrap()));
+    let d = start(config).await;
+    let mut c = client(&d.socket_path).await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), c.allocate(alloc_req("c0", "p0"))).await;
+    let eth0 = mock.default_instance().primary_eni;
+    let denied: Vec<_> = mock
+        .iam_denials()
+        .into_iter()
+        .filter(|d| d.action == "ec2:AssignPrivateIpAddresses" && d.resource.ends_with(&eth0))
+        .collect();
+    assert!(!denied.is_empty(), "eth0's assign was not refused");
+    d.shutdown().await;
+}
+
+/// An SDK client with the daemon's credentials.
+async fn sdk(mock: &MockCloud) -> aws_sdk_ec2::Client {
+    let conf = aws_sdk_ec2::Config::builder()
+        .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
+        .region(aws_sdk_ec2::config::Region::new("us-east-1"))
+        .endpoint_url(mock.ec2_url())
+        .credentials_provider(aws_sdk_ec2::config::Credentials::new(
+            "a", "b", None, None, "test",
+        ))
+        .build();
+    aws_sdk_ec2::Client::from_conf(conf)
+}
+
+/// The daemon's view of an EC2 error: `UnauthorizedOperation`, naming the missing permission.
+fn refused<E>(
+    api: &str,
+    r: Result<
+        impl std::fmt::Debug,
+        aws_sdk_ec2::error::SdkError<E, aws_smithy_runtime_api::http::Response>,
+    >,
+) -> String
+where
+    E: aws_sdk_ec2::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let err = r.expect_err("EC2 refuses it");
+    let e = eniipam::cloud::ec2::classify(api, err);
+    assert!(
+        matches!(e, eniipam::cloud::CloudError::Unauthorized { .. }),
+        "{api}: {e}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("the IAM role needs ec2:{api}")),
+        "{text}"
+    );
+    text
+}
+
+/// What the policy refuses: deleting, detaching or modifying eth0, and touching an ENI tagged for
+/// another cluster in the same VPC (an explicit Deny), or any ENI of another VPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eth0_deletion_and_other_clusters_enis_are_refused() {
+    let mock = mock().await;
+    mock.set_iam_policy(Some(enforced(&mock, CLUSTER)));
+    let ec2 = sdk(&mock).await;
+    let world = mock.default_world().unwrap();
+    let eth0 = world.instance.primary_eni.clone();
+
+    refused(
+        "DeleteNetworkInterface",
+        ec2.delete_network_interface()
+            .network_interface_id(&eth0)
+            .send()
+            .await,
+    );
+    refused(
+        "ModifyNetworkInterfaceAttribute",
+        ec2.modify_network_interface_attribute()
+            .network_interface_id(&eth0)
+            .source_dest_check(
+                aws_sdk_ec2::types::AttributeBooleanValue::builder()
+                    .value(false)
+                    .build(),
+            )
+            .send()
+            .await,
+    );
+    let attachment = mock
+        .network_interfaces()
+        .into_iter()
+        .find(|e| e.id == eth0)
+        .and_then(|e| e.attachment)
+        .expect("eth0 is attached")
+        .id;
+    refused(
+        "DetachNetworkInterface",
+        ec2.detach_network_interface()
+            .attachment_id(&attachment)
+            .send()
+            .await,
+    );
+    // eth0's assign is allowed: the VPC statement.
+    ec2.assign_private_ip_addresses()
+        .network_interface_id(&eth0)
+        .secondary_private_ip_address_count(1)
+        .send()
+        .await
+        .expect("assign on eth0 is allowed");
+
+    // Another cluster's ENI in the same VPC, tagged as eniipam tags its own.
+    let other = mock
+        .with_world(|w, now| {
+            w.create_network_interface(
+                &mockcloud::world::CreateEniArgs {
+                    subnet_id: world.subnet_id.clone(),
+                    security_groups: vec![world.security_group_id.clone()],
+                    description: "another cluster's".into(),
+                    tags: BTreeMap::from([
+                        (tags::OWNER.to_owned(), tags::OWNER_VALUE.to_owned()),
+                        (tags::CLUSTER.to_owned(), "other-cluster".to_owned()),
+                    ]),
+                    ..Default::default()
+                },
+                now,
+            )
+        })
+        .unwrap()
+        .id;
+    refused(
+        "AssignPrivateIpAddresses",
+        ec2.assign_private_ip_addresses()
+            .network_interface_id(&other)
+            .secondary_private_ip_address_count(1)
+            .send()
+            .await,
+    );
+    refused(
+        "DeleteNetworkInterface",
+        ec2.delete_network_interface()
+            .network_interface_id(&other)
+            .send()
+            .await,
+    );
+    assert!(
+        mock.iam_denials()
+            .iter()
+            .any(|d| d.resource.ends_with(&other) && d.explicit),
+        "another cluster's ENI is refused by the explicit Deny: {:?}",
+        mock.iam_denials()
+    );
+
+    // An untagged ENI in another VPC: eth0's statement does not reach it.
+    let (vpc2, _) = mock.create_vpc("10.9.0.0/16".parse().unwrap()).unwrap();
+    let sg2 = mock.create_security_group(&vpc2).unwrap();
+    let subnet2 = mock
+        .create_subnet(&vpc2, "10.9.0.0/24".parse().unwrap(), "us-east-1a")
+        .unwrap();
+    let foreign = mock
+        .with_world(|w, now| {
+            w.create_network_interface(
+                &mockcloud::world::CreateEniArgs {
+                    subnet_id: subnet2,
+                    security_groups: vec![sg2],
+                    description: "another VPC's".into(),
+                    ..Default::default()
+                },
+                now,
+            )
+        })
+        .unwrap()
+        .id;
+    refused(
+        "AssignPrivateIpAddresses",
+        ec2.assign_private_ip_addresses()
+            .network_interface_id(&foreign)
+            .secondary_private_ip_address_count(1)
+            .send()
+            .await,
+    );
+    // Creating an ENI without our tags is refused too.
+    refused(
+        "CreateNetworkInterface",
+        ec2.create_network_interface()
+            .subnet_id(&world.subnet_id)
+            .send()
+            .await,
     );
 }

@@ -2,7 +2,8 @@
 //! an in-process mockcloud, the real `eniipam` plugin (IPAM role) doing ADD/DEL/GC churn on two
 //! networks from a fake runtime, every fault kind of the schedule injected at least once (SIGKILLs,
 //! EC2 errors, hangs and slow replies, throttling, IMDS lag, out-of-band unassign and detach, the state
-//! file removed, a full disk, hidden network namespaces, pods dying without a DEL), and the invariant
+//! file removed, a full disk, hidden network namespaces, pods dying without a DEL, an IAM policy edit
+//! revoking one action), with mockcloud enforcing the shipped IAM policy throughout, and the invariant
 //! checker after every step. Fails on any violation, printing each with its seed and step.
 //!
 //! The soak itself lives in the benchmark program (`bench/src/soak/`, `eniipam-bench soak --minutes
@@ -59,6 +60,10 @@ async fn fault_soak_keeps_every_invariant() {
         "little churn\n{summary}"
     );
     assert!(c.gcs_ok >= 3, "few GCs\n{summary}");
+    assert!(
+        c.iam_revocations >= 1,
+        "the IAM policy was never edited\n{summary}"
+    );
     assert!(c.checks >= steps / 2, "few checks\n{summary}");
 
     assert!(

@@ -174,12 +174,19 @@ pub async fn mock(instance_type: &str, realistic: bool) -> anyhow::Result<MockCl
     .context("cannot start mockcloud")
 }
 
+/// The cluster name of the benchmark's daemons.
+pub const CLUSTER: &str = "bench";
+
 /// A daemon config for `mock`'s default instance with its state under `dir`; node rate limits as
-/// shipped (the limiter is part of what is measured).
+/// shipped (the limiter is part of what is measured). `mock` enforces the shipped IAM policy for
+/// the benchmark's cluster in its default VPC, as EC2 would.
 pub fn daemon_config(mock: &MockCloud, dir: &Path) -> DaemonConfig {
     let inst = mock.default_instance();
+    if let Some(world) = mock.default_world() {
+        mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(CLUSTER, &world.vpc_id)));
+    }
     DaemonConfig {
-        cluster_name: "bench".into(),
+        cluster_name: CLUSTER.into(),
         socket_path: dir.join("eniipam.sock"),
         state_path: dir.join("state.db"),
         metrics_addr: "127.0.0.1:0".parse().expect("literal"),

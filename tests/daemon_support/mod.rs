@@ -13,11 +13,25 @@ use eniipam::rpc::{API_VERSION, pb};
 use mockcloud::MockCloud;
 use tonic::transport::Channel;
 
-/// A daemon config for `mock`'s default instance with state under `dir`.
+/// The cluster name of [`config`].
+pub const CLUSTER: &str = "test";
+
+/// Makes `mock` enforce the shipped IAM policy (`deploy/iam-policy.json`) for `cluster` in its
+/// default VPC, as every daemon-level test does: a call the policy refuses fails the test's daemon as
+/// it would on AWS.
+pub fn enforce_shipped_policy(mock: &MockCloud, cluster: &str) {
+    let vpc = mock.default_world().expect("a default world").vpc_id;
+    mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(cluster, &vpc)));
+}
+
+/// A daemon config for `mock`'s default instance with state under `dir`; `mock` enforces the
+/// shipped IAM policy for its cluster ([`enforce_shipped_policy`]; a test that changes the cluster
+/// name calls it again with the new name).
 pub fn config(mock: &MockCloud, dir: &Path) -> DaemonConfig {
     let inst = mock.default_instance();
+    enforce_shipped_policy(mock, CLUSTER);
     DaemonConfig {
-        cluster_name: "test".into(),
+        cluster_name: CLUSTER.into(),
         socket_path: dir.join("eniipam.sock"),
         state_path: dir.join("state.db"),
         metrics_addr: "127.0.0.1:0".parse().unwrap(),

@@ -15,6 +15,9 @@ use serde::Deserialize;
 use tokio::sync::oneshot;
 
 use super::node::Node;
+
+/// The cluster name of the runtime tests' daemons.
+const CLUSTER: &str = "runtime-test";
 use super::{output_of, tail, target_bin, wait_for};
 
 /// mockcloud running on its own thread inside a network namespace.
@@ -52,6 +55,12 @@ impl MockInNetns {
             rt.block_on(async move {
                 match MockCloud::start(config).await {
                     Ok(mock) => {
+                        // The shipped IAM policy for the test's cluster, as EC2 would enforce it.
+                        if let Some(w) = mock.default_world() {
+                            mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(
+                                CLUSTER, &w.vpc_id,
+                            )));
+                        }
                         let _ = started_tx.send(Ok(mock.clone()));
                         let _ = stopped.await;
                         drop(mock);
@@ -148,7 +157,7 @@ impl Eniipamd {
         cmd.envs([
             ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
             ("AWS_SECRET_ACCESS_KEY", "test"),
-            ("ENIIPAM_CLUSTER_NAME", "runtime-test"),
+            ("ENIIPAM_CLUSTER_NAME", CLUSTER),
             ("ENIIPAM_REGION", mock.mock.region()),
             ("ENIIPAM_EC2_ENDPOINT", ec2.as_str()),
             ("ENIIPAM_IMDS_ENDPOINT", world.instance.imds_url.as_str()),

@@ -73,7 +73,7 @@ impl DaemonProc {
         let env = [
             ("AWS_ACCESS_KEY_ID", "AKIDSOAK".to_owned()),
             ("AWS_SECRET_ACCESS_KEY", "soak".to_owned()),
-            ("ENIIPAM_CLUSTER_NAME", "soak".to_owned()),
+            ("ENIIPAM_CLUSTER_NAME", super::iam::CLUSTER.to_owned()),
             ("ENIIPAM_REGION", "us-east-1".to_owned()),
             ("ENIIPAM_EC2_ENDPOINT", mock.ec2_url()),
             ("ENIIPAM_IMDS_ENDPOINT", inst.imds_url.clone()),

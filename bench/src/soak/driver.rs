@@ -43,6 +43,7 @@ pub(super) struct Soak {
     pub(super) ips_seen: BTreeSet<Ipv4Addr>,
     pub(super) last_oob: Option<Instant>,
     pub(super) grace: Duration,
+    pub(super) iam: super::iam::IamState,
 }
 
 impl Soak {
@@ -303,6 +304,7 @@ impl Soak {
     }
 
     pub(super) async fn check(&mut self, step: u64, all: bool) {
+        self.iam_check(step);
         let Some(channel) = self.daemon.channel() else {
             self.counts.checks_skipped += 1;
             return;

@@ -37,10 +37,13 @@ pub enum FaultKind {
     NetnsHidden,
     /// A pod's netns removed without a DEL (the pod died); GC or a late DEL cleans up.
     PodDeath,
+    /// The IAM policy edited to revoke one action the daemon needs for a few steps, then granted
+    /// back (the shipped policy is enforced for the whole run).
+    IamRevoke,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::Kill,
         FaultKind::Ec2Error,
         FaultKind::Ec2ErrorRate,
@@ -54,6 +57,7 @@ impl FaultKind {
         FaultKind::DiskFull,
         FaultKind::NetnsHidden,
         FaultKind::PodDeath,
+        FaultKind::IamRevoke,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +75,7 @@ impl FaultKind {
             Self::DiskFull => "disk-full",
             Self::NetnsHidden => "netns-hidden",
             Self::PodDeath => "pod-death",
+            Self::IamRevoke => "iam-revoke",
         }
     }
 

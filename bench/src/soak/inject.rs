@@ -23,6 +23,7 @@ pub(super) enum Undo {
     ImdsLag,
     Disk,
     Unhide(usize),
+    IamRestore,
 }
 
 pub(super) struct PendingUndo {
@@ -52,6 +53,7 @@ impl Soak {
                 Undo::ImdsLag => self.mock.set_imds_lag(BASE_IMDS_LAG),
                 Undo::Disk => self.host.free_disk()?,
                 Undo::Unhide(r) => self.unhide(r)?,
+                Undo::IamRestore => self.iam_restore(step),
             }
         }
         Ok(())
@@ -130,6 +132,13 @@ impl Soak {
                 let steps = rng.random_range(3..=7);
                 self.undo_later(step, steps, Duration::ZERO, Undo::Throttling);
                 format!("account buckets 4 + 1/s mutating, 6 + 2/s describe for {steps} steps")
+            }
+            FaultKind::IamRevoke => {
+                let action = *super::iam::REVOCABLE.choose(&mut rng).expect("not empty");
+                self.iam_revoke(step, action);
+                let steps = rng.random_range(2..=5);
+                self.undo_later(step, steps, Duration::ZERO, Undo::IamRestore);
+                format!("the IAM policy loses ec2:{action} for {steps} steps")
             }
             FaultKind::ImdsLag => {
                 let ms = rng.random_range(1500..5000);

@@ -12,6 +12,10 @@
 //! middle of the batch if planned, restart it, then check. Everything random is drawn from an RNG of
 //! (seed, step), so a violation is named by its seed and step; the daemon's own timing still varies.
 //!
+//! mockcloud enforces the shipped IAM policy for the whole run; [`iam`] holds the `iam-revoke` fault
+//! and its checks (no call of an action that is granted is refused; a refused one is named in the
+//! daemon's log).
+//!
 //! Modules: [`driver`] (the run's state and the step loop, restarts, GC, checks, the end), [`pods`] (a
 //! step's batch of pod operations and what the runtime learns from it), [`inject`] (applying and
 //! undoing faults), [`faults`] (the kinds and the seeded schedule), [`checker`] (the witnesses and the
@@ -27,6 +31,7 @@ pub mod checker;
 pub mod daemon;
 pub mod faults;
 pub mod host;
+pub mod iam;
 pub mod model;
 pub mod runtime;
 
@@ -115,6 +120,9 @@ pub struct Counts {
     pub faults: BTreeMap<&'static str, u64>,
     /// ADD failures by the plugin's error code.
     pub add_errors: BTreeMap<String, u64>,
+    /// IAM: revocations of an action, and the calls EC2 refused for the revoked action.
+    pub iam_revocations: u64,
+    pub iam_refused: u64,
 }
 
 /// One broken invariant.
@@ -194,6 +202,12 @@ impl SoakOutcome {
         );
         let faults: Vec<String> = c.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(s, "faults: {}", faults.join(", "));
+        let _ = writeln!(
+            s,
+            "IAM: the shipped policy enforced throughout; {} revocations, {} calls refused for the \
+             revoked action (a refusal of anything else is an iam-denied violation)",
+            c.iam_revocations, c.iam_refused
+        );
         let kinds = self.by_kind();
         if kinds.is_empty() {
             let _ = writeln!(s, "violations: none");
@@ -282,6 +296,10 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
     )
     .await
     .context("starting mockcloud")?;
+    // The shipped IAM policy, enforced for the whole run (the iam-revoke fault edits it).
+    let vpc_id = mock.default_world().context("the default world")?.vpc_id;
+    let shipped = mockcloud::iam::shipped_policy(iam::CLUSTER, &vpc_id);
+    mock.set_iam_policy(Some(shipped.clone()));
     let instance_id = mock.default_instance().instance_id;
     let log = cfg
         .log_file
@@ -332,8 +350,11 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         ips_seen: BTreeSet::new(),
         last_oob: None,
         grace,
+        iam: iam::IamState::new(shipped),
     };
     let result = soak.drive(started).await;
+    soak.counts.iam_revocations = soak.iam.revocations;
+    soak.counts.iam_refused = soak.iam.denials_of_revoked;
     soak.daemon.kill().await;
     result?;
     Ok(SoakOutcome {
