@@ -810,11 +810,10 @@ async fn first_pod_on_new_eni_routes_at_once() {
             "no secondary ENI before the first pod"
         );
         let p = d.add_pod_now(&c, name, PodOptions::default()).await;
-        let table = d
-            .ns
-            .routes(Some(p.device_index + 1))
-            .await
-            .unwrap_or_default();
+        let table =
+            d.ns.routes(Some(p.device_index + 1))
+                .await
+                .unwrap_or_default();
         let sent = vpclab::echo(
             &p.ns,
             SocketAddr::from((peer, ECHO_PORT)),
