@@ -182,6 +182,10 @@ pub struct DaemonConfig {
     /// Seconds between checks of the host rules (drift is healed; IMDS's VPC CIDRs are re-read
     /// every 30 s).
     pub host_rules_check_secs: u64,
+    /// Seconds a new ENI waits for its route table on the host before serving pods (with
+    /// `manage_eni_routes`); past that, the ENI is given back and its pods get a retryable error
+    /// (`eniipam_eni_route_table_timeouts_total`).
+    pub eni_route_wait_secs: u64,
     /// Seconds in-flight requests get to finish on SIGTERM.
     pub shutdown_grace_secs: u64,
     pub log_format: LogFormat,
@@ -238,6 +242,7 @@ impl Default for DaemonConfig {
             connmark: 0x80,
             veth_prefix: "eni".to_owned(),
             host_rules_check_secs: 10,
+            eni_route_wait_secs: 30,
             shutdown_grace_secs: 20,
             log_format: LogFormat::Auto,
             log_level: "info".to_owned(),
@@ -392,6 +397,7 @@ impl DaemonConfig {
         }
         set!(veth_prefix, "a prefix");
         set!(host_rules_check_secs, "a whole number of seconds");
+        set!(eni_route_wait_secs, "a whole number of seconds");
         set!(shutdown_grace_secs, "a whole number of seconds");
         if let Some(v) = get("log_format") {
             self.log_format = match v.as_str() {
@@ -595,6 +601,9 @@ impl DaemonConfig {
         if !(1..=3600).contains(&self.host_rules_check_secs) {
             return Err(invalid("host_rules_check_secs", "allowed: 1 ..= 3600"));
         }
+        if !(1..=600).contains(&self.eni_route_wait_secs) {
+            return Err(invalid("eni_route_wait_secs", "allowed: 1 ..= 600"));
+        }
         Ok(())
     }
 
@@ -789,6 +798,7 @@ mod tests {
                 "0",
                 "host_rules_check_secs",
             ),
+            ("ENIIPAM_ENI_ROUTE_WAIT_SECS", "0", "eni_route_wait_secs"),
         ] {
             let e = DaemonConfig::load(None, &env(&[(var, value)])).unwrap_err();
             assert!(e.to_string().starts_with(knob), "{var}={value}: {e}");

@@ -186,7 +186,12 @@ impl Daemon {
         )?;
         let _ = b.pool_cell.set(pool.clone());
         if config.manage_eni_routes {
-            spawn_host_routing(&pool, &mut b).await?;
+            spawn_host_routing(
+                &pool,
+                &mut b,
+                Duration::from_secs(config.eni_route_wait_secs),
+            )
+            .await?;
             spawn_host_rules(&config, &clients, &mut b).await?;
         }
         if !config.cluster_name.is_empty() {
@@ -472,18 +477,74 @@ async fn rebuild(
 }
 
 /// Each secondary ENI's table (device_index + 1), kept in step with the pool: installed when an ENI
-/// appears (retried until its link shows up), flushed when it goes.
-async fn spawn_host_routing(pool: &Pool, b: &mut Building) -> Result<(), DaemonError> {
+/// appears (retried until its link shows up), flushed when it goes. A new ENI serves no pod before
+/// its table is installed: the pool's readiness gate ([`HostRouteGate`]) waits for the keeper.
+async fn spawn_host_routing(
+    pool: &Pool,
+    b: &mut Building,
+    wait: Duration,
+) -> Result<(), DaemonError> {
     let routing = crate::host::EniRouting::new().await?;
+    let (ready_tx, ready_rx) = tokio::sync::mpsc::channel(16);
+    pool.set_eni_readiness(Arc::new(HostRouteGate {
+        requests: ready_tx,
+        wait,
+        metrics: b.metrics.clone(),
+    }));
     let pool = pool.clone();
     b.background.push(
-        crate::host::RouteKeeper::new(routing, Duration::from_secs(60)).spawn(
+        crate::host::RouteKeeper::new(routing, Duration::from_secs(60)).spawn_gated(
             move || crate::host::routes::pod_eni_routes(&pool.snapshot(), None),
             Duration::from_secs(2),
+            ready_rx,
             b.cancel.clone(),
         ),
     );
     Ok(())
+}
+
+/// The pool's readiness gate of new ENIs when the daemon keeps their route tables: asks the route
+/// keeper to install the new ENI's table now and waits, up to `wait` (`eni_route_wait_secs`), until it
+/// is (see `pool::EniReadiness`, issue 23).
+struct HostRouteGate {
+    requests: tokio::sync::mpsc::Sender<crate::host::ReadyRequest>,
+    wait: Duration,
+    metrics: Metrics,
+}
+
+#[async_trait::async_trait]
+impl crate::pool::EniReadiness for HostRouteGate {
+    async fn ready(&self, eni: &crate::pool::NewEniFacts) -> Result<(), String> {
+        let Some(cidr) = eni.subnet_cidr else {
+            return Err(format!("the subnet of {} is not known", eni.id));
+        };
+        // As `pod_eni_routes` will list it once the pool serves it (no MTU: the same as there).
+        let Some(route) =
+            crate::host::EniRoute::of_eni(&eni.mac, eni.device_index, cidr, eni.primary_ip, None)
+        else {
+            // The primary ENI: routed by the main table, nothing to wait for.
+            return Ok(());
+        };
+        let (respond_to, installed) = tokio::sync::oneshot::channel();
+        let asked = crate::host::ReadyRequest { route, respond_to };
+        if self.requests.send(asked).await.is_err() {
+            return Err("the host route keeper has stopped".into());
+        }
+        match tokio::time::timeout(self.wait, installed).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err("the host route keeper has stopped".into()),
+            Err(_) => {
+                self.metrics.eni_route_timeouts.inc();
+                Err(format!(
+                    "its route table (table {}) was not installed within {:?}: its link (MAC {}) did not \
+                     show up on the host, or writing the table failed (see the warnings of the route keeper)",
+                    eni.device_index + 1,
+                    self.wait,
+                    eni.mac
+                ))
+            }
+        }
+    }
 }
 
 /// SNAT and NodePort rules (nftables table `ip eniipam`, `fwmark` rule 1024, loose rp_filter on

@@ -73,6 +73,8 @@ pub struct Metrics {
     pub lost_pods: Counter,
     /// ENIs EC2 confirmed gone from the node (forgotten by the pool).
     pub forgotten_enis: Counter,
+    /// New ENIs whose route table the host did not install within `eni_route_wait_secs`.
+    pub eni_route_timeouts: Counter,
     /// Quarantined IPs released into the idle queue (evidence or operator).
     pub quarantine_lifted: Counter,
     /// State-file rows repaired from the pool by the running reconcile.
@@ -110,6 +112,7 @@ impl Default for Metrics {
             drift_unknown_to_pool: Gauge::default(),
             lost_pods: Counter::default(),
             forgotten_enis: Counter::default(),
+            eni_route_timeouts: Counter::default(),
             quarantine_lifted: Counter::default(),
             store_repairs: Counter::default(),
             api_server_released: Counter::default(),
@@ -237,6 +240,11 @@ pub fn render(s: &Sources) -> String {
         "eniipam_reconcile_forgotten_enis",
         "ENIs EC2 showed no longer attached to the node twice in a row (forgotten)",
         m.forgotten_enis.clone(),
+    );
+    reg.register(
+        "eniipam_eni_route_table_timeouts",
+        "New ENIs whose route table the host did not install within eni_route_wait_secs (given back)",
+        m.eni_route_timeouts.clone(),
     );
     reg.register(
         "eniipam_quarantine_lifted_ips",

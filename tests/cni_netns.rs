@@ -127,15 +127,20 @@ fn assert_host_wired(node: &Netns, ip: &str, veth: &str, table: Option<&str>) {
     assert_eq!(to_pod["dev"], veth);
     assert_eq!(to_pod["scope"], "link");
     let rules = rules_for(node, ip);
+    // Every pod IP: `to <ip> lookup main`.
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["priority"] == 512 && r["dst"] == ip && r["table"] == "main"),
+        "{rules:?}"
+    );
     match table {
-        None => assert!(rules.is_empty(), "primary-ENI IPs get no rules: {rules:?}"),
+        None => assert_eq!(
+            rules.len(),
+            1,
+            "primary-ENI IPs get the `to` rule only: {rules:?}"
+        ),
         Some(table) => {
-            assert!(
-                rules
-                    .iter()
-                    .any(|r| r["priority"] == 512 && r["dst"] == ip && r["table"] == "main"),
-                "{rules:?}"
-            );
             assert!(
                 rules
                     .iter()
@@ -257,8 +262,8 @@ fn pods_are_wired_reach_each_other_and_are_torn_down() {
 }
 
 #[test]
-fn primary_eni_ips_get_no_rules_and_old_configs_work() {
-    if !netns_available("primary_eni_ips_get_no_rules_and_old_configs_work") {
+fn primary_eni_ips_get_the_to_rule_only_and_old_configs_work() {
+    if !netns_available("primary_eni_ips_get_the_to_rule_only_and_old_configs_work") {
         return;
     }
     let daemon = FakeDaemon::start(&ips(&["10.10.0.21"]));
@@ -284,6 +289,32 @@ fn primary_eni_ips_get_no_rules_and_old_configs_work() {
         .run()
         .ok();
     assert!(!node.link_names().contains(&veth_name("legacy")));
+    assert!(
+        rules_for(&node, "10.10.0.21").is_empty(),
+        "the `to` rule went"
+    );
+
+    // A pod an earlier plugin version wired (no `to` rule on eth0) is torn down all the same.
+    let pod = Netns::new("pod");
+    let result = Invocation::new("ADD", &main_config(&daemon, "1.1.0"))
+        .container("old2")
+        .pod("default", "legacy")
+        .netns(Some(&pod.path()))
+        .in_node(&node)
+        .run()
+        .ok();
+    node.ip(&["rule", "del", "priority", "512", "to", "10.10.0.21"]);
+    let mut del = main_config(&daemon, "1.1.0");
+    del["prevResult"] = result;
+    Invocation::new("DEL", &del)
+        .container("old2")
+        .pod("default", "legacy")
+        .netns(Some(&pod.path()))
+        .in_node(&node)
+        .run()
+        .ok();
+    assert!(!node.link_names().contains(&veth_name("legacy")));
+    assert!(rules_for(&node, "10.10.0.21").is_empty());
 }
 
 #[test]

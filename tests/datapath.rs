@@ -14,6 +14,9 @@
 //! | hostPort (portmap) | `host_port_eth0` | `host_port_secondary` |
 //! | pod IP reused | `reused_ip_eth0` | `reused_ip_secondary` |
 //! | ENI released, re-created | — | `recreated_eni_secondary` |
+//! | eth0 pod ↔ secondary-ENI pod, one node (strict, loose `rp_filter`) | `mixed_same_node_strict_rp_filter` | `mixed_same_node_loose_rp_filter` |
+//! | pod → internet, SNAT, NodePort support off, `--prepare-host` | — | `snat_secondary_node_port_off_prepared_host` |
+//! | first pod of a new ENI, traffic right after ADD | — | `first_pod_on_new_eni_routes_at_once` |
 //!
 //! Plus: the NodePort case fails without the connmark rule (and the daemon heals it), and the rules
 //! survive daemon restarts, follow a knob change and go with `--uninstall-host-rules`.
@@ -26,7 +29,10 @@ mod bins;
 mod datapath_support;
 
 use datapath_support::*;
-use vpclab::{Egress, INTERNET_SERVER, NAT_GATEWAY_PUBLIC_IP};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use vpclab::{EchoOptions, Egress, INTERNET_SERVER, NAT_GATEWAY_PUBLIC_IP};
 
 macro_rules! matrix {
     ($case:ident: $eth0:ident, $secondary:ident) => {
@@ -592,4 +598,244 @@ async fn rules_survive_restarts_follow_knobs_and_uninstall() {
         "{}",
         d.ip_rules().await
     );
+}
+
+/// Secondary IPs EC2 shows on `instance`'s ENI at `device_index`.
+fn secondary_ips_at(c: &Cluster, instance: &str, device_index: u32) -> Vec<Ipv4Addr> {
+    c.mock
+        .network_interfaces()
+        .into_iter()
+        .find(|e| {
+            e.attachment
+                .as_ref()
+                .is_some_and(|a| a.instance_id == instance && a.device_index == device_index)
+        })
+        .map(|e| e.secondary_ips)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_same_node_strict_rp_filter() {
+    mixed_same_node("mixed_same_node_strict_rp_filter", RpFilter::Strict).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_same_node_loose_rp_filter() {
+    mixed_same_node("mixed_same_node_loose_rp_filter", RpFilter::Loose).await;
+}
+
+/// A pod on eth0 and a pod on a secondary ENI of the same node talk both ways, and not one packet
+/// of theirs reaches the VPC router: every pod's `to <ip> lookup main` rule (512) wins over the
+/// secondary-ENI pod's `from <ip> lookup <table>` rule (1536). Without the eth0 pod's `to` rule the
+/// secondary-ENI pod's packets to it left by its ENI, crossed the VPC and came back through eth0.
+async fn mixed_same_node(test: &str, rp_filter: RpFilter) {
+    let Some(c) = Cluster::start_with(test, Egress::InternetGateway, rp_filter).await else {
+        return;
+    };
+    // eth0 serves pods; warm more than it holds (9 secondary IPs on an m5.large), so an eth1 is
+    // created with idle IPs of its own.
+    let d = Daemon::start(
+        &c,
+        &c.a.instance_id,
+        Placement::Eth0,
+        &[
+            ("ENIIPAM_WARM_POLICY", "fixed"),
+            ("ENIIPAM_MIN_IDLE", "12"),
+            ("ENIIPAM_MAX_IDLE", "24"),
+        ],
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while secondary_ips_at(&c, &c.a.instance_id, 1).is_empty()
+        || secondary_ips_at(&c, &c.a.instance_id, 0).is_empty()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no eth1 with IPs within 30 s:\n{}",
+            d.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let on_eth0 = secondary_ips_at(&c, &c.a.instance_id, 0)[0];
+    let on_eth1 = secondary_ips_at(&c, &c.a.instance_id, 1)[0];
+    let p0 = d
+        .add_pod(
+            &c,
+            "on-eth0",
+            PodOptions {
+                want_ip: Some(on_eth0),
+                ..Default::default()
+            },
+        )
+        .await;
+    let p1 = d
+        .add_pod(
+            &c,
+            "on-eth1",
+            PodOptions {
+                want_ip: Some(on_eth1),
+                ..Default::default()
+            },
+        )
+        .await;
+    p0.assert_placed(Placement::Eth0);
+    p1.assert_placed(Placement::SecondaryEni);
+    let probe = FlowProbe::start(&c, &d.ns, p0.ip, p1.ip).await;
+    let (_s0, _s1) = (serve(&p0.ns), serve(&p1.ns));
+    let exchange = |from: &CniPod, to: &CniPod| {
+        let (from, to, probe) = (from.clone(), to.clone(), &probe);
+        async move {
+            let sent = vpclab::echo(
+                &from.ns,
+                SocketAddr::from((to.ip, ECHO_PORT)),
+                &EchoOptions {
+                    timeout: Duration::from_secs(5),
+                    ..Default::default()
+                },
+            )
+            .await;
+            let (node, vpc) = probe.packets().await;
+            match sent {
+                Ok(r) => assert_eq!(r.server_saw.ip(), from.ip),
+                Err(e) => panic!(
+                    "{} → {} ({}): {e}; {node} packets of the flow left the node by an ENI, {vpc} \
+                     reached the VPC router",
+                    from.name, to.name, to.ip
+                ),
+            }
+        }
+    };
+    for _ in 0..3 {
+        exchange(&p1, &p0).await;
+        exchange(&p0, &p1).await;
+    }
+    assert_eq!(
+        probe.packets().await,
+        (0, 0),
+        "packets between {} and {} left the node (by an ENI, to the VPC router)",
+        p0.ip,
+        p1.ip
+    );
+    c.assert_no_drops().await;
+    // Both pods have their `to` rule, whichever ENI holds their address.
+    let rules = d.ip_rules().await;
+    for p in [&p0, &p1] {
+        assert!(
+            rules.contains(&format!("512:\tfrom all to {} lookup main", p.ip)),
+            "{}: no `to` rule:\n{rules}",
+            p.name
+        );
+    }
+}
+
+/// NodePort support off, SNAT on, strict `rp_filter`, the daemon unable to write `/proc/sys` (its
+/// DaemonSet container): the init container's `eniipamd --prepare-host` still loosens the primary
+/// interface, because SNATed replies to pods on secondary ENIs need it (their reverse route follows
+/// the pod's `from` rule out of its ENI), and a secondary-ENI pod reaches the internet through the
+/// node's SNAT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snat_secondary_node_port_off_prepared_host() {
+    let test = "snat_secondary_node_port_off_prepared_host";
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    let mut d = Daemon::start_opts(
+        &c,
+        &c.a.instance_id,
+        Placement::SecondaryEni,
+        &[("ENIIPAM_NODE_PORT_SUPPORT", "false")],
+        true,
+    )
+    .await;
+    d.stop().await;
+    let node = c.node_ns(&c.a.instance_id);
+    assert_eq!(
+        node.read_sysctl("net/ipv4/conf/eth0/rp_filter")
+            .await
+            .expect("sysctl"),
+        "1",
+        "the daemon could not loosen it (read-only /proc/sys):\n{}",
+        d.tail()
+    );
+    // The init container, then the daemon, as the DaemonSet runs them.
+    let prepared = d.run_once(&["--prepare-host"]).await;
+    d.restart_with(&[]).await;
+    let rules = d.rules().await.expect("the SNAT rules");
+    assert!(
+        rules.contains("snat to") && !rules.contains("mark-primary"),
+        "{rules}"
+    );
+    let p = d.add_pod(&c, "egress", PodOptions::default()).await;
+    p.assert_placed(Placement::SecondaryEni);
+    let _internet = serve(c.lab.internet());
+    let r = reaches(&p.ns, INTERNET_SERVER, ECHO_PORT).await;
+    assert_eq!(r.server_saw.ip(), c.a.private_ip, "SNAT to eth0's address");
+    assert!(prepared.contains("set to 2 (loose)"), "{prepared}");
+    assert_eq!(
+        node.read_sysctl("net/ipv4/conf/eth0/rp_filter")
+            .await
+            .expect("sysctl"),
+        "2"
+    );
+    c.assert_no_drops().await;
+}
+
+/// The first pod on a newly created ENI can send at once: when its ADD returns, the ENI's route
+/// table is installed in the node, and one TCP exchange (no retry: shorter than the first SYN
+/// retransmission) to the other node succeeds, on both nodes, with nothing dropped by EC2's
+/// source/destination check. Before the readiness gate the ADD returned up to the host keeper's
+/// next round (2 s) before the table existed, and the pod's packets left by eth0 with eth1's
+/// address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_pod_on_new_eni_routes_at_once() {
+    let test = "first_pod_on_new_eni_routes_at_once";
+    let Some(c) = Cluster::start(test, Egress::InternetGateway).await else {
+        return;
+    };
+    let no_warm = [
+        ("ENIIPAM_WARM_POLICY", "fixed"),
+        ("ENIIPAM_MIN_IDLE", "0"),
+        ("ENIIPAM_MAX_IDLE", "0"),
+    ];
+    let da = Daemon::start(&c, &c.a.instance_id, Placement::SecondaryEni, &no_warm).await;
+    let db = Daemon::start(&c, &c.b.instance_id, Placement::SecondaryEni, &no_warm).await;
+    let (node_a, node_b) = (c.node_ns(&c.a.instance_id), c.node_ns(&c.b.instance_id));
+    let (_sa, _sb) = (serve(&node_a), serve(&node_b));
+    for (d, peer, name) in [
+        (&da, c.b.private_ip, "first-a"),
+        (&db, c.a.private_ip, "first-b"),
+    ] {
+        assert!(
+            secondary_ips_at(&c, &d.instance_id, 1).is_empty(),
+            "no secondary ENI before the first pod"
+        );
+        let p = d.add_pod_now(&c, name, PodOptions::default()).await;
+        let table =
+            d.ns.routes(Some(p.device_index + 1))
+                .await
+                .unwrap_or_default();
+        let sent = vpclab::echo(
+            &p.ns,
+            SocketAddr::from((peer, ECHO_PORT)),
+            &EchoOptions {
+                timeout: Duration::from_millis(900),
+                ..Default::default()
+            },
+        )
+        .await;
+        p.assert_placed(Placement::SecondaryEni);
+        assert!(
+            table.iter().any(|r| r.dst == vpclab::RouteDst::Default),
+            "{name}: table {} had no default route when the ADD returned: {table:?}\n{}",
+            p.device_index + 1,
+            d.tail()
+        );
+        assert_eq!(
+            sent.unwrap_or_else(|e| panic!("{name} → {peer} right after ADD: {e}"))
+                .server_saw
+                .ip(),
+            p.ip
+        );
+    }
+    c.assert_no_drops().await;
 }

@@ -56,9 +56,11 @@ struct Args {
     #[arg(long, conflicts_with = "simulate")]
     uninstall_host_rules: bool,
     /// Prepare the node's kernel settings the data path needs and exit: the primary interface (found
-    /// by eth0's MAC from IMDS) gets `rp_filter` 2 (loose) when it is 1 (strict), so replies of pods
-    /// on secondary ENIs to NodePort and load-balancer traffic are not dropped. For a privileged init
-    /// container: the daemon's own container sees `/proc/sys` read-only.
+    /// by eth0's MAC from IMDS) gets `rp_filter` 2 (loose) when it is 1 (strict), so the SNATed
+    /// replies of pods on secondary ENIs and their NodePort and load-balancer traffic are not
+    /// dropped (needed with `manage_eni_routes` when SNAT is on, `external_snat` off, or
+    /// `node_port_support` is on). For a privileged init container: the daemon's own container sees
+    /// `/proc/sys` read-only.
     #[arg(long, conflicts_with_all = ["simulate", "uninstall_host_rules"])]
     prepare_host: bool,
 }
@@ -174,9 +176,12 @@ async fn prepare_host(args: Args) -> Exit {
         Ok(c) => c,
         Err(e) => return Exit::BadConfig(e.into()),
     };
-    if !(config.manage_eni_routes && config.node_port_support) {
+    // SNAT needs a loose rp_filter as much as NodePort support does (issue 23): see
+    // `HostRulesConfig::needs_loose_rp_filter`.
+    if !(config.manage_eni_routes && config.host_rules_config().needs_loose_rp_filter()) {
         println!(
-            "eniipamd: nothing to prepare (node_port_support or manage_eni_routes is off): rp_filter left as it is"
+            "eniipamd: nothing to prepare (manage_eni_routes is off, or external_snat is on and node_port_support \
+             off): rp_filter left as it is"
         );
         return Exit::Stopped;
     }

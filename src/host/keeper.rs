@@ -1,9 +1,16 @@
 //! [`RouteKeeper`]: follows the pool's changing list of ENIs and keeps each one's route table in step
 //! ([`super::routes`] does the netlink work).
+//!
+//! It also answers the pool's readiness gate (issue 23): a [`ReadyRequest`] for a new ENI (not yet
+//! in the pool's list, whose IPs wait for it) is worked on at once and retried every
+//! [`READY_RETRY`] until the ENI's link has shown up and its table is installed; then it is
+//! answered, and the table is held (never flushed as "gone") until the pool lists the ENI, or for
+//! [`READY_HOLD`] if it never does (the create was abandoned).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +39,33 @@ pub struct RouteKeeper {
     installed: HashMap<u32, (EniRoute, Option<Instant>)>,
     /// ENIs whose link is missing: since when, and whether that was logged as a warning.
     missing_since: HashMap<u32, (Instant, bool)>,
+}
+
+/// A request of the pool's readiness gate: answered once `route`'s table is installed.
+#[derive(Debug)]
+pub struct ReadyRequest {
+    pub route: EniRoute,
+    pub respond_to: oneshot::Sender<()>,
+}
+
+/// How often a new ENI the pool waits for is retried while its link is missing.
+pub const READY_RETRY: Duration = Duration::from_millis(50);
+
+/// How long a table installed for the readiness gate is kept while the pool does not list its ENI.
+pub const READY_HOLD: Duration = Duration::from_secs(120);
+
+/// `wanted` plus the routes the readiness gate waits for or holds (they win over a listed ENI of
+/// the same device index: the pool lists an ENI it is giving up until it is gone).
+pub fn with_gated(
+    wanted: Vec<EniRoute>,
+    gated: impl IntoIterator<Item = EniRoute>,
+) -> Vec<EniRoute> {
+    let mut list = wanted;
+    for route in gated {
+        list.retain(|e| e.device_index != route.device_index);
+        list.push(route);
+    }
+    list
 }
 
 /// How long an ENI's link may be missing before the keeper logs a warning, once (before: debug).
@@ -128,12 +162,32 @@ impl RouteKeeper {
         report
     }
 
+    /// Whether `eni`'s table is installed as described (its last attempt succeeded).
+    pub fn is_installed(&self, eni: &EniRoute) -> bool {
+        matches!(self.installed.get(&eni.device_index), Some((done, Some(_))) if done == eni)
+    }
+
     /// Runs [`Self::sync`] every `period` against what `wanted` returns (for the daemon:
     /// `move || pod_eni_routes(&pool.snapshot(), mtu)`), until `cancel`.
     pub fn spawn<F>(
+        self,
+        wanted: F,
+        period: Duration,
+        cancel: CancellationToken,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        F: FnMut() -> Vec<EniRoute> + Send + 'static,
+    {
+        let (_, ready) = mpsc::channel(1);
+        self.spawn_gated(wanted, period, ready, cancel)
+    }
+
+    /// [`Self::spawn`], also answering the pool's readiness gate on `ready` (see the module docs).
+    pub fn spawn_gated<F>(
         mut self,
         mut wanted: F,
         period: Duration,
+        mut ready: mpsc::Receiver<ReadyRequest>,
         cancel: CancellationToken,
     ) -> tokio::task::JoinHandle<()>
     where
@@ -142,14 +196,71 @@ impl RouteKeeper {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut ready_open = true;
+            let mut pending: Vec<ReadyRequest> = Vec::new();
+            // Tables installed for the gate, until the pool lists their ENI.
+            let mut held: HashMap<u32, (EniRoute, Instant)> = HashMap::new();
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
                     _ = tick.tick() => {}
+                    req = ready.recv(), if ready_open => match req {
+                        Some(req) => pending.push(req),
+                        None => ready_open = false,
+                    },
+                    _ = tokio::time::sleep(READY_RETRY), if !pending.is_empty() => {}
                 }
-                let list = wanted();
+                let now = Instant::now();
+                let listed = wanted();
+                held.retain(|index, (route, until)| {
+                    now < *until
+                        && !listed
+                            .iter()
+                            .any(|e| e.device_index == *index && e == route)
+                });
+                pending.retain(|p| !p.respond_to.is_closed());
+                let gated = held
+                    .values()
+                    .map(|(r, _)| r.clone())
+                    .chain(pending.iter().map(|p| p.route.clone()));
+                let list = with_gated(listed, gated.collect::<Vec<_>>());
                 self.sync(&list).await;
+                for p in std::mem::take(&mut pending) {
+                    if self.is_installed(&p.route) {
+                        held.insert(p.route.device_index, (p.route.clone(), now + READY_HOLD));
+                        let _ = p.respond_to.send(());
+                    } else {
+                        pending.push(p);
+                    }
+                }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(device_index: u32, mac: &str) -> EniRoute {
+        EniRoute {
+            mac: mac.into(),
+            device_index,
+            subnet_cidr: "10.0.0.0/20".parse().unwrap(),
+            gateway: "10.0.0.1".parse().unwrap(),
+            primary_ip: "10.0.0.9".parse().unwrap(),
+            mtu: None,
+        }
+    }
+
+    #[test]
+    fn gated_routes_join_the_list_and_win_their_device_index() {
+        let listed = vec![route(1, "02:00:00:00:00:01"), route(2, "02:00:00:00:00:02")];
+        let fresh = route(2, "02:00:00:00:00:22");
+        let list = with_gated(listed, [route(3, "02:00:00:00:00:03"), fresh.clone()]);
+        let indexes: Vec<u32> = list.iter().map(|r| r.device_index).collect();
+        assert_eq!(indexes, [1, 3, 2]);
+        assert!(list.contains(&fresh), "the ENI the gate waits for wins");
+        assert_eq!(with_gated(Vec::new(), Vec::new()), Vec::<EniRoute>::new());
     }
 }

@@ -24,7 +24,7 @@ pub mod rules_keeper;
 pub mod snat;
 
 pub use eniipam_netlink::TableRoute;
-pub use keeper::{RouteKeeper, SyncReport};
+pub use keeper::{ReadyRequest, RouteKeeper, SyncReport};
 pub use netfilter::{Nft, NftError, SnatPorts};
 pub use routes::{EniRoute, EniRouting, HostError};
 pub use rules::{HostRules, HostRulesConfig, PrimaryInterface, RulesError, TABLE, desired_table};

@@ -95,16 +95,36 @@ impl EniRoute {
     /// The route of a pool ENI: only ENIs that serve pods ([`EniRole::Pods`]), are not the primary
     /// and whose subnet is known get one.
     pub fn from_snapshot(eni: &EniSnapshot, mtu: Option<u32>) -> Option<Self> {
-        if eni.role != EniRole::Pods || eni.device_index == 0 {
+        if eni.role != EniRole::Pods {
             return None;
         }
-        let cidr = eni.subnet_cidr?.trunc();
+        Self::of_eni(
+            &eni.mac,
+            eni.device_index,
+            eni.subnet_cidr?,
+            eni.primary_ip,
+            mtu,
+        )
+    }
+
+    /// The route of a secondary ENI (`None` for the primary, device index 0).
+    pub fn of_eni(
+        mac: &str,
+        device_index: u32,
+        subnet_cidr: Ipv4Net,
+        primary_ip: Ipv4Addr,
+        mtu: Option<u32>,
+    ) -> Option<Self> {
+        if device_index == 0 {
+            return None;
+        }
+        let cidr = subnet_cidr.trunc();
         Some(Self {
-            mac: eni.mac.to_ascii_lowercase(),
-            device_index: eni.device_index,
+            mac: mac.to_ascii_lowercase(),
+            device_index,
             subnet_cidr: cidr,
             gateway: vpc_router(cidr),
-            primary_ip: eni.primary_ip,
+            primary_ip,
             mtu,
         })
     }

@@ -68,6 +68,16 @@ impl HostRulesConfig {
     pub fn wants_rules(&self) -> bool {
         self.snat.is_on() || self.node_port_support
     }
+
+    /// Whether the primary interface needs a loose `rp_filter` (2): when SNAT is on (the replies of
+    /// SNATed connections of pods on secondary ENIs arrive on the primary interface, and their reverse
+    /// route, by the pod's `from <ip> lookup <table>` rule, leaves by the pod's ENI), and when NodePort
+    /// support is on (a DNATed SYN to such a pod has the same reverse route). Only with
+    /// `external_snat` and NodePort support both off does nothing arrive on the primary interface for
+    /// a pod on a secondary ENI.
+    pub fn needs_loose_rp_filter(&self) -> bool {
+        self.snat.is_on() || self.node_port_support
+    }
 }
 
 /// The primary interface, as the rules need it.
@@ -315,6 +325,26 @@ mod tests {
             "{script}"
         );
         assert!(script.contains("snat to 10.0.0.4 comment"), "{script}");
+    }
+
+    #[test]
+    fn loose_rp_filter_is_needed_for_snat_or_node_ports() {
+        let with = |snat: Snat, node_port_support: bool| HostRulesConfig {
+            snat,
+            node_port_support,
+            ..HostRulesConfig::default()
+        };
+        let node = || Snat::Node {
+            ports: SnatPorts::Prng,
+            exclude: Vec::new(),
+        };
+        assert!(with(node(), true).needs_loose_rp_filter());
+        assert!(
+            with(node(), false).needs_loose_rp_filter(),
+            "SNAT alone needs it (issue 23)"
+        );
+        assert!(with(Snat::External, true).needs_loose_rp_filter());
+        assert!(!with(Snat::External, false).needs_loose_rp_filter());
     }
 
     #[test]

@@ -12,8 +12,8 @@
 //!    deleted or added by hand, the table flushed), loads it again;
 //! 4. keeps the `fwmark` rule and the primary interface's loose `rp_filter`. A `rp_filter` that
 //!    cannot be written (a container whose `/proc/sys` is read-only) is a warning, not a failure:
-//!    pods still get addresses and SNAT; only NodePort traffic to pods on secondary ENIs (and their
-//!    SNATed replies) suffers until the host sets it (the DaemonSet's init container does).
+//!    pods still get addresses; SNATed and NodePort traffic of pods on secondary ENIs suffers until
+//!    the host sets it (the DaemonSet's init container does, `eniipamd --prepare-host`).
 //!
 //! The first round after a start always loads (no listing is known yet); the transaction is atomic,
 //! so over a daemon restart pods see the same rules all along. Rules are **not** removed when the
@@ -250,7 +250,7 @@ impl RulesKeeper {
             .rules
             .ensure_fwmark_rule(self.config.connmark, wants)
             .await?;
-        let (rp_filter_loosened, rp_filter_error) = match wants {
+        let (rp_filter_loosened, rp_filter_error) = match self.config.needs_loose_rp_filter() {
             false => (false, None),
             true => match self.rules.loosen_rp_filter(&primary.ifname) {
                 Ok(changed) => {
@@ -297,8 +297,9 @@ impl RulesKeeper {
             if self.rp_filter_warned.as_ref() != Some(e) {
                 tracing::warn!(
                     interface = %p.ifname, error = %e,
-                    "cannot set the primary interface's rp_filter to 2 (loose): NodePort replies of pods on \
-                     secondary ENIs are dropped while it is 1; set net.ipv4.conf.{}.rp_filter=2 on the host",
+                    "cannot set the primary interface's rp_filter to 2 (loose): SNATed and NodePort replies to \
+                     pods on secondary ENIs are dropped while it is 1; run `eniipamd --prepare-host` as a \
+                     privileged init container (the DaemonSet does) or set net.ipv4.conf.{}.rp_filter=2 on the host",
                     p.ifname
                 );
                 self.rp_filter_warned = Some(e.clone());

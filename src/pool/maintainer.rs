@@ -178,6 +178,47 @@ fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> 
     tasks
 }
 
+/// The readiness gate (issue 23): with a gate installed ([`super::Pool::set_eni_readiness`], the
+/// daemon's when it manages the ENIs' route tables), waits until the host routes through the new
+/// ENI, so that no pod gets one of its IPs (and no ADD returns) while the pod's `from <ip> lookup
+/// <table>` rule would still find an empty table and send its packets out of eth0 with the ENI's
+/// address, which EC2's source/destination check drops. Returns false when the gate's bound passed:
+/// the caller gives the ENI back and fails the create (its waiters get a retryable error, the subnet
+/// backs off). Without a gate, true at once. The only pool code that knows about the host.
+async fn host_ready(shared: &Arc<Shared>, plan: &CreatePlan, eni: &crate::cloud::Eni) -> bool {
+    let Some(gate) = shared.readiness() else {
+        return true;
+    };
+    let facts = super::NewEniFacts {
+        id: eni.id.clone(),
+        mac: eni.mac.clone(),
+        device_index: eni
+            .attachment
+            .as_ref()
+            .map_or(plan.device_index, |a| a.device_index),
+        subnet_cidr: shared
+            .lock()
+            .subnets
+            .get(&eni.subnet_id)
+            .and_then(|s| s.subnet.as_ref())
+            .map(|s| s.cidr),
+        primary_ip: eni.primary_ip,
+    };
+    let started = Instant::now();
+    match gate.ready(&facts).await {
+        Ok(()) => {
+            tracing::info!(eni = %eni.id, device_index = facts.device_index,
+                waited_ms = started.elapsed().as_millis() as u64, "the host routes through the new ENI: serving");
+            true
+        }
+        Err(why) => {
+            tracing::error!(eni = %eni.id, device_index = facts.device_index, error = %why,
+                "the host cannot route through the new ENI: giving it back, its pods get a retryable error");
+            false
+        }
+    }
+}
+
 /// Creates and attaches one ENI with `plan.count` secondary IPs, spawns its actor and serves the
 /// plan's waiters.
 async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) {
@@ -273,6 +314,22 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
                     took_ms = started.elapsed().as_millis() as u64,
                     "ENI ready"
                 );
+                if !host_ready(&shared, &plan, &eni).await {
+                    let err = CloudError::Transient {
+                        api: "HostRouteTable".into(),
+                        message: format!(
+                            "ENI {} is attached but the node cannot route through it yet (its route table \
+                             is not installed): it was given back; try again later",
+                            eni.id
+                        ),
+                    };
+                    if let Err(e) = shared.provisioner.detach_and_delete(&eni).await {
+                        tracing::warn!(eni = %eni.id, error = %e, "giving back the unroutable ENI failed; the leaked-ENI collector deletes it");
+                    }
+                    shared.lock().fail_create(plan.id, err, plan.waiters, Instant::now());
+                    shared.wake.notify_one();
+                    return;
+                }
                 let (handle, task) = EniHandle::spawn(shared.clone(), eni.id.clone(), eni.mac.clone());
                 shared
                     .lock()

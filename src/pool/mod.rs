@@ -135,6 +135,29 @@ impl EniProvisioner for EniLifecycle {
     }
 }
 
+/// A new ENI as the host needs it to route through it: see [`EniReadiness`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewEniFacts {
+    pub id: EniId,
+    pub mac: String,
+    pub device_index: u32,
+    /// Its subnet's CIDR (known: a create describes the subnet first when it is not).
+    pub subnet_cidr: Option<Ipv4Net>,
+    pub primary_ip: Ipv4Addr,
+}
+
+/// The readiness gate of new ENIs (issue 23): what must be in place on the host before any IP of a
+/// new ENI is handed to a pod. The daemon installs one when it manages the ENIs' route tables
+/// (`manage_eni_routes`): it returns once the host keeper has installed the ENI's table (link up,
+/// address, MTU, routes), or fails after its bound. Without one (simulate, unit tests, routes kept
+/// by someone else) nothing waits.
+#[async_trait]
+pub trait EniReadiness: Send + Sync + 'static {
+    /// Returns when the host routes through `eni`; `Err(why)` when it does not within the gate's
+    /// bound.
+    async fn ready(&self, eni: &NewEniFacts) -> Result<(), String>;
+}
+
 /// Gives back what routing took for a waiter that never reached its ENI actor (the acquire was
 /// cancelled while the send waited on a full ipBacklog).
 struct RoutedGuard<'a> {
@@ -161,6 +184,8 @@ pub(crate) struct Shared {
     pub metadata: Arc<dyn Metadata>,
     pub provisioner: Arc<dyn EniProvisioner>,
     state: Mutex<PoolState>,
+    /// The readiness gate of new ENIs ([`Pool::set_eni_readiness`]); read when a create completes.
+    readiness: Mutex<Option<Arc<dyn EniReadiness>>>,
     /// Wakes the maintainer (idle shrank or grew, pods wait for an ENI, a call finished).
     pub wake: Notify,
 }
@@ -172,6 +197,14 @@ impl Shared {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The readiness gate of new ENIs, if any.
+    pub(crate) fn readiness(&self) -> Option<Arc<dyn EniReadiness>> {
+        self.readiness
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 }
 
@@ -281,6 +314,7 @@ impl Pool {
             metadata,
             provisioner,
             state: Mutex::new(state),
+            readiness: Mutex::new(None),
             wake: Notify::new(),
         });
         for (id, mac) in pod_enis {
@@ -316,6 +350,18 @@ impl Pool {
 
     fn shared(&self) -> &Arc<Shared> {
         &self.inner.shared
+    }
+
+    /// Installs the readiness gate of new ENIs ([`EniReadiness`]): from now on, a created ENI serves
+    /// no pod (its create's waiters wait, its IPs stay out of the idle queue) until the gate says the
+    /// host routes through it. Read when a create finishes, so setting it right after
+    /// [`Pool::start`] covers every ENI the pool creates (a create takes EC2 round trips).
+    pub fn set_eni_readiness(&self, gate: Arc<dyn EniReadiness>) {
+        *self
+            .shared()
+            .readiness
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(gate);
     }
 
     /// An IP for `attachment`.

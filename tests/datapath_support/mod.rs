@@ -62,6 +62,24 @@ fn have(program: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// The nodes' reverse-path filtering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RpFilter {
+    /// 1: the reverse route of a packet's source must leave by the interface it came in on.
+    Strict,
+    /// 2: the source must be routable at all (EKS's AL2023 default).
+    Loose,
+}
+
+impl RpFilter {
+    fn value(self) -> &'static str {
+        match self {
+            RpFilter::Strict => "1",
+            RpFilter::Loose => "2",
+        }
+    }
+}
+
 /// Two instances (A and B) in one subnet of mockcloud's default VPC, as lab nodes.
 pub struct Cluster {
     pub mock: MockCloud,
@@ -75,6 +93,11 @@ pub struct Cluster {
 impl Cluster {
     /// `None`, with a notice, where the lab cannot run (not root, a tool missing).
     pub async fn start(test: &str, egress: Egress) -> Option<Cluster> {
+        Self::start_with(test, egress, RpFilter::Strict).await
+    }
+
+    /// [`Cluster::start`] with the nodes' `rp_filter` (`all`, `default`) set to `rp_filter`.
+    pub async fn start_with(test: &str, egress: Egress, rp_filter: RpFilter) -> Option<Cluster> {
         for tool in ["ip", "nft", "nsenter", "iptables", "iptables-restore"] {
             if !have(tool) {
                 mockcloud::ci::skip(test, &format!("`{tool}` is not installed"));
@@ -118,11 +141,12 @@ impl Cluster {
             .expect("instance B");
         let config = LabConfig {
             egress,
-            // Strict reverse-path filtering everywhere: the daemon must loosen eth0 itself.
+            // Strict reverse-path filtering everywhere by default: the daemon must loosen eth0
+            // itself.
             node_sysctls: [
                 ("net/ipv4/ip_forward", "1"),
-                ("net/ipv4/conf/all/rp_filter", "1"),
-                ("net/ipv4/conf/default/rp_filter", "1"),
+                ("net/ipv4/conf/all/rp_filter", rp_filter.value()),
+                ("net/ipv4/conf/default/rp_filter", rp_filter.value()),
             ]
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -179,6 +203,72 @@ impl Cluster {
     }
 }
 
+/// Counts the packets between two pod addresses (either direction) that leave their node by one of
+/// its ENIs (postrouting in the node, any interface but a pod's host veth) or reach the VPC router
+/// (prerouting in the vpc namespace): traffic between two pods of one node must do neither.
+pub struct FlowProbe {
+    probes: Vec<(NetNs, String)>,
+}
+
+impl FlowProbe {
+    pub async fn start(cluster: &Cluster, node: &NetNs, a: Ipv4Addr, b: Ipv4Addr) -> FlowProbe {
+        let table = format!("probe_{:08x}", rand::random::<u32>());
+        let flows = format!(
+            "ip saddr {a} ip daddr {b} counter name \"seen\"
+    ip saddr {b} ip daddr {a} counter name \"seen\""
+        );
+        let vpc = cluster.lab.vpc().clone();
+        vpc.nft(&format!(
+            "table ip {table} {{
+  counter seen {{}}
+  chain pre {{
+    type filter hook prerouting priority raw - 10; policy accept;
+    {flows}
+  }}
+}}
+"
+        ))
+        .await
+        .expect("flow probe in the vpc namespace");
+        node.nft(&format!(
+            "table ip {table} {{
+  counter seen {{}}
+  chain post {{
+    type filter hook postrouting priority 300; policy accept;
+    oifname != \"eni*\" oifname != \"lo\" jump flows
+  }}
+  chain flows {{
+    {flows}
+  }}
+}}
+"
+        ))
+        .await
+        .expect("flow probe in the node");
+        FlowProbe {
+            probes: vec![(vpc, table.clone()), (node.clone(), table)],
+        }
+    }
+
+    /// Packets seen so far: (left the node by an ENI, reached the VPC router).
+    pub async fn packets(&self) -> (u64, u64) {
+        let mut counts = Vec::new();
+        for (ns, table) in &self.probes {
+            let json = ns
+                .nft_json(&["list", "counter", "ip", table, "seen"])
+                .await
+                .expect("flow probe counter");
+            counts.push(
+                json["nftables"]
+                    .as_array()
+                    .and_then(|items| items.iter().find_map(|i| i["counter"]["packets"].as_u64()))
+                    .expect("the probe's packet count"),
+            );
+        }
+        (counts[1], counts[0])
+    }
+}
+
 /// The real `eniipamd`, running in a node.
 pub struct Daemon {
     pub instance_id: String,
@@ -187,6 +277,8 @@ pub struct Daemon {
     pub cache_dir: PathBuf,
     pub log: PathBuf,
     env: Vec<(String, String)>,
+    /// Run with `/proc/sys` read-only, as the DaemonSet's (unprivileged) daemon container sees it.
+    read_only_sysctls: bool,
     child: Option<tokio::process::Child>,
     _imds: PortForward,
     _ec2: PortForward,
@@ -200,6 +292,19 @@ impl Daemon {
         instance_id: &str,
         placement: Placement,
         extra: &[(&str, &str)],
+    ) -> Daemon {
+        Self::start_opts(cluster, instance_id, placement, extra, false).await
+    }
+
+    /// [`Daemon::start`]; with `read_only_sysctls`, `eniipamd` runs in a mount namespace where
+    /// `/proc/sys` is read-only, as in the DaemonSet's daemon container: it cannot loosen
+    /// `rp_filter` itself (the privileged init container's `--prepare-host` does).
+    pub async fn start_opts(
+        cluster: &Cluster,
+        instance_id: &str,
+        placement: Placement,
+        extra: &[(&str, &str)],
+        read_only_sysctls: bool,
     ) -> Daemon {
         let ns = cluster.node_ns(instance_id);
         let imds = cluster.lab.expose_imds(instance_id).await.expect("IMDS");
@@ -258,6 +363,7 @@ impl Daemon {
             cache_dir,
             log: dir.join("eniipamd.log"),
             env,
+            read_only_sysctls,
             child: None,
             _imds: imds,
             _ec2: ec2,
@@ -273,9 +379,22 @@ impl Daemon {
             .open(&self.log)
             .expect("log file");
         let lines_before = self.log_text().lines().count();
-        let child = Command::new("nsenter")
+        let mut command = Command::new("nsenter");
+        command
             .arg(format!("--net={}", self.ns.path().display()))
-            .arg("--")
+            .arg("--");
+        if self.read_only_sysctls {
+            command.args([
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec \"$0\"",
+            ]);
+        }
+        let child = command
             .arg(env!("CARGO_BIN_EXE_eniipamd"))
             .env_clear()
             .env("PATH", PATH)
@@ -392,6 +511,20 @@ impl Daemon {
 
     /// Runs the plugin chain's ADD for a new pod and waits until the node can route it.
     pub async fn add_pod(&self, cluster: &Cluster, name: &str, opts: PodOptions) -> CniPod {
+        let pod = self.add_pod_now(cluster, name, opts).await;
+        // The lab routes the new address to its ENI (the follower does too, every 200 ms); the
+        // daemon's ENI table is in place before the ADD returns (the pool's readiness gate), this
+        // only double-checks it.
+        cluster.lab.sync().await.expect("lab sync");
+        if pod.device_index > 0 {
+            self.wait_for_table(pod.device_index + 1).await;
+        }
+        pod
+    }
+
+    /// Runs the plugin chain's ADD for a new pod and returns as soon as the chain has answered:
+    /// no waiting for the lab or the node, as a container starts right after its sandbox's ADD.
+    pub async fn add_pod_now(&self, cluster: &Cluster, name: &str, opts: PodOptions) -> CniPod {
         let ns = cluster
             .lab
             .add_namespace("pod")
@@ -437,12 +570,6 @@ impl Daemon {
         let (eni, device_index) = cluster.eni_of(pod.ip);
         pod.eni = eni;
         pod.device_index = device_index;
-        // The lab routes the new address to its ENI; the daemon installs the ENI's table (a new
-        // ENI's link appears a moment after EC2 attaches it).
-        cluster.lab.sync().await.expect("lab sync");
-        if device_index > 0 {
-            self.wait_for_table(device_index + 1).await;
-        }
         pod
     }
 

@@ -8,14 +8,23 @@
 //!                    neighbour 169.254.1.1 lladdr <host veth MAC> PERMANENT
 //! host netns:  <prefix><11 hex>  (the veth's other end, created directly in the host netns)
 //!              <ip> dev <host veth> scope link              (main table)
-//!              rule 512:  to <ip> lookup main                          (secondary-ENI IPs only)
+//!              rule 512:  to <ip> lookup main                          (every pod IP)
 //!              rule 1536: from <ip> iif <host veth> lookup <route_table>  (secondary-ENI IPs only)
 //! ```
+//!
+//! Every pod gets the `to` rule (as the VPC CNI's priority-512 rule), whichever ENI holds its
+//! address: it sends traffic to the pod through the main table (its `/32` host route) before any
+//! `from` rule of another pod of this node sends it out of an ENI. Without it, a pod on a secondary
+//! ENI reaching a pod on eth0 of the same node left by its ENI, crossed the VPC (meeting both ENIs'
+//! security groups) and came back through eth0, where a strict `rp_filter` dropped it.
 //!
 //! The `from` rule names the pod's own host veth, so it belongs to one attachment: a late DEL of an
 //! earlier owner of the IP (a retried DEL, a stale cache entry, the daemon unreachable) removes its
 //! own rule and never the new owner's. The `to` rule is the same whoever holds the IP; it goes only
-//! when the daemon confirms the IP is free, or when no `from` rule of the IP is left.
+//! when the daemon confirms the IP is free, or when nothing of another attachment of the IP is left
+//! on the host (no `from` rule of the IP, no `/32` host route of it through a veth). Pods wired by an
+//! earlier version (no `to` rule for eth0 pods) are torn down the same way: removing a rule that is
+//! not there is not an error.
 //!
 //! The netlink primitives (connections per namespace, messages read back, rules) are the
 //! `eniipam-netlink` crate's, shared with the daemon's host routing.
@@ -80,7 +89,7 @@ fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetnsError {
     move |source| NetnsError::Netlink(f(source))
 }
 
-/// The `to <ip> lookup main` rule of a secondary-ENI pod IP.
+/// The `to <ip> lookup main` rule of a pod IP.
 fn to_rule(ip: Ipv4Addr) -> PolicyRule {
     PolicyRule {
         priority: TO_POD_RULE_PRIORITY,
@@ -101,10 +110,11 @@ fn from_rule(ip: Ipv4Addr, host_veth: Option<&str>, route_table: u32) -> PolicyR
     }
 }
 
-/// The rules a pod IP on `route_table` needs (none for the primary ENI, table 0).
+/// The rules a pod IP on `route_table` needs: the `to` rule always, the `from` rule for secondary
+/// ENIs (the primary ENI, table 0, routes through the main table).
 fn pod_rules(ip: Ipv4Addr, route_table: u32, host_veth: &str) -> Vec<PolicyRule> {
     if route_table == 0 {
-        return Vec::new();
+        return vec![to_rule(ip)];
     }
     vec![to_rule(ip), from_rule(ip, Some(host_veth), route_table)]
 }
@@ -118,7 +128,7 @@ pub struct WiringPlan {
     pub host_veth: String,
     /// The pod's IP.
     pub ip: Ipv4Addr,
-    /// Policy-routing table of the IP's ENI (0: primary ENI, no rules).
+    /// Policy-routing table of the IP's ENI (0: primary ENI, only the `to` rule).
     pub route_table: u32,
     /// MTU of both ends.
     pub mtu: u32,
@@ -230,7 +240,7 @@ pub async fn wire(
         .await
         .map_err(nl(format!("adding default route via {GATEWAY}")))?;
 
-    // On the host: the /32 route to the veth and, for secondary ENIs, the policy rules.
+    // On the host: the /32 route to the veth, the `to` rule and, for secondary ENIs, the `from` rule.
     let to_pod = RouteMessageBuilder::<Ipv4Addr>::new()
         .destination_prefix(plan.ip, 32)
         .output_interface(host_link.index)
@@ -354,10 +364,11 @@ pub async fn unwire_host(host: &Netlink, what: &Teardown) -> Vec<NetnsError> {
         if let Err(e) = host.remove_rules(remove, &format!("rules of {ip}")).await {
             errors.push(e.into());
         }
-        // The `to` rule is everyone's: it goes once no `from` rule of the IP is left.
+        // The `to` rule is everyone's: it goes once no other attachment of the IP is left (no
+        // `from` rule, no host route: an eth0 pod has only the route).
         if !what.ip_free {
-            match host.rules_v4().await {
-                Ok(rules) if !rules.iter().any(|m| any_from.same_address_as(m)) => {
+            match ip_still_wired(host, ip, &any_from).await {
+                Ok(false) => {
                     if let Err(e) = host
                         .remove_rules(|m| any_to.same_address_as(m), &format!("to-rule of {ip}"))
                         .await
@@ -365,12 +376,29 @@ pub async fn unwire_host(host: &Netlink, what: &Teardown) -> Vec<NetnsError> {
                         errors.push(e.into());
                     }
                 }
-                Ok(_) => {}
-                Err(e) => errors.push(e.into()),
+                Ok(true) => {}
+                Err(e) => errors.push(e),
             }
         }
     }
     errors
+}
+
+/// Whether another attachment of `ip` is still wired on the host: a `from` rule of the IP, or its
+/// `/32` route in the main table (through that attachment's veth; ours went with our veth).
+async fn ip_still_wired(
+    host: &Netlink,
+    ip: Ipv4Addr,
+    any_from: &PolicyRule,
+) -> Result<bool, NetnsError> {
+    let rules = host.rules_v4().await?;
+    if rules.iter().any(|m| any_from.same_address_as(m)) {
+        return Ok(true);
+    }
+    let routes = host.routes_v4().await?;
+    Ok(routes.iter().filter_map(TableRoute::of).any(|r| {
+        r.table == MAIN_TABLE && r.destination == ipnet::Ipv4Net::from(ip) && r.oif.is_some()
+    }))
 }
 
 /// Verifies that everything [`wire`] set up is still there (CHECK).
@@ -465,14 +493,11 @@ pub async fn check(
         )));
     }
 
-    let wanted = pod_rules(plan.ip, plan.route_table, &plan.host_veth);
-    if !wanted.is_empty() {
-        let rules = host.rules_v4().await?;
-        for rule in wanted {
-            let present = rules.iter().any(|r| rule.matches(r));
-            if !present {
-                return Err(missing(format!("host rule {rule} is missing")));
-            }
+    let rules = host.rules_v4().await?;
+    for rule in pod_rules(plan.ip, plan.route_table, &plan.host_veth) {
+        let present = rules.iter().any(|r| rule.matches(r));
+        if !present {
+            return Err(missing(format!("host rule {rule} is missing")));
         }
     }
     Ok(())
@@ -512,9 +537,11 @@ mod tests {
     }
 
     #[test]
-    fn rules_only_for_secondary_enis() {
+    fn every_pod_gets_the_to_rule_and_secondary_enis_the_from_rule() {
         let ip = Ipv4Addr::new(10, 0, 0, 5);
-        assert!(pod_rules(ip, 0, "eni0123").is_empty());
+        let eth0 = pod_rules(ip, 0, "eni0123");
+        assert_eq!(eth0.len(), 1, "eth0: the `to` rule only");
+        assert_eq!(eth0[0].to_string(), "512: to 10.0.0.5 lookup 254");
         let rules = pod_rules(ip, 3, "eni0123");
         assert_eq!(rules.len(), 2);
         assert_eq!(rules[0].to_string(), "512: to 10.0.0.5 lookup 254");

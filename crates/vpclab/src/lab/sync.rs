@@ -14,6 +14,18 @@ use crate::netns::{NetNs, RouteDst};
 use crate::nft;
 use crate::plan::{self, LinkPlan, NodePlan, Plan};
 
+/// A new ENI's node end, waiting in the vpc namespace to be plugged into its node.
+struct Staged {
+    name: String,
+    plan: LinkPlan,
+    node_ns: NetNs,
+}
+
+/// The temporary name of the node end of the ENI veth `vif` (`e<N>`) while staged.
+fn staged_name(vif: &str) -> String {
+    format!("s{vif}")
+}
+
 impl Inner {
     pub(super) async fn sync(&self) -> Result<SyncReport, LabError> {
         let _one_at_a_time = self.sync_lock.lock().await;
@@ -22,9 +34,18 @@ impl Inner {
         let mut report = SyncReport::default();
         self.remove_stale(&plan, &mut report).await?;
         self.add_nodes(&plan, &mut report).await?;
-        self.add_links(&plan, &mut report).await?;
-        self.apply_routes(&mut report).await?;
-        self.apply_srcdst().await?;
+        // New ENIs' node ends are created in the vpc namespace and hot-plugged into their nodes
+        // only once the VPC routes their addresses and the source/destination check knows them: EC2
+        // makes an ENI's addresses routable before the guest sees the device, and the daemon
+        // serves a new ENI's addresses as soon as its link shows up (with its route table).
+        let staged = self.add_links(&plan, &mut report).await?;
+        let vpc_side = async {
+            self.apply_routes(&mut report).await?;
+            self.apply_srcdst().await
+        }
+        .await;
+        self.plug_links(staged).await?;
+        vpc_side?;
         self.apply_routers(&plan).await?;
         self.apply_public(&plan).await?;
         if !report.is_empty() {
@@ -144,11 +165,14 @@ impl Inner {
         Ok(())
     }
 
-    /// A veth pair per newly attached ENI: `eth<N>` with the ENI's MAC in the node (as EC2 hot-plugs
-    /// it), the other end in the vpc namespace answering ARP by proxy. eth0 is configured as the
-    /// OS's DHCP client would (primary IP with the subnet's prefix, default route via the VPC
-    /// router); secondary ENI links stay down and bare: the daemon configures them.
-    async fn add_links(&self, plan: &Plan, report: &mut SyncReport) -> Result<(), LabError> {
+    /// A veth pair per newly attached ENI: one end in the vpc namespace answering ARP by proxy, the
+    /// other, with the ENI's MAC, staged in the vpc namespace under a temporary name until
+    /// [`Self::plug_links`] moves it into its node as `eth<N>`. Returns the staged ends.
+    async fn add_links(
+        &self,
+        plan: &Plan,
+        report: &mut SyncReport,
+    ) -> Result<Vec<Staged>, LabError> {
         let new: Vec<(String, LinkPlan, String, NetNs)> = {
             let mut a = self.applied.lock().expect("applied lock");
             let wanted: Vec<(String, LinkPlan)> = plan
@@ -168,18 +192,17 @@ impl Inner {
             out
         };
         if new.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let mtu = self.config.eni_mtu;
         let result = async {
             let creates: Vec<String> = new
                 .iter()
-                .map(|(_, p, vif, node_ns)| {
+                .map(|(_, p, vif, _)| {
                     format!(
-                        "link add {vif} mtu {mtu} type veth peer name {} address {} mtu {mtu} netns {}",
-                        p.node_ifname(),
+                        "link add {vif} mtu {mtu} type veth peer name {} address {} mtu {mtu}",
+                        staged_name(vif),
                         p.mac,
-                        node_ns.name()
                     )
                 })
                 .collect();
@@ -207,25 +230,6 @@ impl Inner {
                 })
                 .collect();
             self.vpc.ip_batch(&ups).await?;
-            for (_, p, _, node_ns) in &new {
-                if p.network_card_index == 0 && p.device_index == 0 {
-                    let ifname = p.node_ifname();
-                    node_ns
-                        .ip_batch(&[
-                            format!("link set {ifname} up"),
-                            format!(
-                                "addr add {}/{} dev {ifname}",
-                                p.primary_ip,
-                                p.subnet.prefix_len()
-                            ),
-                            format!(
-                                "route add default via {} dev {ifname}",
-                                plan::subnet_router(p.subnet)
-                            ),
-                        ])
-                        .await?;
-                }
-            }
             Ok::<(), LabError>(())
         };
         if let Err(e) = result.await {
@@ -234,7 +238,13 @@ impl Inner {
             return Err(e);
         }
         let mut a = self.applied.lock().expect("applied lock");
-        for (eni, p, vif, _) in new {
+        let mut staged = Vec::new();
+        for (eni, p, vif, node_ns) in new {
+            staged.push(Staged {
+                name: staged_name(&vif),
+                plan: p.clone(),
+                node_ns,
+            });
             a.links.insert(
                 eni.clone(),
                 LinkRec {
@@ -244,6 +254,40 @@ impl Inner {
                 },
             );
             report.links_added.push(eni);
+        }
+        Ok(staged)
+    }
+
+    /// Hot-plugs staged ENI ends into their nodes as `eth<N>`. eth0 is configured as the OS's DHCP
+    /// client would (primary IP with the subnet's prefix, default route via the VPC router);
+    /// secondary ENI links stay down and bare: the daemon configures them.
+    async fn plug_links(&self, staged: Vec<Staged>) -> Result<(), LabError> {
+        if staged.is_empty() {
+            return Ok(());
+        }
+        let moves: Vec<String> = staged
+            .iter()
+            .map(|s| format!("link set {} netns {}", s.name, s.node_ns.name()))
+            .collect();
+        self.vpc.ip_batch(&moves).await?;
+        for s in &staged {
+            let ifname = s.plan.node_ifname();
+            let mut lines = vec![format!("link set {} name {ifname}", s.name)];
+            if s.plan.network_card_index == 0 && s.plan.device_index == 0 {
+                lines.extend([
+                    format!("link set {ifname} up"),
+                    format!(
+                        "addr add {}/{} dev {ifname}",
+                        s.plan.primary_ip,
+                        s.plan.subnet.prefix_len()
+                    ),
+                    format!(
+                        "route add default via {} dev {ifname}",
+                        plan::subnet_router(s.plan.subnet)
+                    ),
+                ]);
+            }
+            s.node_ns.ip_batch(&lines).await?;
         }
         Ok(())
     }
