@@ -27,6 +27,9 @@ use vpclab::{
 
 use crate::bins::target_bin;
 
+/// The cluster name of the data-path daemons (`ENIIPAM_CLUSTER_NAME`).
+const CLUSTER: &str = "datapath";
+
 /// Where pods' echo servers listen.
 pub const ECHO_PORT: u16 = 7000;
 /// The NodePort the emulated kube-proxy DNATs.
@@ -134,6 +137,9 @@ impl Cluster {
         let mock = MockCloud::start(mockcloud::Config::fast())
             .await
             .expect("mockcloud");
+        // The shipped IAM policy for the daemons' cluster, enforced as EC2 would.
+        let vpc = mock.default_world().expect("default world").vpc_id;
+        mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(CLUSTER, &vpc)));
         let a = mock.default_instance();
         let b = mock
             .launch_instance("m5.large", &a.subnet_id)
@@ -324,7 +330,7 @@ impl Daemon {
         let mut env: Vec<(String, String)> = [
             ("AWS_ACCESS_KEY_ID", "AKIDDATAPATH".to_owned()),
             ("AWS_SECRET_ACCESS_KEY", "secret".to_owned()),
-            ("ENIIPAM_CLUSTER_NAME", "datapath".to_owned()),
+            ("ENIIPAM_CLUSTER_NAME", CLUSTER.to_owned()),
             ("ENIIPAM_REGION", cluster.mock.region().to_owned()),
             (
                 "ENIIPAM_EC2_ENDPOINT",
