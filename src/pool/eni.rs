@@ -317,7 +317,7 @@ impl EniActor {
 
     async fn assign(
         &self,
-        pods: Vec<Waiter>,
+        mut pods: Vec<Waiter>,
         warm: u32,
         warm_replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
     ) {
@@ -371,14 +371,17 @@ impl EniActor {
                         (Ok((ips, prefixes)), warm + extra)
                     }
                     Err(CloudError::NoFreePrefix { .. }) => {
-                        // No `/28` left in the subnet: the same batch as single packed addresses.
-                        {
+                        // No `/28` left in the subnet: the batch as single packed addresses,
+                        // cut to the ENI's free slots (the rest goes to a new ENI).
+                        let warm = {
                             let mut st = self.shared.lock();
                             st.unplan_extra(&self.eni, extra);
                             st.no_free_prefix(&self.eni, Instant::now());
-                        }
+                            st.fit_single_addresses(&self.eni, &mut pods, warm)
+                        };
+                        self.shared.wake.notify_one();
                         (
-                            self.assign_packed(count)
+                            self.assign_packed(pods.len() as u32 + warm)
                                 .instrument(span.clone())
                                 .await
                                 .map(|ips| (ips, Vec::new())),
@@ -391,13 +394,20 @@ impl EniActor {
                     }
                 }
             }
-            AssignPlan::Packed => (
-                self.assign_packed(count)
-                    .instrument(span.clone())
-                    .await
-                    .map(|ips| (ips, Vec::new())),
-                warm,
-            ),
+            AssignPlan::Packed => {
+                let warm = self
+                    .shared
+                    .lock()
+                    .fit_single_addresses(&self.eni, &mut pods, warm);
+                self.shared.wake.notify_one();
+                (
+                    self.assign_packed(pods.len() as u32 + warm)
+                        .instrument(span.clone())
+                        .await
+                        .map(|ips| (ips, Vec::new())),
+                    warm,
+                )
+            }
         };
         let outcome = match result {
             Ok((ips, prefixes)) => {
@@ -439,6 +449,9 @@ impl EniActor {
     /// already fragmented (see [`super::slots`]), so whole blocks stay free for prefixes. Another node
     /// may take a picked address first (`InvalidIPAddress.InUse`): one more try with a fresh look.
     async fn assign_packed(&self, count: u32) -> Result<Vec<Ipv4Addr>, CloudError> {
+        if count == 0 {
+            return Ok(Vec::new()); // EC2 refuses an assign of nothing
+        }
         let Some(subnet) = self.shared.lock().subnet_of(&self.eni) else {
             return self.shared.cloud.assign_ips(&self.eni, count).await;
         };

@@ -143,7 +143,8 @@ fn deny(sid: &'static str, action: Value, resource: Value, condition: Value) -> 
 pub fn validate_vpc_id(vpc: &str) -> Result<(), String> {
     let ok = vpc.strip_prefix("vpc-").is_some_and(|h| {
         (h.len() == 8 || h.len() == 17)
-            && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     });
     if ok {
         Ok(())
@@ -249,7 +250,10 @@ pub fn policy(cluster: &str, vpc_id: &str, partition: Partition) -> Result<Polic
             ),
             allow(
                 "AssignAndUnassignOnThisVpcsEnis",
-                json!(["ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses"]),
+                json!([
+                    "ec2:AssignPrivateIpAddresses",
+                    "ec2:UnassignPrivateIpAddresses"
+                ]),
                 json!(eni),
                 Some(in_vpc),
             ),
@@ -349,7 +353,10 @@ mod tests {
         let vpc = st("AssignAndUnassignOnThisVpcsEnis");
         assert_eq!(
             vpc["Action"],
-            json!(["ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses"])
+            json!([
+                "ec2:AssignPrivateIpAddresses",
+                "ec2:UnassignPrivateIpAddresses"
+            ])
         );
         assert_eq!(
             vpc["Condition"],
@@ -370,7 +377,14 @@ mod tests {
 
     #[test]
     fn bad_vpc_ids_are_refused() {
-        for bad in ["", "vpc-", "vpc-0A1B2C3D", "subnet-0a1b2c3d", "vpc-0a1b2c3", "vpc-*"] {
+        for bad in [
+            "",
+            "vpc-",
+            "vpc-0A1B2C3D",
+            "subnet-0a1b2c3d",
+            "vpc-0a1b2c3",
+            "vpc-*",
+        ] {
             let e = policy("c", bad, Partition::Aws).err().unwrap();
             assert!(e.contains("--vpc-id"), "{bad}: {e}");
         }

@@ -58,6 +58,32 @@ impl PoolState {
         self.capacity.give_back(extra);
     }
 
+    /// Fits a batch that goes to `eni` as single addresses (no free `/28`, or too few tokens for
+    /// whole prefixes) to the ENI's free slots, one address per slot: EC2 refuses an assign beyond
+    /// the per-interface limit for the whole batch. Warm-ups beyond go first (their tokens return),
+    /// then the newest pods, which go back to the queue for a new ENI with their tokens. Returns the
+    /// warm-ups kept; `pods` keeps the pods that fit.
+    pub fn fit_single_addresses(&mut self, eni: &EniId, pods: &mut Vec<Waiter>, warm: u32) -> u32 {
+        let Some(r) = self.enis.get(eni) else {
+            return warm;
+        };
+        let room = self.per_eni.saturating_sub(r.slots_used());
+        let over = (pods.len() as u32 + warm).saturating_sub(room);
+        if over == 0 {
+            return warm;
+        }
+        let dropped_warm = over.min(warm);
+        let requeued = pods.split_off(pods.len() - (over - dropped_warm) as usize);
+        tracing::info!(%eni, room, warm_dropped = dropped_warm, pods_requeued = requeued.len(),
+            "single addresses: the batch is cut to the ENI's free slots");
+        let r = self.enis.get_mut(eni).expect("checked");
+        r.inflight = r.inflight.saturating_sub(over);
+        self.warming = self.warming.saturating_sub(dropped_warm);
+        self.capacity.give_back(dropped_warm);
+        self.create_waiters.extend(requeued);
+        warm - dropped_warm
+    }
+
     /// Whether prefixes are off for now in `subnet_id` (no free `/28` at the last try).
     pub fn prefixes_blocked(&self, subnet_id: &str, now: Instant) -> bool {
         self.subnets
