@@ -177,3 +177,174 @@ async fn a_cold_burst_of_100_pods_with_prefixes_costs_at_most_three_calls() {
     );
     b.pool.shutdown().await;
 }
+
+fn pod_key(i: usize) -> (AttachmentKey, PodRef) {
+    (
+        AttachmentKey::new(format!("container-{i}"), "eth0"),
+        PodRef {
+            namespace: "default".into(),
+            name: format!("pod-{i}"),
+            uid: format!("uid-{i}"),
+        },
+    )
+}
+
+async fn acquire_range(
+    pool: &Pool,
+    range: std::ops::Range<usize>,
+) -> Vec<eniipam::pool::Allocation> {
+    let all = range.map(|i| {
+        let (key, pod) = pod_key(i);
+        let pool = pool.clone();
+        async move { pool.acquire(key, pod, None, None).await }
+    });
+    futures::future::join_all(all)
+        .await
+        .into_iter()
+        .map(|r| r.expect("acquired"))
+        .collect()
+}
+
+/// Every address EC2 shows on the instance's ENIs (secondary IPs and every address of their prefixes).
+fn ec2_addresses(env: &Env) -> BTreeSet<Ipv4Addr> {
+    let inst = env.mock.instance(&env.instance.instance_id).unwrap();
+    inst.enis
+        .iter()
+        .flat_map(|e| {
+            e.secondary_ips.iter().copied().chain(
+                e.ipv4_prefixes
+                    .iter()
+                    .flat_map(|p| eniipam::pool::slots::prefix_addresses(*p)),
+            )
+        })
+        .collect()
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Issue 23, case 5: a give-back whose single addresses EC2 took back but whose prefixes' call (the
+/// second UnassignPrivateIpAddresses) failed. The singles are gone from EC2: they must leave the pool
+/// (tokens returned), never go idle and then to a pod; the prefix's addresses stay idle, as EC2 still
+/// has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_whose_prefix_call_fails_keeps_no_address_ec2_took_back() {
+    let env = Env::start_with(
+        Config::fast(),
+        cloud_support::fast_limiter(),
+        Duration::from_secs(10),
+    )
+    .await;
+    let config = PoolConfig {
+        prefix_delegation: true,
+        use_primary_eni: true,
+        warm_policy: eniipam::pool::config::WarmPolicy::Fixed,
+        min_idle: 0,
+        max_idle: 0,
+        maintainer_tick: Duration::from_secs(3600),
+        reuse_cooldown: Duration::from_millis(500),
+        prefix_retry: Duration::from_millis(200),
+        eni_backoff: Duration::from_millis(100),
+        ..PoolConfig::default()
+    };
+    let interfaces = env.imds.interfaces().await.expect("IMDS interfaces");
+    let pool = Pool::start(
+        config,
+        env.cloud.clone(),
+        env.imds.clone(),
+        env.node.clone(),
+        PoolSeed::from_metadata(&interfaces, &[]),
+    )
+    .expect("pool starts");
+    let subnet = env.instance.subnet_id.clone();
+
+    // eth0 gets three single addresses while the subnet has no free /28, then a prefix.
+    env.mock
+        .occupy_addresses(
+            &subnet,
+            &mockcloud::world::OccupyPattern::Stride {
+                stride: 16,
+                offset: 8,
+            },
+        )
+        .unwrap();
+    acquire_range(&pool, 0..3).await;
+    env.mock.release_occupied(&subnet).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    acquire_range(&pool, 3..19).await;
+    let inst = env.mock.instance(&env.instance.instance_id).unwrap();
+    let eth0 = &inst.enis[0];
+    assert_eq!(
+        (eth0.secondary_ips.len(), eth0.ipv4_prefixes.len()),
+        (3, 1),
+        "three singles and a prefix on eth0: {eth0:?}"
+    );
+
+    // Give everything back: the singles' call goes through (its reply held a moment), the prefix's
+    // call, the second, is refused.
+    env.mock.inject_fault(mockcloud::Fault::slow_reply(
+        "UnassignPrivateIpAddresses",
+        Duration::from_millis(300),
+        1,
+    ));
+    env.mock.reset_counters();
+    for i in 0..19 {
+        pool.release(&pod_key(i).0, false).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let maintain = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.maintain_now().await })
+    };
+    let unassigns = |env: &Env| {
+        env.mock
+            .counters()
+            .actions
+            .iter()
+            .find(|(a, _)| a.as_str() == "UnassignPrivateIpAddresses")
+            .map_or(0, |(_, c)| c.calls)
+    };
+    until("the singles' unassign arrives", || unassigns(&env) >= 1).await;
+    env.mock.inject_fault(mockcloud::Fault::error(
+        "UnassignPrivateIpAddresses",
+        "UnauthorizedOperation",
+        1,
+    ));
+    maintain.await.unwrap().unwrap();
+    until("both unassigns settled", || {
+        unassigns(&env) >= 2 && pool.snapshot().releasing == 0
+    })
+    .await;
+
+    let ec2 = ec2_addresses(&env);
+    assert_eq!(ec2.len(), 16, "EC2 took the singles back, kept the prefix");
+    let snap = pool.snapshot();
+    let held: BTreeSet<Ipv4Addr> = snap.ips().map(|i| i.ip).collect();
+    assert!(
+        held.is_subset(&ec2),
+        "the pool holds addresses EC2 took back: {:?}",
+        held.difference(&ec2).collect::<Vec<_>>()
+    );
+    assert_eq!(snap.idle, 16, "the prefix's addresses are idle again");
+    assert_eq!(snap.tokens_used, 16);
+    pool.check_invariants().expect("pool invariants");
+
+    // Pods after the ENI's back-off: none gets an address EC2 does not hold for this node.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = acquire_range(&pool, 100..119).await;
+    let ec2 = ec2_addresses(&env);
+    for a in &got {
+        assert!(
+            ec2.contains(&a.ip),
+            "{} went to a pod; EC2 does not have it",
+            a.ip
+        );
+    }
+    pool.check_invariants().expect("pool invariants");
+    pool.shutdown().await;
+}

@@ -545,16 +545,17 @@ impl EniActor {
             .copied()
             .filter(|ip| !in_prefixes.contains(ip))
             .collect();
-        // EC2 refuses a call naming nothing: each kind goes only when there is some.
-        let result: Result<(), CloudError> = async {
+        // EC2 refuses a call naming nothing: each kind goes only when there is some. The two calls
+        // are settled each on its own: the `bool` says whether the singles went back before the
+        // prefixes' call failed.
+        let result: Result<(), (CloudError, bool)> = async {
             if !singles.is_empty() {
-                self.shared.cloud.unassign_ips(&self.eni, &singles).await?;
+                let r = self.shared.cloud.unassign_ips(&self.eni, &singles).await;
+                r.map_err(|e| (e, false))?;
             }
             if !prefixes.is_empty() {
-                self.shared
-                    .cloud
-                    .unassign_prefixes(&self.eni, &prefixes)
-                    .await?;
+                let r = self.shared.cloud.unassign_prefixes(&self.eni, &prefixes);
+                r.await.map_err(|e| (e, true))?;
             }
             Ok(())
         }
@@ -568,11 +569,18 @@ impl EniActor {
                     st.complete_unassign(&self.eni, &ips, &prefixes);
                     Ok(())
                 }
-                Err(err) => {
+                Err((err, singles_gone)) => {
                     span.in_scope(
-                        || tracing::warn!(error = %err, "unassign failed; IPs stay idle"),
+                        || tracing::warn!(error = %err, singles_gone, "unassign failed; what EC2 kept stays idle"),
                     );
-                    st.fail_unassign(&self.eni, &ips, err.clone(), Instant::now());
+                    st.settle_failed_unassign(
+                        &self.eni,
+                        &ips,
+                        &prefixes,
+                        singles_gone,
+                        err.clone(),
+                        Instant::now(),
+                    );
                     Err(PoolError::Cloud(err))
                 }
             }

@@ -268,6 +268,31 @@ impl PoolState {
         self.capacity.give_back(n);
     }
 
+    /// A give-back of `ips` (singles, and every address of `prefixes`) whose calls did not all
+    /// succeed: singles and prefixes go back in separate calls, each settled on its own. When the
+    /// singles' call succeeded (`singles_gone`) and the prefixes' failed, EC2 no longer has the
+    /// singles: they leave the pool (tokens return) and never go idle, or a pod would get an
+    /// address no ENI holds; the prefixes' addresses are idle again for a later give-back.
+    pub fn settle_failed_unassign(
+        &mut self,
+        eni: &EniId,
+        ips: &[Ipv4Addr],
+        prefixes: &[Ipv4Net],
+        singles_gone: bool,
+        err: CloudError,
+        now: Instant,
+    ) {
+        if !singles_gone {
+            self.fail_unassign(eni, ips, err, now);
+            return;
+        }
+        let (kept, gone): (Vec<Ipv4Addr>, Vec<Ipv4Addr>) = ips
+            .iter()
+            .partition(|ip| prefixes.iter().any(|p| p.contains(*ip)));
+        self.complete_unassign(eni, &gone, &[]);
+        self.fail_unassign(eni, &kept, err, now);
+    }
+
     /// A give-back failed: the IPs are idle again (same place in the queue), the ENI backs off.
     pub fn fail_unassign(&mut self, eni: &EniId, ips: &[Ipv4Addr], err: CloudError, now: Instant) {
         self.unassign_abandoned(eni, ips);
