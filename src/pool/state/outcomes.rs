@@ -209,6 +209,9 @@ impl PoolState {
             .unwrap_or_default();
         let pool_err = match &err {
             CloudError::SubnetFull { .. } | CloudError::AttachmentLimitExceeded { .. } => {
+                if matches!(err, CloudError::SubnetFull { .. }) {
+                    self.subnet_seen_full(&subnet_id);
+                }
                 self.back_off_subnet(&subnet_id, SubnetBackoffKind::Exhausted, err.clone(), now);
                 PoolError::Exhausted {
                     reason: ExhaustionReason::Cloud {
@@ -439,6 +442,9 @@ impl PoolState {
         self.warming = self.warming.saturating_sub(c.warm);
         self.capacity.give_back(c.count);
         let pool_err = if err.is_capacity() {
+            if matches!(err, CloudError::SubnetFull { .. }) {
+                self.subnet_seen_full(&c.subnet_id);
+            }
             self.back_off_subnet(&c.subnet_id, SubnetBackoffKind::Exhausted, err.clone(), now);
             PoolError::Exhausted {
                 reason: ExhaustionReason::Cloud {
