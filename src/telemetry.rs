@@ -81,6 +81,8 @@ pub struct Metrics {
     pub store_repairs: Counter,
     /// Pods released because the API server says they are gone (src/reconcile/api_server).
     pub api_server_released: Counter,
+    /// API-server releases put off because the pod's network namespace is still on the host.
+    pub api_server_release_deferred: Counter,
     /// Errors of the API server pod watch (each one drops the view until a fresh list).
     pub api_server_watch_errors: Counter,
     /// 1 while the API server pod view is synced (initial list done, watch healthy).
@@ -116,6 +118,7 @@ impl Default for Metrics {
             quarantine_lifted: Counter::default(),
             store_repairs: Counter::default(),
             api_server_released: Counter::default(),
+            api_server_release_deferred: Counter::default(),
             api_server_watch_errors: Counter::default(),
             api_server_synced: Gauge::default(),
             api_server_bound_pods: Gauge::default(),
@@ -260,6 +263,11 @@ pub fn render(s: &Sources) -> String {
         "eniipam_api_server_released",
         "Pods released by the running reconcile: gone from the Kubernetes API server",
         m.api_server_released.clone(),
+    );
+    reg.register(
+        "eniipam_api_server_release_deferred",
+        "API-server releases put off: the pod is gone from the API server, its network namespace is still on the host",
+        m.api_server_release_deferred.clone(),
     );
     reg.register(
         "eniipam_api_server_watch_errors",

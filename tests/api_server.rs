@@ -21,6 +21,7 @@ use api_server_support::{FakeApiServer, pod_json};
 use eniipam::config::DaemonConfig;
 use eniipam::ipam::{AllocateRequest, Ipam};
 use eniipam::model::{AttachmentKey, PodRef};
+use eniipam::reconcile::NetnsView;
 use eniipam::reconcile::api_server::{
     self, ApiServerError, ApiServerGc, ApiServerTarget, PodPhase, PodWatch, release_gone_pods,
 };
@@ -109,11 +110,15 @@ fn pod_ref(ns: &str, name: &str, uid: &str) -> PodRef {
 
 impl Fixture {
     async fn allocate(&self, container: &str, pod: PodRef) -> Ipv4Addr {
+        self.allocate_in(container, pod, "").await
+    }
+
+    async fn allocate_in(&self, container: &str, pod: PodRef, netns: &str) -> Ipv4Addr {
         self.ipam
             .allocate(AllocateRequest {
                 key: key(container),
                 network: "eniipam".into(),
-                netns: String::new(),
+                netns: netns.into(),
                 pod,
                 prefer: None,
                 require_preferred: false,
@@ -144,7 +149,12 @@ impl Fixture {
     }
 
     async fn gc_pass(&self) -> Vec<AttachmentKey> {
-        release_gone_pods(&self.ipam, Some(&self.gc))
+        self.gc_pass_seeing(&NetnsView::default()).await
+    }
+
+    /// A pass where the host's pod network namespaces are seen through `netns`.
+    async fn gc_pass_seeing(&self, netns: &NetnsView) -> Vec<AttachmentKey> {
+        release_gone_pods(&self.ipam, Some(&self.gc), netns)
             .await
             .into_iter()
             .map(|(k, _)| k)
@@ -191,6 +201,55 @@ async fn a_pod_deleted_from_the_api_server_is_released_after_the_grace_period() 
     assert!(state.assignments.iter().all(|a| a.ip != ip1));
     assert!(state.idle.iter().any(|i| i.ip == ip1));
     assert!(f.gc_pass().await.is_empty(), "released once");
+}
+
+/// Issue 23, case 6: a pod force-deleted from the API server whose sandbox still runs (its network
+/// namespace is still on the host) keeps its IP past the grace period — a new pod must not get an
+/// address the old sandbox still uses — and the skip is counted; once the netns is gone, the next pass
+/// releases it. The netns is a file in a directory the daemon sees, which is what the host evidence
+/// checks ([`NetnsView::state`]: the path exists).
+#[tokio::test(start_paused = true)]
+async fn a_force_deleted_pod_keeps_its_ip_while_its_netns_is_alive() {
+    let f = fixture().await;
+    let dir = tempfile::tempdir().unwrap();
+    let netns_dir = dir.path().join("netns");
+    std::fs::create_dir(&netns_dir).unwrap();
+    let netns = netns_dir.join("cni-1234");
+    std::fs::write(&netns, b"").unwrap();
+    let view = NetnsView::of(std::slice::from_ref(&netns_dir));
+    f.api.add_pod("default", "web-1", "uid-1", NODE);
+    f.synced_with(&["web-1"]).await;
+    let ip = f
+        .allocate_in(
+            "c1",
+            pod_ref("default", "web-1", "uid-1"),
+            &netns.display().to_string(),
+        )
+        .await;
+    advance(GRACE * 2).await;
+    f.api.delete_pod("default", "web-1");
+    f.view(|v| v.get("default", "web-1").is_none()).await;
+    for _ in 0..3 {
+        advance(GRACE).await;
+        assert!(
+            f.gc_pass_seeing(&view).await.is_empty(),
+            "the sandbox still runs"
+        );
+        assert!(f.holds("c1"), "{ip} stays with the pod");
+    }
+    assert_eq!(f.released_metric(), 0);
+    assert_eq!(
+        f.metrics.api_server_release_deferred.get(),
+        3,
+        "each skip counted"
+    );
+
+    // The sandbox is gone (the netns file removed): the next pass releases the IP.
+    std::fs::remove_file(&netns).unwrap();
+    advance(Duration::from_secs(1)).await;
+    assert_eq!(f.gc_pass_seeing(&view).await, vec![key("c1")]);
+    assert!(!f.holds("c1"));
+    assert_eq!(f.released_metric(), 1);
 }
 
 #[tokio::test(start_paused = true)]

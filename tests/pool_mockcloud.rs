@@ -11,8 +11,8 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use cloud_support::Env;
-use eniipam::cloud::Metadata;
 use eniipam::cloud::limiter::LimiterConfig;
+use eniipam::cloud::{Cloud, Metadata};
 use eniipam::model::{AttachmentKey, PodRef};
 use eniipam::pool::{Pool, PoolConfig, PoolSeed};
 use mockcloud::{ActionClass, Config};
@@ -176,4 +176,340 @@ async fn a_cold_burst_of_100_pods_with_prefixes_costs_at_most_three_calls() {
          expects as many again during a burst, up to max_idle 16)"
     );
     b.pool.shutdown().await;
+}
+
+fn pod_key(i: usize) -> (AttachmentKey, PodRef) {
+    (
+        AttachmentKey::new(format!("container-{i}"), "eth0"),
+        PodRef {
+            namespace: "default".into(),
+            name: format!("pod-{i}"),
+            uid: format!("uid-{i}"),
+        },
+    )
+}
+
+async fn acquire_range(
+    pool: &Pool,
+    range: std::ops::Range<usize>,
+) -> Vec<eniipam::pool::Allocation> {
+    let all = range.map(|i| {
+        let (key, pod) = pod_key(i);
+        let pool = pool.clone();
+        async move { pool.acquire(key, pod, None, None).await }
+    });
+    futures::future::join_all(all)
+        .await
+        .into_iter()
+        .map(|r| r.expect("acquired"))
+        .collect()
+}
+
+/// Every address EC2 shows on the instance's ENIs (secondary IPs and every address of their prefixes).
+fn ec2_addresses(env: &Env) -> BTreeSet<Ipv4Addr> {
+    let inst = env.mock.instance(&env.instance.instance_id).unwrap();
+    inst.enis
+        .iter()
+        .flat_map(|e| {
+            e.secondary_ips.iter().copied().chain(
+                e.ipv4_prefixes
+                    .iter()
+                    .flat_map(|p| eniipam::pool::slots::prefix_addresses(*p)),
+            )
+        })
+        .collect()
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Issue 23, case 5: a give-back whose single addresses EC2 took back but whose prefixes' call (the
+/// second UnassignPrivateIpAddresses) failed. The singles are gone from EC2: they must leave the pool
+/// (tokens returned), never go idle and then to a pod; the prefix's addresses stay idle, as EC2 still
+/// has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_whose_prefix_call_fails_keeps_no_address_ec2_took_back() {
+    let env = Env::start_with(
+        Config::fast(),
+        cloud_support::fast_limiter(),
+        Duration::from_secs(10),
+    )
+    .await;
+    let config = PoolConfig {
+        prefix_delegation: true,
+        use_primary_eni: true,
+        warm_policy: eniipam::pool::config::WarmPolicy::Fixed,
+        min_idle: 0,
+        max_idle: 0,
+        maintainer_tick: Duration::from_secs(3600),
+        reuse_cooldown: Duration::from_millis(500),
+        prefix_retry: Duration::from_millis(200),
+        eni_backoff: Duration::from_millis(100),
+        ..PoolConfig::default()
+    };
+    let interfaces = env.imds.interfaces().await.expect("IMDS interfaces");
+    let pool = Pool::start(
+        config,
+        env.cloud.clone(),
+        env.imds.clone(),
+        env.node.clone(),
+        PoolSeed::from_metadata(&interfaces, &[]),
+    )
+    .expect("pool starts");
+    let subnet = env.instance.subnet_id.clone();
+
+    // eth0 gets three single addresses while the subnet has no free /28, then a prefix.
+    env.mock
+        .occupy_addresses(
+            &subnet,
+            &mockcloud::world::OccupyPattern::Stride {
+                stride: 16,
+                offset: 8,
+            },
+        )
+        .unwrap();
+    acquire_range(&pool, 0..3).await;
+    env.mock.release_occupied(&subnet).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    acquire_range(&pool, 3..19).await;
+    let inst = env.mock.instance(&env.instance.instance_id).unwrap();
+    let eth0 = &inst.enis[0];
+    assert_eq!(
+        (eth0.secondary_ips.len(), eth0.ipv4_prefixes.len()),
+        (3, 1),
+        "three singles and a prefix on eth0: {eth0:?}"
+    );
+
+    // Give everything back: the singles' call goes through (its reply held a moment), the prefix's
+    // call, the second, is refused.
+    env.mock.inject_fault(mockcloud::Fault::slow_reply(
+        "UnassignPrivateIpAddresses",
+        Duration::from_millis(300),
+        1,
+    ));
+    env.mock.reset_counters();
+    for i in 0..19 {
+        pool.release(&pod_key(i).0, false).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let maintain = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.maintain_now().await })
+    };
+    let unassigns = |env: &Env| {
+        env.mock
+            .counters()
+            .actions
+            .iter()
+            .find(|(a, _)| a.as_str() == "UnassignPrivateIpAddresses")
+            .map_or(0, |(_, c)| c.calls)
+    };
+    until("the singles' unassign arrives", || unassigns(&env) >= 1).await;
+    env.mock.inject_fault(mockcloud::Fault::error(
+        "UnassignPrivateIpAddresses",
+        "UnauthorizedOperation",
+        1,
+    ));
+    maintain.await.unwrap().unwrap();
+    until("both unassigns settled", || {
+        unassigns(&env) >= 2 && pool.snapshot().releasing == 0
+    })
+    .await;
+
+    let ec2 = ec2_addresses(&env);
+    assert_eq!(ec2.len(), 16, "EC2 took the singles back, kept the prefix");
+    let snap = pool.snapshot();
+    let held: BTreeSet<Ipv4Addr> = snap.ips().map(|i| i.ip).collect();
+    assert!(
+        held.is_subset(&ec2),
+        "the pool holds addresses EC2 took back: {:?}",
+        held.difference(&ec2).collect::<Vec<_>>()
+    );
+    assert_eq!(snap.idle, 16, "the prefix's addresses are idle again");
+    assert_eq!(snap.tokens_used, 16);
+    pool.check_invariants().expect("pool invariants");
+
+    // Pods after the ENI's back-off: none gets an address EC2 does not hold for this node.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = acquire_range(&pool, 100..119).await;
+    let ec2 = ec2_addresses(&env);
+    for a in &got {
+        assert!(
+            ec2.contains(&a.ip),
+            "{} went to a pod; EC2 does not have it",
+            a.ip
+        );
+    }
+    pool.check_invariants().expect("pool invariants");
+    pool.shutdown().await;
+}
+
+/// A pool on `instance` (its own IMDS) whose new ENIs may go to `pod_subnets`.
+async fn pool_on(
+    env: &Env,
+    instance: &mockcloud::LaunchedInstance,
+    pod_subnets: &[String],
+    config: PoolConfig,
+) -> Pool {
+    let imds = std::sync::Arc::new(
+        eniipam::cloud::imds::ImdsMetadata::new(
+            &eniipam::cloud::imds::ImdsConfig {
+                endpoint: Some(instance.imds_url.clone()),
+                ..Default::default()
+            },
+            env.stats.clone(),
+        )
+        .expect("IMDS client"),
+    );
+    let mut subnets = Vec::new();
+    for id in pod_subnets {
+        subnets.push(env.cloud.describe_subnet(id).await.expect("subnet"));
+    }
+    let node = eniipam::cloud::NodeContext {
+        instance_id: instance.instance_id.clone(),
+        subnet_id: instance.subnet_id.clone(),
+        pod_subnets: subnets,
+        ..env.node.clone()
+    };
+    let interfaces = imds.interfaces().await.expect("IMDS interfaces");
+    Pool::start(
+        config,
+        env.cloud.clone(),
+        imds,
+        node,
+        PoolSeed::from_metadata(&interfaces, &[]),
+    )
+    .expect("pool starts")
+}
+
+/// Secondary ENIs only (the first pod needs a new ENI), no warm pool.
+fn new_eni_config() -> PoolConfig {
+    PoolConfig {
+        use_primary_eni: false,
+        warm_policy: eniipam::pool::config::WarmPolicy::Fixed,
+        min_idle: 0,
+        max_idle: 100,
+        ..PoolConfig::default()
+    }
+}
+
+fn subnet_of_new_eni(env: &Env, instance_id: &str) -> String {
+    let inst = env.mock.instance(instance_id).unwrap();
+    inst.enis
+        .iter()
+        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index > 0))
+        .map(|e| e.subnet_id.clone())
+        .expect("a new ENI")
+}
+
+/// Issue 23, case 4: the pod subnets' free counts are read again while the pool runs (here every
+/// 300 ms, jittered to 150–450 ms). A subnet other nodes drain behind the pool's back is seen at
+/// zero free within the bound, and the next new ENI goes to the other subnet instead of failing in
+/// the drained one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subnet_drained_behind_the_pools_back_is_seen_and_new_enis_go_elsewhere() {
+    let env = Env::start_with(
+        Config::fast(),
+        cloud_support::fast_limiter(),
+        Duration::from_secs(10),
+    )
+    .await;
+    let a = env.instance.subnet_id.clone();
+    let b = env
+        .mock
+        .create_subnet(
+            &env.instance.vpc_id,
+            "10.0.16.0/21".parse().unwrap(),
+            &env.instance.availability_zone,
+        )
+        .unwrap();
+    let refresh = Duration::from_millis(300);
+    let config = PoolConfig {
+        subnet_refresh: refresh,
+        ..new_eni_config()
+    };
+    let pool = pool_on(&env, &env.instance, &[a.clone(), b.clone()], config).await;
+    let free = |pool: &Pool, id: &str| {
+        pool.snapshot()
+            .subnets
+            .iter()
+            .find(|s| s.id == id)
+            .and_then(|s| s.free)
+    };
+    assert!(
+        free(&pool, &a).unwrap() > free(&pool, &b).unwrap(),
+        "the larger subnet leads"
+    );
+
+    // Other nodes take every free address of the node's own subnet.
+    let taken = env
+        .mock
+        .occupy_addresses(
+            &a,
+            &mockcloud::world::OccupyPattern::Range {
+                cidr: "10.0.0.0/20".parse().unwrap(),
+            },
+        )
+        .unwrap();
+    assert!(taken > 4000);
+    tokio::time::sleep(refresh * 3 / 2 + Duration::from_millis(200)).await;
+    assert_eq!(free(&pool, &a), Some(0), "the drained subnet is seen empty");
+
+    let got = acquire_range(&pool, 0..3).await;
+    assert_eq!(got.len(), 3);
+    assert_eq!(
+        subnet_of_new_eni(&env, &env.instance.instance_id),
+        b,
+        "the new ENI goes to the subnet with room"
+    );
+    pool.check_invariants().expect("pool invariants");
+    pool.shutdown().await;
+}
+
+/// Issue 23, case 4: nodes that boot together read the same free counts; with two subnets of about
+/// the same room they do not all put their first ENI in the same one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_booting_together_spread_their_enis_over_equal_subnets() {
+    let env = Env::start_with(
+        Config::fast(),
+        cloud_support::fast_limiter(),
+        Duration::from_secs(10),
+    )
+    .await;
+    let a = env.instance.subnet_id.clone();
+    let b = env
+        .mock
+        .create_subnet(
+            &env.instance.vpc_id,
+            "10.0.16.0/20".parse().unwrap(),
+            &env.instance.availability_zone,
+        )
+        .unwrap();
+    let mut instances = vec![env.instance.clone()];
+    for _ in 0..3 {
+        instances.push(env.mock.launch_instance("m5.large", &a).await.unwrap());
+    }
+    let mut pools = Vec::new();
+    for inst in &instances {
+        pools.push(pool_on(&env, inst, &[a.clone(), b.clone()], new_eni_config()).await);
+    }
+    let firsts = pools.iter().map(|p| acquire_range(p, 0..1));
+    futures::future::join_all(firsts).await;
+    let picked: Vec<String> = instances
+        .iter()
+        .map(|i| subnet_of_new_eni(&env, &i.instance_id))
+        .collect();
+    assert!(
+        picked.contains(&a) && picked.contains(&b),
+        "four nodes booting together all chose one subnet: {picked:?}"
+    );
+    for p in pools {
+        p.check_invariants().expect("pool invariants");
+        p.shutdown().await;
+    }
 }

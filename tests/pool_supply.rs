@@ -382,3 +382,81 @@ async fn acquires_beyond_free_tokens_take_the_warm_ips_in_flight() {
     warm.await.unwrap().unwrap();
     n.pool.check_invariants().unwrap();
 }
+
+/// Issue 23, case 3a: the FIRST burst after the subnet runs out of free `/28`s. eth0 is routed the
+/// burst while prefixes still look available (its room counted in prefixes, 9 × 16); the prefix
+/// assign finds no free `/28`, and the fallback to single addresses must not ask eth0 for more than
+/// its free slots: the rest of the batch goes on (to a new ENI) instead of the whole batch failing
+/// with PrivateIpAddressLimitExceeded and eth0 backing off for minutes.
+#[tokio::test(start_paused = true)]
+async fn the_first_burst_after_the_subnet_runs_out_of_prefixes_fits_eth0_in_single_addresses() {
+    let n = start(prefix_config(), NodeSpec::default()).await;
+    fragment_every_block(&n);
+    let burst = acquire_many(&n.pool, 0..20).await;
+    let failed: Vec<_> = burst.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failed.is_empty(), "pods failed: {failed:?}");
+    assert_eq!(ips(&burst).iter().collect::<BTreeSet<_>>().len(), 20);
+    let limit = n.node.limits.ipv4_per_eni;
+    for e in n.cloud.attached_enis() {
+        assert!(
+            (e.secondary_ips.len() as u32) < limit,
+            "{} holds {} addresses, more than {limit}",
+            e.id,
+            1 + e.secondary_ips.len()
+        );
+    }
+    let snap = n.pool.snapshot();
+    assert!(
+        snap.enis.iter().all(|e| !matches!(
+            e.phase,
+            eniipam::pool::snapshot::EniPhaseSnapshot::BackingOff { .. }
+        )),
+        "no ENI backs off: {:?}",
+        snap.enis
+    );
+    n.pool.check_invariants().unwrap();
+}
+
+/// Issue 23, case 3b: a new ENI whose create falls back to single addresses because the node has
+/// too few tokens for whole prefixes (`Slots::Ips(count)`) is created with at most its slots' worth
+/// of addresses; the waiters beyond go to the next ENI, not into a create EC2 refuses.
+#[tokio::test(start_paused = true)]
+async fn a_new_eni_short_of_tokens_for_prefixes_is_created_with_one_address_per_slot() {
+    let config = PoolConfig {
+        max_ips: Some(32),
+        ..prefix_config()
+    };
+    let n = start(config, NodeSpec::default()).await;
+    assert_eq!(n.pool.snapshot().capacity, 32);
+    // eth0's nine slots go to single addresses while the subnet has no free /28.
+    let other = fragment_every_block(&n);
+    assert!(acquire_many(&n.pool, 0..5).await.iter().all(|r| r.is_ok()));
+    assert!(acquire_many(&n.pool, 5..9).await.iter().all(|r| r.is_ok()));
+    n.cloud.another_node_leaves(&other);
+    advance(PoolConfig::default().prefix_retry + Duration::from_secs(1)).await;
+    // 17 more: two prefixes would need 32 - 9 - 17 = 6 < 15 spare tokens: single addresses.
+    let burst = acquire_many(&n.pool, 10..27).await;
+    let failed: Vec<_> = burst.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failed.is_empty(), "pods failed: {failed:?}");
+    assert_eq!(ips(&burst).iter().collect::<BTreeSet<_>>().len(), 17);
+    let limit = n.node.limits.ipv4_per_eni;
+    assert_eq!(
+        n.cloud
+            .calls_of(Action::CreateNetworkInterface)
+            .iter()
+            .filter(|c| c.error.is_some())
+            .count(),
+        0,
+        "no create refused: {:?}",
+        n.cloud.calls_of(Action::CreateNetworkInterface)
+    );
+    for e in n.cloud.attached_enis() {
+        assert!(
+            (e.secondary_ips.len() as u32) < limit,
+            "{} holds {} addresses, more than {limit}",
+            e.id,
+            1 + e.secondary_ips.len()
+        );
+    }
+    n.pool.check_invariants().unwrap();
+}

@@ -80,6 +80,19 @@ pub struct PoolConfig {
     /// and prefixes are tried again after this long, doubling with each failure up to 30 min.
     /// Default 2 min.
     pub prefix_retry: Duration,
+    /// How often the free-address count of the pod subnets is read again (one DescribeSubnets for
+    /// all of them), jittered to between half and one and a half times this, so nodes that boot
+    /// together do not ask together. Between reads the count follows what EC2 answers anyway (a
+    /// subnet-full answer sets it to zero). Zero: read only at startup and before a create in a
+    /// subnet not known yet.
+    ///
+    /// Default 30 min. DescribeSubnets shares the account's describe bucket (EC2's non-mutating
+    /// bucket refills at about 20 calls per second per Region, shared by every node and every tool
+    /// of the account): 5,000 nodes at one call per 30 min are about 2.8 calls per second, a small
+    /// share that leaves the bucket to the calls pods wait on (DescribeNetworkInterfaces after an
+    /// assign, the reconcile's). The count only steers the pick of a subnet for a new ENI and the
+    /// short-subnet warm level; running out is still seen at once, from EC2's answers.
+    pub subnet_refresh: Duration,
     /// Timing of ENI create/attach/detach/delete.
     pub lifecycle: LifecycleConfig,
 }
@@ -179,6 +192,7 @@ impl Default for PoolConfig {
             use_primary_eni: true,
             prefix_delegation: false,
             prefix_retry: Duration::from_secs(2 * 60),
+            subnet_refresh: Duration::from_secs(30 * 60),
             lifecycle: LifecycleConfig::default(),
         }
     }

@@ -317,7 +317,7 @@ impl EniActor {
 
     async fn assign(
         &self,
-        pods: Vec<Waiter>,
+        mut pods: Vec<Waiter>,
         warm: u32,
         warm_replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
     ) {
@@ -371,14 +371,17 @@ impl EniActor {
                         (Ok((ips, prefixes)), warm + extra)
                     }
                     Err(CloudError::NoFreePrefix { .. }) => {
-                        // No `/28` left in the subnet: the same batch as single packed addresses.
-                        {
+                        // No `/28` left in the subnet: the batch as single packed addresses,
+                        // cut to the ENI's free slots (the rest goes to a new ENI).
+                        let warm = {
                             let mut st = self.shared.lock();
                             st.unplan_extra(&self.eni, extra);
                             st.no_free_prefix(&self.eni, Instant::now());
-                        }
+                            st.fit_single_addresses(&self.eni, &mut pods, warm)
+                        };
+                        self.shared.wake.notify_one();
                         (
-                            self.assign_packed(count)
+                            self.assign_packed(pods.len() as u32 + warm)
                                 .instrument(span.clone())
                                 .await
                                 .map(|ips| (ips, Vec::new())),
@@ -391,13 +394,20 @@ impl EniActor {
                     }
                 }
             }
-            AssignPlan::Packed => (
-                self.assign_packed(count)
-                    .instrument(span.clone())
-                    .await
-                    .map(|ips| (ips, Vec::new())),
-                warm,
-            ),
+            AssignPlan::Packed => {
+                let warm = self
+                    .shared
+                    .lock()
+                    .fit_single_addresses(&self.eni, &mut pods, warm);
+                self.shared.wake.notify_one();
+                (
+                    self.assign_packed(pods.len() as u32 + warm)
+                        .instrument(span.clone())
+                        .await
+                        .map(|ips| (ips, Vec::new())),
+                    warm,
+                )
+            }
         };
         let outcome = match result {
             Ok((ips, prefixes)) => {
@@ -439,6 +449,9 @@ impl EniActor {
     /// already fragmented (see [`super::slots`]), so whole blocks stay free for prefixes. Another node
     /// may take a picked address first (`InvalidIPAddress.InUse`): one more try with a fresh look.
     async fn assign_packed(&self, count: u32) -> Result<Vec<Ipv4Addr>, CloudError> {
+        if count == 0 {
+            return Ok(Vec::new()); // EC2 refuses an assign of nothing
+        }
         let Some(subnet) = self.shared.lock().subnet_of(&self.eni) else {
             return self.shared.cloud.assign_ips(&self.eni, count).await;
         };
@@ -532,16 +545,17 @@ impl EniActor {
             .copied()
             .filter(|ip| !in_prefixes.contains(ip))
             .collect();
-        // EC2 refuses a call naming nothing: each kind goes only when there is some.
-        let result: Result<(), CloudError> = async {
+        // EC2 refuses a call naming nothing: each kind goes only when there is some. The two calls
+        // are settled each on its own: the `bool` says whether the singles went back before the
+        // prefixes' call failed.
+        let result: Result<(), (CloudError, bool)> = async {
             if !singles.is_empty() {
-                self.shared.cloud.unassign_ips(&self.eni, &singles).await?;
+                let r = self.shared.cloud.unassign_ips(&self.eni, &singles).await;
+                r.map_err(|e| (e, false))?;
             }
             if !prefixes.is_empty() {
-                self.shared
-                    .cloud
-                    .unassign_prefixes(&self.eni, &prefixes)
-                    .await?;
+                let r = self.shared.cloud.unassign_prefixes(&self.eni, &prefixes);
+                r.await.map_err(|e| (e, true))?;
             }
             Ok(())
         }
@@ -555,11 +569,18 @@ impl EniActor {
                     st.complete_unassign(&self.eni, &ips, &prefixes);
                     Ok(())
                 }
-                Err(err) => {
+                Err((err, singles_gone)) => {
                     span.in_scope(
-                        || tracing::warn!(error = %err, "unassign failed; IPs stay idle"),
+                        || tracing::warn!(error = %err, singles_gone, "unassign failed; what EC2 kept stays idle"),
                     );
-                    st.fail_unassign(&self.eni, &ips, err.clone(), Instant::now());
+                    st.settle_failed_unassign(
+                        &self.eni,
+                        &ips,
+                        &prefixes,
+                        singles_gone,
+                        err.clone(),
+                        Instant::now(),
+                    );
                     Err(PoolError::Cloud(err))
                 }
             }

@@ -24,7 +24,7 @@ use super::eni::{EniCommand, EniHandle};
 use super::state::CreatePlan;
 use super::{PoolError, Shared};
 use crate::cloud::lifecycle::{NewEni, SECURITY_GROUPS_TAG, Slots};
-use crate::cloud::{ADDRESS_IN_USE, CloudError, Purpose, with_purpose};
+use crate::cloud::{ADDRESS_IN_USE, CloudError, Purpose, SubnetFilter, with_purpose};
 
 /// Extra coalescing before the first ENI creation of a burst (on top of `batch_window`).
 const CREATE_COALESCE: std::time::Duration = std::time::Duration::from_millis(40);
@@ -43,6 +43,9 @@ pub(crate) async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Mainta
     let creates = Arc::new(Semaphore::new(shared.config.max_concurrent_eni_creates));
     // Work spawned by earlier rounds and maybe still running.
     let mut outstanding: Vec<JoinHandle<()>> = Vec::new();
+    let refresh_every = shared.config.subnet_refresh;
+    let refresh = tokio::time::sleep(jittered(refresh_every));
+    tokio::pin!(refresh);
     loop {
         let mut reply = None;
         tokio::select! {
@@ -51,6 +54,15 @@ pub(crate) async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Mainta
                 Some(MaintainerCommand::RunNow { respond_to }) => reply = Some(respond_to),
                 None => break,
             },
+            () = &mut refresh, if !refresh_every.is_zero() => {
+                refresh.as_mut().reset(Instant::now() + jittered(refresh_every));
+                outstanding.retain(|t| !t.is_finished());
+                outstanding.push(tokio::spawn(with_purpose(
+                    Purpose::Refill,
+                    refresh_subnets(shared.clone()),
+                )));
+                continue;
+            }
             () = shared.wake.notified() => {
                 tokio::time::sleep(shared.config.batch_window).await;
                 // Pods waiting for a new ENI and none being created: the burst may still be
@@ -85,6 +97,33 @@ pub(crate) async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Mainta
         }
     }
     tracing::debug!("maintainer stopped");
+}
+
+/// `every` × a random factor in [0.5, 1.5): nodes that boot together spread their reads.
+fn jittered(every: std::time::Duration) -> std::time::Duration {
+    every.mul_f64(0.5 + rand::random::<f64>())
+}
+
+/// Reads the pod subnets' free-address counts again (one DescribeSubnets for all of them), so a
+/// subnet drained by other nodes is seen short and new ENIs go elsewhere.
+async fn refresh_subnets(shared: Arc<Shared>) {
+    let ids = shared.lock().pod_subnets.clone();
+    let filter = SubnetFilter {
+        ids,
+        ..SubnetFilter::default()
+    };
+    match shared.cloud.describe_subnets(&filter).await {
+        Ok(subnets) => {
+            let mut st = shared.lock();
+            for s in subnets {
+                tracing::debug!(subnet = %s.id, free = s.available_ips, "subnet free count read again");
+                st.learn_subnet(s);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the pod subnets' free counts; trying at the next refresh")
+        }
+    }
 }
 
 /// Plans one round and spawns its work; returns the tasks.

@@ -175,6 +175,8 @@ pub struct SubnetSnapshot {
     /// With prefix delegation: EC2 had no free `/28` here at the last try; single packed addresses
     /// until prefixes are tried again in this long.
     pub prefixes_blocked_for: Option<Duration>,
+    /// Free addresses as EC2 last reported them (`None` when EC2 has not been asked yet).
+    pub free: Option<u32>,
 }
 
 /// A subnet's back-off.
@@ -246,6 +248,11 @@ impl PoolState {
             .map(|(id, s)| SubnetSnapshot {
                 id: id.clone(),
                 cidr: s.subnet.as_ref().map(|s| s.cidr),
+                free: s
+                    .subnet
+                    .as_ref()
+                    .filter(|_| s.free_known)
+                    .map(|s| s.available_ips),
                 backoff: s.backoff.as_ref().filter(|b| b.until > now).map(|b| {
                     SubnetBackoffSnapshot {
                         exhausted: b.kind == SubnetBackoffKind::Exhausted,

@@ -83,7 +83,7 @@ pub async fn pass(
     let mut report = PassReport::default();
     let netns = NetnsView::of(&host.netns_dirs);
     release_dead(ipam, &netns, &mut report).await;
-    report.released_gone_from_api = super::api_server::release_gone_pods(ipam, api).await;
+    report.released_gone_from_api = super::api_server::release_gone_pods(ipam, api, &netns).await;
     clear_quarantine(ipam, host, &netns, &mut report).await;
     let ec2 = cloud
         .describe_enis(&EniFilter {

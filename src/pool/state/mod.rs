@@ -432,6 +432,10 @@ impl PoolState {
 
     /// The subnet for a new ENI: of the pod subnets not backing off, the one with the most free
     /// addresses EC2 last reported (with prefix delegation, one that still has `/28`s first).
+    ///
+    /// Subnets within a quarter of the best count are as good: among them each node takes one by
+    /// a hash of its instance id, so nodes that boot together (and read the same counts) spread over
+    /// them instead of all draining the same one.
     pub fn pick_subnet(&self, now: Instant) -> String {
         let candidates: Vec<&String> = self
             .pod_subnets
@@ -444,18 +448,37 @@ impl PoolState {
                 .and_then(|s| s.subnet.as_ref())
                 .map_or(0, |s| s.available_ips)
         };
-        candidates
+        let prefixes_ok =
+            |id: &str| !self.config.prefix_delegation || !self.prefixes_blocked(id, now);
+        let Some(best) = candidates
             .iter()
             .max_by_key(|id| {
-                let prefixes_ok = !self.config.prefix_delegation || !self.prefixes_blocked(id, now);
                 (
-                    prefixes_ok,
+                    prefixes_ok(id),
                     free(id),
                     std::cmp::Reverse(self.pod_subnets.iter().position(|s| s == **id)),
                 )
             })
             .map(|id| (*id).clone())
-            .unwrap_or_else(|| self.node.subnet_id.clone())
+        else {
+            return self.node.subnet_id.clone();
+        };
+        let (best_ok, best_free) = (prefixes_ok(&best), free(&best));
+        let as_good: Vec<&&String> = candidates
+            .iter()
+            .filter(|id| prefixes_ok(id) == best_ok && free(id) >= best_free - best_free / 4)
+            .collect();
+        if as_good.len() < 2 || best_free == 0 {
+            return best;
+        }
+        let spread = self
+            .node
+            .instance_id
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        (*as_good[(spread % as_good.len() as u64) as usize]).clone()
     }
 
     /// The lowest device index no ENI uses or is being created at.
@@ -503,7 +526,21 @@ impl PoolState {
         self.enis.get(eni).and_then(|r| r.cloud.clone())
     }
 
-    /// Records a subnet description fetched before a create.
+    /// EC2 answered that `subnet_id` has no free address: its count is zero until the next read.
+    fn subnet_seen_full(&mut self, subnet_id: &str) {
+        if let Some(s) = self
+            .subnets
+            .get_mut(subnet_id)
+            .and_then(|r| r.subnet.as_mut())
+        {
+            s.available_ips = 0;
+        }
+        if let Some(r) = self.subnets.get_mut(subnet_id) {
+            r.free_known = r.subnet.is_some();
+        }
+    }
+
+    /// Records a subnet description (fetched before a create, or by the periodic refresh).
     pub fn learn_subnet(&mut self, subnet: Subnet) {
         let id = subnet.id.clone();
         let r = self

@@ -58,6 +58,32 @@ impl PoolState {
         self.capacity.give_back(extra);
     }
 
+    /// Fits a batch that goes to `eni` as single addresses (no free `/28`, or too few tokens for
+    /// whole prefixes) to the ENI's free slots, one address per slot: EC2 refuses an assign beyond
+    /// the per-interface limit for the whole batch. Warm-ups beyond go first (their tokens return),
+    /// then the newest pods, which go back to the queue for a new ENI with their tokens. Returns the
+    /// warm-ups kept; `pods` keeps the pods that fit.
+    pub fn fit_single_addresses(&mut self, eni: &EniId, pods: &mut Vec<Waiter>, warm: u32) -> u32 {
+        let Some(r) = self.enis.get(eni) else {
+            return warm;
+        };
+        let room = self.per_eni.saturating_sub(r.slots_used());
+        let over = (pods.len() as u32 + warm).saturating_sub(room);
+        if over == 0 {
+            return warm;
+        }
+        let dropped_warm = over.min(warm);
+        let requeued = pods.split_off(pods.len() - (over - dropped_warm) as usize);
+        tracing::info!(%eni, room, warm_dropped = dropped_warm, pods_requeued = requeued.len(),
+            "single addresses: the batch is cut to the ENI's free slots");
+        let r = self.enis.get_mut(eni).expect("checked");
+        r.inflight = r.inflight.saturating_sub(over);
+        self.warming = self.warming.saturating_sub(dropped_warm);
+        self.capacity.give_back(dropped_warm);
+        self.create_waiters.extend(requeued);
+        warm - dropped_warm
+    }
+
     /// Whether prefixes are off for now in `subnet_id` (no free `/28` at the last try).
     pub fn prefixes_blocked(&self, subnet_id: &str, now: Instant) -> bool {
         self.subnets
@@ -183,6 +209,9 @@ impl PoolState {
             .unwrap_or_default();
         let pool_err = match &err {
             CloudError::SubnetFull { .. } | CloudError::AttachmentLimitExceeded { .. } => {
+                if matches!(err, CloudError::SubnetFull { .. }) {
+                    self.subnet_seen_full(&subnet_id);
+                }
                 self.back_off_subnet(&subnet_id, SubnetBackoffKind::Exhausted, err.clone(), now);
                 PoolError::Exhausted {
                     reason: ExhaustionReason::Cloud {
@@ -240,6 +269,31 @@ impl PoolState {
             r.phase = r.phase.succeeded();
         }
         self.capacity.give_back(n);
+    }
+
+    /// A give-back of `ips` (singles, and every address of `prefixes`) whose calls did not all
+    /// succeed: singles and prefixes go back in separate calls, each settled on its own. When the
+    /// singles' call succeeded (`singles_gone`) and the prefixes' failed, EC2 no longer has the
+    /// singles: they leave the pool (tokens return) and never go idle, or a pod would get an
+    /// address no ENI holds; the prefixes' addresses are idle again for a later give-back.
+    pub fn settle_failed_unassign(
+        &mut self,
+        eni: &EniId,
+        ips: &[Ipv4Addr],
+        prefixes: &[Ipv4Net],
+        singles_gone: bool,
+        err: CloudError,
+        now: Instant,
+    ) {
+        if !singles_gone {
+            self.fail_unassign(eni, ips, err, now);
+            return;
+        }
+        let (kept, gone): (Vec<Ipv4Addr>, Vec<Ipv4Addr>) = ips
+            .iter()
+            .partition(|ip| prefixes.iter().any(|p| p.contains(*ip)));
+        self.complete_unassign(eni, &gone, &[]);
+        self.fail_unassign(eni, &kept, err, now);
     }
 
     /// A give-back failed: the IPs are idle again (same place in the queue), the ENI backs off.
@@ -388,6 +442,9 @@ impl PoolState {
         self.warming = self.warming.saturating_sub(c.warm);
         self.capacity.give_back(c.count);
         let pool_err = if err.is_capacity() {
+            if matches!(err, CloudError::SubnetFull { .. }) {
+                self.subnet_seen_full(&c.subnet_id);
+            }
             self.back_off_subnet(&c.subnet_id, SubnetBackoffKind::Exhausted, err.clone(), now);
             PoolError::Exhausted {
                 reason: ExhaustionReason::Cloud {

@@ -175,8 +175,9 @@ impl PoolState {
                 .take_up_to(deficit.min(per_eni_addresses - n_wait));
             deficit -= warm;
             let keep = self.create_waiters.len() - n_wait as usize;
-            let waiters: Vec<Waiter> = self.create_waiters.drain(keep..).collect();
+            let mut waiters: Vec<Waiter> = self.create_waiters.drain(keep..).collect();
             let mut count = n_wait + warm;
+            let mut singles_in_prefix_mode = false;
             if count == 0 {
                 break;
             }
@@ -192,14 +193,32 @@ impl PoolState {
                     count += extra;
                     Slots::Prefixes(k)
                 } else {
+                    // Too few tokens for whole prefixes: single addresses, one per slot. Beyond
+                    // the ENI's slots, warm-ups' tokens return and the newest waiters go back to
+                    // the queue (EC2 refuses a create beyond the per-interface limit outright).
                     self.capacity.give_back(got);
+                    let over = count.saturating_sub(self.per_eni);
+                    let dropped_warm = over.min(warm);
+                    warm -= dropped_warm;
+                    self.capacity.give_back(dropped_warm);
+                    deficit += dropped_warm;
+                    let back = (over - dropped_warm) as usize;
+                    self.create_waiters
+                        .extend(waiters.split_off(waiters.len() - back));
+                    count -= over;
+                    singles_in_prefix_mode = true;
                     Slots::Ips(count)
                 }
             } else {
                 Slots::Ips(count)
             };
             self.warming += warm;
-            room_coming += per_eni_addresses - count;
+            room_coming += if singles_in_prefix_mode {
+                // Its free slots take prefixes later.
+                (self.per_eni - count) * self.config.addresses_per_slot()
+            } else {
+                per_eni_addresses - count
+            };
             self.next_create_id += 1;
             let id = self.next_create_id;
             self.creating.insert(

@@ -13,6 +13,7 @@ use super::watch::{BoundPod, BoundPods, PodPhase, PodWatch};
 use crate::ipam::Ipam;
 use crate::model::{AttachmentKey, PodRef};
 use crate::pool::snapshot::IpState;
+use crate::reconcile::evidence::{NetnsState, NetnsView};
 use crate::telemetry::Metrics;
 
 /// How long the confirming GET may take before the pod counts as unknown.
@@ -92,6 +93,8 @@ struct Due {
     attachment: AttachmentKey,
     ip: Ipv4Addr,
     pod: PodRef,
+    /// The pod's network namespace as the plugin reported it at ADD (empty when unknown).
+    netns: String,
 }
 
 impl ApiServerGc {
@@ -135,6 +138,7 @@ impl ApiServerGc {
             let IpState::Assigned {
                 attachment,
                 pod,
+                meta,
                 held_for,
                 ..
             } = &ip.state
@@ -160,6 +164,7 @@ impl ApiServerGc {
                             attachment: attachment.clone(),
                             ip: ip.ip,
                             pod: pod.clone(),
+                            netns: meta.netns.clone(),
                         });
                     }
                 }
@@ -203,9 +208,15 @@ impl ApiServerGc {
 /// allocation whose pod has been gone from the API server for at least the grace period and which a
 /// direct GET confirms gone. Does nothing when `gc` is off or its watch is not synced. Returns what it
 /// released.
+///
+/// The host's word comes first: an allocation whose network namespace `netns` still shows is kept
+/// (a force-deleted pod's sandbox may run on; giving its IP to a new pod would put two pods on one
+/// address). The skip is logged and counted (`eniipam_api_server_release_deferred`); the pod stays
+/// marked gone, so the first pass after the namespace disappears releases it.
 pub async fn release_gone_pods(
     ipam: &Ipam,
     gc: Option<&ApiServerGc>,
+    netns: &NetnsView,
 ) -> Vec<(AttachmentKey, Ipv4Addr)> {
     let Some(gc) = gc else {
         return Vec::new();
@@ -216,6 +227,13 @@ pub async fn release_gone_pods(
     let mut released = Vec::new();
     for d in due {
         let pod_name = format!("{}/{}", d.pod.namespace, d.pod.name);
+        if netns.state(&d.netns) == NetnsState::Alive {
+            tracing::info!(attachment = %d.attachment, ip = %d.ip, pod = %pod_name, netns = %d.netns,
+                "pod is gone from the API server but its network namespace is still on the host \
+                 (a sandbox still running): kept until the namespace is gone");
+            gc.inner.metrics.api_server_release_deferred.inc();
+            continue;
+        }
         let reason = match gc.confirm(&d.pod).await {
             Some(Verdict::Gone(reason)) => reason,
             Some(verdict) => {

@@ -15,7 +15,9 @@
 //!   whose pod (namespace/name/uid of its record) is gone — deleted, replaced by a pod of the same name
 //!   with another uid, or finished (`Succeeded`/`Failed`, whose sandbox the kubelet has stopped) — for
 //!   longer than the grace period, and which a direct GET confirms gone, is released through
-//!   [`crate::ipam::Ipam::release_dead`], logged and counted (`eniipam_api_server_released`).
+//!   [`crate::ipam::Ipam::release_dead`], logged and counted (`eniipam_api_server_released`) — unless
+//!   the host still shows the pod's network namespace (a force-deleted pod whose sandbox runs on):
+//!   then the release waits for the namespace to go (`eniipam_api_server_release_deferred`).
 //!
 //! Evidence it cannot see means "unknown", never "gone": nothing is released while the view is not
 //! synced (API server unreachable, RBAC refused, re-listing), when the confirming GET fails, for
