@@ -66,9 +66,14 @@ pub fn router() -> Router<Arc<Inner>> {
         .route("/_mock/deny/{action}", put(deny).delete(allow))
         .route(
             "/_mock/iam/policy",
-            get(get_iam_policy).put(put_iam_policy).delete(delete_iam_policy),
+            get(get_iam_policy)
+                .put(put_iam_policy)
+                .delete(delete_iam_policy),
         )
-        .route("/_mock/iam/denials", get(iam_denials).delete(clear_iam_denials))
+        .route(
+            "/_mock/iam/denials",
+            get(iam_denials).delete(clear_iam_denials),
+        )
         .route("/_mock/iam/decode", post(iam_decode))
         .route("/_mock/default", get(default_world))
         .route("/_mock/healthz", get(|| async { "ok" }))

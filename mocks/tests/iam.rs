@@ -100,7 +100,10 @@ async fn world() -> World {
     let foreign = create(
         &c,
         &d.subnet_id,
-        &[("eniipam.io/cluster", "other"), ("eniipam.io/owner", "eniipam")],
+        &[
+            ("eniipam.io/cluster", "other"),
+            ("eniipam.io/owner", "eniipam"),
+        ],
     )
     .await
     .unwrap();
@@ -159,18 +162,28 @@ async fn shipped_policy_on_eth0_and_other_clusters_enis() {
             .send()
             .await,
     );
-    assert!(m.contains("because no identity-based policy allows the ec2:DeleteNetworkInterface action"), "{m}");
+    assert!(
+        m.contains("because no identity-based policy allows the ec2:DeleteNetworkInterface action"),
+        "{m}"
+    );
     let m = denied(
         c.detach_network_interface()
             .attachment_id(&w.eth0_attachment)
             .send()
             .await,
     );
-    assert!(m.contains(&format!("network-interface/{}", w.eth0)), "the instance is allowed, the ENI not: {m}");
+    assert!(
+        m.contains(&format!("network-interface/{}", w.eth0)),
+        "the instance is allowed, the ENI not: {m}"
+    );
     denied(
         c.modify_network_interface_attribute()
             .network_interface_id(&w.eth0)
-            .description(aws_sdk_ec2::types::AttributeValue::builder().value("x").build())
+            .description(
+                aws_sdk_ec2::types::AttributeValue::builder()
+                    .value("x")
+                    .build(),
+            )
             .send()
             .await,
     );
@@ -182,7 +195,10 @@ async fn shipped_policy_on_eth0_and_other_clusters_enis() {
             .send()
             .await,
     );
-    assert!(m.contains("with an explicit deny in an identity-based policy"), "{m}");
+    assert!(
+        m.contains("with an explicit deny in an identity-based policy"),
+        "{m}"
+    );
     denied(
         c.delete_network_interface()
             .network_interface_id(&w.foreign)
@@ -205,7 +221,10 @@ async fn shipped_policy_on_eth0_and_other_clusters_enis() {
             .await,
     );
     // Describe is allowed; a missing ENI is still EC2's NotFound, not hidden behind IAM.
-    c.describe_network_interfaces().send().await.expect("describe");
+    c.describe_network_interfaces()
+        .send()
+        .await
+        .expect("describe");
     let (code, _) = failure(
         c.delete_network_interface()
             .network_interface_id("eni-0ffffffffffffffff")
@@ -222,21 +241,40 @@ async fn shipped_policy_on_eth0_and_other_clusters_enis() {
     let counters = w.mock.counters();
     let errors = &counters.actions["DeleteNetworkInterface"].errors;
     assert_eq!(errors.get("UnauthorizedOperation"), Some(&2), "{errors:?}");
-    assert!(w.mock.call_log().iter().any(|r| r.outcome == "UnauthorizedOperation"));
+    assert!(
+        w.mock
+            .call_log()
+            .iter()
+            .any(|r| r.outcome == "UnauthorizedOperation")
+    );
     let denials = w.mock.iam_denials();
     assert_eq!(denials.len(), 6, "{denials:#?}");
-    let explicit: Vec<_> = denials.iter().filter(|d| d.explicit).map(|d| d.action.as_str()).collect();
-    assert_eq!(explicit, ["ec2:AssignPrivateIpAddresses", "ec2:DeleteNetworkInterface"]);
+    let explicit: Vec<_> = denials
+        .iter()
+        .filter(|d| d.explicit)
+        .map(|d| d.action.as_str())
+        .collect();
+    assert_eq!(
+        explicit,
+        ["ec2:AssignPrivateIpAddresses", "ec2:DeleteNetworkInterface"]
+    );
     assert!(denials.iter().all(|d| d.access_key_id == "AKIDMOCKCLOUD"));
     // Nothing denied was performed: eth0 is still there, attached.
-    assert!(w.mock.network_interfaces().iter().any(|e| e.id == w.eth0 && e.attachment.is_some()));
+    assert!(
+        w.mock
+            .network_interfaces()
+            .iter()
+            .any(|e| e.id == w.eth0 && e.attachment.is_some())
+    );
 }
 
 #[tokio::test]
 async fn shipped_policy_on_creation_and_tags() {
     let w = world().await;
     let c = &w.c;
-    let new = create(c, &w.subnet, OURS).await.expect("create with our tags");
+    let new = create(c, &w.subnet, OURS)
+        .await
+        .expect("create with our tags");
     for (bad, why) in [
         (
             vec![("eniipam.io/owner", "eniipam")],
@@ -251,7 +289,10 @@ async fn shipped_policy_on_creation_and_tags() {
             "with a key not in the list",
         ),
         (
-            vec![("eniipam.io/cluster", "other"), ("eniipam.io/owner", "eniipam")],
+            vec![
+                ("eniipam.io/cluster", "other"),
+                ("eniipam.io/owner", "eniipam"),
+            ],
             "for another cluster",
         ),
         (vec![], "untagged"),
@@ -267,7 +308,13 @@ async fn shipped_policy_on_creation_and_tags() {
         .send()
         .await
         .expect("stamp created-at");
-    let m = denied(c.create_tags().resources(&new).tags(tag("team", "blue")).send().await);
+    let m = denied(
+        c.create_tags()
+            .resources(&new)
+            .tags(tag("team", "blue"))
+            .send()
+            .await,
+    );
     assert!(m.contains("ec2:CreateTags"), "{m}");
     denied(
         c.create_tags()
@@ -277,7 +324,12 @@ async fn shipped_policy_on_creation_and_tags() {
             .await,
     );
     // Only the shipped policy's ENIs were created: the denied creations left nothing behind.
-    let mine = w.mock.network_interfaces().iter().filter(|e| e.subnet_id == w.subnet).count();
+    let mine = w
+        .mock
+        .network_interfaces()
+        .iter()
+        .filter(|e| e.subnet_id == w.subnet)
+        .count();
     assert_eq!(mine, 4, "eth0, ours, foreign and the new one");
 }
 
@@ -291,7 +343,9 @@ async fn tag_on_create_needs_create_tags_with_create_action() {
     mock.set_iam_policy(Some(policy));
     let e = create(&c, &d.subnet_id, OURS).await.unwrap_err();
     assert!(
-        e.contains("ec2:CreateTags on resource: arn:aws:ec2:us-east-1:123456789012:network-interface/*"),
+        e.contains(
+            "ec2:CreateTags on resource: arn:aws:ec2:us-east-1:123456789012:network-interface/*"
+        ),
         "{e}"
     );
 }
@@ -335,12 +389,26 @@ async fn the_encoded_message_decodes_to_the_decision() {
         assert_eq!(v["context"]["action"], "ec2:AssignPrivateIpAddresses");
         assert_eq!(
             v["context"]["resource"],
-            format!("arn:aws:ec2:us-east-1:123456789012:network-interface/{}", w.foreign)
+            format!(
+                "arn:aws:ec2:us-east-1:123456789012:network-interface/{}",
+                w.foreign
+            )
         );
         let items = v["matchedStatements"]["items"].as_array().unwrap();
-        assert!(items.iter().any(|i| i["statementId"] == "NeverAnotherClustersEnis" && i["effect"] == "DENY"), "{v}");
+        assert!(
+            items
+                .iter()
+                .any(|i| i["statementId"] == "NeverAnotherClustersEnis" && i["effect"] == "DENY"),
+            "{v}"
+        );
         let conds = v["context"]["conditions"]["items"].as_array().unwrap();
-        assert!(conds.iter().any(|c| c["key"] == "aws:ResourceTag/eniipam.io/cluster" && c["values"]["items"][0]["value"] == "other"), "{v}");
+        assert!(
+            conds
+                .iter()
+                .any(|c| c["key"] == "aws:ResourceTag/eniipam.io/cluster"
+                    && c["values"]["items"][0]["value"] == "other"),
+            "{v}"
+        );
     }
     let r = http
         .post(format!("{}/iam/decode", w.mock.control_url()))
@@ -358,12 +426,17 @@ async fn the_encoded_message_decodes_to_the_decision() {
         .await
         .unwrap();
     assert_eq!(denials.len(), 1);
-    assert!(denials[0].reason.contains("NeverAnotherClustersEnis"), "{denials:?}");
+    assert!(
+        denials[0].reason.contains("NeverAnotherClustersEnis"),
+        "{denials:?}"
+    );
 }
 
 fn doc(statements: serde_json::Value) -> Policy {
-    Policy::parse(&serde_json::json!({"Version": "2012-10-17", "Statement": statements}).to_string())
-        .unwrap()
+    Policy::parse(
+        &serde_json::json!({"Version": "2012-10-17", "Statement": statements}).to_string(),
+    )
+    .unwrap()
 }
 
 #[tokio::test]
@@ -376,30 +449,74 @@ async fn condition_semantics_through_the_sdk() {
         {"Sid": "Typo", "Effect": "Allow", "Action": "ec2:CreateTags", "Resource": "*",
          "Condition": {"StringEqualz": {"aws:TagKeys": "a"}}}
     ]))));
-    denied(c.create_tags().resources(&w.ours).tags(tag("a", "1")).send().await);
+    denied(
+        c.create_tags()
+            .resources(&w.ours)
+            .tags(tag("a", "1"))
+            .send()
+            .await,
+    );
     let last = w.mock.iam_denials().pop().unwrap();
-    assert!(last.reason.contains("unknown condition operator \"StringEqualz\""), "{last:?}");
+    assert!(
+        last.reason
+            .contains("unknown condition operator \"StringEqualz\""),
+        "{last:?}"
+    );
     // IfExists: true on a missing tag, compared when present.
     w.mock.set_iam_policy(Some(doc(serde_json::json!([
         {"Effect": "Allow", "Action": "ec2:CreateTags", "Resource": "*",
          "Condition": {"StringEqualsIfExists": {"aws:ResourceTag/team": "blue"}}}
     ]))));
-    c.create_tags().resources(&w.ours).tags(tag("team", "red")).send().await.expect("no team tag yet");
-    denied(c.create_tags().resources(&w.ours).tags(tag("x", "1")).send().await);
+    c.create_tags()
+        .resources(&w.ours)
+        .tags(tag("team", "red"))
+        .send()
+        .await
+        .expect("no team tag yet");
+    denied(
+        c.create_tags()
+            .resources(&w.ours)
+            .tags(tag("x", "1"))
+            .send()
+            .await,
+    );
     // ForAnyValue: one of the request's keys is enough; none is not.
     w.mock.set_iam_policy(Some(doc(serde_json::json!([
         {"Effect": "Allow", "Action": "ec2:CreateTags", "Resource": "*",
          "Condition": {"ForAnyValue:StringEquals": {"aws:TagKeys": ["a"]}}}
     ]))));
-    c.create_tags().resources(&w.ours).tags(tag("a", "1")).tags(tag("b", "2")).send().await.expect("a among the keys");
-    denied(c.create_tags().resources(&w.ours).tags(tag("b", "2")).send().await);
+    c.create_tags()
+        .resources(&w.ours)
+        .tags(tag("a", "1"))
+        .tags(tag("b", "2"))
+        .send()
+        .await
+        .expect("a among the keys");
+    denied(
+        c.create_tags()
+            .resources(&w.ours)
+            .tags(tag("b", "2"))
+            .send()
+            .await,
+    );
     // Null: the statement applies only to ENIs without the cluster tag.
     w.mock.set_iam_policy(Some(doc(serde_json::json!([
         {"Effect": "Allow", "Action": "ec2:AssignPrivateIpAddresses", "Resource": "*",
          "Condition": {"Null": {"aws:ResourceTag/eniipam.io/cluster": "true"}}}
     ]))));
-    c.assign_private_ip_addresses().network_interface_id(&w.eth0).secondary_private_ip_address_count(1).send().await.expect("eth0 untagged");
-    denied(c.assign_private_ip_addresses().network_interface_id(&w.ours).secondary_private_ip_address_count(1).send().await);
+    c.assign_private_ip_addresses()
+        .network_interface_id(&w.eth0)
+        .secondary_private_ip_address_count(1)
+        .send()
+        .await
+        .expect("eth0 untagged");
+    denied(
+        c.assign_private_ip_addresses()
+            .network_interface_id(&w.ours)
+            .secondary_private_ip_address_count(1)
+            .send()
+            .await,
+    );
 }
 
 #[tokio::test]
@@ -418,39 +535,73 @@ async fn policies_swap_at_run_time_and_per_caller() {
     assign(w.c.clone(), w.eth0.clone()).await.expect("allowed");
     // Revoke one action through the control API: the next call is denied.
     let revoked = shipped_policy(CLUSTER, &d.vpc_id).without_action("ec2:AssignPrivateIpAddresses");
-    let r = http.put(&url).json(&revoked.to_json()).send().await.unwrap();
+    let r = http
+        .put(&url)
+        .json(&revoked.to_json())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 204);
     denied(assign(w.c.clone(), w.eth0.clone()).await);
     let got: serde_json::Value = http.get(&url).send().await.unwrap().json().await.unwrap();
     assert_eq!(Policy::from_value(&got["policy"]).unwrap(), revoked);
     // A bad document is refused, saying why, and the policy stays.
-    let r = http.put(&url).body(r#"{"Statement":{"Effect":"Maybe","Action":"ec2:X","Resource":"*"}}"#).send().await.unwrap();
+    let r = http
+        .put(&url)
+        .body(r#"{"Statement":{"Effect":"Maybe","Action":"ec2:X","Resource":"*"}}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     let body = r.text().await.unwrap();
     assert!(body.contains("Effect must be"), "{body}");
     denied(assign(w.c.clone(), w.eth0.clone()).await);
     // Off again.
     assert_eq!(http.delete(&url).send().await.unwrap().status(), 204);
-    assign(w.c.clone(), w.eth0.clone()).await.expect("no enforcement");
+    assign(w.c.clone(), w.eth0.clone())
+        .await
+        .expect("no enforcement");
     // Per caller: node B gets the revoked policy, node A (account-wide: none) is unrestricted.
     let b = client_as(&w.mock, "AKIDNODEB");
-    w.mock.set_iam_policy_for("AKIDNODEB", Some(revoked.clone()));
-    assign(w.c.clone(), w.eth0.clone()).await.expect("A unrestricted");
+    w.mock
+        .set_iam_policy_for("AKIDNODEB", Some(revoked.clone()));
+    assign(w.c.clone(), w.eth0.clone())
+        .await
+        .expect("A unrestricted");
     let m = denied(assign(b.clone(), w.eth0.clone()).await);
     assert!(m.contains("assumed-role/mockcloud-node/AKIDNODEB"), "{m}");
     // The account-wide shipped policy, with B's override still in force for B only.
-    w.mock.set_iam_policy(Some(shipped_policy(CLUSTER, &d.vpc_id)));
-    assign(w.c.clone(), w.eth0.clone()).await.expect("A under the shipped policy");
+    w.mock
+        .set_iam_policy(Some(shipped_policy(CLUSTER, &d.vpc_id)));
+    assign(w.c.clone(), w.eth0.clone())
+        .await
+        .expect("A under the shipped policy");
     denied(assign(b.clone(), w.eth0.clone()).await);
-    let r = http.delete(format!("{url}?access_key_id=AKIDNODEB")).send().await.unwrap();
+    let r = http
+        .delete(format!("{url}?access_key_id=AKIDNODEB"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 204);
-    assign(b.clone(), w.eth0.clone()).await.expect("B back on the account-wide policy");
+    assign(b.clone(), w.eth0.clone())
+        .await
+        .expect("B back on the account-wide policy");
     // PUT for one caller through the control API.
-    let r = http.put(format!("{url}?access_key_id=AKIDNODEB")).json(&revoked.to_json()).send().await.unwrap();
+    let r = http
+        .put(format!("{url}?access_key_id=AKIDNODEB"))
+        .json(&revoked.to_json())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 204);
     denied(assign(b, w.eth0.clone()).await);
     assert_eq!(w.mock.iam_policy(Some("AKIDNODEB")), Some(revoked));
-    assert!(w.mock.iam_denials().iter().any(|d| d.access_key_id == "AKIDNODEB"));
+    assert!(
+        w.mock
+            .iam_denials()
+            .iter()
+            .any(|d| d.access_key_id == "AKIDNODEB")
+    );
 }
 
 #[tokio::test]
@@ -458,8 +609,14 @@ async fn a_denied_call_still_spends_its_token_and_dry_run_asks_iam() {
     let mock = MockCloud::start(Config {
         throttling: Throttling {
             enabled: true,
-            mutating: Bucket { capacity: 2.0, refill_per_sec: 0.001 },
-            describe: Bucket { capacity: 100.0, refill_per_sec: 1.0 },
+            mutating: Bucket {
+                capacity: 2.0,
+                refill_per_sec: 0.001,
+            },
+            describe: Bucket {
+                capacity: 100.0,
+                refill_per_sec: 1.0,
+            },
         },
         iam_policy: Some(doc(serde_json::json!([
             {"Effect": "Allow", "Action": "ec2:Describe*", "Resource": "*"}
@@ -470,11 +627,30 @@ async fn a_denied_call_still_spends_its_token_and_dry_run_asks_iam() {
     .unwrap();
     let c = support::ec2(&mock);
     let eni = mock.default_instance().primary_eni;
-    let (code, _) = failure(c.delete_network_interface().network_interface_id(&eni).dry_run(true).send().await);
+    let (code, _) = failure(
+        c.delete_network_interface()
+            .network_interface_id(&eni)
+            .dry_run(true)
+            .send()
+            .await,
+    );
     assert_eq!(code, "UnauthorizedOperation", "DryRun asks IAM first");
-    denied(c.delete_network_interface().network_interface_id(&eni).send().await);
-    let (code, _) = failure(c.delete_network_interface().network_interface_id(&eni).send().await);
-    assert_eq!(code, "RequestLimitExceeded", "the two denied calls spent the bucket");
+    denied(
+        c.delete_network_interface()
+            .network_interface_id(&eni)
+            .send()
+            .await,
+    );
+    let (code, _) = failure(
+        c.delete_network_interface()
+            .network_interface_id(&eni)
+            .send()
+            .await,
+    );
+    assert_eq!(
+        code, "RequestLimitExceeded",
+        "the two denied calls spent the bucket"
+    );
     let (code, _) = failure(c.describe_subnets().dry_run(true).send().await);
     assert_eq!(code, "DryRunOperation");
 }

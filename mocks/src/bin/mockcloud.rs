@@ -92,7 +92,9 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     if args.iam_shipped.is_some() && args.no_default_world {
-        bail!("--iam-shipped needs the default world's VPC: drop --no-default-world or use --iam-policy");
+        bail!(
+            "--iam-shipped needs the default world's VPC: drop --no-default-world or use --iam-policy"
+        );
     }
     let config = Config {
         latency,

@@ -294,12 +294,18 @@ mod tests {
     fn strings_and_negation_on_missing_keys() {
         let c = ctx(&[("aws:ResourceTag/team", &["blue"])]);
         assert_eq!(
-            eval_block(&block("StringEquals", "aws:resourcetag/TEAM", &["red", "blue"]), &c),
+            eval_block(
+                &block("StringEquals", "aws:resourcetag/TEAM", &["red", "blue"]),
+                &c
+            ),
             Ok(true),
             "key names case-insensitive, values ORed"
         );
         assert_eq!(
-            eval_block(&block("StringEquals", "aws:ResourceTag/team", &["Blue"]), &c),
+            eval_block(
+                &block("StringEquals", "aws:ResourceTag/team", &["Blue"]),
+                &c
+            ),
             Ok(false),
             "values case-sensitive"
         );
@@ -311,7 +317,10 @@ mod tests {
             Ok(true)
         );
         assert_eq!(
-            eval_block(&block("StringNotEquals", "aws:ResourceTag/team", &["blue"]), &c),
+            eval_block(
+                &block("StringNotEquals", "aws:ResourceTag/team", &["blue"]),
+                &c
+            ),
             Ok(false)
         );
         // Missing key: positive false, negated true, IfExists true.
@@ -324,11 +333,17 @@ mod tests {
             Ok(true)
         );
         assert_eq!(
-            eval_block(&block("StringEqualsIfExists", "aws:ResourceTag/x", &["a"]), &c),
+            eval_block(
+                &block("StringEqualsIfExists", "aws:ResourceTag/x", &["a"]),
+                &c
+            ),
             Ok(true)
         );
         assert_eq!(
-            eval_block(&block("StringEqualsIfExists", "aws:ResourceTag/team", &["a"]), &c),
+            eval_block(
+                &block("StringEqualsIfExists", "aws:ResourceTag/team", &["a"]),
+                &c
+            ),
             Ok(false),
             "IfExists still compares a present key"
         );
@@ -337,7 +352,10 @@ mod tests {
             Ok(true)
         );
         assert_eq!(
-            eval_block(&block("StringNotLike", "aws:ResourceTag/team", &["bl*"]), &c),
+            eval_block(
+                &block("StringNotLike", "aws:ResourceTag/team", &["bl*"]),
+                &c
+            ),
             Ok(false)
         );
     }
@@ -348,8 +366,16 @@ mod tests {
         let keys = ctx(&[("aws:TagKeys", &["a", "b"])]);
         let all = block("ForAllValues:StringEquals", "aws:TagKeys", &["a", "b", "c"]);
         let any = block("ForAnyValue:StringEquals", "aws:TagKeys", &["b", "z"]);
-        assert_eq!(eval_block(&all, &empty), Ok(true), "ForAllValues on a missing key");
-        assert_eq!(eval_block(&any, &empty), Ok(false), "ForAnyValue on a missing key");
+        assert_eq!(
+            eval_block(&all, &empty),
+            Ok(true),
+            "ForAllValues on a missing key"
+        );
+        assert_eq!(
+            eval_block(&any, &empty),
+            Ok(false),
+            "ForAnyValue on a missing key"
+        );
         assert_eq!(eval_block(&all, &keys), Ok(true));
         assert_eq!(eval_block(&any, &keys), Ok(true));
         let narrow = block("ForAllValues:StringEquals", "aws:TagKeys", &["a"]);
@@ -368,18 +394,42 @@ mod tests {
             ("aws:SecureTransport", &["true"]),
             ("ec2:Count", &["5"]),
         ]);
-        assert_eq!(eval_block(&block("Null", "aws:ResourceTag/k", &["false"]), &c), Ok(true));
-        assert_eq!(eval_block(&block("Null", "aws:ResourceTag/k", &["true"]), &c), Ok(false));
-        assert_eq!(eval_block(&block("Null", "aws:ResourceTag/z", &["true"]), &c), Ok(true));
-        assert_eq!(eval_block(&block("Bool", "aws:SecureTransport", &["TRUE"]), &c), Ok(true));
-        assert_eq!(eval_block(&block("NumericLessThan", "ec2:Count", &["6"]), &c), Ok(true));
+        assert_eq!(
+            eval_block(&block("Null", "aws:ResourceTag/k", &["false"]), &c),
+            Ok(true)
+        );
+        assert_eq!(
+            eval_block(&block("Null", "aws:ResourceTag/k", &["true"]), &c),
+            Ok(false)
+        );
+        assert_eq!(
+            eval_block(&block("Null", "aws:ResourceTag/z", &["true"]), &c),
+            Ok(true)
+        );
+        assert_eq!(
+            eval_block(&block("Bool", "aws:SecureTransport", &["TRUE"]), &c),
+            Ok(true)
+        );
+        assert_eq!(
+            eval_block(&block("NumericLessThan", "ec2:Count", &["6"]), &c),
+            Ok(true)
+        );
         assert_eq!(
             eval_block(&block("NumericGreaterThanEquals", "ec2:Count", &["6"]), &c),
             Ok(false)
         );
-        assert_eq!(eval_block(&block("NumericEquals", "ec2:Count", &["x"]), &c), Ok(false));
+        assert_eq!(
+            eval_block(&block("NumericEquals", "ec2:Count", &["x"]), &c),
+            Ok(false)
+        );
         assert!(eval_block(&block("StringEqualz", "ec2:Count", &["5"]), &c).is_err());
-        assert!(eval_block(&block("DateLessThan", "aws:CurrentTime", &["2030-01-01"]), &c).is_err());
+        assert!(
+            eval_block(
+                &block("DateLessThan", "aws:CurrentTime", &["2030-01-01"]),
+                &c
+            )
+            .is_err()
+        );
         assert!(eval_block(&block("NullIfExists", "ec2:Count", &["true"]), &c).is_err());
     }
 }

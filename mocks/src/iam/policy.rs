@@ -169,7 +169,11 @@ fn parse_statement(v: &Value, index: usize) -> Result<Statement, PolicyError> {
             }
             Some(s.clone())
         }
-        Some(other) => return Err(bad(format!("Statement[{index}]: Sid must be a string, found {other}"))),
+        Some(other) => {
+            return Err(bad(format!(
+                "Statement[{index}]: Sid must be a string, found {other}"
+            )));
+        }
     };
     let what = match &sid {
         Some(s) => format!("statement {s:?}"),

@@ -95,14 +95,20 @@ fn tag_on_create(
     if tags.is_empty() {
         return None;
     }
-    let mut r = AuthRequest::new("CreateTags", created, region).with_request_tags(&some(tags.clone()));
+    let mut r =
+        AuthRequest::new("CreateTags", created, region).with_request_tags(&some(tags.clone()));
     r.context.set("ec2:CreateAction", action);
     Some(r)
 }
 
 /// Every authorization request `action` makes with these parameters. A resource that does not
 /// exist answers the world's error (NotFound, Malformed, MissingParameter), as the call would.
-pub fn requests(w: &mut World, action: &str, p: &Params, now: Instant) -> Ec2Result<Vec<AuthRequest>> {
+pub fn requests(
+    w: &mut World,
+    action: &str,
+    p: &Params,
+    now: Instant,
+) -> Ec2Result<Vec<AuthRequest>> {
     w.settle(now);
     let region = w.region().to_owned();
     let region = region.as_str();
@@ -142,7 +148,8 @@ pub fn requests(w: &mut World, action: &str, p: &Params, now: Instant) -> Ec2Res
             let subnet = w.iam_subnet(p.req("SubnetId")?)?;
             let tags = tag_specs(p, "network-interface")?;
             let created = w.arn("network-interface", "*");
-            let mut new = AuthRequest::new(action, &created, region).with_request_tags(&some(tags.clone()));
+            let mut new =
+                AuthRequest::new(action, &created, region).with_request_tags(&some(tags.clone()));
             // The new ENI's VPC and subnet are known from the request.
             for (k, v) in &subnet.keys {
                 if k == "ec2:Vpc" || k == "ec2:AvailabilityZone" {

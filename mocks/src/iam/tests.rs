@@ -37,7 +37,10 @@ fn shipped() -> Policy {
     shipped_policy("c1", VPC)
 }
 
-const OURS: &[(&str, &str)] = &[("eniipam.io/cluster", "c1"), ("eniipam.io/owner", "eniipam")];
+const OURS: &[(&str, &str)] = &[
+    ("eniipam.io/cluster", "c1"),
+    ("eniipam.io/owner", "eniipam"),
+];
 
 #[test]
 fn shipped_policy_on_enis() {
@@ -70,7 +73,13 @@ fn shipped_policy_on_enis() {
     );
     // Describe needs Resource "*": an ARN-scoped statement does not cover it.
     assert!(evaluate(&p, &AuthRequest::new("DescribeSubnets", "*", "us-east-1")).allowed);
-    assert!(!evaluate(&p, &AuthRequest::new("DescribeSecurityGroups", "*", "us-east-1")).allowed);
+    assert!(
+        !evaluate(
+            &p,
+            &AuthRequest::new("DescribeSecurityGroups", "*", "us-east-1")
+        )
+        .allowed
+    );
 }
 
 #[test]
@@ -88,20 +97,30 @@ fn shipped_policy_on_creation() {
     assert!(
         !evaluate(
             &p,
-            &create_req(&[("eniipam.io/cluster", "c2"), ("eniipam.io/owner", "eniipam")])
+            &create_req(&[
+                ("eniipam.io/cluster", "c2"),
+                ("eniipam.io/owner", "eniipam")
+            ])
         )
         .allowed
     );
-    let mut subnet = AuthRequest::new("CreateNetworkInterface", &arn("subnet", "subnet-01"), "us-east-1");
+    let mut subnet = AuthRequest::new(
+        "CreateNetworkInterface",
+        &arn("subnet", "subnet-01"),
+        "us-east-1",
+    );
     subnet.context.set("ec2:Vpc", arn("vpc", VPC));
     assert!(evaluate(&p, &subnet).allowed);
-    subnet.context.set("ec2:Vpc", arn("vpc", "vpc-0bbbbbbbbbbbbbbbb"));
+    subnet
+        .context
+        .set("ec2:Vpc", arn("vpc", "vpc-0bbbbbbbbbbbbbbbb"));
     assert!(!evaluate(&p, &subnet).allowed);
     // Tag on create needs ec2:CreateAction; a later CreateTags only the created-at stamp on ours.
     let mut tag = create_req(OURS);
     tag.action = "ec2:CreateTags".into();
     assert!(!evaluate(&p, &tag).allowed, "no CreateAction");
-    tag.context.set("ec2:CreateAction", "CreateNetworkInterface");
+    tag.context
+        .set("ec2:CreateAction", "CreateNetworkInterface");
     assert!(evaluate(&p, &tag).allowed);
     let stamp = |key: &str, resource_tags: &[(&str, &str)]| {
         let mut r = eni_req("CreateTags", VPC, resource_tags);
@@ -125,7 +144,11 @@ fn unknown_operator_denies_even_with_an_allow() {
     .unwrap();
     let d = evaluate(&p, &AuthRequest::new("CreateTags", "*", "us-east-1"));
     assert!(!d.allowed, "{d:?}");
-    assert!(d.reason.contains("StringEqualz") && d.reason.contains("Odd"), "{}", d.reason);
+    assert!(
+        d.reason.contains("StringEqualz") && d.reason.contains("Odd"),
+        "{}",
+        d.reason
+    );
     // A statement for another action is not evaluated at all.
     assert!(evaluate(&p, &AuthRequest::new("DescribeSubnets", "*", "us-east-1")).allowed);
 }
@@ -140,7 +163,13 @@ fn not_action_not_resource_and_wildcards() {
     let eni = arn("network-interface", "eni-01");
     assert!(evaluate(&p, &AuthRequest::new("ASSIGNPrivateIpAddresses", &eni, "r")).allowed);
     assert!(!evaluate(&p, &AuthRequest::new("DeleteNetworkInterface", &eni, "r")).allowed);
-    assert!(!evaluate(&p, &AuthRequest::new("CreateTags", &arn("subnet", "s"), "r")).allowed);
+    assert!(
+        !evaluate(
+            &p,
+            &AuthRequest::new("CreateTags", &arn("subnet", "s"), "r")
+        )
+        .allowed
+    );
     let q = Policy::parse(
         r#"{"Statement":[{"Effect":"Allow","Action":"ec2:?ssign*","Resource":"arn:aws:ec2:us-east-1:*:network-interface/eni-0?"}]}"#,
     )
@@ -149,7 +178,11 @@ fn not_action_not_resource_and_wildcards() {
     assert!(
         !evaluate(
             &q,
-            &AuthRequest::new("AssignPrivateIpAddresses", &arn("network-interface", "eni-012"), "r")
+            &AuthRequest::new(
+                "AssignPrivateIpAddresses",
+                &arn("network-interface", "eni-012"),
+                "r"
+            )
         )
         .allowed
     );
@@ -163,16 +196,34 @@ fn bad_documents_are_refused_with_what_is_wrong() {
         (r#"{"Version":"2012-10-17"}"#, "Statement"),
         (r#"{"Version":"2013-01-01","Statement":[]}"#, "Version"),
         (r#"{"Statement":[]}"#, "empty"),
-        (r#"{"Statement":{"Effect":"Permit","Action":"ec2:X","Resource":"*"}}"#, "Effect"),
-        (r#"{"Statement":{"Action":"ec2:X","Resource":"*"}}"#, "Effect"),
-        (r#"{"Statement":{"Effect":"Allow","Resource":"*"}}"#, "Action"),
-        (r#"{"Statement":{"Effect":"Allow","Action":"ec2:X"}}"#, "Resource"),
+        (
+            r#"{"Statement":{"Effect":"Permit","Action":"ec2:X","Resource":"*"}}"#,
+            "Effect",
+        ),
+        (
+            r#"{"Statement":{"Action":"ec2:X","Resource":"*"}}"#,
+            "Effect",
+        ),
+        (
+            r#"{"Statement":{"Effect":"Allow","Resource":"*"}}"#,
+            "Action",
+        ),
+        (
+            r#"{"Statement":{"Effect":"Allow","Action":"ec2:X"}}"#,
+            "Resource",
+        ),
         (
             r#"{"Statement":{"Effect":"Allow","Action":"ec2:X","NotAction":"ec2:Y","Resource":"*"}}"#,
             "both Action and NotAction",
         ),
-        (r#"{"Statement":{"Effect":"Allow","Action":"AssignPrivateIpAddresses","Resource":"*"}}"#, "service:action"),
-        (r#"{"Statement":{"Effect":"Allow","Action":"ec2:X","Resource":"eni-1"}}"#, "ARN"),
+        (
+            r#"{"Statement":{"Effect":"Allow","Action":"AssignPrivateIpAddresses","Resource":"*"}}"#,
+            "service:action",
+        ),
+        (
+            r#"{"Statement":{"Effect":"Allow","Action":"ec2:X","Resource":"eni-1"}}"#,
+            "ARN",
+        ),
         (
             r#"{"Statement":{"Effect":"Allow","Principal":"*","Action":"ec2:X","Resource":"*"}}"#,
             "Principal",
@@ -197,8 +248,14 @@ fn bad_documents_are_refused_with_what_is_wrong() {
             r#"{"Statement":{"Effect":"Allow","Action":"ec2:X","Resource":"*","Condition":{"StringEquals":{"owner":"x"}}}}"#,
             "vendor",
         ),
-        (r#"{"Statement":{"Effect":"Allow","Action":[],"Resource":"*"}}"#, "empty"),
-        (r#"{"Statement":{"Effect":"Allow","Action":"ec2:X","Resource":"*","Extra":1}}"#, "unknown field"),
+        (
+            r#"{"Statement":{"Effect":"Allow","Action":[],"Resource":"*"}}"#,
+            "empty",
+        ),
+        (
+            r#"{"Statement":{"Effect":"Allow","Action":"ec2:X","Resource":"*","Extra":1}}"#,
+            "unknown field",
+        ),
     ];
     for (doc, needle) in cases {
         let e = Policy::parse(doc).expect_err(doc).to_string();
@@ -215,10 +272,20 @@ fn json_round_trip_and_without_action() {
     assert!(!evaluate(&q, &eni_req("AssignPrivateIpAddresses", VPC, OURS)).allowed);
     assert!(evaluate(&q, &eni_req("UnassignPrivateIpAddresses", VPC, &[])).allowed);
     // The Deny statement keeps the action.
-    let deny = q.statements.iter().find(|s| s.effect == Effect::Deny).unwrap();
-    assert!(matches!(&deny.actions, Actions::Action(a) if a.iter().any(|a| a == "ec2:AssignPrivateIpAddresses")));
+    let deny = q
+        .statements
+        .iter()
+        .find(|s| s.effect == Effect::Deny)
+        .unwrap();
+    assert!(
+        matches!(&deny.actions, Actions::Action(a) if a.iter().any(|a| a == "ec2:AssignPrivateIpAddresses"))
+    );
     let r = p.without_action("CreateNetworkInterface");
-    assert!(!r.statements.iter().any(|s| s.sid.as_deref() == Some("CreateEniTaggedForThisCluster")));
+    assert!(
+        !r.statements
+            .iter()
+            .any(|s| s.sid.as_deref() == Some("CreateEniTaggedForThisCluster"))
+    );
     assert!(!evaluate(&r, &create_req(OURS)).allowed);
 }
 

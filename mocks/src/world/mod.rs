@@ -33,8 +33,8 @@ mod subnets;
 mod tests;
 mod views;
 
-pub use iam::IamFacts;
 pub use addresses::{OccupyPattern, ReservationType, SubnetUsage};
+pub use iam::IamFacts;
 pub use subnets::ReservationView;
 pub use views::{AttachmentView, EniView, ImdsEni, ImdsInstance, InstanceView, SubnetView};
 
