@@ -74,11 +74,7 @@ fn table() -> Vec<AuthRequest> {
             }
         }
     }
-    for action in [
-        "AttachNetworkInterface",
-        "DetachNetworkInterface",
-        "DeleteNetworkInterface",
-    ] {
+    for action in ["AttachNetworkInterface", "DetachNetworkInterface"] {
         out.push(AuthRequest::new(
             action,
             &arn("instance", "i-01"),
