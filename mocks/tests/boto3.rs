@@ -1,7 +1,7 @@
 //! boto3's view stays EC2's: starts mockcloud, prepares a world (a tagged subnet in another AZ, a
 //! /28 with no free /28 block, a Xen instance, a multi-card instance) and runs `boto3_view.py`,
-//! which checks prefixes, reservations, subnet filters, network cards and instance types as
-//! botocore parses them. Skipped, saying so, when `python3` cannot import boto3
+//! which checks prefixes, reservations, subnet filters, network cards and instance types, and an
+//! `UnauthorizedOperation` from IAM as botocore parses them. Skipped, saying so, when `python3` cannot import boto3
 //! (`pip install boto3==1.43.11`).
 
 use std::collections::BTreeMap;
@@ -60,6 +60,11 @@ async fn boto3_sees_ec2_s_field_names_and_error_codes() {
         .launch_instance("c6in.32xlarge", &d.subnet_id)
         .await
         .unwrap();
+    // One caller under the shipped policy, to read an UnauthorizedOperation as boto3 parses it.
+    mock.set_iam_policy_for(
+        "AKIDIAMNODE",
+        Some(mockcloud::iam::shipped_policy("c1", &d.vpc_id)),
+    );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/boto3_view.py");
     let out = tokio::process::Command::new("python3")
         .arg(script)
@@ -71,6 +76,8 @@ async fn boto3_sees_ec2_s_field_names_and_error_codes() {
         .env("TINY_SUBNET", &tiny)
         .env("XEN_ENI", &xen.primary_eni)
         .env("MULTI_INSTANCE", &multi.instance_id)
+        .env("IAM_ACCESS_KEY", "AKIDIAMNODE")
+        .env("IAM_ENI", &d.instance.primary_eni)
         // No proxies, credentials or config files from the machine.
         .env("AWS_CONFIG_FILE", "/dev/null")
         .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")

@@ -3,7 +3,7 @@ instance types, with the field names and error codes as botocore parses them.
 
 Run by mocks/tests/boto3.rs, which starts mockcloud, prepares the world and passes it in the
 environment (MOCK_EC2, VPC_ID, SUBNET_ID, SUBNET_CIDR, TAGGED_SUBNET, TINY_SUBNET, XEN_ENI,
-MULTI_INSTANCE). Exits non-zero if any check fails.
+MULTI_INSTANCE, IAM_ACCESS_KEY, IAM_ENI). Exits non-zero if any check fails.
 """
 
 import ipaddress
@@ -285,6 +285,34 @@ check(
     )
     == "InvalidParameterValue",
 )
+
+# --- IAM ------------------------------------------------------------------------------------------
+# A caller (its own access key) under the shipped policy: deleting eth0 is not allowed.
+denied = boto3.client(
+    "ec2",
+    endpoint_url=ENV["MOCK_EC2"],
+    region_name="us-east-1",
+    aws_access_key_id=ENV["IAM_ACCESS_KEY"],
+    aws_secret_access_key="secret",
+    config=Config(retries={"max_attempts": 1}),
+)
+try:
+    denied.delete_network_interface(NetworkInterfaceId=ENV["IAM_ENI"])
+    check("IAM: delete eth0 denied", False)
+except ClientError as e:
+    err = e.response["Error"]
+    check("IAM: UnauthorizedOperation code", err["Code"] == "UnauthorizedOperation")
+    check("IAM: HTTP 403", e.response["ResponseMetadata"]["HTTPStatusCode"] == 403)
+    check(
+        "IAM: EC2's message",
+        err["Message"].startswith(
+            "You are not authorized to perform this operation. User: arn:aws:sts::123456789012:assumed-role/"
+        )
+        and f"ec2:DeleteNetworkInterface on resource: arn:aws:ec2:us-east-1:123456789012:network-interface/{ENV['IAM_ENI']}"
+        in err["Message"]
+        and "Encoded authorization failure message: " in err["Message"],
+    )
+check("IAM: the default caller is not restricted", denied is not ec2 and code_of(ec2.describe_subnets) is None)
 
 print(f"boto3 view: {passed} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)
