@@ -87,6 +87,16 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
         info("GC ok", Unit::Count, c.gcs_ok as f64),
         info("GC failed", Unit::Count, c.gcs_failed as f64),
         info("SIGKILLs of eniipamd", Unit::Count, c.kills as f64),
+        info(
+            "IAM policy edits revoking an action (iam-revoke)",
+            Unit::Count,
+            c.iam_revocations as f64,
+        ),
+        info(
+            "EC2 calls refused for the revoked action",
+            Unit::Count,
+            c.iam_refused as f64,
+        ),
         info("restarts (ready again)", Unit::Count, c.restarts as f64),
         info("pods", Unit::Count, c.pods as f64),
         info("peak live pods", Unit::Count, c.peak_live_pods as f64),
@@ -196,6 +206,7 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
                 "the real eniipam plugin in its IPAM role under a calico parent, {} network(s) (soak-a; soak-b), pods in real network namespaces on one or both networks, living 2–30 steps; GC from a fake runtime (cniVersion 1.1.0) listing one network's live attachments",
                 args.networks
             ),
+            "mockcloud enforces the shipped IAM policy (deploy/iam-policy.json) for the whole run; the iam-revoke fault edits it to revoke one action for 2-5 steps; a refused call of any other action is an `iam-denied` violation, and a refused call the daemon's log never names (`the IAM role needs ec2:<Action>`) an `iam-error-unnamed` one".into(),
             "after every step: duplicates across pods, pool and store; the pool's ENIs and IPs against EC2; token accounting; every live attachment held with its IP; out-of-band-removed IPs reported lost; the store against the pool (settled); GC leaks; the plugin's cache".into(),
             format!(
                 "faults on a seeded schedule: one every {} steps after {} warm-up steps, each enabled kind in turn (all of them within the first {} steps; `state-file-removed` and `disk-full` only then), a SIGKILL in {:.0} % of the steps, {:.0} % of pods dying without a DEL",
