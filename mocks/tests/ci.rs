@@ -13,9 +13,15 @@ fn skip_probe() {
 
 fn run_probe(ci: Option<&str>) -> std::process::Output {
     let mut cmd = Command::new(std::env::current_exe().expect("the test executable"));
-    cmd.args(["skip_probe", "--exact", "--nocapture", "--test-threads", "1"])
-        .env("ENIIPAM_SKIP_PROBE", "1")
-        .env_remove("CI");
+    cmd.args([
+        "skip_probe",
+        "--exact",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env("ENIIPAM_SKIP_PROBE", "1")
+    .env_remove("CI");
     if let Some(v) = ci {
         cmd.env("CI", v);
     }

@@ -280,9 +280,15 @@ pub enum CloudError {
         code: String,
         message: String,
     },
-    /// The credentials lack a permission (`UnauthorizedOperation`).
-    #[error("{api}: not authorized: the IAM role needs ec2:{api}: {message}")]
-    Unauthorized { api: String, message: String },
+    /// The credentials lack a permission (`UnauthorizedOperation`). `permission` is the action EC2
+    /// names as refused, which is not always `api`'s own: a CreateNetworkInterface that tags the new
+    /// ENI also needs `ec2:CreateTags`.
+    #[error("{api}: not authorized: the IAM role needs {permission}: {message}")]
+    Unauthorized {
+        api: String,
+        permission: String,
+        message: String,
+    },
     /// We asked for something EC2 will not do (bad parameter, ENI in use, ...). Not retried.
     #[error("{api}: rejected ({code}): {message}")]
     Rejected {

@@ -81,9 +81,6 @@ impl Env {
             .await
             .expect("mockcloud starts");
         let instance = mock.default_instance();
-        if let Some(w) = mock.default_world() {
-            mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(CLUSTER, &w.vpc_id)));
-        }
         let stats = Arc::new(CallStats::new());
         let cloud = Arc::new(ec2_client(&mock, limiter, call_timeout, stats.clone()).await);
         let imds = Arc::new(

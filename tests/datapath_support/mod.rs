@@ -118,7 +118,7 @@ impl Cluster {
             .args([
                 "netns",
                 "add",
-                &format!("eniipam-dp-probe-{}", std::process::id()),
+                &format!("eniipam-dp-probe-{}-{test}", std::process::id()),
             ])
             .output()
             .is_ok_and(|o| o.status.success());
@@ -126,7 +126,7 @@ impl Cluster {
             .args([
                 "netns",
                 "del",
-                &format!("eniipam-dp-probe-{}", std::process::id()),
+                &format!("eniipam-dp-probe-{}-{test}", std::process::id()),
             ])
             .output();
         if !can {

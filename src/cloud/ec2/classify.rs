@@ -60,6 +60,14 @@ where
     classify_code(api, &code, &message, status)
 }
 
+/// The action an `UnauthorizedOperation` message names as refused (`… is not authorized to perform:
+/// ec2:CreateTags on resource: …`), when it names one.
+fn refused_permission(message: &str) -> Option<String> {
+    let rest = message.split("not authorized to perform: ").nth(1)?;
+    let action = rest.split_whitespace().next()?.trim_end_matches([',', '.']);
+    (action.contains(':') && !action.is_empty()).then(|| action.to_owned())
+}
+
 /// The classification of a service error by its `code`, `message` and HTTP `status`.
 pub fn classify_code(api: &str, code: &str, message: &str, status: Option<u16>) -> CloudError {
     let api = api.to_owned();
@@ -73,7 +81,11 @@ pub fn classify_code(api: &str, code: &str, message: &str, status: Option<u16>) 
         "PrivateIpAddressLimitExceeded" => CloudError::IpLimitExceeded { api, message },
         "AttachmentLimitExceeded" => CloudError::AttachmentLimitExceeded { api, message },
         "InsufficientCidrBlocks" => CloudError::NoFreePrefix { api, message },
-        "UnauthorizedOperation" => CloudError::Unauthorized { api, message },
+        "UnauthorizedOperation" => CloudError::Unauthorized {
+            permission: refused_permission(&message).unwrap_or_else(|| format!("ec2:{api}")),
+            api,
+            message,
+        },
         c if c.ends_with(".NotFound") => CloudError::NotFound {
             api,
             code: code.to_owned(),
@@ -165,6 +177,32 @@ mod tests {
         assert!(matches!(c("", None), CloudError::Transient { .. }));
         let unauthorized = c("UnauthorizedOperation", Some(403));
         assert!(matches!(unauthorized, CloudError::Unauthorized { .. }));
+        // The permission EC2 names, which may be another action's than the call's.
+        let named = classify_code(
+            "CreateNetworkInterface",
+            "UnauthorizedOperation",
+            "You are not authorized to perform this operation. User: arn:aws:sts::1:assumed-role/r/s \
+             is not authorized to perform: ec2:CreateTags on resource: arn:aws:ec2:us-east-1:1:network-interface/* \
+             because no identity-based policy allows the ec2:CreateTags action. Encoded authorization failure message: x",
+            Some(403),
+        );
+        assert!(
+            named.to_string().starts_with(
+                "CreateNetworkInterface: not authorized: the IAM role needs ec2:CreateTags: "
+            ),
+            "{named}"
+        );
+        let bare = classify_code(
+            "AssignPrivateIpAddresses",
+            "UnauthorizedOperation",
+            "",
+            Some(403),
+        );
+        assert!(
+            bare.to_string()
+                .contains("the IAM role needs ec2:AssignPrivateIpAddresses"),
+            "{bare}"
+        );
         assert!(
             unauthorized.to_string().contains("ec2:Op"),
             "{unauthorized}"
