@@ -624,6 +624,26 @@ async fn mixed_same_node_loose_rp_filter() {
     mixed_same_node("mixed_same_node_loose_rp_filter", RpFilter::Loose).await;
 }
 
+/// Whether `d`'s pool (`eniipamctl status --json`) serves the ENI at `device_index` with idle IPs.
+fn pool_serves_idle_ips_on(d: &Daemon, device_index: u64) -> bool {
+    let out = std::process::Command::new(bins::target_bin("eniipamctl"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["status", "--json"])
+        .output()
+        .expect("eniipamctl runs");
+    let Ok(status) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+        return false;
+    };
+    status["enis"].as_array().is_some_and(|enis| {
+        enis.iter().any(|e| {
+            e["device_index"] == device_index
+                && e["state"] == "serving"
+                && e["idle"].as_u64().unwrap_or(0) > 0
+        })
+    })
+}
+
 /// A pod on eth0 and a pod on a secondary ENI of the same node talk both ways, and not one packet
 /// of theirs reaches the VPC router: every pod's `to <ip> lookup main` rule (512) wins over the
 /// secondary-ENI pod's `from <ip> lookup <table>` rule (1536). Without the eth0 pod's `to` rule the
@@ -652,6 +672,16 @@ async fn mixed_same_node(test: &str, rp_filter: RpFilter) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "no eth1 with IPs within 30 s:\n{}",
+            d.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // EC2 shows eth1's IPs before the pool serves them (it waits for the host to route through
+    // eth1: the readiness gate): wait until the pool lists eth1 with idle IPs.
+    while !pool_serves_idle_ips_on(&d, 1) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pool never served eth1's IPs within 30 s:\n{}",
             d.tail()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
