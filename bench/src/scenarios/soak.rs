@@ -24,7 +24,7 @@ pub struct SoakArgs {
 const DESCRIBED_PER_KIND: usize = 3;
 
 /// Every violation kind the checker knows, so a clean run shows its zeros.
-const KINDS: [&str; 14] = [
+const KINDS: [&str; 16] = [
     "duplicate-ip",
     "detached-eni-serving",
     "eni-unknown-to-pool",
@@ -39,6 +39,8 @@ const KINDS: [&str; 14] = [
     "del-failed",
     "daemon-exited",
     "daemon-down",
+    "iam-denied",
+    "iam-error-unnamed",
 ];
 
 pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
