@@ -131,11 +131,8 @@ impl Simulation {
         };
         // EC2 as a real account has it: the shipped IAM policy (deploy/iam-policy.json) for this
         // cluster and the simulated VPC, evaluated on every call.
-        let vpc = mock
-            .default_world()
-            .context("the embedded mockcloud has no default world")?
-            .vpc_id;
-        mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(&cluster_name, &vpc)));
+        mock.enforce_shipped_policy(&cluster_name)
+            .context("the embedded mockcloud has no default world")?;
         let config = DaemonConfig {
             cluster_name,
             socket_path: o.state_dir.join("eniipam.sock"),

@@ -109,8 +109,8 @@ async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
     })
     .await
     .unwrap();
-    let vpc = mock.default_world().unwrap().vpc_id;
-    mock.set_iam_policy(Some(mockcloud::iam::shipped_policy("crash", &vpc)));
+    mock.enforce_shipped_policy("crash")
+        .expect("a default world");
     let dir = TempDir::new("crash");
     let socket = dir.0.join("eniipam.sock");
     let model = Arc::new(Mutex::new(Model::default()));

@@ -230,19 +230,37 @@ fn leak(mock: &MockCloud, created_at: Option<&str>) -> String {
     if let Some(at) = created_at {
         t.insert(tags::CREATED_AT.to_owned(), at.to_owned());
     }
+    eni_behind_the_daemons_back(
+        mock,
+        &world.subnet_id,
+        &world.security_group_id,
+        "leaked",
+        t,
+    )
+}
+
+/// An ENI created in mockcloud's world directly (not through the EC2 API: no IAM check, not in the
+/// call log), in `subnet` with `group`, tagged `tags`; its id.
+fn eni_behind_the_daemons_back(
+    mock: &MockCloud,
+    subnet: &str,
+    group: &str,
+    description: &str,
+    tags: BTreeMap<String, String>,
+) -> String {
     mock.with_world(|w, now| {
         w.create_network_interface(
             &mockcloud::world::CreateEniArgs {
-                subnet_id: world.subnet_id.clone(),
-                security_groups: vec![world.security_group_id.clone()],
-                description: "leaked".into(),
-                tags: t,
+                subnet_id: subnet.to_owned(),
+                security_groups: vec![group.to_owned()],
+                description: description.into(),
+                tags,
                 ..Default::default()
             },
             now,
         )
     })
-    .expect("create a leaked ENI")
+    .unwrap_or_else(|e| panic!("creating the {description} ENI: {e:?}"))
     .id
 }
 
@@ -277,7 +295,7 @@ async fn a_real_daemon_calls_only_what_the_policy_grants() {
         ..config(&mock, &dir.0)
     };
     // config() enforced the shipped policy for its own cluster name: this daemon's is CLUSTER.
-    enforce_shipped_policy(&mock, CLUSTER);
+    mock.enforce_shipped_policy(CLUSTER);
     let d = start(config).await;
 
     // Create ENIs and assign: 5 pods need both secondary ENIs (3 IPs each).
@@ -626,24 +644,16 @@ async fn eth0_deletion_and_other_clusters_enis_are_refused() {
         .expect("assign on eth0 is allowed");
 
     // Another cluster's ENI in the same VPC, tagged as eniipam tags its own.
-    let other = mock
-        .with_world(|w, now| {
-            w.create_network_interface(
-                &mockcloud::world::CreateEniArgs {
-                    subnet_id: world.subnet_id.clone(),
-                    security_groups: vec![world.security_group_id.clone()],
-                    description: "another cluster's".into(),
-                    tags: BTreeMap::from([
-                        (tags::OWNER.to_owned(), tags::OWNER_VALUE.to_owned()),
-                        (tags::CLUSTER.to_owned(), "other-cluster".to_owned()),
-                    ]),
-                    ..Default::default()
-                },
-                now,
-            )
-        })
-        .unwrap()
-        .id;
+    let other = eni_behind_the_daemons_back(
+        &mock,
+        &world.subnet_id,
+        &world.security_group_id,
+        "another cluster's",
+        BTreeMap::from([
+            (tags::OWNER.to_owned(), tags::OWNER_VALUE.to_owned()),
+            (tags::CLUSTER.to_owned(), "other-cluster".to_owned()),
+        ]),
+    );
     refused(
         "AssignPrivateIpAddresses",
         ec2.assign_private_ip_addresses()
@@ -673,20 +683,8 @@ async fn eth0_deletion_and_other_clusters_enis_are_refused() {
     let subnet2 = mock
         .create_subnet(&vpc2, "10.9.0.0/24".parse().unwrap(), "us-east-1a")
         .unwrap();
-    let foreign = mock
-        .with_world(|w, now| {
-            w.create_network_interface(
-                &mockcloud::world::CreateEniArgs {
-                    subnet_id: subnet2,
-                    security_groups: vec![sg2],
-                    description: "another VPC's".into(),
-                    ..Default::default()
-                },
-                now,
-            )
-        })
-        .unwrap()
-        .id;
+    let foreign =
+        eni_behind_the_daemons_back(&mock, &subnet2, &sg2, "another VPC's", BTreeMap::new());
     refused(
         "AssignPrivateIpAddresses",
         ec2.assign_private_ip_addresses()

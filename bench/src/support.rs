@@ -182,9 +182,7 @@ pub const CLUSTER: &str = "bench";
 /// the benchmark's cluster in its default VPC, as EC2 would.
 pub fn daemon_config(mock: &MockCloud, dir: &Path) -> DaemonConfig {
     let inst = mock.default_instance();
-    if let Some(world) = mock.default_world() {
-        mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(CLUSTER, &world.vpc_id)));
-    }
+    mock.enforce_shipped_policy(CLUSTER);
     DaemonConfig {
         cluster_name: CLUSTER.into(),
         socket_path: dir.join("eniipam.sock"),

@@ -496,6 +496,16 @@ impl MockCloud {
             .reset(Instant::now());
     }
 
+    /// Enforces the shipped policy (`deploy/iam-policy.json`) for `cluster` in the default world's
+    /// VPC, account-wide ([`MockCloud::set_iam_policy`]), as every daemon-level test, benchmark,
+    /// the soak and `--simulate` do; returns it. `None`, changing nothing, without a default world.
+    pub fn enforce_shipped_policy(&self, cluster: &str) -> Option<iam::Policy> {
+        let vpc = self.default_world()?.vpc_id;
+        let policy = iam::shipped_policy(cluster, &vpc);
+        self.set_iam_policy(Some(policy.clone()));
+        Some(policy)
+    }
+
     /// Sets the account-wide IAM policy: every caller's EC2 calls are evaluated against it (a
     /// caller with its own policy, [`MockCloud::set_iam_policy_for`], against that one instead).
     /// `None` turns enforcement off for callers without their own policy (the default).

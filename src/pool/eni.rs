@@ -379,14 +379,7 @@ impl EniActor {
                             st.no_free_prefix(&self.eni, Instant::now());
                             st.fit_single_addresses(&self.eni, &mut pods, warm)
                         };
-                        self.shared.wake.notify_one();
-                        (
-                            self.assign_packed(pods.len() as u32 + warm)
-                                .instrument(span.clone())
-                                .await
-                                .map(|ips| (ips, Vec::new())),
-                            warm,
-                        )
+                        self.assign_fitted(pods.len(), warm, &span).await
                     }
                     Err(e) => {
                         self.shared.lock().unplan_extra(&self.eni, extra);
@@ -399,14 +392,7 @@ impl EniActor {
                     .shared
                     .lock()
                     .fit_single_addresses(&self.eni, &mut pods, warm);
-                self.shared.wake.notify_one();
-                (
-                    self.assign_packed(pods.len() as u32 + warm)
-                        .instrument(span.clone())
-                        .await
-                        .map(|ips| (ips, Vec::new())),
-                    warm,
-                )
+                self.assign_fitted(pods.len(), warm, &span).await
             }
         };
         let outcome = match result {
@@ -448,6 +434,24 @@ impl EniActor {
     /// `count` single addresses picked by the pool, packed into the subnet's `/28` blocks that are
     /// already fragmented (see [`super::slots`]), so whole blocks stay free for prefixes. Another node
     /// may take a picked address first (`InvalidIPAddress.InUse`): one more try with a fresh look.
+    /// A batch already cut to the ENI's free slots (`fit_single_addresses`: `pods` waiters and `warm`
+    /// warm-ups left) as single packed addresses; wakes the maintainer for the waiters cut, which
+    /// went back to the queue for a new ENI. Returns the assign's outcome with `warm`.
+    async fn assign_fitted(
+        &self,
+        pods: usize,
+        warm: u32,
+        span: &Span,
+    ) -> (Result<(Vec<Ipv4Addr>, Vec<Ipv4Net>), CloudError>, u32) {
+        self.shared.wake.notify_one();
+        let got = self
+            .assign_packed(pods as u32 + warm)
+            .instrument(span.clone())
+            .await
+            .map(|ips| (ips, Vec::new()));
+        (got, warm)
+    }
+
     async fn assign_packed(&self, count: u32) -> Result<Vec<Ipv4Addr>, CloudError> {
         if count == 0 {
             return Ok(Vec::new()); // EC2 refuses an assign of nothing

@@ -16,20 +16,14 @@ use tonic::transport::Channel;
 /// The cluster name of [`config`].
 pub const CLUSTER: &str = "test";
 
-/// Makes `mock` enforce the shipped IAM policy (`deploy/iam-policy.json`) for `cluster` in its
-/// default VPC, as every daemon-level test does: a call the policy refuses fails the test's daemon as
-/// it would on AWS.
-pub fn enforce_shipped_policy(mock: &MockCloud, cluster: &str) {
-    let vpc = mock.default_world().expect("a default world").vpc_id;
-    mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(cluster, &vpc)));
-}
-
 /// A daemon config for `mock`'s default instance with state under `dir`; `mock` enforces the
-/// shipped IAM policy for its cluster ([`enforce_shipped_policy`]; a test that changes the cluster
-/// name calls it again with the new name).
+/// shipped IAM policy for its cluster, as every daemon-level test does (a call the policy refuses
+/// fails the daemon as it would on AWS; a test that changes the cluster name calls
+/// `MockCloud::enforce_shipped_policy` again with the new name).
 pub fn config(mock: &MockCloud, dir: &Path) -> DaemonConfig {
     let inst = mock.default_instance();
-    enforce_shipped_policy(mock, CLUSTER);
+    mock.enforce_shipped_policy(CLUSTER)
+        .expect("a default world");
     DaemonConfig {
         cluster_name: CLUSTER.into(),
         socket_path: dir.join("eniipam.sock"),

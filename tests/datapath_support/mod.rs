@@ -138,8 +138,8 @@ impl Cluster {
             .await
             .expect("mockcloud");
         // The shipped IAM policy for the daemons' cluster, enforced as EC2 would.
-        let vpc = mock.default_world().expect("default world").vpc_id;
-        mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(CLUSTER, &vpc)));
+        mock.enforce_shipped_policy(CLUSTER)
+            .expect("a default world");
         let a = mock.default_instance();
         let b = mock
             .launch_instance("m5.large", &a.subnet_id)

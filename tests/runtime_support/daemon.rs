@@ -56,11 +56,7 @@ impl MockInNetns {
                 match MockCloud::start(config).await {
                     Ok(mock) => {
                         // The shipped IAM policy for the test's cluster, as EC2 would enforce it.
-                        if let Some(w) = mock.default_world() {
-                            mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(
-                                CLUSTER, &w.vpc_id,
-                            )));
-                        }
+                        mock.enforce_shipped_policy(CLUSTER);
                         let _ = started_tx.send(Ok(mock.clone()));
                         let _ = stopped.await;
                         drop(mock);

@@ -297,9 +297,9 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
     .await
     .context("starting mockcloud")?;
     // The shipped IAM policy, enforced for the whole run (the iam-revoke fault edits it).
-    let vpc_id = mock.default_world().context("the default world")?.vpc_id;
-    let shipped = mockcloud::iam::shipped_policy(iam::CLUSTER, &vpc_id);
-    mock.set_iam_policy(Some(shipped.clone()));
+    let shipped = mock
+        .enforce_shipped_policy(iam::CLUSTER)
+        .context("mockcloud has no default world")?;
     let instance_id = mock.default_instance().instance_id;
     let log = cfg
         .log_file

@@ -112,8 +112,8 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let default = mock.default_world();
-    if let (Some(cluster), Some(d)) = (&args.iam_shipped, &default) {
-        mock.set_iam_policy(Some(mockcloud::iam::shipped_policy(cluster, &d.vpc_id)));
+    if let Some(cluster) = &args.iam_shipped {
+        mock.enforce_shipped_policy(cluster);
     }
     let iam = match (&args.iam_policy, &args.iam_shipped) {
         (Some(p), _) => format!("policy {}", p.display()),
