@@ -3,7 +3,7 @@
 //! `@cloud-copilot/iam-simulate` (node, `tests/iam_simulate/simulate.mjs`). Every decision (Allowed,
 //! ExplicitlyDenied, ImplicitlyDenied) must agree.
 //!
-//! Needs `node` and `npm ci --prefix mocks/tests/iam_simulate`. Without them the test prints a
+//! Needs `node` and `npm ci --prefix mocks/mockcloud/tests/iam_simulate`. Without them the test prints a
 //! NOTICE and passes, except under `CI=true`, where it fails.
 
 use std::collections::BTreeMap;
@@ -147,7 +147,7 @@ fn unavailable(why: &str) {
         panic!("iam-simulate cross-check cannot run under CI: {why}");
     }
     eprintln!(
-        "NOTICE: iam-simulate cross-check skipped: {why} (run `npm ci --prefix mocks/tests/iam_simulate`)"
+        "NOTICE: iam-simulate cross-check skipped: {why} (run `npm ci --prefix mocks/mockcloud/tests/iam_simulate`)"
     );
 }
 

@@ -28,7 +28,7 @@ pub use request::AuthRequest;
 
 /// The policy eniipam ships (`deploy/iam-policy.json`), with its placeholders `my-cluster` and
 /// `vpc-0123456789abcdef0`.
-pub const SHIPPED_POLICY: &str = include_str!("../../../deploy/iam-policy.json");
+pub const SHIPPED_POLICY: &str = include_str!("../../../../deploy/iam-policy.json");
 
 /// The shipped policy for cluster `cluster` in VPC `vpc_id`.
 pub fn shipped_policy(cluster: &str, vpc_id: &str) -> Policy {

@@ -1,5 +1,5 @@
 //! The control API: JSON over HTTP under `/_mock/` on the EC2 listener, for tests, benchmarks and
-//! people. See the README of mockcloud (`mocks/README.md`) for every route.
+//! people. See the README of mockcloud (`mocks/mockcloud/README.md`) for every route.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

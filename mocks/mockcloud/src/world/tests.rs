@@ -1,4 +1,4 @@
-//! Unit tests of the world's rules without HTTP (the SDK-level tests are in `mocks/tests/`).
+//! Unit tests of the world's rules without HTTP (the SDK-level tests are in `mocks/mockcloud/tests/`).
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
