@@ -27,7 +27,6 @@
 //! - `simulate` (feature `simulate`, on by default): `--simulate`, the daemon on an embedded mockcloud.
 
 pub mod clock;
-pub mod cloud;
 pub mod config;
 pub mod daemon;
 pub mod host;
@@ -41,3 +40,5 @@ pub mod store;
 pub mod telemetry;
 
 pub use eniipam_api::model;
+/// The cloud seam, its own crate (`crates/cloud`): `crate::cloud::…` paths read as before.
+pub use eniipam_cloud as cloud;

@@ -1,8 +1,8 @@
 //! Issue 14, IAM: the policy `eniipamctl iam-policy` prints grants exactly the EC2 actions eniipamd
 //! calls, and its conditions hold for what eniipamd sends.
 //!
-//! - Static: every `aws_sdk_ec2` operation called in `src/cloud/ec2/` (the only module that holds
-//!   the SDK client) is an action of the policy, and the policy has no other action: actions reached
+//! - Static: every `aws_sdk_ec2` operation called in `crates/cloud/src/ec2/` (the only module that
+//!   holds the SDK client) is an action of the policy, and the policy has no other action: actions reached
 //!   only on rare paths (an ambiguous retry's describe, assigning a named IP) count too.
 //! - Dynamic: the real daemon on mockcloud goes through create ENI, assign, unassign, release
 //!   (detach + delete), the leaked-ENI collector (delete + stamping a creation tag) and a reconcile;
@@ -95,11 +95,11 @@ fn action_name(op: &str) -> String {
 }
 
 /// Every operation called on the SDK client (`<…>.client.<operation>()`, whitespace allowed) in
-/// `src/cloud/ec2/`.
+/// `crates/cloud/src/ec2/`.
 fn sdk_calls_in_the_code() -> BTreeSet<String> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cloud/ec2");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(CLOUD_EC2);
     let mut calls = BTreeSet::new();
-    for entry in std::fs::read_dir(&dir).expect("src/cloud/ec2") {
+    for entry in std::fs::read_dir(&dir).expect(CLOUD_EC2) {
         let path = entry.expect("entry").path();
         if path.extension().is_none_or(|e| e != "rs") {
             continue;
@@ -124,22 +124,27 @@ fn sdk_calls_in_the_code() -> BTreeSet<String> {
     calls
 }
 
-/// No module but `src/cloud/ec2/` names the SDK client, so the scan above sees every call.
+/// Where the EC2 client lives: the cloud crate's `ec2` module.
+const CLOUD_EC2: &str = "crates/cloud/src/ec2";
+
+/// No module of the daemon (`src/`) or of its crates (`crates/`) but `crates/cloud/src/ec2/` names
+/// the SDK client, so the scan above sees every call.
 fn sdk_client_only_in_cloud_ec2() {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut stack = vec![src.clone()];
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let ec2 = root.join(CLOUD_EC2);
+    let mut stack = vec![root.join("src"), root.join("crates")];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).expect("dir") {
             let path = entry.expect("entry").path();
             if path.is_dir() {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "rs")
-                && !path.starts_with(src.join("cloud/ec2"))
+                && !path.starts_with(&ec2)
             {
                 let code = std::fs::read_to_string(&path).expect("read");
                 assert!(
                     !code.contains("aws_sdk_ec2::Client"),
-                    "{} uses the EC2 client directly: the static scan only reads src/cloud/ec2/",
+                    "{} uses the EC2 client directly: the static scan only reads {CLOUD_EC2}/",
                     path.display()
                 );
             }
@@ -158,7 +163,7 @@ fn the_policy_grants_exactly_the_sdk_calls_in_the_code() {
     let granted = policy_actions(&policy(CLUSTER));
     assert_eq!(
         granted, code,
-        "the policy must grant exactly what src/cloud/ec2/ calls"
+        "the policy must grant exactly what {CLOUD_EC2}/ calls"
     );
 }
 

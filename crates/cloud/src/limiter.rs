@@ -804,7 +804,7 @@ mod tests {
 
     /// One mutating attempt of `purpose` that takes `took`; returns when it started and ended.
     async fn timed_attempt(l: &Limiter, purpose: Purpose, took: Duration) -> (Instant, Instant) {
-        crate::cloud::with_purpose(purpose, async {
+        crate::with_purpose(purpose, async {
             l.attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
                 let started = Instant::now();
                 tokio::time::sleep(took).await;
@@ -895,7 +895,7 @@ mod tests {
     async fn ec2_calls_are_counted_by_purpose() {
         let l = limiter(1, 60_000);
         timed_attempt(&l, Purpose::Pod, Duration::ZERO).await;
-        let _: CloudResult<()> = crate::cloud::with_purpose(
+        let _: CloudResult<()> = crate::with_purpose(
             Purpose::Refill,
             l.attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
                 Err(throttled())
@@ -919,7 +919,7 @@ mod tests {
         assert!(s.by_purpose.iter().all(|p| !p.api.starts_with("imds:")));
         assert_eq!(
             s.by_purpose[0],
-            crate::cloud::calls::PurposeSeries {
+            crate::calls::PurposeSeries {
                 purpose: Purpose::Pod,
                 api: "AssignPrivateIpAddresses".into(),
                 calls: 1,

@@ -6,7 +6,7 @@ use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_runtime_api::http::Response as HttpResponse;
 use eniipam_api::error_chain;
 
-use crate::cloud::CloudError;
+use crate::CloudError;
 
 /// Transient failures may have taken effect on EC2's side (the request was possibly sent).
 pub(super) fn is_ambiguous(err: &CloudError) -> bool {

@@ -26,7 +26,7 @@ use super::{
     AttachmentStatus, Cloud, CloudError, CloudResult, CreateEni, Eni, EniAttachment, EniFilter,
     EniStatus, Instance, InstanceLimits, Metadata, NodeContext, tags,
 };
-use crate::model::EniId;
+use eniipam_api::model::EniId;
 
 /// Timing of the lifecycle's waits. Every wait is an exponential backoff with full jitter, bounded
 /// in total time (see [`BackoffPolicy`]).

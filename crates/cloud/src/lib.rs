@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
-use crate::model::EniId;
+use eniipam_api::model::EniId;
 
 pub mod backoff;
 pub mod calls;

@@ -237,7 +237,7 @@ impl Metadata for ImdsMetadata {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::EniId;
+    use eniipam_api::model::EniId;
 
     #[test]
     fn mac_listing_strips_slashes() {

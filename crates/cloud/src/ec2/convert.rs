@@ -7,10 +7,11 @@ use aws_sdk_ec2::types::{Filter, NetworkInterface, NetworkInterfaceStatus, Tag};
 
 use ipnet::Ipv4Net;
 
-use crate::cloud::{
-    AttachmentStatus, CloudError, CloudResult, Eni, EniAttachment, EniFilter, EniStatus, Subnet,
+use crate::{
+    AttachmentStatus, CloudError, CloudResult, Eni, EniAttachment, EniFilter, EniStatus,
+    InstanceLimits, Subnet,
 };
-use crate::model::EniId;
+use eniipam_api::model::EniId;
 
 pub(super) fn to_i32(n: u32) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
@@ -199,6 +200,54 @@ pub(super) fn sdk_tags(tags: &BTreeMap<String, String>) -> Vec<Tag> {
     tags.iter()
         .map(|(k, v)| Tag::builder().key(k).value(v).build())
         .collect()
+}
+
+/// An instance type's limits from `DescribeInstanceTypes`' `InstanceTypeInfo`.
+pub(super) fn limits_from_sdk(
+    api: &str,
+    instance_type: &str,
+    info: &aws_sdk_ec2::types::InstanceTypeInfo,
+) -> CloudResult<InstanceLimits> {
+    let net = info
+        .network_info()
+        .ok_or_else(|| malformed(api, format!("{instance_type}: no network info")))?;
+    // The default card's ENIs: every ENI eniipam attaches goes there (the VPC CNI's max-pods
+    // counts the same), and a multi-card type's instance-wide figure would overshoot it.
+    let default_card = net.default_network_card_index().unwrap_or(0);
+    let card_max = net
+        .network_cards()
+        .iter()
+        .find(|c| c.network_card_index() == Some(default_card))
+        .and_then(|c| c.maximum_network_interfaces())
+        .and_then(|n| u32::try_from(n).ok());
+    let max_enis = card_max
+        .or_else(|| {
+            net.maximum_network_interfaces()
+                .and_then(|n| u32::try_from(n).ok())
+        })
+        .ok_or_else(|| malformed(api, format!("{instance_type}: no MaximumNetworkInterfaces")))?;
+    let ipv4_per_eni = net
+        .ipv4_addresses_per_interface()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| {
+            malformed(
+                api,
+                format!("{instance_type}: no Ipv4AddressesPerInterface"),
+            )
+        })?;
+    let nitro =
+        info.bare_metal() == Some(true) || info.hypervisor().map(|h| h.as_str()) == Some(eniipam_limits::NITRO);
+    let vcpus = info
+        .v_cpu_info()
+        .and_then(|v| v.default_v_cpus())
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(0);
+    Ok(InstanceLimits {
+        max_enis,
+        ipv4_per_eni,
+        vcpus,
+        nitro,
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,597 @@
+//! [`Ec2Cloud`]: the [`Cloud`] trait on `aws-sdk-ec2`.
+//!
+//! Every call goes limiter → retry → SDK: each attempt takes a token from the bucket of its class
+//! (mutating or describe, see [`super::limiter`]), is counted and timed in [`CallStats`], and a
+//! throttled or transient failure is retried with jittered backoff. The SDK's own retries are
+//! disabled so that no attempt bypasses the buckets.
+//!
+//! Parts: this file (the client and the [`Cloud`] calls), [`classify`] (SDK errors → [`CloudError`],
+//! once, by EC2 error code and HTTP status), [`convert`] (SDK types ⇄ domain types).
+//!
+//! Calls that EC2 cannot make idempotent themselves are made safe after ambiguous failures
+//! (timeouts and 5xx, where the request may have taken effect): AssignPrivateIpAddresses compares
+//! the ENI's IPs with those it had before the first attempt, unassign/attach/delete check the
+//! ENI's state before retrying. CreateNetworkInterface is idempotent through its ClientToken.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use aws_sdk_ec2::Client;
+use aws_sdk_ec2::types::{
+    Filter, InstanceType, NetworkInterfaceAttachmentChanges, ResourceType, TagSpecification,
+};
+use ipnet::Ipv4Net;
+
+mod classify;
+mod config;
+mod convert;
+mod mutate;
+
+pub use classify::{classify, classify_code};
+pub use config::{DESCRIBE_PAGE_SIZE, Ec2BuildError, Ec2Config};
+use convert::*;
+use mutate::{Verify, mutate};
+
+use super::calls::CallStats;
+use super::limiter::{CallClass, Limiter};
+use super::{
+    Cloud, CloudError, CloudResult, CreateEni, Eni, EniFilter, Instance, InstanceLimits, Subnet,
+    SubnetFilter,
+};
+use eniipam_api::model::EniId;
+
+/// The [`Cloud`] on the real EC2 API (or anything speaking it, like mockcloud).
+#[derive(Clone, Debug)]
+pub struct Ec2Cloud {
+    client: Client,
+    limiter: Arc<Limiter>,
+    page_size: i32,
+}
+
+impl Ec2Cloud {
+    /// The counters of this client's calls.
+    pub fn stats(&self) -> &Arc<CallStats> {
+        self.limiter.stats()
+    }
+
+    /// The limiter every call passes.
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    /// Describe one ENI (with retries); `None` when EC2 does not know it.
+    async fn describe_one(&self, eni: &EniId) -> CloudResult<Option<Eni>> {
+        let filter = EniFilter {
+            ids: vec![eni.clone()],
+            ..Default::default()
+        };
+        match self.describe_enis(&filter).await {
+            Ok(enis) => Ok(enis.into_iter().find(|e| &e.id == eni)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every private IP (primary and secondary) of an ENI, as EC2 sees it now.
+    async fn eni_ips(&self, api: &'static str, eni: &EniId) -> CloudResult<BTreeSet<Ipv4Addr>> {
+        let found = self
+            .describe_one(eni)
+            .await?
+            .ok_or_else(|| CloudError::NotFound {
+                api: api.to_owned(),
+                code: "InvalidNetworkInterfaceID.NotFound".into(),
+                message: format!("{eni} does not exist"),
+            })?;
+        Ok(std::iter::once(found.primary_ip)
+            .chain(found.secondary_ips)
+            .collect())
+    }
+
+    async fn eni_prefixes(&self, api: &'static str, eni: &EniId) -> CloudResult<BTreeSet<Ipv4Net>> {
+        let found = self
+            .describe_one(eni)
+            .await?
+            .ok_or_else(|| CloudError::NotFound {
+                api: api.to_owned(),
+                code: "InvalidNetworkInterfaceID.NotFound".into(),
+                message: format!("{eni} does not exist"),
+            })?;
+        Ok(found.ipv4_prefixes.into_iter().collect())
+    }
+
+    async fn send_assign_count(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Addr>> {
+        const API: &str = "AssignPrivateIpAddresses";
+        let out = self
+            .client
+            .assign_private_ip_addresses()
+            .network_interface_id(eni.as_str())
+            .secondary_private_ip_address_count(to_i32(count))
+            .send()
+            .await
+            .map_err(|e| classify(API, e))?;
+        out.assigned_private_ip_addresses()
+            .iter()
+            .filter_map(|a| a.private_ip_address())
+            .map(|ip| parse_ip(API, ip))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Cloud for Ec2Cloud {
+    async fn describe_instance(&self, instance_id: &str) -> CloudResult<Instance> {
+        const API: &str = "DescribeInstances";
+        let out = self
+            .limiter
+            .call(API, CallClass::Describe, || async {
+                self.client
+                    .describe_instances()
+                    .instance_ids(instance_id)
+                    .send()
+                    .await
+                    .map_err(|e| classify(API, e))
+            })
+            .await?;
+        let inst = out
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .find(|i| i.instance_id() == Some(instance_id))
+            .ok_or_else(|| CloudError::NotFound {
+                api: API.into(),
+                code: "InvalidInstanceID.NotFound".into(),
+                message: format!("{instance_id} not in the reply"),
+            })?;
+        // DescribeInstances lists interfaces without tags; the pool needs the tags (ownership), so
+        // the ENIs come from DescribeNetworkInterfaces.
+        let mut enis = self
+            .describe_enis(&EniFilter {
+                attached_to: Some(instance_id.to_owned()),
+                ..Default::default()
+            })
+            .await?;
+        enis.sort_by_key(|e| e.attachment.as_ref().map(|a| a.device_index));
+        Ok(Instance {
+            id: instance_id.to_owned(),
+            instance_type: inst
+                .instance_type()
+                .map(|t| t.as_str().to_owned())
+                .unwrap_or_default(),
+            availability_zone: inst
+                .placement()
+                .and_then(|p| p.availability_zone())
+                .unwrap_or_default()
+                .to_owned(),
+            vpc_id: inst.vpc_id().unwrap_or_default().to_owned(),
+            subnet_id: inst.subnet_id().unwrap_or_default().to_owned(),
+            enis,
+        })
+    }
+
+    async fn instance_limits(&self, instance_type: &str) -> CloudResult<InstanceLimits> {
+        const API: &str = "DescribeInstanceTypes";
+        let out = self
+            .limiter
+            .call(API, CallClass::Describe, || async {
+                self.client
+                    .describe_instance_types()
+                    .instance_types(InstanceType::from(instance_type))
+                    .send()
+                    .await
+                    .map_err(|e| classify(API, e))
+            })
+            .await?;
+        let info = out
+            .instance_types()
+            .first()
+            .ok_or_else(|| CloudError::NotFound {
+                api: API.into(),
+                code: "InvalidInstanceType.NotFound".into(),
+                message: format!("no limits for instance type {instance_type}"),
+            })?;
+        limits_from_sdk(API, instance_type, info)
+    }
+
+    async fn describe_subnet(&self, subnet_id: &str) -> CloudResult<Subnet> {
+        const API: &str = "DescribeSubnets";
+        let out = self
+            .limiter
+            .call(API, CallClass::Describe, || async {
+                self.client
+                    .describe_subnets()
+                    .subnet_ids(subnet_id)
+                    .send()
+                    .await
+                    .map_err(|e| classify(API, e))
+            })
+            .await?;
+        let s = out
+            .subnets()
+            .iter()
+            .find(|s| s.subnet_id() == Some(subnet_id))
+            .ok_or_else(|| CloudError::NotFound {
+                api: API.into(),
+                code: "InvalidSubnetID.NotFound".into(),
+                message: format!("{subnet_id} not in the reply"),
+            })?;
+        subnet_from_sdk(API, s)
+    }
+
+    async fn subnet_prefix_reservations(&self, subnet_id: &str) -> CloudResult<Vec<Ipv4Net>> {
+        const API: &str = "GetSubnetCidrReservations";
+        let out = self
+            .limiter
+            .call(API, CallClass::Describe, || async {
+                self.client
+                    .get_subnet_cidr_reservations()
+                    .subnet_id(subnet_id)
+                    .send()
+                    .await
+                    .map_err(|e| classify(API, e))
+            })
+            .await?;
+        out.subnet_ipv4_cidr_reservations()
+            .iter()
+            .filter(|r| r.reservation_type().map(|t| t.as_str()) == Some("prefix"))
+            .filter_map(|r| r.cidr())
+            .map(|c| parse_prefix(API, c))
+            .collect()
+    }
+
+    async fn describe_subnets(&self, filter: &SubnetFilter) -> CloudResult<Vec<Subnet>> {
+        const API: &str = "DescribeSubnets";
+        let one = |name: &str, value: &str| Filter::builder().name(name).values(value).build();
+        let mut sdk_filters = Vec::new();
+        if let Some(v) = &filter.vpc_id {
+            sdk_filters.push(one("vpc-id", v));
+        }
+        if let Some(az) = &filter.availability_zone {
+            sdk_filters.push(one("availability-zone", az));
+        }
+        let out = self
+            .limiter
+            .call(API, CallClass::Describe, || async {
+                self.client
+                    .describe_subnets()
+                    .set_subnet_ids((!filter.ids.is_empty()).then(|| filter.ids.clone()))
+                    .set_filters((!sdk_filters.is_empty()).then(|| sdk_filters.clone()))
+                    .send()
+                    .await
+                    .map_err(|e| classify(API, e))
+            })
+            .await?;
+        out.subnets()
+            .iter()
+            .map(|s| subnet_from_sdk(API, s))
+            .collect()
+    }
+
+    async fn describe_enis(&self, filter: &EniFilter) -> CloudResult<Vec<Eni>> {
+        const API: &str = "DescribeNetworkInterfaces";
+        let sdk_filters = filters(filter);
+        let ids: Vec<String> = filter.ids.iter().map(|i| i.as_str().to_owned()).collect();
+        let mut enis = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self
+                .limiter
+                .call(API, CallClass::Describe, || {
+                    let mut req = self
+                        .client
+                        .describe_network_interfaces()
+                        .set_filters((!sdk_filters.is_empty()).then(|| sdk_filters.clone()))
+                        .set_next_token(token.clone());
+                    // EC2 refuses MaxResults together with explicit ids (ids are not paginated).
+                    if ids.is_empty() {
+                        req = req.max_results(self.page_size);
+                    } else {
+                        req = req.set_network_interface_ids(Some(ids.clone()));
+                    }
+                    async move { req.send().await.map_err(|e| classify(API, e)) }
+                })
+                .await?;
+            for ni in page.network_interfaces() {
+                enis.push(eni_from_sdk(API, ni)?);
+            }
+            match page.next_token() {
+                Some(t) if !t.is_empty() => token = Some(t.to_owned()),
+                _ => break,
+            }
+        }
+        Ok(enis)
+    }
+
+    async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni> {
+        const API: &str = "CreateNetworkInterface";
+        let tag_spec = TagSpecification::builder()
+            .resource_type(ResourceType::NetworkInterface)
+            .set_tags(Some(sdk_tags(&req.tags)))
+            .build();
+        // The same ClientToken on every attempt: EC2 returns the ENI of a lost attempt instead of
+        // creating a second one.
+        let send = || {
+            let mut b = self
+                .client
+                .create_network_interface()
+                .subnet_id(&req.subnet_id)
+                .set_groups(Some(req.security_groups.clone()))
+                .description(&req.description)
+                .tag_specifications(tag_spec.clone())
+                .client_token(&req.client_token);
+            if req.secondary_ip_count > 0 {
+                b = b.secondary_private_ip_address_count(to_i32(req.secondary_ip_count));
+            }
+            if req.prefix_count > 0 {
+                b = b.ipv4_prefix_count(to_i32(req.prefix_count));
+            }
+            if !req.private_ips.is_empty() {
+                b = b.set_private_ip_addresses(Some(
+                    req.private_ips
+                        .iter()
+                        .map(|ip| {
+                            aws_sdk_ec2::types::PrivateIpAddressSpecification::builder()
+                                .private_ip_address(ip.to_string())
+                                .primary(false)
+                                .build()
+                        })
+                        .collect(),
+                ));
+            }
+            async move { b.send().await.map_err(|e| classify(API, e)) }
+        };
+        let out = mutate(&self.limiter, API, send, Verify::nothing()).await?;
+        let ni = out
+            .network_interface()
+            .ok_or_else(|| malformed(API, "no network interface in the reply"))?;
+        let mut eni = eni_from_sdk(API, ni)?;
+        if eni.tags.is_empty() {
+            // Some endpoints do not echo TagSpecifications; the tags were part of the request.
+            eni.tags = req.tags.clone();
+        }
+        Ok(eni)
+    }
+
+    async fn attach_eni(
+        &self,
+        eni: &EniId,
+        instance_id: &str,
+        device_index: u32,
+    ) -> CloudResult<String> {
+        const API: &str = "AttachNetworkInterface";
+        let send = || async {
+            let out = self
+                .client
+                .attach_network_interface()
+                .network_interface_id(eni.as_str())
+                .instance_id(instance_id)
+                .device_index(to_i32(device_index))
+                .send()
+                .await
+                .map_err(|e| classify(API, e))?;
+            Ok(out.attachment_id().map(str::to_owned))
+        };
+        // A lost attempt may have attached it: then its attachment is the answer.
+        let attached = || async {
+            let found = self.describe_one(eni).await?.and_then(|d| d.attachment);
+            Ok(found
+                .filter(|a| a.instance_id == instance_id && a.device_index == device_index)
+                .map(|a| {
+                    tracing::info!(%eni, attachment = %a.attachment_id, "attach had succeeded despite the error");
+                    Some(a.attachment_id)
+                }))
+        };
+        mutate(&self.limiter, API, send, Verify::Describe(attached))
+            .await?
+            .ok_or_else(|| malformed(API, "no attachment id in the reply"))
+    }
+
+    async fn set_delete_on_termination(&self, eni: &EniId, attachment_id: &str) -> CloudResult<()> {
+        const API: &str = "ModifyNetworkInterfaceAttribute";
+        let changes = NetworkInterfaceAttachmentChanges::builder()
+            .attachment_id(attachment_id)
+            .delete_on_termination(true)
+            .build();
+        let send = || async {
+            self.client
+                .modify_network_interface_attribute()
+                .network_interface_id(eni.as_str())
+                .attachment(changes.clone())
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| classify(API, e))
+        };
+        mutate(&self.limiter, API, send, Verify::nothing()).await
+    }
+
+    async fn detach_eni(&self, attachment_id: &str, force: bool) -> CloudResult<()> {
+        const API: &str = "DetachNetworkInterface";
+        let send = || async {
+            self.client
+                .detach_network_interface()
+                .attachment_id(attachment_id)
+                .force(force)
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| classify(API, e))
+        };
+        mutate(&self.limiter, API, send, Verify::nothing()).await
+    }
+
+    async fn delete_eni(&self, eni: &EniId) -> CloudResult<()> {
+        const API: &str = "DeleteNetworkInterface";
+        let send = || async {
+            self.client
+                .delete_network_interface()
+                .network_interface_id(eni.as_str())
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| classify(API, e))
+        };
+        mutate(&self.limiter, API, send, Verify::not_found_after(())).await
+    }
+
+    async fn assign_ips(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Addr>> {
+        const API: &str = "AssignPrivateIpAddresses";
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        // What the ENI had before the first attempt: after an ambiguous failure, whatever appeared
+        // since is what the lost attempt assigned. Callers serialise calls per ENI (the ENI actor
+        // owns all of them), so nothing else adds IPs to this ENI meanwhile.
+        let before = self.eni_ips(API, eni).await?;
+        let appeared = |now: &BTreeSet<Ipv4Addr>| -> Vec<Ipv4Addr> {
+            now.difference(&before).copied().collect()
+        };
+        let send = || self.send_assign_count(eni, count);
+        let assigned = || async {
+            let new = appeared(&self.eni_ips(API, eni).await?);
+            if !new.is_empty() {
+                tracing::info!(%eni, ips = ?new, "assign had succeeded despite the error; not assigning again");
+            }
+            Ok((!new.is_empty()).then_some(new))
+        };
+        let ips = mutate(&self.limiter, API, send, Verify::Describe(assigned)).await?;
+        if ips.is_empty() {
+            // The reply did not list the IPs (older API shape): EC2's view tells.
+            return Ok(appeared(&self.eni_ips(API, eni).await?));
+        }
+        Ok(ips)
+    }
+
+    async fn assign_specific_ips(
+        &self,
+        eni: &EniId,
+        ips: &[Ipv4Addr],
+    ) -> CloudResult<Vec<Ipv4Addr>> {
+        const API: &str = "AssignPrivateIpAddresses";
+        if ips.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wanted: Vec<String> = ips.iter().map(Ipv4Addr::to_string).collect();
+        let send = || async {
+            self.client
+                .assign_private_ip_addresses()
+                .network_interface_id(eni.as_str())
+                .set_private_ip_addresses(Some(wanted.clone()))
+                .send()
+                .await
+                .map(|_| ips.to_vec())
+                .map_err(|e| classify(API, e))
+        };
+        let assigned = || async {
+            let now = self.eni_ips(API, eni).await?;
+            Ok(ips.iter().all(|ip| now.contains(ip)).then(|| ips.to_vec()))
+        };
+        mutate(&self.limiter, API, send, Verify::Describe(assigned)).await
+    }
+
+    async fn unassign_ips(&self, eni: &EniId, ips: &[Ipv4Addr]) -> CloudResult<()> {
+        const API: &str = "UnassignPrivateIpAddresses";
+        if ips.is_empty() {
+            return Ok(());
+        }
+        let gone: Vec<String> = ips.iter().map(Ipv4Addr::to_string).collect();
+        let send = || async {
+            self.client
+                .unassign_private_ip_addresses()
+                .network_interface_id(eni.as_str())
+                .set_private_ip_addresses(Some(gone.clone()))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| classify(API, e))
+        };
+        let unassigned = || async {
+            let now = self.eni_ips(API, eni).await?;
+            Ok(ips.iter().all(|ip| !now.contains(ip)).then_some(()))
+        };
+        mutate(&self.limiter, API, send, Verify::Describe(unassigned)).await
+    }
+
+    async fn assign_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Net>> {
+        const API: &str = "AssignPrivateIpAddresses";
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        // As for IPs: what the ENI had before, so a lost attempt's prefixes are found, not doubled.
+        let before = self.eni_prefixes(API, eni).await?;
+        let appeared = |now: &BTreeSet<Ipv4Net>| -> Vec<Ipv4Net> {
+            now.difference(&before).copied().collect()
+        };
+        let send = || async {
+            let out = self
+                .client
+                .assign_private_ip_addresses()
+                .network_interface_id(eni.as_str())
+                .ipv4_prefix_count(to_i32(count))
+                .send()
+                .await
+                .map_err(|e| classify(API, e))?;
+            out.assigned_ipv4_prefixes()
+                .iter()
+                .filter_map(|p| p.ipv4_prefix())
+                .map(|p| parse_prefix(API, p))
+                .collect::<CloudResult<Vec<Ipv4Net>>>()
+        };
+        let assigned = || async {
+            let new = appeared(&self.eni_prefixes(API, eni).await?);
+            if !new.is_empty() {
+                tracing::info!(%eni, prefixes = ?new, "prefix assign had succeeded despite the error; not assigning again");
+            }
+            Ok((!new.is_empty()).then_some(new))
+        };
+        let prefixes = mutate(&self.limiter, API, send, Verify::Describe(assigned)).await?;
+        if prefixes.is_empty() {
+            return Ok(appeared(&self.eni_prefixes(API, eni).await?));
+        }
+        Ok(prefixes)
+    }
+
+    async fn unassign_prefixes(&self, eni: &EniId, prefixes: &[Ipv4Net]) -> CloudResult<()> {
+        const API: &str = "UnassignPrivateIpAddresses";
+        if prefixes.is_empty() {
+            return Ok(());
+        }
+        let gone: Vec<String> = prefixes.iter().map(Ipv4Net::to_string).collect();
+        let send = || async {
+            self.client
+                .unassign_private_ip_addresses()
+                .network_interface_id(eni.as_str())
+                .set_ipv4_prefixes(Some(gone.clone()))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| classify(API, e))
+        };
+        let unassigned = || async {
+            let now = self.eni_prefixes(API, eni).await?;
+            Ok(prefixes.iter().all(|p| !now.contains(p)).then_some(()))
+        };
+        mutate(&self.limiter, API, send, Verify::Describe(unassigned)).await
+    }
+
+    async fn create_tags(
+        &self,
+        resource_id: &str,
+        tags: &BTreeMap<String, String>,
+    ) -> CloudResult<()> {
+        const API: &str = "CreateTags";
+        let sdk = sdk_tags(tags);
+        let send = || async {
+            self.client
+                .create_tags()
+                .resources(resource_id)
+                .set_tags(Some(sdk.clone()))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| classify(API, e))
+        };
+        mutate(&self.limiter, API, send, Verify::nothing()).await
+    }
+}
