@@ -138,9 +138,7 @@ fn sdk_client_only_in_cloud_ec2() {
             let path = entry.expect("entry").path();
             if path.is_dir() {
                 stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs")
-                && !path.starts_with(&ec2)
-            {
+            } else if path.extension().is_some_and(|e| e == "rs") && !path.starts_with(&ec2) {
                 let code = std::fs::read_to_string(&path).expect("read");
                 assert!(
                     !code.contains("aws_sdk_ec2::Client"),

@@ -4,13 +4,16 @@
 //! back only when the IP is given back to EC2 (or the request fails). So at all times
 //! `idle + assigned + being released + in flight = tokens used ≤ capacity`.
 
-use super::config::{PREFIX_ADDRESSES, PoolConfig};
+use eniipam_limits::{AddressMode, EniLimits};
+
+use super::config::PoolConfig;
 use crate::cloud::InstanceLimits;
 
 /// How many pod IPs a node may hold.
 ///
 /// Slots: `(ENIs − foreign − [1 without eth0]) × (IPv4 per ENI − 1)`, where ENIs is the instance type's
-/// limit (lowered by `max_enis` when configured), eth0 counted. With prefix delegation each slot is a
+/// limit (lowered by `max_enis` when configured), eth0 counted: `eniipam-limits`' formula
+/// ([`eniipam_limits::eniipam_pod_ips`]) on the ENIs that serve pods. With prefix delegation each slot is a
 /// `/28` of 16 addresses. Capped by `max_ips`; with prefix delegation the cap is rounded up to whole
 /// prefixes (a node holds addresses 16 at a time).
 ///
@@ -32,16 +35,21 @@ pub fn node_capacity(limits: InstanceLimits, config: &PoolConfig, foreign_enis: 
         .max_enis
         .map_or(limits.max_enis, |cap| cap.min(limits.max_enis));
     let reserved = foreign_enis + u32::from(!config.use_primary_eni);
-    let pod_enis = enis.saturating_sub(reserved);
-    let slots = pod_enis.saturating_mul(limits.ipv4_per_eni.saturating_sub(1));
-    if config.prefix_delegation {
-        let addresses = slots.saturating_mul(PREFIX_ADDRESSES);
-        config.max_ips.map_or(addresses, |cap| {
-            addresses.min(cap.div_ceil(PREFIX_ADDRESSES) * PREFIX_ADDRESSES)
-        })
+    let pod_enis = EniLimits {
+        enis: enis.saturating_sub(reserved),
+        ..limits.eni_limits()
+    };
+    let mode = if config.prefix_delegation {
+        AddressMode::Prefixes
     } else {
-        config.max_ips.map_or(slots, |cap| cap.min(slots))
-    }
+        AddressMode::SecondaryIps
+    };
+    let addresses = eniipam_limits::eniipam_pod_ips(&pod_enis, mode);
+    // A node holds addresses a slot at a time: the cap in whole slots.
+    let per_slot = mode.addresses_per_slot();
+    config.max_ips.map_or(addresses, |cap| {
+        addresses.min(cap.div_ceil(per_slot) * per_slot)
+    })
 }
 
 /// A counter of taken IP slots, bounded by the node's capacity.

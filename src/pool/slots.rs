@@ -15,13 +15,8 @@ use ipnet::Ipv4Net;
 
 use crate::cloud::{Cloud, CloudError, EniFilter, Subnet};
 
-/// Every address of a prefix, network and broadcast included (a delegated `/28` routes all 16 to its
-/// ENI).
-pub fn prefix_addresses(prefix: Ipv4Net) -> impl Iterator<Item = Ipv4Addr> {
-    let start = u32::from(prefix.network());
-    let end = u32::from(prefix.broadcast());
-    (start..=end).map(Ipv4Addr::from)
-}
+/// Every address of a prefix (the cloud crate's, which the fakes share).
+pub use crate::cloud::prefix_addresses;
 
 /// How many addresses EC2 keeps in every subnet: the network address, the VPC router, the DNS
 /// server, one reserved for future use, and the broadcast address.

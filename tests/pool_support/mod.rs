@@ -1,7 +1,8 @@
 //! Shared setup for the pool tests: a node on [`MemoryCloud`], a pool on it, and helpers.
 #![allow(dead_code)]
 
-pub mod memory_cloud;
+/// The in-memory fake cloud, its own crate (`mocks/memcloud`).
+pub use eniipam_memcloud as memory_cloud;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -27,6 +27,7 @@ pub mod leak;
 pub mod lifecycle;
 pub mod limiter;
 pub mod purpose;
+mod throttle;
 
 pub use purpose::{Purpose, current_purpose, with_purpose};
 
@@ -138,6 +139,14 @@ impl Subnet {
     }
 }
 
+/// Every address of a prefix, network and broadcast included (a delegated `/28` routes all 16 to its
+/// ENI).
+pub fn prefix_addresses(prefix: Ipv4Net) -> impl Iterator<Item = Ipv4Addr> {
+    let start = u32::from(prefix.network());
+    let end = u32::from(prefix.broadcast());
+    (start..=end).map(Ipv4Addr::from)
+}
+
 /// The VPC router of a subnet: its network address plus one, the gateway for routes out of an ENI.
 pub fn vpc_router(cidr: Ipv4Net) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(cidr.network()).wrapping_add(1))
@@ -166,6 +175,15 @@ impl InstanceLimits {
             ipv4_per_eni,
             vcpus: 2,
             nitro: false,
+        }
+    }
+
+    /// The figures `eniipam-limits`' formulas take (the ENIs are the default card's already).
+    pub fn eni_limits(&self) -> eniipam_limits::EniLimits {
+        eniipam_limits::EniLimits {
+            enis: self.max_enis,
+            ipv4_per_eni: self.ipv4_per_eni,
+            vcpus: self.vcpus,
         }
     }
 }

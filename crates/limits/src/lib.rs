@@ -177,9 +177,12 @@ impl EniLimits {
     pub fn slots_per_eni(&self) -> u32 {
         self.ipv4_per_eni.saturating_sub(1)
     }
+}
 
-    fn addresses_per_slot(mode: AddressMode) -> u32 {
-        match mode {
+impl AddressMode {
+    /// Addresses one slot holds: 1, or 16 with prefixes.
+    pub fn addresses_per_slot(self) -> u32 {
+        match self {
             AddressMode::SecondaryIps => 1,
             AddressMode::Prefixes => ADDRESSES_PER_PREFIX,
         }
@@ -191,7 +194,7 @@ impl EniLimits {
 /// `ENIs × (IPv4 per ENI − 1) × 16 + 2`, capped at 110, or 250 above 30 vCPUs
 /// (`max-pods-calculator.sh`). ENIs on the default network card only.
 pub fn vpc_cni_max_pods(l: &EniLimits, mode: AddressMode) -> u32 {
-    let addresses = l.enis * l.slots_per_eni() * EniLimits::addresses_per_slot(mode);
+    let addresses = eniipam_pod_ips(l, mode);
     let pods = addresses + HOST_NETWORK_PODS;
     match mode {
         AddressMode::SecondaryIps => pods,
@@ -201,8 +204,13 @@ pub fn vpc_cni_max_pods(l: &EniLimits, mode: AddressMode) -> u32 {
 
 /// Pod addresses eniipam can hold on one node: `ENIs × (IPv4 per ENI − 1)` slots (eth0's secondary
 /// IPs serve pods, a secondary ENI's primary never does), × 16 with prefixes.
+///
+/// The daemon's capacity (`src/pool/capacity.rs`) is this on the ENIs that serve pods (foreign ENIs,
+/// and eth0 when it does not serve pods, left out), capped by its `max_ips`.
 pub fn eniipam_pod_ips(l: &EniLimits, mode: AddressMode) -> u32 {
-    l.enis * l.slots_per_eni() * EniLimits::addresses_per_slot(mode)
+    l.enis
+        .saturating_mul(l.slots_per_eni())
+        .saturating_mul(mode.addresses_per_slot())
 }
 
 /// What kubelet's `maxPods` should be on an eniipam node: its pod addresses plus 2 host-network pods.

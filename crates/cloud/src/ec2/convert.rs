@@ -235,8 +235,8 @@ pub(super) fn limits_from_sdk(
                 format!("{instance_type}: no Ipv4AddressesPerInterface"),
             )
         })?;
-    let nitro =
-        info.bare_metal() == Some(true) || info.hypervisor().map(|h| h.as_str()) == Some(eniipam_limits::NITRO);
+    let nitro = info.bare_metal() == Some(true)
+        || info.hypervisor().map(|h| h.as_str()) == Some(eniipam_limits::NITRO);
     let vcpus = info
         .v_cpu_info()
         .and_then(|v| v.default_v_cpus())

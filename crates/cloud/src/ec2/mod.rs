@@ -13,7 +13,7 @@
 //! the ENI's IPs with those it had before the first attempt, unassign/attach/delete check the
 //! ENI's state before retrying. CreateNetworkInterface is idempotent through its ClientToken.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
@@ -72,33 +72,6 @@ impl Ec2Cloud {
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
-    }
-
-    /// Every private IP (primary and secondary) of an ENI, as EC2 sees it now.
-    async fn eni_ips(&self, api: &'static str, eni: &EniId) -> CloudResult<BTreeSet<Ipv4Addr>> {
-        let found = self
-            .describe_one(eni)
-            .await?
-            .ok_or_else(|| CloudError::NotFound {
-                api: api.to_owned(),
-                code: "InvalidNetworkInterfaceID.NotFound".into(),
-                message: format!("{eni} does not exist"),
-            })?;
-        Ok(std::iter::once(found.primary_ip)
-            .chain(found.secondary_ips)
-            .collect())
-    }
-
-    async fn eni_prefixes(&self, api: &'static str, eni: &EniId) -> CloudResult<BTreeSet<Ipv4Net>> {
-        let found = self
-            .describe_one(eni)
-            .await?
-            .ok_or_else(|| CloudError::NotFound {
-                api: api.to_owned(),
-                code: "InvalidNetworkInterfaceID.NotFound".into(),
-                message: format!("{eni} does not exist"),
-            })?;
-        Ok(found.ipv4_prefixes.into_iter().collect())
     }
 
     async fn send_assign_count(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Addr>> {
@@ -440,27 +413,16 @@ impl Cloud for Ec2Cloud {
         if count == 0 {
             return Ok(Vec::new());
         }
-        // What the ENI had before the first attempt: after an ambiguous failure, whatever appeared
-        // since is what the lost attempt assigned. Callers serialise calls per ENI (the ENI actor
-        // owns all of them), so nothing else adds IPs to this ENI meanwhile.
-        let before = self.eni_ips(API, eni).await?;
-        let appeared = |now: &BTreeSet<Ipv4Addr>| -> Vec<Ipv4Addr> {
-            now.difference(&before).copied().collect()
+        let held = |e: Eni| {
+            std::iter::once(e.primary_ip)
+                .chain(e.secondary_ips)
+                .collect()
+        };
+        let found = |new: &[Ipv4Addr]| {
+            tracing::info!(%eni, ips = ?new, "assign had succeeded despite the error; not assigning again");
         };
         let send = || self.send_assign_count(eni, count);
-        let assigned = || async {
-            let new = appeared(&self.eni_ips(API, eni).await?);
-            if !new.is_empty() {
-                tracing::info!(%eni, ips = ?new, "assign had succeeded despite the error; not assigning again");
-            }
-            Ok((!new.is_empty()).then_some(new))
-        };
-        let ips = mutate(&self.limiter, API, send, Verify::Describe(assigned)).await?;
-        if ips.is_empty() {
-            // The reply did not list the IPs (older API shape): EC2's view tells.
-            return Ok(appeared(&self.eni_ips(API, eni).await?));
-        }
-        Ok(ips)
+        self.assign_counted(API, eni, held, send, found).await
     }
 
     async fn assign_specific_ips(
@@ -519,9 +481,9 @@ impl Cloud for Ec2Cloud {
             return Ok(Vec::new());
         }
         // As for IPs: what the ENI had before, so a lost attempt's prefixes are found, not doubled.
-        let before = self.eni_prefixes(API, eni).await?;
-        let appeared = |now: &BTreeSet<Ipv4Net>| -> Vec<Ipv4Net> {
-            now.difference(&before).copied().collect()
+        let held = |e: Eni| e.ipv4_prefixes.into_iter().collect();
+        let found = |new: &[Ipv4Net]| {
+            tracing::info!(%eni, prefixes = ?new, "prefix assign had succeeded despite the error; not assigning again");
         };
         let send = || async {
             let out = self
@@ -538,18 +500,7 @@ impl Cloud for Ec2Cloud {
                 .map(|p| parse_prefix(API, p))
                 .collect::<CloudResult<Vec<Ipv4Net>>>()
         };
-        let assigned = || async {
-            let new = appeared(&self.eni_prefixes(API, eni).await?);
-            if !new.is_empty() {
-                tracing::info!(%eni, prefixes = ?new, "prefix assign had succeeded despite the error; not assigning again");
-            }
-            Ok((!new.is_empty()).then_some(new))
-        };
-        let prefixes = mutate(&self.limiter, API, send, Verify::Describe(assigned)).await?;
-        if prefixes.is_empty() {
-            return Ok(appeared(&self.eni_prefixes(API, eni).await?));
-        }
-        Ok(prefixes)
+        self.assign_counted(API, eni, held, send, found).await
     }
 
     async fn unassign_prefixes(&self, eni: &EniId, prefixes: &[Ipv4Net]) -> CloudResult<()> {

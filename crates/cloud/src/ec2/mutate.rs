@@ -5,13 +5,19 @@
 //! attempt already changed; reporting the error could leak what the lost attempt made. So from the
 //! first ambiguous failure on, each failure is followed by a look at EC2 ([`Verify`]) before the
 //! call is retried or its error reported: when the look finds what the call was meant to do, that
-//! is the answer.
+//! is the answer. The looks the calls take are here too ([`Ec2Cloud::described`] and its kin).
 
+use std::collections::BTreeSet;
 use std::future::{Future, Ready};
+use std::net::Ipv4Addr;
 
+use eniipam_api::model::EniId;
+use ipnet::Ipv4Net;
+
+use super::Ec2Cloud;
 use super::classify::is_ambiguous;
 use crate::limiter::{CallClass, Limiter};
-use crate::{CloudError, CloudResult};
+use crate::{CloudError, CloudResult, Eni};
 
 /// How a mutating call tells, after an ambiguous failure, whether its lost attempt took effect.
 pub(super) enum Verify<T, F> {
@@ -83,3 +89,75 @@ where
     }
 }
 
+/// The looks at EC2 the mutating calls verify with.
+impl Ec2Cloud {
+    /// An ENI as EC2 sees it now; not found (for `api`) when EC2 does not know it.
+    pub(super) async fn described(&self, api: &'static str, eni: &EniId) -> CloudResult<Eni> {
+        self.describe_one(eni)
+            .await?
+            .ok_or_else(|| CloudError::NotFound {
+                api: api.to_owned(),
+                code: "InvalidNetworkInterfaceID.NotFound".into(),
+                message: format!("{eni} does not exist"),
+            })
+    }
+
+    /// Every private IP (primary and secondary) of an ENI, as EC2 sees it now.
+    pub(super) async fn eni_ips(
+        &self,
+        api: &'static str,
+        eni: &EniId,
+    ) -> CloudResult<BTreeSet<Ipv4Addr>> {
+        let found = self.described(api, eni).await?;
+        Ok(std::iter::once(found.primary_ip)
+            .chain(found.secondary_ips)
+            .collect())
+    }
+
+    pub(super) async fn eni_prefixes(
+        &self,
+        api: &'static str,
+        eni: &EniId,
+    ) -> CloudResult<BTreeSet<Ipv4Net>> {
+        Ok(self
+            .described(api, eni)
+            .await?
+            .ipv4_prefixes
+            .into_iter()
+            .collect())
+    }
+
+    /// An assign by count (IPs or prefixes: `held` reads which from an ENI): what the ENI held
+    /// before the first attempt, so that after an ambiguous failure whatever appeared since is what
+    /// the lost attempt assigned (`found` logs it), and is not assigned again. A reply that does not
+    /// list what it assigned (older API shape) is read from EC2's view too. Callers serialise calls
+    /// per ENI (the ENI actor owns all of them), so nothing else adds to this ENI meanwhile.
+    pub(super) async fn assign_counted<T, S, SF>(
+        &self,
+        api: &'static str,
+        eni: &EniId,
+        held: fn(Eni) -> BTreeSet<T>,
+        send: S,
+        found: impl Fn(&[T]),
+    ) -> CloudResult<Vec<T>>
+    where
+        T: Ord + Copy,
+        S: FnMut() -> SF,
+        SF: std::future::Future<Output = CloudResult<Vec<T>>>,
+    {
+        let before = held(self.described(api, eni).await?);
+        let appeared = |now: BTreeSet<T>| -> Vec<T> { now.difference(&before).copied().collect() };
+        let assigned = || async {
+            let new = appeared(held(self.described(api, eni).await?));
+            if !new.is_empty() {
+                found(&new);
+            }
+            Ok((!new.is_empty()).then_some(new))
+        };
+        let got = mutate(&self.limiter, api, send, Verify::Describe(assigned)).await?;
+        if got.is_empty() {
+            return Ok(appeared(held(self.described(api, eni).await?)));
+        }
+        Ok(got)
+    }
+}

@@ -1,0 +1,146 @@
+//! The throttle gate: the node-wide answer to EC2 throttling, one per call class (mutating,
+//! describe), that every attempt passes before its token bucket ([`crate::limiter`]). After EC2
+//! throttles a call, the gate pauses the whole class, then, while it recovers, lets one probe at a
+//! time through and has refills and give-backs yield to pod-driven calls (the limiter's module docs
+//! say why).
+
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
+use tokio::time::Instant;
+
+/// The node-wide answer to EC2 throttling, one per call class: after EC2 answers
+/// `RequestLimitExceeded`, every call of that class on this node waits out a pause — not only the
+/// call that was throttled — and each further throttle doubles the pause (jittered, up to
+/// [`ThrottleGate::MAX_PAUSE`]); each success halves it. EC2's buckets are the account's: when many
+/// nodes share them, a node that keeps its own token bucket full would keep spending the account's
+/// refill on throttled attempts. This is additive-increase/multiplicative-decrease on the node's
+/// attempt rate, as the AWS SDKs' adaptive retry mode does.
+///
+/// While the pause is non-zero (recovering) the gate also runs one attempt at a time and lets
+/// refills and give-backs yield to the other calls (module docs).
+#[derive(Debug)]
+pub(crate) struct ThrottleGate {
+    pub(crate) state: std::sync::Mutex<GateState>,
+    /// One permit: the probe, taken by each attempt that starts while the gate is recovering.
+    pub(crate) probe: Semaphore,
+    /// Wakes yielding callers when the pause or the count of priority callers changes.
+    changed: Notify,
+}
+
+impl Default for ThrottleGate {
+    fn default() -> Self {
+        Self {
+            state: Default::default(),
+            probe: Semaphore::new(1),
+            changed: Notify::new(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct GateState {
+    /// No call of the class starts before this.
+    until: Option<Instant>,
+    /// The current pause; zero when EC2 has not throttled us lately.
+    pub(crate) pause: Duration,
+    /// Attempts of a purpose that does not yield, waiting or running.
+    priority: usize,
+}
+
+/// An attempt of a purpose that does not yield, counted from admission to outcome.
+pub(crate) struct PriorityGuard<'a>(&'a ThrottleGate);
+
+impl Drop for PriorityGuard<'_> {
+    fn drop(&mut self) {
+        self.0.lock().priority -= 1;
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// What an admitted attempt holds until its outcome is recorded.
+pub(crate) struct Admission<'a> {
+    pub(crate) _probe: Option<SemaphorePermit<'a>>,
+    pub(crate) _priority: Option<PriorityGuard<'a>>,
+}
+
+impl ThrottleGate {
+    pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(500);
+    pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(60);
+    /// The longest a refill or give-back yields to other calls.
+    pub(crate) const MAX_YIELD: Duration = Duration::from_secs(2 * Self::MAX_PAUSE.as_secs());
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().expect("gate lock")
+    }
+
+    /// Whether EC2 throttled the class lately (the pause has not decayed to zero).
+    pub(crate) fn recovering(&self) -> bool {
+        !self.lock().pause.is_zero()
+    }
+
+    /// Counts a non-yielding attempt until the guard drops.
+    pub(crate) fn enter_priority(&self) -> PriorityGuard<'_> {
+        self.lock().priority += 1;
+        PriorityGuard(self)
+    }
+
+    /// Waits while the gate recovers and a non-yielding attempt is about, at most
+    /// [`Self::MAX_YIELD`].
+    pub(crate) async fn yield_to_priority(&self) {
+        let deadline = Instant::now() + Self::MAX_YIELD;
+        loop {
+            // Created before the check, so a change between the check and the await still wakes it.
+            let changed = self.changed.notified();
+            {
+                let st = self.lock();
+                if st.pause.is_zero() || st.priority == 0 {
+                    return;
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                tracing::debug!("stopped yielding to pod-driven calls: waited long enough");
+                return;
+            }
+        }
+    }
+
+    /// Waits until the gate is open.
+    pub(crate) async fn pass(&self) -> Duration {
+        let start = Instant::now();
+        loop {
+            let until = self.lock().until;
+            match until {
+                Some(t) if t > Instant::now() => tokio::time::sleep_until(t).await,
+                _ => return start.elapsed(),
+            }
+        }
+    }
+
+    /// How long until the gate opens (zero when open).
+    pub(crate) fn remaining(&self) -> Duration {
+        let until = self.lock().until;
+        until.map_or(Duration::ZERO, |t| {
+            t.saturating_duration_since(Instant::now())
+        })
+    }
+
+    /// Records an attempt's outcome.
+    pub(crate) fn observe(&self, throttled: bool) {
+        let mut st = self.lock();
+        if throttled {
+            st.pause = (st.pause * 2).clamp(Self::FIRST_PAUSE, Self::MAX_PAUSE);
+            let jittered = st.pause.mul_f64(rand::rng().random_range(0.5..=1.0));
+            let until = Instant::now() + jittered;
+            st.until = Some(st.until.map_or(until, |t| t.max(until)));
+        } else if !st.pause.is_zero() {
+            st.pause /= 2;
+            if st.pause < Self::FIRST_PAUSE {
+                st.pause = Duration::ZERO;
+            }
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+}

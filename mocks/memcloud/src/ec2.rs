@@ -1,0 +1,546 @@
+//! The [`Cloud`] calls of [`MemoryCloud`]: EC2's rules on the fake's state.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use async_trait::async_trait;
+use ipnet::Ipv4Net;
+
+use eniipam_api::model::EniId;
+use eniipam_cloud::{
+    AttachmentStatus, Cloud, CloudError, CloudResult, CreateEni, Eni, EniAttachment, EniFilter,
+    EniStatus, Instance, InstanceLimits, Subnet, SubnetFilter,
+};
+
+use crate::state::{eni_not_found, rejected};
+use crate::{Action, MemoryCloud};
+
+fn eni_matches(eni: &Eni, filter: &EniFilter) -> bool {
+    (filter.ids.is_empty() || filter.ids.contains(&eni.id))
+        && filter.attached_to.as_ref().is_none_or(|inst| {
+            eni.attachment
+                .as_ref()
+                .is_some_and(|a| &a.instance_id == inst)
+        })
+        && filter.status.as_ref().is_none_or(|s| &eni.status == s)
+        && filter.vpc_id.as_ref().is_none_or(|v| &eni.vpc_id == v)
+        && filter
+            .subnet_id
+            .as_ref()
+            .is_none_or(|s| &eni.subnet_id == s)
+        && filter.tags.iter().all(|(k, v)| eni.tags.get(k) == Some(v))
+        && filter.tag_keys.iter().all(|k| eni.tags.contains_key(k))
+}
+
+#[async_trait]
+impl Cloud for MemoryCloud {
+    async fn describe_instance(&self, instance_id: &str) -> CloudResult<Instance> {
+        let api = Action::DescribeInstances;
+        self.call(api, format!("instance={instance_id}"), |st| {
+            let spec = &st.instance.spec;
+            if spec.instance_id != instance_id {
+                return Err(CloudError::NotFound {
+                    api: api.as_str().into(),
+                    code: "InvalidInstanceID.NotFound".into(),
+                    message: format!("the instance ID '{instance_id}' does not exist"),
+                });
+            }
+            Ok(Instance {
+                id: spec.instance_id.clone(),
+                instance_type: spec.instance_type.clone(),
+                availability_zone: spec.availability_zone.clone(),
+                vpc_id: spec.vpc_id.clone(),
+                subnet_id: spec.subnet_id.clone(),
+                enis: st.attached().into_iter().cloned().collect(),
+            })
+        })
+        .await
+    }
+
+    async fn instance_limits(&self, instance_type: &str) -> CloudResult<InstanceLimits> {
+        let api = Action::DescribeInstanceTypes;
+        self.call(api, format!("type={instance_type}"), |st| {
+            if st.instance.spec.instance_type == instance_type {
+                Ok(st.instance.spec.limits)
+            } else {
+                Err(rejected(
+                    api.as_str(),
+                    "InvalidInstanceType",
+                    format!("unknown instance type {instance_type}"),
+                ))
+            }
+        })
+        .await
+    }
+
+    async fn describe_subnet(&self, subnet_id: &str) -> CloudResult<Subnet> {
+        let api = Action::DescribeSubnets;
+        self.call(api, format!("subnet={subnet_id}"), |st| {
+            let s = &st.subnet;
+            if s.id != subnet_id {
+                return Err(CloudError::NotFound {
+                    api: api.as_str().into(),
+                    code: "InvalidSubnetID.NotFound".into(),
+                    message: format!("the subnet ID '{subnet_id}' does not exist"),
+                });
+            }
+            Ok(Subnet {
+                id: s.id.clone(),
+                vpc_id: s.vpc_id.clone(),
+                cidr: s.cidr,
+                availability_zone: s.availability_zone.clone(),
+                available_ips: s.free_count(),
+                tags: BTreeMap::new(),
+            })
+        })
+        .await
+    }
+
+    async fn describe_enis(&self, filter: &EniFilter) -> CloudResult<Vec<Eni>> {
+        let api = Action::DescribeNetworkInterfaces;
+        self.call(api, format!("filter={filter:?}"), |st| {
+            if let Some(missing) = filter.ids.iter().find(|id| !st.enis.contains_key(id)) {
+                return Err(eni_not_found(api.as_str(), missing));
+            }
+            Ok(st
+                .enis
+                .values()
+                .filter(|e| eni_matches(e, filter))
+                .cloned()
+                .collect())
+        })
+        .await
+    }
+
+    async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni> {
+        let api = Action::CreateNetworkInterface;
+        let args = format!(
+            "subnet={} secondary_ip_count={} prefix_count={} private_ips={:?} client_token={} tags={:?}",
+            req.subnet_id,
+            req.secondary_ip_count,
+            req.prefix_count,
+            req.private_ips,
+            req.client_token,
+            req.tags
+        );
+        self.call(api, args, |st| {
+            let name = api.as_str();
+            if let Some(id) = st.client_tokens.get(&req.client_token)
+                && let Some(eni) = st.enis.get(id)
+            {
+                return Ok(eni.clone());
+            }
+            if st.subnet.id != req.subnet_id {
+                return Err(CloudError::NotFound {
+                    api: name.into(),
+                    code: "InvalidSubnetID.NotFound".into(),
+                    message: format!("the subnet ID '{}' does not exist", req.subnet_id),
+                });
+            }
+            let per_eni = st.instance.spec.limits.ipv4_per_eni;
+            let slots = req.secondary_ip_count + req.prefix_count + req.private_ips.len() as u32;
+            if slots + 1 > per_eni {
+                return Err(CloudError::IpLimitExceeded {
+                    api: name.into(),
+                    message: format!(
+                        "{slots} secondary addresses or prefixes requested, the limit is {}",
+                        per_eni - 1
+                    ),
+                });
+            }
+            if req.private_ips.iter().any(|ip| st.subnet.used.contains(ip)) {
+                return Err(rejected(
+                    name,
+                    eniipam_cloud::ADDRESS_IN_USE,
+                    format!("one of {:?} is in use", req.private_ips),
+                ));
+            }
+            let primary = st.subnet.allocate(name, 1)?[0];
+            let prefixes = match st.subnet.allocate_prefixes(name, req.prefix_count) {
+                Ok(prefixes) => prefixes,
+                Err(err) => {
+                    st.subnet.used.remove(&primary);
+                    return Err(err);
+                }
+            };
+            let mut secondary = req.private_ips.clone();
+            st.subnet.used.extend(secondary.iter().copied());
+            match st.subnet.allocate(name, req.secondary_ip_count) {
+                Ok(ips) => secondary.extend(ips),
+                Err(err) => {
+                    st.subnet.used.remove(&primary);
+                    for ip in prefixes
+                        .iter()
+                        .flat_map(|p| eniipam_cloud::prefix_addresses(*p))
+                    {
+                        st.subnet.used.remove(&ip);
+                    }
+                    for ip in &req.private_ips {
+                        st.subnet.used.remove(ip);
+                    }
+                    return Err(err);
+                }
+            }
+            let id = st.new_eni_id();
+            let mac = st.new_mac();
+            let eni = Eni {
+                id: id.clone(),
+                mac,
+                subnet_id: req.subnet_id.clone(),
+                vpc_id: st.subnet.vpc_id.clone(),
+                availability_zone: st.subnet.availability_zone.clone(),
+                description: req.description.clone(),
+                status: EniStatus::Available,
+                primary_ip: primary,
+                secondary_ips: secondary,
+                ipv4_prefixes: prefixes,
+                security_groups: req.security_groups.clone(),
+                attachment: None,
+                tags: req.tags.clone(),
+            };
+            st.enis.insert(id.clone(), eni.clone());
+            st.client_tokens.insert(req.client_token.clone(), id);
+            Ok(eni)
+        })
+        .await
+    }
+
+    async fn attach_eni(
+        &self,
+        eni: &EniId,
+        instance_id: &str,
+        device_index: u32,
+    ) -> CloudResult<String> {
+        let api = Action::AttachNetworkInterface;
+        let args = format!("eni={eni} instance={instance_id} device_index={device_index}");
+        self.call(api, args, |st| {
+            let name = api.as_str();
+            if st.instance.spec.instance_id != instance_id {
+                return Err(CloudError::NotFound {
+                    api: name.into(),
+                    code: "InvalidInstanceID.NotFound".into(),
+                    message: format!("the instance ID '{instance_id}' does not exist"),
+                });
+            }
+            let limits = st.instance.spec.limits;
+            let attached = st.attached();
+            if attached.len() as u32 >= limits.max_enis {
+                return Err(CloudError::AttachmentLimitExceeded {
+                    api: name.into(),
+                    message: format!(
+                        "instance {instance_id} already has {} interfaces",
+                        limits.max_enis
+                    ),
+                });
+            }
+            if device_index >= limits.max_enis {
+                return Err(rejected(
+                    name,
+                    "InvalidParameterValue",
+                    format!("device index {device_index} is out of range"),
+                ));
+            }
+            if attached.iter().any(|e| {
+                e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.device_index == device_index)
+            }) {
+                return Err(rejected(
+                    name,
+                    "InvalidParameterValue",
+                    format!(
+                        "Instance '{instance_id}' already has an interface attached at device index '{device_index}'."
+                    ),
+                ));
+            }
+            let attachment_id = format!("eni-attach-{:017x}", st.next_id());
+            let instance = instance_id.to_owned();
+            let e = st.eni_mut(name, eni)?;
+            if e.attachment.is_some() {
+                return Err(rejected(
+                    name,
+                    "InvalidNetworkInterface.InUse",
+                    format!("interface {eni} is already attached"),
+                ));
+            }
+            e.attachment = Some(EniAttachment {
+                attachment_id: attachment_id.clone(),
+                instance_id: instance,
+                device_index,
+                status: AttachmentStatus::Attached,
+                delete_on_termination: false,
+            });
+            e.status = EniStatus::InUse;
+            Ok(attachment_id)
+        })
+        .await
+    }
+
+    async fn set_delete_on_termination(&self, eni: &EniId, attachment_id: &str) -> CloudResult<()> {
+        let api = Action::ModifyNetworkInterfaceAttribute;
+        let args = format!("eni={eni} attachment={attachment_id} delete_on_termination=true");
+        self.call(api, args, |st| {
+            let e = st.eni_mut(api.as_str(), eni)?;
+            match e.attachment.as_mut() {
+                Some(a) if a.attachment_id == attachment_id => {
+                    a.delete_on_termination = true;
+                    Ok(())
+                }
+                _ => Err(CloudError::NotFound {
+                    api: api.as_str().into(),
+                    code: "InvalidAttachmentID.NotFound".into(),
+                    message: format!("attachment {attachment_id} does not exist on {eni}"),
+                }),
+            }
+        })
+        .await
+    }
+
+    async fn detach_eni(&self, attachment_id: &str, force: bool) -> CloudResult<()> {
+        let api = Action::DetachNetworkInterface;
+        let args = format!("attachment={attachment_id} force={force}");
+        self.call(api, args, |st| {
+            let eni = st
+                .enis
+                .values_mut()
+                .find(|e| {
+                    e.attachment
+                        .as_ref()
+                        .is_some_and(|a| a.attachment_id == attachment_id)
+                })
+                .ok_or_else(|| CloudError::NotFound {
+                    api: api.as_str().into(),
+                    code: "InvalidAttachmentID.NotFound".into(),
+                    message: format!("attachment {attachment_id} does not exist"),
+                })?;
+            if eni.attachment.as_ref().is_some_and(|a| a.device_index == 0) {
+                return Err(rejected(
+                    api.as_str(),
+                    "OperationNotPermitted",
+                    "the primary network interface cannot be detached",
+                ));
+            }
+            eni.attachment = None;
+            eni.status = EniStatus::Available;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn delete_eni(&self, eni: &EniId) -> CloudResult<()> {
+        let api = Action::DeleteNetworkInterface;
+        self.call(api, format!("eni={eni}"), |st| {
+            let e = st
+                .enis
+                .get(eni)
+                .ok_or_else(|| eni_not_found(api.as_str(), eni))?;
+            if e.attachment.is_some() {
+                return Err(rejected(
+                    api.as_str(),
+                    "InvalidNetworkInterface.InUse",
+                    format!("interface {eni} is currently in use"),
+                ));
+            }
+            let e = st.enis.remove(eni).expect("present: checked above");
+            st.subnet.used.remove(&e.primary_ip);
+            for ip in &e.secondary_ips {
+                st.subnet.used.remove(ip);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn assign_ips(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Addr>> {
+        let api = Action::AssignPrivateIpAddresses;
+        self.call(api, format!("eni={eni} count={count}"), |st| {
+            let name = api.as_str();
+            let per_eni = st.instance.spec.limits.ipv4_per_eni;
+            let held = {
+                let e = st.enis.get(eni).ok_or_else(|| eni_not_found(name, eni))?;
+                1 + e.secondary_ips.len() as u32 + e.ipv4_prefixes.len() as u32
+            };
+            if held + count > per_eni {
+                return Err(CloudError::IpLimitExceeded {
+                    api: name.into(),
+                    message: format!(
+                        "{eni} holds {held} addresses, {count} more would exceed the limit of {per_eni}"
+                    ),
+                });
+            }
+            let ips = st.subnet.allocate(name, count)?;
+            st.eni_mut(name, eni)?.secondary_ips.extend(ips.iter().copied());
+            Ok(ips)
+        })
+        .await
+    }
+
+    async fn assign_specific_ips(
+        &self,
+        eni: &EniId,
+        ips: &[Ipv4Addr],
+    ) -> CloudResult<Vec<Ipv4Addr>> {
+        let api = Action::AssignSpecificPrivateIpAddresses;
+        self.call(api, format!("eni={eni} ips={ips:?}"), |st| {
+            let name = api.as_str();
+            let per_eni = st.instance.spec.limits.ipv4_per_eni;
+            let held = {
+                let e = st.enis.get(eni).ok_or_else(|| eni_not_found(name, eni))?;
+                1 + e.secondary_ips.len() as u32 + e.ipv4_prefixes.len() as u32
+            };
+            if held + ips.len() as u32 > per_eni {
+                return Err(CloudError::IpLimitExceeded {
+                    api: name.into(),
+                    message: format!("{eni} holds {held} addresses, the limit is {per_eni}"),
+                });
+            }
+            for ip in ips {
+                if !st.subnet.cidr.contains(ip) || !st.subnet.is_usable(*ip) {
+                    return Err(rejected(
+                        name,
+                        "InvalidParameterValue",
+                        format!("{ip} is not a usable address of {}", st.subnet.id),
+                    ));
+                }
+                if st.subnet.used.contains(ip) {
+                    return Err(rejected(
+                        name,
+                        eniipam_cloud::ADDRESS_IN_USE,
+                        format!("{ip} is in use"),
+                    ));
+                }
+            }
+            st.subnet.used.extend(ips.iter().copied());
+            st.eni_mut(name, eni)?
+                .secondary_ips
+                .extend(ips.iter().copied());
+            Ok(ips.to_vec())
+        })
+        .await
+    }
+
+    async fn unassign_ips(&self, eni: &EniId, ips: &[Ipv4Addr]) -> CloudResult<()> {
+        let api = Action::UnassignPrivateIpAddresses;
+        self.call(api, format!("eni={eni} ips={ips:?}"), |st| {
+            let name = api.as_str();
+            let e = st.eni_mut(name, eni)?;
+            if let Some(ip) = ips.iter().find(|ip| !e.secondary_ips.contains(ip)) {
+                return Err(rejected(
+                    name,
+                    "InvalidParameterValue",
+                    format!("{ip} is not a secondary address of {eni}"),
+                ));
+            }
+            e.secondary_ips.retain(|ip| !ips.contains(ip));
+            for ip in ips {
+                st.subnet.used.remove(ip);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn assign_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Net>> {
+        let api = Action::AssignIpv4Prefixes;
+        self.call(api, format!("eni={eni} prefix_count={count}"), |st| {
+            let name = api.as_str();
+            let per_eni = st.instance.spec.limits.ipv4_per_eni;
+            let held = {
+                let e = st.enis.get(eni).ok_or_else(|| eni_not_found(name, eni))?;
+                1 + e.secondary_ips.len() as u32 + e.ipv4_prefixes.len() as u32
+            };
+            if held + count > per_eni {
+                return Err(CloudError::IpLimitExceeded {
+                    api: name.into(),
+                    message: format!(
+                        "{eni} holds {held} addresses and prefixes, {count} more would exceed the limit of {per_eni}"
+                    ),
+                });
+            }
+            let prefixes = st.subnet.allocate_prefixes(name, count)?;
+            st.eni_mut(name, eni)?
+                .ipv4_prefixes
+                .extend(prefixes.iter().copied());
+            Ok(prefixes)
+        })
+        .await
+    }
+
+    async fn unassign_prefixes(&self, eni: &EniId, prefixes: &[Ipv4Net]) -> CloudResult<()> {
+        let api = Action::UnassignIpv4Prefixes;
+        self.call(api, format!("eni={eni} prefixes={prefixes:?}"), |st| {
+            let name = api.as_str();
+            let e = st.eni_mut(name, eni)?;
+            if let Some(p) = prefixes.iter().find(|p| !e.ipv4_prefixes.contains(p)) {
+                return Err(rejected(
+                    name,
+                    "InvalidParameterValue",
+                    format!("{p} is not a prefix of {eni}"),
+                ));
+            }
+            e.ipv4_prefixes.retain(|p| !prefixes.contains(p));
+            for ip in prefixes
+                .iter()
+                .flat_map(|p| eniipam_cloud::prefix_addresses(*p))
+            {
+                st.subnet.used.remove(&ip);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn describe_subnets(&self, filter: &SubnetFilter) -> CloudResult<Vec<Subnet>> {
+        let api = Action::DescribeSubnets;
+        self.call(api, format!("filter={filter:?}"), |st| {
+            let s = &st.subnet;
+            let matches = (filter.ids.is_empty() || filter.ids.contains(&s.id))
+                && filter.vpc_id.as_ref().is_none_or(|v| *v == s.vpc_id)
+                && filter
+                    .availability_zone
+                    .as_ref()
+                    .is_none_or(|az| *az == s.availability_zone);
+            Ok(if matches {
+                vec![Subnet {
+                    id: s.id.clone(),
+                    vpc_id: s.vpc_id.clone(),
+                    cidr: s.cidr,
+                    availability_zone: s.availability_zone.clone(),
+                    available_ips: s.free_count(),
+                    tags: BTreeMap::new(),
+                }]
+            } else {
+                Vec::new()
+            })
+        })
+        .await
+    }
+
+    async fn subnet_prefix_reservations(&self, subnet_id: &str) -> CloudResult<Vec<Ipv4Net>> {
+        let api = Action::GetSubnetCidrReservations;
+        self.call(api, format!("subnet={subnet_id}"), |_| Ok(Vec::new()))
+            .await
+    }
+
+    async fn create_tags(
+        &self,
+        resource_id: &str,
+        tags: &BTreeMap<String, String>,
+    ) -> CloudResult<()> {
+        let api = Action::CreateTags;
+        self.call(api, format!("resource={resource_id} tags={tags:?}"), |st| {
+            let id: EniId = resource_id.parse().map_err(|_| {
+                rejected(
+                    api.as_str(),
+                    "InvalidID",
+                    format!("{resource_id} is not a resource this fake knows"),
+                )
+            })?;
+            let e = st.eni_mut(api.as_str(), &id)?;
+            e.tags
+                .extend(tags.iter().map(|(k, v)| (k.clone(), v.clone())));
+            Ok(())
+        })
+        .await
+    }
+}
