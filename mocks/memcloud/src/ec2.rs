@@ -12,7 +12,7 @@ use eniipam_cloud::{
     EniStatus, Instance, InstanceLimits, Subnet, SubnetFilter,
 };
 
-use crate::state::{eni_not_found, rejected};
+use crate::state::{eni_not_found, rejected, remove_all};
 use crate::{Action, MemoryCloud};
 
 fn eni_matches(eni: &Eni, filter: &EniFilter) -> bool {
@@ -355,21 +355,11 @@ impl Cloud for MemoryCloud {
         let api = Action::AssignPrivateIpAddresses;
         self.call(api, format!("eni={eni} count={count}"), |st| {
             let name = api.as_str();
-            let per_eni = st.instance.spec.limits.ipv4_per_eni;
-            let held = {
-                let e = st.enis.get(eni).ok_or_else(|| eni_not_found(name, eni))?;
-                1 + e.secondary_ips.len() as u32 + e.ipv4_prefixes.len() as u32
-            };
-            if held + count > per_eni {
-                return Err(CloudError::IpLimitExceeded {
-                    api: name.into(),
-                    message: format!(
-                        "{eni} holds {held} addresses, {count} more would exceed the limit of {per_eni}"
-                    ),
-                });
-            }
+            st.room_for(name, eni, count, "addresses")?;
             let ips = st.subnet.allocate(name, count)?;
-            st.eni_mut(name, eni)?.secondary_ips.extend(ips.iter().copied());
+            st.eni_mut(name, eni)?
+                .secondary_ips
+                .extend(ips.iter().copied());
             Ok(ips)
         })
         .await
@@ -384,10 +374,7 @@ impl Cloud for MemoryCloud {
         self.call(api, format!("eni={eni} ips={ips:?}"), |st| {
             let name = api.as_str();
             let per_eni = st.instance.spec.limits.ipv4_per_eni;
-            let held = {
-                let e = st.enis.get(eni).ok_or_else(|| eni_not_found(name, eni))?;
-                1 + e.secondary_ips.len() as u32 + e.ipv4_prefixes.len() as u32
-            };
+            let held = st.slots_held(name, eni)?;
             if held + ips.len() as u32 > per_eni {
                 return Err(CloudError::IpLimitExceeded {
                     api: name.into(),
@@ -424,14 +411,7 @@ impl Cloud for MemoryCloud {
         self.call(api, format!("eni={eni} ips={ips:?}"), |st| {
             let name = api.as_str();
             let e = st.eni_mut(name, eni)?;
-            if let Some(ip) = ips.iter().find(|ip| !e.secondary_ips.contains(ip)) {
-                return Err(rejected(
-                    name,
-                    "InvalidParameterValue",
-                    format!("{ip} is not a secondary address of {eni}"),
-                ));
-            }
-            e.secondary_ips.retain(|ip| !ips.contains(ip));
+            remove_all(name, eni, &mut e.secondary_ips, ips, "a secondary address")?;
             for ip in ips {
                 st.subnet.used.remove(ip);
             }
@@ -444,19 +424,7 @@ impl Cloud for MemoryCloud {
         let api = Action::AssignIpv4Prefixes;
         self.call(api, format!("eni={eni} prefix_count={count}"), |st| {
             let name = api.as_str();
-            let per_eni = st.instance.spec.limits.ipv4_per_eni;
-            let held = {
-                let e = st.enis.get(eni).ok_or_else(|| eni_not_found(name, eni))?;
-                1 + e.secondary_ips.len() as u32 + e.ipv4_prefixes.len() as u32
-            };
-            if held + count > per_eni {
-                return Err(CloudError::IpLimitExceeded {
-                    api: name.into(),
-                    message: format!(
-                        "{eni} holds {held} addresses and prefixes, {count} more would exceed the limit of {per_eni}"
-                    ),
-                });
-            }
+            st.room_for(name, eni, count, "addresses and prefixes")?;
             let prefixes = st.subnet.allocate_prefixes(name, count)?;
             st.eni_mut(name, eni)?
                 .ipv4_prefixes
@@ -471,14 +439,7 @@ impl Cloud for MemoryCloud {
         self.call(api, format!("eni={eni} prefixes={prefixes:?}"), |st| {
             let name = api.as_str();
             let e = st.eni_mut(name, eni)?;
-            if let Some(p) = prefixes.iter().find(|p| !e.ipv4_prefixes.contains(p)) {
-                return Err(rejected(
-                    name,
-                    "InvalidParameterValue",
-                    format!("{p} is not a prefix of {eni}"),
-                ));
-            }
-            e.ipv4_prefixes.retain(|p| !prefixes.contains(p));
+            remove_all(name, eni, &mut e.ipv4_prefixes, prefixes, "a prefix")?;
             for ip in prefixes
                 .iter()
                 .flat_map(|p| eniipam_cloud::prefix_addresses(*p))

@@ -183,6 +183,34 @@ impl MemoryState {
         self.enis.get_mut(id).ok_or_else(|| eni_not_found(api, id))
     }
 
+    /// What an ENI holds against its IPv4 limit: its primary, each secondary IP, each prefix.
+    pub(crate) fn slots_held(&self, api: &str, id: &EniId) -> CloudResult<u32> {
+        let e = self.enis.get(id).ok_or_else(|| eni_not_found(api, id))?;
+        Ok(1 + e.secondary_ips.len() as u32 + e.ipv4_prefixes.len() as u32)
+    }
+
+    /// Whether an ENI has room for `count` more slots under the instance type's IPv4 limit;
+    /// `IpLimitExceeded` naming what it holds (`what`) when not.
+    pub(crate) fn room_for(
+        &self,
+        api: &str,
+        id: &EniId,
+        count: u32,
+        what: &str,
+    ) -> CloudResult<()> {
+        let per_eni = self.instance.spec.limits.ipv4_per_eni;
+        let held = self.slots_held(api, id)?;
+        if held + count > per_eni {
+            return Err(CloudError::IpLimitExceeded {
+                api: api.into(),
+                message: format!(
+                    "{id} holds {held} {what}, {count} more would exceed the limit of {per_eni}"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     pub(crate) fn attached(&self) -> Vec<&Eni> {
         let mut enis: Vec<&Eni> = self
             .enis
@@ -247,4 +275,24 @@ pub(crate) fn rejected(api: &str, code: &str, message: impl Into<String>) -> Clo
         code: code.into(),
         message: message.into(),
     }
+}
+
+/// Removes every one of `gone` from `held`, or none: `InvalidParameterValue` naming the first that
+/// `held` lacks (`what` says what `held` lists, as EC2's message does).
+pub(crate) fn remove_all<T: PartialEq + std::fmt::Display>(
+    api: &str,
+    eni: &EniId,
+    held: &mut Vec<T>,
+    gone: &[T],
+    what: &str,
+) -> CloudResult<()> {
+    if let Some(missing) = gone.iter().find(|g| !held.contains(g)) {
+        return Err(rejected(
+            api,
+            "InvalidParameterValue",
+            format!("{missing} is not {what} of {eni}"),
+        ));
+    }
+    held.retain(|h| !gone.contains(h));
+    Ok(())
 }

@@ -46,16 +46,7 @@ pub(super) fn subnet_from_sdk(api: &str, s: &aws_sdk_ec2::types::Subnet) -> Clou
             .available_ip_address_count()
             .and_then(|n| u32::try_from(n).ok())
             .unwrap_or(0),
-        tags: s
-            .tags()
-            .iter()
-            .filter_map(|t| {
-                Some((
-                    t.key()?.to_owned(),
-                    t.value().unwrap_or_default().to_owned(),
-                ))
-            })
-            .collect(),
+        tags: tags_from_sdk(s.tags()),
     })
 }
 
@@ -158,16 +149,7 @@ pub(super) fn eni_from_sdk(api: &str, ni: &NetworkInterface) -> CloudResult<Eni>
             .filter_map(|g| g.group_id().map(str::to_owned))
             .collect(),
         attachment,
-        tags: ni
-            .tag_set()
-            .iter()
-            .filter_map(|t| {
-                Some((
-                    t.key()?.to_owned(),
-                    t.value().unwrap_or_default().to_owned(),
-                ))
-            })
-            .collect(),
+        tags: tags_from_sdk(ni.tag_set()),
     })
 }
 
@@ -194,6 +176,18 @@ pub(super) fn filters(f: &EniFilter) -> Vec<Filter> {
         out.push(one("tag-key", k));
     }
     out
+}
+
+/// EC2's tags as a map (a tag without a key is dropped, one without a value is empty).
+fn tags_from_sdk(tags: &[Tag]) -> BTreeMap<String, String> {
+    tags.iter()
+        .filter_map(|t| {
+            Some((
+                t.key()?.to_owned(),
+                t.value().unwrap_or_default().to_owned(),
+            ))
+        })
+        .collect()
 }
 
 pub(super) fn sdk_tags(tags: &BTreeMap<String, String>) -> Vec<Tag> {

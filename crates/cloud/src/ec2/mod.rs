@@ -32,7 +32,7 @@ mod mutate;
 pub use classify::{classify, classify_code};
 pub use config::{DESCRIBE_PAGE_SIZE, Ec2BuildError, Ec2Config};
 use convert::*;
-use mutate::{Verify, mutate};
+use mutate::{Verify, ips_of, mutate, prefixes_of};
 
 use super::calls::CallStats;
 use super::limiter::{CallClass, Limiter};
@@ -413,16 +413,11 @@ impl Cloud for Ec2Cloud {
         if count == 0 {
             return Ok(Vec::new());
         }
-        let held = |e: Eni| {
-            std::iter::once(e.primary_ip)
-                .chain(e.secondary_ips)
-                .collect()
-        };
         let found = |new: &[Ipv4Addr]| {
             tracing::info!(%eni, ips = ?new, "assign had succeeded despite the error; not assigning again");
         };
         let send = || self.send_assign_count(eni, count);
-        self.assign_counted(API, eni, held, send, found).await
+        self.assign_counted(API, eni, ips_of, send, found).await
     }
 
     async fn assign_specific_ips(
@@ -446,7 +441,7 @@ impl Cloud for Ec2Cloud {
                 .map_err(|e| classify(API, e))
         };
         let assigned = || async {
-            let now = self.eni_ips(API, eni).await?;
+            let now = self.held(API, eni, ips_of).await?;
             Ok(ips.iter().all(|ip| now.contains(ip)).then(|| ips.to_vec()))
         };
         mutate(&self.limiter, API, send, Verify::Describe(assigned)).await
@@ -468,11 +463,7 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        let unassigned = || async {
-            let now = self.eni_ips(API, eni).await?;
-            Ok(ips.iter().all(|ip| !now.contains(ip)).then_some(()))
-        };
-        mutate(&self.limiter, API, send, Verify::Describe(unassigned)).await
+        self.unassign_verified(API, eni, ips_of, ips, send).await
     }
 
     async fn assign_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Net>> {
@@ -480,8 +471,6 @@ impl Cloud for Ec2Cloud {
         if count == 0 {
             return Ok(Vec::new());
         }
-        // As for IPs: what the ENI had before, so a lost attempt's prefixes are found, not doubled.
-        let held = |e: Eni| e.ipv4_prefixes.into_iter().collect();
         let found = |new: &[Ipv4Net]| {
             tracing::info!(%eni, prefixes = ?new, "prefix assign had succeeded despite the error; not assigning again");
         };
@@ -500,7 +489,8 @@ impl Cloud for Ec2Cloud {
                 .map(|p| parse_prefix(API, p))
                 .collect::<CloudResult<Vec<Ipv4Net>>>()
         };
-        self.assign_counted(API, eni, held, send, found).await
+        self.assign_counted(API, eni, prefixes_of, send, found)
+            .await
     }
 
     async fn unassign_prefixes(&self, eni: &EniId, prefixes: &[Ipv4Net]) -> CloudResult<()> {
@@ -519,11 +509,8 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        let unassigned = || async {
-            let now = self.eni_prefixes(API, eni).await?;
-            Ok(prefixes.iter().all(|p| !now.contains(p)).then_some(()))
-        };
-        mutate(&self.limiter, API, send, Verify::Describe(unassigned)).await
+        self.unassign_verified(API, eni, prefixes_of, prefixes, send)
+            .await
     }
 
     async fn create_tags(

@@ -102,32 +102,17 @@ impl Ec2Cloud {
             })
     }
 
-    /// Every private IP (primary and secondary) of an ENI, as EC2 sees it now.
-    pub(super) async fn eni_ips(
+    /// What an ENI holds as EC2 sees it now, read by `of` ([`ips_of`], [`prefixes_of`]).
+    pub(super) async fn held<T>(
         &self,
         api: &'static str,
         eni: &EniId,
-    ) -> CloudResult<BTreeSet<Ipv4Addr>> {
-        let found = self.described(api, eni).await?;
-        Ok(std::iter::once(found.primary_ip)
-            .chain(found.secondary_ips)
-            .collect())
+        of: fn(Eni) -> BTreeSet<T>,
+    ) -> CloudResult<BTreeSet<T>> {
+        Ok(of(self.described(api, eni).await?))
     }
 
-    pub(super) async fn eni_prefixes(
-        &self,
-        api: &'static str,
-        eni: &EniId,
-    ) -> CloudResult<BTreeSet<Ipv4Net>> {
-        Ok(self
-            .described(api, eni)
-            .await?
-            .ipv4_prefixes
-            .into_iter()
-            .collect())
-    }
-
-    /// An assign by count (IPs or prefixes: `held` reads which from an ENI): what the ENI held
+    /// An assign by count (IPs or prefixes: `of` reads which from an ENI): what the ENI held
     /// before the first attempt, so that after an ambiguous failure whatever appeared since is what
     /// the lost attempt assigned (`found` logs it), and is not assigned again. A reply that does not
     /// list what it assigned (older API shape) is read from EC2's view too. Callers serialise calls
@@ -136,19 +121,19 @@ impl Ec2Cloud {
         &self,
         api: &'static str,
         eni: &EniId,
-        held: fn(Eni) -> BTreeSet<T>,
+        of: fn(Eni) -> BTreeSet<T>,
         send: S,
         found: impl Fn(&[T]),
     ) -> CloudResult<Vec<T>>
     where
         T: Ord + Copy,
         S: FnMut() -> SF,
-        SF: std::future::Future<Output = CloudResult<Vec<T>>>,
+        SF: Future<Output = CloudResult<Vec<T>>>,
     {
-        let before = held(self.described(api, eni).await?);
+        let before = self.held(api, eni, of).await?;
         let appeared = |now: BTreeSet<T>| -> Vec<T> { now.difference(&before).copied().collect() };
         let assigned = || async {
-            let new = appeared(held(self.described(api, eni).await?));
+            let new = appeared(self.held(api, eni, of).await?);
             if !new.is_empty() {
                 found(&new);
             }
@@ -156,8 +141,42 @@ impl Ec2Cloud {
         };
         let got = mutate(&self.limiter, api, send, Verify::Describe(assigned)).await?;
         if got.is_empty() {
-            return Ok(appeared(held(self.described(api, eni).await?)));
+            return Ok(appeared(self.held(api, eni, of).await?));
         }
         Ok(got)
     }
+
+    /// An unassign (IPs or prefixes: `of` reads which from an ENI) that, after an ambiguous
+    /// failure, is done when EC2 shows none of `gone` on the ENI any more.
+    pub(super) async fn unassign_verified<T, S, SF>(
+        &self,
+        api: &'static str,
+        eni: &EniId,
+        of: fn(Eni) -> BTreeSet<T>,
+        gone: &[T],
+        send: S,
+    ) -> CloudResult<()>
+    where
+        T: Ord,
+        S: FnMut() -> SF,
+        SF: Future<Output = CloudResult<()>>,
+    {
+        let unassigned = || async {
+            let now = self.held(api, eni, of).await?;
+            Ok(gone.iter().all(|g| !now.contains(g)).then_some(()))
+        };
+        mutate(&self.limiter, api, send, Verify::Describe(unassigned)).await
+    }
+}
+
+/// Every private IP of an ENI, its primary included.
+pub(super) fn ips_of(e: Eni) -> BTreeSet<Ipv4Addr> {
+    std::iter::once(e.primary_ip)
+        .chain(e.secondary_ips)
+        .collect()
+}
+
+/// The delegated prefixes of an ENI.
+pub(super) fn prefixes_of(e: Eni) -> BTreeSet<Ipv4Net> {
+    e.ipv4_prefixes.into_iter().collect()
 }
