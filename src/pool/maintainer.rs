@@ -393,7 +393,11 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
                     return;
                 }
                 let (handle, task) = EniHandle::spawn(shared.clone(), eni.id.clone(), eni.mac.clone());
-                let created = CreateOutcome::Created { eni, handle, task };
+                let created = CreateOutcome::Created {
+                    eni: Box::new(eni),
+                    handle,
+                    task,
+                };
                 shared.lock().settle_create(plan, created, Instant::now());
             }
             Err(err) => {

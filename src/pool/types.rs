@@ -303,7 +303,7 @@ pub(crate) enum ReleaseOutcome {
 pub(crate) enum CreateOutcome {
     /// Created, attached (and routable): the ENI with its actor.
     Created {
-        eni: Eni,
+        eni: Box<Eni>,
         handle: EniHandle,
         task: JoinHandle<()>,
     },

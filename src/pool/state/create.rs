@@ -19,7 +19,7 @@ impl PoolState {
     pub fn settle_create(&mut self, plan: CreatePlan, outcome: CreateOutcome, now: Instant) {
         match outcome {
             CreateOutcome::Created { eni, handle, task } => {
-                self.complete_create(plan.id, eni, handle, task, plan.waiters, now);
+                self.complete_create(plan.id, *eni, handle, task, plan.waiters, now);
             }
             CreateOutcome::NoFreePrefix => {
                 // No `/28` left: the next round creates this ENI with packed single addresses;
