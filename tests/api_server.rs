@@ -21,6 +21,7 @@ use api_server_support::{FakeApiServer, pod_json};
 use eniipam::config::DaemonConfig;
 use eniipam::ipam::{AllocateRequest, Ipam};
 use eniipam::model::{AttachmentKey, PodRef};
+use eniipam::pool::{Acquire, AttachmentMeta};
 use eniipam::reconcile::NetnsView;
 use eniipam::reconcile::api_server::{
     self, ApiServerError, ApiServerGc, ApiServerTarget, PodPhase, PodWatch, release_gone_pods,
@@ -116,13 +117,17 @@ impl Fixture {
     async fn allocate_in(&self, container: &str, pod: PodRef, netns: &str) -> Ipv4Addr {
         self.ipam
             .allocate(AllocateRequest {
-                key: key(container),
-                network: "eniipam".into(),
-                netns: netns.into(),
-                pod,
-                prefer: None,
+                acquire: Acquire {
+                    key: key(container),
+                    pod,
+                    prefer: None,
+                    sticky_key: None,
+                    meta: AttachmentMeta {
+                        network: "eniipam".into(),
+                        netns: netns.into(),
+                    },
+                },
                 require_preferred: false,
-                sticky_key: None,
             })
             .await
             .expect("allocate")

@@ -20,9 +20,9 @@ use ipnet::Ipv4Net;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::clock::{to_unix_ms, unix_ms_now};
-use crate::model::{AttachmentKey, PodRef};
+use crate::model::AttachmentKey;
 use crate::pool::snapshot::IpState;
-use crate::pool::{Acquire, Allocation, AttachmentMeta, Pool, PoolError, PoolSnapshot};
+use crate::pool::{Acquire, Allocation, Pool, PoolError, PoolSnapshot};
 use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
@@ -50,19 +50,15 @@ pub enum IpamError {
     Unrecorded(#[source] StoreError),
 }
 
-/// One allocation request, as the service sees it.
+/// One allocation request, as the service sees it: the pool's request as it goes down to the ENI
+/// actor, and the service's own rule for its preferred IP.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllocateRequest {
-    pub key: AttachmentKey,
-    /// The CNI network (the conflist's `name`).
-    pub network: String,
-    pub netns: String,
-    pub pod: PodRef,
-    /// An IP the caller would like.
-    pub prefer: Option<Ipv4Addr>,
-    /// Fail rather than fall back when `prefer` is not available.
+    /// The attachment, its pod, the preferred IP, the sticky key, and where the attachment lives
+    /// (`meta.network`: the conflist's `name`; `meta.netns`).
+    pub acquire: Acquire,
+    /// Fail rather than fall back when `acquire.prefer` is not available.
     pub require_preferred: bool,
-    pub sticky_key: Option<String>,
 }
 
 /// What a successful allocation returns.
@@ -179,23 +175,18 @@ impl Ipam {
     /// An IP for `req.key`, recorded durably before it is returned.
     pub async fn allocate(&self, req: AllocateRequest) -> Result<Allocated, IpamError> {
         self.ensure_ready()?;
-        let _serial = self.inner.locks.lock(&req.key).await;
+        let key = &req.acquire.key;
+        let _serial = self.inner.locks.lock(key).await;
         let pool = &self.inner.pool;
         // A repeated ADD finds its allocation in place; only a new one is undone if the record fails.
-        let existed = pool.allocation(&req.key).is_some();
+        let existed = pool.allocation(key).is_some();
         let acquire = |prefer| {
             pool.acquire_with(Acquire {
-                key: req.key.clone(),
-                pod: req.pod.clone(),
                 prefer,
-                sticky_key: req.sticky_key.clone(),
-                meta: AttachmentMeta {
-                    network: req.network.clone(),
-                    netns: req.netns.clone(),
-                },
+                ..req.acquire.clone()
             })
         };
-        let alloc = match acquire(req.prefer).await {
+        let alloc = match acquire(req.acquire.prefer).await {
             Err(PoolError::PreferredUnavailable { .. }) if !req.require_preferred => {
                 acquire(None).await
             }
@@ -203,9 +194,9 @@ impl Ipam {
         }?;
         let record = drift::assignment_row(&alloc, unix_ms_now());
         if let Err(e) = self.inner.store.record_assigned(record).await {
-            tracing::error!(error = %e, attachment = %req.key, ip = %alloc.ip, "cannot record the assignment");
+            tracing::error!(error = %e, attachment = %key, ip = %alloc.ip, "cannot record the assignment");
             if !existed {
-                let _ = pool.release(&req.key, false);
+                let _ = pool.release(key, false);
             }
             return Err(IpamError::Record(e));
         }

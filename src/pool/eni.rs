@@ -5,145 +5,43 @@
 //! and makes ONE `AssignPrivateIpAddresses` for every pod and warm-up request of the batch and ONE
 //! `UnassignPrivateIpAddresses` for every give-back. Replies go back on the commands' oneshot
 //! senders; a failed call is answered to every waiter of the batch and moves the ENI into
-//! [`EniPhase::BackingOff`]. Commands carry the caller's tracing span and enqueue time, so a slow
+//! [`EniPhase::BackingOff`](super::types::EniPhase::BackingOff). Commands carry the caller's tracing span and enqueue time, so a slow
 //! batch shows up in the trace of each pod that waited on it.
 //!
 //! The actor sets each call's [`Purpose`]: an assign batch with a pod in it is `Pod`, one of
 //! warm-ups only `Refill`; unassign and release are `GiveBack` (they yield to pod-driven calls
 //! while EC2 throttles the node, see [`crate::cloud::limiter`]).
+//!
+//! Each batch is one plan and one outcome: the actor asks the state for the plan
+//! ([`PoolState::plan_assign`](super::state::PoolState::plan_assign)), makes the call, and hands
+//! back what it came to (`settle_assign`, `settle_give_back`, `settle_release`), each under the
+//! pool's lock once.
 
+use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use ipnet::Ipv4Net;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
-use std::collections::BTreeSet;
-
-use ipnet::Ipv4Net;
-
-use super::state::AssignPlan;
-use super::{Allocation, AttachmentMeta, PoolError, Shared};
-use crate::cloud::{ADDRESS_IN_USE, CloudError, EniFilter, Purpose, with_purpose};
-use crate::model::{AttachmentKey, EniId, PodRef};
+use super::error::PoolError;
+use super::shared::Shared;
+use super::slots::{pack_in_subnet, prefix_addresses};
+use super::types::{
+    AssignBatch, AssignOutcome, AssignPlan, DoneReply, EniCommand, EniHandle, GiveBackOutcome,
+    Packed, ReleaseOutcome,
+};
+use crate::cloud::{
+    ADDRESS_IN_USE, AttachmentStatus, CloudError, EniFilter, Purpose, with_purpose,
+};
+use crate::model::EniId;
 
 /// How often the actor re-reads IMDS while waiting for freshly assigned IPs to show.
 const IMDS_POLL: Duration = Duration::from_millis(100);
-
-/// Where an ENI is in its life, as far as the pool is concerned.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EniPhase {
-    /// Takes requests.
-    Serving,
-    /// A call failed; no new work is routed here until `until`.
-    BackingOff {
-        until: Instant,
-        /// Consecutive failures (the back-off doubles with each).
-        failures: u32,
-        last_error: CloudError,
-    },
-    /// Being detached and deleted; takes no work.
-    Draining,
-    /// EC2 did not show the ENI attached to this instance at the last look (or answered NotFound
-    /// for it): takes no work and its idle IPs are held back, until EC2 confirms it (serving again)
-    /// or misses it a second time (forgotten).
-    Suspect { since: Instant },
-}
-
-impl EniPhase {
-    /// Whether work may be routed to the ENI at `now` (a back-off that has run out counts as serving).
-    pub fn accepts_work(&self, now: Instant) -> bool {
-        match self {
-            Self::Serving => true,
-            Self::BackingOff { until, .. } => *until <= now,
-            Self::Draining | Self::Suspect { .. } => false,
-        }
-    }
-
-    /// Time left in a back-off at `now`.
-    pub fn retry_in(&self, now: Instant) -> Option<Duration> {
-        match self {
-            Self::BackingOff { until, .. } if *until > now => Some(*until - now),
-            _ => None,
-        }
-    }
-
-    /// After a successful call.
-    pub fn succeeded(&self) -> Self {
-        match self {
-            Self::Draining => Self::Draining,
-            Self::Suspect { since } => Self::Suspect { since: *since },
-            _ => Self::Serving,
-        }
-    }
-
-    /// After a failed call at `now`, backing off for `backoff(failures)`.
-    pub fn failed(
-        &self,
-        error: CloudError,
-        now: Instant,
-        backoff: impl Fn(u32) -> Duration,
-    ) -> Self {
-        if let Self::Suspect { since } = self {
-            return Self::Suspect { since: *since };
-        }
-        let failures = match self {
-            Self::BackingOff { failures, .. } => failures + 1,
-            _ => 1,
-        };
-        Self::BackingOff {
-            until: now + backoff(failures),
-            failures,
-            last_error: error,
-        }
-    }
-}
-
-/// A pod request for one new IP, as it travels to an ENI actor or waits for a new ENI.
-pub(crate) struct Waiter {
-    pub key: AttachmentKey,
-    pub pod: PodRef,
-    pub sticky_key: Option<String>,
-    pub meta: AttachmentMeta,
-    pub respond_to: oneshot::Sender<Result<Allocation, PoolError>>,
-    pub span: Span,
-    pub enqueued_at: Instant,
-}
-
-/// What an ENI actor is asked to do.
-pub(crate) enum EniCommand {
-    /// One IP for a pod.
-    Assign(Waiter),
-    /// `count` IPs for the idle pool.
-    Warm {
-        count: u32,
-        respond_to: oneshot::Sender<Result<(), PoolError>>,
-        span: Span,
-        enqueued_at: Instant,
-    },
-    /// Give these idle IPs (and prefixes, every address of which is among `ips`) back to EC2.
-    Unassign {
-        ips: Vec<Ipv4Addr>,
-        prefixes: Vec<Ipv4Net>,
-        respond_to: oneshot::Sender<Result<(), PoolError>>,
-        span: Span,
-        enqueued_at: Instant,
-    },
-    /// Detach and delete the (empty) ENI, then stop.
-    Release {
-        respond_to: oneshot::Sender<Result<(), PoolError>>,
-        span: Span,
-    },
-}
-
-/// The cloneable handle of one ENI actor: its ipBacklog.
-#[derive(Clone, Debug)]
-pub(crate) struct EniHandle {
-    tx: mpsc::Sender<EniCommand>,
-}
 
 impl EniHandle {
     /// Spawns the actor of ENI `eni` (MAC `mac`); it runs until every handle is dropped or it has
@@ -158,12 +56,7 @@ impl EniHandle {
         };
         let span = tracing::info_span!("eni_actor", eni = %actor.eni);
         let task = tokio::spawn(actor.run().instrument(span));
-        (Self { tx }, task)
-    }
-
-    /// Queues a command (waits while the backlog is full); gives it back if the actor is gone.
-    pub(crate) async fn send(&self, cmd: EniCommand) -> Result<(), EniCommand> {
-        self.tx.send(cmd).await.map_err(|e| e.0)
+        (Self::new(tx), task)
     }
 }
 
@@ -173,15 +66,15 @@ enum Flow {
     Stop,
 }
 
+/// What the actor collected in one window.
 #[derive(Default)]
 struct Batch {
-    pods: Vec<Waiter>,
-    warm: u32,
-    warm_replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
+    assign: AssignBatch,
+    warm_replies: Vec<DoneReply>,
     unassign: Vec<Ipv4Addr>,
     unassign_prefixes: Vec<Ipv4Net>,
-    unassign_replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
-    release: Option<oneshot::Sender<Result<(), PoolError>>>,
+    unassign_replies: Vec<DoneReply>,
+    release: Option<DoneReply>,
     oldest: Option<Instant>,
 }
 
@@ -190,7 +83,7 @@ impl Batch {
         let enqueued = match cmd {
             EniCommand::Assign(w) => {
                 let at = w.enqueued_at;
-                self.pods.push(w);
+                self.assign.pods.push(w);
                 at
             }
             EniCommand::Warm {
@@ -200,7 +93,7 @@ impl Batch {
                 span,
             } => {
                 tracing::debug!(parent: &span, count, "warm-up joins a batch");
-                self.warm += count;
+                self.assign.warm += count;
                 self.warm_replies.push(respond_to);
                 enqueued_at
             }
@@ -266,13 +159,16 @@ impl EniActor {
         while let Ok(cmd) = self.rx.try_recv() {
             rest.add(cmd);
         }
+        let now = Instant::now();
         let mut st = self.shared.lock();
-        st.reject_assign(&self.eni, rest.pods, rest.warm, PoolError::ShuttingDown);
+        let not_sent = AssignOutcome::NotSent(PoolError::ShuttingDown);
+        let _ = st.settle_assign(&self.eni, rest.assign, not_sent, now);
         for r in rest.warm_replies.into_iter().chain(rest.unassign_replies) {
             let _ = r.send(Err(PoolError::ShuttingDown));
         }
         if !rest.unassign.is_empty() {
-            st.unassign_abandoned(&self.eni, &rest.unassign);
+            let (ips, prefixes) = (&rest.unassign, &rest.unassign_prefixes);
+            let _ = st.settle_give_back(&self.eni, ips, prefixes, GiveBackOutcome::NotSent, now);
         }
         if let Some(r) = rest.release {
             let _ = r.send(Err(PoolError::ShuttingDown));
@@ -286,17 +182,13 @@ impl EniActor {
                 "batch collected"
             );
         }
-        if !batch.pods.is_empty() || batch.warm > 0 {
-            let purpose = if batch.pods.is_empty() {
+        if batch.assign.count() > 0 {
+            let purpose = if batch.assign.pods.is_empty() {
                 Purpose::Refill
             } else {
                 Purpose::Pod
             };
-            with_purpose(
-                purpose,
-                self.assign(batch.pods, batch.warm, batch.warm_replies),
-            )
-            .await;
+            with_purpose(purpose, self.assign(batch.assign, batch.warm_replies)).await;
         }
         if !batch.unassign.is_empty() {
             with_purpose(
@@ -315,27 +207,21 @@ impl EniActor {
         }
     }
 
-    async fn assign(
-        &self,
-        mut pods: Vec<Waiter>,
-        warm: u32,
-        warm_replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
-    ) {
-        let now = Instant::now();
-        let ready = self.shared.lock().eni_accepts_work(&self.eni, now);
-        if let Err(err) = ready {
-            self.shared
-                .lock()
-                .reject_assign(&self.eni, pods, warm, err.clone());
+    /// One assign call for the batch: the state's plan, the call, the outcome settled.
+    async fn assign(&self, mut batch: AssignBatch, warm_replies: Vec<DoneReply>) {
+        let (count, pods, warm) = (batch.count(), batch.pods.len(), batch.warm);
+        let plan = self
+            .shared
+            .lock()
+            .plan_assign(&self.eni, &mut batch, Instant::now());
+        if let AssignPlan::Refused(err) = plan {
             for r in warm_replies {
                 let _ = r.send(Err(err.clone()));
             }
             return;
         }
-        let count = pods.len() as u32 + warm;
-        let span =
-            tracing::info_span!("assign_batch", eni = %self.eni, count, pods = pods.len(), warm);
-        for w in &pods {
+        let span = tracing::info_span!("assign_batch", eni = %self.eni, count, pods, warm);
+        for w in &batch.pods {
             tracing::debug!(
                 parent: &w.span,
                 eni = %self.eni,
@@ -344,17 +230,17 @@ impl EniActor {
                 "assigning in a batch"
             );
         }
-        let plan = self.shared.lock().plan_assign(&self.eni, count, now);
-        let (result, warm) = match plan {
-            AssignPlan::Ips => (
-                self.shared
-                    .cloud
-                    .assign_ips(&self.eni, count)
-                    .instrument(span.clone())
-                    .await
-                    .map(|ips| (ips, Vec::new())),
-                warm,
-            ),
+        // Warm-ups a failed prefix call adds to the batch: they do not wake the maintainer.
+        let mut unplanned_warm = 0;
+        let result = match plan {
+            AssignPlan::Refused(_) => unreachable!("answered above"),
+            AssignPlan::Ips { count } => self
+                .shared
+                .cloud
+                .assign_ips(&self.eni, count)
+                .instrument(span.clone())
+                .await
+                .map(|ips| (ips, Vec::new())),
             AssignPlan::Prefixes { count: k, extra } => {
                 let got = self
                     .shared
@@ -364,99 +250,85 @@ impl EniActor {
                     .await;
                 match got {
                     Ok(prefixes) => {
-                        let ips = prefixes
-                            .iter()
-                            .flat_map(|p| super::slots::prefix_addresses(*p))
-                            .collect();
-                        (Ok((ips, prefixes)), warm + extra)
+                        let ips = prefixes.iter().flat_map(|p| prefix_addresses(*p)).collect();
+                        Ok((ips, prefixes))
                     }
                     Err(CloudError::NoFreePrefix { .. }) => {
                         // No `/28` left in the subnet: the batch as single packed addresses,
                         // cut to the ENI's free slots (the rest goes to a new ENI).
-                        let warm = {
-                            let mut st = self.shared.lock();
-                            st.unplan_extra(&self.eni, extra);
-                            st.no_free_prefix(&self.eni, Instant::now());
-                            st.fit_single_addresses(&self.eni, &mut pods, warm)
-                        };
-                        self.assign_fitted(pods.len(), warm, &span).await
+                        let packed = self.shared.lock().fall_back_to_packed(
+                            &self.eni,
+                            &mut batch,
+                            extra,
+                            Instant::now(),
+                        );
+                        self.assign_fitted(packed, &span).await
                     }
                     Err(e) => {
-                        self.shared.lock().unplan_extra(&self.eni, extra);
-                        (Err(e), warm)
+                        unplanned_warm = extra;
+                        Err(e)
                     }
                 }
             }
-            AssignPlan::Packed => {
-                let warm = self
-                    .shared
-                    .lock()
-                    .fit_single_addresses(&self.eni, &mut pods, warm);
-                self.assign_fitted(pods.len(), warm, &span).await
-            }
+            AssignPlan::Packed(packed) => self.assign_fitted(packed, &span).await,
         };
+        let wake = result.is_ok() || batch.warm > unplanned_warm;
         let outcome = match result {
             Ok((ips, prefixes)) => {
                 span.in_scope(
                     || tracing::info!(assigned = ips.len(), prefixes = ?prefixes, "assigned IPs"),
                 );
-                let gone = self
+                let eni_unlisted = self
                     .wait_visible(&ips, &prefixes)
                     .instrument(span.clone())
                     .await;
-                let mut st = self.shared.lock();
-                if gone && st.suspend_eni(&self.eni, Instant::now()) {
-                    // Detached behind the pool's back (an assign on a detached ENI succeeds): its
-                    // IPs are held back, not handed out, until the running reconcile asks EC2.
-                    span.in_scope(|| tracing::warn!("IMDS does not list this ENI at all: it serves no new IPs until EC2 confirms it attached"));
+                AssignOutcome::Assigned {
+                    ips,
+                    prefixes,
+                    eni_unlisted,
                 }
-                st.complete_assign(&self.eni, ips, &prefixes, pods, warm, Instant::now());
-                drop(st);
-                Ok(())
             }
             Err(err) => {
                 span.in_scope(|| tracing::warn!(error = %err, "assign failed; backing off"));
-                let pool_err =
-                    self.shared
-                        .lock()
-                        .fail_assign(&self.eni, err, pods, warm, Instant::now());
-                Err(pool_err)
+                AssignOutcome::Failed(err)
             }
         };
-        if outcome.is_ok() || warm > 0 {
+        let settled = span.in_scope(|| {
+            self.shared
+                .lock()
+                .settle_assign(&self.eni, batch, outcome, Instant::now())
+        });
+        if wake {
             self.shared.wake.notify_one();
         }
         for r in warm_replies {
-            let _ = r.send(outcome.clone());
+            let _ = r.send(settled.clone());
         }
+    }
+
+    /// A batch already cut to the ENI's free slots, as single packed addresses; wakes the
+    /// maintainer for the waiters cut, which went back to the queue for a new ENI.
+    async fn assign_fitted(
+        &self,
+        packed: Packed,
+        span: &Span,
+    ) -> Result<(Vec<Ipv4Addr>, Vec<Ipv4Net>), CloudError> {
+        self.shared.wake.notify_one();
+        self.assign_packed(packed)
+            .instrument(span.clone())
+            .await
+            .map(|ips| (ips, Vec::new()))
     }
 
     /// `count` single addresses picked by the pool, packed into the subnet's `/28` blocks that are
     /// already fragmented (see [`super::slots`]), so whole blocks stay free for prefixes. Another node
     /// may take a picked address first (`InvalidIPAddress.InUse`): one more try with a fresh look.
-    /// A batch already cut to the ENI's free slots (`fit_single_addresses`: `pods` waiters and `warm`
-    /// warm-ups left) as single packed addresses; wakes the maintainer for the waiters cut, which
-    /// went back to the queue for a new ENI. Returns the assign's outcome with `warm`.
-    async fn assign_fitted(
-        &self,
-        pods: usize,
-        warm: u32,
-        span: &Span,
-    ) -> (Result<(Vec<Ipv4Addr>, Vec<Ipv4Net>), CloudError>, u32) {
-        self.shared.wake.notify_one();
-        let got = self
-            .assign_packed(pods as u32 + warm)
-            .instrument(span.clone())
-            .await
-            .map(|ips| (ips, Vec::new()));
-        (got, warm)
-    }
-
-    async fn assign_packed(&self, count: u32) -> Result<Vec<Ipv4Addr>, CloudError> {
+    async fn assign_packed(&self, packed: Packed) -> Result<Vec<Ipv4Addr>, CloudError> {
+        let Packed { count, subnet } = packed;
         if count == 0 {
             return Ok(Vec::new()); // EC2 refuses an assign of nothing
         }
-        let Some(subnet) = self.shared.lock().subnet_of(&self.eni) else {
+        let Some(subnet) = subnet else {
             return self.shared.cloud.assign_ips(&self.eni, count).await;
         };
         // The picks come from a moment-old view, and EC2 does not list every taken address (another
@@ -464,9 +336,7 @@ impl EniActor {
         // After three collisions this batch is left to EC2's picks; the pods are served either way.
         let mut avoid = BTreeSet::new();
         for _ in 0..3 {
-            let picked =
-                super::slots::pack_in_subnet(self.shared.cloud.as_ref(), &subnet, count, &avoid)
-                    .await?;
+            let picked = pack_in_subnet(self.shared.cloud.as_ref(), &subnet, count, &avoid).await?;
             match self
                 .shared
                 .cloud
@@ -533,17 +403,10 @@ impl EniActor {
         }
     }
 
-    async fn unassign(
-        &self,
-        ips: Vec<Ipv4Addr>,
-        prefixes: Vec<Ipv4Net>,
-        replies: Vec<oneshot::Sender<Result<(), PoolError>>>,
-    ) {
+    async fn unassign(&self, ips: Vec<Ipv4Addr>, prefixes: Vec<Ipv4Net>, replies: Vec<DoneReply>) {
         let span = tracing::info_span!("unassign_batch", eni = %self.eni, count = ips.len(), prefixes = prefixes.len());
-        let in_prefixes: BTreeSet<Ipv4Addr> = prefixes
-            .iter()
-            .flat_map(|p| super::slots::prefix_addresses(*p))
-            .collect();
+        let in_prefixes: BTreeSet<Ipv4Addr> =
+            prefixes.iter().flat_map(|p| prefix_addresses(*p)).collect();
         let singles: Vec<Ipv4Addr> = ips
             .iter()
             .copied()
@@ -565,39 +428,36 @@ impl EniActor {
         }
         .instrument(span.clone())
         .await;
-        let outcome = {
-            let mut st = self.shared.lock();
-            match result {
-                Ok(()) => {
-                    span.in_scope(|| tracing::info!("gave IPs back to EC2"));
-                    st.complete_unassign(&self.eni, &ips, &prefixes);
-                    Ok(())
-                }
-                Err((err, singles_gone)) => {
-                    span.in_scope(
-                        || tracing::warn!(error = %err, singles_gone, "unassign failed; what EC2 kept stays idle"),
-                    );
-                    st.settle_failed_unassign(
-                        &self.eni,
-                        &ips,
-                        &prefixes,
-                        singles_gone,
-                        err.clone(),
-                        Instant::now(),
-                    );
-                    Err(PoolError::Cloud(err))
+        let outcome = match result {
+            Ok(()) => {
+                span.in_scope(|| tracing::info!("gave IPs back to EC2"));
+                GiveBackOutcome::Done
+            }
+            Err((error, singles_gone)) => {
+                span.in_scope(
+                    || tracing::warn!(error = %error, singles_gone, "unassign failed; what EC2 kept stays idle"),
+                );
+                GiveBackOutcome::Failed {
+                    error,
+                    singles_gone,
                 }
             }
         };
+        let outcome = self.shared.lock().settle_give_back(
+            &self.eni,
+            &ips,
+            &prefixes,
+            outcome,
+            Instant::now(),
+        );
         self.shared.wake.notify_one();
         for r in replies {
             let _ = r.send(outcome.clone());
         }
     }
 
-    /// Whether EC2 shows this ENI attached to this instance: `None` when EC2 cannot say.
-    async fn attached_here(&self) -> Option<bool> {
-        let instance = self.shared.lock().node.instance_id.clone();
+    /// Whether EC2 shows this ENI attached to `instance` (this one): `None` when EC2 cannot say.
+    async fn attached_here(&self, instance: &str) -> Option<bool> {
         match self
             .shared
             .cloud
@@ -612,8 +472,7 @@ impl EniActor {
                     a.instance_id == instance
                         && matches!(
                             a.status,
-                            crate::cloud::AttachmentStatus::Attached
-                                | crate::cloud::AttachmentStatus::Attaching
+                            AttachmentStatus::Attached | AttachmentStatus::Attaching
                         )
                 })
             })),
@@ -622,9 +481,12 @@ impl EniActor {
         }
     }
 
-    async fn release(&self, reply: oneshot::Sender<Result<(), PoolError>>) -> Flow {
+    async fn release(&self, reply: DoneReply) -> Flow {
         let span = tracing::info_span!("release_eni", eni = %self.eni);
-        let described = self.shared.lock().cloud_eni(&self.eni);
+        let (described, instance) = {
+            let st = self.shared.lock();
+            (st.cloud_eni(&self.eni), st.node.instance_id.clone())
+        };
         let eni = match described {
             Some(eni) => Ok(eni),
             None => self
@@ -655,39 +517,41 @@ impl EniActor {
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
         };
-        let (flow, outcome) = match result {
+        let (settled, answer) = match result {
             Ok(()) => {
                 span.in_scope(|| tracing::info!("ENI detached and deleted"));
-                self.shared.lock().complete_release(&self.eni);
-                (Flow::Stop, Ok(()))
+                (ReleaseOutcome::Deleted, Ok(()))
             }
             Err(err) => {
                 // The detach may have happened and only the delete failed: ask EC2 before this ENI
                 // serves again (an ENI that is not attached must never hand out IPs).
-                let attached = self.attached_here().instrument(span.clone()).await;
-                let mut st = self.shared.lock();
-                match attached {
+                let attached = self.attached_here(&instance).instrument(span.clone()).await;
+                let settled = match attached {
                     Some(true) => {
                         span.in_scope(|| tracing::warn!(error = %err, "ENI release failed; still attached, keeping it"));
-                        st.fail_release(&self.eni, Instant::now());
-                        (Flow::Continue, Err(PoolError::Cloud(err)))
+                        ReleaseOutcome::StillAttached
                     }
                     Some(false) => {
                         span.in_scope(|| tracing::warn!(error = %err, "ENI detached but not deleted: forgotten by the pool; the leaked-ENI collector deletes it"));
-                        st.complete_release(&self.eni);
-                        (Flow::Stop, Err(PoolError::Cloud(err)))
+                        ReleaseOutcome::Detached
                     }
                     None => {
                         span.in_scope(|| tracing::warn!(error = %err, "ENI release failed and EC2 cannot say whether it is still attached: it serves nothing until the reconcile decides"));
-                        st.fail_release(&self.eni, Instant::now());
-                        st.suspend_eni(&self.eni, Instant::now());
-                        (Flow::Continue, Err(PoolError::Cloud(err)))
+                        ReleaseOutcome::Unknown
                     }
-                }
+                };
+                (settled, Err(PoolError::Cloud(err)))
             }
         };
+        self.shared
+            .lock()
+            .settle_release(&self.eni, settled, Instant::now());
+        let flow = match settled {
+            ReleaseOutcome::Deleted | ReleaseOutcome::Detached => Flow::Stop,
+            _ => Flow::Continue,
+        };
         self.shared.wake.notify_one();
-        let _ = reply.send(outcome);
+        let _ = reply.send(answer);
         flow
     }
 }

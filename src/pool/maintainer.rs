@@ -20,11 +20,16 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
 
-use super::eni::{EniCommand, EniHandle};
+use super::error::PoolError;
+use super::shared::{NewEniFacts, Shared};
+use super::slots::pack_in_subnet;
 use super::state::CreatePlan;
-use super::{PoolError, Shared};
+use super::types::{
+    AssignBatch, AssignOutcome, CreateOutcome, EniCommand, EniHandle, GiveBackOutcome,
+    ReleaseOutcome,
+};
 use crate::cloud::lifecycle::{NewEni, SECURITY_GROUPS_TAG, Slots};
-use crate::cloud::{ADDRESS_IN_USE, CloudError, Purpose, SubnetFilter, with_purpose};
+use crate::cloud::{ADDRESS_IN_USE, CloudError, Eni, Purpose, SubnetFilter, with_purpose};
 
 /// Extra coalescing before the first ENI creation of a burst (on top of `batch_window`).
 const CREATE_COALESCE: std::time::Duration = std::time::Duration::from_millis(40);
@@ -145,7 +150,14 @@ fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> 
         let shared = shared.clone();
         tasks.push(tokio::spawn(async move {
             if let Err(EniCommand::Assign(w)) = handle.send(EniCommand::Assign(waiter)).await {
-                shared.lock().abort_waiter(&eni, w, PoolError::ShuttingDown);
+                let batch = AssignBatch {
+                    pods: vec![w],
+                    warm: 0,
+                };
+                let not_sent = AssignOutcome::NotSent(PoolError::ShuttingDown);
+                let _ = shared
+                    .lock()
+                    .settle_assign(&eni, batch, not_sent, Instant::now());
             }
         }));
     }
@@ -160,9 +172,14 @@ fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> 
                 enqueued_at: Instant::now(),
             };
             if handle.send(cmd).await.is_err() {
-                shared
+                let batch = AssignBatch {
+                    pods: Vec::new(),
+                    warm: count,
+                };
+                let not_sent = AssignOutcome::NotSent(PoolError::ShuttingDown);
+                let _ = shared
                     .lock()
-                    .reject_assign(&eni, Vec::new(), count, PoolError::ShuttingDown);
+                    .settle_assign(&eni, batch, not_sent, Instant::now());
                 return;
             }
             if let Ok(Err(e)) = rx.await {
@@ -182,7 +199,10 @@ fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> 
                 enqueued_at: Instant::now(),
             };
             if handle.send(cmd).await.is_err() {
-                shared.lock().unassign_abandoned(&eni, &ips);
+                let not_sent = GiveBackOutcome::NotSent;
+                let _ = shared
+                    .lock()
+                    .settle_give_back(&eni, &ips, &[], not_sent, Instant::now());
                 return;
             }
             let _ = rx.await;
@@ -208,7 +228,8 @@ fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> 
                 span: tracing::info_span!("release", %eni),
             };
             if handle.send(cmd).await.is_err() {
-                shared.lock().fail_release(&eni, Instant::now());
+                let not_sent = ReleaseOutcome::NotSent;
+                shared.lock().settle_release(&eni, not_sent, Instant::now());
                 return;
             }
             let _ = rx.await;
@@ -224,11 +245,11 @@ fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> 
 /// address, which EC2's source/destination check drops. Returns false when the gate's bound passed:
 /// the caller gives the ENI back and fails the create (its waiters get a retryable error, the subnet
 /// backs off). Without a gate, true at once. The only pool code that knows about the host.
-async fn host_ready(shared: &Arc<Shared>, plan: &CreatePlan, eni: &crate::cloud::Eni) -> bool {
+async fn host_ready(shared: &Arc<Shared>, plan: &CreatePlan, eni: &Eni) -> bool {
     let Some(gate) = shared.readiness() else {
         return true;
     };
-    let facts = super::NewEniFacts {
+    let facts = NewEniFacts {
         id: eni.id.clone(),
         mac: eni.mac.clone(),
         device_index: eni
@@ -280,7 +301,8 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
                 Ok(subnet) => shared.lock().learn_subnet(subnet),
                 Err(err) => {
                     tracing::warn!(error = %err, "cannot describe the subnet for a new ENI");
-                    shared.lock().fail_create(plan.id, err, plan.waiters, Instant::now());
+                    let failed = CreateOutcome::Failed(err);
+                    shared.lock().settle_create(plan, failed, Instant::now());
                     shared.wake.notify_one();
                     return;
                 }
@@ -322,7 +344,7 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
             }
         };
         if let Some((subnet, n)) = pack {
-            match super::slots::pack_in_subnet(shared.cloud.as_ref(), &subnet, n, &Default::default()).await {
+            match pack_in_subnet(shared.cloud.as_ref(), &subnet, n, &Default::default()).await {
                 Ok(addresses) if addresses.len() as u32 == n => slots = Slots::Addresses(addresses),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "cannot pack addresses for the new ENI; EC2 picks them"),
@@ -365,26 +387,27 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
                     if let Err(e) = shared.provisioner.detach_and_delete(&eni).await {
                         tracing::warn!(eni = %eni.id, error = %e, "giving back the unroutable ENI failed; the leaked-ENI collector deletes it");
                     }
-                    shared.lock().fail_create(plan.id, err, plan.waiters, Instant::now());
+                    let failed = CreateOutcome::Failed(err);
+                    shared.lock().settle_create(plan, failed, Instant::now());
                     shared.wake.notify_one();
                     return;
                 }
                 let (handle, task) = EniHandle::spawn(shared.clone(), eni.id.clone(), eni.mac.clone());
-                shared
-                    .lock()
-                    .complete_create(plan.id, eni, handle, task, plan.waiters, Instant::now());
+                let created = CreateOutcome::Created {
+                    eni: Box::new(eni),
+                    handle,
+                    task,
+                };
+                shared.lock().settle_create(plan, created, Instant::now());
             }
             Err(err) => {
                 tracing::warn!(error = %err, "ENI creation failed");
-                let mut st = shared.lock();
-                if matches!(err, CloudError::NoFreePrefix { .. }) {
-                    // No `/28` left: the next round creates this ENI with packed single
-                    // addresses; its waiters keep their place.
-                    st.no_free_prefix_in(&plan.subnet_id, Instant::now());
-                    st.requeue_create(plan.id, plan.waiters);
+                let outcome = if matches!(err, CloudError::NoFreePrefix { .. }) {
+                    CreateOutcome::NoFreePrefix
                 } else {
-                    st.fail_create(plan.id, err, plan.waiters, Instant::now());
-                }
+                    CreateOutcome::Failed(err)
+                };
+                shared.lock().settle_create(plan, outcome, Instant::now());
             }
         }
         shared.wake.notify_one();

@@ -18,22 +18,26 @@
 //! - [`slots`]: single IPs or `/28` prefixes, and the dense packing of single addresses.
 //! - [`seed`], [`snapshot`], [`error`], [`config`]: the startup input, the read-only view, the
 //!   typed errors and the configuration.
+//! - `types`: the words the others share (the request, the waiter, the ENI phase, the actor's
+//!   commands, the state's plans and outcomes), below all of them; `shared`: what the tasks share
+//!   and the provisioner and readiness seams.
+//!
+//! Imports go one way: this file → `maintainer` → `eni` → `shared` → `state` → `types` (and the
+//! leaf modules above).
 //!
 //! Time is tokio's (`tokio::time::Instant`, `sleep`, `interval`) everywhere, so
 //! `tokio::time::pause` drives every timer in tests.
 
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
-use ipnet::Ipv4Net;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::cloud::lifecycle::{EniLifecycle, NewEni};
-use crate::cloud::{Cloud, CloudResult, Eni, Metadata, NodeContext};
+use crate::cloud::lifecycle::EniLifecycle;
+use crate::cloud::{Cloud, Eni, Metadata, NodeContext};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
 pub mod capacity;
@@ -44,119 +48,29 @@ pub mod error;
 pub mod idle;
 mod maintainer;
 pub mod seed;
+mod shared;
 pub mod slots;
 pub mod snapshot;
 mod state;
+mod types;
 
 pub use capacity::{CapacityTokens, node_capacity};
 pub use config::{ConfigError, PREFIX_ADDRESSES, PoolConfig};
-pub use eni::EniPhase;
 pub use error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
 pub use seed::QuarantineSeed;
 pub use seed::{AllocationSeed, EniSeed, IdleSeed, PoolSeed, SeedError};
+pub use shared::{EniProvisioner, EniReadiness, NewEniFacts};
 pub use snapshot::{
     EniPhaseSnapshot, EniSnapshot, IpSnapshot, IpState, PoolSnapshot, SubnetBackoffSnapshot,
     SubnetSnapshot,
 };
 pub use state::EniRole;
+pub use types::{Acquire, Allocation, AttachmentMeta, EniPhase, Released};
 
-use eni::{EniCommand, EniHandle};
 use maintainer::MaintainerCommand;
-use state::{AcquireRequest, PoolState, Route};
-
-/// Where an attachment lives: kept with its allocation, so the pool can say everything the state file
-/// records about it (the running reconcile repairs the file from the pool).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct AttachmentMeta {
-    /// The CNI network (the conflist's `name`); empty when unknown.
-    pub network: String,
-    /// The pod's network namespace path; empty when unknown.
-    pub netns: String,
-}
-
-/// One acquire: see [`Pool::acquire_with`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Acquire {
-    pub key: AttachmentKey,
-    pub pod: PodRef,
-    /// An IP the caller would like; see [`Pool::acquire`].
-    pub prefer: Option<Ipv4Addr>,
-    pub sticky_key: Option<String>,
-    pub meta: AttachmentMeta,
-}
-
-/// What an acquire returns: everything the RPC layer needs to reply and the CNI plugin to wire the pod.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Allocation {
-    pub ip: Ipv4Addr,
-    pub attachment: AttachmentKey,
-    pub pod: PodRef,
-    pub sticky_key: Option<String>,
-    pub meta: AttachmentMeta,
-    pub eni: EniId,
-    pub mac: String,
-    pub device_index: u32,
-    pub subnet_id: String,
-    pub subnet_cidr: Ipv4Net,
-    /// The VPC router of the subnet ([`crate::cloud::Subnet::gateway`]).
-    pub gateway: Ipv4Addr,
-}
-
-/// What a release did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Released {
-    pub ip: Ipv4Addr,
-    /// The sticky reservation made: the key and until when. `None` without `sticky`, or when
-    /// `ip_stick_time` is zero.
-    pub reservation: Option<(String, Instant)>,
-    /// The allocation as it was, for [`Pool::undo_release`].
-    pub(crate) undo: state::ReleaseUndo,
-}
-
-/// Creates/attaches and detaches/deletes the node's ENIs. [`EniLifecycle`] is the real one; the
-/// trait lets the pool be tested against a scripted one.
-#[async_trait]
-pub trait EniProvisioner: Send + Sync + 'static {
-    /// Creates the ENI `new` describes (its IPs or prefixes in the create call), attaches it, and
-    /// returns it once usable.
-    async fn create_and_attach(&self, new: &NewEni) -> CloudResult<Eni>;
-    /// Detaches and deletes an ENI eniipam created.
-    async fn detach_and_delete(&self, eni: &Eni) -> CloudResult<()>;
-}
-
-#[async_trait]
-impl EniProvisioner for EniLifecycle {
-    async fn create_and_attach(&self, new: &NewEni) -> CloudResult<Eni> {
-        EniLifecycle::create(self, new).await
-    }
-
-    async fn detach_and_delete(&self, eni: &Eni) -> CloudResult<()> {
-        EniLifecycle::detach_and_delete(self, eni).await
-    }
-}
-
-/// A new ENI as the host needs it to route through it: see [`EniReadiness`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NewEniFacts {
-    pub id: EniId,
-    pub mac: String,
-    pub device_index: u32,
-    /// Its subnet's CIDR (known: a create describes the subnet first when it is not).
-    pub subnet_cidr: Option<Ipv4Net>,
-    pub primary_ip: Ipv4Addr,
-}
-
-/// The readiness gate of new ENIs (issue 23): what must be in place on the host before any IP of a
-/// new ENI is handed to a pod. The daemon installs one when it manages the ENIs' route tables
-/// (`manage_eni_routes`): it returns once the host keeper has installed the ENI's table (link up,
-/// address, MTU, routes), or fails after its bound. Without one (simulate, unit tests, routes kept
-/// by someone else) nothing waits.
-#[async_trait]
-pub trait EniReadiness: Send + Sync + 'static {
-    /// Returns when the host routes through `eni`; `Err(why)` when it does not within the gate's
-    /// bound.
-    async fn ready(&self, eni: &NewEniFacts) -> Result<(), String>;
-}
+use shared::Shared;
+use state::{PoolState, Route};
+use types::{AssignBatch, AssignOutcome, EniCommand, EniHandle};
 
 /// Gives back what routing took for a waiter that never reached its ENI actor (the acquire was
 /// cancelled while the send waited on a full ipBacklog).
@@ -174,37 +88,6 @@ impl Drop for RoutedGuard<'_> {
             self.shared.lock().abandon_routed(&self.eni, &self.key);
             self.shared.wake.notify_one();
         }
-    }
-}
-
-/// What the pool's tasks share.
-pub(crate) struct Shared {
-    pub config: PoolConfig,
-    pub cloud: Arc<dyn Cloud>,
-    pub metadata: Arc<dyn Metadata>,
-    pub provisioner: Arc<dyn EniProvisioner>,
-    state: Mutex<PoolState>,
-    /// The readiness gate of new ENIs ([`Pool::set_eni_readiness`]); read when a create completes.
-    readiness: Mutex<Option<Arc<dyn EniReadiness>>>,
-    /// Wakes the maintainer (idle shrank or grew, pods wait for an ENI, a call finished).
-    pub wake: Notify,
-}
-
-impl Shared {
-    /// The pool's state. Held only for short, non-awaiting sections.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, PoolState> {
-        // A panic under the lock is a bug already reported; the bookkeeping stays usable.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The readiness gate of new ENIs, if any.
-    pub(crate) fn readiness(&self) -> Option<Arc<dyn EniReadiness>> {
-        self.readiness
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
     }
 }
 
@@ -308,15 +191,7 @@ impl Pool {
             .filter(|r| r.serves)
             .map(|r| (r.id.clone(), r.mac.clone()))
             .collect();
-        let shared = Arc::new(Shared {
-            config,
-            cloud,
-            metadata,
-            provisioner,
-            state: Mutex::new(state),
-            readiness: Mutex::new(None),
-            wake: Notify::new(),
-        });
+        let shared = Arc::new(Shared::new(config, cloud, metadata, provisioner, state));
         for (id, mac) in pod_enis {
             let (handle, task) = EniHandle::spawn(shared.clone(), id.clone(), mac);
             let mut st = shared.lock();
@@ -357,11 +232,7 @@ impl Pool {
     /// host routes through it. Read when a create finishes, so setting it right after
     /// [`Pool::start`] covers every ENI the pool creates (a create takes EC2 round trips).
     pub fn set_eni_readiness(&self, gate: Arc<dyn EniReadiness>) {
-        *self
-            .shared()
-            .readiness
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(gate);
+        self.shared().set_readiness(gate);
     }
 
     /// An IP for `attachment`.
@@ -403,13 +274,6 @@ impl Pool {
         );
         let shared = self.shared().clone();
         async move {
-            let req = AcquireRequest {
-                key: req.key,
-                pod: req.pod,
-                prefer: req.prefer,
-                sticky_key: req.sticky_key,
-                meta: req.meta,
-            };
             let route = shared
                 .lock()
                 .route_acquire(req, Instant::now(), tracing::Span::current());
@@ -435,13 +299,21 @@ impl Pool {
                     let mut guard = RoutedGuard {
                         shared: &shared,
                         eni: eni.clone(),
-                        key: waiter.key.clone(),
+                        key: waiter.req.key.clone(),
                         armed: true,
                     };
                     let sent = handle.send(EniCommand::Assign(waiter)).await;
                     guard.armed = false;
                     if let Err(EniCommand::Assign(w)) = sent {
-                        shared.lock().abort_waiter(&eni, w, PoolError::ShuttingDown);
+                        let _ = shared.lock().settle_assign(
+                            &eni,
+                            AssignBatch {
+                                pods: vec![w],
+                                warm: 0,
+                            },
+                            AssignOutcome::NotSent(PoolError::ShuttingDown),
+                            Instant::now(),
+                        );
                     }
                     rx.await.unwrap_or(Err(PoolError::ShuttingDown))
                 }
@@ -479,6 +351,19 @@ impl Pool {
         Ok(released)
     }
 
+    /// Puts a released allocation back as it was (recording the release failed), unless its IP went
+    /// elsewhere meanwhile. Returns whether it did.
+    pub fn undo_release(&self, released: &Released) -> bool {
+        let undone = self.shared().lock().undo_release(&released.undo);
+        if undone {
+            tracing::warn!(attachment = %released.undo.key, ip = %released.ip, "release undone: the attachment holds its IP again");
+        }
+        undone
+    }
+
+    // The running reconcile's hands on the pool (and the operator's, for `lift_quarantine`): kept
+    // together, from `forget_gone_ips` to `adopt_quarantined`.
+
     /// Forgets IPs EC2 no longer shows on `eni` (changed out of band); see the running reconcile.
     /// Returns each IP forgotten with the attachment that held it, if any.
     pub fn forget_gone_ips(
@@ -492,16 +377,6 @@ impl Pool {
             self.shared().wake.notify_one();
         }
         forgotten
-    }
-
-    /// Puts a released allocation back as it was (recording the release failed), unless its IP went
-    /// elsewhere meanwhile. Returns whether it did.
-    pub fn undo_release(&self, released: &Released) -> bool {
-        let undone = self.shared().lock().undo_release(&released.undo);
-        if undone {
-            tracing::warn!(attachment = %released.undo.key, ip = %released.ip, "release undone: the attachment holds its IP again");
-        }
-        undone
     }
 
     /// EC2 did not show `eni` attached to this instance (or answered NotFound for it): it takes no

@@ -8,11 +8,10 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
-use super::AttachmentMeta;
 use super::config::WarmPolicy;
-use super::eni::EniPhase;
 use super::error::ExhaustionReason;
 use super::state::{EniRole, PoolState, SubnetBackoffKind};
+use super::types::{AttachmentMeta, EniPhase};
 use crate::cloud::CloudError;
 use crate::model::{AttachmentKey, EniId, PodRef};
 

@@ -11,7 +11,7 @@ use tonic::{Code, Request, Response, Status};
 use super::{API_VERSION, pb};
 use crate::ipam::{AllocateRequest, GcRequest, Ipam, IpamError};
 use crate::model::{AttachmentKey, PodRef};
-use crate::pool::PoolError;
+use crate::pool::{Acquire, AttachmentMeta, PoolError};
 use crate::telemetry::Metrics;
 
 /// The `Ipam` service.
@@ -93,17 +93,21 @@ impl IpamService {
         };
         let pod = r.pod.unwrap_or_default();
         let req = AllocateRequest {
-            key,
-            network: r.network,
-            netns: r.netns,
-            pod: PodRef {
-                namespace: pod.namespace,
-                name: pod.name,
-                uid: pod.uid,
+            acquire: Acquire {
+                key,
+                pod: PodRef {
+                    namespace: pod.namespace,
+                    name: pod.name,
+                    uid: pod.uid,
+                },
+                prefer,
+                sticky_key: (!r.sticky_key.is_empty()).then_some(r.sticky_key),
+                meta: AttachmentMeta {
+                    network: r.network,
+                    netns: r.netns,
+                },
             },
-            prefer,
             require_preferred: r.require_preferred,
-            sticky_key: (!r.sticky_key.is_empty()).then_some(r.sticky_key),
         };
         let done = self.ipam.allocate(req).await.map_err(|e| ipam_status(&e))?;
         let a = &done.allocation;

@@ -6,40 +6,50 @@
 //! Token accounting (checked by [`PoolState::check_invariants`]):
 //! `tokens used = idle + releasing + assigned + Σ ENI in-flight + waiting for an ENI + Σ creating`.
 //!
-//! The state's methods are split by job:
-//! - this file: the records, lookups and the invariant check;
+//! The state's methods are split by what they decide, one `impl PoolState` a file, each with its
+//! own imports:
+//! - this file: the records, lookups shared by the others;
 //! - [`seeding`]: building the state from the startup seed;
 //! - [`routing`]: where an acquire goes (idle IP, an ENI actor, a new ENI) and how waiters are answered;
-//! - [`outcomes`]: applying what the actors and the maintainer's cloud calls returned;
-//! - [`plan`]: the maintainer's plan for one round;
+//! - [`release`]: a release, and its undo;
+//! - [`assign`]: an ENI actor's assign batch: its plan, and settling what it came to;
+//! - [`give_back`]: an actor's give-back of idle IPs and release of its ENI, settled;
+//! - [`create`]: settling an ENI creation the maintainer ran;
+//! - [`round`]: the maintainer's plan for one round;
+//! - [`subnets`]: which subnet a new ENI goes to, and the subnets' back-offs;
+//! - [`invariants`]: the token accounting check;
 //! - [`drift`]: what the running reconcile changes when the pool and EC2 (or the host) disagree.
 
+mod assign;
+mod create;
 mod drift;
-mod outcomes;
-mod plan;
+mod give_back;
+mod invariants;
+mod release;
+mod round;
 mod routing;
 mod seeding;
+mod subnets;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::Ipv4Addr;
-use std::time::Duration;
 
 use ipnet::Ipv4Net;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::capacity::{CapacityTokens, node_capacity};
-use super::config::PREFIX_ADDRESSES;
-use super::demand::{Demand, NodeLoad, WarmLevels};
-use super::eni::{EniHandle, EniPhase, Waiter};
-use super::error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
-use super::idle::{IdleEntry, IdleQueue, IdleRefusal, Reservation};
-use super::seed::{PoolSeed, SeedError};
-use super::{Allocation, AttachmentMeta, PoolConfig, Released};
-use crate::cloud::lifecycle::Slots;
+use super::capacity::CapacityTokens;
+use super::config::{PREFIX_ADDRESSES, PoolConfig};
+use super::demand::Demand;
+use super::error::{ExhaustionReason, PoolError};
+use super::idle::{IdleEntry, IdleQueue};
+use super::types::{Allocation, AttachmentMeta, EniHandle, EniPhase, Waiter};
 use crate::cloud::{CloudError, Eni, NodeContext, Subnet};
 use crate::model::{AttachmentKey, EniId, PodRef};
+
+pub(crate) use super::types::AllocationRecord;
+pub(crate) use round::CreatePlan;
 
 /// What an ENI is to the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,23 +139,6 @@ pub(crate) struct CreatingEni {
     pub started: Instant,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct AllocationRecord {
-    pub ip: Ipv4Addr,
-    pub eni: EniId,
-    pub pod: PodRef,
-    pub sticky_key: Option<String>,
-    pub meta: AttachmentMeta,
-    pub since: Instant,
-}
-
-/// An allocation as it was before a release, so the release can be undone when recording it fails.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ReleaseUndo {
-    pub key: AttachmentKey,
-    pub record: AllocationRecord,
-}
-
 /// An IP held out of circulation: neither idle nor assigned (see [`super::Pool::lift_quarantine`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Quarantine {
@@ -158,15 +151,6 @@ pub(crate) struct Quarantine {
 pub(crate) struct Pending {
     followers: Vec<oneshot::Sender<Result<Allocation, PoolError>>>,
     released: bool,
-}
-
-/// An acquire as the state sees it.
-pub(crate) struct AcquireRequest {
-    pub key: AttachmentKey,
-    pub pod: PodRef,
-    pub prefer: Option<Ipv4Addr>,
-    pub sticky_key: Option<String>,
-    pub meta: AttachmentMeta,
 }
 
 /// Where an acquire goes next.
@@ -183,49 +167,7 @@ pub(crate) enum Route {
     },
 }
 
-/// How an ENI actor fetches a batch's addresses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AssignPlan {
-    /// Single secondary IPs, EC2 picking them.
-    Ips,
-    /// `/28` prefixes; `extra` addresses beyond the batch's count were added to it as warm-ups.
-    Prefixes { count: u32, extra: u32 },
-    /// Single addresses picked by the pool, packed into blocks already fragmented.
-    Packed,
-}
-
-/// One ENI creation the maintainer decided on.
-pub(crate) struct CreatePlan {
-    pub id: u64,
-    pub device_index: u32,
-    pub subnet_id: String,
-    /// What the ENI is created with (pods + warm-ups, in single IPs or prefixes).
-    pub slots: Slots,
-    pub waiters: Vec<Waiter>,
-    /// The subnet's CIDR is not known yet: describe it first.
-    pub describe_subnet: bool,
-}
-
-/// What one maintainer round does.
-#[derive(Default)]
-pub(crate) struct RoundPlan {
-    pub reroutes: Vec<(EniId, EniHandle, Waiter)>,
-    pub warms: Vec<(EniId, EniHandle, u32)>,
-    pub unassigns: Vec<(EniId, EniHandle, Vec<Ipv4Addr>, Vec<Ipv4Net>)>,
-    pub creates: Vec<CreatePlan>,
-    pub releases: Vec<(EniId, EniHandle)>,
-}
-
-impl RoundPlan {
-    pub fn is_empty(&self) -> bool {
-        self.reroutes.is_empty()
-            && self.warms.is_empty()
-            && self.unassigns.is_empty()
-            && self.creates.is_empty()
-            && self.releases.is_empty()
-    }
-}
-
+/// Where a new IP should come from ([`PoolState::pick_eni`]).
 enum Pick {
     Eni(EniId),
     Blocked(PoolError),
@@ -272,7 +214,7 @@ pub(crate) struct PoolState {
 impl EniRecord {
     /// Slots this ENI uses: its prefixes and its single secondary IPs.
     pub fn slots_used(&self) -> u32 {
-        let in_prefixes = self.prefixes.len() as u32 * super::config::PREFIX_ADDRESSES;
+        let in_prefixes = self.prefixes.len() as u32 * PREFIX_ADDRESSES;
         self.prefixes.len() as u32 + (self.ips.len() as u32).saturating_sub(in_prefixes)
     }
 }
@@ -295,7 +237,7 @@ impl PoolState {
     /// no free `/28` the assign asks for single packed addresses, one per slot, so the room is
     /// counted in single addresses (else a batch of a prefix's worth of singles exceeds the ENI's
     /// per-interface limit, and EC2 refuses the whole batch).
-    pub(super) fn eni_room_now(&self, r: &EniRecord, now: Instant) -> u32 {
+    fn eni_room_now(&self, r: &EniRecord, now: Instant) -> u32 {
         if self.config.prefix_delegation && self.prefixes_blocked(&r.subnet_id, now) {
             self.per_eni
                 .saturating_sub(r.slots_used())
@@ -378,109 +320,6 @@ impl PoolState {
         self.enis.values().any(|r| r.phase == EniPhase::Draining)
     }
 
-    /// The warm levels of the configured policy at `now` (see [`super::demand`]).
-    pub fn warm_levels(&self, now: Instant) -> WarmLevels {
-        // Short: every pod subnet EC2 told us about has under a tenth of its addresses free.
-        let mut known = self
-            .pod_subnets
-            .iter()
-            .filter_map(|id| self.subnets.get(id))
-            .filter(|r| r.free_known)
-            .filter_map(|r| r.subnet.as_ref())
-            .peekable();
-        let subnet_short = known.peek().is_some()
-            && known.all(|s| {
-                let size = 1u64 << (32 - u32::from(s.cidr.prefix_len()));
-                u64::from(s.available_ips) * 10 < size
-            });
-        let load = NodeLoad {
-            in_use: self.allocations.len() as u32,
-            subnet_short,
-        };
-        super::demand::warm_levels(&self.config, &self.demand, load, now)
-    }
-
-    /// An exhausted-subnet error for `subnet_id` if it is backing off as exhausted at `now`.
-    fn subnet_exhausted(&self, subnet_id: &str, now: Instant) -> Option<PoolError> {
-        let b = self.subnets.get(subnet_id)?.backoff.as_ref()?;
-        (b.kind == SubnetBackoffKind::Exhausted && b.until > now).then(|| PoolError::Exhausted {
-            reason: ExhaustionReason::Cloud {
-                subnet_id: subnet_id.to_owned(),
-                error: Box::new(b.error.clone()),
-            },
-            retry_after: Some(b.until - now),
-        })
-    }
-
-    /// Why no ENI may be created in `subnet_id` at `now`, if so.
-    fn create_blocked(&self, subnet_id: &str, now: Instant) -> Option<PoolError> {
-        let b = self.subnets.get(subnet_id)?.backoff.as_ref()?;
-        if b.until <= now {
-            return None;
-        }
-        Some(match b.kind {
-            SubnetBackoffKind::Exhausted => self.subnet_exhausted(subnet_id, now)?,
-            SubnetBackoffKind::CreateFailing => PoolError::BackingOff {
-                target: BackoffTarget::EniCreation {
-                    subnet_id: subnet_id.to_owned(),
-                },
-                retry_after: b.until - now,
-                last_error: Box::new(b.error.clone()),
-            },
-        })
-    }
-
-    /// The subnet for a new ENI: of the pod subnets not backing off, the one with the most free
-    /// addresses EC2 last reported (with prefix delegation, one that still has `/28`s first).
-    ///
-    /// Subnets within a quarter of the best count are as good: among them each node takes one by
-    /// a hash of its instance id, so nodes that boot together (and read the same counts) spread over
-    /// them instead of all draining the same one.
-    pub fn pick_subnet(&self, now: Instant) -> String {
-        let candidates: Vec<&String> = self
-            .pod_subnets
-            .iter()
-            .filter(|id| self.create_blocked(id, now).is_none())
-            .collect();
-        let free = |id: &str| {
-            self.subnets
-                .get(id)
-                .and_then(|s| s.subnet.as_ref())
-                .map_or(0, |s| s.available_ips)
-        };
-        let prefixes_ok =
-            |id: &str| !self.config.prefix_delegation || !self.prefixes_blocked(id, now);
-        let Some(best) = candidates
-            .iter()
-            .max_by_key(|id| {
-                (
-                    prefixes_ok(id),
-                    free(id),
-                    std::cmp::Reverse(self.pod_subnets.iter().position(|s| s == **id)),
-                )
-            })
-            .map(|id| (*id).clone())
-        else {
-            return self.node.subnet_id.clone();
-        };
-        let (best_ok, best_free) = (prefixes_ok(&best), free(&best));
-        let as_good: Vec<&&String> = candidates
-            .iter()
-            .filter(|id| prefixes_ok(id) == best_ok && free(id) >= best_free - best_free / 4)
-            .collect();
-        if as_good.len() < 2 || best_free == 0 {
-            return best;
-        }
-        let spread = self
-            .node
-            .instance_id
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            });
-        (*as_good[(spread % as_good.len() as u64) as usize]).clone()
-    }
-
     /// The lowest device index no ENI uses or is being created at.
     fn free_device_index(&self) -> Option<u32> {
         let used: BTreeSet<u32> = self
@@ -492,121 +331,8 @@ impl PoolState {
         (1..self.max_enis).find(|i| !used.contains(i))
     }
 
-    fn back_off_subnet(
-        &mut self,
-        subnet_id: &str,
-        kind: SubnetBackoffKind,
-        error: CloudError,
-        now: Instant,
-    ) {
-        let rec = self
-            .subnets
-            .entry(subnet_id.to_owned())
-            .or_insert_with(|| SubnetRecord::new(None));
-        let failures = rec
-            .backoff
-            .as_ref()
-            .filter(|b| b.kind == kind)
-            .map_or(1, |b| b.failures + 1);
-        let delay = match kind {
-            SubnetBackoffKind::Exhausted => self.config.subnet_backoff,
-            SubnetBackoffKind::CreateFailing => self.config.backoff_after(failures),
-        };
-        tracing::warn!(subnet = subnet_id, ?kind, error = %error, backoff_ms = delay.as_millis() as u64, "subnet backs off");
-        rec.backoff = Some(SubnetBackoff {
-            until: now + delay,
-            kind,
-            failures,
-            error,
-        });
-    }
-
     /// EC2's description of an ENI, if known.
     pub fn cloud_eni(&self, eni: &EniId) -> Option<Eni> {
         self.enis.get(eni).and_then(|r| r.cloud.clone())
-    }
-
-    /// EC2 answered that `subnet_id` has no free address: its count is zero until the next read.
-    fn subnet_seen_full(&mut self, subnet_id: &str) {
-        if let Some(s) = self
-            .subnets
-            .get_mut(subnet_id)
-            .and_then(|r| r.subnet.as_mut())
-        {
-            s.available_ips = 0;
-        }
-        if let Some(r) = self.subnets.get_mut(subnet_id) {
-            r.free_known = r.subnet.is_some();
-        }
-    }
-
-    /// Records a subnet description (fetched before a create, or by the periodic refresh).
-    pub fn learn_subnet(&mut self, subnet: Subnet) {
-        let id = subnet.id.clone();
-        let r = self
-            .subnets
-            .entry(id)
-            .or_insert_with(|| SubnetRecord::new(None));
-        r.subnet = Some(subnet);
-        r.free_known = true;
-    }
-
-    /// Checks the token accounting; `Err` describes the mismatch.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let inflight: u32 = self.enis.values().map(|r| r.inflight).sum();
-        let creating: u32 = self.creating.values().map(|c| c.count).sum();
-        let held = self.idle.len() as u32
-            + self.releasing.len() as u32
-            + self.allocations.len() as u32
-            + self.quarantined.len() as u32
-            + self.held_back.len() as u32;
-        let sum = held + inflight + creating + self.create_waiters.len() as u32;
-        if sum != self.capacity.used() {
-            return Err(format!(
-                "tokens used {} != idle {} + releasing {} + assigned {} + quarantined {} + held back {} \
-                 + in flight {} + creating {} + waiting {}",
-                self.capacity.used(),
-                self.idle.len(),
-                self.releasing.len(),
-                self.allocations.len(),
-                self.quarantined.len(),
-                self.held_back.len(),
-                inflight,
-                creating,
-                self.create_waiters.len()
-            ));
-        }
-        if self.capacity.used() > self.capacity.capacity() {
-            return Err(format!(
-                "tokens used {} > capacity {}",
-                self.capacity.used(),
-                self.capacity.capacity()
-            ));
-        }
-        let mut seen = std::collections::HashSet::new();
-        for ip in self
-            .idle
-            .ips()
-            .chain(self.releasing.keys().copied())
-            .chain(self.assigned.keys().copied())
-            .chain(self.quarantined.keys().copied())
-            .chain(self.held_back.keys().copied())
-        {
-            if !seen.insert(ip) {
-                return Err(format!("{ip} is in two places at once"));
-            }
-        }
-        let on_enis: u32 = self
-            .enis
-            .values()
-            .filter(|r| r.serves)
-            .map(|r| r.ips.len() as u32)
-            .sum();
-        if on_enis != held {
-            return Err(format!(
-                "ENIs hold {on_enis} IPs, the pool accounts for {held}"
-            ));
-        }
-        Ok(())
     }
 }

@@ -1,15 +1,21 @@
 //! Where an acquire goes: the attachment's own IP, a sticky or preferred idle IP, the IP idle the
 //! longest, an ENI actor with room, or the wait for a new ENI; and how waiters are answered.
 
-use super::*;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{EniRecord, Pending, Pick, PoolState, Route};
+use crate::cloud::CloudError;
+use crate::model::{AttachmentKey, EniId};
+use crate::pool::error::{BackoffTarget, PoolError, PreferUnavailable};
+use crate::pool::idle::{IdleEntry, IdleRefusal, Reservation};
+use crate::pool::types::{Acquire, Allocation, EniPhase, Waiter};
 
 impl PoolState {
-    pub(super) fn record_idle(
-        &mut self,
-        entry: IdleEntry,
-        req: AcquireRequest,
-        now: Instant,
-    ) -> Allocation {
+    fn record_idle(&mut self, entry: IdleEntry, req: Acquire, now: Instant) -> Allocation {
         tracing::debug!(ip = %entry.ip, idle_ms = (now - entry.idle_since).as_millis() as u64, "IP from the idle queue");
         self.record(
             req.key,
@@ -23,12 +29,7 @@ impl PoolState {
     }
 
     /// Decides how an acquire is served.
-    pub fn route_acquire(
-        &mut self,
-        req: AcquireRequest,
-        now: Instant,
-        span: tracing::Span,
-    ) -> Route {
+    pub fn route_acquire(&mut self, req: Acquire, now: Instant, span: tracing::Span) -> Route {
         if self.shutting_down {
             return Route::Done(Err(PoolError::ShuttingDown));
         }
@@ -75,12 +76,7 @@ impl PoolState {
         self.route_new_ip(req, now, span)
     }
 
-    pub(super) fn route_new_ip(
-        &mut self,
-        req: AcquireRequest,
-        now: Instant,
-        span: tracing::Span,
-    ) -> Route {
+    fn route_new_ip(&mut self, req: Acquire, now: Instant, span: tracing::Span) -> Route {
         let has_token = self.capacity.try_take(1);
         // Every token taken, some by warm-ups still in flight: this acquire takes one of those IPs
         // when it lands instead of failing while the node still has room for it.
@@ -88,18 +84,16 @@ impl PoolState {
             return Route::Done(Err(self.capacity_reached(now)));
         }
         let (tx, rx) = oneshot::channel();
+        let key = req.key.clone();
         let waiter = Waiter {
-            key: req.key.clone(),
-            pod: req.pod,
-            sticky_key: req.sticky_key,
-            meta: req.meta,
+            req,
             respond_to: tx,
             span,
             enqueued_at: now,
         };
         if !has_token {
             tracing::debug!(parent: &waiter.span, warming = self.warming, "every slot taken: waiting for a warm IP in flight");
-            self.pending.insert(req.key, Pending::default());
+            self.pending.insert(key, Pending::default());
             self.warm_waiters.push_back(waiter);
             return Route::Wait(rx);
         }
@@ -108,7 +102,7 @@ impl PoolState {
                 let rec = self.enis.get_mut(&id).expect("picked ENI exists");
                 rec.inflight += 1;
                 let handle = rec.handle.clone().expect("pod ENIs have actors");
-                self.pending.insert(req.key, Pending::default());
+                self.pending.insert(key, Pending::default());
                 Route::Send {
                     eni: id,
                     handle,
@@ -133,7 +127,7 @@ impl PoolState {
                     self.capacity.give_back(1);
                     return Route::Done(Err(self.no_eni_slot()));
                 }
-                self.pending.insert(req.key, Pending::default());
+                self.pending.insert(key, Pending::default());
                 self.create_waiters.push_back(waiter);
                 Route::Wait(rx)
             }
@@ -175,18 +169,9 @@ impl PoolState {
         }
     }
 
-    /// The send to an ENI actor failed (actor gone): undo the routing and answer.
-    pub fn abort_waiter(&mut self, eni: &EniId, waiter: Waiter, err: PoolError) {
-        if let Some(r) = self.enis.get_mut(eni) {
-            r.inflight = r.inflight.saturating_sub(1);
-        }
-        self.capacity.give_back(1);
-        self.fail_waiter(waiter, err);
-    }
-
     /// Answers `waiter` (and any followers of its attachment) with `err`. Tokens are the caller's business.
     pub(super) fn fail_waiter(&mut self, waiter: Waiter, err: PoolError) {
-        if let Some(p) = self.pending.remove(&waiter.key) {
+        if let Some(p) = self.pending.remove(&waiter.req.key) {
             for f in p.followers {
                 let _ = f.send(Err(err.clone()));
             }
@@ -197,7 +182,7 @@ impl PoolState {
 
     /// Gives `ip` (new from EC2, on `eni`) to `waiter`, or to the idle queue if nobody wants it any more.
     pub(super) fn fulfil(&mut self, waiter: Waiter, ip: Ipv4Addr, eni: EniId, now: Instant) {
-        let pending = self.pending.remove(&waiter.key).unwrap_or_default();
+        let pending = self.pending.remove(&waiter.req.key).unwrap_or_default();
         if pending.released {
             self.park_idle(ip, eni, now, Duration::ZERO, None);
             for f in pending.followers {
@@ -233,15 +218,12 @@ impl PoolState {
             return;
         }
         let Waiter {
-            key,
-            pod,
-            sticky_key,
-            meta,
+            req,
             respond_to,
             span,
             enqueued_at,
         } = waiter;
-        let alloc = self.record(key, pod, sticky_key, meta, ip, eni, now);
+        let alloc = self.record(req.key, req.pod, req.sticky_key, req.meta, ip, eni, now);
         tracing::debug!(
             parent: &span,
             %ip,
@@ -252,25 +234,6 @@ impl PoolState {
             let _ = f.send(Ok(alloc.clone()));
         }
         let _ = respond_to.send(Ok(alloc));
-    }
-
-    /// Whether the ENI actor may call the cloud now.
-    pub fn eni_accepts_work(&self, eni: &EniId, now: Instant) -> Result<(), PoolError> {
-        let r = self.enis.get(eni).ok_or(PoolError::ShuttingDown)?;
-        if let Some(err) = self.subnet_exhausted(&r.subnet_id, now) {
-            return Err(err);
-        }
-        match &r.phase {
-            EniPhase::Draining => Err(PoolError::ShuttingDown),
-            EniPhase::BackingOff {
-                until, last_error, ..
-            } if *until > now => Err(PoolError::BackingOff {
-                target: BackoffTarget::Eni(eni.clone()),
-                retry_after: *until - now,
-                last_error: Box::new(last_error.clone()),
-            }),
-            _ => Ok(()),
-        }
     }
 
     /// Whether EC2 did not show `eni` attached at the last look ([`EniPhase::Suspect`]).
@@ -295,55 +258,6 @@ impl PoolState {
         if suspect && let Some(entry) = self.idle.remove(ip) {
             self.held_back.insert(ip, entry);
         }
-    }
-
-    /// Releases `key`'s IP into the idle queue (cooling; reserved for its sticky key when `sticky`).
-    /// `None` when the attachment holds nothing (a no-op, as CNI DEL requires).
-    pub fn release(&mut self, key: &AttachmentKey, sticky: bool, now: Instant) -> Option<Released> {
-        if let Some(p) = self.pending.get_mut(key) {
-            p.released = true;
-            return None;
-        }
-        let rec = self.allocations.remove(key)?;
-        self.assigned.remove(&rec.ip);
-        let reservation = (sticky && !self.config.ip_stick_time.is_zero()).then(|| Reservation {
-            key: rec
-                .sticky_key
-                .clone()
-                .unwrap_or_else(|| rec.pod.sticky_key()),
-            until: now + self.config.ip_stick_time,
-        });
-        let released = Released {
-            ip: rec.ip,
-            reservation: reservation.as_ref().map(|r| (r.key.clone(), r.until)),
-            undo: ReleaseUndo {
-                key: key.clone(),
-                record: rec.clone(),
-            },
-        };
-        self.park_idle(
-            rec.ip,
-            rec.eni,
-            now,
-            self.config.reuse_cooldown,
-            reservation,
-        );
-        Some(released)
-    }
-
-    /// Puts a released allocation back as it was (recording the release failed), if its IP is still
-    /// idle: `false` when the IP has gone to another pod or away meanwhile.
-    pub fn undo_release(&mut self, undo: &ReleaseUndo) -> bool {
-        let ip = undo.record.ip;
-        if self.allocations.contains_key(&undo.key)
-            || (self.idle.remove(ip).is_none() && self.held_back.remove(&ip).is_none())
-        {
-            return false;
-        }
-        self.assigned.insert(ip, undo.key.clone());
-        self.allocations
-            .insert(undo.key.clone(), undo.record.clone());
-        true
     }
 
     /// An acquire routed to `eni` was cancelled before its waiter reached the actor: give back the

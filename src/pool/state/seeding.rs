@@ -1,7 +1,21 @@
 //! Building the pool's state from the startup seed: ENIs with their roles, allocations, idle IPs with
 //! their cooldowns and reservations, and the capacity tokens they hold.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::Ipv4Addr;
+
+use tokio::time::Instant;
+
+use super::{EniRecord, EniRole, PoolState, Quarantine, SubnetRecord};
+use crate::cloud::{NodeContext, Subnet};
+use crate::model::EniId;
+use crate::pool::capacity::{CapacityTokens, node_capacity};
+use crate::pool::config::PoolConfig;
+use crate::pool::demand::Demand;
+use crate::pool::idle::{IdleQueue, Reservation};
+use crate::pool::seed::{PoolSeed, SeedError};
+use crate::pool::slots::prefix_addresses;
+use crate::pool::types::{AllocationRecord, EniPhase};
 
 impl PoolState {
     /// Builds the state from a startup seed, without actors (the caller spawns them).
@@ -68,7 +82,7 @@ impl PoolState {
             let in_prefixes: Vec<Ipv4Addr> = e
                 .prefixes
                 .iter()
-                .flat_map(|p| crate::pool::slots::prefix_addresses(*p))
+                .flat_map(|p| prefix_addresses(*p))
                 .collect();
             for ip in std::iter::once(e.primary_ip)
                 .chain(e.secondary_ips.iter().copied())

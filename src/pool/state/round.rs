@@ -1,20 +1,87 @@
 //! The maintainer's plan for one round: serve waiters for a new ENI, top up below the warm level,
 //! create ENIs, give back beyond it, release empty ENIs.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use tokio::time::Instant;
+
+use super::{CreatingEni, EniRole, Pick, PoolState};
+use crate::cloud::Eni;
+use crate::cloud::lifecycle::Slots;
+use crate::model::EniId;
+use crate::pool::config::PREFIX_ADDRESSES;
+use crate::pool::demand::{self, NodeLoad, WarmLevels};
+use crate::pool::slots::prefix_addresses;
+use crate::pool::types::{EniHandle, EniPhase, Waiter};
+
+/// One ENI creation the maintainer decided on.
+pub(crate) struct CreatePlan {
+    pub id: u64,
+    pub device_index: u32,
+    pub subnet_id: String,
+    /// What the ENI is created with (pods + warm-ups, in single IPs or prefixes).
+    pub slots: Slots,
+    pub waiters: Vec<Waiter>,
+    /// The subnet's CIDR is not known yet: describe it first.
+    pub describe_subnet: bool,
+}
+
+/// What one maintainer round does.
+#[derive(Default)]
+pub(crate) struct RoundPlan {
+    pub reroutes: Vec<(EniId, EniHandle, Waiter)>,
+    pub warms: Vec<(EniId, EniHandle, u32)>,
+    pub unassigns: Vec<(EniId, EniHandle, Vec<Ipv4Addr>, Vec<Ipv4Net>)>,
+    pub creates: Vec<CreatePlan>,
+    pub releases: Vec<(EniId, EniHandle)>,
+}
+
+impl RoundPlan {
+    pub fn is_empty(&self) -> bool {
+        self.reroutes.is_empty()
+            && self.warms.is_empty()
+            && self.unassigns.is_empty()
+            && self.creates.is_empty()
+            && self.releases.is_empty()
+    }
+}
 
 impl PoolState {
+    /// The warm levels of the configured policy at `now` (see [`crate::pool::demand`]).
+    pub fn warm_levels(&self, now: Instant) -> WarmLevels {
+        // Short: every pod subnet EC2 told us about has under a tenth of its addresses free.
+        let mut known = self
+            .pod_subnets
+            .iter()
+            .filter_map(|id| self.subnets.get(id))
+            .filter(|r| r.free_known)
+            .filter_map(|r| r.subnet.as_ref())
+            .peekable();
+        let subnet_short = known.peek().is_some()
+            && known.all(|s| {
+                let size = 1u64 << (32 - u32::from(s.cidr.prefix_len()));
+                u64::from(s.available_ips) * 10 < size
+            });
+        let load = NodeLoad {
+            in_use: self.allocations.len() as u32,
+            subnet_short,
+        };
+        demand::warm_levels(&self.config, &self.demand, load, now)
+    }
+
     /// Drops create waiters whose callers are gone, returning their tokens.
-    pub(super) fn prune_create_waiters(&mut self) {
+    fn prune_create_waiters(&mut self) {
         let before = self.create_waiters.len();
         let mut kept = VecDeque::with_capacity(before);
         for w in std::mem::take(&mut self.create_waiters) {
             let followers_live = self
                 .pending
-                .get(&w.key)
+                .get(&w.req.key)
                 .is_some_and(|p| p.followers.iter().any(|f| !f.is_closed()));
             if w.respond_to.is_closed() && !followers_live {
-                self.pending.remove(&w.key);
+                self.pending.remove(&w.req.key);
                 self.capacity.give_back(1);
             } else {
                 kept.push_back(w);
@@ -286,8 +353,7 @@ impl PoolState {
                         left -= 1;
                     }
                     Some(prefix) => {
-                        let all: Vec<Ipv4Addr> =
-                            crate::pool::slots::prefix_addresses(*prefix).collect();
+                        let all: Vec<Ipv4Addr> = prefix_addresses(*prefix).collect();
                         if left < all.len() || !all.iter().all(|a| eligible.contains(a)) {
                             continue;
                         }

@@ -1,0 +1,121 @@
+//! What the pool's tasks share ([`Shared`]: the configuration, the cloud seam, the state behind its
+//! mutex) and the two seams the pool is given from outside: the [`EniProvisioner`] that creates and
+//! deletes ENIs, and the [`EniReadiness`] gate that says when the host routes through a new one.
+//!
+//! Below the pool handle, the ENI actors and the maintainer, which all hold an `Arc<Shared>`.
+
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use ipnet::Ipv4Net;
+use tokio::sync::Notify;
+
+use super::config::PoolConfig;
+use super::state::PoolState;
+use crate::cloud::lifecycle::{EniLifecycle, NewEni};
+use crate::cloud::{Cloud, CloudResult, Eni, Metadata};
+use crate::model::EniId;
+
+/// Creates/attaches and detaches/deletes the node's ENIs. [`EniLifecycle`] is the real one; the
+/// trait lets the pool be tested against a scripted one.
+#[async_trait]
+pub trait EniProvisioner: Send + Sync + 'static {
+    /// Creates the ENI `new` describes (its IPs or prefixes in the create call), attaches it, and
+    /// returns it once usable.
+    async fn create_and_attach(&self, new: &NewEni) -> CloudResult<Eni>;
+    /// Detaches and deletes an ENI eniipam created.
+    async fn detach_and_delete(&self, eni: &Eni) -> CloudResult<()>;
+}
+
+#[async_trait]
+impl EniProvisioner for EniLifecycle {
+    async fn create_and_attach(&self, new: &NewEni) -> CloudResult<Eni> {
+        EniLifecycle::create(self, new).await
+    }
+
+    async fn detach_and_delete(&self, eni: &Eni) -> CloudResult<()> {
+        EniLifecycle::detach_and_delete(self, eni).await
+    }
+}
+
+/// A new ENI as the host needs it to route through it: see [`EniReadiness`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewEniFacts {
+    pub id: EniId,
+    pub mac: String,
+    pub device_index: u32,
+    /// Its subnet's CIDR (known: a create describes the subnet first when it is not).
+    pub subnet_cidr: Option<Ipv4Net>,
+    pub primary_ip: Ipv4Addr,
+}
+
+/// The readiness gate of new ENIs (issue 23): what must be in place on the host before any IP of a
+/// new ENI is handed to a pod. The daemon installs one when it manages the ENIs' route tables
+/// (`manage_eni_routes`): it returns once the host keeper has installed the ENI's table (link up,
+/// address, MTU, routes), or fails after its bound. Without one (simulate, unit tests, routes kept
+/// by someone else) nothing waits.
+#[async_trait]
+pub trait EniReadiness: Send + Sync + 'static {
+    /// Returns when the host routes through `eni`; `Err(why)` when it does not within the gate's
+    /// bound.
+    async fn ready(&self, eni: &NewEniFacts) -> Result<(), String>;
+}
+
+/// What the pool's tasks share.
+pub(crate) struct Shared {
+    pub config: PoolConfig,
+    pub cloud: Arc<dyn Cloud>,
+    pub metadata: Arc<dyn Metadata>,
+    pub provisioner: Arc<dyn EniProvisioner>,
+    state: Mutex<PoolState>,
+    /// The readiness gate of new ENIs ([`crate::pool::Pool::set_eni_readiness`]); read when a
+    /// create completes.
+    readiness: Mutex<Option<Arc<dyn EniReadiness>>>,
+    /// Wakes the maintainer (idle shrank or grew, pods wait for an ENI, a call finished).
+    pub wake: Notify,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        config: PoolConfig,
+        cloud: Arc<dyn Cloud>,
+        metadata: Arc<dyn Metadata>,
+        provisioner: Arc<dyn EniProvisioner>,
+        state: PoolState,
+    ) -> Self {
+        Self {
+            config,
+            cloud,
+            metadata,
+            provisioner,
+            state: Mutex::new(state),
+            readiness: Mutex::new(None),
+            wake: Notify::new(),
+        }
+    }
+
+    /// The pool's state. Held only for short, non-awaiting sections.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, PoolState> {
+        // A panic under the lock is a bug already reported; the bookkeeping stays usable.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The readiness gate of new ENIs, if any.
+    pub(crate) fn readiness(&self) -> Option<Arc<dyn EniReadiness>> {
+        self.readiness
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Installs the readiness gate of new ENIs.
+    pub(crate) fn set_readiness(&self, gate: Arc<dyn EniReadiness>) {
+        *self
+            .readiness
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(gate);
+    }
+}

@@ -1,0 +1,339 @@
+//! An ENI actor's assign batch: the plan for it ([`PoolState::plan_assign`]: refused, single IPs,
+//! `/28` prefixes, or single addresses packed into fragmented blocks, cut to the ENI's free slots),
+//! and what it came to, settled in one call ([`PoolState::settle_assign`]): IPs to the waiters and
+//! the idle queue, or the error to every waiter, tokens back and the ENI (or subnet) backing off.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+use tokio::time::Instant;
+
+use super::{PoolState, SubnetBackoffKind};
+use crate::cloud::CloudError;
+use crate::model::EniId;
+use crate::pool::config::PREFIX_ADDRESSES;
+use crate::pool::error::{BackoffTarget, ExhaustionReason, PoolError};
+use crate::pool::types::{AssignBatch, AssignOutcome, AssignPlan, EniPhase, Packed, Waiter};
+
+impl PoolState {
+    /// The plan for `batch` on `eni` now.
+    ///
+    /// - The ENI takes no work (draining, backing off, its subnet exhausted): the batch is answered
+    ///   with the error, its tokens return ([`AssignPlan::Refused`]; `batch` is left empty).
+    /// - With prefix delegation, whole prefixes: the addresses beyond the batch join it as warm-ups
+    ///   (`batch.warm` grows by `extra`, their tokens taken).
+    /// - Single addresses packed into fragmented blocks (no free `/28`, or too few tokens for whole
+    ///   prefixes): the batch is cut to the ENI's free slots first.
+    pub fn plan_assign(
+        &mut self,
+        eni: &EniId,
+        batch: &mut AssignBatch,
+        now: Instant,
+    ) -> AssignPlan {
+        if let Err(err) = self.eni_accepts_work(eni, now) {
+            let pods = std::mem::take(&mut batch.pods);
+            self.reject_assign(eni, pods, std::mem::take(&mut batch.warm), err.clone());
+            return AssignPlan::Refused(err);
+        }
+        match self.how_to_assign(eni, batch.count(), now) {
+            AssignPlan::Prefixes { count, extra } => {
+                batch.warm += extra;
+                AssignPlan::Prefixes { count, extra }
+            }
+            AssignPlan::Packed(_) => AssignPlan::Packed(self.fit_packed(eni, batch)),
+            plan => plan,
+        }
+    }
+
+    /// EC2 found no free `/28` for a [`AssignPlan::Prefixes`] plan: its `extra` warm-ups leave the
+    /// batch (their tokens return), prefixes are off in the ENI's subnet for a while, and the batch
+    /// goes as single packed addresses, cut to the ENI's free slots.
+    pub fn fall_back_to_packed(
+        &mut self,
+        eni: &EniId,
+        batch: &mut AssignBatch,
+        extra: u32,
+        now: Instant,
+    ) -> Packed {
+        batch.warm -= extra;
+        self.unplan_extra(eni, extra);
+        self.no_free_prefix(eni, now);
+        self.fit_packed(eni, batch)
+    }
+
+    /// Settles `batch` on `eni` with what it came to; returns what its warm-ups' callers are answered.
+    pub fn settle_assign(
+        &mut self,
+        eni: &EniId,
+        batch: AssignBatch,
+        outcome: AssignOutcome,
+        now: Instant,
+    ) -> Result<(), PoolError> {
+        let AssignBatch { pods, warm } = batch;
+        match outcome {
+            AssignOutcome::Assigned {
+                ips,
+                prefixes,
+                eni_unlisted,
+            } => {
+                if eni_unlisted && self.suspend_eni(eni, now) {
+                    // Detached behind the pool's back (an assign on a detached ENI succeeds): its
+                    // IPs are held back, not handed out, until the running reconcile asks EC2.
+                    tracing::warn!(
+                        "IMDS does not list this ENI at all: it serves no new IPs until EC2 confirms it attached"
+                    );
+                }
+                self.complete_assign(eni, ips, &prefixes, pods, warm, now);
+                Ok(())
+            }
+            AssignOutcome::Failed(err) => Err(self.fail_assign(eni, err, pods, warm, now)),
+            AssignOutcome::NotSent(err) => {
+                self.reject_assign(eni, pods, warm, err.clone());
+                Err(err)
+            }
+        }
+    }
+
+    /// Cuts `batch` to the ENI's free slots for single addresses, and names the subnet to pack in.
+    fn fit_packed(&mut self, eni: &EniId, batch: &mut AssignBatch) -> Packed {
+        batch.warm = self.fit_single_addresses(eni, &mut batch.pods, batch.warm);
+        Packed {
+            count: batch.count(),
+            subnet: self.subnet_of(eni),
+        }
+    }
+
+    /// Whether the ENI actor may call the cloud now.
+    fn eni_accepts_work(&self, eni: &EniId, now: Instant) -> Result<(), PoolError> {
+        let r = self.enis.get(eni).ok_or(PoolError::ShuttingDown)?;
+        if let Some(err) = self.subnet_exhausted(&r.subnet_id, now) {
+            return Err(err);
+        }
+        match &r.phase {
+            EniPhase::Draining => Err(PoolError::ShuttingDown),
+            EniPhase::BackingOff {
+                until, last_error, ..
+            } if *until > now => Err(PoolError::BackingOff {
+                target: BackoffTarget::Eni(eni.clone()),
+                retry_after: *until - now,
+                last_error: Box::new(last_error.clone()),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Answers a batch the actor will not send to the cloud.
+    fn reject_assign(&mut self, eni: &EniId, pods: Vec<Waiter>, warm: u32, err: PoolError) {
+        let n = pods.len() as u32 + warm;
+        if n == 0 {
+            return;
+        }
+        if let Some(r) = self.enis.get_mut(eni) {
+            r.inflight = r.inflight.saturating_sub(n);
+        }
+        self.warming = self.warming.saturating_sub(warm);
+        self.capacity.give_back(n);
+        for w in pods {
+            self.fail_waiter(w, err.clone());
+        }
+    }
+
+    /// How `count` addresses (a batch's pods and warm-ups) come to `eni` now.
+    ///
+    /// With prefix delegation it asks for whole prefixes, taking the tokens of the addresses beyond
+    /// `count` (they join the batch as warm-ups: `AssignPlan::Prefixes::extra`); when the node has
+    /// no tokens left for a whole prefix, or the subnet has no free `/28` for now, it asks for single
+    /// addresses packed into blocks that are already fragmented.
+    fn how_to_assign(&mut self, eni: &EniId, count: u32, now: Instant) -> AssignPlan {
+        if !self.config.prefix_delegation {
+            return AssignPlan::Ips { count };
+        }
+        let Some(r) = self.enis.get(eni) else {
+            return AssignPlan::Ips { count };
+        };
+        if self.prefixes_blocked(&r.subnet_id, now) {
+            return AssignPlan::Packed(Packed {
+                count,
+                subnet: None,
+            });
+        }
+        let k = count.div_ceil(PREFIX_ADDRESSES);
+        let extra = k * PREFIX_ADDRESSES - count;
+        let got = self.capacity.take_up_to(extra);
+        if got < extra {
+            self.capacity.give_back(got);
+            return AssignPlan::Packed(Packed {
+                count,
+                subnet: None,
+            });
+        }
+        let r = self.enis.get_mut(eni).expect("checked");
+        r.inflight += extra;
+        self.warming += extra;
+        AssignPlan::Prefixes { count: k, extra }
+    }
+
+    /// A prefix plan's extra addresses that will not come (the prefixes failed): their tokens return.
+    fn unplan_extra(&mut self, eni: &EniId, extra: u32) {
+        if let Some(r) = self.enis.get_mut(eni) {
+            r.inflight = r.inflight.saturating_sub(extra);
+        }
+        self.warming = self.warming.saturating_sub(extra);
+        self.capacity.give_back(extra);
+    }
+
+    /// Fits a batch that goes to `eni` as single addresses (no free `/28`, or too few tokens for
+    /// whole prefixes) to the ENI's free slots, one address per slot: EC2 refuses an assign beyond
+    /// the per-interface limit for the whole batch. Warm-ups beyond go first (their tokens return),
+    /// then the newest pods, which go back to the queue for a new ENI with their tokens. Returns the
+    /// warm-ups kept; `pods` keeps the pods that fit.
+    fn fit_single_addresses(&mut self, eni: &EniId, pods: &mut Vec<Waiter>, warm: u32) -> u32 {
+        let Some(r) = self.enis.get(eni) else {
+            return warm;
+        };
+        let room = self.per_eni.saturating_sub(r.slots_used());
+        let over = (pods.len() as u32 + warm).saturating_sub(room);
+        if over == 0 {
+            return warm;
+        }
+        let dropped_warm = over.min(warm);
+        let requeued = pods.split_off(pods.len() - (over - dropped_warm) as usize);
+        tracing::info!(%eni, room, warm_dropped = dropped_warm, pods_requeued = requeued.len(),
+            "single addresses: the batch is cut to the ENI's free slots");
+        let r = self.enis.get_mut(eni).expect("checked");
+        r.inflight = r.inflight.saturating_sub(over);
+        self.warming = self.warming.saturating_sub(dropped_warm);
+        self.capacity.give_back(dropped_warm);
+        self.create_waiters.extend(requeued);
+        warm - dropped_warm
+    }
+
+    /// A batch's assign succeeded with `ips` (and, with prefix delegation, the `prefixes` they came
+    /// in).
+    #[allow(clippy::too_many_arguments)]
+    fn complete_assign(
+        &mut self,
+        eni: &EniId,
+        ips: Vec<Ipv4Addr>,
+        prefixes: &[Ipv4Net],
+        pods: Vec<Waiter>,
+        warm: u32,
+        now: Instant,
+    ) {
+        let asked = pods.len() as u32 + warm;
+        let got = ips.len() as u32;
+        match self.enis.get_mut(eni) {
+            Some(r) => {
+                r.inflight = r.inflight.saturating_sub(asked);
+                r.phase = r.phase.succeeded();
+                r.ips.extend(ips.iter().copied());
+                r.prefixes.extend(prefixes.iter().copied());
+                if !prefixes.is_empty()
+                    && let Some(s) = self.subnets.get_mut(&r.subnet_id)
+                {
+                    s.no_prefix = None;
+                }
+            }
+            None => {
+                // The ENI was forgotten while the call was out: its IPs are not the pool's.
+                tracing::warn!(%eni, ips = ?ips, "assign completed for an ENI the pool forgot; not using its IPs");
+                self.warming = self.warming.saturating_sub(warm);
+                self.capacity.give_back(asked);
+                for w in pods {
+                    self.fail_waiter(
+                        w,
+                        PoolError::Cloud(CloudError::NotFound {
+                            api: "AssignPrivateIpAddresses".into(),
+                            code: "InvalidNetworkInterfaceID.NotFound".into(),
+                            message: format!("{eni} is no longer attached to this instance"),
+                        }),
+                    );
+                }
+                return;
+            }
+        }
+        self.warming = self.warming.saturating_sub(warm);
+        if got > asked {
+            self.capacity.take_existing(got - asked);
+        } else {
+            self.capacity.give_back(asked - got);
+        }
+        let mut ips = ips.into_iter();
+        for w in pods {
+            match ips.next() {
+                Some(ip) => self.fulfil(w, ip, eni.clone(), now),
+                None => {
+                    let err = PoolError::Cloud(CloudError::Transient {
+                        api: "AssignPrivateIpAddresses".into(),
+                        message: format!("EC2 returned {got} of {asked} requested IPs"),
+                    });
+                    self.fail_waiter(w, err);
+                }
+            }
+        }
+        for ip in ips {
+            self.park_idle(ip, eni.clone(), now, Duration::ZERO, None);
+        }
+    }
+
+    /// A batch's assign failed: every waiter gets the error, tokens go back, the ENI (or subnet)
+    /// backs off. Returns the error the waiters got.
+    fn fail_assign(
+        &mut self,
+        eni: &EniId,
+        err: CloudError,
+        pods: Vec<Waiter>,
+        warm: u32,
+        now: Instant,
+    ) -> PoolError {
+        let subnet_backoff = self.config.subnet_backoff;
+        let subnet_id = self
+            .enis
+            .get(eni)
+            .map(|r| r.subnet_id.clone())
+            .unwrap_or_default();
+        let pool_err = match &err {
+            CloudError::SubnetFull { .. } | CloudError::AttachmentLimitExceeded { .. } => {
+                if matches!(err, CloudError::SubnetFull { .. }) {
+                    self.subnet_seen_full(&subnet_id);
+                }
+                self.back_off_subnet(&subnet_id, SubnetBackoffKind::Exhausted, err.clone(), now);
+                PoolError::Exhausted {
+                    reason: ExhaustionReason::Cloud {
+                        subnet_id,
+                        error: Box::new(err.clone()),
+                    },
+                    retry_after: Some(subnet_backoff),
+                }
+            }
+            CloudError::IpLimitExceeded { .. } => {
+                if let Some(r) = self.enis.get_mut(eni) {
+                    r.phase = r.phase.failed(err.clone(), now, |_| subnet_backoff);
+                }
+                PoolError::Exhausted {
+                    reason: ExhaustionReason::Cloud {
+                        subnet_id,
+                        error: Box::new(err.clone()),
+                    },
+                    retry_after: Some(subnet_backoff),
+                }
+            }
+            e if e.is_not_found() => {
+                // EC2 does not know the ENI (any more): serve nothing from it until the running
+                // reconcile confirms (forgotten) or refutes (serving again).
+                self.suspend_eni(eni, now);
+                PoolError::Cloud(err)
+            }
+            _ => {
+                let cfg = self.config.clone();
+                if let Some(r) = self.enis.get_mut(eni) {
+                    r.phase = r.phase.failed(err.clone(), now, |n| cfg.backoff_after(n));
+                }
+                PoolError::Cloud(err)
+            }
+        };
+        self.reject_assign(eni, pods, warm, pool_err.clone());
+        pool_err
+    }
+}
