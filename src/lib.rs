@@ -32,6 +32,7 @@ pub mod config;
 pub mod daemon;
 pub mod host;
 pub mod ipam;
+pub mod metrics;
 pub mod pool;
 pub mod reconcile;
 pub mod rpc;
