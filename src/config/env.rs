@@ -14,6 +14,11 @@ fn parse_mark(v: &str) -> Result<u32, ConfigError> {
     parsed.ok_or_else(|| invalid("connmark", format!("{v:?} is not a mark like 0x80 or 128")))
 }
 
+/// The items of a comma-separated list, trimmed, empty ones skipped (`a, b,` → `a`, `b`).
+fn comma_list(v: &str) -> impl Iterator<Item = &str> {
+    v.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
 fn parse<T: std::str::FromStr>(knob: &str, v: &str, what: &str) -> Result<T, ConfigError> {
     v.trim()
         .parse()
@@ -48,32 +53,17 @@ impl DaemonConfig {
         set!(metrics_addr, "an address like 127.0.0.1:61678");
         set!(cni_cache_dir, "a path");
         if let Some(v) = get("netns_dirs") {
-            self.netns_dirs = v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from)
-                .collect();
+            self.netns_dirs = comma_list(&v).map(PathBuf::from).collect();
         }
         set_opt!(region, "a region");
         set_opt!(ec2_endpoint, "a URL");
         set_opt!(imds_endpoint, "a URL");
         set_opt!(subnet_id, "a subnet id");
         if let Some(v) = get("subnet_ids") {
-            self.subnet_ids = v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect();
+            self.subnet_ids = comma_list(&v).map(str::to_owned).collect();
         }
         if let Some(v) = get("security_groups") {
-            self.security_groups = v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect();
+            self.security_groups = comma_list(&v).map(str::to_owned).collect();
         }
         set!(warm_policy, "adaptive or fixed");
         set!(min_idle, "a whole number");
@@ -117,10 +107,7 @@ impl DaemonConfig {
         }
         set!(external_snat, "true or false");
         if let Some(v) = get("snat_exclude_cidrs") {
-            self.snat_exclude_cidrs = v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
+            self.snat_exclude_cidrs = comma_list(&v)
                 .map(|c| parse("snat_exclude_cidrs", c, "an IPv4 CIDR like 10.1.0.0/16"))
                 .collect::<Result<_, _>>()?;
         }
