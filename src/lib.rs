@@ -5,32 +5,38 @@
 //! types, the gRPC contract and the result-cache format are the `eniipam-api` crate's; the netlink
 //! primitives are `eniipam-netlink`'s.
 //!
-//! Modules, with imports flowing one way (`bin` → [`daemon`] → [`rpc`] → [`ipam`] → [`pool`] /
-//! [`reconcile`] → [`cloud`] / [`store`] → [`model`]):
+//! The modules, in layers (the map `tests/module_map.rs` checks against every `crate::…` path in
+//! `src/`, and against the same block in `docs/how-it-works.md`). `src/bin/eniipamd.rs`, the thin main,
+//! sits above them all.
 //!
-//! - [`daemon`]: `Daemon::start`, which builds and runs everything (the `eniipamd` binary is a thin main).
-//! - [`rpc`]: the tonic services (`Ipam`, `Introspect`) on the unix socket: protobuf ⇄ domain types.
-//! - [`ipam`]: the service: allocate / release / check / GC with the durable record (invariant 5) and
-//!   the sticky and fallback rules in one place.
-//! - [`pool`]: the IP pool: capacity tokens, the idle queue (reverse-time order, cooldown, sticky IPs),
-//!   one actor per ENI with its ipBacklog, the maintainer that keeps min/max idle.
-//! - [`reconcile`]: the startup rebuild from the state file, IMDS, EC2 and the host; the running
-//!   reconcile.
-//! - [`cloud`]: the `Cloud` (EC2) and `Metadata` (IMDSv2) seams on the AWS SDK, rate limiting, retries
-//!   and backoff, the ENI lifecycle and the leaked-ENI collector.
-//! - [`store`]: SQLite state (WAL), one owner thread behind an async handle.
-//! - [`host`]: the node's own networking the daemon keeps: each secondary ENI's route table, the SNAT and
-//!   NodePort rules (nftables table `ip eniipam`, fwmark rule 1024, loose rp_filter on eth0).
-//! - [`config`]: the daemon's configuration (file + `ENIIPAM_*` environment), validated.
-//! - [`telemetry`]: logs, Prometheus metrics, `/healthz` and `/readyz`.
-//! - [`clock`]: tokio time and the unix milliseconds the state file keeps.
-//! - `simulate` (feature `simulate`, on by default): `--simulate`, the daemon on an embedded mockcloud.
+//! <!-- module-map: checked by tests/module_map.rs; keep docs/how-it-works.md's copy the same -->
+//! A module imports only from the layers below its own: never from its own layer, never upward.
+//!
+//! | layer | modules | what they hold |
+//! | --- | --- | --- |
+//! | 1 | `simulate` | `eniipamd --simulate`: the daemon on an embedded mockcloud, synthetic churn (feature `simulate`) |
+//! | 2 | `daemon` | `Daemon::start` in named steps, where the pool and the host meet; `daemon::run`: the binary's modes |
+//! | 3 | `telemetry` | logs; `/metrics` (rendered from `metrics` and snapshots), `/healthz`, `/readyz` |
+//! | 4 | `config` | the configuration: TOML file, `ENIIPAM_*` overrides, validation; each part's knobs |
+//! | 5 | `rpc` | the tonic services on the unix socket: protobuf ⇄ domain |
+//! | 6 | `reconcile` | the startup rebuild, the running reconcile, pods gone from the API server |
+//! | 7 | `ipam` | allocate / release / check / GC with the durable record (invariant 5) |
+//! | 8 | `pool`, `host` | the IP pool (capacity, idle queue, one actor per ENI, maintainer); the node's own networking (ENI route tables, SNAT and NodePort rules, `--prepare-host`) |
+//! | 9 | `cloud`, `store` | the `Cloud` (EC2) and `Metadata` (IMDSv2) seams, limits, retries, ENI lifecycle; SQLite state (WAL), one owner thread |
+//! | 10 | `metrics`, `clock` | the metric families the request path records; tokio time and unix milliseconds |
+//! | 11 | `model` | `eniipam-api`'s model types (IPs, ENI ids, attachment keys, pods) |
+//! <!-- /module-map -->
+//!
+//! Where to look: the pool in [`pool`] (the ENI actor in `pool::eni`), the state file in [`store`], the
+//! cloud seam in [`cloud`], the data path in [`host`] (and the plugin's wiring in `crates/cni`), the
+//! daemon's startup in [`daemon`], the binary's modes in [`daemon::run`].
 
 pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod host;
 pub mod ipam;
+pub mod metrics;
 pub mod pool;
 pub mod reconcile;
 pub mod rpc;

@@ -20,6 +20,7 @@ use std::time::Duration;
 use api_server_support::{FakeApiServer, pod_json};
 use eniipam::config::DaemonConfig;
 use eniipam::ipam::{AllocateRequest, Ipam};
+use eniipam::metrics::Metrics;
 use eniipam::model::{AttachmentKey, PodRef};
 use eniipam::pool::{Acquire, AttachmentMeta};
 use eniipam::reconcile::NetnsView;
@@ -27,7 +28,6 @@ use eniipam::reconcile::api_server::{
     self, ApiServerError, ApiServerGc, ApiServerTarget, PodPhase, PodWatch, release_gone_pods,
 };
 use eniipam::store::Store;
-use eniipam::telemetry::Metrics;
 use pool_support::memory_cloud::NodeSpec;
 use tokio::time::advance;
 use tokio_util::sync::CancellationToken;

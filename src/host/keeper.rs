@@ -167,8 +167,8 @@ impl RouteKeeper {
         matches!(self.installed.get(&eni.device_index), Some((done, Some(_))) if done == eni)
     }
 
-    /// Runs [`Self::sync`] every `period` against what `wanted` returns (for the daemon:
-    /// `move || pod_eni_routes(&pool.snapshot(), mtu)`), until `cancel`.
+    /// Runs [`Self::sync`] every `period` against what `wanted` returns (for the daemon, in
+    /// `daemon/host.rs`: `move || pod_eni_routes(&pool.snapshot(), mtu)`), until `cancel`.
     pub fn spawn<F>(
         self,
         wanted: F,

@@ -14,10 +14,16 @@
 //!   back and removed by [`HostRules`] (nftables table `ip eniipam`).
 //! - [`rules_keeper`]: [`RulesKeeper`], which keeps those rules in step with the config and IMDS
 //!   (VPC CIDRs re-read periodically) and heals drift.
+//! - [`prepare`]: `eniipamd --prepare-host` (loose `rp_filter` on the primary interface) and
+//!   `--uninstall-host-rules`.
+//!
+//! The pool's ENIs reach the route keeper as [`EniRoute`]s the daemon derives from the pool's
+//! snapshot: this module never imports the pool.
 
 pub mod keeper;
 pub mod netfilter;
 pub mod nodeport;
+pub mod prepare;
 pub mod routes;
 pub mod rules;
 pub mod rules_keeper;
@@ -26,6 +32,7 @@ pub mod snat;
 pub use eniipam_netlink::TableRoute;
 pub use keeper::{ReadyRequest, RouteKeeper, SyncReport};
 pub use netfilter::{Nft, NftError, SnatPorts};
+pub use prepare::{PrepareError, Prepared};
 pub use routes::{EniRoute, EniRouting, HostError};
 pub use rules::{HostRules, HostRulesConfig, PrimaryInterface, RulesError, TABLE, desired_table};
 pub use rules_keeper::{RulesKeeper, RulesReport, TableChange};

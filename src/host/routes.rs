@@ -26,7 +26,6 @@ use netlink_packet_route::route::RouteScope;
 use rtnetlink::RouteMessageBuilder;
 
 use crate::cloud::vpc_router;
-use crate::pool::{EniRole, EniSnapshot, PoolSnapshot};
 
 /// The policy-routing table of the ENI at `device_index` ([`crate::model::route_table`]: the one
 /// convention the plugin's rules and these tables share).
@@ -92,21 +91,6 @@ impl EniRoute {
         table_of(self.device_index)
     }
 
-    /// The route of a pool ENI: only ENIs that serve pods ([`EniRole::Pods`]), are not the primary
-    /// and whose subnet is known get one.
-    pub fn from_snapshot(eni: &EniSnapshot, mtu: Option<u32>) -> Option<Self> {
-        if eni.role != EniRole::Pods {
-            return None;
-        }
-        Self::of_eni(
-            &eni.mac,
-            eni.device_index,
-            eni.subnet_cidr?,
-            eni.primary_ip,
-            mtu,
-        )
-    }
-
     /// The route of a secondary ENI (`None` for the primary, device index 0).
     pub fn of_eni(
         mac: &str,
@@ -156,15 +140,6 @@ impl EniRoute {
         }
         Ok((table, mac))
     }
-}
-
-/// The routes of every pod ENI in `snapshot` ([`EniRoute::from_snapshot`]).
-pub fn pod_eni_routes(snapshot: &PoolSnapshot, mtu: Option<u32>) -> Vec<EniRoute> {
-    snapshot
-        .enis
-        .iter()
-        .filter_map(|e| EniRoute::from_snapshot(e, mtu))
-        .collect()
 }
 
 /// Keeps the route tables of secondary ENIs, over one rtnetlink connection bound to the network

@@ -59,54 +59,6 @@ fn validation_normalises_and_refuses() {
 }
 
 #[test]
-fn pool_enis_map_to_routes() {
-    use crate::pool::EniPhaseSnapshot;
-    let snap = |role: EniRole, device_index: u32, cidr: Option<&str>| EniSnapshot {
-        id: "eni-0123abcd".parse().unwrap(),
-        mac: "02:AB:00:00:00:01".into(),
-        device_index,
-        subnet_id: "subnet-1".into(),
-        subnet_cidr: cidr.map(|c| c.parse().unwrap()),
-        primary_ip: "10.1.2.10".parse().unwrap(),
-        role,
-        serves_pods: role == EniRole::Pods,
-        prefixes: Vec::new(),
-        phase: EniPhaseSnapshot::Serving,
-        in_flight: 0,
-        ips: Vec::new(),
-    };
-    let route =
-        EniRoute::from_snapshot(&snap(EniRole::Pods, 2, Some("10.1.2.0/24")), Some(9001)).unwrap();
-    assert_eq!(
-        route,
-        EniRoute {
-            mac: "02:ab:00:00:00:01".into(),
-            device_index: 2,
-            subnet_cidr: "10.1.2.0/24".parse().unwrap(),
-            gateway: "10.1.2.1".parse().unwrap(),
-            primary_ip: "10.1.2.10".parse().unwrap(),
-            mtu: Some(9001),
-        }
-    );
-    assert_eq!(
-        EniRoute::from_snapshot(&snap(EniRole::Primary, 0, Some("10.1.2.0/24")), None),
-        None
-    );
-    assert_eq!(
-        EniRoute::from_snapshot(&snap(EniRole::Foreign, 1, Some("10.1.2.0/24")), None),
-        None
-    );
-    assert_eq!(
-        EniRoute::from_snapshot(&snap(EniRole::Pods, 0, Some("10.1.2.0/24")), None),
-        None
-    );
-    assert_eq!(
-        EniRoute::from_snapshot(&snap(EniRole::Pods, 1, None), None),
-        None
-    );
-}
-
-#[test]
 fn routes_display_like_ip() {
     let r = TableRoute {
         table: 3,

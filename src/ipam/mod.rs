@@ -20,11 +20,11 @@ use ipnet::Ipv4Net;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::clock::{to_unix_ms, unix_ms_now};
+use crate::metrics::Metrics;
 use crate::model::AttachmentKey;
 use crate::pool::snapshot::IpState;
 use crate::pool::{Acquire, Allocation, Pool, PoolError, PoolSnapshot};
 use crate::store::{Store, StoreError};
-use crate::telemetry::Metrics;
 
 mod drift;
 

@@ -10,9 +10,9 @@ use tonic::{Code, Request, Response, Status};
 
 use super::{API_VERSION, pb};
 use crate::ipam::{AllocateRequest, GcRequest, Ipam, IpamError};
+use crate::metrics::Metrics;
 use crate::model::{AttachmentKey, PodRef};
 use crate::pool::{Acquire, AttachmentMeta, PoolError};
-use crate::telemetry::Metrics;
 
 /// The `Ipam` service.
 #[derive(Clone)]

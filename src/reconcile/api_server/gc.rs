@@ -11,10 +11,10 @@ use tokio::time::Instant;
 
 use super::watch::{BoundPod, BoundPods, PodPhase, PodWatch};
 use crate::ipam::Ipam;
+use crate::metrics::Metrics;
 use crate::model::{AttachmentKey, PodRef};
 use crate::pool::snapshot::IpState;
 use crate::reconcile::evidence::{NetnsState, NetnsView};
-use crate::telemetry::Metrics;
 
 /// How long the confirming GET may take before the pod counts as unknown.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);

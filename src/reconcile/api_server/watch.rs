@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cloud::backoff::BackoffPolicy;
-use crate::telemetry::Metrics;
+use crate::metrics::Metrics;
 
 /// The annotation the kubelet puts on a mirror pod (a static pod's stand-in in the API): the static
 /// pod's own UID (its config hash), which is the UID the kubelet gives the runtime, and so the one in

@@ -1,0 +1,361 @@
+//! The daemon's configuration: an optional TOML file, then `ENIIPAM_*` environment overrides, then
+//! validation with errors that name the knob and its allowed range. Nothing else reads the environment.
+//!
+//! Every knob, its default and its AWS VPC CNI equivalent is in `docs/config.md`.
+//!
+//! [`DaemonConfig`] and its defaults are here, with what each part of the daemon is given of it
+//! (`pool_config`, `host_rules_config`, `limiter_config`, `api_server_target`); `env` reads the
+//! `ENIIPAM_*` overrides, `validate` checks every knob.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cloud::limiter::{BucketConfig, LimiterConfig, RateLimitConfig};
+use crate::host::{HostRulesConfig, Snat, SnatPorts};
+use crate::pool::PoolConfig;
+use crate::pool::config::WarmPolicy;
+use crate::reconcile::api_server::ApiServerTarget;
+
+mod env;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+/// The service account's token and CA bundle, as the kubelet mounts them in every pod.
+pub const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+pub const SERVICE_ACCOUNT_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+
+/// Where environment variables come from (the process, or a map in tests).
+pub trait Env {
+    fn var(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+impl Env for BTreeMap<String, String> {
+    fn var(&self, name: &str) -> Option<String> {
+        self.get(name).cloned()
+    }
+}
+
+/// How logs are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// JSON lines (the DaemonSet default).
+    Json,
+    /// Human-readable.
+    Text,
+    /// Text on a terminal, JSON otherwise.
+    Auto,
+}
+
+/// A configuration value that cannot work.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{knob}: {problem}")]
+    Invalid { knob: String, problem: String },
+    #[error("cannot read config file {path}: {message}")]
+    File { path: String, message: String },
+}
+
+fn invalid(knob: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        knob: knob.to_owned(),
+        problem: problem.into(),
+    }
+}
+
+/// Everything `eniipamd` can be told. Field names are the TOML keys; `ENIIPAM_<UPPER_NAME>` overrides.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Cluster name, written in ENI tags and used by the leaked-ENI collector. Required on a real node.
+    pub cluster_name: String,
+    /// gRPC unix socket for the plugin and eniipamctl.
+    pub socket_path: PathBuf,
+    /// SQLite state file.
+    pub state_path: PathBuf,
+    /// Metrics, /healthz and /readyz.
+    pub metrics_addr: SocketAddr,
+    /// The plugin's result cache (read at startup as evidence of pods the state file does not know).
+    pub cni_cache_dir: PathBuf,
+    /// Directories where the runtime puts pod network namespaces, as the daemon sees them (hostPath
+    /// mounts). A pod is released as dead only when its netns path lies in one of these, the directory
+    /// is visible, and the file is absent; anywhere else its netns is unknown, never gone.
+    pub netns_dirs: Vec<PathBuf>,
+    /// AWS region (default: the SDK chain, then IMDS).
+    pub region: Option<String>,
+    /// EC2 endpoint override (default: the SDK's, `AWS_ENDPOINT_URL_EC2`).
+    pub ec2_endpoint: Option<String>,
+    /// IMDS endpoint override (default: `AWS_EC2_METADATA_SERVICE_ENDPOINT`, then 169.254.169.254).
+    pub imds_endpoint: Option<String>,
+    /// Subnet for new ENIs when no others are found (default: eth0's).
+    pub subnet_id: Option<String>,
+    /// Pins the subnets new ENIs may go to (each must be in the node's VPC and availability zone).
+    /// Empty: discovered by the `kubernetes.io/role/cni` tag in the node's availability zone, as the
+    /// AWS VPC CNI does (`ENABLE_SUBNET_DISCOVERY`), with `subnet_id` (eth0's) always a candidate
+    /// unless tagged `0`.
+    pub subnet_ids: Vec<String>,
+    /// Security groups for new ENIs (default: eth0's).
+    pub security_groups: Vec<String>,
+    /// How the warm pool's level is chosen: `adaptive` (default: learned from the node's pod starts
+    /// and bursts, within `min_idle ..= max_idle`) or `fixed` (top up below `min_idle` to halfway
+    /// to `max_idle`, give back above `max_idle`).
+    pub warm_policy: WarmPolicy,
+    /// Idle IPs always kept ready: the warm level's floor (AWS VPC CNI: WARM_IP_TARGET).
+    pub min_idle: u32,
+    /// The warm level's ceiling: idle IPs beyond it are given back.
+    pub max_idle: u32,
+    /// `fixed` policy: IPs held at least, pods included (VPC CNI: MINIMUM_IP_TARGET). Default 0.
+    pub minimum_ips: u32,
+    /// `adaptive` policy: seconds a burst's leftovers are held, and the node must be quiet before
+    /// the pool shrinks to its fill level. Default 600.
+    pub give_back_delay_secs: u64,
+    /// Cap on pod IPs held by the node (VPC CNI: max pods).
+    pub max_ips: Option<u32>,
+    /// Cap on ENIs, eth0 included (VPC CNI: MAX_ENI).
+    pub max_enis: Option<u32>,
+    /// eth0's secondary IPs serve pods too, as with the AWS VPC CNI (default true).
+    pub use_primary_eni: bool,
+    /// Slots are `/28` prefixes of 16 addresses (VPC CNI: ENABLE_PREFIX_DELEGATION). Nitro instance
+    /// types only. Default false.
+    pub prefix_delegation: bool,
+    /// Seconds before a released IP goes to another pod (VPC CNI: IP_COOLDOWN_PERIOD, 30 s).
+    pub reuse_cooldown_secs: u64,
+    /// Seconds a sticky IP stays reserved for its StatefulSet pod.
+    pub ip_stick_time_secs: u64,
+    /// Mutating EC2 calls per second and burst, per node.
+    pub ec2_mutating_qps: f64,
+    pub ec2_mutating_burst: u32,
+    /// Describe EC2 calls per second and burst, per node.
+    pub ec2_describe_qps: f64,
+    pub ec2_describe_burst: u32,
+    /// Grace period before an available ENI of ours counts as leaked.
+    pub leaked_eni_grace_secs: u64,
+    /// Period of the leaked-ENI collector (jittered ±20 %).
+    pub leaked_eni_period_secs: u64,
+    /// Period of the running reconcile (jittered ±20 %): releases pods whose netns is gone, measures
+    /// drift against EC2.
+    pub reconcile_period_secs: u64,
+    /// This node's Kubernetes name (`ENIIPAM_NODE_NAME`; the DaemonSet sets it from the downward API,
+    /// `spec.nodeName`). Required when the API-server pod GC is on.
+    pub node_name: String,
+    /// Release allocations whose pod is gone from the Kubernetes API server. Unset: on when in-cluster
+    /// config is available (an API server is known: `api_server_url`, or `KUBERNETES_SERVICE_HOST`/
+    /// `_PORT`; and for `https`, the token file exists); `true`: required (an error when no API server
+    /// is known, or the token is missing); `false`: off.
+    pub api_server_gc: Option<bool>,
+    /// The API server (default in a pod: `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`).
+    pub api_server_url: Option<String>,
+    /// Bearer token for the API server (the service account's; re-read as the kubelet rotates it).
+    /// Used when it exists; required for `https`.
+    pub api_server_token_file: PathBuf,
+    /// CA bundle of the API server's certificate (used for `https`).
+    pub api_server_ca_file: PathBuf,
+    /// Seconds a pod must have been gone from the API server before its allocation is released.
+    pub api_server_grace_secs: u64,
+    /// Keep each secondary ENI's route table on the host (link up, primary IP, subnet route and default
+    /// via the subnet gateway in table device_index + 1). Off only where the daemon must not touch the
+    /// host's routing (`--simulate`, tests).
+    pub manage_eni_routes: bool,
+    /// Pods keep their own address towards destinations outside the VPC: a NAT gateway translates
+    /// (VPC CNI: AWS_VPC_K8S_CNI_EXTERNALSNAT). Off: SNAT to eth0's primary IP. Needs
+    /// `manage_eni_routes`, like every host rule.
+    pub external_snat: bool,
+    /// Destinations never SNATed besides the VPC's CIDRs (VPC CNI: AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS).
+    pub snat_exclude_cidrs: Vec<ipnet::Ipv4Net>,
+    /// Source ports of SNATed connections: `prng`, `hashrandom` or `none` (VPC CNI:
+    /// AWS_VPC_K8S_CNI_RANDOMIZESNAT).
+    pub snat_randomize: SnatPorts,
+    /// Mark connections arriving on eth0 so replies of pods on secondary ENIs leave by eth0
+    /// (NodePort, hostPort, instance targets; VPC CNI: AWS_VPC_CNI_NODE_PORT_SUPPORT).
+    pub node_port_support: bool,
+    /// The connection/packet mark bit(s) of those rules and of `fwmark` rule 1024 (VPC CNI:
+    /// AWS_VPC_K8S_CNI_CONNMARK).
+    pub connmark: u32,
+    /// The plugin's host veth prefix (its `veth_prefix` in the conflist): the rules match pod
+    /// traffic by it (VPC CNI: AWS_VPC_K8S_CNI_VETHPREFIX).
+    pub veth_prefix: String,
+    /// Seconds between checks of the host rules (drift is healed; IMDS's VPC CIDRs are re-read
+    /// every 30 s).
+    pub host_rules_check_secs: u64,
+    /// Seconds a new ENI waits for its route table on the host before serving pods (with
+    /// `manage_eni_routes`); past that, the ENI is given back and its pods get a retryable error
+    /// (`eniipam_eni_route_table_timeouts_total`).
+    pub eni_route_wait_secs: u64,
+    /// Seconds in-flight requests get to finish on SIGTERM.
+    pub shutdown_grace_secs: u64,
+    pub log_format: LogFormat,
+    /// `tracing` filter, e.g. `info` or `eniipam=debug`.
+    pub log_level: String,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        let pool = PoolConfig::default();
+        let rates = RateLimitConfig::default();
+        Self {
+            cluster_name: String::new(),
+            socket_path: PathBuf::from(eniipam_api::DEFAULT_SOCKET),
+            state_path: PathBuf::from("/var/lib/eniipam/state.db"),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 61678)),
+            cni_cache_dir: PathBuf::from(eniipam_api::cache::DEFAULT_CACHE_DIR),
+            netns_dirs: vec![PathBuf::from("/var/run/netns"), PathBuf::from("/run/netns")],
+            region: None,
+            ec2_endpoint: None,
+            imds_endpoint: None,
+            subnet_id: None,
+            subnet_ids: Vec::new(),
+            security_groups: Vec::new(),
+            warm_policy: pool.warm_policy,
+            min_idle: pool.min_idle,
+            max_idle: pool.max_idle,
+            minimum_ips: pool.minimum_ips,
+            give_back_delay_secs: pool.give_back_delay.as_secs(),
+            max_ips: pool.max_ips,
+            max_enis: pool.max_enis,
+            use_primary_eni: pool.use_primary_eni,
+            prefix_delegation: pool.prefix_delegation,
+            reuse_cooldown_secs: pool.reuse_cooldown.as_secs(),
+            ip_stick_time_secs: pool.ip_stick_time.as_secs(),
+            ec2_mutating_qps: rates.mutating.qps,
+            ec2_mutating_burst: rates.mutating.burst,
+            ec2_describe_qps: rates.describe.qps,
+            ec2_describe_burst: rates.describe.burst,
+            leaked_eni_grace_secs: 300,
+            leaked_eni_period_secs: 3600,
+            reconcile_period_secs: 60,
+            manage_eni_routes: true,
+            node_name: String::new(),
+            api_server_gc: None,
+            api_server_url: None,
+            api_server_token_file: PathBuf::from(SERVICE_ACCOUNT_TOKEN),
+            api_server_ca_file: PathBuf::from(SERVICE_ACCOUNT_CA),
+            api_server_grace_secs: 60,
+            external_snat: false,
+            snat_exclude_cidrs: Vec::new(),
+            snat_randomize: SnatPorts::Prng,
+            node_port_support: true,
+            connmark: 0x80,
+            veth_prefix: "eni".to_owned(),
+            host_rules_check_secs: 10,
+            eni_route_wait_secs: 30,
+            shutdown_grace_secs: 20,
+            log_format: LogFormat::Auto,
+            log_level: "info".to_owned(),
+        }
+    }
+}
+
+impl DaemonConfig {
+    /// Reads the optional file, applies `ENIIPAM_*` overrides from `env`, and validates.
+    pub fn load(file: Option<&Path>, env: &dyn Env) -> Result<Self, ConfigError> {
+        let mut cfg = match file {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| ConfigError::File {
+                    path: p.display().to_string(),
+                    message: e.to_string(),
+                })?;
+                toml::from_str(&text).map_err(|e| ConfigError::File {
+                    path: p.display().to_string(),
+                    message: e.to_string(),
+                })?
+            }
+            None => Self::default(),
+        };
+        cfg.apply_env(env)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Whether the API-server pod GC runs: `api_server_gc`, or when unset, whether in-cluster config is
+    /// available: an API server is known and, for `https`, the token file exists (a pod with
+    /// `automountServiceAccountToken: false` still gets `KUBERNETES_SERVICE_HOST`, but no credentials).
+    pub fn api_server_gc_enabled(&self) -> bool {
+        self.api_server_gc.unwrap_or_else(|| {
+            self.api_server_url.as_deref().is_some_and(|url| {
+                !url.starts_with("https://") || self.api_server_token_file.exists()
+            })
+        })
+    }
+
+    /// Where the API-server pod GC connects, when it is on: the URL, the token file when it exists (it
+    /// must for `https`) and the CA bundle for `https`.
+    pub fn api_server_target(&self) -> Option<ApiServerTarget> {
+        if !self.api_server_gc_enabled() {
+            return None;
+        }
+        let url = self.api_server_url.clone()?;
+        let https = url.starts_with("https://");
+        Some(ApiServerTarget {
+            token_file: (https || self.api_server_token_file.exists())
+                .then(|| self.api_server_token_file.clone()),
+            ca_file: https.then(|| self.api_server_ca_file.clone()),
+            url,
+        })
+    }
+
+    /// The host rules' knobs (kept when `manage_eni_routes` is on).
+    pub fn host_rules_config(&self) -> HostRulesConfig {
+        HostRulesConfig {
+            snat: if self.external_snat {
+                Snat::External
+            } else {
+                Snat::Node {
+                    ports: self.snat_randomize,
+                    exclude: self.snat_exclude_cidrs.clone(),
+                }
+            },
+            node_port_support: self.node_port_support,
+            connmark: self.connmark,
+            veth_prefix: self.veth_prefix.clone(),
+        }
+    }
+
+    /// The pool's knobs.
+    pub fn pool_config(&self) -> PoolConfig {
+        PoolConfig {
+            warm_policy: self.warm_policy,
+            min_idle: self.min_idle,
+            max_idle: self.max_idle,
+            minimum_ips: self.minimum_ips,
+            give_back_delay: Duration::from_secs(self.give_back_delay_secs),
+            max_ips: self.max_ips,
+            max_enis: self.max_enis,
+            use_primary_eni: self.use_primary_eni,
+            prefix_delegation: self.prefix_delegation,
+            reuse_cooldown: Duration::from_secs(self.reuse_cooldown_secs),
+            ip_stick_time: Duration::from_secs(self.ip_stick_time_secs),
+            ..PoolConfig::default()
+        }
+    }
+
+    /// The EC2 rate limits and default retries.
+    pub fn limiter_config(&self) -> LimiterConfig {
+        LimiterConfig {
+            rates: RateLimitConfig {
+                mutating: BucketConfig {
+                    qps: self.ec2_mutating_qps,
+                    burst: self.ec2_mutating_burst,
+                },
+                describe: BucketConfig {
+                    qps: self.ec2_describe_qps,
+                    burst: self.ec2_describe_burst,
+                },
+            },
+            ..LimiterConfig::default()
+        }
+    }
+}

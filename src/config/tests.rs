@@ -1,0 +1,134 @@
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+#[test]
+fn defaults_are_valid() {
+    DaemonConfig::default().validate().unwrap();
+}
+
+#[test]
+fn env_overrides_and_names_bad_knobs() {
+    let c = DaemonConfig::load(
+        None,
+        &env(&[
+            ("ENIIPAM_MIN_IDLE", "4"),
+            ("ENIIPAM_MAX_ENIS", "3"),
+            ("ENIIPAM_SECURITY_GROUPS", "sg-1, sg-2"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!((c.min_idle, c.max_enis), (4, Some(3)));
+    assert_eq!(c.security_groups, vec!["sg-1", "sg-2"]);
+    let e = DaemonConfig::load(None, &env(&[("ENIIPAM_MIN_IDLE", "lots")])).unwrap_err();
+    assert!(e.to_string().starts_with("min_idle:"), "{e}");
+    let e = DaemonConfig::load(
+        None,
+        &env(&[("ENIIPAM_MIN_IDLE", "50"), ("ENIIPAM_MAX_IDLE", "5")]),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("max_idle"), "{e}");
+    let e = DaemonConfig::load(None, &env(&[("ENIIPAM_MAX_ENIS", "1")])).unwrap_err();
+    assert!(e.to_string().contains("2 ..= 32"), "{e}");
+    let e = DaemonConfig::load(None, &env(&[("ENIIPAM_EC2_MUTATING_QPS", "0")])).unwrap_err();
+    assert!(e.to_string().starts_with("ec2_mutating_qps"), "{e}");
+    let e = DaemonConfig::load(None, &env(&[("ENIIPAM_LOG_FORMAT", "xml")])).unwrap_err();
+    assert!(e.to_string().starts_with("log_format"), "{e}");
+}
+
+#[test]
+fn host_rule_knobs_read_like_the_vpc_cni() {
+    let c = DaemonConfig::load(None, &env(&[])).unwrap();
+    assert_eq!(
+        c.host_rules_config(),
+        HostRulesConfig::default(),
+        "SNAT with prng ports and NodePort support by default"
+    );
+    let c = DaemonConfig::load(
+        None,
+        &env(&[
+            ("ENIIPAM_EXTERNAL_SNAT", "true"),
+            ("ENIIPAM_NODE_PORT_SUPPORT", "false"),
+            ("ENIIPAM_CONNMARK", "0x100"),
+            ("ENIIPAM_VETH_PREFIX", "pod"),
+        ]),
+    )
+    .unwrap();
+    let h = c.host_rules_config();
+    assert_eq!(h.snat, Snat::External);
+    assert!(!h.node_port_support && !h.wants_rules());
+    assert_eq!((h.connmark, h.veth_prefix.as_str()), (0x100, "pod"));
+    let c = DaemonConfig::load(
+        None,
+        &env(&[
+            ("ENIIPAM_SNAT_EXCLUDE_CIDRS", "10.1.0.0/16, 192.168.0.0/24"),
+            ("ENIIPAM_SNAT_RANDOMIZE", "hashrandom"),
+            ("ENIIPAM_CONNMARK", "64"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        c.host_rules_config().snat,
+        Snat::Node {
+            ports: SnatPorts::Hashrandom,
+            exclude: vec![
+                "10.1.0.0/16".parse().unwrap(),
+                "192.168.0.0/24".parse().unwrap()
+            ],
+        }
+    );
+    assert_eq!(c.connmark, 64);
+    for (var, value, knob) in [
+        (
+            "ENIIPAM_SNAT_EXCLUDE_CIDRS",
+            "10.1.0.0/16,nope",
+            "snat_exclude_cidrs",
+        ),
+        ("ENIIPAM_SNAT_RANDOMIZE", "random", "snat_randomize"),
+        ("ENIIPAM_CONNMARK", "0", "connmark"),
+        ("ENIIPAM_CONNMARK", "0x4000", "connmark"),
+        ("ENIIPAM_CONNMARK", "0xzz", "connmark"),
+        ("ENIIPAM_VETH_PREFIX", "toolong", "veth_prefix"),
+        (
+            "ENIIPAM_HOST_RULES_CHECK_SECS",
+            "0",
+            "host_rules_check_secs",
+        ),
+        ("ENIIPAM_ENI_ROUTE_WAIT_SECS", "0", "eni_route_wait_secs"),
+    ] {
+        let e = DaemonConfig::load(None, &env(&[(var, value)])).unwrap_err();
+        assert!(e.to_string().starts_with(knob), "{var}={value}: {e}");
+    }
+    // The TOML spelling of the same knobs.
+    let c: DaemonConfig = toml::from_str(
+        "external_snat = true\nsnat_randomize = \"none\"\nsnat_exclude_cidrs = [\"10.9.0.0/16\"]\nconnmark = 0x200\n",
+    )
+    .unwrap();
+    c.validate().unwrap();
+    assert_eq!(
+        (c.external_snat, c.snat_randomize, c.connmark),
+        (true, SnatPorts::None, 0x200)
+    );
+}
+
+#[test]
+fn file_then_env() {
+    let dir = std::env::temp_dir().join(format!("eniipam-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("c.toml");
+    std::fs::write(&f, "cluster_name = \"prod\"\nmin_idle = 1\nmax_idle = 3\n").unwrap();
+    let c = DaemonConfig::load(Some(&f), &env(&[("ENIIPAM_MAX_IDLE", "7")])).unwrap();
+    assert_eq!(
+        (c.cluster_name.as_str(), c.min_idle, c.max_idle),
+        ("prod", 1, 7)
+    );
+    std::fs::write(&f, "no_such_knob = 1\n").unwrap();
+    let e = DaemonConfig::load(Some(&f), &env(&[])).unwrap_err();
+    assert!(e.to_string().contains("no_such_knob"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,183 @@
+//! Validation: every knob checked, the error names the knob and the allowed range.
+
+use super::{ConfigError, DaemonConfig, invalid};
+
+impl DaemonConfig {
+    /// Checks every knob; the error names the knob and the allowed range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.cluster_name.len() > 128 || self.cluster_name.contains(char::is_whitespace) {
+            return Err(invalid("cluster_name", "at most 128 characters, no spaces"));
+        }
+        if self.min_idle > self.max_idle {
+            return Err(invalid(
+                "min_idle",
+                format!(
+                    "{} is above max_idle {} (allowed: 0 ..= max_idle)",
+                    self.min_idle, self.max_idle
+                ),
+            ));
+        }
+        if self.max_idle > 10_000 {
+            return Err(invalid("max_idle", "allowed: 0 ..= 10000"));
+        }
+        if self.minimum_ips > 10_000 {
+            return Err(invalid("minimum_ips", "allowed: 0 ..= 10000"));
+        }
+        if self.give_back_delay_secs > 24 * 3600 {
+            return Err(invalid("give_back_delay_secs", "allowed: 0 ..= 86400"));
+        }
+        if let Some(m) = self.max_enis
+            && !(2..=32).contains(&m)
+        {
+            return Err(invalid(
+                "max_enis",
+                format!("{m} is outside 2 ..= 32 (eth0 counts)"),
+            ));
+        }
+        if self.max_ips == Some(0) {
+            return Err(invalid("max_ips", "allowed: 1 or more (or unset)"));
+        }
+        if self.reuse_cooldown_secs > 3600 {
+            return Err(invalid("reuse_cooldown_secs", "allowed: 0 ..= 3600"));
+        }
+        if self.ip_stick_time_secs > 86_400 {
+            return Err(invalid("ip_stick_time_secs", "allowed: 0 ..= 86400"));
+        }
+        for (knob, qps) in [
+            ("ec2_mutating_qps", self.ec2_mutating_qps),
+            ("ec2_describe_qps", self.ec2_describe_qps),
+        ] {
+            if !(qps > 0.0 && qps <= 100.0) {
+                return Err(invalid(knob, format!("{qps} is outside (0, 100]")));
+            }
+        }
+        for (knob, b) in [
+            ("ec2_mutating_burst", self.ec2_mutating_burst),
+            ("ec2_describe_burst", self.ec2_describe_burst),
+        ] {
+            if !(1..=1000).contains(&b) {
+                return Err(invalid(knob, format!("{b} is outside 1 ..= 1000")));
+            }
+        }
+        if self.leaked_eni_grace_secs < 60 {
+            return Err(invalid(
+                "leaked_eni_grace_secs",
+                "allowed: 60 or more (an ENI between create and attach is not a leak)",
+            ));
+        }
+        if self.leaked_eni_period_secs < 10 {
+            return Err(invalid("leaked_eni_period_secs", "allowed: 10 or more"));
+        }
+        if !(5..=3600).contains(&self.reconcile_period_secs) {
+            return Err(invalid("reconcile_period_secs", "allowed: 5 ..= 3600"));
+        }
+        if self.api_server_grace_secs > 86_400 {
+            return Err(invalid("api_server_grace_secs", "allowed: 0 ..= 86400"));
+        }
+        if !self.node_name.is_empty() && !is_dns_subdomain(&self.node_name) {
+            return Err(invalid(
+                "node_name",
+                format!(
+                    "{:?} is not a Kubernetes node name (lowercase letters, digits, '-' and '.', at most 253)",
+                    self.node_name
+                ),
+            ));
+        }
+        if let Some(url) = &self.api_server_url
+            && !(url.starts_with("https://") || url.starts_with("http://"))
+        {
+            return Err(invalid(
+                "api_server_url",
+                format!("{url:?} is not an https:// (or http://) URL"),
+            ));
+        }
+        if self.api_server_gc == Some(true) && self.api_server_url.is_none() {
+            return Err(invalid(
+                "api_server_gc",
+                "true, but no API server is known: not running in a pod (KUBERNETES_SERVICE_HOST and \
+                 KUBERNETES_SERVICE_PORT are unset) and api_server_url is unset",
+            ));
+        }
+        if self.api_server_gc_enabled() && self.node_name.is_empty() {
+            return Err(invalid(
+                "node_name",
+                "empty, but the API-server pod GC is on (in-cluster config found, or api_server_gc = true): \
+                 set ENIIPAM_NODE_NAME to this node's Kubernetes name (the DaemonSet sets it from the \
+                 downward API, fieldRef spec.nodeName), or set api_server_gc = false",
+            ));
+        }
+        self.validate_host_rules()?;
+        if self.shutdown_grace_secs > 600 {
+            return Err(invalid("shutdown_grace_secs", "allowed: 0 ..= 600"));
+        }
+        if self.socket_path.as_os_str().is_empty() || self.state_path.as_os_str().is_empty() {
+            return Err(invalid("socket_path/state_path", "must not be empty"));
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log_level).is_err() {
+            return Err(invalid(
+                "log_level",
+                format!("{:?} is not a tracing filter", self.log_level),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_host_rules(&self) -> Result<(), ConfigError> {
+        if self.connmark == 0 {
+            return Err(invalid(
+                "connmark",
+                "must not be 0 (the VPC CNI's default is 0x80)",
+            ));
+        }
+        // Marks other node components set: kube-proxy's masquerade (0x4000) and drop (0x8000) bits,
+        // portmap's masquerade bit (0x2000).
+        const TAKEN: u32 = 0x2000 | 0x4000 | 0x8000;
+        if self.connmark & TAKEN != 0 {
+            return Err(invalid(
+                "connmark",
+                format!(
+                    "{:#x} overlaps bits kube-proxy (0x4000, 0x8000) or portmap (0x2000) use",
+                    self.connmark
+                ),
+            ));
+        }
+        let prefix_ok = (1..=4).contains(&self.veth_prefix.len())
+            && self
+                .veth_prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !prefix_ok {
+            return Err(invalid(
+                "veth_prefix",
+                format!(
+                    "{:?}: 1-4 characters of [A-Za-z0-9_-], the conflist's veth_prefix",
+                    self.veth_prefix
+                ),
+            ));
+        }
+        if self.snat_exclude_cidrs.len() > 256 {
+            return Err(invalid("snat_exclude_cidrs", "allowed: at most 256 CIDRs"));
+        }
+        if !(1..=3600).contains(&self.host_rules_check_secs) {
+            return Err(invalid("host_rules_check_secs", "allowed: 1 ..= 3600"));
+        }
+        if !(1..=600).contains(&self.eni_route_wait_secs) {
+            return Err(invalid("eni_route_wait_secs", "allowed: 1 ..= 600"));
+        }
+        Ok(())
+    }
+}
+
+/// A DNS subdomain (RFC 1123), which node names are.
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}

@@ -1,0 +1,282 @@
+//! `eniipamd` as a library: [`Daemon::start`] builds and runs everything the binary runs, so the binary,
+//! `--simulate`, the integration tests and the fleet simulation all start the same real daemon.
+//!
+//! Startup order (nothing is served before the rebuild): metrics listener (`/readyz` false) → state
+//! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
+//! the rebuilt state → pool → host routing and rules (SNAT, NodePort) → leaked-ENI collector →
+//! API-server pod watch (when on) → gRPC socket → ready.
+//!
+//! Shutdown in three steps: stop accepting, let in-flight requests finish within the grace period, then
+//! stop the pool and close the file. Live pods' IPs are left alone (they are in the file and in EC2).
+//!
+//! Its parts, by step: [`clients`] (the EC2 and IMDS clients), `serve` (the metrics listener first and
+//! the gRPC socket last), `startup` (state file, the node's identity and subnets, the rebuild),
+//! `host` (route tables, the pool's readiness gate, SNAT and NodePort rules), `collectors` (leaked
+//! ENIs, pods gone from the API server), `reconciler` (the running reconcile), and [`run`]: the
+//! modes of the `eniipamd` binary (serve until a signal, prepare the host, remove the host rules).
+
+mod clients;
+mod collectors;
+mod host;
+mod reconciler;
+pub mod run;
+mod serve;
+mod startup;
+
+pub use clients::CloudClients;
+pub use startup::SUBNET_ROLE_TAG;
+
+use collectors::{spawn_api_server_gc, spawn_leak_collector};
+use host::{spawn_host_routing, spawn_host_rules};
+use reconciler::{Reconciler, spawn_reconcile};
+use serve::{serve_grpc, serve_metrics};
+use startup::{discover_node, open_store, rebuild};
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::cloud::calls::CallStats;
+use crate::cloud::leak::LeakCollector;
+use crate::cloud::{CloudError, NodeContext, Purpose, with_purpose};
+use crate::config::DaemonConfig;
+use crate::ipam::Ipam;
+use crate::metrics::Metrics;
+use crate::pool::{Pool, PoolError};
+use crate::reconcile::api_server::{self, ApiServerGc, BoundPods};
+use crate::reconcile::{self, ReconcileReport};
+use crate::rpc::{IpamService, SocketError, pb};
+use crate::store::{Store, StoreError};
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cloud: {0}")]
+    Cloud(#[from] CloudError),
+    #[error("cannot build the EC2 client: {0}")]
+    Client(String),
+    #[error("state file: {0}")]
+    Store(#[from] StoreError),
+    #[error("socket: {0}")]
+    Socket(#[from] SocketError),
+    #[error("pool: {0}")]
+    Pool(#[from] PoolError),
+    #[error("metrics listener on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("host routing: {0}")]
+    Host(#[from] crate::host::HostError),
+    #[error("host netfilter rules (SNAT, NodePort): {0}")]
+    HostRules(#[from] crate::host::RulesError),
+    #[error("this node's primary interface (device 0) is not in EC2's view of {0}")]
+    NoPrimaryEni(String),
+    /// The configuration does not fit this node (a knob the instance type cannot honour, a subnet
+    /// in another availability zone).
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("Kubernetes API server: {0}")]
+    ApiServer(#[from] api_server::ApiServerError),
+}
+
+/// A running daemon.
+pub struct DaemonHandle {
+    pub socket_path: PathBuf,
+    pub metrics_addr: SocketAddr,
+    pub pool: Pool,
+    pub store: Store,
+    pub node: NodeContext,
+    pub report: ReconcileReport,
+    pub metrics: Metrics,
+    pub calls: Arc<CallStats>,
+    ready: Arc<AtomicBool>,
+    health: tonic_health::server::HealthReporter,
+    ipam: Ipam,
+    reconciler: Reconciler,
+    api_server: Option<ApiServerGc>,
+    cancel: CancellationToken,
+    grpc: JoinHandle<()>,
+    background: Vec<JoinHandle<()>>,
+    grace: Duration,
+}
+
+/// Entry point.
+pub struct Daemon;
+
+/// What is shared while the daemon is being built: shutdown, readiness, metrics, background tasks.
+struct Building {
+    cancel: CancellationToken,
+    ready: Arc<AtomicBool>,
+    metrics: Metrics,
+    pool_cell: Arc<OnceLock<Pool>>,
+    leak_cell: Arc<OnceLock<Arc<LeakCollector>>>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Daemon {
+    /// Starts with the real AWS clients built from `config`.
+    pub async fn start(config: DaemonConfig) -> Result<DaemonHandle, DaemonError> {
+        let clients = CloudClients::from_config(&config, None).await?;
+        Self::start_with(config, clients).await
+    }
+
+    /// Starts with the given cloud clients: metrics first, then the state file, the node's identity,
+    /// the rebuild, the pool and its helpers, and the socket last (see the module docs).
+    pub async fn start_with(
+        config: DaemonConfig,
+        clients: CloudClients,
+    ) -> Result<DaemonHandle, DaemonError> {
+        let started = tokio::time::Instant::now();
+        let mut b = Building {
+            cancel: CancellationToken::new(),
+            ready: Arc::new(AtomicBool::new(false)),
+            metrics: Metrics::default(),
+            pool_cell: Arc::new(OnceLock::new()),
+            leak_cell: Arc::new(OnceLock::new()),
+            background: Vec::new(),
+        };
+        let metrics_addr = serve_metrics(&config, &clients, &mut b).await?;
+        let (store, state_lost) = open_store(&config).await?;
+        // Every EC2 call until the pool starts is the startup's.
+        let (node, (seed, report, vpc_cidrs)) = with_purpose(Purpose::Startup, async {
+            let node = discover_node(&config, &clients).await?;
+            let rebuilt =
+                rebuild(&config, &clients, &node, (&store, state_lost), &b.metrics).await?;
+            Ok::<_, DaemonError>((node, rebuilt))
+        })
+        .await?;
+        let pool = Pool::start(
+            config.pool_config(),
+            clients.cloud.clone(),
+            clients.metadata.clone(),
+            node.clone(),
+            seed,
+        )?;
+        let _ = b.pool_cell.set(pool.clone());
+        if config.manage_eni_routes {
+            spawn_host_routing(
+                &pool,
+                &mut b,
+                Duration::from_secs(config.eni_route_wait_secs),
+            )
+            .await?;
+            spawn_host_rules(&config, &clients, &mut b).await?;
+        }
+        if !config.cluster_name.is_empty() {
+            spawn_leak_collector(&config, &clients, &node, &mut b);
+        }
+        let ipam = Ipam::new(
+            pool.clone(),
+            store.clone(),
+            b.ready.clone(),
+            vpc_cidrs,
+            b.metrics.clone(),
+        );
+        let api_server = spawn_api_server_gc(&config, &mut b)?;
+        let reconciler = Reconciler {
+            ipam: ipam.clone(),
+            cloud: clients.cloud.clone(),
+            instance_id: node.instance_id.clone(),
+            host: reconcile::HostView {
+                cni_cache_dir: config.cni_cache_dir.clone(),
+                netns_dirs: config.netns_dirs.clone(),
+            },
+            api_server: api_server.clone(),
+            memory: Arc::new(tokio::sync::Mutex::new(reconcile::Memory::default())),
+            metrics: b.metrics.clone(),
+        };
+        b.background.push(spawn_reconcile(
+            reconciler.clone(),
+            Duration::from_secs(config.reconcile_period_secs),
+            b.cancel.clone(),
+        ));
+        let (health, grpc) = serve_grpc(&config, &node, &ipam, &b).await?;
+
+        b.ready.store(true, Ordering::Release);
+        let ms = started.elapsed().as_millis() as u64;
+        b.metrics.set_startup_ms(ms);
+        tracing::info!(
+            instance = %node.instance_id, instance_type = %node.instance_type,
+            socket = %config.socket_path.display(), metrics = %metrics_addr,
+            enis = report.enis, kept = report.kept, adopted = report.adopted.len(),
+            dropped = report.dropped_gone.len(),
+            released = report.released_dead.len(), unknown_ips = report.unknown_ips,
+            startup_ms = ms, "eniipamd ready"
+        );
+        Ok(DaemonHandle {
+            socket_path: config.socket_path.clone(),
+            metrics_addr,
+            pool,
+            store,
+            node,
+            report,
+            metrics: b.metrics,
+            calls: clients.stats,
+            ready: b.ready,
+            health,
+            ipam,
+            reconciler,
+            api_server,
+            cancel: b.cancel,
+            grpc,
+            background: b.background,
+            grace: Duration::from_secs(config.shutdown_grace_secs),
+        })
+    }
+}
+
+impl DaemonHandle {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// The pods bound to this node as the API server watch knows them (a cheap snapshot; for a
+    /// lookahead that pre-allocates for pods bound but not yet ADDed). `None` when that source is off.
+    pub fn bound_pods(&self) -> Option<BoundPods> {
+        self.api_server.as_ref().map(|a| a.watch().bound_pods())
+    }
+
+    /// The API-server pod GC, when on (its watch, for waiting on the view).
+    pub fn api_server(&self) -> Option<&ApiServerGc> {
+        self.api_server.as_ref()
+    }
+
+    /// Runs one pass of the running reconcile now (it also runs every `reconcile_period_secs`).
+    pub async fn reconcile_now(&self) -> Result<reconcile::PassReport, CloudError> {
+        self.reconciler.pass().await
+    }
+
+    /// The IPAM service (what the gRPC API calls).
+    pub fn ipam(&self) -> &Ipam {
+        &self.ipam
+    }
+
+    /// Stops accepting, lets in-flight requests finish within the grace period, then stops the pool and
+    /// closes the state file. Live pods' IPs are left alone.
+    pub async fn shutdown(self) {
+        self.ready.store(false, Ordering::Release);
+        self.health
+            .set_not_serving::<pb::ipam_server::IpamServer<IpamService>>()
+            .await;
+        self.cancel.cancel();
+        let mut grpc = self.grpc;
+        if tokio::time::timeout(self.grace, &mut grpc).await.is_err() {
+            tracing::warn!(grace = ?self.grace, "in-flight requests did not finish within the grace period");
+            grpc.abort();
+        }
+        self.pool.shutdown().await;
+        self.store.close().await;
+        for t in self.background {
+            t.abort();
+        }
+        let _ = std::fs::remove_file(&self.socket_path);
+        tracing::info!("eniipamd stopped");
+    }
+}

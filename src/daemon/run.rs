@@ -1,0 +1,174 @@
+//! The modes of `eniipamd` besides `--simulate` (which is [`crate::simulate`]'s): serve this node
+//! until SIGTERM or Ctrl-C ([`serve`]), prepare the host's kernel settings ([`prepare_host`], the
+//! DaemonSet's init container) and remove the host rules ([`uninstall_host_rules`]). Each returns a
+//! typed [`ModeError`]; the binary turns it into an exit code ([`ModeError::is_config`]: fix the
+//! configuration, restarting won't help).
+
+use std::path::Path;
+
+use super::{CloudClients, Daemon, DaemonError};
+use crate::cloud::CloudError;
+use crate::config::{ConfigError, DaemonConfig, Env};
+use crate::host::prepare::{self, PrepareError, Prepared};
+use crate::host::{RulesError, TABLE};
+
+/// Why a mode of `eniipamd` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ModeError {
+    /// The configuration (file, `ENIIPAM_*` variables) is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// No cluster name: a real node needs one.
+    #[error(
+        "cluster_name is empty: set ENIIPAM_CLUSTER_NAME (in the DaemonSet: the ENIIPAM_CLUSTER_NAME key of \
+         the eniipam-config ConfigMap, deploy/configmap.yaml) or `cluster_name` in the config file. It tags \
+         the ENIs eniipam creates, the IAM policy is scoped to it, and the leaked-ENI collector uses it \
+         (use --simulate to try eniipam without a cluster)"
+    )]
+    NoClusterName,
+    /// The configuration does not fit this node ([`DaemonError::Config`]).
+    #[error(transparent)]
+    Unfit(DaemonError),
+    /// Starting the daemon failed (EC2 or IMDS unreachable, state file, socket in use...).
+    #[error("eniipamd failed to start")]
+    Start(#[source] DaemonError),
+    /// The signal handlers could not be set up.
+    #[error("cannot listen for {0}")]
+    Signal(&'static str, #[source] std::io::Error),
+    /// `--prepare-host` failed.
+    #[error("preparing the host")]
+    Prepare(#[source] PrepareStep),
+    /// `--uninstall-host-rules` failed.
+    #[error("removing the host rules")]
+    Uninstall(#[source] RulesError),
+}
+
+impl ModeError {
+    /// Whether the configuration is to blame (exit 78): restarting won't help until it is fixed.
+    pub fn is_config(&self) -> bool {
+        matches!(self, Self::Config(_) | Self::NoClusterName | Self::Unfit(_))
+    }
+}
+
+/// The step of `--prepare-host` that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareStep {
+    #[error("building the IMDS client")]
+    Clients(#[source] DaemonError),
+    #[error("reading eth0's MAC from IMDS")]
+    Identity(#[source] CloudError),
+    #[error(transparent)]
+    Host(#[from] PrepareError),
+}
+
+/// `eniipamd` on a real node: the configuration from `file` and `env`, logging set up, the daemon
+/// started, served until SIGTERM or Ctrl-C, then shut down.
+pub async fn serve(file: Option<&Path>, env: &dyn Env) -> Result<(), ModeError> {
+    let config = DaemonConfig::load(file, env)?;
+    if config.cluster_name.is_empty() {
+        return Err(ModeError::NoClusterName);
+    }
+    crate::telemetry::init_logging(config.log_format, &config.log_level);
+    let daemon = Daemon::start(config).await.map_err(|e| match e {
+        e @ DaemonError::Config(_) => ModeError::Unfit(e),
+        e => ModeError::Start(e),
+    })?;
+    let signal = wait_for_signal().await;
+    daemon.shutdown().await;
+    signal
+}
+
+/// Waits for SIGTERM or Ctrl-C.
+pub async fn wait_for_signal() -> Result<(), ModeError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| ModeError::Signal("SIGTERM", e))?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.map_err(|e| ModeError::Signal("Ctrl-C", e))?,
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// What `--prepare-host` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostPrepared {
+    /// Nothing needs a loose `rp_filter` with this configuration.
+    NothingToDo,
+    /// The primary interface, prepared.
+    Primary(Prepared),
+}
+
+impl std::fmt::Display for HostPrepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NothingToDo => f.write_str(
+                "nothing to prepare (manage_eni_routes is off, or external_snat is on and node_port_support \
+                 off): rp_filter left as it is",
+            ),
+            Self::Primary(p) => write!(
+                f,
+                "{} (primary interface): rp_filter {}",
+                p.ifname,
+                if p.changed {
+                    "set to 2 (loose)"
+                } else {
+                    "already not strict, left as it is"
+                }
+            ),
+        }
+    }
+}
+
+/// `--prepare-host`: the primary interface (found by eth0's MAC from IMDS) gets `rp_filter` 2
+/// (loose) when it is 1 (strict), when the configuration needs it. SNAT needs a loose rp_filter as
+/// much as NodePort support does (issue 23): see `HostRulesConfig::needs_loose_rp_filter`.
+pub async fn prepare_host(file: Option<&Path>, env: &dyn Env) -> Result<HostPrepared, ModeError> {
+    let config = DaemonConfig::load(file, env)?;
+    if !(config.manage_eni_routes && config.host_rules_config().needs_loose_rp_filter()) {
+        return Ok(HostPrepared::NothingToDo);
+    }
+    let step = async {
+        let clients = CloudClients::from_config(&config, None)
+            .await
+            .map_err(PrepareStep::Clients)?;
+        let mac = clients
+            .metadata
+            .identity()
+            .await
+            .map_err(PrepareStep::Identity)?
+            .mac;
+        Ok::<_, PrepareStep>(prepare::loosen_primary_rp_filter(&mac).await?)
+    };
+    step.await
+        .map(HostPrepared::Primary)
+        .map_err(ModeError::Prepare)
+}
+
+/// What `--uninstall-host-rules` removed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostRulesRemoved(pub crate::host::rules::Uninstalled);
+
+impl std::fmt::Display for HostRulesRemoved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "host rules removed (nftables table ip {TABLE}: {}; fwmark rules: {})",
+            if self.0.table { "deleted" } else { "absent" },
+            self.0.fwmark_rules
+        )
+    }
+}
+
+/// `--uninstall-host-rules`: removes the nftables table `ip eniipam` and the `fwmark` rule of the
+/// configured `connmark`.
+pub async fn uninstall_host_rules(
+    file: Option<&Path>,
+    env: &dyn Env,
+) -> Result<HostRulesRemoved, ModeError> {
+    let config = DaemonConfig::load(file, env)?;
+    prepare::uninstall_host_rules(config.connmark)
+        .await
+        .map(HostRulesRemoved)
+        .map_err(ModeError::Uninstall)
+}

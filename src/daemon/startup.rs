@@ -1,0 +1,204 @@
+//! Startup steps 2 to 4: the state file, the node's identity and the subnets its ENIs may use, and the
+//! rebuild from the file, IMDS, EC2 and the host.
+
+use ipnet::Ipv4Net;
+
+use super::{CloudClients, DaemonError};
+use crate::cloud::NodeContext;
+use crate::config::DaemonConfig;
+use crate::metrics::Metrics;
+use crate::pool::PoolSeed;
+use crate::reconcile::{self, ReconcileReport};
+use crate::store::Store;
+
+/// Step 2: the state file (a corrupt one is moved aside and rebuilt). Returns whether it was lost
+/// (created afresh or moved aside): the rebuild then trusts nothing but EC2 and the host's evidence.
+pub(super) async fn open_store(config: &DaemonConfig) -> Result<(Store, bool), DaemonError> {
+    let (store, opened) = Store::open(&config.state_path).await?;
+    if let Some(aside) = &opened.moved_aside {
+        tracing::error!(
+            path = %config.state_path.display(), moved_to = %aside.display(),
+            "STATE FILE WAS CORRUPT: moved aside for inspection; rebuilding from IMDS, EC2 and the host"
+        );
+    }
+    Ok((store, opened.created || opened.moved_aside.is_some()))
+}
+
+/// Step 3: who we are (IMDS), and what EC2 says about us: instance type, limits, eth0, and the
+/// subnets new ENIs may go to.
+pub(super) async fn discover_node(
+    config: &DaemonConfig,
+    clients: &CloudClients,
+) -> Result<NodeContext, DaemonError> {
+    let identity = clients.metadata.identity().await?;
+    let instance = clients
+        .cloud
+        .describe_instance(&identity.instance_id)
+        .await?;
+    let limits = clients
+        .cloud
+        .instance_limits(&instance.instance_type)
+        .await?;
+    if config.prefix_delegation && !limits.nitro {
+        return Err(DaemonError::Config(format!(
+            "prefix_delegation (ENIIPAM_PREFIX_DELEGATION) needs a Nitro instance type; {} is not one: \
+             turn it off for this node group",
+            instance.instance_type
+        )));
+    }
+    let eth0 = instance
+        .enis
+        .iter()
+        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+        .ok_or_else(|| DaemonError::NoPrimaryEni(identity.instance_id.clone()))?;
+    let subnet_id = config
+        .subnet_id
+        .clone()
+        .unwrap_or_else(|| eth0.subnet_id.clone());
+    let pod_subnets = pod_subnets(config, clients, &instance, &subnet_id).await?;
+    Ok(NodeContext {
+        cluster_name: config.cluster_name.clone(),
+        instance_id: identity.instance_id.clone(),
+        instance_type: instance.instance_type.clone(),
+        availability_zone: instance.availability_zone.clone(),
+        vpc_id: instance.vpc_id.clone(),
+        subnet_id,
+        security_groups: if config.security_groups.is_empty() {
+            eth0.security_groups.clone()
+        } else {
+            config.security_groups.clone()
+        },
+        limits,
+        pod_subnets,
+    })
+}
+
+/// The AWS VPC CNI's subnet tag: `0` excludes a subnet, any other value includes it.
+pub const SUBNET_ROLE_TAG: &str = "kubernetes.io/role/cni";
+
+/// The subnets new ENIs may go to: `subnet_ids` when configured (each must be in the node's VPC and
+/// availability zone: a clear error otherwise); else the VPC's subnets in the node's availability
+/// zone tagged `kubernetes.io/role/cni` (not `0`), plus the node's own subnet unless tagged `0`. When
+/// EC2 cannot list them, the node's own subnet alone.
+async fn pod_subnets(
+    config: &DaemonConfig,
+    clients: &CloudClients,
+    instance: &crate::cloud::Instance,
+    own: &str,
+) -> Result<Vec<crate::cloud::Subnet>, DaemonError> {
+    use crate::cloud::SubnetFilter;
+    if !config.subnet_ids.is_empty() {
+        let found = clients
+            .cloud
+            .describe_subnets(&SubnetFilter {
+                ids: config.subnet_ids.clone(),
+                ..SubnetFilter::default()
+            })
+            .await?;
+        for id in &config.subnet_ids {
+            let Some(s) = found.iter().find(|s| &s.id == id) else {
+                return Err(DaemonError::Config(format!(
+                    "subnet_ids: {id} does not exist (or the node may not describe it)"
+                )));
+            };
+            if s.availability_zone != instance.availability_zone || s.vpc_id != instance.vpc_id {
+                return Err(DaemonError::Config(format!(
+                    "subnet_ids: {id} is in {} ({}), but this node is in {} ({}): an ENI can only use \
+                     a subnet of the instance's own availability zone and VPC",
+                    s.availability_zone, s.vpc_id, instance.availability_zone, instance.vpc_id
+                )));
+            }
+        }
+        return Ok(config
+            .subnet_ids
+            .iter()
+            .filter_map(|id| found.iter().find(|s| &s.id == id).cloned())
+            .collect());
+    }
+    let listed = clients
+        .cloud
+        .describe_subnets(&SubnetFilter {
+            vpc_id: Some(instance.vpc_id.clone()),
+            availability_zone: Some(instance.availability_zone.clone()),
+            ..SubnetFilter::default()
+        })
+        .await;
+    let subnets = match listed {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the availability zone's subnets: new ENIs go to the node's own");
+            return Ok(Vec::new());
+        }
+    };
+    let mut chosen: Vec<crate::cloud::Subnet> = subnets
+        .into_iter()
+        .filter(|s| match s.tags.get(SUBNET_ROLE_TAG).map(String::as_str) {
+            Some("0") => false,
+            Some(_) => true,
+            None => s.id == own,
+        })
+        .collect();
+    // The node's own subnet first among equals.
+    chosen.sort_by_key(|s| s.id != own);
+    if chosen.len() > 1 {
+        tracing::info!(subnets = ?chosen.iter().map(|s| &s.id).collect::<Vec<_>>(), "subnets for new ENIs");
+    }
+    Ok(chosen)
+}
+
+/// Step 4: rebuild from the file, IMDS, EC2 and the host, and make the file equal the truth before
+/// anything is served. Returns the pool's seed, the report and the VPC's CIDRs.
+pub(super) async fn rebuild(
+    config: &DaemonConfig,
+    clients: &CloudClients,
+    node: &NodeContext,
+    (store, state_lost): (&Store, bool),
+    metrics: &Metrics,
+) -> Result<(PoolSeed, ReconcileReport, Vec<Ipv4Net>), DaemonError> {
+    let stored = store.load().await?;
+    let netns = reconcile::NetnsView::of(&config.netns_dirs);
+    let host = reconcile::host_evidence(&config.cni_cache_dir, &netns);
+    let rebuilt = reconcile::rebuild(
+        clients.cloud.as_ref(),
+        clients.metadata.as_ref(),
+        &node.instance_id,
+        reconcile::Inputs {
+            stored,
+            state_lost,
+            host: &host,
+            netns: &netns,
+            use_primary_eni: config.use_primary_eni,
+        },
+    )
+    .await?;
+    let report = rebuilt.report;
+    metrics
+        .reconcile_dropped
+        .inc_by(report.dropped_gone.len() as u64);
+    metrics
+        .reconcile_released
+        .inc_by(report.released_dead.len() as u64);
+    metrics.reconcile_unknown.inc_by(report.unknown_ips as u64);
+    if !report.quarantined.is_empty() {
+        tracing::error!(
+            quarantined = report.quarantined.len(),
+            cache = %config.cni_cache_dir.display(),
+            "the state file was lost and the plugin's result cache is not visible: IPs on our ENIs are \
+             QUARANTINED (neither handed out nor given back) until the cache is visible or an operator \
+             clears them (eniipamctl quarantine release)"
+        );
+    }
+    if report.foreign_state {
+        tracing::warn!("the state file belonged to another instance: ignored");
+    }
+    store.replace_all(rebuilt.state).await?;
+    let vpc_cidrs = clients
+        .metadata
+        .interfaces()
+        .await?
+        .into_iter()
+        .find(|m| m.device_number == 0)
+        .map(|m| m.vpc_cidrs)
+        .unwrap_or_default();
+    Ok((rebuilt.seed, report, vpc_cidrs))
+}

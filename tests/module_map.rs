@@ -1,0 +1,863 @@
+//! The module map is true (issue 24): the layers listed in `src/lib.rs`'s `//!` map (between the
+//! `<!-- module-map -->` markers, the same block as in `docs/how-it-works.md`) are checked against
+//! every `crate::…` path in `src/**` (and every `super::…` path that climbs to the crate root):
+//!
+//! - a module imports only from layers below its own (not its own layer, not above), so there is
+//!   no upward arrow and no cycle (cycles are also looked for on their own);
+//! - every module `src/lib.rs` declares (`mod x;`, or `pub use … as x;` like `model`) is in the
+//!   map, and every module in the map exists;
+//! - the block in `docs/how-it-works.md` is the same as in `src/lib.rs`.
+//!
+//! And the crates: no shipped crate (`.`, `crates/*`) depends on anything under `mocks/` (except as a
+//! dev-dependency, or optionally for the `simulate` feature alone); no crate under `crates/` depends
+//! on the daemon; `crates/cloud`, where it exists, depends on no workspace crate but `eniipam-api` and
+//! `eniipam-limits`.
+//!
+//! The checker's own tests feed it bad examples, so it is known to fail when it should.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+const BEGIN: &str = "<!-- module-map";
+const END: &str = "<!-- /module-map -->";
+
+/// The layers of the map, top first: each a set of module names.
+#[derive(Debug, Default)]
+struct Map {
+    layer_of: BTreeMap<String, usize>,
+}
+
+/// The marked block of `text` (lines of `src/lib.rs` are read without their `//!`).
+fn map_block(text: &str, doc_comments: bool) -> Result<String, String> {
+    let lines: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            if !doc_comments {
+                return Some(l.trim_end().to_owned());
+            }
+            let rest = l.trim_start().strip_prefix("//!")?;
+            Some(rest.strip_prefix(' ').unwrap_or(rest).trim_end().to_owned())
+        })
+        .collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with(BEGIN))
+        .ok_or_else(|| format!("no `{BEGIN} -->` marker"))?;
+    let end = lines[start..]
+        .iter()
+        .position(|l| l.starts_with(END))
+        .ok_or_else(|| format!("no `{END}` marker after `{BEGIN} -->`"))?;
+    Ok(lines[start..=start + end].join("\n"))
+}
+
+/// Rows `| <layer number> | `a`, `b` | what they hold |` of the block.
+fn parse_map(block: &str) -> Result<Map, String> {
+    let mut map = Map::default();
+    for row in block.lines().filter(|l| l.starts_with('|')) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let Some(Ok(layer)) = cells.get(1).map(|c| c.parse::<usize>()) else {
+            continue;
+        };
+        let modules = cells.get(2).copied().unwrap_or_default();
+        let names: Vec<&str> = modules.split('`').skip(1).step_by(2).collect();
+        if names.is_empty() {
+            return Err(format!("map row `{row}` names no module"));
+        }
+        for name in names {
+            if map.layer_of.insert(name.to_owned(), layer).is_some() {
+                return Err(format!("the map lists `{name}` twice"));
+            }
+        }
+    }
+    if map.layer_of.is_empty() {
+        return Err("the map has no rows".into());
+    }
+    Ok(map)
+}
+
+/// `text` with comments, strings and char literals blanked (newlines kept, so lines still count).
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    let blank = |out: &mut Vec<u8>, s: &[u8]| {
+        out.extend(s.iter().map(|&c| if c == b'\n' { b'\n' } else { b' ' }))
+    };
+    while i < b.len() {
+        let rest = &b[i..];
+        if rest.starts_with(b"//") {
+            let n = rest.iter().position(|&c| c == b'\n').unwrap_or(rest.len());
+            blank(&mut out, &rest[..n]);
+            i += n;
+        } else if rest.starts_with(b"/*") {
+            let (mut depth, mut n) = (0usize, 0);
+            while n < rest.len() {
+                if rest[n..].starts_with(b"/*") {
+                    depth += 1;
+                    n += 2;
+                } else if rest[n..].starts_with(b"*/") {
+                    depth -= 1;
+                    n += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    n += 1;
+                }
+            }
+            blank(&mut out, &rest[..n]);
+            i += n;
+        } else if let Some(n) = raw_string_len(rest) {
+            blank(&mut out, &rest[..n]);
+            i += n;
+        } else if rest[0] == b'"' {
+            let mut n = 1;
+            while n < rest.len() && rest[n] != b'"' {
+                n += if rest[n] == b'\\' { 2 } else { 1 };
+            }
+            let n = (n + 1).min(rest.len());
+            blank(&mut out, &rest[..n]);
+            i += n;
+        } else if rest[0] == b'\'' {
+            // A char literal ('x', '\n', '\u{..}', a multi-byte char), or a lifetime ('a).
+            let n = if rest.get(1) == Some(&b'\\') {
+                rest[2..].iter().position(|&c| c == b'\'').map(|p| p + 3)
+            } else {
+                // `i + 1` is a char boundary: the byte at `i` is ASCII.
+                let len = text[i + 1..].chars().next().map_or(1, char::len_utf8);
+                (rest.get(1 + len) == Some(&b'\'')).then_some(len + 2)
+            };
+            match n {
+                Some(n) => {
+                    blank(&mut out, &rest[..n]);
+                    i += n;
+                }
+                None => {
+                    out.push(b'\'');
+                    i += 1;
+                }
+            }
+        } else {
+            out.push(rest[0]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).expect("only ASCII bytes were replaced")
+}
+
+/// The length of a raw string literal (`r"…"`, `r#"…"#`, `br"…"`) at the start of `s`, if one is.
+fn raw_string_len(s: &[u8]) -> Option<usize> {
+    let start = if s.starts_with(b"br") {
+        2
+    } else if s.starts_with(b"r") {
+        1
+    } else {
+        return None;
+    };
+    let hashes = s[start..].iter().take_while(|&&c| c == b'#').count();
+    if s.get(start + hashes) != Some(&b'"') {
+        return None;
+    }
+    let mut close = vec![b'"'];
+    close.extend(std::iter::repeat_n(b'#', hashes));
+    let body = start + hashes + 1;
+    let end = s[body..].windows(close.len()).position(|w| w == close)?;
+    Some(body + end + close.len())
+}
+
+fn is_ident(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+fn ident_at(s: &str) -> &str {
+    let n = s.bytes().take_while(|&c| is_ident(c)).count();
+    &s[..n]
+}
+
+/// The first segments of the paths in a `{ … }` group at the start of `s`, e.g. `{a::b, c}` → a, c.
+fn group_heads(s: &str) -> Vec<String> {
+    let mut heads = Vec::new();
+    let (mut depth, mut expect) = (0, true);
+    for (i, c) in s.char_indices() {
+        match c {
+            '{' => {
+                depth += 1;
+                if depth == 1 {
+                    expect = true;
+                }
+            }
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            ',' if depth == 1 => expect = true,
+            c if depth == 1 && expect && !c.is_whitespace() => {
+                expect = false;
+                let id = ident_at(&s[i..]);
+                if !id.is_empty() {
+                    heads.push(id.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    heads
+}
+
+/// A path in `src/` to another top-level module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Import {
+    from: String,
+    to: String,
+    at: String,
+}
+
+/// The top-level modules `code` (the file at `rel`, e.g. `pool/eni.rs`) names through `crate::` and
+/// through `super::` chains that climb to the crate root.
+fn imports_of(rel: &str, text: &str) -> Vec<Import> {
+    let mut path: Vec<String> = rel
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(str::to_owned)
+        .collect();
+    if path.last().is_some_and(|l| l == "mod") {
+        path.pop();
+    }
+    let Some(from) = path.first().cloned() else {
+        return Vec::new();
+    };
+    let code = code_only(text);
+    let b = code.as_bytes();
+    let line_at = |i: usize| code[..i].bytes().filter(|&c| c == b'\n').count() + 1;
+    let mut found = Vec::new();
+    let mut push = |to: String, i: usize| {
+        found.push(Import {
+            from: from.clone(),
+            to,
+            at: format!("src/{rel}:{}", line_at(i)),
+        })
+    };
+    // Inline `mod x { … }` blocks: their depth counts for `super::`.
+    let mut open_mods: Vec<usize> = Vec::new();
+    let mut braces = 0usize;
+    let mut i = 0;
+    while i < b.len() {
+        let prev_ident = i > 0 && (is_ident(b[i - 1]) || b[i - 1] == b'$');
+        let rest = &code[i..];
+        if b[i] == b'{' {
+            braces += 1;
+        } else if b[i] == b'}' {
+            braces = braces.saturating_sub(1);
+            if open_mods.last() == Some(&braces) {
+                open_mods.pop();
+            }
+        } else if !prev_ident && rest.starts_with("mod ") {
+            let after = rest[4..].trim_start();
+            let name = ident_at(after);
+            if !name.is_empty() && after[name.len()..].trim_start().starts_with('{') {
+                open_mods.push(braces);
+            }
+        } else if !prev_ident && rest.starts_with("crate::") {
+            let after = rest["crate::".len()..].trim_start();
+            if after.starts_with('{') {
+                for head in group_heads(after) {
+                    push(head, i);
+                }
+            } else {
+                let id = ident_at(after);
+                if !id.is_empty() {
+                    push(id.to_owned(), i);
+                }
+            }
+            i += "crate::".len();
+            continue;
+        } else if !prev_ident && rest.starts_with("super::") {
+            let mut supers = 0;
+            let mut tail = rest;
+            while let Some(t) = tail.strip_prefix("super::") {
+                supers += 1;
+                tail = t.trim_start();
+            }
+            if supers == path.len() + open_mods.len() {
+                if tail.starts_with('{') {
+                    for head in group_heads(tail) {
+                        push(head, i);
+                    }
+                } else {
+                    let id = ident_at(tail);
+                    if !id.is_empty() {
+                        push(id.to_owned(), i);
+                    }
+                }
+            }
+            i += rest.len() - tail.len();
+            continue;
+        }
+        i += 1;
+    }
+    found
+}
+
+/// The top-level modules `lib.rs` declares: `mod x;` (any visibility, any `cfg`) and re-exported
+/// crates or modules (`pub use eniipam_api::model;`, `pub use eniipam_cloud as cloud;`).
+fn declared_modules(lib: &str) -> BTreeSet<String> {
+    let code = code_only(lib);
+    let mut modules = BTreeSet::new();
+    for stmt in code.split(';') {
+        let words: Vec<&str> = stmt
+            .split_whitespace()
+            .filter(|w| !w.starts_with("#[") && !w.starts_with("pub"))
+            .collect();
+        let stmt = words.join(" ");
+        let stmt = stmt.rsplit(']').next().unwrap_or_default().trim();
+        if let Some(name) = stmt.strip_prefix("mod ") {
+            modules.insert(name.trim().to_owned());
+        } else if let Some(path) = stmt.strip_prefix("use ") {
+            if path.contains('{') || path.ends_with('*') {
+                continue;
+            }
+            let name = match path.split_once(" as ") {
+                Some((_, alias)) => alias.trim(),
+                None => path.rsplit("::").next().unwrap_or_default().trim(),
+            };
+            // A re-exported item (`pub use daemon::Daemon;`) is not a module.
+            if name.starts_with(|c: char| c.is_ascii_uppercase()) {
+                continue;
+            }
+            modules.insert(name.to_owned());
+        }
+    }
+    modules
+}
+
+/// Every problem of the map against the code: modules missing from it, entries with no module,
+/// imports that go up or sideways, cycles, and a docs block that differs.
+fn map_problems(lib: &str, docs: &str, files: &[(String, String)]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let block = match map_block(lib, true) {
+        Ok(b) => b,
+        Err(e) => return vec![format!("src/lib.rs: {e}")],
+    };
+    match map_block(docs, false) {
+        Ok(d) if d == block => {}
+        Ok(d) => problems.push(format!(
+            "the module map in docs/how-it-works.md differs from src/lib.rs's:\n--- src/lib.rs\n{block}\n--- docs\n{d}"
+        )),
+        Err(e) => problems.push(format!("docs/how-it-works.md: {e}")),
+    }
+    let map = match parse_map(&block) {
+        Ok(m) => m,
+        Err(e) => {
+            problems.push(format!("src/lib.rs: {e}"));
+            return problems;
+        }
+    };
+    let declared = declared_modules(lib);
+    for m in declared.difference(&map.layer_of.keys().cloned().collect()) {
+        problems.push(format!(
+            "module `{m}` (declared in src/lib.rs) is missing from the map"
+        ));
+    }
+    for m in map.layer_of.keys().filter(|m| !declared.contains(*m)) {
+        problems.push(format!(
+            "the map lists `{m}`, which src/lib.rs does not declare"
+        ));
+    }
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (rel, text) in files {
+        for imp in imports_of(rel, text) {
+            if imp.from == imp.to || !declared.contains(&imp.to) {
+                continue;
+            }
+            graph
+                .entry(imp.from.clone())
+                .or_default()
+                .insert(imp.to.clone());
+            let (Some(&from), Some(&to)) = (map.layer_of.get(&imp.from), map.layer_of.get(&imp.to))
+            else {
+                continue;
+            };
+            if to <= from {
+                problems.push(format!(
+                    "{}: `{}` (layer {from}) imports `{}` (layer {to}): {}",
+                    imp.at,
+                    imp.from,
+                    imp.to,
+                    if to == from {
+                        "the same layer"
+                    } else {
+                        "an upward arrow"
+                    }
+                ));
+            }
+        }
+    }
+    problems.extend(cycles(&graph));
+    problems
+}
+
+/// Cycles in the module graph, each as `a → b → a`.
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    fn visit<'a>(
+        at: &'a str,
+        graph: &'a BTreeMap<String, BTreeSet<String>>,
+        stack: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+        found: &mut BTreeSet<String>,
+    ) {
+        if let Some(pos) = stack.iter().position(|m| *m == at) {
+            let mut cycle: Vec<&str> = stack[pos..].to_vec();
+            // The same cycle from any start reads the same: start at its least module.
+            let least = (0..cycle.len()).min_by_key(|&i| cycle[i]).unwrap_or(0);
+            cycle.rotate_left(least);
+            let first = cycle[0];
+            cycle.push(first);
+            found.insert(format!("import cycle: {}", cycle.join(" → ")));
+            return;
+        }
+        if !done.insert(at) {
+            return;
+        }
+        stack.push(at);
+        for next in graph.get(at).into_iter().flatten() {
+            visit(next, graph, stack, done, found);
+        }
+        stack.pop();
+    }
+    let mut found = BTreeSet::new();
+    for start in graph.keys() {
+        visit(
+            start,
+            graph,
+            &mut Vec::new(),
+            &mut BTreeSet::new(),
+            &mut found,
+        );
+    }
+    found.into_iter().collect()
+}
+
+fn rust_files(dir: &Path, under: &Path, out: &mut Vec<(String, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, under, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let rel = path
+                .strip_prefix(under)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            out.push((rel, std::fs::read_to_string(&path).unwrap()));
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn the_module_map_is_true() {
+    let root = root();
+    let src = root.join("src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    let docs = std::fs::read_to_string(root.join("docs/how-it-works.md")).unwrap();
+    let mut files = Vec::new();
+    rust_files(&src, &src, &mut files);
+    // The library's modules; the binaries sit above all of them and use `eniipam::`, not `crate::`.
+    files.retain(|(rel, _)| rel != "lib.rs" && !rel.starts_with("bin/"));
+    assert!(files.len() > 50, "src/ read: {} files", files.len());
+    let problems = map_problems(&lib, &docs, &files);
+    assert!(
+        problems.is_empty(),
+        "the module map is not true:\n{}",
+        problems.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Crates.
+
+/// A dependency table's entries that are workspace crates: name → (package path, optional).
+fn path_deps(
+    table: Option<&toml::Value>,
+    dir: &Path,
+    workspace: &toml::Table,
+    root: &Path,
+) -> Vec<(String, PathBuf, bool)> {
+    let Some(table) = table.and_then(toml::Value::as_table) else {
+        return Vec::new();
+    };
+    let ws_deps = workspace
+        .get("workspace")
+        .and_then(|w| w.get("dependencies"))
+        .and_then(toml::Value::as_table);
+    let mut deps = Vec::new();
+    for (name, spec) in table {
+        let optional = spec
+            .get("optional")
+            .and_then(toml::Value::as_bool)
+            .unwrap_or(false);
+        let path = if spec.get("workspace").and_then(toml::Value::as_bool) == Some(true) {
+            ws_deps
+                .and_then(|w| w.get(name))
+                .and_then(|d| d.get("path"))
+                .and_then(toml::Value::as_str)
+                .map(|p| root.join(p))
+        } else {
+            spec.get("path")
+                .and_then(toml::Value::as_str)
+                .map(|p| dir.join(p))
+        };
+        if let Some(p) = path {
+            deps.push((name.clone(), normalize(&p), optional));
+        }
+    }
+    deps
+}
+
+/// `a/b/../c` → `a/c` (without touching the file system).
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The features of `manifest` that enable `dep` (`"dep:x"`, `"x"`, `"x/feature"`, `"x?/feature"`).
+fn features_enabling(manifest: &toml::Table, dep: &str) -> Vec<String> {
+    let Some(features) = manifest.get("features").and_then(toml::Value::as_table) else {
+        return Vec::new();
+    };
+    features
+        .iter()
+        .filter(|(_, list)| {
+            list.as_array().into_iter().flatten().any(|f| {
+                let f = f.as_str().unwrap_or_default();
+                let f = f.strip_prefix("dep:").unwrap_or(f);
+                let f = f.split('/').next().unwrap_or_default();
+                f.trim_end_matches('?') == dep
+            })
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// The problems of one crate's manifest (`dir`, relative to the workspace `root`).
+fn crate_problems(
+    manifest: &toml::Table,
+    dir: &Path,
+    workspace: &toml::Table,
+    root: &Path,
+) -> Vec<String> {
+    let rel = dir.strip_prefix(root).unwrap_or(dir);
+    let name = if rel.as_os_str().is_empty() {
+        ".".to_owned()
+    } else {
+        rel.display().to_string()
+    };
+    let shipped = name == "." || rel.starts_with("crates");
+    let mut problems = Vec::new();
+    let mut tables: Vec<Option<&toml::Value>> = vec![
+        manifest.get("dependencies"),
+        manifest.get("build-dependencies"),
+    ];
+    // `[target.'cfg(..)'.dependencies]` count as normal dependencies.
+    if let Some(targets) = manifest.get("target").and_then(toml::Value::as_table) {
+        for t in targets.values() {
+            tables.push(t.get("dependencies"));
+            tables.push(t.get("build-dependencies"));
+        }
+    }
+    let mocks = normalize(&root.join("mocks"));
+    for table in tables {
+        for (dep, path, optional) in path_deps(table, dir, workspace, root) {
+            let dep_rel = path
+                .strip_prefix(root)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            if shipped && path.starts_with(&mocks) {
+                let features = features_enabling(manifest, &dep);
+                if !(optional && features.iter().all(|f| f == "simulate")) {
+                    problems.push(format!(
+                        "{name}: depends on `{dep}` ({dep_rel}), test support under mocks/, outside \
+                         dev-dependencies and the optional `simulate` feature (enabled by: {features:?})"
+                    ));
+                }
+            }
+            if rel.starts_with("crates") && path == normalize(root) {
+                problems.push(format!("{name}: depends on the daemon (`{dep}`)"));
+            }
+            if rel == Path::new("crates/cloud")
+                && !["crates/api", "crates/limits"]
+                    .iter()
+                    .any(|ok| path == normalize(&root.join(ok)))
+            {
+                problems.push(format!(
+                    "{name}: depends on `{dep}` ({dep_rel}); the cloud crate may depend on no workspace \
+                     crate but eniipam-api and eniipam-limits"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+fn read_toml(path: &Path) -> toml::Table {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn shipped_crates_do_not_depend_on_test_support() {
+    let root = normalize(&root());
+    let workspace = read_toml(&root.join("Cargo.toml"));
+    let members: Vec<String> = workspace["workspace"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_owned())
+        .collect();
+    // Every shipped crate is checked, whether or not the workspace lists it yet (crates/cloud).
+    let mut dirs: BTreeSet<PathBuf> = members.iter().map(|m| normalize(&root.join(m))).collect();
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        let dir = entry.unwrap().path();
+        if dir.join("Cargo.toml").exists() {
+            dirs.insert(normalize(&dir));
+        }
+    }
+    let mut problems = Vec::new();
+    for dir in &dirs {
+        let manifest = read_toml(&dir.join("Cargo.toml"));
+        problems.extend(crate_problems(&manifest, dir, &workspace, &root));
+    }
+    assert!(dirs.len() >= 6, "crates read: {dirs:?}");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checker fails when it should.
+
+const GOOD_LIB: &str = "//! The crate.
+//!
+//! <!-- module-map: top to bottom -->
+//! | layer | modules | what |
+//! | --- | --- | --- |
+//! | 1 | `top` | the top |
+//! | 2 | `mid`, `side` | two beside each other |
+//! | 3 | `low`, `model` | the bottom |
+//! <!-- /module-map -->
+
+pub mod top;
+pub mod mid;
+#[cfg(feature = \"x\")]
+pub mod side;
+mod low;
+pub use other_crate::model;
+";
+
+fn docs_of(lib: &str) -> String {
+    format!(
+        "# Docs\n\nText.\n\n{}\n\nMore.\n",
+        map_block(lib, true).unwrap()
+    )
+}
+
+fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+#[test]
+fn a_true_map_passes() {
+    let src = files(&[
+        (
+            "top.rs",
+            "use crate::mid::X;\nuse crate::{low::Y, model};\nfn f() { crate::side::g() }",
+        ),
+        ("mid/mod.rs", "use crate::low::Z;\nmod inner;\n"),
+        (
+            "mid/inner.rs",
+            "use super::super::low::W;\n// use crate::top::Q;\nconst S: &str = \"crate::top\";\nmod tests { use super::*; }",
+        ),
+        ("side.rs", "use crate::model::M;\nuse super::low::V;\n"),
+        ("low.rs", "macro_rules! m { () => { $crate::low::x() } }\n"),
+    ]);
+    let problems = map_problems(GOOD_LIB, &docs_of(GOOD_LIB), &src);
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn upward_and_sideways_imports_and_cycles_are_refused() {
+    let src = files(&[
+        ("top.rs", "use crate::mid::X;\n"),
+        // Up two layers, in a group, after a string holding a brace and a lifetime.
+        (
+            "low.rs",
+            "fn f<'a>(s: &'a str) -> char { let _ = \"{\"; '{' }\nuse crate::{mid::M, top::T};\n",
+        ),
+        // Sideways, and a cycle mid → side → mid.
+        ("mid/a.rs", "pub fn f() { crate::side::g() }\n"),
+        ("side.rs", "mod tests {\n    use super::super::mid::X;\n}\n"),
+    ]);
+    let problems = map_problems(GOOD_LIB, &docs_of(GOOD_LIB), &src);
+    let text = problems.join("\n");
+    assert!(
+        text.contains("src/low.rs:2: `low` (layer 3) imports `top` (layer 1): an upward arrow"),
+        "{text}"
+    );
+    assert!(
+        text.contains("src/mid/a.rs:1: `mid` (layer 2) imports `side` (layer 2): the same layer"),
+        "{text}"
+    );
+    assert!(
+        text.contains("src/side.rs:2: `side` (layer 2) imports `mid` (layer 2)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("src/low.rs:2: `low` (layer 3) imports `mid` (layer 2): an upward arrow"),
+        "{text}"
+    );
+    assert!(text.contains("import cycle: mid → side → mid"), "{text}");
+    assert_eq!(problems.len(), 5, "{text}");
+}
+
+#[test]
+fn a_map_that_misses_a_module_or_lists_a_gone_one_is_refused() {
+    let lib = GOOD_LIB
+        .replace(
+            "//! | 3 | `low`, `model` | the bottom |",
+            "//! | 3 | `low`, `model`, `gone` | the bottom |",
+        )
+        .replace(
+            "pub mod top;",
+            "pub mod top;\npub mod unlisted;\npub use eniipam_cloud as cloud;",
+        );
+    let problems = map_problems(&lib, &docs_of(&lib), &[]).join("\n");
+    assert!(
+        problems.contains("module `unlisted` (declared in src/lib.rs) is missing from the map"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("module `cloud` (declared in src/lib.rs) is missing from the map"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("the map lists `gone`, which src/lib.rs does not declare"),
+        "{problems}"
+    );
+}
+
+#[test]
+fn docs_that_differ_from_the_map_are_refused() {
+    let docs = docs_of(GOOD_LIB).replace("two beside each other", "two, one above the other");
+    let problems = map_problems(GOOD_LIB, &docs, &[]).join("\n");
+    assert!(problems.contains("differs from src/lib.rs's"), "{problems}");
+    let problems = map_problems(GOOD_LIB, "# no map here", &[]).join("\n");
+    assert!(
+        problems.contains("docs/how-it-works.md: no `<!-- module-map -->` marker"),
+        "{problems}"
+    );
+}
+
+#[test]
+fn a_shipped_crate_on_test_support_is_refused() {
+    let root = Path::new("/ws");
+    let workspace: toml::Table = "[workspace]\nmembers = []\n[workspace.dependencies]\nvpclab = { path = \"mocks/vpclab\" }\n"
+        .parse()
+        .unwrap();
+    let check = |dir: &str, manifest: &str| {
+        let manifest: toml::Table = manifest.parse().unwrap();
+        crate_problems(&manifest, &root.join(dir), &workspace, root).join("\n")
+    };
+    // The daemon's way: an optional dependency for `simulate` alone, and dev-dependencies.
+    assert_eq!(
+        check(
+            ".",
+            "[features]\ndefault = [\"simulate\"]\nsimulate = [\"dep:mockcloud\"]\n\
+             [dependencies]\nmockcloud = { path = \"mocks/mockcloud\", optional = true }\n\
+             [dev-dependencies]\nvpclab = { path = \"mocks/vpclab\" }\n"
+        ),
+        ""
+    );
+    // A plain dependency, one enabled by another feature, one through the workspace table.
+    let p = check(
+        "crates/cni",
+        "[features]\nextra = [\"mockcloud/x\"]\n[dependencies]\n\
+         mockcloud = { path = \"../../mocks/mockcloud\", optional = true }\n\
+         vpclab.workspace = true\neniipam = { path = \"../..\" }\n",
+    );
+    assert!(
+        p.contains("crates/cni: depends on `mockcloud` (mocks/mockcloud)"),
+        "{p}"
+    );
+    assert!(
+        p.contains("crates/cni: depends on `vpclab` (mocks/vpclab)"),
+        "{p}"
+    );
+    assert!(
+        p.contains("crates/cni: depends on the daemon (`eniipam`)"),
+        "{p}"
+    );
+    // Test support itself may depend on test support.
+    assert_eq!(
+        check(
+            "mocks/vpclab",
+            "[dependencies]\nmockcloud = { path = \"../mockcloud\" }\n"
+        ),
+        ""
+    );
+    // The cloud crate: the model and the limits only.
+    let p = check(
+        "crates/cloud",
+        "[dependencies]\neniipam-api = { path = \"../api\" }\neniipam-limits = { path = \"../limits\" }\n\
+         eniipam-netlink = { path = \"../netlink\" }\n",
+    );
+    assert!(
+        p.contains("crates/cloud: depends on `eniipam-netlink` (crates/netlink)"),
+        "{p}"
+    );
+    assert_eq!(p.lines().count(), 1, "{p}");
+}
+
+/// Not a test of the map: prints the import graph, for whoever redraws it.
+#[test]
+fn print_the_import_graph() {
+    let src = root().join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (rel, text) in files
+        .iter()
+        .filter(|(r, _)| r != "lib.rs" && !r.starts_with("bin/"))
+    {
+        for imp in imports_of(rel, text) {
+            if imp.from != imp.to {
+                graph.entry(imp.from).or_default().insert(imp.to);
+            }
+        }
+    }
+    let mut out = String::new();
+    for (from, to) in &graph {
+        let _ = writeln!(
+            out,
+            "{from} → {}",
+            to.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    println!("{out}");
+}
