@@ -16,18 +16,8 @@ use cloud_support::*;
 #[tokio::test]
 async fn a_throttling_storm_with_5xx_still_completes_the_sequence() {
     let mut mock_config = mockcloud::Config::fast();
-    // A tiny account budget: most of a burst is answered RequestLimitExceeded.
-    mock_config.throttling = Throttling {
-        enabled: true,
-        mutating: Bucket {
-            capacity: 2.0,
-            refill_per_sec: 10.0,
-        },
-        describe: Bucket {
-            capacity: 3.0,
-            refill_per_sec: 20.0,
-        },
-    };
+    // A tiny budget on every API: most of a burst is answered RequestLimitExceeded.
+    mock_config.throttling = Throttling::uniform(Bucket::new(2.0, 10.0), Bucket::new(3.0, 20.0));
     let limiter = LimiterConfig {
         retry: BackoffPolicy {
             base: Duration::from_millis(10),

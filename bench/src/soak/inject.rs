@@ -117,21 +117,14 @@ impl Soak {
                 format!("next {count} {action} performed, reply held {ms} ms")
             }
             FaultKind::ThrottleBurst => {
-                self.mock.set_throttling(Throttling {
-                    enabled: true,
-                    mutating: mockcloud::Bucket {
-                        capacity: 4.0,
-                        refill_per_sec: 1.0,
-                    },
-                    describe: mockcloud::Bucket {
-                        capacity: 6.0,
-                        refill_per_sec: 2.0,
-                    },
-                });
+                self.mock.set_throttling(Throttling::uniform(
+                    mockcloud::Bucket::new(4.0, 1.0),
+                    mockcloud::Bucket::new(6.0, 2.0),
+                ));
                 self.model.ec2_impeded("throttle-burst", None);
                 let steps = rng.random_range(3..=7);
                 self.undo_later(step, steps, Duration::ZERO, Undo::Throttling);
-                format!("account buckets 4 + 1/s mutating, 6 + 2/s describe for {steps} steps")
+                format!("every API's bucket 4 + 1/s mutating, 6 + 2/s describe for {steps} steps")
             }
             FaultKind::IamRevoke => {
                 let action = *super::iam::REVOCABLE.choose(&mut rng).expect("not empty");

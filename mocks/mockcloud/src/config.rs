@@ -6,76 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Which account-level throttling bucket an action draws from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ActionClass {
-    /// Create/Attach/Detach/Delete/Modify/Assign/Unassign/CreateTags/DeleteTags.
-    Mutating,
-    /// Describe* and Get* (non-mutating).
-    Describe,
-}
-
-impl ActionClass {
-    pub fn of(action: &str) -> Self {
-        if action.starts_with("Describe") || action.starts_with("Get") {
-            Self::Describe
-        } else {
-            Self::Mutating
-        }
-    }
-}
-
-/// One token bucket: `capacity` requests at once, refilled at `refill_per_sec`.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Bucket {
-    pub capacity: f64,
-    pub refill_per_sec: f64,
-}
-
-/// Account-level request throttling, as EC2 does it: one bucket per action class for the whole account
-/// (every instance of a fleet shares it); an empty bucket answers `RequestLimitExceeded` (HTTP 503).
-///
-/// The defaults are EC2's documented default account buckets ("Request throttling for the Amazon EC2
-/// API"): mutating actions 200 tokens refilled at 5/s; non-mutating (describe) actions 100 refilled at 20/s.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Throttling {
-    pub enabled: bool,
-    pub mutating: Bucket,
-    pub describe: Bucket,
-}
-
-impl Default for Throttling {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            mutating: Bucket {
-                capacity: 200.0,
-                refill_per_sec: 5.0,
-            },
-            describe: Bucket {
-                capacity: 100.0,
-                refill_per_sec: 20.0,
-            },
-        }
-    }
-}
-
-impl Throttling {
-    pub fn disabled() -> Self {
-        Self {
-            enabled: false,
-            ..Self::default()
-        }
-    }
-
-    pub fn bucket(&self, class: ActionClass) -> Bucket {
-        match class {
-            ActionClass::Mutating => self.mutating,
-            ActionClass::Describe => self.describe,
-        }
-    }
-}
+use crate::throttling::Throttling;
 
 /// How long EC2 takes to answer, per action, and how long state changes take to settle.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

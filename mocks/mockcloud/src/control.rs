@@ -14,8 +14,9 @@ use axum::{Json, Router};
 use ipnet::Ipv4Net;
 use serde::Deserialize;
 
-use crate::config::{LatencyProfile, Throttling};
+use crate::config::LatencyProfile;
 use crate::error::Ec2Error;
+use crate::throttling::{Bucket, Throttling};
 use crate::traffic::Fault;
 use crate::world::{OccupyPattern, ReservationType};
 use crate::{Inner, MockCloud};
@@ -60,7 +61,11 @@ pub fn router() -> Router<Arc<Inner>> {
             "/_mock/faults",
             post(add_fault).get(list_faults).delete(clear_faults),
         )
-        .route("/_mock/throttling", put(set_throttling).get(get_throttling))
+        .route(
+            "/_mock/throttling",
+            put(set_throttling).post(set_one_bucket).get(get_throttling),
+        )
+        .route("/_mock/throttling/{bucket}", put(set_bucket))
         .route("/_mock/latency", put(set_latency).get(get_latency))
         .route("/_mock/imds-lag", put(set_imds_lag))
         .route("/_mock/deny/{action}", put(deny).delete(allow))
@@ -277,21 +282,48 @@ async fn clear_faults(State(m): State<Arc<Inner>>) -> Response {
     StatusCode::NO_CONTENT.into_response()
 }
 
+/// `PUT /_mock/throttling`: every bucket at once (fields left out keep EC2's defaults).
 async fn set_throttling(State(m): State<Arc<Inner>>, Json(t): Json<Throttling>) -> Response {
-    for b in [t.mutating, t.describe] {
-        if !(b.capacity >= 1.0 && b.refill_per_sec > 0.0) {
-            return err(
-                StatusCode::BAD_REQUEST,
-                "bucket capacity must be >= 1 and refill_per_sec > 0",
-            );
-        }
+    if let Err(e) = t.validate() {
+        return err(StatusCode::BAD_REQUEST, e);
     }
     MockCloud::from_inner(&m).set_throttling(t);
     StatusCode::NO_CONTENT.into_response()
 }
 
+/// `PUT /_mock/throttling/{bucket}` with `{"capacity","refill_per_sec"}`: one API's bucket
+/// (`API`, `API:unfiltered`) or a category's default.
+async fn set_bucket(
+    State(m): State<Arc<Inner>>,
+    Path(bucket): Path<String>,
+    Json(size): Json<Bucket>,
+) -> Response {
+    match MockCloud::from_inner(&m).set_bucket(&bucket, size) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => err(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+#[derive(Deserialize)]
+struct OneBucketReq {
+    bucket: String,
+    #[serde(flatten)]
+    size: Bucket,
+}
+
+/// `POST /_mock/throttling` with `{"bucket","capacity","refill_per_sec"}`: the same as
+/// `PUT /_mock/throttling/{bucket}`.
+async fn set_one_bucket(State(m): State<Arc<Inner>>, Json(r): Json<OneBucketReq>) -> Response {
+    set_bucket(State(m), Path(r.bucket), Json(r.size)).await
+}
+
+/// `GET /_mock/throttling`: the settings (as `PUT` takes them) and `buckets`, every bucket with
+/// its size and its tokens now.
 async fn get_throttling(State(m): State<Arc<Inner>>) -> Response {
-    Json(m.traffic.lock().expect("traffic lock").throttling.clone()).into_response()
+    let (throttling, buckets) = MockCloud::from_inner(&m).throttling();
+    let mut v = serde_json::to_value(throttling).unwrap_or_default();
+    v["buckets"] = serde_json::to_value(buckets).unwrap_or_default();
+    Json(v).into_response()
 }
 
 #[derive(Deserialize)]

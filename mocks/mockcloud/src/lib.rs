@@ -10,7 +10,8 @@
 //!   reservations, network cards) and EC2's rules.
 //! - [`ec2`]: the Query API endpoint (form in, XML out); [`query`] decodes parameters, [`xml`] writes.
 //! - [`imds`]: IMDSv2 per instance (tokens, lagged view).
-//! - [`traffic`]: throttling buckets, fault injection, counters and the call log.
+//! - [`traffic`]: the throttling buckets' tokens, fault injection, counters and the call log;
+//!   [`throttling`]: EC2's per-API buckets and their sizes; [`actions`]: the actions served.
 //! - [`control`]: the JSON control API under `/_mock/`; [`subnet_api`]: the same for subnets in Rust.
 //! - [`iam`]: identity-based policies evaluated on every EC2 call (`UnauthorizedOperation`).
 //! - [`config`], [`catalog`], [`error`]: knobs, instance types with EC2's figures, EC2 errors.
@@ -31,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+pub mod actions;
 pub mod catalog;
 pub mod ci;
 pub mod config;
@@ -41,12 +43,15 @@ pub mod iam;
 pub mod imds;
 pub mod query;
 pub mod subnet_api;
+pub mod throttling;
 pub mod traffic;
 pub mod world;
 pub mod xml;
 
-pub use config::{ActionClass, Bucket, Config, LatencyProfile, Throttling};
+pub use actions::ActionClass;
+pub use config::{Config, LatencyProfile};
 pub use error::Ec2Error;
+pub use throttling::{Bucket, BucketLevel, Category, Throttling, ThrottlingError};
 pub use traffic::{ActionCounters, CallRecord, Counters, Fault, FaultKind};
 pub use world::{
     AttachmentView, DEFAULT_ALLOCATION_SEED, EniView, ImdsEni, ImdsInstance, InstanceView,
@@ -455,12 +460,29 @@ impl MockCloud {
             .set_denied(action, denied);
     }
 
+    /// Replaces every bucket's size; every bucket starts full.
     pub fn set_throttling(&self, throttling: Throttling) {
         self.inner
             .traffic
             .lock()
             .expect("traffic lock")
             .set_throttling(throttling);
+    }
+
+    /// Sizes one bucket (an API, `API:unfiltered`) or a category's default ([`Throttling::set`]);
+    /// the buckets whose size changed start full.
+    pub fn set_bucket(&self, name: &str, size: Bucket) -> Result<(), ThrottlingError> {
+        self.inner
+            .traffic
+            .lock()
+            .expect("traffic lock")
+            .set_bucket(name, size)
+    }
+
+    /// The throttling in force and every bucket's tokens now.
+    pub fn throttling(&self) -> (Throttling, Vec<BucketLevel>) {
+        let t = self.inner.traffic.lock().expect("traffic lock");
+        (t.throttling.clone(), t.levels(Instant::now()))
     }
 
     /// Replaces the latency profile (attach/detach delays and IMDS lag included).

@@ -27,6 +27,11 @@ impl Params {
         self.0.get(key).map(String::as_str)
     }
 
+    /// Every parameter's name.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
     /// A required parameter.
     pub fn req(&self, key: &str) -> Ec2Result<&str> {
         match self.get(key) {

@@ -1,5 +1,6 @@
-//! What happens to a request before it reaches the world: account-level throttling, denied actions,
-//! injected faults, and the per-action counters and call log tests read back.
+//! What happens to a request before it reaches the world: account-level throttling (one bucket per
+//! API, [`crate::throttling`]), denied actions, injected faults, and the per-action counters and
+//! call log tests read back.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -8,8 +9,9 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::config::{ActionClass, Throttling};
+use crate::actions::ActionClass;
 use crate::error::Ec2Error;
+use crate::throttling::{self, Bucket, BucketLevel, Category, Throttling, ThrottlingError};
 
 /// What an injected fault does.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -172,6 +174,14 @@ struct BucketState {
     last: Instant,
 }
 
+impl BucketState {
+    /// The tokens at `now`: what was left, refilled since, at most the capacity.
+    fn level(&self, size: Bucket, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        (self.tokens + elapsed * size.refill_per_sec).min(size.capacity)
+    }
+}
+
 /// The decision for one request.
 #[derive(Debug)]
 pub enum Admission {
@@ -185,7 +195,8 @@ pub enum Admission {
 #[derive(Debug)]
 pub struct Traffic {
     pub throttling: Throttling,
-    buckets: BTreeMap<ActionClass, BucketState>,
+    /// Token levels by bucket name; a bucket not here is full.
+    buckets: BTreeMap<String, BucketState>,
     faults: Vec<Fault>,
     denied: BTreeSet<String>,
     counters: Counters,
@@ -209,18 +220,20 @@ impl Traffic {
         }
     }
 
-    /// Takes a token from the action class's account bucket.
-    fn take_token(&mut self, class: ActionClass, now: Instant) -> bool {
+    /// Takes a token from the bucket (an API's, [`throttling::bucket_for`]).
+    fn take_token(&mut self, bucket: &str, now: Instant) -> bool {
         if !self.throttling.enabled {
             return true;
         }
-        let cfg = self.throttling.bucket(class);
-        let b = self.buckets.entry(class).or_insert(BucketState {
-            tokens: cfg.capacity,
-            last: now,
-        });
-        let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
-        b.tokens = (b.tokens + elapsed * cfg.refill_per_sec).min(cfg.capacity);
+        let size = self.throttling.bucket(bucket);
+        let b = self
+            .buckets
+            .entry(bucket.to_owned())
+            .or_insert(BucketState {
+                tokens: size.capacity,
+                last: now,
+            });
+        b.tokens = b.level(size, now);
         b.last = now;
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;
@@ -230,14 +243,15 @@ impl Traffic {
         }
     }
 
-    /// Counts the request and decides what happens to it.
-    pub fn admit(&mut self, action: &str, now: Instant) -> Admission {
+    /// Counts the request and decides what happens to it; `bucket` is the throttling bucket it draws
+    /// from ([`throttling::bucket_for`]).
+    pub fn admit(&mut self, action: &str, bucket: &str, now: Instant) -> Admission {
         self.counters
             .actions
             .entry(action.to_owned())
             .or_default()
             .calls += 1;
-        if !self.take_token(ActionClass::of(action), now) {
+        if !self.take_token(bucket, now) {
             return Admission::Reject {
                 after: Duration::ZERO,
                 error: Ec2Error::throttled(),
@@ -367,54 +381,127 @@ impl Traffic {
         self.throttling = t;
         self.buckets.clear();
     }
+
+    /// Sizes one bucket or a category ([`Throttling::set`]); each bucket whose size changed starts
+    /// full again, the others keep their tokens.
+    pub fn set_bucket(&mut self, name: &str, size: Bucket) -> Result<(), ThrottlingError> {
+        let before = self.throttling.clone();
+        self.throttling.set(name, size)?;
+        for n in throttling::bucket_names() {
+            if before.bucket(&n) != self.throttling.bucket(&n) {
+                self.buckets.remove(&n);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every bucket, its size and its tokens at `now`.
+    pub fn levels(&self, now: Instant) -> Vec<BucketLevel> {
+        throttling::bucket_names()
+            .into_iter()
+            .map(|name| {
+                let size = self.throttling.bucket(&name);
+                let tokens = self
+                    .buckets
+                    .get(&name)
+                    .map_or(size.capacity, |b| b.level(size, now));
+                BucketLevel {
+                    category: Category::of(&name),
+                    own: self.throttling.apis.contains_key(&name),
+                    capacity: size.capacity,
+                    refill_per_sec: size.refill_per_sec,
+                    tokens,
+                    bucket: name,
+                }
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Bucket;
+
+    /// How many of `n` calls of `action` (filtered) get through at `at`.
+    fn admitted(t: &mut Traffic, action: &str, n: usize, at: Instant) -> usize {
+        (0..n)
+            .filter(|_| matches!(t.admit(action, action, at), Admission::Proceed { .. }))
+            .count()
+    }
 
     #[tokio::test(start_paused = true)]
     async fn bucket_allows_capacity_then_refill_rate() {
         let now = Instant::now();
         let mut t = Traffic::new(
-            Throttling {
-                enabled: true,
-                mutating: Bucket {
-                    capacity: 10.0,
-                    refill_per_sec: 2.0,
-                },
-                describe: Bucket {
-                    capacity: 5.0,
-                    refill_per_sec: 1.0,
-                },
-            },
+            Throttling::uniform(Bucket::new(10.0, 2.0), Bucket::new(5.0, 1.0)),
             now,
         );
-        let ok = (0..20)
-            .filter(|_| {
-                matches!(
-                    t.admit("AssignPrivateIpAddresses", now),
-                    Admission::Proceed { .. }
-                )
-            })
-            .count();
-        assert_eq!(ok, 10);
+        assert_eq!(admitted(&mut t, "AssignPrivateIpAddresses", 20, now), 10);
         let later = now + Duration::from_secs(3);
-        let ok = (0..20)
-            .filter(|_| {
-                matches!(
-                    t.admit("AssignPrivateIpAddresses", later),
-                    Admission::Proceed { .. }
-                )
-            })
-            .count();
-        assert_eq!(ok, 6);
+        assert_eq!(admitted(&mut t, "AssignPrivateIpAddresses", 20, later), 6);
         // The describe bucket is separate.
-        let ok = (0..20)
-            .filter(|_| matches!(t.admit("DescribeSubnets", later), Admission::Proceed { .. }))
-            .count();
-        assert_eq!(ok, 5);
+        assert_eq!(admitted(&mut t, "DescribeSubnets", 20, later), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_api_spends_only_its_own_bucket() {
+        let now = Instant::now();
+        let mut t = Traffic::new(
+            Throttling::uniform(Bucket::new(4.0, 1.0), Bucket::new(4.0, 1.0)),
+            now,
+        );
+        assert_eq!(
+            admitted(&mut t, "ModifyNetworkInterfaceAttribute", 10, now),
+            4
+        );
+        // Six throttled Modify calls took nothing from the other APIs.
+        assert_eq!(admitted(&mut t, "CreateNetworkInterface", 10, now), 4);
+        assert_eq!(admitted(&mut t, "AssignPrivateIpAddresses", 10, now), 4);
+        let level = |t: &Traffic, name: &str, at: Instant| {
+            t.levels(at)
+                .into_iter()
+                .find(|l| l.bucket == name)
+                .map(|l| l.tokens)
+        };
+        assert_eq!(level(&t, "ModifyNetworkInterfaceAttribute", now), Some(0.0));
+        assert_eq!(level(&t, "AttachNetworkInterface", now), Some(4.0));
+        assert_eq!(
+            level(&t, "DescribeNetworkInterfaces:unfiltered", now),
+            Some(4.0)
+        );
+        // Half a second refills half a token: not enough for a call, and the level says so.
+        let half = now + Duration::from_millis(500);
+        assert_eq!(level(&t, "CreateNetworkInterface", half), Some(0.5));
+        assert_eq!(admitted(&mut t, "CreateNetworkInterface", 1, half), 0);
+        assert_eq!(
+            admitted(
+                &mut t,
+                "CreateNetworkInterface",
+                1,
+                now + Duration::from_secs(1)
+            ),
+            1
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resizing_one_bucket_refills_only_that_one() {
+        let now = Instant::now();
+        let mut t = Traffic::new(Throttling::default(), now);
+        assert_eq!(admitted(&mut t, "CreateTags", 150, now), 100);
+        assert_eq!(admitted(&mut t, "DeleteTags", 150, now), 100);
+        t.set_bucket("CreateTags", Bucket::new(3.0, 0.01)).unwrap();
+        assert_eq!(
+            admitted(&mut t, "CreateTags", 10, now),
+            3,
+            "resized: full again"
+        );
+        assert_eq!(
+            admitted(&mut t, "DeleteTags", 10, now),
+            0,
+            "untouched: still empty"
+        );
+        assert!(t.set_bucket("CreateTag", Bucket::new(3.0, 1.0)).is_err());
     }
 
     #[tokio::test(start_paused = true)]
@@ -423,21 +510,15 @@ mod tests {
         let mut t = Traffic::new(Throttling::disabled(), now);
         t.add_fault(Fault::error("CreateTags", "InternalError", 2));
         for _ in 0..2 {
-            match t.admit("CreateTags", now) {
+            match t.admit("CreateTags", "CreateTags", now) {
                 Admission::Reject { error, .. } => {
                     assert_eq!((error.code.as_str(), error.status), ("InternalError", 500))
                 }
                 other => panic!("expected a fault, got {other:?}"),
             }
         }
-        assert!(matches!(
-            t.admit("CreateTags", now),
-            Admission::Proceed { .. }
-        ));
-        assert!(matches!(
-            t.admit("DeleteTags", now),
-            Admission::Proceed { .. }
-        ));
+        assert_eq!(admitted(&mut t, "CreateTags", 1, now), 1);
+        assert_eq!(admitted(&mut t, "DeleteTags", 1, now), 1);
         assert!(t.faults().is_empty());
     }
 }

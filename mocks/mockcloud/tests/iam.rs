@@ -607,17 +607,7 @@ async fn policies_swap_at_run_time_and_per_caller() {
 #[tokio::test]
 async fn a_denied_call_still_spends_its_token_and_dry_run_asks_iam() {
     let mock = MockCloud::start(Config {
-        throttling: Throttling {
-            enabled: true,
-            mutating: Bucket {
-                capacity: 2.0,
-                refill_per_sec: 0.001,
-            },
-            describe: Bucket {
-                capacity: 100.0,
-                refill_per_sec: 1.0,
-            },
-        },
+        throttling: Throttling::uniform(Bucket::new(2.0, 0.001), Bucket::new(100.0, 1.0)),
         iam_policy: Some(doc(serde_json::json!([
             {"Effect": "Allow", "Action": "ec2:Describe*", "Resource": "*"}
         ]))),

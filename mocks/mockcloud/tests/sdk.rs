@@ -1122,17 +1122,10 @@ async fn client_token_makes_create_idempotent() {
 #[tokio::test]
 async fn throttling_under_a_burst() {
     let mock = fast().await;
-    mock.set_throttling(Throttling {
-        enabled: true,
-        mutating: Bucket {
-            capacity: 10.0,
-            refill_per_sec: 0.5,
-        },
-        describe: Bucket {
-            capacity: 100.0,
-            refill_per_sec: 20.0,
-        },
-    });
+    mock.set_throttling(Throttling::uniform(
+        Bucket::new(10.0, 0.5),
+        Bucket::new(100.0, 20.0),
+    ));
     let c = ec2(&mock);
     let id = mock.default_instance().primary_eni;
     let calls = (0..40).map(|i| {

@@ -7,6 +7,8 @@
 //! - `traffic`: the patterns, drawn from a seeded RNG.
 //! - `harness`: one (pattern, policy) pair on its own paused-clock runtime: boot, settle, the
 //!   pattern, the measurements.
+//! - `pods`: the pattern's pods (ADD retried as kubelet does, DEL at the end of their life) and the
+//!   recorder of what they saw.
 //! - `chart`: the per-pattern plots.
 //!
 //! The report compares eniipam's defaults with each VPC CNI policy on the three targets; the
@@ -14,6 +16,7 @@
 
 mod chart;
 mod harness;
+mod pods;
 mod policy;
 mod traffic;
 
@@ -31,7 +34,8 @@ pub use traffic::Pattern;
 
 use crate::report::{Anchor, Row, ScenarioReport, Series, Target, Unit};
 use crate::stats::percentile;
-use harness::{INSTANCE, POD_RETRY, PairResult, PairSpec, SETTLE_HOLD};
+use harness::{INSTANCE, PairResult, PairSpec, SETTLE_HOLD};
+use pods::POD_RETRY;
 
 /// Pairs run at most at once (each on its own thread and runtime; the machine has 2 cores).
 const PARALLEL: usize = 2;
@@ -313,7 +317,6 @@ fn report(args: &FleetArgs, results: &[PairResult]) -> ScenarioReport {
 }
 
 fn setup(args: &FleetArgs) -> Vec<String> {
-    let b = Throttling::default();
     let per_eni = pod_ips_per_eni();
     let mut lines = vec![
         format!(
@@ -326,10 +329,7 @@ fn setup(args: &FleetArgs) -> Vec<String> {
             "boot with fast EC2 and throttling off; settled = every node with nothing in flight or waiting and its warm target of free IPs, held {} s; then the realistic latency profile (create 400 ms, attach 250 ms + 2 s attaching, assign 250 ms, IMDS lag 1 s, ±20 % jitter) and EC2's account buckets, full, counters reset",
             SETTLE_HOLD.as_secs()
         ),
-        format!(
-            "account buckets (mockcloud = EC2's defaults): mutating {} burst, {}/s refill; describe {} burst, {}/s refill",
-            b.mutating.capacity, b.mutating.refill_per_sec, b.describe.capacity, b.describe.refill_per_sec
-        ),
+        account_buckets(&Throttling::default()),
         format!(
             "pods: gRPC Allocate/Release to the node's daemon; a failed ADD is retried after {} s (kubelet); a pod's wait is from its ADD's first attempt to its IP. Free IPs: VPC addresses the nodes hold serving no pod (idle, cooling, being given back), sampled every simulated second. Seeded traffic (seed {})",
             POD_RETRY.as_secs(),
@@ -343,6 +343,21 @@ fn setup(args: &FleetArgs) -> Vec<String> {
         lines.push(format!("policy {policy}: {}", policy.knobs(per_eni)));
     }
     lines
+}
+
+/// The account's buckets as the pattern runs them: one per API, EC2's published table.
+fn account_buckets(t: &Throttling) -> String {
+    let sizes: Vec<String> = mockcloud::throttling::bucket_names()
+        .iter()
+        .map(|name| {
+            let b = t.bucket(name);
+            format!("{name} {} + {}/s", b.capacity, b.refill_per_sec)
+        })
+        .collect();
+    format!(
+        "account buckets (mockcloud = EC2's published table, one bucket per API; a call throttled on one API spends no other's): {}",
+        sizes.join(", ")
+    )
 }
 
 fn secs(v: f64) -> String {

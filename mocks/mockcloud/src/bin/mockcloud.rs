@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use mockcloud::{Config, LatencyProfile, MockCloud, Throttling};
+use mockcloud::{Bucket, Config, LatencyProfile, MockCloud, Throttling};
 
 /// An EC2 Query API + IMDSv2 stand-in for the real AWS SDK, with EC2's limits, latency, throttling and
 /// faults. Prints the EC2, control and IMDS URLs, then serves until interrupted.
@@ -19,10 +19,16 @@ struct Args {
     /// 1 s IMDS lag).
     #[arg(long, default_value = "realistic")]
     profile: String,
-    /// Turn off account-level throttling (on by default with EC2's default buckets: mutating 200 burst
-    /// / 5 per s, describe 100 burst / 20 per s).
+    /// Turn off account-level throttling (on by default: one bucket per API, sized as EC2's published
+    /// table; see the README).
     #[arg(long)]
     no_throttling: bool,
+    /// Size one throttling bucket: `API=CAPACITY/REFILL_PER_SEC` (e.g.
+    /// `AssignPrivateIpAddresses=100/5`), `API:unfiltered=…` for an unfiltered describe, or a
+    /// category's default (`mutating`, `non_mutating`, `unfiltered`, `resource_intensive`).
+    /// Repeatable.
+    #[arg(long, value_name = "BUCKET=CAPACITY/REFILL", value_parser = parse_throttle)]
+    throttle: Vec<(String, Bucket)>,
     /// Override the IMDS lag of the profile, in milliseconds.
     #[arg(long)]
     imds_lag_ms: Option<u64>,
@@ -49,6 +55,24 @@ struct Args {
     /// default world's VPC.
     #[arg(long, value_name = "CLUSTER")]
     iam_shipped: Option<String>,
+}
+
+fn parse_throttle(s: &str) -> Result<(String, Bucket), String> {
+    let (name, size) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not BUCKET=CAPACITY/REFILL"))?;
+    let (capacity, refill) = size
+        .split_once('/')
+        .ok_or_else(|| format!("{size:?} is not CAPACITY/REFILL"))?;
+    let number = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .map_err(|_| format!("{v:?} in {s:?} is not a number"))
+    };
+    Ok((
+        name.trim().to_owned(),
+        Bucket::new(number(capacity)?, number(refill)?),
+    ))
 }
 
 #[tokio::main]
@@ -96,13 +120,19 @@ async fn main() -> anyhow::Result<()> {
             "--iam-shipped needs the default world's VPC: drop --no-default-world or use --iam-policy"
         );
     }
+    let mut throttling = if args.no_throttling {
+        Throttling::disabled()
+    } else {
+        Throttling::default()
+    };
+    for (name, size) in &args.throttle {
+        throttling
+            .set(name, *size)
+            .with_context(|| format!("--throttle {name}"))?;
+    }
     let config = Config {
         latency,
-        throttling: if args.no_throttling {
-            Throttling::disabled()
-        } else {
-            Throttling::default()
-        },
+        throttling,
         seed_default_world: !args.no_default_world,
         default_instance_type: args.instance_type.clone(),
         region: args.region.clone(),

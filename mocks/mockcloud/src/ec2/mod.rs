@@ -30,24 +30,7 @@ use render::{eni_xml, instance_type_xml, instance_xml, reservation_xml, subnet_x
 pub const API_VERSION: &str = "2016-11-15";
 
 /// The actions mockcloud implements.
-pub const ACTIONS: &[&str] = &[
-    "DescribeInstances",
-    "DescribeInstanceTypes",
-    "DescribeSubnets",
-    "DescribeNetworkInterfaces",
-    "CreateNetworkInterface",
-    "AttachNetworkInterface",
-    "DetachNetworkInterface",
-    "DeleteNetworkInterface",
-    "ModifyNetworkInterfaceAttribute",
-    "AssignPrivateIpAddresses",
-    "UnassignPrivateIpAddresses",
-    "CreateTags",
-    "DeleteTags",
-    "CreateSubnetCidrReservation",
-    "GetSubnetCidrReservations",
-    "DeleteSubnetCidrReservation",
-];
+pub use crate::actions::ACTIONS;
 
 fn reply(status: u16, body: String) -> Response {
     (
@@ -99,11 +82,12 @@ pub async fn handle(State(mock): State<Arc<Inner>>, headers: HeaderMap, body: By
         return reply(e.status, xml::error(&e, &request_id));
     }
 
-    let admission = mock
-        .traffic
-        .lock()
-        .expect("traffic lock")
-        .admit(&action, Instant::now());
+    let bucket = crate::throttling::bucket_for(&action, unfiltered(&params));
+    let admission =
+        mock.traffic
+            .lock()
+            .expect("traffic lock")
+            .admit(&action, &bucket, Instant::now());
     let slow_reply = match admission {
         Admission::Reject { after, error } => {
             tokio::time::sleep(after).await;
@@ -154,6 +138,17 @@ pub async fn handle(State(mock): State<Arc<Inner>>, headers: HeaderMap, body: By
         Ok(body) => reply(200, body),
         Err(e) => reply(e.status, xml::error(&e, &request_id)),
     }
+}
+
+/// No filter, no IDs and no pagination: EC2's "unfiltered and unpaginated" call, which draws from
+/// the smaller bucket where the API has one.
+fn unfiltered(p: &Params) -> bool {
+    !p.keys().any(|k| {
+        k.starts_with("Filter.")
+            || k == "MaxResults"
+            || k == "NextToken"
+            || k.split('.').next().is_some_and(|head| head.ends_with("Id"))
+    })
 }
 
 /// Pagination over a described list: `MaxResults` (5..=1000) and an opaque `NextToken`.
