@@ -16,6 +16,10 @@ use nix::sys::resource::{UsageWho, getrusage};
 /// The hidden subcommand of the RSS wrapper.
 pub const RUSAGE_WRAPPER: &str = "__rusage";
 
+/// `CNI_PATH` of every plugin the benchmarks run: where Debian's containernetworking-plugins puts the
+/// reference plugins.
+pub const CNI_PATH: &str = "/usr/lib/cni";
+
 /// One plugin and its network configuration.
 #[derive(Clone, Debug)]
 pub struct Plugin {
@@ -53,6 +57,26 @@ impl NodeNetns {
 }
 
 impl Plugin {
+    /// `program`, given `config` on stdin, with `CNI_PATH` = [`CNI_PATH`] and `CNI_NETNS` = `netns`.
+    pub fn new(program: impl Into<PathBuf>, config: &serde_json::Value, netns: &str) -> Self {
+        Self {
+            program: program.into(),
+            config: config.to_string().into_bytes(),
+            cni_path: CNI_PATH.into(),
+            netns: netns.into(),
+        }
+    }
+
+    /// Ok when every reference plugin in `programs` is installed, else why not (the first missing).
+    pub fn installed(programs: &[&str]) -> Result<(), String> {
+        match programs.iter().find(|p| !Path::new(p).is_file()) {
+            Some(missing) => Err(format!(
+                "{missing} not installed (apt-get install containernetworking-plugins)"
+            )),
+            None => Ok(()),
+        }
+    }
+
     fn command(&self, program: &Path, command: &str, container: &str) -> Command {
         self.command_in(program, command, container, &self.netns)
     }

@@ -1,6 +1,13 @@
 //! Statistics over measured samples: nearest-rank percentiles, summaries, and the median of a
 //! per-run statistic across runs.
 
+use std::time::Duration;
+
+/// A duration in milliseconds, the unit latency samples are kept in.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 /// The `p`-th percentile (0 ≤ p ≤ 100) of `samples` by the nearest-rank method: the smallest sample
 /// with at least `p` % of the samples at or below it (p = 0 gives the minimum). `None` when empty or
 /// when `p` is out of range or NaN.
@@ -91,6 +98,18 @@ impl AcrossRuns {
     pub fn of_runs(runs: &[Vec<f64>], stat: impl Fn(&[f64]) -> Option<f64>) -> Option<Self> {
         let per_run: Vec<f64> = runs.iter().filter_map(|r| stat(r)).collect();
         Self::of(&per_run)
+    }
+
+    /// The `p`-th percentile of each run's samples, summarised across runs; `p` = 50 takes each
+    /// run's [`median`] (the mean of the two middle samples for an even count), as the p50 rows do.
+    pub fn percentile_of_runs(runs: &[Vec<f64>], p: f64) -> Option<Self> {
+        Self::of_runs(runs, |xs| {
+            if p == 50.0 {
+                median(xs)
+            } else {
+                percentile(xs, p)
+            }
+        })
     }
 }
 

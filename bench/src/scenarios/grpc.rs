@@ -236,14 +236,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
 
     let per = |f: fn(&RunResult) -> Vec<f64>, p: f64| {
         let v: Vec<Vec<f64>> = runs.iter().map(f).collect();
-        AcrossRuns::of_runs(&v, |xs| {
-            if p == 50.0 {
-                median(xs)
-            } else {
-                percentile(xs, p)
-            }
-        })
-        .context("no runs")
+        AcrossRuns::percentile_of_runs(&v, p).context("no runs")
     };
     let tput = AcrossRuns::of(&runs.iter().map(|r| r.pairs_per_sec).collect::<Vec<_>>())
         .context("no runs")?;

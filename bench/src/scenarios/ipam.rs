@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::Ctx;
 use crate::cni::Plugin;
 use crate::report::{Anchor, Row, ScenarioReport, Series, Target, Unit};
-use crate::stats::{AcrossRuns, median, percentile};
+use crate::stats::{AcrossRuns, median, ms};
 use crate::support::{self, TempDir};
 
 pub const PAIRS: usize = 200;
@@ -63,10 +63,6 @@ impl RunTimes {
     }
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 /// `pairs` sequential ADD+DEL; checks every ADD printed an address.
 fn run_pairs(plugin: &Plugin, tag: &str, pairs: usize) -> anyhow::Result<RunTimes> {
     let mut t = RunTimes::default();
@@ -84,42 +80,32 @@ fn run_pairs(plugin: &Plugin, tag: &str, pairs: usize) -> anyhow::Result<RunTime
 }
 
 pub fn eniipam_plugin(program: &Path, socket: &Path, cache: &Path) -> Plugin {
-    Plugin {
-        program: program.to_owned(),
-        config: json!({
+    Plugin::new(
+        program,
+        &json!({
             "cniVersion": "1.0.0",
             "name": "bench",
             // The plugin is invoked as IPAM directly (no parent runs); a parent that wires /32s itself.
             "type": "calico",
             "ipam": {"type": "eniipam", "socket": socket, "cache_dir": cache, "timeout_ms": 10000},
-        })
-        .to_string()
-        .into_bytes(),
-        cni_path: "/usr/lib/cni".into(),
-        netns: "/proc/self/ns/net".into(),
-    }
+        }),
+        "/proc/self/ns/net",
+    )
 }
 
 /// host-local, or why it cannot run.
 pub fn host_local_plugin(data_dir: &Path) -> Result<Plugin, String> {
-    if !Path::new(HOST_LOCAL).is_file() {
-        return Err(format!(
-            "{HOST_LOCAL} not installed (apt-get install containernetworking-plugins)"
-        ));
-    }
-    Ok(Plugin {
-        program: HOST_LOCAL.into(),
-        config: json!({
+    Plugin::installed(&[HOST_LOCAL])?;
+    Ok(Plugin::new(
+        HOST_LOCAL,
+        &json!({
             "cniVersion": "1.0.0",
             "name": "bench",
             "type": "calico",
             "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/16"}]], "dataDir": data_dir},
-        })
-        .to_string()
-        .into_bytes(),
-        cni_path: "/usr/lib/cni".into(),
-        netns: "/proc/self/ns/net".into(),
-    })
+        }),
+        "/proc/self/ns/net",
+    ))
 }
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
@@ -182,13 +168,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
 
     let stat = |runs: &[RunTimes], pick: fn(&RunTimes) -> Vec<f64>, p: f64| {
         let per_run: Vec<Vec<f64>> = runs.iter().map(pick).collect();
-        AcrossRuns::of_runs(&per_run, |xs| {
-            if p == 50.0 {
-                median(xs)
-            } else {
-                percentile(xs, p)
-            }
-        })
+        AcrossRuns::percentile_of_runs(&per_run, p)
     };
     let mut rows = Vec::new();
     type Metric = (&'static str, fn(&RunTimes) -> Vec<f64>, f64, Target);

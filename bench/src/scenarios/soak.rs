@@ -141,15 +141,8 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
     }
 
     let mut notes = Vec::new();
-    for k in by_kind.keys() {
-        for v in out
-            .violations
-            .iter()
-            .filter(|v| v.kind == *k)
-            .take(DESCRIBED_PER_KIND)
-        {
-            notes.push(format!("`{}`: {}", v.kind, escape(&v.to_string())));
-        }
+    for v in out.first_of_each_kind(DESCRIBED_PER_KIND) {
+        notes.push(format!("`{}`: {}", v.kind, escape(&v.to_string())));
     }
     if !c.add_errors.is_empty() {
         let list: Vec<String> = c

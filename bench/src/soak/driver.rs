@@ -10,7 +10,7 @@ use rand::Rng as _;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::checker::{self, CheckerState, Found, Rules, Witnesses};
+use super::checker::{self, CheckerState, Found, Rules};
 use super::daemon::{DaemonProc, StartError};
 use super::faults::{self, FaultKind, step_rng};
 use super::host::Host;
@@ -18,6 +18,7 @@ use super::inject::PendingUndo;
 use super::model::{AttState, Key, Model};
 use super::pods::{Job, run_job};
 use super::runtime::Runtime;
+use super::witnesses::Witnesses;
 use super::{
     BASE_IMDS_LAG, Budget, Counts, GC_CHANCE, NETWORKS, READY_DEADLINE, SoakConfig, Violation,
 };

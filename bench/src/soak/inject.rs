@@ -10,11 +10,11 @@ use rand::Rng as _;
 use rand::seq::{IndexedRandom as _, SliceRandom as _};
 use tokio::time::Instant;
 
-use super::checker;
 use super::driver::Soak;
 use super::faults::{FaultKind, step_rng};
 use super::host::RACKS;
 use super::model::{Key, OobEvent, OobMark, PodPhase};
+use super::witnesses::Ec2View;
 use super::{ACTIONS, BASE_IMDS_LAG, ERROR_CODES};
 
 pub(super) enum Undo {
@@ -288,7 +288,7 @@ impl Soak {
         step: u64,
         rng: &mut rand::rngs::StdRng,
     ) -> anyhow::Result<Option<String>> {
-        let ec2 = checker::Ec2View::read(&self.mock, &self.instance_id)?;
+        let ec2 = Ec2View::read(&self.mock, &self.instance_id)?;
         // One attachment per IP: when the daemon gave an IP to two pods (a violation of its own),
         // the IP is taken once.
         let mut by_ip: BTreeMap<Ipv4Addr, Key> = BTreeMap::new();
@@ -326,7 +326,7 @@ impl Soak {
         step: u64,
         rng: &mut rand::rngs::StdRng,
     ) -> anyhow::Result<Option<String>> {
-        let ec2 = checker::Ec2View::read(&self.mock, &self.instance_id)?;
+        let ec2 = Ec2View::read(&self.mock, &self.instance_id)?;
         let live_ips: BTreeSet<Ipv4Addr> = self.model.live().filter_map(|a| a.ip).collect();
         let mut enis: Vec<(&String, &(String, Vec<Ipv4Addr>))> =
             ec2.secondary_enis.iter().collect();

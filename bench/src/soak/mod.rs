@@ -18,8 +18,9 @@
 //!
 //! Modules: [`driver`] (the run's state and the step loop, restarts, GC, checks, the end), [`pods`] (a
 //! step's batch of pod operations and what the runtime learns from it), [`inject`] (applying and
-//! undoing faults), [`faults`] (the kinds and the seeded schedule), [`checker`] (the witnesses and the
-//! invariants), [`model`] (the runtime's truth), [`runtime`] (the plugin binary as libcni runs it),
+//! undoing faults), [`faults`] (the kinds and the seeded schedule), [`witnesses`] (one observation
+//! of the daemon, the store, EC2 and the host), [`checker`] (the invariants, held against an
+//! observation), [`model`] (the runtime's truth), [`runtime`] (the plugin binary as libcni runs it),
 //! [`daemon`] (the eniipamd subprocess), [`host`] (the temporary node: state tmpfs, cache, namespaces).
 //! Besides the checker's kinds, the driver reports `del-failed` (a DEL answered an error),
 //! `daemon-exited` (eniipamd ended by itself) and `daemon-down` (not ready within a minute).
@@ -34,6 +35,7 @@ pub mod host;
 pub mod iam;
 pub mod model;
 pub mod runtime;
+pub mod witnesses;
 
 mod driver;
 mod inject;
@@ -173,6 +175,17 @@ impl SoakOutcome {
         m
     }
 
+    /// Up to `per_kind` violations of each kind, kind by kind (in name order), each kind's in the
+    /// order found.
+    pub fn first_of_each_kind(&self, per_kind: usize) -> impl Iterator<Item = &Violation> {
+        self.by_kind().into_keys().flat_map(move |k| {
+            self.violations
+                .iter()
+                .filter(move |v| v.kind == k)
+                .take(per_kind)
+        })
+    }
+
     /// A plain-text summary: counts, then up to `per_kind` violations of each kind.
     pub fn summary(&self, per_kind: usize) -> String {
         let c = &self.counts;
@@ -219,15 +232,8 @@ impl SoakOutcome {
                 self.violations.len(),
                 list.join(", ")
             );
-            for k in kinds.keys() {
-                for v in self
-                    .violations
-                    .iter()
-                    .filter(|v| v.kind == *k)
-                    .take(per_kind)
-                {
-                    let _ = writeln!(s, "  {v}");
-                }
+            for v in self.first_of_each_kind(per_kind) {
+                let _ = writeln!(s, "  {v}");
             }
         }
         for n in &self.notes {

@@ -10,9 +10,9 @@
 //! - [`spec`]: versions, the error object and codes, result types.
 //! - [`env`]: the `CNI_*` environment, parsed and validated.
 //! - [`netconf`]: the network configuration (knobs and the sticky-IP opt-in are documented there).
-//! - [`command`]: ADD, DEL, CHECK, VERSION, GC, STATUS: [`prepare`] reads and validates an invocation
-//!   synchronously (VERSION and refused input are answered there, with no runtime), [`Job::run`] does
-//!   the rest; [`run`] is both.
+//! - [`command`]: ADD, DEL, CHECK, VERSION, GC, STATUS (a file each): [`prepare`] reads and
+//!   validates an invocation synchronously (VERSION and refused input are answered there, with no
+//!   runtime), [`Job::run`] does the rest; [`run`] is both.
 //! - [`client`]: the gRPC client over the unix socket and the daemon-error → CNI-code mapping.
 //! - [`wiring`]: pod plumbing with rtnetlink, and its teardown in two halves (the pod end, the host side).
 

@@ -1,6 +1,6 @@
-//! The lab: its configuration, namespaces and teardown, the node view, counters; submodules hold
-//! the fixed wiring (`gateways`), [`Lab::sync`]'s steps (`sync`) and the namespaces beyond the
-//! fabric: pods by hand, IMDS inside a node (`extras`).
+//! The lab: its configuration, namespaces and teardown, the node view; submodules hold the fixed
+//! wiring (`gateways`), [`Lab::sync`]'s steps (`sync`), the namespaces beyond the fabric: pods by
+//! hand, IMDS inside a node (`extras`), and what a test reads back: counters, routes (`observe`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -11,7 +11,7 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 
 use crate::error::LabError;
-use crate::netns::{self, NetNs, RouteDst};
+use crate::netns::{self, NetNs};
 use crate::nft;
 use crate::plan::{self, LinkPlan, NodePlan};
 use crate::state::StateSource;
@@ -73,14 +73,11 @@ impl Default for LabConfig {
         Self {
             vpc_id: None,
             egress: Egress::InternetGateway,
-            node_sysctls: [
+            node_sysctls: sysctls(&[
                 ("net/ipv4/ip_forward", "1"),
                 ("net/ipv4/conf/all/rp_filter", "2"),
                 ("net/ipv4/conf/default/rp_filter", "2"),
-            ]
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
+            ]),
             eni_mtu: 9001,
         }
     }
@@ -138,15 +135,6 @@ pub struct Pod {
     pub ns: NetNs,
     pub ip: Ipv4Addr,
     pub host_if: String,
-}
-
-/// The IGW's drop counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct IgwDrops {
-    /// Packets towards the internet from an address without a public IP.
-    pub egress_not_public: u64,
-    /// Packets from the internet to an address without a public IP.
-    pub ingress_not_public: u64,
 }
 
 /// What one [`Lab::sync`] changed.
@@ -309,7 +297,10 @@ impl Drop for Follower {
 
 mod extras;
 mod gateways;
+mod observe;
 mod sync;
+
+pub use observe::IgwDrops;
 
 static LABS: AtomicU32 = AtomicU32::new(0);
 
@@ -500,78 +491,6 @@ impl Lab {
             .iter()
             .map(|(id, rec)| node_view(id, rec, &a))
             .collect()
-    }
-
-    /// Packets dropped by the source/destination check, per ENI (those attached now).
-    pub async fn src_dst_drops(&self) -> Result<BTreeMap<String, u64>, LabError> {
-        let counters = self.vpc_counters().await?;
-        let a = self.inner.applied.lock().expect("applied lock");
-        Ok(a.links
-            .iter()
-            .filter_map(|(eni, rec)| {
-                counters
-                    .get(&nft::drop_counter(&rec.vif))
-                    .map(|n| (eni.clone(), *n))
-            })
-            .collect())
-    }
-
-    /// Packets the VPC dropped because no ENI holds their destination.
-    pub async fn unassigned_drops(&self) -> Result<u64, LabError> {
-        self.vpc_counters()
-            .await?
-            .get(nft::UNASSIGNED_COUNTER)
-            .copied()
-            .ok_or_else(|| LabError::NotFound("the vpc namespace lost its counters".into()))
-    }
-
-    /// Packets the IGW dropped.
-    pub async fn igw_drops(&self) -> Result<IgwDrops, LabError> {
-        let json = self
-            .inner
-            .igw
-            .nft_json(&["list", "counters", "table", "ip", nft::IGW_TABLE])
-            .await?;
-        let c = nft::counters(&json)?;
-        let get = |name: &str| {
-            c.get(name)
-                .copied()
-                .ok_or_else(|| LabError::NotFound(format!("the IGW has no counter {name}")))
-        };
-        Ok(IgwDrops {
-            egress_not_public: get(nft::IGW_EGRESS_COUNTER)?,
-            ingress_not_public: get(nft::IGW_INGRESS_COUNTER)?,
-        })
-    }
-
-    async fn vpc_counters(&self) -> Result<BTreeMap<String, u64>, LabError> {
-        let json = self
-            .inner
-            .vpc
-            .nft_json(&["list", "counters", "table", "ip", nft::VPC_TABLE])
-            .await?;
-        nft::counters(&json)
-    }
-
-    /// The routes the vpc namespace's kernel holds towards ENIs, read back from the kernel:
-    /// destination → ENI id.
-    pub async fn vpc_routes(&self) -> Result<BTreeMap<Ipv4Net, String>, LabError> {
-        let routes = self.inner.vpc.routes(None).await?;
-        let a = self.inner.applied.lock().expect("applied lock");
-        let by_vif: BTreeMap<&str, &str> = a
-            .links
-            .iter()
-            .map(|(eni, rec)| (rec.vif.as_str(), eni.as_str()))
-            .collect();
-        Ok(routes
-            .into_iter()
-            .filter_map(
-                |r| match (r.dst, r.dev.as_deref().and_then(|d| by_vif.get(d))) {
-                    (RouteDst::Net(net), Some(eni)) => Some((net, (*eni).to_owned())),
-                    _ => None,
-                },
-            )
-            .collect())
     }
 }
 
