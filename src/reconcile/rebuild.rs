@@ -196,7 +196,7 @@ pub fn merge(
             tracing::warn!(eni = %e.id, "no subnet CIDR known for an attached ENI yet; not serving from it");
             continue;
         };
-        let managed = att.device_index != 0 && e.is_managed_by_us();
+        let managed = super::decide::managed(e);
         report.enis += 1;
         if managed {
             report.managed_enis += 1;
