@@ -9,8 +9,8 @@ use std::net::Ipv4Addr;
 use super::Ipam;
 use crate::clock::unix_ms_now;
 use crate::cloud::{Eni, Subnet};
-use crate::model::{AttachmentKey, EniId, PodRef};
-use crate::pool::{Allocation, AttachmentMeta, Forgotten};
+use crate::model::EniId;
+use crate::pool::{Allocation, AllocationSeed, Forgotten};
 use crate::store::{RowRepair, StoreError, StoredAssignment, StoredEni, StoredIdle};
 
 impl Ipam {
@@ -47,16 +47,10 @@ impl Ipam {
     /// the file.
     pub async fn adopt_quarantined(
         &self,
-        ip: Ipv4Addr,
-        key: AttachmentKey,
-        pod: PodRef,
-        sticky_key: Option<String>,
-        meta: AttachmentMeta,
+        held: AllocationSeed,
     ) -> Result<Option<Allocation>, StoreError> {
-        let Some(alloc) = self
-            .pool()
-            .adopt_quarantined(ip, key.clone(), pod, sticky_key, meta)
-        else {
+        let (key, ip) = (held.attachment.clone(), held.ip);
+        let Some(alloc) = self.pool().adopt_quarantined(held) else {
             return Ok(None);
         };
         self.store()

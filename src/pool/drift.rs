@@ -9,9 +9,9 @@ use std::net::Ipv4Addr;
 use tokio::time::Instant;
 
 use super::eni::EniHandle;
-use super::{Allocation, AttachmentMeta, Pool};
+use super::{Allocation, AllocationSeed, Pool};
 use crate::cloud::{Eni, Subnet};
-use crate::model::{AttachmentKey, EniId, PodRef};
+use crate::model::{AttachmentKey, EniId};
 
 /// One IP the pool forgot, with the attachment that held it (that pod lost its IP).
 pub type Forgotten = (Ipv4Addr, Option<AttachmentKey>);
@@ -91,16 +91,7 @@ impl Pool {
     }
 
     /// A quarantined IP the host shows held by a live pod becomes that attachment's.
-    pub fn adopt_quarantined(
-        &self,
-        ip: Ipv4Addr,
-        key: AttachmentKey,
-        pod: PodRef,
-        sticky_key: Option<String>,
-        meta: AttachmentMeta,
-    ) -> Option<Allocation> {
-        self.shared()
-            .lock()
-            .adopt_quarantined(ip, key, pod, sticky_key, meta, Instant::now())
+    pub fn adopt_quarantined(&self, held: AllocationSeed) -> Option<Allocation> {
+        self.shared().lock().adopt_quarantined(held, Instant::now())
     }
 }

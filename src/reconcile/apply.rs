@@ -6,7 +6,7 @@ use super::decide::Drift;
 use super::pass::PassReport;
 use crate::cloud::Cloud;
 use crate::ipam::Ipam;
-use crate::pool::{AttachmentMeta, Forgotten};
+use crate::pool::Forgotten;
 
 /// Applies `drifts` in order. `cloud` describes the subnet of an ENI to adopt when the pool does not
 /// know it.
@@ -23,17 +23,10 @@ pub async fn apply(ipam: &Ipam, cloud: &dyn Cloud, drifts: Vec<Drift>, report: &
                     report.released_dead.push((attachment, ip));
                 }
             }
-            Drift::AdoptQuarantined { ip, claim } => {
-                let meta = AttachmentMeta {
-                    network: claim.network,
-                    netns: claim.netns,
-                };
-                let key = claim.attachment;
-                match ipam
-                    .adopt_quarantined(ip, key.clone(), claim.pod, claim.sticky_key, meta)
-                    .await
-                {
-                    Ok(Some(_)) => report.quarantine_adopted.push((key, ip)),
+            Drift::AdoptQuarantined { claim } => {
+                let ip = claim.ip;
+                match ipam.adopt_quarantined(claim.allocation()).await {
+                    Ok(Some(_)) => report.quarantine_adopted.push((claim.attachment, ip)),
                     Ok(None) => {}
                     Err(e) => {
                         tracing::error!(error = %e, %ip, "cannot record a quarantined IP's adoption")

@@ -313,16 +313,7 @@ pub fn merge(
         seen.insert(claim.ip);
         attachments.insert(claim.attachment.clone());
         report.adopted.push((claim.attachment.clone(), claim.ip));
-        allocations.push(AllocationSeed {
-            ip: claim.ip,
-            attachment: claim.attachment.clone(),
-            pod: claim.pod.clone(),
-            sticky_key: claim.sticky_key.clone(),
-            meta: AttachmentMeta {
-                network: claim.network.clone(),
-                netns: claim.netns.clone(),
-            },
-        });
+        allocations.push(claim.allocation());
         assignments.push(StoredAssignment {
             ip: claim.ip,
             eni_id: eni_id.clone(),

@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::{EniRecord, EniRole, PoolState, SubnetRecord};
 use crate::cloud::{Eni, Subnet};
-use crate::model::{AttachmentKey, EniId, PodRef};
-use crate::pool::{Allocation, AttachmentMeta, EniPhase, Forgotten};
+use crate::model::EniId;
+use crate::pool::{Allocation, AllocationSeed, EniPhase, Forgotten};
 
 impl PoolState {
     /// EC2 no longer shows these IPs on `eni` (unassigned out of band): the pool forgets them and
@@ -185,19 +185,19 @@ impl PoolState {
     }
 
     /// A quarantined IP that evidence shows held by a live pod: it becomes that attachment's.
-    pub fn adopt_quarantined(
-        &mut self,
-        ip: Ipv4Addr,
-        key: AttachmentKey,
-        pod: PodRef,
-        sticky_key: Option<String>,
-        meta: AttachmentMeta,
-        now: Instant,
-    ) -> Option<Allocation> {
-        if self.allocations.contains_key(&key) {
+    pub fn adopt_quarantined(&mut self, held: AllocationSeed, now: Instant) -> Option<Allocation> {
+        if self.allocations.contains_key(&held.attachment) {
             return None;
         }
-        let q = self.quarantined.remove(&ip)?;
-        Some(self.record(key, pod, sticky_key, meta, ip, q.eni, now))
+        let q = self.quarantined.remove(&held.ip)?;
+        Some(self.record(
+            held.attachment,
+            held.pod,
+            held.sticky_key,
+            held.meta,
+            held.ip,
+            q.eni,
+            now,
+        ))
     }
 }

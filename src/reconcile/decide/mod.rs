@@ -68,7 +68,7 @@ pub enum Drift {
         netns: String,
     },
     /// A quarantined IP the plugin's result cache shows held by a live pod: that pod's.
-    AdoptQuarantined { ip: Ipv4Addr, claim: HostClaim },
+    AdoptQuarantined { claim: HostClaim },
     /// Quarantined IPs no pod claims while the plugin's cache is visible: idle, cooling.
     LiftQuarantine { ips: Vec<Ipv4Addr> },
     /// An ENI of ours EC2 does not show attached here, first miss: no new IPs from it for now.
@@ -90,7 +90,7 @@ pub enum Drift {
     /// An ENI attached here that the pool did not know, seen twice: taken on, serving pods when it
     /// is ours (`managed`). `subnet` is `None` when the pool does not know its CIDR (EC2 is asked).
     AdoptEni {
-        eni: Eni,
+        eni: Box<Eni>,
         subnet: Option<Subnet>,
         managed: bool,
     },
@@ -159,7 +159,6 @@ fn clear_quarantine(snapshot: &Snapshot) -> Vec<Drift> {
         }
         match evidence.claims.iter().find(|c| c.ip == i.ip) {
             Some(claim) => drifts.push(Drift::AdoptQuarantined {
-                ip: i.ip,
                 claim: claim.clone(),
             }),
             None => unclaimed.push(i.ip),
@@ -294,7 +293,7 @@ fn adopt_unknown(
                 tags: Default::default(),
             });
         drifts.push(Drift::AdoptEni {
-            eni: eni.clone(),
+            eni: Box::new(eni.clone()),
             subnet,
             managed: managed(eni),
         });

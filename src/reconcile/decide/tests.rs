@@ -213,9 +213,22 @@ fn looks(snapshots: &[Snapshot]) -> Vec<Vec<Drift>> {
     snapshots.iter().map(|s| decide(s, &mut memory)).collect()
 }
 
+/// One case: what it shows, the snapshots of passes in a row, and what each pass decides.
+type Case = (&'static str, Vec<Snapshot>, Vec<Vec<Drift>>);
+
 /// The pool's eth1 in `s`.
 fn eth1(s: &mut Snapshot) -> &mut EniSnapshot {
     &mut s.pool.enis[1]
+}
+
+/// EC2 shows `eni` attached here in `s`.
+fn attach(s: &mut Snapshot, eni: Eni) {
+    s.ec2.as_mut().unwrap().insert(eni.id.clone(), eni);
+}
+
+/// EC2 does not show `eni` attached here in `s`.
+fn detach(s: &mut Snapshot, eni: &str) {
+    s.ec2.as_mut().unwrap().remove(&id(eni));
 }
 
 /// eth1 as EC2 shows it in `s`.
@@ -230,7 +243,7 @@ fn every_kind_of_drift() {
         f(&mut s);
         s
     };
-    let cases: Vec<(&str, Vec<Snapshot>, Vec<Vec<Drift>>)> = vec![
+    let cases: Vec<Case> = vec![
         ("nothing to do", vec![node(), node()], vec![vec![], vec![]]),
         (
             "a pod's netns is gone: released; an unknown netns is not",
@@ -276,7 +289,6 @@ fn every_kind_of_drift() {
             vec![
                 vec![
                     Drift::AdoptQuarantined {
-                        ip: ip(13),
                         claim: claim(13, "c3"),
                     },
                     Drift::LiftQuarantine { ips: vec![ip(14)] },
@@ -289,10 +301,10 @@ fn every_kind_of_drift() {
             "an ENI EC2 does not show attached: suspended, then forgotten",
             vec![
                 with(&|s| {
-                    s.ec2.as_mut().unwrap().remove(&id(ETH1));
+                    detach(s, ETH1);
                 }),
                 with(&|s| {
-                    s.ec2.as_mut().unwrap().remove(&id(ETH1));
+                    detach(s, ETH1);
                     eth1(s).phase = EniPhaseSnapshot::Suspect {
                         for_: Duration::from_secs(30),
                     };
@@ -307,7 +319,7 @@ fn every_kind_of_drift() {
             "a suspected ENI EC2 shows again: resumed, and its misses start over",
             vec![
                 with(&|s| {
-                    s.ec2.as_mut().unwrap().remove(&id(ETH1));
+                    detach(s, ETH1);
                 }),
                 with(&|s| {
                     eth1(s).phase = EniPhaseSnapshot::Suspect {
@@ -315,7 +327,7 @@ fn every_kind_of_drift() {
                     };
                 }),
                 with(&|s| {
-                    s.ec2.as_mut().unwrap().remove(&id(ETH1));
+                    detach(s, ETH1);
                 }),
             ],
             vec![
@@ -410,22 +422,16 @@ fn every_kind_of_drift() {
             "an ENI attached here that the pool does not know: adopted at the second sighting",
             vec![
                 with(&|s| {
-                    s.ec2
-                        .as_mut()
-                        .unwrap()
-                        .insert(id(ETH2), ec2_eni(ETH2, 2, &[21], true));
+                    attach(s, ec2_eni(ETH2, 2, &[21], true));
                 }),
                 with(&|s| {
-                    s.ec2
-                        .as_mut()
-                        .unwrap()
-                        .insert(id(ETH2), ec2_eni(ETH2, 2, &[21], true));
+                    attach(s, ec2_eni(ETH2, 2, &[21], true));
                 }),
             ],
             vec![
                 vec![],
                 vec![Drift::AdoptEni {
-                    eni: ec2_eni(ETH2, 2, &[21], true),
+                    eni: Box::new(ec2_eni(ETH2, 2, &[21], true)),
                     subnet: Some(Subnet {
                         id: SUBNET.into(),
                         vpc_id: "vpc-1".into(),
@@ -443,24 +449,18 @@ fn every_kind_of_drift() {
              the subnet",
             vec![
                 with(&|s| {
-                    s.ec2
-                        .as_mut()
-                        .unwrap()
-                        .insert(id(ETH2), ec2_eni(ETH2, 2, &[], false));
+                    attach(s, ec2_eni(ETH2, 2, &[], false));
                     s.pool.subnets.clear();
                 }),
                 with(&|s| {
-                    s.ec2
-                        .as_mut()
-                        .unwrap()
-                        .insert(id(ETH2), ec2_eni(ETH2, 2, &[], false));
+                    attach(s, ec2_eni(ETH2, 2, &[], false));
                     s.pool.subnets.clear();
                 }),
             ],
             vec![
                 vec![],
                 vec![Drift::AdoptEni {
-                    eni: ec2_eni(ETH2, 2, &[], false),
+                    eni: Box::new(ec2_eni(ETH2, 2, &[], false)),
                     subnet: None,
                     managed: false,
                 }],
@@ -470,23 +470,14 @@ fn every_kind_of_drift() {
             "never while the pool is creating an ENI: the sightings start over",
             vec![
                 with(&|s| {
-                    s.ec2
-                        .as_mut()
-                        .unwrap()
-                        .insert(id(ETH2), ec2_eni(ETH2, 2, &[21], true));
+                    attach(s, ec2_eni(ETH2, 2, &[21], true));
                 }),
                 with(&|s| {
-                    s.ec2
-                        .as_mut()
-                        .unwrap()
-                        .insert(id(ETH2), ec2_eni(ETH2, 2, &[21], true));
+                    attach(s, ec2_eni(ETH2, 2, &[21], true));
                     s.pool.creating_enis = 1;
                 }),
                 with(&|s| {
-                    s.ec2
-                        .as_mut()
-                        .unwrap()
-                        .insert(id(ETH2), ec2_eni(ETH2, 2, &[21], true));
+                    attach(s, ec2_eni(ETH2, 2, &[21], true));
                 }),
             ],
             vec![vec![], vec![], vec![]],
@@ -495,14 +486,14 @@ fn every_kind_of_drift() {
             "EC2 not asked: the host's drifts only, and EC2's misses are kept for the next look",
             vec![
                 with(&|s| {
-                    s.ec2.as_mut().unwrap().remove(&id(ETH1));
+                    detach(s, ETH1);
                 }),
                 with(&|s| {
                     s.ec2 = None;
                     s.netns.insert(netns("c1"), NetnsState::Gone);
                 }),
                 with(&|s| {
-                    s.ec2.as_mut().unwrap().remove(&id(ETH1));
+                    detach(s, ETH1);
                 }),
             ],
             vec![
@@ -525,7 +516,7 @@ fn every_kind_of_drift() {
 fn host_drifts_come_first() {
     let mut s = node();
     s.netns.insert(netns("c1"), NetnsState::Gone);
-    s.ec2.as_mut().unwrap().remove(&id(ETH1));
+    detach(&mut s, ETH1);
     s.pool.enis[1].ips.push(quarantined(13));
     s.host = Some(HostEvidence {
         cache_visible: true,
