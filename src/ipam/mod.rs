@@ -28,8 +28,6 @@ use crate::store::{Store, StoreError};
 
 mod drift;
 
-pub use drift::StoreRepairs;
-
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum IpamError {

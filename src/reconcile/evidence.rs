@@ -11,6 +11,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use crate::model::{AttachmentKey, PodRef};
+use crate::pool::{AllocationSeed, AttachmentMeta};
 
 /// What the host says about one pod network namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +109,22 @@ pub struct HostClaim {
     pub pod: PodRef,
     pub sticky_key: Option<String>,
     pub netns: String,
+}
+
+impl HostClaim {
+    /// The allocation this claim proves: the IP is the attachment's.
+    pub fn allocation(&self) -> AllocationSeed {
+        AllocationSeed {
+            ip: self.ip,
+            attachment: self.attachment.clone(),
+            pod: self.pod.clone(),
+            sticky_key: self.sticky_key.clone(),
+            meta: AttachmentMeta {
+                network: self.network.clone(),
+                netns: self.netns.clone(),
+            },
+        }
+    }
 }
 
 /// What the host shows.

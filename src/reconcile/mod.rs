@@ -1,6 +1,8 @@
 //! Rebuilding the pool's state at startup from what is durable and what is true, and keeping it true
-//! while running. Parts: [`evidence`] (what the host shows), [`rebuild`] (startup), [`pass`] (the
-//! running reconcile), [`api_server`] (the pods bound to this node from the Kubernetes API server).
+//! while running. Parts: [`evidence`] (what the host shows), [`rebuild`] (startup), the running
+//! reconcile in three: [`pass`] (gathers a snapshot), [`decide`] (a pure function of it, returning
+//! [`Drift`]s) and [`apply`] (acts on them through the IPAM service), and [`api_server`] (the pods
+//! bound to this node from the Kubernetes API server).
 //!
 //! Sources, in order of authority: EC2 (which ENIs are attached and which IPs they hold; IMDS lags it),
 //! the host (does the pod's network namespace still exist), then SQLite (who holds which IP, cooldowns
@@ -16,10 +18,14 @@
 //! written before every ADD reply, the cache only after.
 
 pub mod api_server;
+mod apply;
+pub mod decide;
 mod evidence;
 mod pass;
 mod rebuild;
 
+pub use apply::apply;
+pub use decide::{Drift, Memory, Snapshot, decide, decide_store};
 pub use evidence::{HostClaim, HostEvidence, NetnsState, NetnsView, host_evidence};
-pub use pass::{HostView, Memory, PassReport, pass};
+pub use pass::{HostView, PassReport, pass};
 pub use rebuild::{Inputs, QUARANTINE_NO_EVIDENCE, Rebuilt, ReconcileReport, merge, rebuild};

@@ -196,7 +196,7 @@ pub fn merge(
             tracing::warn!(eni = %e.id, "no subnet CIDR known for an attached ENI yet; not serving from it");
             continue;
         };
-        let managed = att.device_index != 0 && e.is_managed_by_us();
+        let managed = super::decide::managed(e);
         report.enis += 1;
         if managed {
             report.managed_enis += 1;
@@ -313,16 +313,7 @@ pub fn merge(
         seen.insert(claim.ip);
         attachments.insert(claim.attachment.clone());
         report.adopted.push((claim.attachment.clone(), claim.ip));
-        allocations.push(AllocationSeed {
-            ip: claim.ip,
-            attachment: claim.attachment.clone(),
-            pod: claim.pod.clone(),
-            sticky_key: claim.sticky_key.clone(),
-            meta: AttachmentMeta {
-                network: claim.network.clone(),
-                netns: claim.netns.clone(),
-            },
-        });
+        allocations.push(claim.allocation());
         assignments.push(StoredAssignment {
             ip: claim.ip,
             eni_id: eni_id.clone(),

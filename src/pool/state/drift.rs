@@ -1,57 +1,52 @@
-//! What the running reconcile changes when the pool and the truth disagree: IPs EC2 no longer shows,
-//! ENIs EC2 does not show attached (suspected, then forgotten), ENIs attached that the pool did not
-//! know (adopted), quarantined IPs that evidence or an operator clears.
+//! The state's side of the running reconcile's changes (see [`crate::pool::Pool`]'s reconcile
+//! methods in `pool/drift.rs`): IPs EC2 no longer shows, ENIs EC2 does not show attached (suspected,
+//! then forgotten), ENIs attached that the pool did not know (adopted), quarantined IPs that evidence
+//! or an operator clears. `suspend_eni` is also the ENI actor's, when EC2 answers NotFound for its
+//! ENI.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
 
-/// One IP the pool forgot, with the attachment that held it (that pod lost its IP).
-pub type Forgotten = (Ipv4Addr, Option<AttachmentKey>);
+use tokio::time::Instant;
+
+use super::{EniRecord, EniRole, PoolState, SubnetRecord};
+use crate::cloud::{Eni, Subnet};
+use crate::model::EniId;
+use crate::pool::{Allocation, AllocationSeed, EniPhase, Forgotten};
 
 impl PoolState {
     /// EC2 no longer shows these IPs on `eni` (unassigned out of band): the pool forgets them and
     /// returns their tokens. IPs being given back are skipped (their absence is ours).
     pub fn forget_gone(&mut self, eni: &EniId, ips: &[Ipv4Addr]) -> Vec<Forgotten> {
-        let mut forgotten = Vec::new();
         let Some(r) = self.enis.get_mut(eni) else {
-            return forgotten;
+            return Vec::new();
         };
-        for ip in ips {
-            if self.releasing.contains_key(ip) || !r.ips.remove(ip) {
-                continue;
-            }
-            forgotten.push((
-                *ip,
-                Self::drop_ip(
-                    &mut self.idle,
-                    &mut self.held_back,
-                    &mut self.quarantined,
-                    &mut self.assigned,
-                    &mut self.allocations,
-                    *ip,
-                ),
-            ));
-        }
-        self.capacity.give_back(forgotten.len() as u32);
-        forgotten
+        let gone: Vec<Ipv4Addr> = ips
+            .iter()
+            .copied()
+            .filter(|ip| !self.releasing.contains_key(ip) && r.ips.remove(ip))
+            .collect();
+        self.drop_ips(gone)
     }
 
-    /// Removes `ip` from wherever the pool holds it (not from its ENI record); returns its holder.
-    fn drop_ip(
-        idle: &mut IdleQueue,
-        held_back: &mut BTreeMap<Ipv4Addr, IdleEntry>,
-        quarantined: &mut BTreeMap<Ipv4Addr, Quarantine>,
-        assigned: &mut HashMap<Ipv4Addr, AttachmentKey>,
-        allocations: &mut HashMap<AttachmentKey, AllocationRecord>,
-        ip: Ipv4Addr,
-    ) -> Option<AttachmentKey> {
-        idle.remove(ip);
-        held_back.remove(&ip);
-        quarantined.remove(&ip);
-        let holder = assigned.remove(&ip);
-        if let Some(key) = &holder {
-            allocations.remove(key);
-        }
-        holder
+    /// Removes `ips` from wherever the pool holds them (not from their ENI's record) and returns
+    /// their tokens; returns each with its holder.
+    fn drop_ips(&mut self, ips: impl IntoIterator<Item = Ipv4Addr>) -> Vec<Forgotten> {
+        let forgotten: Vec<Forgotten> = ips
+            .into_iter()
+            .map(|ip| {
+                self.idle.remove(ip);
+                self.held_back.remove(&ip);
+                self.quarantined.remove(&ip);
+                let holder = self.assigned.remove(&ip);
+                if let Some(key) = &holder {
+                    self.allocations.remove(key);
+                }
+                (ip, holder)
+            })
+            .collect();
+        self.capacity.give_back(forgotten.len() as u32);
+        forgotten
     }
 
     /// EC2 did not show `eni` attached to this instance: it takes no new work and its idle IPs are
@@ -106,23 +101,10 @@ impl PoolState {
         let Some(rec) = self.enis.remove(eni) else {
             return (Vec::new(), None);
         };
-        let mut forgotten = Vec::new();
         for ip in &rec.ips {
             self.releasing.remove(ip);
-            forgotten.push((
-                *ip,
-                Self::drop_ip(
-                    &mut self.idle,
-                    &mut self.held_back,
-                    &mut self.quarantined,
-                    &mut self.assigned,
-                    &mut self.allocations,
-                    *ip,
-                ),
-            ));
         }
-        self.capacity.give_back(forgotten.len() as u32);
-        (forgotten, Some(rec))
+        (self.drop_ips(rec.ips.iter().copied()), Some(rec))
     }
 
     /// Registers an ENI EC2 shows attached to this instance that the pool did not know (e.g. a create
@@ -203,19 +185,19 @@ impl PoolState {
     }
 
     /// A quarantined IP that evidence shows held by a live pod: it becomes that attachment's.
-    pub fn adopt_quarantined(
-        &mut self,
-        ip: Ipv4Addr,
-        key: AttachmentKey,
-        pod: PodRef,
-        sticky_key: Option<String>,
-        meta: AttachmentMeta,
-        now: Instant,
-    ) -> Option<Allocation> {
-        if self.allocations.contains_key(&key) {
+    pub fn adopt_quarantined(&mut self, held: AllocationSeed, now: Instant) -> Option<Allocation> {
+        if self.allocations.contains_key(&held.attachment) {
             return None;
         }
-        let q = self.quarantined.remove(&ip)?;
-        Some(self.record(key, pod, sticky_key, meta, ip, q.eni, now))
+        let q = self.quarantined.remove(&held.ip)?;
+        Some(self.record(
+            held.attachment,
+            held.pod,
+            held.sticky_key,
+            held.meta,
+            held.ip,
+            q.eni,
+            now,
+        ))
     }
 }
