@@ -1,26 +1,21 @@
 //! Command dispatch: one function per `CNI_COMMAND`, and [`run`], which turns an invocation (environment +
 //! stdin) into what the plugin prints and its exit code. Each command lives in its own file: `add`
 //! (with the results it prints), `del` (with the pod end's teardown thread), `check`, `gc` and
-//! `status`; this file holds the dispatch and what they share (the daemon connection, the release
-//! call, the pod's namespaces, the netns error mapping).
-
-use std::net::Ipv4Addr;
+//! `status`; what they share sits below them: `daemon` (the connection, the Release call) and `pod`
+//! (the pod's namespaces, the wiring-error mapping).
 
 use serde_json::Value;
 
-use eniipam_api::pb;
-use eniipam_netlink::{Netlink, NetnsFile};
-
-use crate::client::{DaemonClient, DaemonError};
 use crate::env::{Command, Environment, RuntimeEnv};
 use crate::netconf::{NetConf, peek_version};
-use crate::spec::{CniError, CniVersion, ErrorCode, version_info};
-use crate::wiring::NetnsError;
+use crate::spec::{CniError, CniVersion, version_info};
 
 mod add;
 mod check;
+mod daemon;
 mod del;
 mod gc;
+mod pod;
 mod status;
 #[cfg(test)]
 mod tests;
@@ -119,53 +114,4 @@ fn success(out: Option<Value>) -> Outcome {
 fn failure(err: &CniError, version: CniVersion) -> Outcome {
     tracing::warn!(code = err.code.code(), "{err}");
     Outcome::error(err, version)
-}
-
-fn netns_to_cni(err: NetnsError) -> CniError {
-    let code = match &err {
-        NetnsError::Netlink(eniipam_netlink::Error::Open { .. }) => ErrorCode::InvalidEnvironment,
-        NetnsError::Mismatch(_) => ErrorCode::CheckFailed,
-        NetnsError::Netlink(_) | NetnsError::Conflict(_) => ErrorCode::WiringFailed,
-    };
-    CniError::new(code, err.to_string())
-}
-
-async fn connect(conf: &NetConf) -> Result<DaemonClient, DaemonError> {
-    DaemonClient::connect(&conf.plugin.socket, conf.plugin.timeout).await
-}
-
-/// Namespaces and netlink sockets of a main-role ADD or CHECK.
-struct PodSide {
-    ns: NetnsFile,
-    host: Netlink,
-    pod: Netlink,
-}
-
-impl PodSide {
-    fn open(path: &str) -> Result<Self, CniError> {
-        let nl = |e: eniipam_netlink::Error| netns_to_cni(e.into());
-        let ns = NetnsFile::open(path).map_err(nl)?;
-        let host = Netlink::current().map_err(nl)?;
-        let pod = Netlink::in_netns(&ns).map_err(nl)?;
-        Ok(Self { ns, host, pod })
-    }
-}
-
-async fn release(
-    client: &mut DaemonClient,
-    conf: &NetConf,
-    rt: &RuntimeEnv,
-    sticky: bool,
-    cleaning: Option<Ipv4Addr>,
-) -> Result<pb::ReleaseReply, DaemonError> {
-    client
-        .release(pb::ReleaseRequest {
-            api_version: 0,
-            container_id: rt.container_id.clone(),
-            ifname: rt.ifname.clone(),
-            sticky,
-            network: conf.name.clone(),
-            ip: cleaning.map(|ip| ip.to_string()).unwrap_or_default(),
-        })
-        .await
 }

@@ -25,6 +25,15 @@ async fn connect(socket: &Path) -> Result<Channel, String> {
     })
 }
 
+/// A client of eniipamd's Introspect service.
+async fn introspect(
+    socket: &Path,
+) -> Result<pb::introspect_client::IntrospectClient<Channel>, String> {
+    Ok(pb::introspect_client::IntrospectClient::new(
+        connect(socket).await?,
+    ))
+}
+
 fn status_err(s: tonic::Status) -> String {
     format!("eniipamd answered {:?}: {}", s.code(), s.message())
 }
@@ -65,7 +74,7 @@ pub async fn health(socket: &Path, as_json: bool) -> Result<(), String> {
 }
 
 pub async fn status(socket: &Path, as_json: bool) -> Result<(), String> {
-    let mut c = pb::introspect_client::IntrospectClient::new(connect(socket).await?);
+    let mut c = introspect(socket).await?;
     let p = c
         .pool(pb::PoolRequest {})
         .await
@@ -80,7 +89,7 @@ pub async fn status(socket: &Path, as_json: bool) -> Result<(), String> {
 }
 
 pub async fn allocations(socket: &Path, as_json: bool) -> Result<(), String> {
-    let mut c = pb::introspect_client::IntrospectClient::new(connect(socket).await?);
+    let mut c = introspect(socket).await?;
     let a = c
         .allocations(pb::AllocationsRequest {})
         .await
@@ -121,7 +130,7 @@ pub async fn release_quarantined(
     ips: &[std::net::Ipv4Addr],
     as_json: bool,
 ) -> Result<(), String> {
-    let mut c = pb::introspect_client::IntrospectClient::new(connect(socket).await?);
+    let mut c = introspect(socket).await?;
     let r = c
         .release_quarantined(pb::ReleaseQuarantinedRequest {
             ips: ips.iter().map(|ip| ip.to_string()).collect(),
@@ -145,7 +154,7 @@ pub async fn release_quarantined(
 }
 
 pub async fn enis(socket: &Path, as_json: bool) -> Result<(), String> {
-    let mut c = pb::introspect_client::IntrospectClient::new(connect(socket).await?);
+    let mut c = introspect(socket).await?;
     let e = c
         .enis(pb::EnisRequest {})
         .await

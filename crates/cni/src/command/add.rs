@@ -10,7 +10,8 @@ use serde_json::{Map, Value};
 use eniipam_api::cache::{CACHE_FORMAT, CacheEntry, ResultCache};
 use eniipam_api::pb;
 
-use super::{PodSide, connect, netns_to_cni, release};
+use super::daemon::{connect, release};
+use super::pod::{PodSide, netns_to_cni};
 use crate::env::RuntimeEnv;
 use crate::netconf::{NetConf, Role};
 use crate::spec::{CniError, CniResult, CniVersion, ErrorCode, Interface, IpConfig, Route};

@@ -4,7 +4,8 @@
 use eniipam_api::cache::ResultCache;
 use eniipam_api::pb;
 
-use super::{PodSide, connect, netns_to_cni};
+use super::daemon::connect;
+use super::pod::{PodSide, netns_to_cni};
 use crate::env::RuntimeEnv;
 use crate::netconf::{NetConf, Role};
 use crate::spec::{CniError, ErrorCode};

@@ -7,7 +7,8 @@ use eniipam_api::AttachmentKey;
 use eniipam_api::cache::ResultCache;
 use eniipam_netlink::{Netlink, NetnsFile};
 
-use super::{connect, netns_to_cni, release};
+use super::daemon::{connect, release};
+use super::pod::netns_to_cni;
 use crate::env::RuntimeEnv;
 use crate::netconf::{NetConf, Role};
 use crate::spec::CniError;

@@ -5,7 +5,7 @@ use eniipam_api::cache::ResultCache;
 use eniipam_api::pb;
 use eniipam_netlink::Netlink;
 
-use super::connect;
+use super::daemon::connect;
 use crate::netconf::NetConf;
 use crate::spec::{CniError, ErrorCode};
 use crate::wiring::{self, Teardown};

@@ -1,6 +1,6 @@
 //! STATUS: whether the plugin can serve ADDs now.
 
-use super::connect;
+use super::daemon::connect;
 use crate::netconf::NetConf;
 use crate::spec::{CniError, ErrorCode};
 

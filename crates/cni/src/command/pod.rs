@@ -1,0 +1,33 @@
+//! The kernel's side of a command: the namespaces and netlink sockets of a main-role ADD or CHECK,
+//! and how a wiring error maps to a CNI code.
+
+use eniipam_netlink::{Netlink, NetnsFile};
+
+use crate::spec::{CniError, ErrorCode};
+use crate::wiring::NetnsError;
+
+pub(super) fn netns_to_cni(err: NetnsError) -> CniError {
+    let code = match &err {
+        NetnsError::Netlink(eniipam_netlink::Error::Open { .. }) => ErrorCode::InvalidEnvironment,
+        NetnsError::Mismatch(_) => ErrorCode::CheckFailed,
+        NetnsError::Netlink(_) | NetnsError::Conflict(_) => ErrorCode::WiringFailed,
+    };
+    CniError::new(code, err.to_string())
+}
+
+/// Namespaces and netlink sockets of a main-role ADD or CHECK.
+pub(super) struct PodSide {
+    pub(super) ns: NetnsFile,
+    pub(super) host: Netlink,
+    pub(super) pod: Netlink,
+}
+
+impl PodSide {
+    pub(super) fn open(path: &str) -> Result<Self, CniError> {
+        let nl = |e: eniipam_netlink::Error| netns_to_cni(e.into());
+        let ns = NetnsFile::open(path).map_err(nl)?;
+        let host = Netlink::current().map_err(nl)?;
+        let pod = Netlink::in_netns(&ns).map_err(nl)?;
+        Ok(Self { ns, host, pod })
+    }
+}
