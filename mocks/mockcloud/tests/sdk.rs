@@ -7,11 +7,9 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
-use aws_config::retry::RetryConfig;
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::{Credentials, Region};
-use aws_sdk_ec2::error::ProvideErrorMetadata;
-use aws_sdk_ec2::types::{Filter, ResourceType, Tag, TagSpecification};
+use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use mockcloud::{Bucket, Config, Fault, MockCloud, Throttling};
 
 mod support;
