@@ -16,8 +16,10 @@ use cloud_support::*;
 #[tokio::test]
 async fn a_throttling_storm_with_5xx_still_completes_the_sequence() {
     let mut mock_config = mockcloud::Config::fast();
-    // A tiny budget on every API: most of a burst is answered RequestLimitExceeded.
-    mock_config.throttling = Throttling::uniform(Bucket::new(2.0, 10.0), Bucket::new(3.0, 20.0));
+    // A tiny budget on every API: most of a burst is answered RequestLimitExceeded. EC2 (and
+    // mockcloud) keep one bucket per API, so the two sequences collide only on the same API: one token
+    // each, refilled at 2/s (mutating) and 4/s (describe).
+    mock_config.throttling = Throttling::uniform(Bucket::new(1.0, 2.0), Bucket::new(1.0, 4.0));
     let limiter = LimiterConfig {
         retry: BackoffPolicy {
             base: Duration::from_millis(10),

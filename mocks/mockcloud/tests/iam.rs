@@ -176,17 +176,7 @@ async fn shipped_policy_on_eth0_and_other_clusters_enis() {
         m.contains(&format!("network-interface/{}", w.eth0)),
         "the instance is allowed, the ENI not: {m}"
     );
-    denied(
-        c.modify_network_interface_attribute()
-            .network_interface_id(&w.eth0)
-            .description(
-                aws_sdk_ec2::types::AttributeValue::builder()
-                    .value("x")
-                    .build(),
-            )
-            .send()
-            .await,
-    );
+    denied(support::set_description(c, &w.eth0).send().await);
     // Another cluster's ENI in the same VPC: the explicit Deny wins over the VPC-wide Allow.
     let m = denied(
         c.assign_private_ip_addresses()

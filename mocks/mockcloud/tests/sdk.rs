@@ -7,54 +7,13 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
-use aws_config::retry::RetryConfig;
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::{Credentials, Region};
-use aws_sdk_ec2::error::ProvideErrorMetadata;
-use aws_sdk_ec2::types::{Filter, ResourceType, Tag, TagSpecification};
+use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use mockcloud::{Bucket, Config, Fault, MockCloud, Throttling};
 
-fn ec2(mock: &MockCloud) -> Client {
-    ec2_with_timeout(mock, None)
-}
-
-fn ec2_with_timeout(mock: &MockCloud, timeout: Option<Duration>) -> Client {
-    let mut b = aws_sdk_ec2::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .endpoint_url(mock.ec2_url())
-        .credentials_provider(Credentials::new(
-            "AKIDMOCKCLOUD",
-            "secret",
-            None,
-            None,
-            "test",
-        ))
-        .retry_config(RetryConfig::disabled());
-    if let Some(t) = timeout {
-        b = b.timeout_config(
-            aws_sdk_ec2::config::timeout::TimeoutConfig::builder()
-                .operation_attempt_timeout(t)
-                .build(),
-        );
-    }
-    Client::from_conf(b.build())
-}
-
-fn imds(url: &str) -> aws_config::imds::Client {
-    aws_config::imds::Client::builder()
-        .endpoint(url)
-        .expect("valid IMDS url")
-        .build()
-}
-
-fn code<E: ProvideErrorMetadata>(e: E) -> String {
-    e.code().unwrap_or("<no code>").to_owned()
-}
-
-fn filter(name: &str, value: &str) -> Filter {
-    Filter::builder().name(name).values(value).build()
-}
+mod support;
+use support::{code, ec2, ec2_with_timeout, fast, filter, imds};
 
 fn tags(pairs: &[(&str, &str)]) -> TagSpecification {
     let mut b = TagSpecification::builder().resource_type(ResourceType::NetworkInterface);
@@ -62,12 +21,6 @@ fn tags(pairs: &[(&str, &str)]) -> TagSpecification {
         b = b.tags(Tag::builder().key(*k).value(*v).build());
     }
     b.build()
-}
-
-async fn fast() -> MockCloud {
-    MockCloud::start(Config::fast())
-        .await
-        .expect("mockcloud starts")
 }
 
 /// Creates an ENI in the default subnet with `n` secondary IPs; returns its id.
@@ -1618,20 +1571,7 @@ async fn control_api_over_http() {
 
 #[tokio::test]
 async fn the_binary_prints_its_urls_and_serves() {
-    use tokio::io::AsyncBufReadExt;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mockcloud"))
-        .args(["--profile", "fast", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let urls: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let (mut child, urls) = support::start_binary(&["--profile", "fast"]).await;
     let ec2_url = urls["ec2"].as_str().unwrap();
     let imds_url = urls["default"]["instance"]["imds_url"].as_str().unwrap();
     assert!(ec2_url.starts_with("http://127.0.0.1:"));

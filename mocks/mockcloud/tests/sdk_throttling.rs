@@ -363,30 +363,17 @@ async fn bad_settings_are_refused_by_name() {
 
 #[tokio::test]
 async fn the_binary_sizes_buckets_by_flag() {
-    use tokio::io::AsyncBufReadExt;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mockcloud"))
-        .args([
-            "--profile",
-            "fast",
-            "--json",
-            "--throttle",
-            "AssignPrivateIpAddresses=3/0.5",
-            "--throttle",
-            "DescribeNetworkInterfaces:unfiltered=7/1",
-            "--throttle",
-            "mutating=20/2",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let urls: Value = serde_json::from_str(&line).unwrap();
+    let (mut child, urls) = support::start_binary(&[
+        "--profile",
+        "fast",
+        "--throttle",
+        "AssignPrivateIpAddresses=3/0.5",
+        "--throttle",
+        "DescribeNetworkInterfaces:unfiltered=7/1",
+        "--throttle",
+        "mutating=20/2",
+    ])
+    .await;
     let v: Value = reqwest::get(format!("{}/throttling", urls["control"].as_str().unwrap()))
         .await
         .unwrap()

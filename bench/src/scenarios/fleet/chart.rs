@@ -21,11 +21,13 @@ fn err(e: impl std::fmt::Display) -> anyhow::Error {
 }
 
 /// A chart of both plots: simulated minutes against a count.
-type Chart<'a> = ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+/// `'a`: the drawing area's borrow; `'b`: the backend's (its path).
+type Chart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 /// One line; with `label` (when text can be drawn), its legend entry too.
-fn line(
-    chart: &mut Chart<'_>,
+fn line<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
     points: impl IntoIterator<Item = (f64, f64)>,
     color: RGBAColor,
     label: Option<String>,
@@ -41,8 +43,60 @@ fn line(
     Ok(())
 }
 
+/// The axes' ends: the longest series (at least one sample), in minutes, and the largest value (at
+/// least 1) with `headroom` above it.
+fn extent(
+    lens: impl Iterator<Item = usize>,
+    values: impl Iterator<Item = u64>,
+    headroom: f64,
+) -> (f64, f64) {
+    let x_max = lens.map(minutes).fold(1.0 / 60.0, f64::max);
+    let y_max = values.max().unwrap_or(1).max(1) as f64 * headroom;
+    (x_max, y_max)
+}
+
+/// How a panel is dressed when text can be drawn.
+struct Dress<'t> {
+    margin: u32,
+    caption: String,
+    font: u32,
+    /// Heights of the x and y label areas.
+    label_areas: (u32, u32),
+    x_desc: &'t str,
+    y_desc: Option<&'t str>,
+}
+
+/// A panel on `area` from 0 to the axes' ends; with `text`, its caption and axis labels.
+fn panel<'a, 'b: 'a>(
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    text: bool,
+    dress: Dress<'_>,
+    (x_max, y_max): (f64, f64),
+) -> anyhow::Result<Chart<'a, 'b>> {
+    let mut builder = ChartBuilder::on(area);
+    builder.margin(dress.margin);
+    if text {
+        builder
+            .caption(dress.caption, ("sans-serif", dress.font))
+            .x_label_area_size(dress.label_areas.0)
+            .y_label_area_size(dress.label_areas.1);
+    }
+    let mut chart = builder
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .map_err(err)?;
+    if text {
+        let mut mesh = chart.configure_mesh();
+        mesh.x_desc(dress.x_desc);
+        if let Some(y) = dress.y_desc {
+            mesh.y_desc(y);
+        }
+        mesh.draw().map_err(err)?;
+    }
+    Ok(chart)
+}
+
 /// The legend box, top right.
-fn legend(chart: &mut Chart<'_>) -> anyhow::Result<()> {
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> anyhow::Result<()> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
@@ -67,39 +121,20 @@ fn draw_fleet_free(path: &Path, pattern: Pattern, results: &[&PairResult]) -> an
     let text = crate::plot::fonts();
     let root = BitMapBackend::new(path, (1100, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let x_max = results
-        .iter()
-        .map(|r| minutes(r.free_series.len()))
-        .fold(1.0 / 60.0, f64::max);
-    let y_max = results
-        .iter()
-        .flat_map(|r| r.free_series.iter().copied())
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64
-        * 1.08;
-    let mut builder = ChartBuilder::on(&root);
-    builder.margin(14);
-    if text {
-        builder
-            .caption(
-                format!("fleet, {pattern}: free VPC IPs held by the fleet"),
-                ("sans-serif", 22),
-            )
-            .x_label_area_size(40)
-            .y_label_area_size(64);
-    }
-    let mut chart = builder
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
-        .map_err(err)?;
-    if text {
-        chart
-            .configure_mesh()
-            .x_desc("simulated minutes from the pattern's start")
-            .y_desc("free IPs (all nodes)")
-            .draw()
-            .map_err(err)?;
-    }
+    let ends = extent(
+        results.iter().map(|r| r.free_series.len()),
+        results.iter().flat_map(|r| r.free_series.iter().copied()),
+        1.08,
+    );
+    let dress = Dress {
+        margin: 14,
+        caption: format!("fleet, {pattern}: free VPC IPs held by the fleet"),
+        font: 22,
+        label_areas: (40, 64),
+        x_desc: "simulated minutes from the pattern's start",
+        y_desc: Some("free IPs (all nodes)"),
+    };
+    let mut chart = panel(&root, text, dress, ends)?;
     for (i, r) in results.iter().enumerate() {
         let points = r
             .free_series
@@ -129,40 +164,24 @@ fn draw_one_node(path: &Path, pattern: Pattern, results: &[&PairResult]) -> anyh
     let root =
         BitMapBackend::new(path, (1100, panel_h * results.len().max(1) as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let x_max = results
-        .iter()
-        .map(|r| minutes(r.node_series.len()))
-        .fold(1.0 / 60.0, f64::max);
-    let y_max = results
-        .iter()
-        .flat_map(|r| r.node_series.iter().map(|(f, p)| (*f).max(*p)))
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64
-        * 1.1;
+    let ends = extent(
+        results.iter().map(|r| r.node_series.len()),
+        results
+            .iter()
+            .flat_map(|r| r.node_series.iter().map(|(f, p)| u64::from((*f).max(*p)))),
+        1.1,
+    );
     let areas = root.split_evenly((results.len().max(1), 1));
     for (area, r) in areas.iter().zip(results) {
-        let mut builder = ChartBuilder::on(area);
-        builder.margin(10);
-        if text {
-            builder
-                .caption(
-                    format!("{pattern}, {}: node {TRACKED_NODE}", r.policy),
-                    ("sans-serif", 18),
-                )
-                .x_label_area_size(32)
-                .y_label_area_size(48);
-        }
-        let mut chart = builder
-            .build_cartesian_2d(0.0..x_max, 0.0..y_max)
-            .map_err(err)?;
-        if text {
-            chart
-                .configure_mesh()
-                .x_desc("simulated minutes")
-                .draw()
-                .map_err(err)?;
-        }
+        let dress = Dress {
+            margin: 10,
+            caption: format!("{pattern}, {}: node {TRACKED_NODE}", r.policy),
+            font: 18,
+            label_areas: (32, 48),
+            x_desc: "simulated minutes",
+            y_desc: None,
+        };
+        let mut chart = panel(area, text, dress, ends)?;
         let free: Vec<u32> = r.node_series.iter().map(|s| s.0).collect();
         let pods: Vec<u32> = r.node_series.iter().map(|s| s.1).collect();
         for (label, color, values) in [

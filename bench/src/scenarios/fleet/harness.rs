@@ -406,6 +406,7 @@ async fn boot(mock: &MockCloud, spec: &PairSpec, root: &Path) -> anyhow::Result<
         mockcloud::catalog::lookup(INSTANCE).context("instance type not in the catalog")?;
     let pod_ips_per_eni = limits.ipv4_per_eni - 1;
     let mut subnets = Vec::new();
+    let mut vpcs = Vec::new();
     for k in 0..spec.nodes.div_ceil(NODES_PER_SUBNET) {
         let cidr: Ipv4Net = format!("10.{}.0.0/16", 64 + k)
             .parse()
@@ -417,7 +418,9 @@ async fn boot(mock: &MockCloud, spec: &PairSpec, root: &Path) -> anyhow::Result<
             mock.create_subnet(&vpc, cidr, &world.instance.availability_zone)
                 .map_err(|e| anyhow!("creating the fleet's subnet {cidr}: {e}"))?,
         );
+        vpcs.push(vpc);
     }
+    let policy = fleet_policy(&vpcs);
     let mut launched = Vec::with_capacity(spec.nodes);
     for i in 0..spec.nodes {
         launched.push(
@@ -438,6 +441,9 @@ async fn boot(mock: &MockCloud, spec: &PairSpec, root: &Path) -> anyhow::Result<
                 log_level: "error".into(),
                 ..support::daemon_config(mock, &dir)
             };
+            // `daemon_config` enforces the shipped policy for the default VPC; the nodes live in
+            // the fleet's. Set back at once (no await in between: no daemon calls in the gap).
+            mock.set_iam_policy(Some(policy.clone()));
             let config = spec.policy.apply(base, pod_ips_per_eni);
             starting.push(tokio::spawn(async move {
                 let handle = support::start_daemon(config).await?;
@@ -450,6 +456,20 @@ async fn boot(mock: &MockCloud, spec: &PairSpec, root: &Path) -> anyhow::Result<
         }
     }
     Ok(nodes)
+}
+
+/// The shipped IAM policy for the fleet's VPCs (one per `NODES_PER_SUBNET` nodes): the policy
+/// rendered for each, its statements together.
+fn fleet_policy(vpcs: &[String]) -> mockcloud::iam::Policy {
+    let mut vpcs = vpcs.iter();
+    let first = vpcs.next().map_or("", String::as_str);
+    let mut policy = mockcloud::iam::shipped_policy(support::CLUSTER, first);
+    for vpc in vpcs {
+        policy
+            .statements
+            .extend(mockcloud::iam::shipped_policy(support::CLUSTER, vpc).statements);
+    }
+    policy
 }
 
 /// The pods running before the pattern starts, allocated on the quiet boot-time cloud.

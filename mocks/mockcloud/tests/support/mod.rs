@@ -11,7 +11,12 @@ use aws_sdk_ec2::types::Filter;
 use mockcloud::{Config, MockCloud};
 
 pub fn ec2(mock: &MockCloud) -> Client {
-    let conf = aws_sdk_ec2::Config::builder()
+    ec2_with_timeout(mock, None)
+}
+
+/// The same client, each attempt given up after `timeout`.
+pub fn ec2_with_timeout(mock: &MockCloud, timeout: Option<std::time::Duration>) -> Client {
+    let mut b = aws_sdk_ec2::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
         .endpoint_url(mock.ec2_url())
@@ -22,9 +27,15 @@ pub fn ec2(mock: &MockCloud) -> Client {
             None,
             "test",
         ))
-        .retry_config(RetryConfig::disabled())
-        .build();
-    Client::from_conf(conf)
+        .retry_config(RetryConfig::disabled());
+    if let Some(t) = timeout {
+        b = b.timeout_config(
+            aws_sdk_ec2::config::timeout::TimeoutConfig::builder()
+                .operation_attempt_timeout(t)
+                .build(),
+        );
+    }
+    Client::from_conf(b.build())
 }
 
 pub fn imds(url: &str) -> aws_config::imds::Client {
@@ -126,4 +137,38 @@ pub fn free_block(mock: &MockCloud, subnet: ipnet::Ipv4Net) -> ipnet::Ipv4Net {
         .map(|s| ipnet::Ipv4Net::new(std::net::Ipv4Addr::from(s), 28).unwrap())
         .find(|b| !held.iter().any(|ip| b.contains(ip)))
         .expect("a free block")
+}
+
+/// A ModifyNetworkInterfaceAttribute that sets the ENI's description, ready to send.
+pub fn set_description(
+    c: &Client,
+    eni: &str,
+) -> aws_sdk_ec2::operation::modify_network_interface_attribute::builders::ModifyNetworkInterfaceAttributeFluentBuilder
+{
+    c.modify_network_interface_attribute()
+        .network_interface_id(eni)
+        .description(
+            aws_sdk_ec2::types::AttributeValue::builder()
+                .value("x")
+                .build(),
+        )
+}
+
+/// Starts the `mockcloud` binary with `args` (`--json` added) and reads the URLs it prints.
+pub async fn start_binary(args: &[&str]) -> (tokio::process::Child, serde_json::Value) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mockcloud"))
+        .args(args)
+        .arg("--json")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the mockcloud binary starts");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("the binary prints its URLs within 20 s")
+        .expect("stdout readable")
+        .expect("a line");
+    (child, serde_json::from_str(&line).expect("one JSON line"))
 }
