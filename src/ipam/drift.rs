@@ -1,7 +1,7 @@
 //! What the running reconcile changes through the service, so the pool and the state file change
 //! together: quarantined IPs lifted or adopted, ENIs suspended, resumed, forgotten or adopted, IPs
-//! forgotten, and state-file rows repaired from the pool. The reconcile decides
-//! ([`crate::reconcile`]); these act.
+//! forgotten, and state-file rows repaired from the pool. The running reconcile decides; these
+//! act.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
