@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
-use super::AttachmentMeta;
+use super::types::AttachmentMeta;
 use crate::cloud::{Eni, MetadataEni};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
