@@ -1,11 +1,17 @@
-//! The cloud seam: everything eniipamd asks of EC2 and of the instance metadata service.
+//! `eniipam-cloud`, the cloud seam: everything eniipamd asks of EC2 and of the instance metadata
+//! service, in domain types. It depends on the model (`eniipam-api`) and `eniipam-limits` only; the
+//! daemon reads it as `crate::cloud` (`src/lib.rs` re-exports it).
 //!
 //! - [`Cloud`]: the EC2 calls the pool needs, in domain types. Real implementation on `aws-sdk-ec2` in
-//!   [`ec2`]; every call passes the rate limiter and the retry policy in [`limiter`].
+//!   [`ec2`], where every mutating call goes through one helper (`ec2/mutate.rs`) that verifies, after
+//!   an ambiguous failure, whether the lost attempt took effect; every call passes the rate limiter
+//!   and the retry policy in [`limiter`] (buckets; [`backoff`]) and the throttle gate
+//!   (`throttle.rs`), and is counted in [`calls`].
 //! - [`Metadata`]: IMDSv2, real implementation on the `aws-config` IMDS client in [`imds`].
 //! - [`Purpose`]: what a call is for (pod, refill, give-back, reconcile, startup), a task-local set
 //!   with [`with_purpose`] where the work starts; counted per call, and refills yield to pods under
 //!   throttling ([`purpose`]).
+//! - [`lifecycle`]: an ENI's create, attach and release; [`leak`]: the leaked-ENI collector.
 //!
 //! Errors are classified once, here, into [`CloudError`]: callers decide on kinds (throttled, capacity,
 //! not found), never on strings.
