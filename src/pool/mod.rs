@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::cloud::lifecycle::EniLifecycle;
-use crate::cloud::{Cloud, Eni, Metadata, NodeContext};
+use crate::cloud::{Cloud, Metadata, NodeContext};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
 pub mod capacity;
