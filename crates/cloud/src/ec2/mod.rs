@@ -6,12 +6,14 @@
 //! disabled so that no attempt bypasses the buckets.
 //!
 //! Parts: this file (the client and the [`Cloud`] calls), [`classify`] (SDK errors → [`CloudError`],
-//! once, by EC2 error code and HTTP status), [`convert`] (SDK types ⇄ domain types).
+//! once, by EC2 error code and HTTP status), [`convert`] (SDK types ⇄ domain types), `config`
+//! ([`Ec2Config`] and building the client), `mutate` (the one loop every mutating call runs in).
 //!
 //! Calls that EC2 cannot make idempotent themselves are made safe after ambiguous failures
-//! (timeouts and 5xx, where the request may have taken effect): AssignPrivateIpAddresses compares
-//! the ENI's IPs with those it had before the first attempt, unassign/attach/delete check the
-//! ENI's state before retrying. CreateNetworkInterface is idempotent through its ClientToken.
+//! (timeouts and 5xx, where the request may have taken effect), all in `mutate`:
+//! AssignPrivateIpAddresses compares the ENI's IPs with those it had before the first attempt,
+//! unassign/attach check the ENI's state before retrying, delete takes a later not-found as its
+//! own lost success. CreateNetworkInterface is idempotent through its ClientToken.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
