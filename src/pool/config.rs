@@ -137,8 +137,8 @@ impl std::str::FromStr for WarmPolicy {
     }
 }
 
-/// Addresses in one delegated prefix (`/28`).
-pub const PREFIX_ADDRESSES: u32 = 16;
+/// Addresses in one delegated prefix (`/28`): `eniipam-limits`' figure, the one the capacity formula uses.
+pub const PREFIX_ADDRESSES: u32 = eniipam_limits::ADDRESSES_PER_PREFIX;
 
 impl PoolConfig {
     /// What a top-up fills the idle IPs to once they fall below `min_idle`: halfway between

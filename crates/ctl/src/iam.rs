@@ -1,6 +1,6 @@
 //! `eniipamctl iam-policy`: the least-privilege IAM policy for eniipamd in one cluster.
 //!
-//! Every EC2 action eniipamd calls (`src/cloud/ec2/`; the workspace's `tests/iam_policy.rs` checks
+//! Every EC2 action eniipamd calls (`crates/cloud/src/ec2/`; the workspace's `tests/iam_policy.rs` checks
 //! the list against the code and against a real daemon's calls), and nothing more:
 //! - Describe* on `*`: EC2 has no resource-level permissions for them;
 //! - CreateNetworkInterface only when the request tags the new ENI `eniipam.io/owner=eniipam` and

@@ -28,7 +28,7 @@ impl PoolState {
         let max_enis = config
             .max_enis
             .map_or(node.limits.max_enis, |cap| cap.min(node.limits.max_enis));
-        let per_eni = node.limits.ipv4_per_eni.saturating_sub(1);
+        let per_eni = node.limits.eni_limits().slots_per_eni();
         let mut st = Self {
             capacity: CapacityTokens::new(0),
             idle: IdleQueue::new(),
