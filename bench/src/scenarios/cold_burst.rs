@@ -244,7 +244,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         rows,
         notes: vec![
             format!(
-                "A burst that needs {} ENIs creates them in parallel (src/pool/state.rs, `plan_round` step 3): the median gap between consecutive CreateNetworkInterface calls is {:.2} s. Time over the parallel bound: {:.2} s (×{:.2}): the slowest of the parallel chains under jitter, the coalescing window before the first round, and IMDS polling after the lag.",
+                "A burst that needs {} ENIs creates them in parallel (src/pool/state/round.rs, `plan_round` step 3): the median gap between consecutive CreateNetworkInterface calls is {:.2} s. Time over the parallel bound: {:.2} s (×{:.2}): the slowest of the parallel chains under jitter, the coalescing window before the first round, and IMDS polling after the lag.",
                 bound.enis,
                 gap_ms / 1e3,
                 over_bound_s,
