@@ -32,14 +32,15 @@
 //!
 //! # Under throttling: one probe at a time, and pods first
 //!
-//! After EC2 throttles a call, the class's throttle gate pauses every call of the class, and
-//! stays *recovering* (its pause non-zero) until enough calls have succeeded to halve the pause to
+//! After EC2 throttles a call, the API's throttle gate pauses every call of that API on the node
+//! (EC2 evaluates each API on its own bucket, so the node's other APIs go on), and stays
+//! *recovering* (its pause non-zero) until enough calls have succeeded to halve the pause to
 //! nothing. While it recovers:
 //!
-//! - only one attempt of the class is on the wire at a time (a probe): a node that fires its whole
+//! - only one attempt of the API is on the wire at a time (a probe): a node that fires its whole
 //!   backlog the moment the pause ends spends the account's trickle on throttled attempts;
 //! - refills and give-backs ([`Purpose::yields`]) wait, after the pause, while a call of another
-//!   purpose (a pod's, the reconcile's) is waiting or running in the class, so the trickle goes to
+//!   purpose (a pod's, the reconcile's) is waiting or running on the API, so the trickle goes to
 //!   the calls a pod waits on. The wait is bounded (2 × the longest pause, 2 min): a steady stream of
 //!   throttled pod calls never starves a refill for good; and with no pod-driven call about, a
 //!   refill goes as the probe itself (otherwise nothing would succeed and end the recovery).
@@ -68,7 +69,7 @@ use tokio::time::Instant;
 pub use super::backoff::{Backoff, BackoffPolicy};
 use super::calls::{CallStats, Outcome};
 use super::purpose::{Purpose, current_purpose};
-use super::throttle::{Admission, ThrottleGate};
+use super::throttle::{Admission, ThrottleGate, ThrottleGates};
 use super::{CloudError, CloudResult};
 
 /// A governor clock on tokio's time, so `tokio::time::pause` drives the buckets.
@@ -250,8 +251,8 @@ impl TokenBucket {
 pub struct Limiter {
     mutating: TokenBucket,
     describe: TokenBucket,
-    mutating_gate: ThrottleGate,
-    describe_gate: ThrottleGate,
+    /// One throttle gate per EC2 API.
+    gates: ThrottleGates,
     retry: BackoffPolicy,
     stats: Arc<CallStats>,
 }
@@ -265,8 +266,7 @@ impl Limiter {
         Ok(Self {
             mutating: TokenBucket::new("mutating", cfg.rates.mutating)?,
             describe: TokenBucket::new("describe", cfg.rates.describe)?,
-            mutating_gate: ThrottleGate::default(),
-            describe_gate: ThrottleGate::default(),
+            gates: ThrottleGates::default(),
             retry: cfg.retry,
             stats,
         })
@@ -289,18 +289,16 @@ impl Limiter {
         }
     }
 
-    fn gate(&self, class: CallClass) -> &ThrottleGate {
-        match class {
-            CallClass::Mutating => &self.mutating_gate,
-            CallClass::Describe => &self.describe_gate,
-        }
+    /// The throttle gate of `api`.
+    pub(crate) fn gate(&self, api: &'static str) -> Arc<ThrottleGate> {
+        self.gates.of(api)
     }
 
-    /// Wait out any throttling pause of `class` (then, while it recovers, for the other calls if
-    /// `purpose` yields, and for the probe), then for a token, recording the wait. The admission is
-    /// held until the attempt's outcome is recorded.
-    async fn admit(&self, class: CallClass, purpose: Purpose) -> Admission<'_> {
-        let (bucket, gate) = (self.bucket(class), self.gate(class));
+    /// Wait out any throttling pause of `api` (then, while it recovers, for the other calls if
+    /// `purpose` yields, and for the probe), then for a token of `class`, recording the wait. The
+    /// admission is held until the attempt's outcome is recorded.
+    async fn admit(&self, api: &'static str, class: CallClass, purpose: Purpose) -> Admission {
+        let (bucket, gate) = (self.bucket(class), self.gate(api));
         let start = Instant::now();
         let priority = (!purpose.yields()).then(|| gate.enter_priority());
         gate.pass().await;
@@ -310,7 +308,8 @@ impl Limiter {
         let probe = if gate.recovering() {
             let permit = gate
                 .probe
-                .acquire()
+                .clone()
+                .acquire_owned()
                 .await
                 .expect("the probe is never closed");
             // The probe before us may have been throttled again: wait out the new pause. If it
@@ -348,12 +347,12 @@ impl Limiter {
         Fut: Future<Output = CloudResult<T>>,
     {
         let purpose = current_purpose();
-        let admission = self.admit(class, purpose).await;
+        let admission = self.admit(api, class, purpose).await;
         let start = Instant::now();
         let result = call.await;
         let outcome = Outcome::of(&result);
         let throttled = matches!(result, Err(CloudError::Throttled { .. }));
-        self.gate(class).observe(throttled);
+        self.gate(api).observe(throttled);
         // Only now may the next probe go, and yielding callers look at the gate again.
         drop(admission);
         self.stats.record_call(api, outcome, start.elapsed());
@@ -415,9 +414,9 @@ impl Retry<'_> {
         if !err.is_retryable() {
             return Err(err);
         }
-        // Not before the node's throttling pause for this class is over, and not at all when
-        // that pause outlasts the time budget.
-        let paused = self.limiter.gate(CallClass::of_api(self.api)).remaining();
+        // Not before the node's throttling pause for this API is over, and not at all when that
+        // pause outlasts the time budget.
+        let paused = self.limiter.gate(self.api).remaining();
         let next = self
             .backoff
             .next_delay()

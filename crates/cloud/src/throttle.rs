@@ -1,17 +1,35 @@
-//! The throttle gate: the node-wide answer to EC2 throttling, one per call class (mutating,
-//! describe), that every attempt passes before its token bucket ([`crate::limiter`]). After EC2
-//! throttles a call, the gate pauses the whole class, then, while it recovers, lets one probe at a
-//! time through and has refills and give-backs yield to pod-driven calls (the limiter's module docs
-//! say why).
+//! The throttle gate: the node-wide answer to EC2 throttling, one per EC2 API (EC2 evaluates each
+//! API on its own token bucket: "requests for other API are not affected"), that every attempt
+//! passes before its token bucket ([`crate::limiter`]). After EC2 throttles a call, the gate pauses
+//! every call of that API on the node, then, while it recovers, lets one probe at a time through and
+//! has refills and give-backs yield to pod-driven calls (the limiter's module docs say why).
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
-use tokio::sync::{Notify, Semaphore, SemaphorePermit};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-/// The node-wide answer to EC2 throttling, one per call class: after EC2 answers
-/// `RequestLimitExceeded`, every call of that class on this node waits out a pause — not only the
+/// The node's gates, one per EC2 API, made on the API's first call.
+#[derive(Debug, Default)]
+pub(crate) struct ThrottleGates(std::sync::Mutex<HashMap<&'static str, Arc<ThrottleGate>>>);
+
+impl ThrottleGates {
+    /// The gate of `api`.
+    pub(crate) fn of(&self, api: &'static str) -> Arc<ThrottleGate> {
+        self.0
+            .lock()
+            .expect("gates lock")
+            .entry(api)
+            .or_default()
+            .clone()
+    }
+}
+
+/// The node-wide answer to EC2 throttling, one per API: after EC2 answers
+/// `RequestLimitExceeded`, every call of that API on this node waits out a pause — not only the
 /// call that was throttled — and each further throttle doubles the pause (jittered, up to
 /// [`ThrottleGate::MAX_PAUSE`]); each success halves it. EC2's buckets are the account's: when many
 /// nodes share them, a node that keeps its own token bucket full would keep spending the account's
@@ -24,7 +42,7 @@ use tokio::time::Instant;
 pub(crate) struct ThrottleGate {
     pub(crate) state: std::sync::Mutex<GateState>,
     /// One permit: the probe, taken by each attempt that starts while the gate is recovering.
-    pub(crate) probe: Semaphore,
+    pub(crate) probe: Arc<Semaphore>,
     /// Wakes yielding callers when the pause or the count of priority callers changes.
     changed: Notify,
 }
@@ -33,7 +51,7 @@ impl Default for ThrottleGate {
     fn default() -> Self {
         Self {
             state: Default::default(),
-            probe: Semaphore::new(1),
+            probe: Arc::new(Semaphore::new(1)),
             changed: Notify::new(),
         }
     }
@@ -41,7 +59,7 @@ impl Default for ThrottleGate {
 
 #[derive(Debug, Default)]
 pub(crate) struct GateState {
-    /// No call of the class starts before this.
+    /// No call of the API starts before this.
     until: Option<Instant>,
     /// The current pause; zero when EC2 has not throttled us lately.
     pub(crate) pause: Duration,
@@ -50,9 +68,9 @@ pub(crate) struct GateState {
 }
 
 /// An attempt of a purpose that does not yield, counted from admission to outcome.
-pub(crate) struct PriorityGuard<'a>(&'a ThrottleGate);
+pub(crate) struct PriorityGuard(Arc<ThrottleGate>);
 
-impl Drop for PriorityGuard<'_> {
+impl Drop for PriorityGuard {
     fn drop(&mut self) {
         self.0.lock().priority -= 1;
         self.0.changed.notify_waiters();
@@ -60,9 +78,9 @@ impl Drop for PriorityGuard<'_> {
 }
 
 /// What an admitted attempt holds until its outcome is recorded.
-pub(crate) struct Admission<'a> {
-    pub(crate) _probe: Option<SemaphorePermit<'a>>,
-    pub(crate) _priority: Option<PriorityGuard<'a>>,
+pub(crate) struct Admission {
+    pub(crate) _probe: Option<OwnedSemaphorePermit>,
+    pub(crate) _priority: Option<PriorityGuard>,
 }
 
 impl ThrottleGate {
@@ -75,15 +93,15 @@ impl ThrottleGate {
         self.state.lock().expect("gate lock")
     }
 
-    /// Whether EC2 throttled the class lately (the pause has not decayed to zero).
+    /// Whether EC2 throttled the API lately (the pause has not decayed to zero).
     pub(crate) fn recovering(&self) -> bool {
         !self.lock().pause.is_zero()
     }
 
     /// Counts a non-yielding attempt until the guard drops.
-    pub(crate) fn enter_priority(&self) -> PriorityGuard<'_> {
+    pub(crate) fn enter_priority(self: &Arc<Self>) -> PriorityGuard {
         self.lock().priority += 1;
-        PriorityGuard(self)
+        PriorityGuard(self.clone())
     }
 
     /// Waits while the gate recovers and a non-yielding attempt is about, at most

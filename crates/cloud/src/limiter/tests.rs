@@ -149,7 +149,7 @@ fn throttled() -> CloudError {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_throttle_pauses_every_call_of_its_class_on_the_node() {
+async fn a_throttle_pauses_every_call_of_its_api_on_the_node() {
     let l = limiter(1, 60_000);
     let r: CloudResult<()> = l
         .attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
@@ -157,8 +157,7 @@ async fn a_throttle_pauses_every_call_of_its_class_on_the_node() {
         })
         .await;
     assert!(r.is_err());
-    // Another mutating call, not itself throttled, waits out the pause (500 ms, jittered to
-    // 250..500 ms); a describe call does not.
+    // EC2 evaluates each API on its own bucket: another API, mutating or not, does not wait.
     let t = Instant::now();
     l.attempt("DescribeInstances", CallClass::Describe, async { Ok(()) })
         .await
@@ -170,10 +169,24 @@ async fn a_throttle_pauses_every_call_of_its_class_on_the_node() {
     })
     .await
     .unwrap();
-    let waited = t.elapsed();
+    // At most the node's own mutating bucket (5/s, burst 1: the token went to the throttled call),
+    // never the throttled API's pause (250..500 ms).
+    assert!(t.elapsed() <= Duration::from_millis(210), "{:?}", t.elapsed());
+    assert!(!l.gate("CreateNetworkInterface").recovering());
+    assert!(l.gate("AssignPrivateIpAddresses").recovering());
+    // Another call of the throttled API, not itself throttled, waits out the pause (500 ms,
+    // jittered to 250..500 ms), counted from the throttle.
+    let since_throttle = Instant::now();
+    let remaining = l.gate("AssignPrivateIpAddresses").remaining();
+    l.attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
+        Ok(())
+    })
+    .await
+    .unwrap();
     assert!(
-        waited >= Duration::from_millis(250) && waited <= Duration::from_millis(510),
-        "{waited:?}"
+        since_throttle.elapsed() >= remaining,
+        "{:?} < {remaining:?}",
+        since_throttle.elapsed()
     );
     // That success halved the pause to nothing; consecutive throttles double it again
     // (0.5, 1, 2 s) and successes halve it back to nothing.
@@ -185,8 +198,12 @@ async fn a_throttle_pauses_every_call_of_its_class_on_the_node() {
             .await;
     }
     assert_eq!(
-        l.mutating_gate.state.lock().unwrap().pause,
+        l.gate("AssignPrivateIpAddresses").state.lock().unwrap().pause,
         Duration::from_secs(2)
+    );
+    assert_eq!(
+        l.gate("CreateNetworkInterface").state.lock().unwrap().pause,
+        Duration::ZERO
     );
     for _ in 0..4 {
         l.attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
@@ -195,7 +212,10 @@ async fn a_throttle_pauses_every_call_of_its_class_on_the_node() {
         .await
         .unwrap();
     }
-    assert_eq!(l.mutating_gate.state.lock().unwrap().pause, Duration::ZERO);
+    assert_eq!(
+        l.gate("AssignPrivateIpAddresses").state.lock().unwrap().pause,
+        Duration::ZERO
+    );
     assert_eq!(CallClass::of_api("DescribeSubnets"), CallClass::Describe);
     assert_eq!(
         CallClass::of_api("AttachNetworkInterface"),
@@ -203,14 +223,14 @@ async fn a_throttle_pauses_every_call_of_its_class_on_the_node() {
     );
 }
 
-/// Throttles the mutating class once: the gate recovers (pause 500 ms, jittered 250..500 ms).
+/// Throttles AssignPrivateIpAddresses once: its gate recovers (pause 500 ms, jittered 250..500 ms).
 async fn throttle_once(l: &Limiter) {
     let _: CloudResult<()> = l
         .attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
             Err(throttled())
         })
         .await;
-    assert!(l.mutating_gate.recovering());
+    assert!(l.gate("AssignPrivateIpAddresses").recovering());
 }
 
 /// One mutating attempt of `purpose` that takes `took`; returns when it started and ended.
@@ -238,7 +258,7 @@ async fn after_a_throttle_one_attempt_runs_at_a_time() {
     let (first, second) = if a.0 <= b.0 { (a, b) } else { (b, a) };
     assert!(second.0 >= first.1, "overlap: {first:?} {second:?}");
     // The first one's success ended the recovery: attempts run side by side again.
-    assert!(!l.mutating_gate.recovering());
+    assert!(!l.gate("AssignPrivateIpAddresses").recovering());
     let start = Instant::now();
     tokio::join!(
         timed_attempt(&l, Purpose::Pod, Duration::from_secs(1)),
@@ -291,7 +311,7 @@ async fn a_refill_yields_for_a_bounded_time_and_alone_goes_as_the_probe() {
     );
     // A pod-driven call that never ends holds a refill back at most MAX_YIELD.
     throttle_once(&l).await;
-    let _pod = l.mutating_gate.enter_priority();
+    let _pod = l.gate("AssignPrivateIpAddresses").enter_priority();
     let start = Instant::now();
     timed_attempt(&l, Purpose::Refill, Duration::ZERO).await;
     let waited = start.elapsed();
