@@ -171,7 +171,11 @@ async fn a_throttle_pauses_every_call_of_its_api_on_the_node() {
     .unwrap();
     // At most the node's own mutating bucket (5/s, burst 1: the token went to the throttled call),
     // never the throttled API's pause (250..500 ms).
-    assert!(t.elapsed() <= Duration::from_millis(210), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() <= Duration::from_millis(210),
+        "{:?}",
+        t.elapsed()
+    );
     assert!(!l.gate("CreateNetworkInterface").recovering());
     assert!(l.gate("AssignPrivateIpAddresses").recovering());
     // Another call of the throttled API, not itself throttled, waits out the pause (500 ms,
@@ -198,7 +202,11 @@ async fn a_throttle_pauses_every_call_of_its_api_on_the_node() {
             .await;
     }
     assert_eq!(
-        l.gate("AssignPrivateIpAddresses").state.lock().unwrap().pause,
+        l.gate("AssignPrivateIpAddresses")
+            .state
+            .lock()
+            .unwrap()
+            .pause,
         Duration::from_secs(2)
     );
     assert_eq!(
@@ -213,7 +221,11 @@ async fn a_throttle_pauses_every_call_of_its_api_on_the_node() {
         .unwrap();
     }
     assert_eq!(
-        l.gate("AssignPrivateIpAddresses").state.lock().unwrap().pause,
+        l.gate("AssignPrivateIpAddresses")
+            .state
+            .lock()
+            .unwrap()
+            .pause,
         Duration::ZERO
     );
     assert_eq!(CallClass::of_api("DescribeSubnets"), CallClass::Describe);
