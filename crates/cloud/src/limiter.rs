@@ -330,6 +330,7 @@ impl Limiter {
         }
         self.stats.record_limiter_wait(bucket.name(), waited);
         Admission {
+            gate,
             _probe: probe,
             _priority: priority,
         }
@@ -352,7 +353,7 @@ impl Limiter {
         let result = call.await;
         let outcome = Outcome::of(&result);
         let throttled = matches!(result, Err(CloudError::Throttled { .. }));
-        self.gate(api).observe(throttled);
+        admission.gate.observe(throttled);
         // Only now may the next probe go, and yielding callers look at the gate again.
         drop(admission);
         self.stats.record_call(api, outcome, start.elapsed());

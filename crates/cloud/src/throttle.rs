@@ -79,6 +79,8 @@ impl Drop for PriorityGuard {
 
 /// What an admitted attempt holds until its outcome is recorded.
 pub(crate) struct Admission {
+    /// The API's gate, which the attempt's outcome is recorded in.
+    pub(crate) gate: Arc<ThrottleGate>,
     pub(crate) _probe: Option<OwnedSemaphorePermit>,
     pub(crate) _priority: Option<PriorityGuard>,
 }
