@@ -126,6 +126,7 @@ impl Fixture {
                         network: "eniipam".into(),
                         netns: netns.into(),
                     },
+                    wait: None,
                 },
                 require_preferred: false,
             })

@@ -544,9 +544,18 @@ async fn subnet_exhaustion_backs_off_with_a_typed_error() {
     n.pool.check_invariants().unwrap();
 }
 
+/// With `add_wait` zero (fail at once, the behaviour before ADDs waited): `tests/pool_add_wait.rs`
+/// has the default, where the waiters wait out the back-off instead.
+fn fail_fast() -> PoolConfig {
+    PoolConfig {
+        add_wait: Duration::ZERO,
+        ..quiet_config()
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failed_batch_fails_every_waiter_and_the_eni_recovers() {
-    let n = start_with_enis(quiet_config(), NodeSpec::default(), &[0]).await;
+    let n = start_with_enis(fail_fast(), NodeSpec::default(), &[0]).await;
     let injected = transient("AssignPrivateIpAddresses");
     n.cloud
         .fail_next(Action::AssignPrivateIpAddresses, 1, injected.clone());
@@ -589,7 +598,7 @@ async fn a_failed_batch_fails_every_waiter_and_the_eni_recovers() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_create_fails_its_waiters_and_backs_off_creation() {
-    let n = start(quiet_config(), NodeSpec::default()).await;
+    let n = start(fail_fast(), NodeSpec::default()).await;
     n.cloud.fail_next(
         Action::CreateNetworkInterface,
         1,

@@ -206,6 +206,7 @@ impl Run {
                     }
                     PoolError::Exhausted { .. }
                     | PoolError::BackingOff { .. }
+                    | PoolError::WaitedTooLong { .. }
                     | PoolError::Cloud(_) => {}
                     other => prop_assert!(false, "unexpected error {}", other),
                 }

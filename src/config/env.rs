@@ -76,6 +76,7 @@ impl DaemonConfig {
         set!(prefix_delegation, "true or false");
         set!(reuse_cooldown_secs, "a whole number of seconds");
         set!(ip_stick_time_secs, "a whole number of seconds");
+        set!(add_wait_secs, "a whole number of seconds");
         set!(ec2_mutating_qps, "a number");
         set!(ec2_mutating_burst, "a whole number");
         set!(ec2_describe_qps, "a number");

@@ -136,6 +136,9 @@ pub struct DaemonConfig {
     pub reuse_cooldown_secs: u64,
     /// Seconds a sticky IP stays reserved for its StatefulSet pod.
     pub ip_stick_time_secs: u64,
+    /// Seconds an ADD may wait for EC2 (throttled, or backing off) before it fails; the plugin's own
+    /// timeout shortens it per request. Default 60; 0 fails at once. See `PoolConfig::add_wait`.
+    pub add_wait_secs: u64,
     /// Mutating EC2 calls per second and burst, per node.
     pub ec2_mutating_qps: f64,
     pub ec2_mutating_burst: u32,
@@ -230,6 +233,7 @@ impl Default for DaemonConfig {
             prefix_delegation: pool.prefix_delegation,
             reuse_cooldown_secs: pool.reuse_cooldown.as_secs(),
             ip_stick_time_secs: pool.ip_stick_time.as_secs(),
+            add_wait_secs: pool.add_wait.as_secs(),
             ec2_mutating_qps: rates.mutating.qps,
             ec2_mutating_burst: rates.mutating.burst,
             ec2_describe_qps: rates.describe.qps,
@@ -338,6 +342,7 @@ impl DaemonConfig {
             prefix_delegation: self.prefix_delegation,
             reuse_cooldown: Duration::from_secs(self.reuse_cooldown_secs),
             ip_stick_time: Duration::from_secs(self.ip_stick_time_secs),
+            add_wait: Duration::from_secs(self.add_wait_secs),
             ..PoolConfig::default()
         }
     }

@@ -43,6 +43,15 @@ impl DaemonConfig {
         if self.ip_stick_time_secs > 86_400 {
             return Err(invalid("ip_stick_time_secs", "allowed: 0 ..= 86400"));
         }
+        if self.add_wait_secs > 600 {
+            return Err(invalid(
+                "add_wait_secs",
+                format!(
+                    "{} is above 600 (allowed: 0 ..= 600; the kubelet gives the whole sandbox 120 s by default)",
+                    self.add_wait_secs
+                ),
+            ));
+        }
         for (knob, qps) in [
             ("ec2_mutating_qps", self.ec2_mutating_qps),
             ("ec2_describe_qps", self.ec2_describe_qps),

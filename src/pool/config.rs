@@ -93,6 +93,20 @@ pub struct PoolConfig {
     /// assign, the reconcile's). The count only steers the pick of a subnet for a new ENI and the
     /// short-subnet warm level; running out is still seen at once, from EC2's answers.
     pub subnet_refresh: Duration,
+    /// The longest an acquire waits for EC2 when EC2 is slow to serve it (throttled, or an ENI or
+    /// ENI creation backing off after transient failures) before it fails with
+    /// [`super::PoolError::WaitedTooLong`]. While it waits, it keeps its capacity token and its place;
+    /// the maintainer sends every waiter of the node in one batched call as soon as the ENI (or the
+    /// API's throttle gate) takes calls again. A caller's own deadline (the CNI plugin's gRPC
+    /// timeout) shortens it per request ([`super::Acquire::wait`]).
+    ///
+    /// Default 60 s. The runtime's bound is the kubelet's `runtimeRequestTimeout` (2 min by
+    /// default) on RunPodSandbox, which covers the sandbox image, the netns and every CNI plugin of
+    /// the chain; eniipam's plugin waits 90 s for the daemon by default. A failed ADD costs the pod
+    /// the kubelet's sync back-off (10 s, jittered up to 15 s) and the node a new request, so
+    /// waiting within the budget is cheaper than failing and being asked again. Zero: fail at once
+    /// (the earlier behaviour).
+    pub add_wait: Duration,
     /// Timing of ENI create/attach/detach/delete.
     pub lifecycle: LifecycleConfig,
 }
@@ -193,6 +207,7 @@ impl Default for PoolConfig {
             prefix_delegation: false,
             prefix_retry: Duration::from_secs(2 * 60),
             subnet_refresh: Duration::from_secs(30 * 60),
+            add_wait: Duration::from_secs(60),
             lifecycle: LifecycleConfig::default(),
         }
     }
@@ -274,6 +289,15 @@ impl PoolConfig {
         }
         if self.subnet_backoff.is_zero() {
             return bad("subnet_backoff", "must be positive");
+        }
+        if self.add_wait > Duration::from_secs(600) {
+            return bad(
+                "add_wait",
+                format!(
+                    "({:?}) must be at most 10 min: the runtime gives up on the ADD long before",
+                    self.add_wait
+                ),
+            );
         }
         Ok(())
     }

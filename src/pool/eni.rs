@@ -36,7 +36,7 @@ use super::types::{
     Packed, ReleaseOutcome,
 };
 use crate::cloud::{
-    ADDRESS_IN_USE, AttachmentStatus, CloudError, EniFilter, Purpose, with_purpose,
+    ADDRESS_IN_USE, AttachmentStatus, CloudError, EniFilter, Purpose, with_deadline, with_purpose,
 };
 use crate::model::EniId;
 
@@ -188,7 +188,14 @@ impl EniActor {
             } else {
                 Purpose::Pod
             };
-            with_purpose(purpose, self.assign(batch.assign, batch.warm_replies)).await;
+            // The call's retries end before the earliest of its pods' deadlines: the pods are
+            // answered (and wait in line for the next try) while their runtime still waits.
+            let deadline = batch.assign.pods.iter().map(|w| w.deadline).min();
+            let call = with_purpose(purpose, self.assign(batch.assign, batch.warm_replies));
+            match deadline {
+                Some(d) => with_deadline(d, call).await,
+                None => call.await,
+            }
         }
         if !batch.unassign.is_empty() {
             with_purpose(
@@ -272,7 +279,8 @@ impl EniActor {
             }
             AssignPlan::Packed(packed) => self.assign_fitted(packed, &span).await,
         };
-        let wake = result.is_ok() || batch.warm > unplanned_warm;
+        // A failed batch's pods may wait in line for the next try: the maintainer plans it.
+        let wake = result.is_ok() || batch.warm > unplanned_warm || !batch.pods.is_empty();
         let outcome = match result {
             Ok((ips, prefixes)) => {
                 span.in_scope(

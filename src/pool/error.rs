@@ -99,6 +99,14 @@ pub enum PoolError {
     /// The cloud call made for this request failed.
     #[error("cloud call failed: {0}")]
     Cloud(#[from] CloudError),
+    /// The request waited its whole budget for EC2 (throttled, or backing off after failures) and
+    /// is answered before the caller's own deadline; the runtime retries the ADD. CNI error 11.
+    #[error("waited {waited:?} for EC2 to serve a new IP, the most this request may: {last_error}")]
+    WaitedTooLong {
+        waited: Duration,
+        /// The EC2 failure it was waiting out (boxed: errors stay small on the happy path).
+        last_error: Box<PoolError>,
+    },
     /// The attachment was released while its IP was still being fetched.
     #[error("attachment released while its IP was being assigned")]
     ReleasedWhilePending,
@@ -125,6 +133,7 @@ impl PoolError {
             | Self::BackingOff { .. }
             | Self::ReleasedWhilePending
             | Self::Abandoned
+            | Self::WaitedTooLong { .. }
             | Self::ShuttingDown => true,
             Self::Cloud(e) => {
                 e.is_retryable()
@@ -132,6 +141,29 @@ impl PoolError {
                     || matches!(e, CloudError::RetriesExhausted { .. })
             }
             Self::PreferredUnavailable { .. } | Self::Config(_) | Self::Seed(_) => false,
+        }
+    }
+
+    /// Whether an acquire that met this error may wait, within its budget, for the pool to try
+    /// again rather than fail now: EC2 throttled the call or it failed transiently (retries ran out
+    /// or not), or the ENI (or ENI creation) serving it backs off after such a failure. Not for
+    /// capacity, permissions, rejections or a vanished ENI: waiting would not change those.
+    pub fn is_worth_waiting(&self) -> bool {
+        fn transient(e: &CloudError) -> bool {
+            e.is_retryable() || matches!(e, CloudError::RetriesExhausted { .. })
+        }
+        match self {
+            Self::BackingOff { last_error, .. } => transient(last_error),
+            Self::Cloud(e) => transient(e),
+            _ => false,
+        }
+    }
+
+    /// How long the failure says it lasts at least, when it says: a back-off's time left.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::BackingOff { retry_after, .. } => Some(*retry_after),
+            _ => None,
         }
     }
 

@@ -34,6 +34,9 @@ use crate::cloud::{ADDRESS_IN_USE, CloudError, Eni, Purpose, SubnetFilter, with_
 /// Extra coalescing before the first ENI creation of a burst (on top of `batch_window`).
 const CREATE_COALESCE: std::time::Duration = std::time::Duration::from_millis(40);
 
+/// How long after a waiter's back-off (or budget) ends its round runs.
+const DUE_SLACK: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Requests to the maintainer task.
 pub(crate) enum MaintainerCommand {
     /// Wait for the work earlier rounds started, run a round now, and answer when its cloud work
@@ -51,6 +54,11 @@ pub(crate) async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Mainta
     let refresh_every = shared.config.subnet_refresh;
     let refresh = tokio::time::sleep(jittered(refresh_every));
     tokio::pin!(refresh);
+    // The next instant the waiters in line need a round (a back-off they wait out ends, or a
+    // budget), when sooner than the tick.
+    let due = tokio::time::sleep(shared.config.maintainer_tick);
+    tokio::pin!(due);
+    let mut due_armed = false;
     loop {
         let mut reply = None;
         tokio::select! {
@@ -59,6 +67,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Mainta
                 Some(MaintainerCommand::RunNow { respond_to }) => reply = Some(respond_to),
                 None => break,
             },
+            () = &mut due, if due_armed => {}
             () = &mut refresh, if !refresh_every.is_zero() => {
                 refresh.as_mut().reset(Instant::now() + jittered(refresh_every));
                 outstanding.retain(|t| !t.is_finished());
@@ -99,6 +108,13 @@ pub(crate) async fn run(shared: Arc<Shared>, mut commands: mpsc::Receiver<Mainta
                 outstanding.retain(|t| !t.is_finished());
                 outstanding.extend(round(&shared, &creates));
             }
+        }
+        let now = Instant::now();
+        let next = shared.lock().next_due(now);
+        due_armed = next.is_some();
+        if let Some(at) = next {
+            // A little after the instant itself, so the back-off has ended when the round runs.
+            due.as_mut().reset(at.max(now) + DUE_SLACK);
         }
     }
     tracing::debug!("maintainer stopped");

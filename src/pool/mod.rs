@@ -258,6 +258,7 @@ impl Pool {
             prefer,
             sticky_key,
             meta: AttachmentMeta::default(),
+            wait: None,
         })
         .await
     }

@@ -40,6 +40,10 @@ pub struct Acquire {
     pub prefer: Option<Ipv4Addr>,
     pub sticky_key: Option<String>,
     pub meta: AttachmentMeta,
+    /// How long this request may wait for EC2 (throttled, or backing off after transient failures)
+    /// before it fails: the caller's deadline, less a margin for its own answer. `None`: the pool's
+    /// `add_wait`. Either way at most `add_wait` ([`crate::pool::PoolConfig::add_wait`] says why).
+    pub wait: Option<Duration>,
 }
 
 /// What an acquire returns: everything the RPC layer needs to reply and the CNI plugin to wire the pod.
@@ -163,13 +167,19 @@ pub(crate) type AllocationReply = oneshot::Sender<Result<Allocation, PoolError>>
 /// The answer channel of a warm-up, give-back or release.
 pub(crate) type DoneReply = oneshot::Sender<Result<(), PoolError>>;
 
-/// A pod request for one new IP, as it travels to an ENI actor or waits for a new ENI: the request
-/// itself, where to answer, and the caller's span and enqueue time.
+/// A pod request for one new IP, as it travels to an ENI actor or waits (for a new ENI, or for EC2
+/// to take calls again): the request itself, where to answer, the caller's span and enqueue time,
+/// the instant it stops waiting, and why it waits.
 pub(crate) struct Waiter {
     pub req: Acquire,
     pub respond_to: AllocationReply,
     pub span: Span,
     pub enqueued_at: Instant,
+    /// Past this instant the waiter is answered with [`PoolError::WaitedTooLong`], so the runtime's
+    /// own timeout never fires first.
+    pub deadline: Instant,
+    /// The EC2 failure it waits out (throttling, a back-off), if any: what it is told at its deadline.
+    pub waiting_on: Option<PoolError>,
 }
 
 /// What an ENI actor is asked to do.

@@ -3,6 +3,7 @@
 //! typed [`pb::ErrorReason`].
 
 use std::net::Ipv4Addr;
+use std::time::Duration;
 use tokio::time::Instant;
 
 use eniipam_api::status_with_reason;
@@ -75,13 +76,50 @@ pub fn ipam_status(e: &IpamError) -> Status {
     }
 }
 
+/// What a caller's deadline leaves the pool to wait on EC2: the `grpc-timeout` it sent (the plugin
+/// sends its `timeout_ms`), less a tenth of it, at most 5 s, for the answer to travel and the plugin
+/// to wire the pod. `None` when the caller sent no deadline; an unreadable header is ignored (the
+/// daemon's `add_wait` still bounds the wait).
+pub fn caller_budget(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let raw = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let timeout = parse_grpc_timeout(raw)?;
+    let margin = (timeout / 10).min(Duration::from_secs(5));
+    Some(timeout.saturating_sub(margin))
+}
+
+/// A `grpc-timeout` value: at most 8 digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`), per the gRPC
+/// over HTTP/2 protocol.
+fn parse_grpc_timeout(raw: &str) -> Option<Duration> {
+    if raw.len() < 2 || raw.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = raw.split_at(raw.len() - 1);
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 fn outcome<T>(r: &Result<T, Status>) -> String {
     r.as_ref()
         .map_or_else(|s| format!("{:?}", s.code()), |_| "ok".to_owned())
 }
 
 impl IpamService {
-    async fn allocate_inner(&self, r: pb::AllocateRequest) -> Result<pb::AllocateReply, Status> {
+    async fn allocate_inner(
+        &self,
+        r: pb::AllocateRequest,
+        wait: Option<Duration>,
+    ) -> Result<pb::AllocateReply, Status> {
         check_version(r.api_version)?;
         let key = attachment(&r.container_id, &r.ifname)?;
         let prefer = match r.preferred_ip.as_str() {
@@ -106,6 +144,7 @@ impl IpamService {
                     network: r.network,
                     netns: r.netns,
                 },
+                wait,
             },
             require_preferred: r.require_preferred,
         };
@@ -164,7 +203,8 @@ impl pb::ipam_server::Ipam for IpamService {
         req: Request<pb::AllocateRequest>,
     ) -> Result<Response<pb::AllocateReply>, Status> {
         let started = Instant::now();
-        let result = self.allocate_inner(req.into_inner()).await;
+        let wait = caller_budget(req.metadata());
+        let result = self.allocate_inner(req.into_inner(), wait).await;
         self.metrics
             .add(&outcome(&result), started.elapsed().as_secs_f64());
         result.map(Response::new)
@@ -279,5 +319,49 @@ impl pb::ipam_server::Ipam for IpamService {
             idle: s.idle,
             assigned: s.assigned,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::metadata::MetadataMap;
+
+    fn with_timeout(v: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        m.insert("grpc-timeout", v.parse().unwrap());
+        m
+    }
+
+    #[test]
+    fn the_callers_deadline_leaves_a_margin_for_the_answer() {
+        // The plugin's default 90 s: 5 s for the answer.
+        assert_eq!(
+            caller_budget(&with_timeout("90000m")),
+            Some(Duration::from_secs(85))
+        );
+        // A short deadline keeps nine tenths.
+        assert_eq!(
+            caller_budget(&with_timeout("4S")),
+            Some(Duration::from_millis(3600))
+        );
+        assert_eq!(
+            caller_budget(&with_timeout("2M")),
+            Some(Duration::from_secs(115))
+        );
+        assert_eq!(caller_budget(&MetadataMap::new()), None);
+    }
+
+    #[test]
+    fn an_unreadable_deadline_is_ignored() {
+        for bad in ["", "S", "12", "12x", "-5S", "123456789S", "1.5S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
     }
 }

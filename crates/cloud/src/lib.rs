@@ -27,6 +27,7 @@ use eniipam_api::model::EniId;
 
 pub mod backoff;
 pub mod calls;
+pub mod deadline;
 pub mod ec2;
 pub mod imds;
 pub mod leak;
@@ -35,6 +36,7 @@ pub mod limiter;
 pub mod purpose;
 mod throttle;
 
+pub use deadline::{current_deadline, with_deadline};
 pub use purpose::{Purpose, current_purpose, with_purpose};
 
 /// Tag keys eniipam writes on the ENIs it creates.

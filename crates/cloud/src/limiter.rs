@@ -418,11 +418,14 @@ impl Retry<'_> {
         // Not before the node's throttling pause for this API is over, and not at all when that
         // pause outlasts the time budget.
         let paused = self.limiter.gate(self.api).remaining();
+        // Nor when the caller's deadline (its pods' budget) comes before the next attempt would.
+        let deadline = crate::deadline::current_deadline();
         let next = self
             .backoff
             .next_delay()
             .filter(|_| self.backoff.elapsed() + paused < self.backoff.policy().max_elapsed)
-            .map(|delay| delay.max(paused));
+            .map(|delay| delay.max(paused))
+            .filter(|delay| deadline.is_none_or(|d| Instant::now() + *delay < d));
         match next {
             Some(delay) => {
                 tracing::debug!(

@@ -113,12 +113,15 @@ impl DaemonClient {
         })
     }
 
-    /// `Allocate` (the request's `api_version` is filled in).
+    /// `Allocate` (the request's `api_version` is filled in). The deadline travels with the call
+    /// (`grpc-timeout`): an ADD that waits on EC2 is answered by the daemon before the plugin gives up.
     pub async fn allocate(
         &mut self,
         mut req: pb::AllocateRequest,
     ) -> Result<pb::AllocateReply, DaemonError> {
         req.api_version = API_VERSION;
+        let mut req = tonic::Request::new(req);
+        req.set_timeout(self.timeout);
         let inner = &mut self.inner;
         with_deadline(self.timeout, async move {
             inner

@@ -1,7 +1,8 @@
 //! An ENI actor's assign batch: the plan for it ([`PoolState::plan_assign`]: refused, single IPs,
 //! `/28` prefixes, or single addresses packed into fragmented blocks, cut to the ENI's free slots),
 //! and what it came to, settled in one call ([`PoolState::settle_assign`]): IPs to the waiters and
-//! the idle queue, or the error to every waiter, tokens back and the ENI (or subnet) backing off.
+//! the idle queue, or the ENI (or subnet) backing off and every waiter either back in line (EC2 was
+//! only slow: throttled, a transient failure) or answered with the error.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -33,7 +34,8 @@ impl PoolState {
     ) -> AssignPlan {
         if let Err(err) = self.eni_accepts_work(eni, now) {
             let pods = std::mem::take(&mut batch.pods);
-            self.reject_assign(eni, pods, std::mem::take(&mut batch.warm), err.clone());
+            let warm = std::mem::take(&mut batch.warm);
+            self.reject_assign(eni, pods, warm, err.clone(), now);
             return AssignPlan::Refused(err);
         }
         match self.how_to_assign(eni, batch.count(), now) {
@@ -89,7 +91,7 @@ impl PoolState {
             }
             AssignOutcome::Failed(err) => Err(self.fail_assign(eni, err, pods, warm, now)),
             AssignOutcome::NotSent(err) => {
-                self.reject_assign(eni, pods, warm, err.clone());
+                self.reject_assign(eni, pods, warm, err.clone(), now);
                 Err(err)
             }
         }
@@ -123,8 +125,17 @@ impl PoolState {
         }
     }
 
-    /// Answers a batch the actor will not send to the cloud.
-    fn reject_assign(&mut self, eni: &EniId, pods: Vec<Waiter>, warm: u32, err: PoolError) {
+    /// Answers a batch that was not sent to the cloud, or failed: its warm-ups' tokens return; its
+    /// pods wait in line for the next try when EC2 was only slow to serve (throttled, backing off;
+    /// see [`PoolState::wait_or_fail`]), or are answered with `err`.
+    fn reject_assign(
+        &mut self,
+        eni: &EniId,
+        pods: Vec<Waiter>,
+        warm: u32,
+        err: PoolError,
+        now: Instant,
+    ) {
         let n = pods.len() as u32 + warm;
         if n == 0 {
             return;
@@ -133,9 +144,9 @@ impl PoolState {
             r.inflight = r.inflight.saturating_sub(n);
         }
         self.warming = self.warming.saturating_sub(warm);
-        self.capacity.give_back(n);
+        self.capacity.give_back(warm);
         for w in pods {
-            self.fail_waiter(w, err.clone());
+            self.wait_or_fail(w, err.clone(), now);
         }
     }
 
@@ -333,7 +344,7 @@ impl PoolState {
                 PoolError::Cloud(err)
             }
         };
-        self.reject_assign(eni, pods, warm, pool_err.clone());
+        self.reject_assign(eni, pods, warm, pool_err.clone(), now);
         pool_err
     }
 }

@@ -116,7 +116,6 @@ impl PoolState {
         }
     }
 
-    /// An ENI creation failed: waiters get the error, tokens go back, the subnet backs off.
     /// A creation that EC2 refused for want of a free `/28` (prefixes are now off in its subnet, see
     /// [`PoolState::no_free_prefix_in`]): the warm-ups' tokens return, the waiters go back to the
     /// queue with theirs, and the next planning round creates the ENI with single addresses.
@@ -130,12 +129,16 @@ impl PoolState {
         self.create_waiters.extend(waiters);
     }
 
+    /// An ENI creation failed: the subnet backs off; the waiters wait for the next try when EC2 was
+    /// only slow to serve (throttled, a transient failure), or get the error; other tokens go back.
     fn fail_create(&mut self, id: u64, err: CloudError, waiters: Vec<Waiter>, now: Instant) {
         let Some(c) = self.creating.remove(&id) else {
             return;
         };
         self.warming = self.warming.saturating_sub(c.warm);
-        self.capacity.give_back(c.count);
+        // The waiters' tokens stay with them (they may wait for the next try); the rest return.
+        self.capacity
+            .give_back(c.count.saturating_sub(waiters.len() as u32));
         let pool_err = if err.is_capacity() {
             if matches!(err, CloudError::SubnetFull { .. }) {
                 self.subnet_seen_full(&c.subnet_id);
@@ -158,7 +161,7 @@ impl PoolState {
             PoolError::Cloud(err)
         };
         for w in waiters {
-            self.fail_waiter(w, pool_err.clone());
+            self.wait_or_fail(w, pool_err.clone(), now);
         }
     }
 }

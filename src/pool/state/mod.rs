@@ -184,6 +184,9 @@ pub(crate) struct PoolState {
     pub pending: HashMap<AttachmentKey, Pending>,
     pub enis: BTreeMap<EniId, EniRecord>,
     pub creating: BTreeMap<u64, CreatingEni>,
+    /// Acquires in line, each holding a capacity token: waiting for a new ENI, or for EC2 to take
+    /// calls again (throttled, an ENI or ENI creation backing off: `Waiter::waiting_on`, answered
+    /// at `Waiter::deadline` at the latest). Each maintainer round routes them again.
     pub create_waiters: VecDeque<Waiter>,
     /// Acquires that found every token taken while warm-ups were in flight: they hold no token and
     /// take the warm IPs as those land (see [`PoolState::plan_round`]).

@@ -13,6 +13,7 @@ use crate::cloud::lifecycle::Slots;
 use crate::model::EniId;
 use crate::pool::config::PREFIX_ADDRESSES;
 use crate::pool::demand::{self, NodeLoad, WarmLevels};
+use crate::pool::error::PoolError;
 use crate::pool::slots::prefix_addresses;
 use crate::pool::types::{EniHandle, EniPhase, Waiter};
 
@@ -90,6 +91,55 @@ impl PoolState {
         self.create_waiters = kept;
     }
 
+    /// Answers the waiters that waited out EC2's slowness (throttling, a back-off) up to their
+    /// deadline: [`PoolError::WaitedTooLong`], their tokens back. A waiter for a new ENI that met
+    /// no failure is not timed out here (its create is on the way; its caller may cancel).
+    fn expire_waiters(&mut self, now: Instant) {
+        let mut kept = VecDeque::with_capacity(self.create_waiters.len());
+        for mut w in std::mem::take(&mut self.create_waiters) {
+            match w.waiting_on.take() {
+                Some(last) if w.deadline <= now => {
+                    self.capacity.give_back(1);
+                    let err = PoolError::WaitedTooLong {
+                        waited: now - w.enqueued_at,
+                        last_error: Box::new(last),
+                    };
+                    self.fail_waiter(w, err);
+                }
+                last => {
+                    w.waiting_on = last;
+                    kept.push_back(w);
+                }
+            }
+        }
+        self.create_waiters = kept;
+    }
+
+    /// When the maintainer should run a round next for the waiters in line, beyond its tick: the
+    /// earliest end of a back-off they wait out, or of a waiter's budget.
+    pub fn next_due(&self, now: Instant) -> Option<Instant> {
+        let waiting: Vec<&Waiter> = self
+            .create_waiters
+            .iter()
+            .filter(|w| w.waiting_on.is_some())
+            .collect();
+        if waiting.is_empty() {
+            return None;
+        }
+        let deadlines = waiting.iter().map(|w| w.deadline);
+        let enis = self.enis.values().filter_map(|r| match r.phase {
+            EniPhase::BackingOff { until, .. } if r.serves && until > now => Some(until),
+            _ => None,
+        });
+        let subnets = self
+            .subnets
+            .values()
+            .filter_map(|s| s.backoff.as_ref())
+            .map(|b| b.until)
+            .filter(|t| *t > now);
+        deadlines.chain(enis).chain(subnets).min()
+    }
+
     /// Plans one maintainer round: serve waiters for a new ENI, top up below the warm level, give
     /// back beyond it (past cooldown, not reserved, longest idle first, one unassign per ENI),
     /// create the ENIs the waiters need (in parallel; warming alone creates one per subnet), release empty ENIs nobody needs.
@@ -99,6 +149,7 @@ impl PoolState {
             return plan;
         }
         self.prune_create_waiters();
+        self.expire_waiters(now);
 
         // 0. Acquires waiting for warm IPs in flight: served as those land; once nothing is
         //    warming, they take a token freed meanwhile (and go the way of a new IP) or fail.
@@ -116,8 +167,13 @@ impl PoolState {
             }
         }
 
-        // 1. Waiters for a new ENI: idle IPs that became eligible, or ENIs that got room.
-        for w in std::mem::take(&mut self.create_waiters) {
+        // 1. Waiters in line: idle IPs that became eligible, or ENIs that got room (or take calls
+        //    again after a back-off: every such waiter of the node goes to the ENI in this round,
+        //    and the actor sends them in one call). Those still blocked by a back-off wait on,
+        //    outside the count of waiters that need a new ENI (step 3), since the ENI they wait
+        //    for has room.
+        let mut blocked: Vec<Waiter> = Vec::new();
+        for mut w in std::mem::take(&mut self.create_waiters) {
             if let Some(entry) = self.idle.pop_oldest(now) {
                 // The idle IP already holds a token; the waiter's goes back.
                 self.capacity.give_back(1);
@@ -132,8 +188,14 @@ impl PoolState {
                     plan.reroutes.push((id, handle, w));
                 }
                 Pick::Blocked(err) => {
-                    self.capacity.give_back(1);
-                    self.fail_waiter(w, err);
+                    if self.may_wait(&w, &err, now) {
+                        w.waiting_on = Some(err);
+                        blocked.push(w);
+                    } else {
+                        self.capacity.give_back(1);
+                        let err = Self::after_waiting(&w, err, now);
+                        self.fail_waiter(w, err);
+                    }
                 }
                 Pick::NeedNewEni => self.create_waiters.push_back(w),
             }
@@ -219,8 +281,7 @@ impl PoolState {
             }
             if let Some(err) = self.create_blocked(&subnet_id, now) {
                 for w in std::mem::take(&mut self.create_waiters) {
-                    self.capacity.give_back(1);
-                    self.fail_waiter(w, err.clone());
+                    self.wait_or_fail(w, err.clone(), now);
                 }
                 break;
             }
@@ -310,6 +371,11 @@ impl PoolState {
                 waiters,
                 describe_subnet,
             });
+        }
+
+        // The waiters blocked by a back-off stay in line, ahead of the rest.
+        for w in blocked.into_iter().rev() {
+            self.create_waiters.push_front(w);
         }
 
         // 4. Give back beyond the keep level (down to its target), only when nothing is waiting or

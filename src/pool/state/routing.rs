@@ -85,11 +85,16 @@ impl PoolState {
         }
         let (tx, rx) = oneshot::channel();
         let key = req.key.clone();
+        let budget = req
+            .wait
+            .map_or(self.config.add_wait, |w| w.min(self.config.add_wait));
         let waiter = Waiter {
             req,
             respond_to: tx,
             span,
             enqueued_at: now,
+            deadline: now + budget,
+            waiting_on: None,
         };
         if !has_token {
             tracing::debug!(parent: &waiter.span, warming = self.warming, "every slot taken: waiting for a warm IP in flight");
@@ -111,14 +116,18 @@ impl PoolState {
                 }
             }
             Pick::Blocked(err) => {
-                self.capacity.give_back(1);
-                Route::Done(Err(err))
+                // EC2 is slow to serve (throttled, backing off): the request waits its budget out
+                // in line, or is answered with the error at once when waiting cannot help.
+                self.pending.insert(key, Pending::default());
+                self.wait_or_fail(waiter, err, now);
+                Route::Wait(rx)
             }
             Pick::NeedNewEni => {
                 let subnet = self.node.subnet_id.clone();
                 if let Some(err) = self.create_blocked(&subnet, now) {
-                    self.capacity.give_back(1);
-                    return Route::Done(Err(err));
+                    self.pending.insert(key, Pending::default());
+                    self.wait_or_fail(waiter, err, now);
+                    return Route::Wait(rx);
                 }
                 if self.free_device_index().is_none()
                     && self.creating.is_empty()
@@ -166,6 +175,46 @@ impl PoolState {
         match blocked {
             Some(err) => Pick::Blocked(err),
             None => Pick::NeedNewEni,
+        }
+    }
+
+    /// Whether `waiter` may wait out `err` rather than fail now: EC2 is slow to serve
+    /// ([`PoolError::is_worth_waiting`]) and what is known of the wait ends before its deadline.
+    pub(super) fn may_wait(&self, waiter: &Waiter, err: &PoolError, now: Instant) -> bool {
+        err.is_worth_waiting() && now + err.retry_after().unwrap_or_default() < waiter.deadline
+    }
+
+    /// `waiter` (holding a capacity token) met `err`: it waits in line, keeping its token, for the
+    /// maintainer to route it again once EC2 takes calls ([`PoolState::plan_round`] sends every
+    /// waiter of the node in one batch); or, when waiting cannot help or would outlast its
+    /// deadline, it is answered with `err` and its token returns.
+    pub(super) fn wait_or_fail(&mut self, mut waiter: Waiter, err: PoolError, now: Instant) {
+        if self.may_wait(&waiter, &err, now) {
+            tracing::debug!(
+                parent: &waiter.span,
+                error = %err,
+                budget_left_ms = (waiter.deadline - now).as_millis() as u64,
+                "EC2 is slow to serve: waiting in line"
+            );
+            waiter.waiting_on = Some(err);
+            self.create_waiters.push_back(waiter);
+        } else {
+            self.capacity.give_back(1);
+            let err = Self::after_waiting(&waiter, err, now);
+            self.fail_waiter(waiter, err);
+        }
+    }
+
+    /// The error a waiter that gives up is answered with: [`PoolError::WaitedTooLong`] around `err`
+    /// when it has been waiting on EC2, so the runtime's log says how long; `err` itself otherwise.
+    pub(super) fn after_waiting(waiter: &Waiter, err: PoolError, now: Instant) -> PoolError {
+        if waiter.waiting_on.is_some() && err.is_worth_waiting() {
+            PoolError::WaitedTooLong {
+                waited: now - waiter.enqueued_at,
+                last_error: Box::new(err),
+            }
+        } else {
+            err
         }
     }
 
@@ -222,6 +271,7 @@ impl PoolState {
             respond_to,
             span,
             enqueued_at,
+            ..
         } = waiter;
         let alloc = self.record(req.key, req.pod, req.sticky_key, req.meta, ip, eni, now);
         tracing::debug!(

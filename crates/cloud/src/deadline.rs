@@ -1,0 +1,40 @@
+//! The instant by which the caller of a cloud call must have its answer, when it has one: the
+//! earliest deadline of the pods an ENI actor's batch serves (each ADD waits only within its budget,
+//! see the pool's `add_wait`). Like [`crate::purpose`], it travels as a tokio task-local set where
+//! the work starts ([`with_deadline`]) and read by the limiter's retry loop ([`current_deadline`]):
+//! no retry starts that could not end before it, so a throttled call answers its pods while they are
+//! still waiting rather than after their runtime gave up. Calls without a deadline (refills, the
+//! reconcile) keep the retry policy's own time budget.
+
+use std::future::Future;
+
+use tokio::time::Instant;
+
+tokio::task_local! {
+    static DEADLINE: Instant;
+}
+
+/// Runs `f` with `deadline` as the deadline of its cloud calls.
+pub async fn with_deadline<F: Future>(deadline: Instant, f: F) -> F::Output {
+    DEADLINE.scope(deadline, f).await
+}
+
+/// The deadline of the current task's cloud calls, if it has one.
+pub fn current_deadline() -> Option<Instant> {
+    DEADLINE.try_with(|d| *d).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_is_seen_inside_its_scope_only() {
+        assert_eq!(current_deadline(), None);
+        let at = Instant::now() + Duration::from_secs(3);
+        let seen = with_deadline(at, async { current_deadline() }).await;
+        assert_eq!(seen, Some(at));
+        assert_eq!(current_deadline(), None);
+    }
+}
