@@ -121,6 +121,9 @@ impl Row {
             Target::AtMost(t) if v <= t => {
                 Verdict::Met(format!("yes ({:.0} % of the limit)", 100.0 * v / t))
             }
+            Target::AtMost(t) if t <= 0.0 => {
+                Verdict::Missed(format!("NO: {} over the limit", u.format(v - t)))
+            }
             Target::AtMost(t) => Verdict::Missed(format!(
                 "NO: ×{:.2} the limit (+{})",
                 v / t,
@@ -270,6 +273,10 @@ mod tests {
         assert_eq!(
             row(10.0).target(Target::AtMost(5.0)).verdict(),
             Verdict::Missed("NO: ×2.00 the limit (+5.00 ms)".into())
+        );
+        assert_eq!(
+            row(2.0).target(Target::AtMost(0.0)).verdict(),
+            Verdict::Missed("NO: 2.00 ms over the limit".into())
         );
         assert!(matches!(
             row(6.0).target(Target::AtLeast(5.0)).verdict(),

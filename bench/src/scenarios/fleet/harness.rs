@@ -27,7 +27,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use super::pods::{POD_RETRY, Recorder, running_name, spawn_drivers};
+use super::bound::{NodeStart, fleet_min_calls};
+use super::pods::{Recorder, running_name, spawn_drivers};
 use super::policy::Policy;
 use super::traffic::{Life, Pattern, PodPlan};
 use crate::support::{self, TempDir};
@@ -49,6 +50,9 @@ const OVERTIME: Duration = Duration::from_secs(30 * 60);
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// A progress line at most this often (real time).
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+/// Before the pattern (boot time, quiet cloud, not measured), a running pod's failed ADD is retried
+/// after this long: only the fleet's start, not the kubelet model, is at stake.
+const PREPOPULATE_RETRY: Duration = Duration::from_secs(2);
 /// The node whose free IPs and pods are kept second by second (a busy one in `mixed`).
 pub const TRACKED_NODE: usize = 0;
 
@@ -95,6 +99,8 @@ pub struct PairResult {
     pub unserved: u64,
     /// ADDs that failed and were retried.
     pub retries: u64,
+    /// Of those, the ones whose error names EC2's throttling or the daemon's back-off.
+    pub throttle_retries: u64,
     /// Why ADDs failed: (gRPC code and message, digits blanked; count), most frequent first.
     pub retry_reasons: Vec<(String, u64)>,
     /// Releases that failed.
@@ -120,6 +126,9 @@ pub struct PairResult {
     pub start_free: (u32, u32),
     /// Nodes holding fewer than their warm target at the start (should be none).
     pub start_short: usize,
+    /// The calls per EC2 API the first wave cannot do without, from each node's state at the start
+    /// (see `bound`).
+    pub min_calls: BTreeMap<String, u64>,
     /// Boot and settle, simulated seconds.
     pub boot_s: f64,
     /// How long the pattern ran, simulated seconds (the window, or more while pods waited).
@@ -201,13 +210,24 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
 
     let mut start_frees: Vec<u32> = Vec::with_capacity(nodes.len());
     let mut start_short = 0;
+    let slots_per_eni = mockcloud::catalog::lookup(INSTANCE)
+        .context("instance type not in the catalog")?
+        .ipv4_per_eni
+        - 1;
+    let mut starts = Vec::with_capacity(nodes.len());
     for n in &nodes {
         let s = n.handle.pool.snapshot();
+        starts.push(NodeStart::of(&s, slots_per_eni, spec.policy.prefix()));
         start_frees.push(s.idle_eligible);
         if s.idle_eligible < warm_target(&s) {
             start_short += 1;
         }
     }
+    let mut first_wave = vec![0u32; nodes.len()];
+    for p in plan.pods.iter().filter(|p| p.wave == 0) {
+        first_wave[p.node] += 1;
+    }
+    let min_calls = fleet_min_calls(&first_wave, &starts);
     start_frees.sort_unstable();
     let start_free = (start_frees[0], start_frees[start_frees.len() / 2]);
     eprintln!(
@@ -241,7 +261,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         });
         tasks.lock().expect("tasks").push(h.abort_handle());
     }
-    spawn_drivers(&plan, &clients, t0, deadline, &rec, &tasks);
+    spawn_drivers(&plan, &clients, t0, deadline, &rec, &tasks, spec.seed);
 
     // Sample every second until the window is over and every pod has been resolved.
     let expected = plan.pods.len() as u64;
@@ -354,6 +374,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         last_wave_waits_ms,
         unserved,
         retries: rec.retries.load(Ordering::Relaxed),
+        throttle_retries: rec.throttle_retries.load(Ordering::Relaxed),
         retry_reasons: {
             let mut v: Vec<(String, u64)> =
                 std::mem::take(&mut *rec.retry_reasons.lock().expect("reasons"))
@@ -378,6 +399,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
             .collect(),
         start_free,
         start_short,
+        min_calls,
         boot_s,
         ran_s,
         real_s: real.elapsed().as_secs_f64(),
@@ -485,7 +507,7 @@ async fn prepopulate(nodes: &[Node], pods: &[PodPlan]) -> anyhow::Result<()> {
                 if attempts > 30 {
                     bail!("pod {name} had no IP after {attempts} attempts: {s}");
                 }
-                tokio::time::sleep(POD_RETRY).await;
+                tokio::time::sleep(PREPOPULATE_RETRY).await;
             }
             anyhow::Ok(())
         }));

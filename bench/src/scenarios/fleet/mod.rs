@@ -14,10 +14,14 @@
 //! The report compares eniipam's defaults with each VPC CNI policy on the issue's three targets; the
 //! full matrix, calls by purpose and the plots go to `fleet.md` and `fleet-*.png` in `--out`.
 
+mod bound;
 mod chart;
 mod harness;
+mod matrix;
+mod pareto;
 mod pods;
 mod policy;
+mod targets;
 mod traffic;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -26,16 +30,13 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use anyhow::{Context, anyhow};
-use eniipam::config::DaemonConfig;
-use mockcloud::Throttling;
 
 pub use policy::Policy;
 pub use traffic::Pattern;
 
-use crate::report::{Anchor, Row, ScenarioReport, Series, Target, Unit};
+use crate::report::ScenarioReport;
 use crate::stats::percentile;
-use harness::{INSTANCE, PairResult, PairSpec, SETTLE_HOLD};
-use pods::POD_RETRY;
+use harness::{INSTANCE, PairResult, PairSpec};
 
 /// Pairs run at most at once (each on its own thread and runtime; the machine has 2 cores).
 const PARALLEL: usize = 2;
@@ -159,7 +160,7 @@ pub async fn run(args: &FleetArgs) -> anyhow::Result<ScenarioReport> {
             )),
         }
     }
-    let report = report(args, &results);
+    let report = targets::report(args, &results);
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let mut plots = BTreeMap::new();
@@ -168,8 +169,13 @@ pub async fn run(args: &FleetArgs) -> anyhow::Result<ScenarioReport> {
         if of.is_empty() {
             continue;
         }
-        let drawn = chart::fleet_free(&args.out, pattern, &of)
-            .and_then(|a| Ok((a, chart::one_node(&args.out, pattern, &of)?)));
+        let drawn = chart::fleet_free(&args.out, pattern, &of).and_then(|a| {
+            Ok((
+                a,
+                chart::one_node(&args.out, pattern, &of)?,
+                pareto::plot(&args.out, pattern, &of)?,
+            ))
+        });
         match drawn {
             Ok(paths) => {
                 plots.insert(pattern, paths);
@@ -177,7 +183,7 @@ pub async fn run(args: &FleetArgs) -> anyhow::Result<ScenarioReport> {
             Err(e) => eprintln!("NOTICE: fleet {pattern}: no plot: {e:#}"),
         }
     }
-    let md = matrix(args, &results, &report, &plots, &failures);
+    let md = matrix::matrix(args, &results, &report, &plots, &failures);
     let path = args.out.join("fleet.md");
     std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("wrote {}", path.display());
@@ -226,356 +232,4 @@ fn p(waits_ms: &[f64], q: f64) -> f64 {
 
 fn pod_ips_per_eni() -> u32 {
     mockcloud::catalog::lookup(INSTANCE).map_or(14, |l| l.ipv4_per_eni - 1)
-}
-
-/// The scenario report: eniipam's defaults against each VPC CNI policy on the issue's targets.
-fn report(args: &FleetArgs, results: &[PairResult]) -> ScenarioReport {
-    let find = |pattern: Pattern, policy: Policy| {
-        results
-            .iter()
-            .find(|r| r.pattern == pattern && r.policy == policy)
-    };
-    let mut rows = Vec::new();
-    for &pattern in &args.patterns {
-        let Some(ours) = find(pattern, Policy::Eniipam) else {
-            continue;
-        };
-        if let Some(s) = ours.all_done_s {
-            rows.push(Row::single(
-                format!("{pattern}: eniipam, time until every pod has an IP"),
-                Unit::Secs,
-                s,
-            ));
-        }
-        for theirs in Policy::ALL.into_iter().filter(|p| p.is_vpc_cni()) {
-            let Some(t) = find(pattern, theirs) else {
-                continue;
-            };
-            let measured = |value: f64| Anchor::Measured {
-                name: theirs.name().into(),
-                value,
-            };
-            rows.push(
-                Row::single(
-                    format!("{pattern}: p99 pod wait vs {theirs}"),
-                    Unit::Secs,
-                    p(&ours.waits_ms, 99.0),
-                )
-                .anchor(measured(p(&t.waits_ms, 99.0)))
-                .target(Target::AtMostAnchorPlus(1.0)),
-            );
-            rows.push(
-                Row::single(
-                    format!("{pattern}: free IPs held, time-weighted mean, vs {theirs}"),
-                    Unit::Count,
-                    ours.free_mean,
-                )
-                .anchor(measured(t.free_mean))
-                .target(Target::RatioAtMost(0.6)),
-            );
-            rows.push(
-                Row::single(
-                    format!("{pattern}: throttled EC2 calls vs {theirs}"),
-                    Unit::Count,
-                    ours.throttled as f64,
-                )
-                .anchor(measured(t.throttled as f64))
-                .target(Target::RatioAtMost(0.1)),
-            );
-        }
-    }
-    let first = args.patterns.iter().next().copied();
-    let series = results
-        .iter()
-        .filter(|r| Some(r.pattern) == first)
-        .map(|r| Series {
-            label: format!("fleet {}: pod wait, {}", r.pattern, r.policy),
-            samples: r.waits_ms.clone(),
-        })
-        .collect();
-    ScenarioReport {
-        id: "fleet",
-        title: format!(
-            "{} nodes on simulated time, one account's EC2 throttling: {} under {}",
-            args.nodes,
-            spelled(&args.patterns, &Pattern::ALL),
-            spelled(&args.policies, &Policy::ALL)
-        ),
-        reproduce: args.reproduce(),
-        setup: setup(args),
-        rows,
-        notes: vec![
-            "Anchor = the same pattern under that VPC CNI policy, same run and code; ratio = eniipam / anchor. Targets (issue 17): p99 wait ≤ theirs + 1 s, free IPs ≤ 0.6 × theirs, throttled calls ≤ 0.1 × theirs. EC2 calls are mockcloud's counts over the pattern (background reconciles included).".into(),
-            format!(
-                "The full matrix (every policy, calls by purpose) and the plots: {}",
-                args.out.join("fleet.md").display()
-            ),
-        ],
-        plot_unit: "ms",
-        series,
-    }
-}
-
-fn setup(args: &FleetArgs) -> Vec<String> {
-    let per_eni = pod_ips_per_eni();
-    let mut lines = vec![
-        format!(
-            "one mockcloud; {} {INSTANCE} instances, one VPC and /16 subnet per 500 of them, each with its own IMDS; one real eniipamd per node in this process (`Daemon::start_with`: its own SQLite file, gRPC socket, metrics listener, SDK clients, node rate limiter, reconcile every {} s)",
-            args.nodes,
-            DaemonConfig::default().reconcile_period_secs
-        ),
-        "simulated time: each (pattern, policy) pair runs on its own current-thread tokio runtime with a paused clock, mockcloud and every daemon on it; the clock moves only when nothing is runnable (SQLite waits hold it: `store::hold_the_clock_on_disk_waits`), so CPU time costs no simulated time".into(),
-        format!(
-            "boot with fast EC2 and throttling off; settled = every node with nothing in flight or waiting and its warm target of free IPs, held {} s; then the realistic latency profile (create 400 ms, attach 250 ms + 2 s attaching, assign 250 ms, IMDS lag 1 s, ±20 % jitter) and EC2's account buckets, full, counters reset",
-            SETTLE_HOLD.as_secs()
-        ),
-        account_buckets(&Throttling::default()),
-        format!(
-            "pods: gRPC Allocate/Release to the node's daemon; a failed ADD is retried after {} s (kubelet); a pod's wait is from its ADD's first attempt to its IP. Free IPs: VPC addresses the nodes hold serving no pod (idle, cooling, being given back), sampled every simulated second. Seeded traffic (seed {})",
-            POD_RETRY.as_secs(),
-            args.seed
-        ),
-    ];
-    for pattern in &args.patterns {
-        lines.push(pattern.describe(args.pods_per_node));
-    }
-    for policy in &args.policies {
-        lines.push(format!("policy {policy}: {}", policy.knobs(per_eni)));
-    }
-    lines
-}
-
-/// The account's buckets as the pattern runs them: one per API, EC2's published table.
-fn account_buckets(t: &Throttling) -> String {
-    let sizes: Vec<String> = mockcloud::throttling::bucket_names()
-        .iter()
-        .map(|name| {
-            let b = t.bucket(name);
-            format!("{name} {} + {}/s", b.capacity, b.refill_per_sec)
-        })
-        .collect();
-    format!(
-        "account buckets (mockcloud = EC2's published table, one bucket per API; a call throttled on one API spends no other's): {}",
-        sizes.join(", ")
-    )
-}
-
-fn secs(v: f64) -> String {
-    format!("{v:.2}")
-}
-
-/// `fleet.md`: the full matrix, calls by purpose, the targets and the plots.
-fn matrix(
-    args: &FleetArgs,
-    results: &[PairResult],
-    report: &ScenarioReport,
-    plots: &BTreeMap<Pattern, (PathBuf, PathBuf)>,
-    failures: &[String],
-) -> String {
-    let mut s = format!("# Fleet: {}\n\n", report.title);
-    for line in &report.setup {
-        let _ = writeln!(s, "- {line}");
-    }
-    let _ = writeln!(s, "\nReproduce: `{}`\n", report.reproduce);
-    for &pattern in &args.patterns {
-        let of: Vec<&PairResult> = results.iter().filter(|r| r.pattern == pattern).collect();
-        if of.is_empty() {
-            continue;
-        }
-        let _ = writeln!(
-            s,
-            "## {pattern}\n\n{}\n",
-            pattern.describe(args.pods_per_node)
-        );
-        let two_waves = pattern == Pattern::DownUp;
-        s.push_str("| policy | pods | all have IPs, s | p50 wait, s | p99 wait, s |");
-        if two_waves {
-            s.push_str(" 2nd scale-up p50 / p99, s |");
-        }
-        s.push_str(
-            " free IPs, mean | free IPs, window's end | EC2 calls | per pod | mutating | throttled | ADD retries | free per node at start, min / median | boot + settle, sim. s | pattern, sim. s | real s |\n|---|---|---|---|---|",
-        );
-        if two_waves {
-            s.push_str("---|");
-        }
-        s.push_str("---|---|---|---|---|---|---|---|---|---|---|\n");
-        for r in &of {
-            let done = match (r.all_done_s, pattern.has_finish()) {
-                (Some(v), _) => secs(v),
-                (None, false) => "n/a".into(),
-                (None, true) => format!("NO: {} unserved", r.unserved),
-            };
-            let _ = write!(
-                s,
-                "| {} | {} | {} | {} | {} |",
-                r.policy,
-                r.pods,
-                done,
-                secs(p(&r.waits_ms, 50.0)),
-                secs(p(&r.waits_ms, 99.0))
-            );
-            if two_waves {
-                let _ = write!(
-                    s,
-                    " {} / {} |",
-                    secs(p(&r.last_wave_waits_ms, 50.0)),
-                    secs(p(&r.last_wave_waits_ms, 99.0))
-                );
-            }
-            let _ = writeln!(
-                s,
-                " {:.0} | {} | {} | {:.2} | {} | {} | {} | {} / {} | {:.0} | {:.0} | {:.0} |",
-                r.free_mean,
-                r.free_end,
-                r.calls,
-                r.calls as f64 / r.pods.max(1) as f64,
-                r.mutating,
-                r.throttled,
-                r.retries,
-                r.start_free.0,
-                r.start_free.1,
-                r.boot_s,
-                r.ran_s,
-                r.real_s
-            );
-        }
-        let odd: Vec<String> = of
-            .iter()
-            .filter(|r| r.start_short > 0 || r.unserved > 0 || r.release_errors > 0)
-            .map(|r| {
-                format!(
-                    "{}: {} nodes below their warm target at the start, {} pods unserved, {} releases failed",
-                    r.policy, r.start_short, r.unserved, r.release_errors
-                )
-            })
-            .collect();
-        if !odd.is_empty() {
-            let _ = writeln!(s, "\nNote: {}.", odd.join("; "));
-        }
-        let reasons: Vec<String> = of
-            .iter()
-            .filter(|r| !r.retry_reasons.is_empty())
-            .map(|r| {
-                let top: Vec<String> = r
-                    .retry_reasons
-                    .iter()
-                    .take(3)
-                    .map(|(why, n)| format!("{n} × `{why}`"))
-                    .collect();
-                format!("- {}: {}", r.policy, top.join("; "))
-            })
-            .collect();
-        if !reasons.is_empty() {
-            let _ = writeln!(
-                s,
-                "\nWhy ADDs failed (and were retried), the most frequent reasons:\n\n{}",
-                reasons.join("\n")
-            );
-        }
-        // Calls by action, as EC2 (mockcloud) counted them: rows actions, a column per policy.
-        let actions: BTreeSet<&str> = of
-            .iter()
-            .flat_map(|r| r.by_action.iter().map(|a| a.0.as_str()))
-            .collect();
-        if !actions.is_empty() {
-            let _ = writeln!(
-                s,
-                "\nEC2 calls by action, as mockcloud counted them (throttled in brackets):\n"
-            );
-            s.push_str("| action |");
-            for r in &of {
-                let _ = write!(s, " {} |", r.policy);
-            }
-            s.push_str("\n|---|");
-            for _ in &of {
-                s.push_str("---|");
-            }
-            s.push('\n');
-            for action in actions {
-                let _ = write!(s, "| {action} |");
-                for r in &of {
-                    let cell = r
-                        .by_action
-                        .iter()
-                        .find(|a| a.0 == action)
-                        .map_or("—".into(), |a| format!("{} ({})", a.1, a.2));
-                    let _ = write!(s, " {cell} |");
-                }
-                s.push('\n');
-            }
-        }
-        // Calls by purpose: rows (purpose, api), a column per policy.
-        let mut keys: BTreeSet<(&str, &str)> = BTreeSet::new();
-        for r in &of {
-            for c in &r.by_purpose {
-                keys.insert((c.purpose, c.api.as_str()));
-            }
-        }
-        if !keys.is_empty() {
-            let _ = writeln!(
-                s,
-                "\nEC2 attempts by purpose, summed over the daemons (throttled in brackets):\n"
-            );
-            s.push_str("| purpose | API |");
-            for r in &of {
-                let _ = write!(s, " {} |", r.policy);
-            }
-            s.push_str("\n|---|---|");
-            for _ in &of {
-                s.push_str("---|");
-            }
-            s.push('\n');
-            let purposes: BTreeSet<&str> = keys.iter().map(|k| k.0).collect();
-            for purpose in purposes {
-                for &(_, api) in keys.iter().filter(|k| k.0 == purpose) {
-                    let _ = write!(s, "| {purpose} | {api} |");
-                    for r in &of {
-                        let cell = r
-                            .by_purpose
-                            .iter()
-                            .find(|c| c.purpose == purpose && c.api == api)
-                            .map_or("—".into(), |c| format!("{} ({})", c.calls, c.throttled));
-                        let _ = write!(s, " {cell} |");
-                    }
-                    s.push('\n');
-                }
-                let _ = write!(s, "| **{purpose}, all** | |");
-                for r in &of {
-                    let (c, t) = r
-                        .by_purpose
-                        .iter()
-                        .filter(|c| c.purpose == purpose)
-                        .fold((0, 0), |(c, t), x| (c + x.calls, t + x.throttled));
-                    let _ = write!(s, " **{c} ({t})** |");
-                }
-                s.push('\n');
-            }
-        }
-        if let Some((free, node)) = plots.get(&pattern) {
-            let name = |p: &PathBuf| {
-                p.file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            };
-            let _ = writeln!(
-                s,
-                "\n![fleet free IPs, {pattern}]({})\n\n![node {} free IPs and pods, {pattern}]({})",
-                name(free),
-                harness::TRACKED_NODE,
-                name(node)
-            );
-        }
-        s.push('\n');
-    }
-    if !report.rows.is_empty() {
-        let _ = writeln!(
-            s,
-            "## Targets: eniipam's defaults against each VPC CNI policy\n\n{}",
-            report.table()
-        );
-    }
-    for f in failures {
-        let _ = writeln!(s, "\n**FAILED**: {f}");
-    }
-    s
 }

@@ -1,6 +1,16 @@
 //! The pods of a pattern: one task per node starts its pods at their instants; each pod ADDs (retried
 //! as kubelet does) until it has an IP, and DELs when its life ends. A [`Recorder`] collects what
 //! they report.
+//!
+//! The kubelet model. A pod's sandbox is created by the kubelet's pod worker: `RunPodSandbox` over
+//! CRI, which runs the CNI ADD. When it fails, the sync fails and the pod worker requeues the pod
+//! after `wait.Jitter(backOffPeriod, workerBackOffPeriodJitterFactor)`, `backOffPeriod` = 10 s and
+//! the jitter factor 0.5: uniformly in [10 s, 15 s) (kubernetes `pkg/kubelet/pod_workers.go`,
+//! `completeWork`; the constants in `pkg/kubelet/kubelet.go`). The CRI call carries the kubelet's
+//! `runtimeRequestTimeout` (default 2 min), longer than the CNI plugin's own deadline for one daemon
+//! call ([`eniipam_cni::netconf::DEFAULT_TIMEOUT_MS`]), so the plugin's deadline is the one that
+//! binds: each attempt is one gRPC Allocate with that deadline, sent as the gRPC timeout header so
+//! the daemon can see how long its caller waits.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,6 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use eniipam_api::pb::ipam_client::IpamClient;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -15,8 +27,37 @@ use tonic::transport::Channel;
 use super::traffic::{Life, Plan, PodPlan};
 use crate::support;
 
-/// How long a pod waits before its runtime retries a failed ADD (kubelet re-syncs the sandbox).
-pub const POD_RETRY: Duration = Duration::from_secs(2);
+/// The kubelet pod worker's back-off after a failed sync (`backOffPeriod`, `pkg/kubelet/kubelet.go`).
+pub const KUBELET_BACKOFF: Duration = Duration::from_secs(10);
+/// The jitter on it (`workerBackOffPeriodJitterFactor`): `wait.Jitter(d, f)` waits d + U[0, f·d).
+pub const KUBELET_JITTER: f64 = 0.5;
+
+/// How long the kubelet waits before it retries a failed sandbox: `wait.Jitter(KUBELET_BACKOFF,
+/// KUBELET_JITTER)`, drawn from `rng`.
+pub fn kubelet_retry(rng: &mut impl Rng) -> Duration {
+    KUBELET_BACKOFF + KUBELET_BACKOFF.mul_f64(KUBELET_JITTER * rng.random::<f64>())
+}
+
+/// One ADD attempt's deadline: the CNI plugin's own for one daemon call (the kubelet's CRI
+/// `runtimeRequestTimeout`, 2 min by default, is longer and never binds).
+pub fn add_deadline() -> Duration {
+    Duration::from_millis(eniipam_cni::netconf::DEFAULT_TIMEOUT_MS)
+}
+
+/// Whether a failed ADD failed because of EC2's throttling or the daemon's back-off from it (its
+/// error text names it): the failures issue 25 wants at ≤ 1 % of pods.
+pub fn is_throttling(status: &tonic::Status) -> bool {
+    let m = status.message().to_ascii_lowercase();
+    [
+        "throttl",
+        "requestlimitexceeded",
+        "backing off",
+        "back-off",
+        "backoff",
+    ]
+    .iter()
+    .any(|w| m.contains(w))
+}
 
 /// The name of the `i`th pod running on `node` before the pattern starts.
 pub fn running_name(node: usize, i: usize) -> String {
@@ -31,6 +72,7 @@ pub fn spawn_drivers(
     deadline: Instant,
     rec: &Arc<Recorder>,
     tasks: &Arc<Mutex<Vec<AbortHandle>>>,
+    seed: u64,
 ) {
     let mut by_node: BTreeMap<usize, Vec<PodPlan>> = BTreeMap::new();
     for p in &plan.pods {
@@ -48,6 +90,10 @@ pub fn spawn_drivers(
                     plan: p,
                     client: client.clone(),
                     rec: rec.clone(),
+                    // Its own stream: a pod's retries do not depend on the order pods run in.
+                    rng: StdRng::seed_from_u64(
+                        seed ^ ((node as u64) << 32 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    ),
                 };
                 let h = tokio::spawn(pod.run(t0, deadline));
                 spawned.lock().expect("tasks").push(h.abort_handle());
@@ -63,22 +109,32 @@ struct Pod {
     plan: PodPlan,
     client: IpamClient<Channel>,
     rec: Arc<Recorder>,
+    /// Draws the kubelet's retry delays.
+    rng: StdRng,
 }
 
 impl Pod {
-    /// ADD (retried after `POD_RETRY` while it fails, as kubelet does) until it has an IP or the
-    /// deadline passes; then, if it has a lifetime, DEL when that ends.
+    /// ADD, each attempt bounded by [`add_deadline`] and retried after [`kubelet_retry`] while it
+    /// fails, as kubelet does, until it has an IP or the pattern's deadline passes; then, if it has
+    /// a lifetime, DEL when that ends.
     async fn run(mut self, t0: Instant, deadline: Instant) {
         let started = Instant::now();
         let add = async {
+            let per_attempt = add_deadline();
             loop {
-                match self.client.allocate(support::alloc_req(&self.name)).await {
-                    Ok(_) => break,
-                    Err(status) => {
-                        self.rec.retried(&status);
-                        tokio::time::sleep(POD_RETRY).await;
-                    }
-                }
+                let mut req = tonic::Request::new(support::alloc_req(&self.name));
+                req.set_timeout(per_attempt);
+                let status =
+                    match tokio::time::timeout(per_attempt, self.client.allocate(req)).await {
+                        Ok(Ok(_)) => break,
+                        Ok(Err(status)) => status,
+                        Err(_) => tonic::Status::deadline_exceeded(format!(
+                            "no answer within the CNI plugin's {} ms",
+                            per_attempt.as_millis()
+                        )),
+                    };
+                self.rec.retried(&status);
+                tokio::time::sleep(kubelet_retry(&mut self.rng)).await;
             }
         };
         let served = tokio::time::timeout_at(deadline, add).await.is_ok();
@@ -117,6 +173,8 @@ pub struct Recorder {
     pub records: Mutex<Vec<PodRecord>>,
     pub served: AtomicU64,
     pub retries: AtomicU64,
+    /// Failed ADDs whose error names EC2's throttling or the daemon's back-off ([`is_throttling`]).
+    pub throttle_retries: AtomicU64,
     pub retry_reasons: Mutex<BTreeMap<String, u64>>,
     pub release_errors: AtomicU64,
 }
@@ -127,6 +185,7 @@ impl Recorder {
             records: Mutex::new(Vec::new()),
             served: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            throttle_retries: AtomicU64::new(0),
             retry_reasons: Mutex::new(BTreeMap::new()),
             release_errors: AtomicU64::new(0),
         }
@@ -136,6 +195,9 @@ impl Recorder {
     /// of digits in the message blanked to `#`, so the same reason with other figures counts once).
     fn retried(&self, status: &tonic::Status) {
         self.retries.fetch_add(1, Ordering::Relaxed);
+        if is_throttling(status) {
+            self.throttle_retries.fetch_add(1, Ordering::Relaxed);
+        }
         let mut message = String::new();
         for c in status.message().chars().take(200) {
             if !c.is_ascii_digit() {
@@ -168,5 +230,52 @@ impl Recorder {
         if client.release(support::release_req(name)).await.is_err() {
             self.release_errors.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kubelet_retries_after_ten_to_fifteen_seconds_spread_evenly() {
+        let mut rng = StdRng::seed_from_u64(25);
+        let draws: Vec<f64> = (0..10_000)
+            .map(|_| kubelet_retry(&mut rng).as_secs_f64())
+            .collect();
+        assert!(draws.iter().all(|d| (10.0..15.0).contains(d)));
+        // U[10, 15): mean 12.5, and each second of the range gets about a fifth of the draws.
+        let mean = draws.iter().sum::<f64>() / draws.len() as f64;
+        assert!((12.4..12.6).contains(&mean), "{mean}");
+        for s in 10..15 {
+            let share = draws.iter().filter(|d| d.floor() as i32 == s).count() as f64 / 1e4;
+            assert!((0.18..0.22).contains(&share), "[{s}, {}): {share}", s + 1);
+        }
+        // The same seed draws the same delays.
+        let mut again = StdRng::seed_from_u64(25);
+        assert_eq!(kubelet_retry(&mut again).as_secs_f64(), draws[0]);
+        assert_eq!(
+            add_deadline(),
+            Duration::from_millis(eniipam_cni::netconf::DEFAULT_TIMEOUT_MS)
+        );
+    }
+
+    #[test]
+    fn throttling_failures_are_told_from_the_others() {
+        let throttled = tonic::Status::resource_exhausted(
+            "cloud call failed: AssignPrivateIpAddresses: gave up after 3 attempts: AssignPrivateIpAddresses: throttled by EC2 (RequestLimitExceeded)",
+        );
+        let backing_off = tonic::Status::resource_exhausted(
+            "ENI eni-0a is backing off for 800ms after: AssignPrivateIpAddresses: gave up",
+        );
+        let full = tonic::Status::resource_exhausted("node is full: 56 of 56 pod IPs in use");
+        assert!(is_throttling(&throttled));
+        assert!(is_throttling(&backing_off));
+        assert!(!is_throttling(&full));
+        let rec = Recorder::new();
+        rec.retried(&throttled);
+        rec.retried(&full);
+        assert_eq!(rec.retries.load(Ordering::Relaxed), 2);
+        assert_eq!(rec.throttle_retries.load(Ordering::Relaxed), 1);
     }
 }

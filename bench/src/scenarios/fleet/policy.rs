@@ -20,6 +20,14 @@ pub enum Policy {
     Eniipam,
     /// eniipam as shipped with prefix delegation on: slots are `/28`s, counts stay in addresses.
     EniipamPd,
+    /// eniipam's adaptive pool set leaner than shipped: `min_idle` 1, `max_idle` 8. A point of its
+    /// Pareto curve (p99 wait against free IPs held).
+    EniipamLean,
+    /// Warmer than shipped: `min_idle` 6, `max_idle` 24.
+    EniipamWarm,
+    /// Warmer still, one ENI's worth at the floor: `min_idle` = one ENI's pod IPs, `max_idle` three
+    /// ENIs' worth (the `warm-eni` emulation's levels, but adaptive and rate-limited).
+    EniipamHot,
     /// The VPC CNI's default, `WARM_ENI_TARGET=1`: ipamd keeps one whole spare ENI's IPs free, so a
     /// node's free IPs swing between one and two ENIs' worth (it attaches another when the spare one
     /// gets its first pod, and frees an ENI only when a whole spare one is beyond the target).
@@ -39,9 +47,12 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy, in the matrix's order.
-    pub const ALL: [Policy; 5] = [
+    pub const ALL: [Policy; 8] = [
         Policy::Eniipam,
         Policy::EniipamPd,
+        Policy::EniipamLean,
+        Policy::EniipamWarm,
+        Policy::EniipamHot,
         Policy::WarmEni,
         Policy::WarmIp,
         Policy::WarmPrefix,
@@ -52,6 +63,9 @@ impl Policy {
         match self {
             Policy::Eniipam => "eniipam",
             Policy::EniipamPd => "eniipam-pd",
+            Policy::EniipamLean => "eniipam-lean",
+            Policy::EniipamWarm => "eniipam-warm",
+            Policy::EniipamHot => "eniipam-hot",
             Policy::WarmEni => "warm-eni",
             Policy::WarmIp => "warm-ip",
             Policy::WarmPrefix => "warm-prefix",
@@ -61,6 +75,20 @@ impl Policy {
     /// One of the AWS VPC CNI's policies (the anchors), as opposed to eniipam's.
     pub fn is_vpc_cni(self) -> bool {
         matches!(self, Policy::WarmEni | Policy::WarmIp | Policy::WarmPrefix)
+    }
+
+    /// One of eniipam's single-IP settings (its default and the knob variants): the points of its
+    /// Pareto curve.
+    pub fn on_eniipam_curve(self) -> bool {
+        matches!(
+            self,
+            Policy::Eniipam | Policy::EniipamLean | Policy::EniipamWarm | Policy::EniipamHot
+        )
+    }
+
+    /// Slots are `/28` prefixes.
+    pub fn prefix(self) -> bool {
+        matches!(self, Policy::EniipamPd | Policy::WarmPrefix)
     }
 
     /// `base` with this policy's knobs; `pod_ips_per_eni` is one ENI's pod IPs on the fleet's
@@ -78,6 +106,11 @@ impl Policy {
             ec2_describe_qps: shipped.ec2_describe_qps,
             ec2_describe_burst: shipped.ec2_describe_burst,
             ..base
+        };
+        let ours_with = |min_idle: u32, max_idle: u32| DaemonConfig {
+            min_idle,
+            max_idle,
+            ..ours.clone()
         };
         let theirs = |min_idle: u32, max_idle: u32, minimum_ips: u32, pd: bool| DaemonConfig {
             warm_policy: WarmPolicy::Fixed,
@@ -97,6 +130,9 @@ impl Policy {
                 prefix_delegation: true,
                 ..ours
             },
+            Policy::EniipamLean => ours_with(1, 8),
+            Policy::EniipamWarm => ours_with(6, 24),
+            Policy::EniipamHot => ours_with(pod_ips_per_eni, 3 * pod_ips_per_eni),
             Policy::WarmEni => theirs(pod_ips_per_eni, 3 * pod_ips_per_eni, 0, false),
             Policy::WarmIp => theirs(5, 5, 10, false),
             Policy::WarmPrefix => theirs(16, 48, 0, true),
@@ -169,7 +205,13 @@ mod tests {
         let ours = Policy::Eniipam.apply(base.clone(), 14);
         assert_eq!(ours.warm_policy, base.warm_policy);
         assert_eq!(ours.ec2_mutating_burst, base.ec2_mutating_burst);
-        assert!(Policy::EniipamPd.apply(base, 14).prefix_delegation);
+        assert!(Policy::EniipamPd.apply(base.clone(), 14).prefix_delegation);
+        let hot = Policy::EniipamHot.apply(base.clone(), 14);
+        assert_eq!((hot.min_idle, hot.max_idle), (14, 42));
+        assert_eq!(hot.warm_policy, base.warm_policy);
+        assert_eq!(hot.ec2_mutating_burst, base.ec2_mutating_burst);
+        let lean = Policy::EniipamLean.apply(base, 14);
+        assert_eq!((lean.min_idle, lean.max_idle), (1, 8));
         assert_eq!("warm-ip".parse::<Policy>(), Ok(Policy::WarmIp));
     }
 }
