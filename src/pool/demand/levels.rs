@@ -4,8 +4,6 @@
 use tokio::time::Instant;
 
 use super::Demand;
-#[cfg(test)]
-use super::{BURST_MIN, BURST_WINDOW};
 use crate::pool::config::{PREFIX_ADDRESSES, PoolConfig, WarmPolicy};
 
 /// The warm levels for one maintainer round (see the module docs).
