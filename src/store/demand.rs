@@ -14,9 +14,10 @@ fn opt_ms(v: Option<u64>) -> Result<Option<i64>, StoreError> {
     v.map(ms).transpose()
 }
 
-fn burst_columns(
-    b: Option<&StoredBurst>,
-) -> Result<(Option<i64>, Option<i64>, Option<u32>), StoreError> {
+/// A burst's three columns (first, last, starts), all NULL for none.
+type BurstColumns = (Option<i64>, Option<i64>, Option<u32>);
+
+fn burst_columns(b: Option<&StoredBurst>) -> Result<BurstColumns, StoreError> {
     Ok(match b {
         Some(b) => (Some(ms(b.first_ms)?), Some(ms(b.last_ms)?), Some(b.starts)),
         None => (None, None, None),
