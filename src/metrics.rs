@@ -56,6 +56,8 @@ pub struct Metrics {
     pub api_server_synced: Gauge,
     /// Pods bound to this node that the API server watch knows.
     pub api_server_bound_pods: Gauge,
+    /// How long before its ADD each pod was first seen bound to the node (the API-server lookahead).
+    pub demand_lead_time: Histogram,
     startup_ms: Arc<AtomicU64>,
 }
 
@@ -89,6 +91,9 @@ impl Default for Metrics {
             api_server_watch_errors: Counter::default(),
             api_server_synced: Gauge::default(),
             api_server_bound_pods: Gauge::default(),
+            demand_lead_time: Histogram::new([
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0,
+            ]),
             startup_ms: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -230,6 +235,11 @@ impl Metrics {
             "eniipam_api_server_bound_pods",
             "Pods bound to this node that the API server watch knows",
             self.api_server_bound_pods.clone(),
+        );
+        reg.register(
+            "eniipam_demand_lead_seconds",
+            "How long before its CNI ADD a pod was first seen bound to this node (the API-server lookahead counts it as demand from then)",
+            self.demand_lead_time.clone(),
         );
     }
 }

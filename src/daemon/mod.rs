@@ -3,8 +3,9 @@
 //!
 //! Startup order (nothing is served before the rebuild): metrics listener (`/readyz` false) → state
 //! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
-//! the rebuilt state → pool → host routing and rules (SNAT, NodePort) → leaked-ENI collector →
-//! API-server pod watch (when on) → gRPC socket → ready.
+//! the rebuilt state → pool (with the demand it learned before) → host routing and rules (SNAT,
+//! NodePort) → leaked-ENI collector → API-server pod watch and lookahead (when on) → gRPC socket →
+//! ready.
 //!
 //! Shutdown in three steps: stop accepting, let in-flight requests finish within the grace period, then
 //! stop the pool and close the file. Live pods' IPs are left alone (they are in the file and in EC2).
@@ -12,11 +13,13 @@
 //! Its parts, by step: [`clients`] (the EC2 and IMDS clients), `serve` (the metrics listener first and
 //! the gRPC socket last), `startup` (state file, the node's identity and subnets, the rebuild),
 //! `host` (route tables, the pool's readiness gate, SNAT and NodePort rules), `collectors` (leaked
-//! ENIs, pods gone from the API server), `reconciler` (the running reconcile), and [`run`]: the
+//! ENIs, pods gone from the API server), `demand` (the learned demand to and from the state file,
+//! the lookahead on the pods bound here), `reconciler` (the running reconcile), and [`run`]: the
 //! modes of the `eniipamd` binary (serve until a signal, prepare the host, remove the host rules).
 
 mod clients;
 mod collectors;
+mod demand;
 mod host;
 mod reconciler;
 pub mod run;
@@ -27,6 +30,7 @@ pub use clients::CloudClients;
 pub use startup::SUBNET_ROLE_TAG;
 
 use collectors::{spawn_api_server_gc, spawn_leak_collector};
+use demand::{restore_demand, save_demand, spawn_demand_writer, spawn_lookahead_on};
 use host::{spawn_host_routing, spawn_host_rules};
 use reconciler::{Reconciler, spawn_reconcile};
 use serve::{serve_grpc, serve_metrics};
@@ -160,6 +164,12 @@ impl Daemon {
             seed,
         )?;
         let _ = b.pool_cell.set(pool.clone());
+        restore_demand(&pool, &store).await;
+        b.background.push(spawn_demand_writer(
+            pool.clone(),
+            store.clone(),
+            b.cancel.clone(),
+        ));
         if config.manage_eni_routes {
             spawn_host_routing(
                 &pool,
@@ -180,6 +190,10 @@ impl Daemon {
             b.metrics.clone(),
         );
         let api_server = spawn_api_server_gc(&config, &mut b)?;
+        if let Some(a) = &api_server {
+            b.background
+                .push(spawn_lookahead_on(a, &pool, &b.metrics, b.cancel.clone()));
+        }
         let reconciler = Reconciler {
             ipam: ipam.clone(),
             cloud: clients.cloud.clone(),
@@ -237,8 +251,8 @@ impl DaemonHandle {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// The pods bound to this node as the API server watch knows them (a cheap snapshot; for a
-    /// lookahead that pre-allocates for pods bound but not yet ADDed). `None` when that source is off.
+    /// The pods bound to this node as the API server watch knows them (a cheap snapshot; the
+    /// lookahead counts those not ADDed yet as demand). `None` when that source is off.
     pub fn bound_pods(&self) -> Option<BoundPods> {
         self.api_server.as_ref().map(|a| a.watch().bound_pods())
     }
@@ -272,6 +286,8 @@ impl DaemonHandle {
             grpc.abort();
         }
         self.pool.shutdown().await;
+        // What the demand learned since the last periodic write.
+        save_demand(&self.pool, &self.store, u64::MAX).await;
         self.store.close().await;
         for t in self.background {
             t.abort();

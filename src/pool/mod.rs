@@ -9,8 +9,10 @@
 //!   reuse cooldown and sticky reservations.
 //! - `eni`: one actor per attached ENI with its bounded ipBacklog; it batches what it receives
 //!   within a short window into ONE assign (or unassign) call and answers every waiter.
-//! - [`demand`]: the adaptive warm pool: the node's recent pod starts and bursts, and the warm
-//!   levels (top up below, fill to, give back beyond) that follow, within `[min_idle, max_idle]`.
+//! - [`demand`]: the adaptive warm pool: the node's recent pod starts and bursts, the pods bound
+//!   to it and not ADDed yet, and the warm levels (top up below, fill to, give back beyond) that
+//!   follow, within `[min_idle, max_idle]`; what it learned goes to the state file through the
+//!   daemon ([`Pool::demand_memory`], [`Pool::restore_demand`]).
 //! - `maintainer`: keeps idle IPs at those levels in batches, creates an ENI (with its IPs in the
 //!   create call) when every ENI is full, releases ENIs that hold no IP.
 //! - `state`: the bookkeeping every part reads and writes under one lock, in short critical
@@ -30,15 +32,18 @@
 
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::clock::unix_ms_now;
 use crate::cloud::lifecycle::EniLifecycle;
 use crate::cloud::{Cloud, Metadata, NodeContext};
 use crate::model::{AttachmentKey, EniId, PodRef};
+use crate::store::StoredDemand;
 
 pub mod capacity;
 pub mod config;
@@ -362,6 +367,72 @@ impl Pool {
             tracing::warn!(attachment = %released.undo.key, ip = %released.ip, "release undone: the attachment holds its IP again");
         }
         undone
+    }
+
+    /// The pods bound to this node that want a pod IP, as the API-server watch sees them now (not
+    /// host-network, not finished, not being deleted; a mirror pod under its static pod's UID).
+    /// Those without an IP from this pool are demand at once (see [`demand`]): new ones count as
+    /// pod starts now, and the maintainer warms for every one waiting, so their ADDs find IPs
+    /// ready. The set replaces the last one: a pod missing from it stops counting. The pool is
+    /// woken when the set changed.
+    pub fn announce_bound_pods(&self, bound: &[PodRef]) -> demand::AnnounceOutcome {
+        let now = Instant::now();
+        let outcome = {
+            let mut guard = self.shared().lock();
+            let st = &mut *guard;
+            let held: std::collections::HashMap<(&str, &str), &str> = st
+                .allocations
+                .values()
+                .map(|r| {
+                    (
+                        (r.pod.namespace.as_str(), r.pod.name.as_str()),
+                        r.pod.uid.as_str(),
+                    )
+                })
+                .collect();
+            let has_ip = |p: &PodRef| {
+                held.get(&(p.namespace.as_str(), p.name.as_str()))
+                    .is_some_and(|uid| uid.is_empty() || p.uid.is_empty() || *uid == p.uid)
+            };
+            st.demand.announce(bound, has_ip, now)
+        };
+        if outcome.new > 0 || outcome.withdrawn > 0 {
+            tracing::debug!(
+                new = outcome.new,
+                withdrawn = outcome.withdrawn,
+                waiting = outcome.waiting,
+                "pods bound to the node without an IP: demand before their ADDs"
+            );
+            self.shared().wake.notify_one();
+        }
+        outcome
+    }
+
+    /// Calls `observe` with how long before its ADD each pod was first seen as demand
+    /// ([`Pool::announce_bound_pods`]): the lead time the API-server watch buys.
+    pub fn set_lead_time_observer(&self, observe: impl Fn(Duration) + Send + Sync + 'static) {
+        self.shared()
+            .lock()
+            .demand
+            .set_lead_time_observer(demand::LeadTimeObserver(Arc::new(observe)));
+    }
+
+    /// What the demand remembers, for the state file, with its generation (it changes whenever
+    /// the memory does; compare to skip a write).
+    pub fn demand_memory(&self) -> (u64, StoredDemand) {
+        let st = self.shared().lock();
+        let memory = st.demand.memory(Instant::now(), unix_ms_now());
+        (st.demand.generation(), memory)
+    }
+
+    /// Takes back the demand an earlier life of the daemon learned ([`Pool::demand_memory`]), with
+    /// its ages; older than the memory's horizons is dropped. Call right after [`Pool::start`].
+    pub fn restore_demand(&self, stored: &StoredDemand) {
+        self.shared()
+            .lock()
+            .demand
+            .restore(stored, Instant::now(), unix_ms_now());
+        self.shared().wake.notify_one();
     }
 
     /// A read-only view of the pool now.

@@ -6,7 +6,8 @@
 //! - `schema`: the tables, the ordered list of migrations and the `meta` table's schema version.
 //! - `open`: opening the file — creating it, moving a corrupt one aside, refusing a newer one,
 //!   and the pragmas (WAL, `synchronous=NORMAL`, and why that is safe here).
-//! - `queries`: one SQLite transaction per [`Store`] call.
+//! - `queries`: one SQLite transaction per [`Store`] call; `demand`: those of the pool's learned
+//!   demand ([`StoredDemand`]).
 //! - `task`: the owner thread, the only code that touches the connection, fed by a bounded channel
 //!   of commands that carry a oneshot for the reply.
 //!
@@ -23,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 
+mod demand;
 mod open;
 mod queries;
 mod schema;
@@ -220,6 +222,32 @@ pub struct StoredIdle {
     pub reservation: Option<(String, u64)>,
 }
 
+/// What the pool learned of this node's pods (see `pool::demand`): recent starts and bursts, in
+/// unix ms so that they keep their ages across a restart.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct StoredDemand {
+    /// When it was written.
+    pub written_at_ms: u64,
+    /// Recent pod starts, oldest first.
+    pub starts_ms: Vec<u64>,
+    /// The last pod start.
+    pub last_start_ms: Option<u64>,
+    /// The current run of starts close together, and whether it became a burst.
+    pub run: Option<StoredBurst>,
+    pub run_is_burst: bool,
+    /// The last burst, and the one before it.
+    pub last_burst: Option<StoredBurst>,
+    pub previous_burst: Option<StoredBurst>,
+}
+
+/// A run of pod starts (unix ms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredBurst {
+    pub first_ms: u64,
+    pub last_ms: u64,
+    pub starts: u32,
+}
+
 impl Store {
     /// Opens (or creates) the database at `path`, creating its parent directory.
     ///
@@ -334,6 +362,18 @@ impl Store {
     /// two IPs.
     pub async fn replace_all(&self, state: StoredState) -> Result<(), StoreError> {
         self.call(|respond_to| Request::ReplaceAll { state, respond_to })
+            .await
+    }
+
+    /// Replaces the learned demand (one transaction).
+    pub async fn save_demand(&self, demand: StoredDemand) -> Result<(), StoreError> {
+        self.call(|respond_to| Request::SaveDemand { demand, respond_to })
+            .await
+    }
+
+    /// The learned demand last written, if any.
+    pub async fn load_demand(&self) -> Result<Option<StoredDemand>, StoreError> {
+        self.call(|respond_to| Request::LoadDemand { respond_to })
             .await
     }
 

@@ -10,7 +10,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use super::StoreError;
 
 /// The ordered migrations; index `i` migrates from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -130,6 +130,38 @@ ALTER TABLE ips_v2 RENAME TO ips;
 CREATE INDEX ips_by_eni ON ips (eni_id);
 ";
 
+/// Version 3: the pool's learned demand (issue 25): recent pod starts and bursts, so a restarted
+/// daemon warms for the node's pods as its earlier life learned to. One row of bursts
+/// (`demand`, absent until first written) and the start times (`demand_starts`); times are unix
+/// ms. Nothing before version 3 is touched: a file from an older build just has no learned demand
+/// yet.
+const V3: &str = "
+CREATE TABLE demand (
+    id                INTEGER PRIMARY KEY CHECK (id = 1),
+    written_at_ms     INTEGER NOT NULL,
+    last_start_ms     INTEGER,
+    run_first_ms      INTEGER,
+    run_last_ms       INTEGER,
+    run_starts        INTEGER CHECK (run_starts > 0),
+    run_is_burst      INTEGER NOT NULL CHECK (run_is_burst IN (0, 1)),
+    burst_first_ms    INTEGER,
+    burst_last_ms     INTEGER,
+    burst_starts      INTEGER CHECK (burst_starts > 0),
+    previous_first_ms INTEGER,
+    previous_last_ms  INTEGER,
+    previous_starts   INTEGER CHECK (previous_starts > 0),
+    CHECK ((run_first_ms IS NULL) = (run_last_ms IS NULL)
+           AND (run_first_ms IS NULL) = (run_starts IS NULL)),
+    CHECK ((burst_first_ms IS NULL) = (burst_last_ms IS NULL)
+           AND (burst_first_ms IS NULL) = (burst_starts IS NULL)),
+    CHECK ((previous_first_ms IS NULL) = (previous_last_ms IS NULL)
+           AND (previous_first_ms IS NULL) = (previous_starts IS NULL))
+) STRICT;
+CREATE TABLE demand_starts (
+    at_ms INTEGER NOT NULL
+) STRICT;
+";
+
 /// The schema version recorded in the database; 0 for a file without a `meta` table.
 pub(super) fn version(conn: &Connection) -> Result<u32, StoreError> {
     let found = recorded_version(conn)?;
@@ -233,7 +265,7 @@ mod tests {
         )
         .unwrap();
         tx.commit().unwrap();
-        assert_eq!(migrate(&mut conn).unwrap(), 2);
+        assert_eq!(migrate(&mut conn).unwrap(), SCHEMA_VERSION);
         let (network, container): (Option<String>, String) = conn
             .query_row(
                 "SELECT network, container_id FROM ips WHERE ip = '10.0.0.1'",
@@ -254,6 +286,45 @@ mod tests {
         let err = conn
             .execute(
                 "INSERT INTO ips (ip, eni_id, state, idle_since_ms) VALUES ('10.0.0.3', 'e', 'quarantined', 1)",
+                [],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("CHECK"), "{err}");
+    }
+
+    #[test]
+    fn version_2_files_move_to_version_3_with_their_rows_and_no_learned_demand() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let tx = conn.transaction().unwrap();
+        tx.execute_batch(V1).unwrap();
+        tx.execute_batch(V2).unwrap();
+        tx.execute("UPDATE meta SET schema_version = 2", [])
+            .unwrap();
+        tx.execute(
+            "INSERT INTO ips (ip, eni_id, state, network, container_id, ifname, netns, pod_namespace,
+                              pod_name, pod_uid, assigned_at_ms)
+             VALUES ('10.0.0.1', 'eni-1', 'assigned', 'net', 'c1', 'eth0', '/run/netns/x', 'ns', 'p', 'u', 5)",
+            [],
+        )
+        .unwrap();
+        tx.commit().unwrap();
+        assert_eq!(migrate(&mut conn).unwrap(), 3);
+        let container: String = conn
+            .query_row(
+                "SELECT container_id FROM ips WHERE ip = '10.0.0.1'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(container, "c1");
+        let rows: i64 = conn
+            .query_row("SELECT COUNT(*) FROM demand", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 0, "no learned demand yet");
+        // A burst is whole or absent.
+        let err = conn
+            .execute(
+                "INSERT INTO demand (id, written_at_ms, run_is_burst, burst_first_ms) VALUES (1, 1, 0, 5)",
                 [],
             )
             .unwrap_err();

@@ -18,8 +18,8 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Durability, OpenReport, QUEUE_DEPTH, RowRepair, StoreError, StoredAssignment, StoredEni,
-    StoredIdle, StoredState, queries,
+    Durability, OpenReport, QUEUE_DEPTH, RowRepair, StoreError, StoredAssignment, StoredDemand,
+    StoredEni, StoredIdle, StoredState, demand, queries,
 };
 
 /// A queue wait or a transaction longer than this is logged as a warning.
@@ -93,6 +93,13 @@ pub(super) enum Request {
         rows: Vec<RowRepair>,
         respond_to: Reply<()>,
     },
+    SaveDemand {
+        demand: StoredDemand,
+        respond_to: Reply<()>,
+    },
+    LoadDemand {
+        respond_to: Reply<Option<StoredDemand>>,
+    },
     Close {
         respond_to: oneshot::Sender<()>,
     },
@@ -113,6 +120,8 @@ impl Request {
             Request::RemoveIps { .. } => "remove_ips",
             Request::ReplaceAll { .. } => "replace_all",
             Request::Repair { .. } => "repair",
+            Request::SaveDemand { .. } => "save_demand",
+            Request::LoadDemand { .. } => "load_demand",
             Request::Close { .. } => "close",
         }
     }
@@ -379,6 +388,11 @@ fn serve_one(conn: &mut Connection, cmd: Command) {
             Request::Repair { rows, respond_to } => {
                 respond_to.send(queries::repair(conn, &rows)).is_ok()
             }
+            Request::SaveDemand {
+                demand: d,
+                respond_to,
+            } => respond_to.send(demand::save(conn, &d)).is_ok(),
+            Request::LoadDemand { respond_to } => respond_to.send(demand::load(conn)).is_ok(),
         };
         let took = started.elapsed();
         if took > SLOW {

@@ -42,8 +42,9 @@ impl PoolState {
             p.followers.push(tx);
             return Route::Wait(rx);
         }
-        // A new pod start (not a retry of an attachment held or in flight): the demand learns it.
-        self.demand.record_start(now);
+        // A new pod start (not a retry of an attachment held or in flight): the demand learns it,
+        // unless it counted the pod when the API server showed it bound here.
+        self.demand.record_pod_start(&req.pod, now);
         if let Some(key) = req.sticky_key.as_deref()
             && let Some(entry) = self.idle.pop_for_key(key, now, req.prefer)
         {

@@ -8,9 +8,11 @@
 //! Parts:
 //! - [`PodWatch`] ([`watch`]): one list + watch of `pods` with `fieldSelector=spec.nodeName=<node>`
 //!   (kube-rs's `watcher`: paged list, watch from its resourceVersion, bookmarks, re-list on 410 Gone).
-//!   It keeps a compact view ([`BoundPods`]: a cheap `Arc` snapshot, also meant for a later lookahead
-//!   that pre-allocates for pods bound but not yet ADDed) and whether the view is *synced*: initial list
+//!   It keeps a compact view ([`BoundPods`]: a cheap `Arc` snapshot, also read by the lookahead) and
+//!   whether the view is *synced*: initial list
 //!   done and no watch error since. Any error drops the view's authority until a fresh list completes.
+//! - The lookahead ([`spawn_lookahead`], [`lookahead`]): the pods bound here and not ADDed yet are the
+//!   pool's demand before their ADDs (issue 25, item 3).
 //! - [`ApiServerGc`] ([`gc`]): the step the running reconcile calls ([`release_gone_pods`]). An allocation
 //!   whose pod (namespace/name/uid of its record) is gone — deleted, replaced by a pod of the same name
 //!   with another uid, or finished (`Succeeded`/`Failed`, whose sandbox the kubelet has stopped) — for
@@ -30,12 +32,14 @@
 //! here reads the environment.
 
 mod gc;
+pub mod lookahead;
 mod watch;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use gc::{ApiServerGc, GoneReason, Verdict, judge, release_gone_pods};
+pub use lookahead::{pods_wanting_ip, spawn_lookahead};
 pub use watch::{BoundPod, BoundPods, PodKey, PodPhase, PodWatch};
 
 /// Where the API server is and how to authenticate to it.

@@ -121,7 +121,7 @@ impl BoundPod {
     }
 
     /// Whether the pod will want a pod IP from this node: bound, not host-network, not finished and
-    /// not being deleted (what a lookahead would pre-allocate for).
+    /// not being deleted (what the lookahead counts as demand, [`super::lookahead`]).
     pub fn wants_ip(&self) -> bool {
         !self.host_network && !self.phase.is_terminal() && !self.deleting
     }

@@ -1,147 +1,10 @@
-//! The adaptive warm pool: what this node's pods asked for lately, and the warm levels that follow.
-//!
-//! [`Demand`] remembers when pods started (new acquires, not retries of an attachment already held)
-//! and the bursts among them; [`warm_levels`] turns that, the configuration and the subnet's free
-//! addresses into three numbers the maintainer works with each round:
-//!
-//! - `low`: below this many idle IPs (cooling ones count) the pool tops up;
-//! - `fill`: what a top-up fills to, in one batch;
-//! - `keep`: idle IPs beyond this are given back, down to `down_to`.
-//!
-//! `min_idle` and `max_idle` bound all of them. The policy (docs/how-it-works.md, "The warm
-//! policy", tells the story with a plot):
-//!
-//! - A **burst** is [`BURST_MIN`] pod starts within [`BURST_WINDOW`]; it goes on while each start
-//!   has another within the window. While one runs, the pool expects as many pods again as the
-//!   burst has brought so far (bounded by `max_idle`) and warms for them, so a burst's tail finds
-//!   IPs ready and the node's calls are few and large.
-//! - **Steady starts** (a trickle) raise `fill` above `low` by half the starts of the last minute, so
-//!   a trickle costs one assign call per few pods, not one per pod.
-//! - **Give-back is slow** (hysteresis): until the node has been quiet (no pod start) for
-//!   `give_back_delay`, only idle IPs past `max_idle` go back, down to halfway between `fill` and
-//!   `max_idle`, or down to the last burst's size if that is more (a repeated burst finds its
-//!   leftovers; the account's budget is not spent giving back and taking again). Once the node has
-//!   been quiet for `give_back_delay`, the pool gives back what is above a band over `fill`
-//!   (`fill + max(2, fill / 2)`), down to `fill`.
-//! - **A short subnet** (fewer than a tenth of its addresses free at the last look) overrides all
-//!   of that: the node holds exactly `min_idle`, so the addresses go to nodes that need them.
-//! - With prefix delegation the levels are whole prefixes (16 addresses): a `/28` is assigned and
-//!   given back whole, so reasoning in addresses would hold a prefix and call for another.
-//!
-//! The `fixed` policy keeps the levels of earlier versions: top up below `min_idle` to halfway to
-//! `max_idle`, give back above `max_idle`; with `minimum_ips` (the VPC CNI's `MINIMUM_IP_TARGET`)
-//! the node also holds at least that many IPs, pods included.
-
-use std::collections::VecDeque;
-use std::time::Duration;
+//! The warm levels: what the maintainer tops up below, fills to, and gives back beyond, from the
+//! configuration, the [`Demand`] and the node's load (see the parent module's docs for the policy).
 
 use tokio::time::Instant;
 
-use super::config::{PREFIX_ADDRESSES, PoolConfig, WarmPolicy};
-
-/// Starts within [`BURST_WINDOW`] that make a burst.
-pub const BURST_MIN: u32 = 4;
-/// The window a burst's starts fall in, and the longest gap within a burst.
-pub const BURST_WINDOW: Duration = Duration::from_secs(10);
-/// The window over which the trickle of starts is measured.
-const RATE_WINDOW: Duration = Duration::from_secs(60);
-/// Starts older than this are forgotten.
-const MEMORY: Duration = Duration::from_secs(60 * 60);
-
-/// A run of pod starts close together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Burst {
-    /// The first start of the run.
-    pub first: Instant,
-    /// The last start so far.
-    pub last: Instant,
-    /// Starts in the run.
-    pub starts: u32,
-}
-
-/// What the node's pods asked for lately.
-#[derive(Debug, Default)]
-pub struct Demand {
-    /// Starts within the last [`RATE_WINDOW`] (and at least the last [`BURST_MIN`]).
-    recent: VecDeque<Instant>,
-    /// The current run of starts each within [`BURST_WINDOW`] of the previous; a burst once it
-    /// has [`BURST_MIN`] starts within the window.
-    run: Option<Burst>,
-    /// Whether `run` has become a burst.
-    run_is_burst: bool,
-    /// The last run that was a burst (maybe `run` itself).
-    last_burst: Option<Burst>,
-    /// The last start.
-    last_start: Option<Instant>,
-}
-
-impl Demand {
-    /// Records one pod start at `now`.
-    pub fn record_start(&mut self, now: Instant) {
-        self.last_start = Some(now);
-        self.recent.push_back(now);
-        while self.recent.len() > BURST_MIN as usize
-            && self
-                .recent
-                .front()
-                .is_some_and(|t| now.duration_since(*t) > RATE_WINDOW)
-        {
-            self.recent.pop_front();
-        }
-        match &mut self.run {
-            Some(run) if now.duration_since(run.last) <= BURST_WINDOW => {
-                run.last = now;
-                run.starts += 1;
-            }
-            _ => {
-                self.run = Some(Burst {
-                    first: now,
-                    last: now,
-                    starts: 1,
-                });
-                self.run_is_burst = false;
-            }
-        }
-        let run = self.run.expect("set above");
-        if !self.run_is_burst {
-            let in_window = self
-                .recent
-                .iter()
-                .rev()
-                .take_while(|t| now.duration_since(**t) <= BURST_WINDOW && **t >= run.first)
-                .count() as u32;
-            self.run_is_burst = in_window >= BURST_MIN;
-        }
-        if self.run_is_burst {
-            self.last_burst = Some(run);
-        }
-    }
-
-    /// The burst going on at `now` (its last start within [`BURST_WINDOW`]), if any.
-    pub fn ongoing_burst(&self, now: Instant) -> Option<Burst> {
-        self.last_burst
-            .filter(|b| now.duration_since(b.last) <= BURST_WINDOW)
-    }
-
-    /// The last burst, going on or over, if within `memory` of `now`.
-    pub fn last_burst(&self, now: Instant, memory: Duration) -> Option<Burst> {
-        self.last_burst
-            .filter(|b| now.duration_since(b.last) <= memory.min(MEMORY))
-    }
-
-    /// Starts within the last minute.
-    pub fn starts_last_minute(&self, now: Instant) -> u32 {
-        self.recent
-            .iter()
-            .filter(|t| now.duration_since(**t) <= RATE_WINDOW)
-            .count() as u32
-    }
-
-    /// How long since the last start (`None`: none seen).
-    pub fn quiet_for(&self, now: Instant) -> Option<Duration> {
-        self.last_start.map(|t| now.duration_since(t))
-    }
-}
+use super::Demand;
+use crate::pool::config::{PREFIX_ADDRESSES, PoolConfig, WarmPolicy};
 
 /// The warm levels for one maintainer round (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,11 +79,14 @@ pub fn warm_levels(
 
 fn adaptive(config: &PoolConfig, demand: &Demand, now: Instant) -> WarmLevels {
     let (lo, hi) = (config.min_idle, config.max_idle);
-    // During a burst: as many again as it has brought so far.
-    let low = match demand.ongoing_burst(now) {
-        Some(b) => b.starts.min(hi).max(lo),
-        None => lo,
-    };
+    // During a burst: as many again as it has brought so far, or as the last burst brought.
+    let burst = demand.ongoing_burst(now).map_or(0, |b| {
+        let like_last = demand.previous_burst(now).map_or(0, |p| p.starts);
+        b.starts.max(like_last)
+    });
+    // Pods bound here and not ADDed yet: one IP each, before they ask.
+    let announced = demand.announced_waiting(now);
+    let low = burst.max(announced).min(hi).max(lo);
     // A trickle: fill above `low` by half the last minute's starts (at least one), so a top-up
     // serves a few pods.
     let trickle = demand.starts_last_minute(now).div_ceil(2).max(1);
@@ -252,6 +118,8 @@ fn adaptive(config: &PoolConfig, demand: &Demand, now: Instant) -> WarmLevels {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn config() -> PoolConfig {
