@@ -301,6 +301,51 @@ async fn the_daemon_removes_its_startup_taint_once_warm_and_reports_the_truth() 
     d.shutdown().await;
 }
 
+/// A node that holds all the IPs it may and has no idle one left says `NoIpCapacity`; a pod's DEL
+/// gives it one back and the condition is `True` again. Without the startup taint on, no taint is
+/// touched.
+#[tokio::test]
+async fn a_full_node_says_no_ip_capacity_until_an_ip_comes_back() {
+    use daemon_support::*;
+    let mock = mockcloud::MockCloud::start(mockcloud::Config::fast())
+        .await
+        .unwrap();
+    let api = FakeApiServer::start().await;
+    api.add_node(NODE, &[(DEFAULT_STARTUP_TAINT, "NoSchedule")]);
+    let dir = TempDir::new("node-capacity");
+    let mut config = config(&mock, &dir.0);
+    config.node_name = NODE.into();
+    config.api_server_url = Some(api.url());
+    config.api_server_gc = Some(false);
+    config.node_check_secs = 1;
+    config.max_ips = Some(2);
+    config.reuse_cooldown_secs = 0;
+    let d = start(config).await;
+    until("the condition turns True", 30, || {
+        is(&api, "True", "IpsAvailable")
+    })
+    .await;
+    let mut c = client(&d.socket_path).await;
+    c.allocate(alloc_req("c1", "p1")).await.unwrap();
+    c.allocate(alloc_req("c2", "p2")).await.unwrap();
+    until("the condition says the node is full", 30, || {
+        is(&api, "False", "NoIpCapacity")
+    })
+    .await;
+    c.release(release_req("c1", false)).await.unwrap();
+    until("the condition turns True again", 30, || {
+        is(&api, "True", "IpsAvailable")
+    })
+    .await;
+    assert_eq!(
+        taints(&api).len(),
+        1,
+        "remove_startup_taint is off: the taint is not touched"
+    );
+    assert_eq!(api.counts().node_patches, 0);
+    d.shutdown().await;
+}
+
 #[test]
 fn startup_taint_settings_that_cannot_work_are_refused() {
     let base = DaemonConfig {
