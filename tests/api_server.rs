@@ -1,12 +1,11 @@
 //! Issue 13.7: pods from the Kubernetes API server as a third source of truth for pod GC.
 //!
-//! The API server is a protocol double on loopback (`api_server_support`) that speaks list + watch as
+//! The API server is a protocol double on loopback (`eniipam-kubeapi`, under `mocks/kubeapi`) that speaks list + watch as
 //! kube-rs uses it (resourceVersions, chunked watch events, bookmarks, 410 Gone, GET, bearer tokens);
 //! the kube client under test is the daemon's own ([`api_server::client`]). The GC runs over a real
 //! `Ipam` (pool on the in-memory cloud, SQLite store) on tokio's paused clock, and through the real
 //! daemon against mockcloud.
 
-mod api_server_support;
 #[path = "daemon_support/mod.rs"]
 mod daemon_support;
 mod pool_support;
@@ -17,7 +16,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use api_server_support::{FakeApiServer, pod_json};
 use eniipam::config::DaemonConfig;
 use eniipam::ipam::{AllocateRequest, Ipam};
 use eniipam::metrics::Metrics;
@@ -28,6 +26,7 @@ use eniipam::reconcile::api_server::{
     self, ApiServerError, ApiServerGc, ApiServerTarget, PodPhase, PodWatch, release_gone_pods,
 };
 use eniipam::store::Store;
+use eniipam_kubeapi::{FakeApiServer, pod_json};
 use pool_support::memory_cloud::NodeSpec;
 use tokio::time::advance;
 use tokio_util::sync::CancellationToken;

@@ -77,6 +77,7 @@ impl DaemonConfig {
         set!(reuse_cooldown_secs, "a whole number of seconds");
         set!(ip_stick_time_secs, "a whole number of seconds");
         set!(add_wait_secs, "a whole number of seconds");
+        set!(subnet_backoff_secs, "a whole number of seconds");
         set!(ec2_mutating_qps, "a number");
         set!(ec2_mutating_burst, "a whole number");
         set!(ec2_describe_qps, "a number");
@@ -103,6 +104,15 @@ impl DaemonConfig {
         set!(api_server_token_file, "a path");
         set!(api_server_ca_file, "a path");
         set!(api_server_grace_secs, "a whole number of seconds");
+        set!(remove_startup_taint, "true or false");
+        set!(startup_taint, "a taint key");
+        set!(
+            startup_taint_effect,
+            "a taint effect: NoSchedule, PreferNoSchedule or NoExecute"
+        );
+        set!(node_condition, "true or false");
+        set!(node_condition_heartbeat_secs, "a whole number of seconds");
+        set!(node_check_secs, "a whole number of seconds");
         if self.api_server_url.is_none() {
             self.api_server_url = in_cluster_url(env)?;
         }

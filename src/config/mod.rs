@@ -19,6 +19,7 @@ use crate::host::{HostRulesConfig, Snat, SnatPorts};
 use crate::pool::PoolConfig;
 use crate::pool::config::WarmPolicy;
 use crate::reconcile::api_server::ApiServerTarget;
+use crate::reconcile::api_server::node::{NodeStatusConfig, TaintEffect};
 
 mod env;
 #[cfg(test)]
@@ -139,6 +140,8 @@ pub struct DaemonConfig {
     /// Seconds an ADD may wait for EC2 (throttled, or backing off) before it fails; the plugin's own
     /// timeout shortens it per request. Default 60; 0 fails at once. See `PoolConfig::add_wait`.
     pub add_wait_secs: u64,
+    /// Seconds a subnet EC2 called full (or at a limit) is left alone before it is tried again.
+    pub subnet_backoff_secs: u64,
     /// Mutating EC2 calls per second and burst, per node.
     pub ec2_mutating_qps: f64,
     pub ec2_mutating_burst: u32,
@@ -169,6 +172,22 @@ pub struct DaemonConfig {
     pub api_server_ca_file: PathBuf,
     /// Seconds a pod must have been gone from the API server before its allocation is released.
     pub api_server_grace_secs: u64,
+    /// Remove `startup_taint` from this node once the pool holds its first warm IPs (default false).
+    /// The node group puts the taint on the node at registration (Karpenter's `startupTaints`, a
+    /// managed node group's `taints`), so no pod is scheduled before the node can give it an IP.
+    /// Needs the API-server connection (as `api_server_gc`).
+    pub remove_startup_taint: bool,
+    /// The startup taint's key (default `eniipam.io/not-ready`).
+    pub startup_taint: String,
+    /// The startup taint's effect: `NoSchedule` (default), `PreferNoSchedule` or `NoExecute`.
+    pub startup_taint_effect: TaintEffect,
+    /// Publish the node condition `eniipam.io/PodNetworkReady` (IPs available or to be had, EC2
+    /// reachable, pod subnet not short). Default true; takes effect with the API-server connection.
+    pub node_condition: bool,
+    /// Seconds between re-publications of an unchanged condition (its `lastHeartbeatTime`).
+    pub node_condition_heartbeat_secs: u64,
+    /// Seconds between looks at the pool for the taint and the condition.
+    pub node_check_secs: u64,
     /// Keep each secondary ENI's route table on the host (link up, primary IP, subnet route and default
     /// via the subnet gateway in table device_index + 1). Off only where the daemon must not touch the
     /// host's routing (`--simulate`, tests).
@@ -234,6 +253,7 @@ impl Default for DaemonConfig {
             reuse_cooldown_secs: pool.reuse_cooldown.as_secs(),
             ip_stick_time_secs: pool.ip_stick_time.as_secs(),
             add_wait_secs: pool.add_wait.as_secs(),
+            subnet_backoff_secs: pool.subnet_backoff.as_secs(),
             ec2_mutating_qps: rates.mutating.qps,
             ec2_mutating_burst: rates.mutating.burst,
             ec2_describe_qps: rates.describe.qps,
@@ -248,6 +268,12 @@ impl Default for DaemonConfig {
             api_server_token_file: PathBuf::from(SERVICE_ACCOUNT_TOKEN),
             api_server_ca_file: PathBuf::from(SERVICE_ACCOUNT_CA),
             api_server_grace_secs: 60,
+            remove_startup_taint: false,
+            startup_taint: crate::reconcile::api_server::node::DEFAULT_STARTUP_TAINT.to_owned(),
+            startup_taint_effect: TaintEffect::NoSchedule,
+            node_condition: true,
+            node_condition_heartbeat_secs: 300,
+            node_check_secs: 5,
             external_snat: false,
             snat_exclude_cidrs: Vec::new(),
             snat_randomize: SnatPorts::Prng,
@@ -301,6 +327,24 @@ impl DaemonConfig {
         if !self.api_server_gc_enabled() {
             return None;
         }
+        self.api_server_connection()
+    }
+
+    /// Where the node's taint and condition keeper connects, when it has something to do: the
+    /// startup taint is on, or the condition is and in-cluster config is available (as for the GC:
+    /// an API server is known and, for `https`, the token file exists) and the node's name is known.
+    pub fn node_status_target(&self) -> Option<ApiServerTarget> {
+        let url = self.api_server_url.as_deref()?;
+        let credentials = !url.starts_with("https://") || self.api_server_token_file.exists();
+        let condition = self.node_condition && credentials && !self.node_name.is_empty();
+        (self.remove_startup_taint || condition)
+            .then(|| self.api_server_connection())
+            .flatten()
+    }
+
+    /// The API server's URL, the token file when it exists (it must for `https`) and the CA bundle
+    /// for `https`.
+    fn api_server_connection(&self) -> Option<ApiServerTarget> {
         let url = self.api_server_url.clone()?;
         let https = url.starts_with("https://");
         Some(ApiServerTarget {
@@ -309,6 +353,19 @@ impl DaemonConfig {
             ca_file: https.then(|| self.api_server_ca_file.clone()),
             url,
         })
+    }
+
+    /// What the node's taint and condition keeper is given (with the API-server connection).
+    pub fn node_status_config(&self) -> NodeStatusConfig {
+        NodeStatusConfig {
+            node_name: self.node_name.clone(),
+            startup_taint: self
+                .remove_startup_taint
+                .then(|| (self.startup_taint.clone(), self.startup_taint_effect)),
+            condition: self.node_condition,
+            heartbeat: Duration::from_secs(self.node_condition_heartbeat_secs),
+            check: Duration::from_secs(self.node_check_secs),
+        }
     }
 
     /// The host rules' knobs (kept when `manage_eni_routes` is on).
@@ -343,6 +400,7 @@ impl DaemonConfig {
             reuse_cooldown: Duration::from_secs(self.reuse_cooldown_secs),
             ip_stick_time: Duration::from_secs(self.ip_stick_time_secs),
             add_wait: Duration::from_secs(self.add_wait_secs),
+            subnet_backoff: Duration::from_secs(self.subnet_backoff_secs),
             ..PoolConfig::default()
         }
     }

@@ -52,6 +52,9 @@ impl DaemonConfig {
                 ),
             ));
         }
+        if !(1..=3600).contains(&self.subnet_backoff_secs) {
+            return Err(invalid("subnet_backoff_secs", "allowed: 1 ..= 3600"));
+        }
         for (knob, qps) in [
             ("ec2_mutating_qps", self.ec2_mutating_qps),
             ("ec2_describe_qps", self.ec2_describe_qps),
@@ -115,6 +118,7 @@ impl DaemonConfig {
                  downward API, fieldRef spec.nodeName), or set api_server_gc = false",
             ));
         }
+        self.validate_node_status()?;
         self.validate_host_rules()?;
         if self.shutdown_grace_secs > 600 {
             return Err(invalid("shutdown_grace_secs", "allowed: 0 ..= 600"));
@@ -127,6 +131,38 @@ impl DaemonConfig {
                 "log_level",
                 format!("{:?} is not a tracing filter", self.log_level),
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_node_status(&self) -> Result<(), ConfigError> {
+        if let Err(problem) =
+            crate::reconcile::api_server::node::check_taint_key(&self.startup_taint)
+        {
+            return Err(invalid("startup_taint", problem));
+        }
+        if self.remove_startup_taint && self.api_server_url.is_none() {
+            return Err(invalid(
+                "remove_startup_taint",
+                "true, but no API server is known: not running in a pod (KUBERNETES_SERVICE_HOST \
+                 and KUBERNETES_SERVICE_PORT are unset) and api_server_url is unset",
+            ));
+        }
+        if self.remove_startup_taint && self.node_name.is_empty() {
+            return Err(invalid(
+                "node_name",
+                "empty, but remove_startup_taint is on: set ENIIPAM_NODE_NAME to this node's \
+                 Kubernetes name (the DaemonSet sets it from the downward API, fieldRef spec.nodeName)",
+            ));
+        }
+        if !(60..=3600).contains(&self.node_condition_heartbeat_secs) {
+            return Err(invalid(
+                "node_condition_heartbeat_secs",
+                "allowed: 60 ..= 3600",
+            ));
+        }
+        if !(1..=300).contains(&self.node_check_secs) {
+            return Err(invalid("node_check_secs", "allowed: 1 ..= 300"));
         }
         Ok(())
     }

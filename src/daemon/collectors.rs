@@ -8,7 +8,8 @@ use super::{Building, CloudClients, DaemonError};
 use crate::cloud::NodeContext;
 use crate::cloud::leak::{LeakCollector, LeakConfig};
 use crate::config::DaemonConfig;
-use crate::reconcile::api_server::{self, ApiServerGc, PodWatch};
+use crate::pool::Pool;
+use crate::reconcile::api_server::{self, ApiServerGc, PodWatch, node};
 
 /// The leaked-ENI collector (ours by cluster tag, `available`, past the grace period).
 pub(super) fn spawn_leak_collector(
@@ -66,4 +67,31 @@ pub(super) fn spawn_api_server_gc(
         Duration::from_secs(config.api_server_grace_secs),
         b.metrics.clone(),
     )))
+}
+
+/// The node's startup taint and condition, when there is something to do and an API server to tell
+/// (`config.node_status_target()`).
+pub(super) fn spawn_node_status(
+    config: &DaemonConfig,
+    clients: &CloudClients,
+    pool: &Pool,
+    b: &mut Building,
+) -> Result<(), DaemonError> {
+    let Some(target) = config.node_status_target() else {
+        return Ok(());
+    };
+    let client = api_server::client(&target)?;
+    let status = config.node_status_config();
+    tracing::info!(api_server = %target.url, node = %status.node_name,
+        startup_taint = ?status.startup_taint.as_ref().map(|(k, e)| format!("{k}:{e}")),
+        condition = status.condition.then_some(node::CONDITION_TYPE),
+        "node readiness: keeping this node's startup taint and condition");
+    b.background.push(node::spawn(
+        client,
+        status,
+        pool.clone(),
+        clients.stats.clone(),
+        b.cancel.clone(),
+    ));
+    Ok(())
 }

@@ -4,8 +4,8 @@
 //! Startup order (nothing is served before the rebuild): metrics listener (`/readyz` false) → state
 //! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
 //! the rebuilt state → pool (with the demand it learned before) → host routing and rules (SNAT,
-//! NodePort) → leaked-ENI collector → API-server pod watch and lookahead (when on) → gRPC socket →
-//! ready.
+//! NodePort) → leaked-ENI collector → API-server pod watch and lookahead (when on) → node readiness:
+//! startup taint and condition (when on) → gRPC socket → ready.
 //!
 //! Shutdown in three steps: stop accepting, let in-flight requests finish within the grace period, then
 //! stop the pool and close the file. Live pods' IPs are left alone (they are in the file and in EC2).
@@ -13,8 +13,9 @@
 //! Its parts, by step: [`clients`] (the EC2 and IMDS clients), `serve` (the metrics listener first and
 //! the gRPC socket last), `startup` (state file, the node's identity and subnets, the rebuild),
 //! `host` (route tables, the pool's readiness gate, SNAT and NodePort rules), `collectors` (leaked
-//! ENIs, pods gone from the API server), `demand` (the learned demand to and from the state file,
-//! the lookahead on the pods bound here), `reconciler` (the running reconcile), and [`run`]: the
+//! ENIs, pods gone from the API server, the node's startup taint and condition), `demand` (the
+//! learned demand to and from the state file, the lookahead on the pods bound here), `reconciler`
+//! (the running reconcile), and [`run`]: the
 //! modes of the `eniipamd` binary (serve until a signal, prepare the host, remove the host rules).
 
 mod clients;
@@ -29,7 +30,7 @@ mod startup;
 pub use clients::CloudClients;
 pub use startup::SUBNET_ROLE_TAG;
 
-use collectors::{spawn_api_server_gc, spawn_leak_collector};
+use collectors::{spawn_api_server_gc, spawn_leak_collector, spawn_node_status};
 use demand::{restore_demand, save_demand, spawn_demand_writer, spawn_lookahead_on};
 use host::{spawn_host_routing, spawn_host_rules};
 use reconciler::{Reconciler, spawn_reconcile};
@@ -194,6 +195,7 @@ impl Daemon {
             b.background
                 .push(spawn_lookahead_on(a, &pool, &b.metrics, b.cancel.clone()));
         }
+        spawn_node_status(&config, &clients, &pool, &mut b)?;
         let reconciler = Reconciler {
             ipam: ipam.clone(),
             cloud: clients.cloud.clone(),

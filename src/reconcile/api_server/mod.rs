@@ -26,6 +26,9 @@
 //! allocations without pod identity (the IPAM role without `K8S_POD_*`), or for a possible static pod
 //! (name ending in `-<node name>`) whose mirror pod is missing from the API.
 //!
+//! - [`node`]: the node's own readiness told to the API server: the optional startup taint removed once
+//!   the pool holds warm IPs, and the `eniipam.io/PodNetworkReady` condition (issue 25, item 5).
+//!
 //! The client is built here from explicit settings ([`ApiServerTarget`]): the URL (in a cluster
 //! `config` derives it from `KUBERNETES_SERVICE_HOST`/`_PORT`, as client-go does), the service-account
 //! token file (re-read by kube as the kubelet rotates it) and CA file (re-read on rotation too). Nothing
@@ -33,6 +36,7 @@
 
 mod gc;
 pub mod lookahead;
+pub mod node;
 mod watch;
 
 use std::path::PathBuf;

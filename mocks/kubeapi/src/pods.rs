@@ -1,89 +1,20 @@
-//! A Kubernetes API server double for the pod list/watch protocol as kube-rs speaks it, on loopback:
-//!
-//! - `GET /api/v1/pods?fieldSelector=spec.nodeName=<n>` (list): a `PodList` with the current
-//!   `metadata.resourceVersion`; items without `apiVersion`/`kind`, as the real server sends them.
-//! - `GET /api/v1/pods?watch=true&resourceVersion=<rv>&timeoutSeconds=<s>&allowWatchBookmarks=true`:
-//!   a chunked stream of JSON lines `{"type":"ADDED|MODIFIED|DELETED|BOOKMARK","object":...}` for every
-//!   change after `rv`, ended by the server after `timeoutSeconds`; an `rv` older than the compaction
-//!   point gets the real server's answer: HTTP 200 and one `ERROR` event with a 410 `Expired` Status.
-//! - `GET /api/v1/namespaces/<ns>/pods/<name>`: the pod, or a 404 `NotFound` Status.
-//! - Optional bearer token: anything else gets a 401 Status.
-//!
-//! Tests change pods (each change bumps the resourceVersion and reaches open watches), end watches as
-//! a server-side timeout would, compact history, send bookmarks, and stop the server (listener and
-//! every connection closed: connection refused) and start it again on the same port.
-#![allow(dead_code)]
+//! Pods: node-scoped list and watch, GET, and what tests do to pods (see the crate docs).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::sync::{broadcast, mpsc, watch};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
-/// One change, as the log and open watches see it.
-#[derive(Clone, Debug)]
-struct Change {
-    rv: u64,
-    kind: &'static str,
-    object: Value,
-}
-
-#[derive(Default)]
-struct World {
-    rv: u64,
-    pods: BTreeMap<(String, String), Value>,
-    log: Vec<Change>,
-    /// Watches from a resourceVersion below this get 410 Gone.
-    compacted_to: u64,
-    /// While set, changes are not delivered to watches (a lagging watch cache): they wait here.
-    held: Option<Vec<Change>>,
-    /// Lists and watches answer 403 Forbidden (RBAC without list/watch); GETs still work.
-    forbid_list_watch: bool,
-}
-
-/// Requests served, by kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counts {
-    pub lists: u32,
-    pub watches: u32,
-    pub gets: u32,
-    /// Watches answered with 410 Gone.
-    pub expired: u32,
-    /// Requests refused for a missing or wrong token.
-    pub unauthorized: u32,
-}
-
-struct Inner {
-    world: Mutex<World>,
-    changes: broadcast::Sender<Change>,
-    end_watches: watch::Sender<u64>,
-    token: Mutex<Option<String>>,
-    counts: Mutex<Counts>,
-    /// Every request's path and query, in order.
-    requests: Mutex<Vec<String>>,
-}
-
-/// The double. Dropping it stops it.
-pub struct FakeApiServer {
-    inner: Arc<Inner>,
-    addr: SocketAddr,
-    serving: Mutex<Option<JoinHandle<()>>>,
-}
+use crate::{Change, FakeApiServer, Inner, World, authorized, status, status_response};
 
 /// A pod as the API server stores it.
 pub fn pod_json(ns: &str, name: &str, uid: &str, node: &str, phase: &str) -> Value {
@@ -102,26 +33,6 @@ pub fn pod_json(ns: &str, name: &str, uid: &str, node: &str, phase: &str) -> Val
     })
 }
 
-fn status(code: u16, reason: &str, message: String) -> Value {
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    })
-}
-
-fn status_response(code: u16, reason: &str, message: String) -> Response {
-    (
-        StatusCode::from_u16(code).unwrap(),
-        axum::Json(status(code, reason, message)),
-    )
-        .into_response()
-}
-
 fn with_kind(mut pod: Value) -> Value {
     pod["apiVersion"] = json!("v1");
     pod["kind"] = json!("Pod");
@@ -133,92 +44,6 @@ fn node_of(pod: &Value) -> &str {
 }
 
 impl FakeApiServer {
-    pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (changes, _) = broadcast::channel(4096);
-        let (end_watches, _) = watch::channel(0);
-        let s = Self {
-            inner: Arc::new(Inner {
-                world: Mutex::new(World::default()),
-                changes,
-                end_watches,
-                token: Mutex::new(None),
-                counts: Mutex::new(Counts::default()),
-                requests: Mutex::new(Vec::new()),
-            }),
-            addr,
-            serving: Mutex::new(None),
-        };
-        s.serve(listener);
-        s
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    pub fn counts(&self) -> Counts {
-        *self.inner.counts.lock().unwrap()
-    }
-
-    /// Every request served so far (path and query), in order.
-    pub fn requests(&self) -> Vec<String> {
-        self.inner.requests.lock().unwrap().clone()
-    }
-
-    /// Requires `Authorization: Bearer <token>` from now on.
-    pub fn require_token(&self, token: &str) {
-        *self.inner.token.lock().unwrap() = Some(token.to_owned());
-    }
-
-    fn serve(&self, listener: TcpListener) {
-        let router = Router::new()
-            .route("/api/v1/pods", get(list_or_watch))
-            .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
-            .layer(axum::middleware::from_fn_with_state(
-                self.inner.clone(),
-                record,
-            ))
-            .with_state(self.inner.clone());
-        let task = tokio::spawn(async move {
-            // Every connection lives in this set: aborting the task closes them all.
-            let mut conns = JoinSet::new();
-            loop {
-                tokio::select! {
-                    accepted = listener.accept() => {
-                        let Ok((stream, _)) = accepted else { continue };
-                        let service = TowerToHyperService::new(router.clone());
-                        conns.spawn(async move {
-                            let _ = hyper::server::conn::http1::Builder::new()
-                                .serve_connection(TokioIo::new(stream), service)
-                                .await;
-                        });
-                    }
-                    Some(_) = conns.join_next() => {}
-                }
-            }
-        });
-        *self.serving.lock().unwrap() = Some(task);
-    }
-
-    /// The API server goes away: the listener and every open connection (watches included) close, and
-    /// new connections are refused.
-    pub async fn stop(&self) {
-        let task = self.serving.lock().unwrap().take();
-        if let Some(t) = task {
-            t.abort();
-            let _ = t.await;
-        }
-    }
-
-    /// The API server comes back on the same address, with the same pods and history.
-    pub async fn restart(&self) {
-        self.stop().await;
-        let listener = TcpListener::bind(self.addr).await.unwrap();
-        self.serve(listener);
-    }
-
     fn change(&self, w: &mut World, kind: &'static str, mut object: Value) {
         w.rv += 1;
         object["metadata"]["resourceVersion"] = json!(w.rv.to_string());
@@ -328,42 +153,6 @@ impl FakeApiServer {
     }
 }
 
-impl Drop for FakeApiServer {
-    fn drop(&mut self) {
-        if let Some(t) = self.serving.lock().unwrap().take() {
-            t.abort();
-        }
-    }
-}
-
-async fn record(
-    State(inner): State<Arc<Inner>>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let line = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.to_string())
-        .unwrap_or_default();
-    inner.requests.lock().unwrap().push(line);
-    next.run(req).await
-}
-
-fn authorized(inner: &Inner, headers: &HeaderMap) -> bool {
-    let Some(token) = inner.token.lock().unwrap().clone() else {
-        return true;
-    };
-    let ok = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v == format!("Bearer {token}"));
-    if !ok {
-        inner.counts.lock().unwrap().unauthorized += 1;
-    }
-    ok
-}
-
 /// The node of `fieldSelector=spec.nodeName=<n>`; anything else is refused (the double is strict).
 fn node_selector(q: &BTreeMap<String, String>) -> Result<String, String> {
     match q.get("fieldSelector").map(String::as_str) {
@@ -376,7 +165,7 @@ fn node_selector(q: &BTreeMap<String, String>) -> Result<String, String> {
     }
 }
 
-async fn list_or_watch(
+pub(crate) async fn list_or_watch(
     State(inner): State<Arc<Inner>>,
     headers: HeaderMap,
     Query(q): Query<BTreeMap<String, String>>,
@@ -507,7 +296,7 @@ fn watch_pods(inner: Arc<Inner>, node: String, q: BTreeMap<String, String>) -> R
         .unwrap()
 }
 
-async fn get_pod(
+pub(crate) async fn get_pod(
     State(inner): State<Arc<Inner>>,
     headers: HeaderMap,
     Path((ns, name)): Path<(String, String)>,
