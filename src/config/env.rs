@@ -1,8 +1,10 @@
 //! `ENIIPAM_<KNOB>` overrides of the configuration, and the API server a pod is given.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::{ConfigError, DaemonConfig, Env, LogFormat, invalid};
+use crate::cloud::limiter::BucketConfig;
 
 /// A mark as the VPC CNI writes it: `0x80` (hex) or `128` (decimal).
 fn parse_mark(v: &str) -> Result<u32, ConfigError> {
@@ -17,6 +19,30 @@ fn parse_mark(v: &str) -> Result<u32, ConfigError> {
 /// The items of a comma-separated list, trimmed, empty ones skipped (`a, b,` → `a`, `b`).
 fn comma_list(v: &str) -> impl Iterator<Item = &str> {
     v.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// `API=qps/burst` items, comma-separated: `AssignPrivateIpAddresses=1/5, CreateTags=0.5/2`.
+fn parse_api_rates(v: &str) -> Result<BTreeMap<String, BucketConfig>, ConfigError> {
+    const KNOB: &str = "ec2_api_rates";
+    let mut rates = BTreeMap::new();
+    for item in comma_list(v) {
+        let bad = || {
+            invalid(
+                KNOB,
+                format!("{item:?} is not API=qps/burst, like CreateTags=0.5/2"),
+            )
+        };
+        let (api, rate) = item.split_once('=').ok_or_else(bad)?;
+        let (qps, burst) = rate.split_once('/').ok_or_else(bad)?;
+        let rate = BucketConfig {
+            qps: qps.trim().parse().map_err(|_| bad())?,
+            burst: burst.trim().parse().map_err(|_| bad())?,
+        };
+        if rates.insert(api.trim().to_owned(), rate).is_some() {
+            return Err(invalid(KNOB, format!("{} is given twice", api.trim())));
+        }
+    }
+    Ok(rates)
 }
 
 fn parse<T: std::str::FromStr>(knob: &str, v: &str, what: &str) -> Result<T, ConfigError> {
@@ -82,6 +108,9 @@ impl DaemonConfig {
         set!(ec2_mutating_burst, "a whole number");
         set!(ec2_describe_qps, "a number");
         set!(ec2_describe_burst, "a whole number");
+        if let Some(v) = get("ec2_api_rates") {
+            self.ec2_api_rates = parse_api_rates(&v)?;
+        }
         set!(leaked_eni_grace_secs, "a whole number of seconds");
         set!(leaked_eni_period_secs, "a whole number of seconds");
         set!(reconcile_period_secs, "a whole number of seconds");

@@ -148,6 +148,10 @@ pub struct DaemonConfig {
     /// Describe EC2 calls per second and burst, per node.
     pub ec2_describe_qps: f64,
     pub ec2_describe_burst: u32,
+    /// The node's bucket of one EC2 API when it is not its class's (mutating or describe, above):
+    /// EC2 gives each API its own bucket, and so does the node. Keys: the API names of
+    /// [`crate::cloud::limiter::EC2_APIS`].
+    pub ec2_api_rates: BTreeMap<String, BucketConfig>,
     /// Grace period before an available ENI of ours counts as leaked.
     pub leaked_eni_grace_secs: u64,
     /// Period of the leaked-ENI collector (jittered ±20 %).
@@ -258,6 +262,7 @@ impl Default for DaemonConfig {
             ec2_mutating_burst: rates.mutating.burst,
             ec2_describe_qps: rates.describe.qps,
             ec2_describe_burst: rates.describe.burst,
+            ec2_api_rates: BTreeMap::new(),
             leaked_eni_grace_secs: 300,
             leaked_eni_period_secs: 3600,
             reconcile_period_secs: 60,
@@ -418,6 +423,7 @@ impl DaemonConfig {
                     burst: self.ec2_describe_burst,
                 },
             },
+            per_api: self.ec2_api_rates.clone(),
             ..LimiterConfig::default()
         }
     }

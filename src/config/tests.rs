@@ -132,3 +132,53 @@ fn file_then_env() {
     assert!(e.to_string().contains("no_such_knob"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn per_api_rates_read_from_the_environment_and_toml_and_bad_ones_are_named() {
+    use crate::cloud::limiter::BucketConfig;
+    let c = DaemonConfig::load(
+        None,
+        &env(&[(
+            "ENIIPAM_EC2_API_RATES",
+            "AssignPrivateIpAddresses=1/5, CreateTags=0.5/2",
+        )]),
+    )
+    .unwrap();
+    let limiter = c.limiter_config();
+    assert_eq!(
+        limiter.per_api["AssignPrivateIpAddresses"],
+        BucketConfig { qps: 1.0, burst: 5 }
+    );
+    assert_eq!(
+        limiter.per_api["CreateTags"],
+        BucketConfig { qps: 0.5, burst: 2 }
+    );
+    assert_eq!(limiter.per_api.len(), 2);
+    // The class rates are still the defaults for every other API.
+    assert_eq!(
+        limiter.rates,
+        DaemonConfig::default().limiter_config().rates
+    );
+
+    let toml: DaemonConfig =
+        toml::from_str("[ec2_api_rates.DescribeNetworkInterfaces]\nqps = 2.0\nburst = 4\n")
+            .unwrap();
+    assert_eq!(
+        toml.ec2_api_rates["DescribeNetworkInterfaces"],
+        BucketConfig { qps: 2.0, burst: 4 }
+    );
+
+    for (value, names) in [
+        (
+            "AssignPrivateIpAdresses=1/5",
+            "ec2_api_rates.AssignPrivateIpAdresses",
+        ),
+        ("CreateTags=0/5", "ec2_api_rates.CreateTags"),
+        ("CreateTags=1/0", "ec2_api_rates.CreateTags"),
+        ("CreateTags=1", "ec2_api_rates"),
+        ("CreateTags=1/5,CreateTags=2/5", "ec2_api_rates"),
+    ] {
+        let e = DaemonConfig::load(None, &env(&[("ENIIPAM_EC2_API_RATES", value)])).unwrap_err();
+        assert!(e.to_string().starts_with(names), "{value}: {e}");
+    }
+}

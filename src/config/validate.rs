@@ -1,6 +1,7 @@
 //! Validation: every knob checked, the error names the knob and the allowed range.
 
 use super::{ConfigError, DaemonConfig, invalid};
+use crate::cloud::limiter::EC2_APIS;
 
 impl DaemonConfig {
     /// Checks every knob; the error names the knob and the allowed range.
@@ -69,6 +70,30 @@ impl DaemonConfig {
         ] {
             if !(1..=1000).contains(&b) {
                 return Err(invalid(knob, format!("{b} is outside 1 ..= 1000")));
+            }
+        }
+        for (api, rate) in &self.ec2_api_rates {
+            let knob = format!("ec2_api_rates.{api}");
+            if !EC2_APIS.contains(&api.as_str()) {
+                return Err(invalid(
+                    &knob,
+                    format!(
+                        "not an EC2 API eniipam calls (known: {})",
+                        EC2_APIS.join(", ")
+                    ),
+                ));
+            }
+            if !(rate.qps > 0.0 && rate.qps <= 100.0) {
+                return Err(invalid(
+                    &knob,
+                    format!("qps {} is outside (0, 100]", rate.qps),
+                ));
+            }
+            if !(1..=1000).contains(&rate.burst) {
+                return Err(invalid(
+                    &knob,
+                    format!("burst {} is outside 1 ..= 1000", rate.burst),
+                ));
             }
         }
         if self.leaked_eni_grace_secs < 60 {

@@ -6,7 +6,7 @@ use aws_sdk_ec2::config::Credentials;
 
 use super::DaemonError;
 use crate::cloud::calls::CallStats;
-use crate::cloud::ec2::{Ec2Cloud, Ec2Config};
+use crate::cloud::ec2::{AMBIGUOUS_IMDS_WAIT, Ec2Cloud, Ec2Config};
 use crate::cloud::imds::{ImdsConfig, ImdsMetadata};
 use crate::cloud::{Cloud, Metadata};
 use crate::config::DaemonConfig;
@@ -27,6 +27,14 @@ impl CloudClients {
         credentials: Option<Credentials>,
     ) -> Result<Self, DaemonError> {
         let stats = Arc::new(CallStats::new());
+        let metadata: Arc<dyn Metadata> = Arc::new(ImdsMetadata::new(
+            &ImdsConfig {
+                endpoint: config.imds_endpoint.clone(),
+                ..ImdsConfig::default()
+            },
+            stats.clone(),
+        )?);
+        // An ambiguous assign is settled from IMDS first: no describe from the account's budget.
         let cloud = Ec2Cloud::new(
             &Ec2Config {
                 region: config.region.clone(),
@@ -38,17 +46,11 @@ impl CloudClients {
             stats.clone(),
         )
         .await
-        .map_err(|e| DaemonError::Client(e.to_string()))?;
-        let metadata = ImdsMetadata::new(
-            &ImdsConfig {
-                endpoint: config.imds_endpoint.clone(),
-                ..ImdsConfig::default()
-            },
-            stats.clone(),
-        )?;
+        .map_err(|e| DaemonError::Client(e.to_string()))?
+        .with_instance_view(metadata.clone(), AMBIGUOUS_IMDS_WAIT);
         Ok(Self {
             cloud: Arc::new(cloud),
-            metadata: Arc::new(metadata),
+            metadata,
             stats,
         })
     }

@@ -37,6 +37,7 @@ pub fn fast_limiter() -> LimiterConfig {
             max_attempts: 12,
             max_elapsed: Duration::from_secs(5),
         },
+        per_api: Default::default(),
     }
 }
 

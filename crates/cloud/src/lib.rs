@@ -394,8 +394,9 @@ pub trait Cloud: Send + Sync + 'static {
     /// AssignPrivateIpAddresses with SecondaryPrivateIpAddressCount; returns only the new IPs.
     ///
     /// EC2 takes no ClientToken here: an implementation that retries after an ambiguous failure
-    /// must find out (by describing the ENI) which IPs the lost attempt assigned, so a retry never
-    /// leaves unknown IPs behind.
+    /// must find out which IPs the lost attempt assigned (from IMDS, or by describing the ENI), so
+    /// a retry never leaves unknown IPs behind. The normal path is one call: EC2's reply names the
+    /// new IPs.
     async fn assign_ips(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Addr>>;
     /// AssignPrivateIpAddresses with explicit PrivateIpAddresses (sticky IPs coming back).
     async fn assign_specific_ips(

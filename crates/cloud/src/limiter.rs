@@ -1,7 +1,8 @@
 //! Rate limiting and retries for every EC2 call.
 //!
-//! Each attempt of an EC2 call goes through: a [`TokenBucket`] of its class (mutating or describe),
-//! then the SDK; a throttled or transient failure is retried after an exponential backoff with full
+//! Each attempt of an EC2 call goes through: the [`TokenBucket`] of its API (one per EC2 API, as
+//! EC2 has, see [`buckets`]; sized from its class, mutating or describe, unless configured), then
+//! the SDK; a throttled or transient failure is retried after an exponential backoff with full
 //! jitter ([`BackoffPolicy`]), and the retry passes the bucket again, so retries never exceed the
 //! configured rate either. Everything else (capacity, not found, rejected, unauthorized) is returned
 //! to the caller at once.
@@ -16,7 +17,7 @@
 //! throttling for the Amazon EC2 API"; the default buckets, which mockcloud models, are 200 tokens
 //! refilled at 5/s for mutating actions and 100 refilled at 20/s for non-mutating ones). That
 //! budget is shared by every node of every cluster in the account and region, so a node must not
-//! be able to spend it alone. The per-node defaults are:
+//! be able to spend it alone. The per-node defaults, for each API of the class, are:
 //!
 //! - **mutating: 2 qps, burst 10.** A node's real need is bursty and small: first boot or a
 //!   scale-up does create + attach + DeleteOnTermination + one batched assign per ENI (≈ 4-8
@@ -52,6 +53,7 @@
 //! waiting on an IP gets an answer (or a typed error the pool can back off on) well within the
 //! kubelet's CNI timeout.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::ops::Add;
@@ -71,6 +73,8 @@ use super::calls::{CallStats, Outcome};
 use super::purpose::{Purpose, current_purpose};
 use super::throttle::{Admission, ThrottleGate, ThrottleGates};
 use super::{CloudError, CloudResult};
+use buckets::ApiBuckets;
+pub use buckets::EC2_APIS;
 
 /// A governor clock on tokio's time, so `tokio::time::pause` drives the buckets.
 #[derive(Clone, Copy, Debug, Default)]
@@ -139,10 +143,13 @@ impl Default for RateLimitConfig {
 }
 
 /// Everything the [`Limiter`] needs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LimiterConfig {
-    /// Token buckets per call class.
+    /// The rate of each API's bucket, by the API's class.
     pub rates: RateLimitConfig,
+    /// The rate of an API's bucket when it is not its class's (keys: [`EC2_APIS`]).
+    #[serde(default)]
+    pub per_api: BTreeMap<String, BucketConfig>,
     /// Retries of throttled and transient failures.
     pub retry: BackoffPolicy,
 }
@@ -156,6 +163,9 @@ pub enum LimiterConfigError {
     /// A bucket without room for a single call.
     #[error("{bucket} bucket: burst must be at least 1")]
     ZeroBurst { bucket: &'static str },
+    /// A per-API rate for an API eniipam does not call (a typo would otherwise go unnoticed).
+    #[error("per-API rate for {api:?}: not an EC2 API eniipam calls (known: {known})", known = EC2_APIS.join(", "))]
+    UnknownApi { api: String },
     /// A retry policy that would never make the first attempt.
     #[error("retry policy: max_attempts must be at least 1")]
     ZeroAttempts,
@@ -171,6 +181,14 @@ pub enum CallClass {
 }
 
 impl CallClass {
+    /// The class's name, as metrics label it.
+    pub fn label(self) -> &'static str {
+        match self {
+            CallClass::Mutating => "mutating",
+            CallClass::Describe => "describe",
+        }
+    }
+
     /// The class of an EC2 action by its name: `Describe*` reads, everything else mutates.
     pub fn of_api(api: &str) -> Self {
         if api.starts_with("Describe") {
@@ -249,8 +267,8 @@ impl TokenBucket {
 /// The gate every EC2 call passes: buckets, retry policy and call accounting.
 #[derive(Debug)]
 pub struct Limiter {
-    mutating: TokenBucket,
-    describe: TokenBucket,
+    /// One token bucket per EC2 API.
+    buckets: ApiBuckets,
     /// One throttle gate per EC2 API.
     gates: ThrottleGates,
     retry: BackoffPolicy,
@@ -264,8 +282,7 @@ impl Limiter {
             return Err(LimiterConfigError::ZeroAttempts);
         }
         Ok(Self {
-            mutating: TokenBucket::new("mutating", cfg.rates.mutating)?,
-            describe: TokenBucket::new("describe", cfg.rates.describe)?,
+            buckets: ApiBuckets::new(cfg)?,
             gates: ThrottleGates::default(),
             retry: cfg.retry,
             stats,
@@ -282,11 +299,9 @@ impl Limiter {
         &self.retry
     }
 
-    fn bucket(&self, class: CallClass) -> &TokenBucket {
-        match class {
-            CallClass::Mutating => &self.mutating,
-            CallClass::Describe => &self.describe,
-        }
+    /// The rate of `api`'s bucket (its own when configured, its class's otherwise).
+    pub fn rate(&self, api: &'static str, class: CallClass) -> BucketConfig {
+        self.buckets.rate(api, class)
     }
 
     /// The throttle gate of `api`.
@@ -295,10 +310,11 @@ impl Limiter {
     }
 
     /// Wait out any throttling pause of `api` (then, while it recovers, for the other calls if
-    /// `purpose` yields, and for the probe), then for a token of `class`, recording the wait. The
-    /// admission is held until the attempt's outcome is recorded.
+    /// `purpose` yields, and for the probe), then for a token of `api`'s bucket, recording the wait
+    /// under `class` (the metric's label). The admission is held until the attempt's outcome is
+    /// recorded.
     async fn admit(&self, api: &'static str, class: CallClass, purpose: Purpose) -> Admission {
-        let (bucket, gate) = (self.bucket(class), self.gate(api));
+        let (bucket, gate) = (self.buckets.of(api, class), self.gate(api));
         let start = Instant::now();
         let priority = (!purpose.yields()).then(|| gate.enter_priority());
         gate.pass().await;
@@ -322,13 +338,9 @@ impl Limiter {
         bucket.acquire().await;
         let waited = start.elapsed();
         if waited > Duration::ZERO {
-            tracing::debug!(
-                bucket = bucket.name(),
-                waited_ms = waited.as_millis() as u64,
-                "rate limited"
-            );
+            tracing::debug!(api, waited_ms = waited.as_millis() as u64, "rate limited");
         }
-        self.stats.record_limiter_wait(bucket.name(), waited);
+        self.stats.record_limiter_wait(class.label(), waited);
         Admission {
             gate,
             _probe: probe,
@@ -453,5 +465,6 @@ impl Retry<'_> {
     }
 }
 
+mod buckets;
 #[cfg(test)]
 mod tests;

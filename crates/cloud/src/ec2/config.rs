@@ -95,6 +95,8 @@ impl Ec2Cloud {
             client: Client::new(&sdk_config),
             limiter,
             page_size: to_i32(config.describe_page_size.clamp(5, 1000)),
+            holdings: Default::default(),
+            view: None,
         })
     }
 }

@@ -11,13 +11,15 @@
 //!
 //! Calls that EC2 cannot make idempotent themselves are made safe after ambiguous failures
 //! (timeouts and 5xx, where the request may have taken effect), all in `mutate`:
-//! AssignPrivateIpAddresses compares the ENI's IPs with those it had before the first attempt,
-//! unassign/attach check the ENI's state before retrying, delete takes a later not-found as its
+//! AssignPrivateIpAddresses compares the ENI's IPs with those it had before the first attempt
+//! (known from this client's own calls, `holdings`; read from IMDS first, EC2 only when IMDS
+//! lags), unassign/attach check the ENI's state before retrying, delete takes a later not-found as its
 //! own lost success. CreateNetworkInterface is idempotent through its ClientToken.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_ec2::Client;
@@ -29,18 +31,21 @@ use ipnet::Ipv4Net;
 mod classify;
 mod config;
 mod convert;
+mod holdings;
 mod mutate;
 
 pub use classify::{classify, classify_code};
 pub use config::{DESCRIBE_PAGE_SIZE, Ec2BuildError, Ec2Config};
 use convert::*;
-use mutate::{Verify, ips_of, mutate, prefixes_of};
+use holdings::Holdings;
+pub use mutate::AMBIGUOUS_IMDS_WAIT;
+use mutate::{InstanceView, Verify, mutate};
 
 use super::calls::CallStats;
 use super::limiter::{CallClass, Limiter};
 use super::{
-    Cloud, CloudError, CloudResult, CreateEni, Eni, EniFilter, Instance, InstanceLimits, Subnet,
-    SubnetFilter,
+    Cloud, CloudError, CloudResult, CreateEni, Eni, EniFilter, Instance, InstanceLimits, Metadata,
+    Subnet, SubnetFilter,
 };
 use eniipam_api::model::EniId;
 
@@ -50,6 +55,10 @@ pub struct Ec2Cloud {
     client: Client,
     limiter: Arc<Limiter>,
     page_size: i32,
+    /// What each ENI holds, from this client's own calls (no describe before an assign).
+    holdings: Arc<Holdings>,
+    /// IMDS, to settle an ambiguous assign without a describe; `None`: EC2 settles it.
+    view: Option<InstanceView>,
 }
 
 impl Ec2Cloud {
@@ -61,6 +70,14 @@ impl Ec2Cloud {
     /// The limiter every call passes.
     pub fn limiter(&self) -> &Arc<Limiter> {
         &self.limiter
+    }
+
+    /// Settle an ambiguous assign (timeout, 5xx: did the lost attempt assign?) from the instance's
+    /// own view first, `metadata`, for up to `settle` (default [`AMBIGUOUS_IMDS_WAIT`]), and only
+    /// then with a DescribeNetworkInterfaces, which spends the account's describe budget.
+    pub fn with_instance_view(mut self, metadata: Arc<dyn Metadata>, settle: Duration) -> Self {
+        self.view = Some(InstanceView { metadata, settle });
+        self
     }
 
     /// Describe one ENI (with retries); `None` when EC2 does not know it.
@@ -325,6 +342,7 @@ impl Cloud for Ec2Cloud {
             // Some endpoints do not echo TagSpecifications; the tags were part of the request.
             eni.tags = req.tags.clone();
         }
+        self.holdings.record(&eni);
         Ok(eni)
     }
 
@@ -407,7 +425,9 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        mutate(&self.limiter, API, send, Verify::not_found_after(())).await
+        mutate(&self.limiter, API, send, Verify::not_found_after(())).await?;
+        self.holdings.forget(eni);
+        Ok(())
     }
 
     async fn assign_ips(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Addr>> {
@@ -419,7 +439,7 @@ impl Cloud for Ec2Cloud {
             tracing::info!(%eni, ips = ?new, "assign had succeeded despite the error; not assigning again");
         };
         let send = || self.send_assign_count(eni, count);
-        self.assign_counted(API, eni, ips_of, send, found).await
+        self.assign_counted(API, eni, count, send, found).await
     }
 
     async fn assign_specific_ips(
@@ -443,10 +463,16 @@ impl Cloud for Ec2Cloud {
                 .map_err(|e| classify(API, e))
         };
         let assigned = || async {
-            let now = self.held(API, eni, ips_of).await?;
+            let now: BTreeSet<Ipv4Addr> = self.held(API, eni).await?;
             Ok(ips.iter().all(|ip| now.contains(ip)).then(|| ips.to_vec()))
         };
-        mutate(&self.limiter, API, send, Verify::Describe(assigned)).await
+        let result = mutate(&self.limiter, API, send, Verify::Describe(assigned)).await;
+        match &result {
+            Ok(got) => self.holdings.added(eni, got),
+            // Not knowing which part of the story EC2 saw, the next assign describes the ENI.
+            Err(_) => self.holdings.forget(eni),
+        }
+        result
     }
 
     async fn unassign_ips(&self, eni: &EniId, ips: &[Ipv4Addr]) -> CloudResult<()> {
@@ -465,7 +491,7 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        self.unassign_verified(API, eni, ips_of, ips, send).await
+        self.unassign_verified(API, eni, ips, send).await
     }
 
     async fn assign_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Net>> {
@@ -491,8 +517,7 @@ impl Cloud for Ec2Cloud {
                 .map(|p| parse_prefix(API, p))
                 .collect::<CloudResult<Vec<Ipv4Net>>>()
         };
-        self.assign_counted(API, eni, prefixes_of, send, found)
-            .await
+        self.assign_counted(API, eni, count, send, found).await
     }
 
     async fn unassign_prefixes(&self, eni: &EniId, prefixes: &[Ipv4Net]) -> CloudResult<()> {
@@ -511,8 +536,7 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        self.unassign_verified(API, eni, prefixes_of, prefixes, send)
-            .await
+        self.unassign_verified(API, eni, prefixes, send).await
     }
 
     async fn create_tags(

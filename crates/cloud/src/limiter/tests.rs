@@ -136,6 +136,7 @@ fn limiter(attempts: u32, total_ms: u64) -> Limiter {
                 burst: 20,
             },
         },
+        per_api: BTreeMap::new(),
         retry: policy(100, 1_000, attempts, total_ms),
     };
     Limiter::new(&cfg, Arc::new(CallStats::new())).unwrap()
