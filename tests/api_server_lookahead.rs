@@ -2,16 +2,15 @@
 //! their ADDs. The watch and the lookahead are the daemon's own (`PodWatch`, `spawn_lookahead`),
 //! the pool is real on the in-memory cloud, the clock is tokio's paused one.
 
-mod api_server_support;
 mod pool_support;
 
 use std::time::Duration;
 
-use api_server_support::{FakeApiServer, pod_json};
 use eniipam::cloud::InstanceLimits;
 use eniipam::metrics::Metrics;
 use eniipam::pool::PoolConfig;
 use eniipam::reconcile::api_server::{self, ApiServerTarget, PodWatch, spawn_lookahead};
+use eniipam_kubeapi::{FakeApiServer, pod_json};
 use pool_support::memory_cloud::{Action, NodeSpec};
 use pool_support::{key, pod};
 use tokio::time::advance;

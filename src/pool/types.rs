@@ -179,7 +179,7 @@ pub(crate) struct Waiter {
     /// own timeout never fires first.
     pub deadline: Instant,
     /// The EC2 failure it waits out (throttling, a back-off), if any: what it is told at its deadline.
-    pub waiting_on: Option<PoolError>,
+    pub waiting_on: Option<Box<PoolError>>,
 }
 
 /// What an ENI actor is asked to do.

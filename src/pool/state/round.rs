@@ -102,7 +102,7 @@ impl PoolState {
                     self.capacity.give_back(1);
                     let err = PoolError::WaitedTooLong {
                         waited: now - w.enqueued_at,
-                        last_error: Box::new(last),
+                        last_error: last,
                     };
                     self.fail_waiter(w, err);
                 }
@@ -189,7 +189,7 @@ impl PoolState {
                 }
                 Pick::Blocked(err) => {
                     if self.may_wait(&w, &err, now) {
-                        w.waiting_on = Some(err);
+                        w.waiting_on = Some(Box::new(err));
                         blocked.push(w);
                     } else {
                         self.capacity.give_back(1);

@@ -197,7 +197,7 @@ impl PoolState {
                 budget_left_ms = (waiter.deadline - now).as_millis() as u64,
                 "EC2 is slow to serve: waiting in line"
             );
-            waiter.waiting_on = Some(err);
+            waiter.waiting_on = Some(Box::new(err));
             self.create_waiters.push_back(waiter);
         } else {
             self.capacity.give_back(1);
