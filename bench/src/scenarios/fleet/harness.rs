@@ -405,15 +405,18 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         real_s: real.elapsed().as_secs_f64(),
     };
     eprintln!(
-        "fleet {tag}: done: {} pods, all served in {}, {} EC2 calls ({} mutating, {} throttled), {} retries, mean free IPs {:.0} ({:.0} s real)",
+        "fleet {tag}: done: {} pods, all served in {}, wait p50 {} p99 {}, {} EC2 calls ({} mutating, {} throttled), {} retries ({} for throttling or back-off), mean free IPs {:.0} ({:.0} s real)",
         result.pods,
         result
             .all_done_s
             .map_or("—".into(), |s| format!("{s:.1} s")),
+        wait_s(&result.waits_ms, 50.0),
+        wait_s(&result.waits_ms, 99.0),
         result.calls,
         result.mutating,
         result.throttled,
         result.retries,
+        result.throttle_retries,
         result.free_mean,
         result.real_s
     );
@@ -563,4 +566,9 @@ async fn settle(nodes: &[Node], tag: &str, real: std::time::Instant) -> anyhow::
         }
         tokio::time::sleep(SAMPLE_EVERY).await;
     }
+}
+
+/// A percentile of the pods' waits, in seconds, for the progress line.
+fn wait_s(waits_ms: &[f64], p: f64) -> String {
+    crate::stats::percentile(waits_ms, p).map_or("—".into(), |ms| format!("{:.2} s", ms / 1000.0))
 }
