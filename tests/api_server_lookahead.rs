@@ -6,12 +6,10 @@ mod pool_support;
 
 use std::time::Duration;
 
-use eniipam::cloud::InstanceLimits;
 use eniipam::metrics::Metrics;
-use eniipam::pool::PoolConfig;
 use eniipam::reconcile::api_server::{self, ApiServerTarget, PodWatch, spawn_lookahead};
 use eniipam_kubeapi::{FakeApiServer, pod_json};
-use pool_support::memory_cloud::{Action, NodeSpec};
+use pool_support::memory_cloud::Action;
 use pool_support::{key, pod};
 use tokio::time::advance;
 use tokio_util::sync::CancellationToken;
@@ -21,15 +19,7 @@ const NODE: &str = "ip-10-0-1-10.ec2.internal";
 #[tokio::test(start_paused = true)]
 async fn pods_bound_here_get_warm_ips_before_their_adds() {
     let api = FakeApiServer::start().await;
-    let config = PoolConfig {
-        max_idle: 40,
-        maintainer_tick: Duration::from_secs(3600),
-        ..PoolConfig::default()
-    };
-    let spec = NodeSpec {
-        limits: InstanceLimits::new(4, 50),
-        ..NodeSpec::default()
-    };
+    let (config, spec) = pool_support::roomy();
     let n = pool_support::start(config, spec).await;
     n.pool.maintain_now().await.unwrap();
     let assigns = n.cloud.call_count(Action::AssignPrivateIpAddresses);

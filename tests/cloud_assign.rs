@@ -19,18 +19,6 @@ use cloud_support::*;
 const ASSIGN: &str = "AssignPrivateIpAddresses";
 const DESCRIBE: &str = "DescribeNetworkInterfaces";
 
-fn ips_on(env: &Env, eni: &EniId) -> BTreeSet<Ipv4Addr> {
-    let view = env
-        .mock
-        .network_interfaces()
-        .into_iter()
-        .find(|e| e.id == eni.as_str())
-        .expect("ENI exists in mockcloud");
-    std::iter::once(view.primary_ip)
-        .chain(view.secondary_ips)
-        .collect()
-}
-
 /// `env`'s client, settling ambiguous assigns from `env`'s IMDS for up to `settle`.
 fn with_view(env: &Env, settle: Duration) -> Ec2Cloud {
     (*env.cloud)

@@ -14,22 +14,9 @@ use eniipam::cloud::limiter::BackoffPolicy;
 use eniipam::cloud::{
     AttachmentStatus, Cloud, CloudError, CreateEni, EniFilter, EniStatus, Metadata, tags,
 };
-use eniipam::model::EniId;
 use mockcloud::Fault;
 
 use cloud_support::*;
-
-fn ips_on(env: &Env, eni: &EniId) -> BTreeSet<Ipv4Addr> {
-    let view = env
-        .mock
-        .network_interfaces()
-        .into_iter()
-        .find(|e| e.id == eni.as_str())
-        .expect("ENI exists in mockcloud");
-    std::iter::once(view.primary_ip)
-        .chain(view.secondary_ips)
-        .collect()
-}
 
 #[tokio::test]
 async fn describes_map_to_domain_types() {

@@ -9,29 +9,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eniipam::cloud::InstanceLimits;
 use eniipam::model::PodRef;
 use eniipam::pool::PoolConfig;
 use eniipam::pool::demand::ANNOUNCED_FOR;
 use eniipam::reconcile::api_server::{BoundPod, BoundPods, PodKey, PodPhase, pods_wanting_ip};
-use pool_support::memory_cloud::{Action, NodeSpec};
-use pool_support::{key, pod, start};
+use pool_support::memory_cloud::Action;
+use pool_support::{key, pod, roomy, start};
 use tokio::time::advance;
-
-/// The adaptive default with room: 49 pod IPs per ENI, `max_idle` 40, so what the levels ask for
-/// fits eth0 in one assign call.
-fn roomy() -> (PoolConfig, NodeSpec) {
-    let config = PoolConfig {
-        max_idle: 40,
-        maintainer_tick: Duration::from_secs(3600),
-        ..PoolConfig::default()
-    };
-    let spec = NodeSpec {
-        limits: InstanceLimits::new(4, 50),
-        ..NodeSpec::default()
-    };
-    (config, spec)
-}
 
 fn bound(n: usize) -> BoundPod {
     BoundPod {

@@ -3,7 +3,8 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use eniipam::cloud::imds::{ImdsConfig, ImdsMetadata};
 use eniipam::cloud::lifecycle::{EniLifecycle, LifecycleConfig};
 use eniipam::cloud::limiter::{BackoffPolicy, BucketConfig, LimiterConfig, RateLimitConfig};
 use eniipam::cloud::{Cloud, CreateEni, Eni, NodeContext, tags};
+use eniipam::model::EniId;
 use mockcloud::{LaunchedInstance, MockCloud};
 
 pub const CLUSTER: &str = "test-cluster";
@@ -194,5 +196,18 @@ pub fn tag_map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// The addresses mockcloud holds on `eni`: its primary and its secondaries.
+pub fn ips_on(env: &Env, eni: &EniId) -> BTreeSet<Ipv4Addr> {
+    let view = env
+        .mock
+        .network_interfaces()
+        .into_iter()
+        .find(|e| e.id == eni.as_str())
+        .expect("ENI exists in mockcloud");
+    std::iter::once(view.primary_ip)
+        .chain(view.secondary_ips)
         .collect()
 }

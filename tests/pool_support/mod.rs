@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eniipam::cloud::lifecycle::{EniLifecycle, LifecycleConfig};
-use eniipam::cloud::{Metadata, NodeContext};
+use eniipam::cloud::{InstanceLimits, Metadata, NodeContext};
 use eniipam::model::{AttachmentKey, EniId, PodRef};
 use eniipam::pool::config::WarmPolicy;
 use eniipam::pool::{Allocation, Pool, PoolConfig, PoolError, PoolSeed};
@@ -45,6 +45,21 @@ pub fn prefix_config() -> PoolConfig {
         prefix_delegation: true,
         ..eth0_config()
     }
+}
+
+/// The adaptive default with room: 49 pod IPs per ENI, `max_idle` 40, so what the levels ask for
+/// fits eth0 in one assign call.
+pub fn roomy() -> (PoolConfig, NodeSpec) {
+    let config = PoolConfig {
+        max_idle: 40,
+        maintainer_tick: Duration::from_secs(3600),
+        ..PoolConfig::default()
+    };
+    let spec = NodeSpec {
+        limits: InstanceLimits::new(4, 50),
+        ..NodeSpec::default()
+    };
+    (config, spec)
 }
 
 pub struct Node {

@@ -10,7 +10,7 @@ use aws_sdk_ec2::Client;
 use mockcloud::{Bucket, Config, MockCloud, Throttling};
 use serde_json::{Value, json};
 
-use support::{code, ec2, filter};
+use support::{code, ec2, filter, set_description};
 
 /// Default world, no latency, EC2's published buckets.
 async fn ec2_buckets() -> MockCloud {
@@ -36,17 +36,7 @@ fn outcome<T, E: aws_sdk_ec2::error::ProvideErrorMetadata>(r: Result<T, E>) -> S
 }
 
 async fn modify(c: &Client, eni: &str) -> String {
-    outcome(
-        c.modify_network_interface_attribute()
-            .network_interface_id(eni)
-            .description(
-                aws_sdk_ec2::types::AttributeValue::builder()
-                    .value("x")
-                    .build(),
-            )
-            .send()
-            .await,
-    )
+    outcome(set_description(c, eni).send().await)
 }
 
 async fn assign(c: &Client, eni: &str) -> String {

@@ -118,15 +118,13 @@ impl PoolState {
     /// When the maintainer should run a round next for the waiters in line, beyond its tick: the
     /// earliest end of a back-off they wait out, or of a waiter's budget.
     pub fn next_due(&self, now: Instant) -> Option<Instant> {
-        let waiting: Vec<&Waiter> = self
+        let mut deadlines = self
             .create_waiters
             .iter()
             .filter(|w| w.waiting_on.is_some())
-            .collect();
-        if waiting.is_empty() {
-            return None;
-        }
-        let deadlines = waiting.iter().map(|w| w.deadline);
+            .map(|w| w.deadline)
+            .peekable();
+        deadlines.peek()?;
         let enis = self.enis.values().filter_map(|r| match r.phase {
             EniPhase::BackingOff { until, .. } if r.serves && until > now => Some(until),
             _ => None,
@@ -173,7 +171,7 @@ impl PoolState {
         //    outside the count of waiters that need a new ENI (step 3), since the ENI they wait
         //    for has room.
         let mut blocked: Vec<Waiter> = Vec::new();
-        for mut w in std::mem::take(&mut self.create_waiters) {
+        for w in std::mem::take(&mut self.create_waiters) {
             if let Some(entry) = self.idle.pop_oldest(now) {
                 // The idle IP already holds a token; the waiter's goes back.
                 self.capacity.give_back(1);
@@ -187,16 +185,7 @@ impl PoolState {
                     let handle = r.handle.clone().expect("pod ENIs have actors");
                     plan.reroutes.push((id, handle, w));
                 }
-                Pick::Blocked(err) => {
-                    if self.may_wait(&w, &err, now) {
-                        w.waiting_on = Some(Box::new(err));
-                        blocked.push(w);
-                    } else {
-                        self.capacity.give_back(1);
-                        let err = Self::after_waiting(&w, err, now);
-                        self.fail_waiter(w, err);
-                    }
-                }
+                Pick::Blocked(err) => blocked.extend(self.hold_or_fail(w, err, now)),
                 Pick::NeedNewEni => self.create_waiters.push_back(w),
             }
         }

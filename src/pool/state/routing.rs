@@ -181,7 +181,7 @@ impl PoolState {
 
     /// Whether `waiter` may wait out `err` rather than fail now: EC2 is slow to serve
     /// ([`PoolError::is_worth_waiting`]) and what is known of the wait ends before its deadline.
-    pub(super) fn may_wait(&self, waiter: &Waiter, err: &PoolError, now: Instant) -> bool {
+    fn may_wait(&self, waiter: &Waiter, err: &PoolError, now: Instant) -> bool {
         err.is_worth_waiting() && now + err.retry_after().unwrap_or_default() < waiter.deadline
     }
 
@@ -189,7 +189,21 @@ impl PoolState {
     /// maintainer to route it again once EC2 takes calls ([`PoolState::plan_round`] sends every
     /// waiter of the node in one batch); or, when waiting cannot help or would outlast its
     /// deadline, it is answered with `err` and its token returns.
-    pub(super) fn wait_or_fail(&mut self, mut waiter: Waiter, err: PoolError, now: Instant) {
+    pub(super) fn wait_or_fail(&mut self, waiter: Waiter, err: PoolError, now: Instant) {
+        if let Some(w) = self.hold_or_fail(waiter, err, now) {
+            self.create_waiters.push_back(w);
+        }
+    }
+
+    /// What [`PoolState::wait_or_fail`] decides, with the waiter that may wait handed back (its
+    /// `waiting_on` set) for the caller to put in line; `None` when it was answered with the error
+    /// ([`PoolError::WaitedTooLong`] around it when it had been waiting), its token back.
+    pub(super) fn hold_or_fail(
+        &mut self,
+        mut waiter: Waiter,
+        err: PoolError,
+        now: Instant,
+    ) -> Option<Waiter> {
         if self.may_wait(&waiter, &err, now) {
             tracing::debug!(
                 parent: &waiter.span,
@@ -198,25 +212,19 @@ impl PoolState {
                 "EC2 is slow to serve: waiting in line"
             );
             waiter.waiting_on = Some(Box::new(err));
-            self.create_waiters.push_back(waiter);
-        } else {
-            self.capacity.give_back(1);
-            let err = Self::after_waiting(&waiter, err, now);
-            self.fail_waiter(waiter, err);
+            return Some(waiter);
         }
-    }
-
-    /// The error a waiter that gives up is answered with: [`PoolError::WaitedTooLong`] around `err`
-    /// when it has been waiting on EC2, so the runtime's log says how long; `err` itself otherwise.
-    pub(super) fn after_waiting(waiter: &Waiter, err: PoolError, now: Instant) -> PoolError {
-        if waiter.waiting_on.is_some() && err.is_worth_waiting() {
+        self.capacity.give_back(1);
+        let err = if waiter.waiting_on.is_some() && err.is_worth_waiting() {
             PoolError::WaitedTooLong {
                 waited: now - waiter.enqueued_at,
                 last_error: Box::new(err),
             }
         } else {
             err
-        }
+        };
+        self.fail_waiter(waiter, err);
+        None
     }
 
     /// Answers `waiter` (and any followers of its attachment) with `err`. Tokens are the caller's business.

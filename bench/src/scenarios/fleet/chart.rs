@@ -16,7 +16,8 @@ fn minutes(i: usize) -> f64 {
     i as f64 * SAMPLE_EVERY.as_secs_f64() / 60.0
 }
 
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
+/// A plotting error, named as one.
+pub(super) fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("plot: {e}")
 }
 

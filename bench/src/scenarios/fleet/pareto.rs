@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::anyhow;
 use plotters::prelude::*;
 
+use super::chart::err;
 use super::harness::PairResult;
 use super::policy::Policy;
 use super::traffic::Pattern;
@@ -75,10 +75,6 @@ pub fn sentence(pattern: Pattern, d: &Dominance) -> String {
         names(&d.dominated_by_ours),
         names(&d.dominating_ours)
     )
-}
-
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow!("plot: {e}")
 }
 
 /// `fleet-pareto-<pattern>.png`.

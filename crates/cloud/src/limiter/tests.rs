@@ -142,6 +142,11 @@ fn limiter(attempts: u32, total_ms: u64) -> Limiter {
     Limiter::new(&cfg, Arc::new(CallStats::new())).unwrap()
 }
 
+/// The pause `api`'s throttle gate holds now.
+fn pause(l: &Limiter, api: &'static str) -> Duration {
+    l.gate(api).state.lock().unwrap().pause
+}
+
 fn throttled() -> CloudError {
     CloudError::Throttled {
         api: "AssignPrivateIpAddresses".into(),
@@ -203,17 +208,10 @@ async fn a_throttle_pauses_every_call_of_its_api_on_the_node() {
             .await;
     }
     assert_eq!(
-        l.gate("AssignPrivateIpAddresses")
-            .state
-            .lock()
-            .unwrap()
-            .pause,
+        pause(&l, "AssignPrivateIpAddresses"),
         Duration::from_secs(2)
     );
-    assert_eq!(
-        l.gate("CreateNetworkInterface").state.lock().unwrap().pause,
-        Duration::ZERO
-    );
+    assert_eq!(pause(&l, "CreateNetworkInterface"), Duration::ZERO);
     for _ in 0..4 {
         l.attempt("AssignPrivateIpAddresses", CallClass::Mutating, async {
             Ok(())
@@ -221,14 +219,7 @@ async fn a_throttle_pauses_every_call_of_its_api_on_the_node() {
         .await
         .unwrap();
     }
-    assert_eq!(
-        l.gate("AssignPrivateIpAddresses")
-            .state
-            .lock()
-            .unwrap()
-            .pause,
-        Duration::ZERO
-    );
+    assert_eq!(pause(&l, "AssignPrivateIpAddresses"), Duration::ZERO);
     assert_eq!(CallClass::of_api("DescribeSubnets"), CallClass::Describe);
     assert_eq!(
         CallClass::of_api("AttachNetworkInterface"),
