@@ -14,6 +14,7 @@
 //! `Refill` when it only warms ([`Purpose`]); warm-ups and give-backs get theirs in the ENI actors.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -147,9 +148,36 @@ async fn refresh_subnets(shared: Arc<Shared>) {
     }
 }
 
+/// The calls a new ENI cannot do without before it serves: when EC2 has throttled one of them from
+/// this node within [`CONTENTION_MEMORY`], the account's bucket is short and warm-ups start no ENI.
+const GROWTH_APIS: [&str; 2] = ["CreateNetworkInterface", "AttachNetworkInterface"];
+/// How long a throttle of a growth call counts as contention: long enough to span a fleet's
+/// scale-up on the account's refill (EC2 refills these buckets at 5 calls/s for the whole account),
+/// short enough that a node warms up again within a minute of the storm's end.
+const CONTENTION_MEMORY: Duration = Duration::from_secs(60);
+
 /// Plans one round and spawns its work; returns the tasks.
 fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> {
-    let plan = shared.lock().plan_round(Instant::now());
+    let contended = GROWTH_APIS
+        .iter()
+        .any(|api| shared.cloud.throttled_within(api, CONTENTION_MEMORY));
+    let plan = {
+        let mut st = shared.lock();
+        if contended != st.growth_contended {
+            tracing::info!(
+                contended,
+                "EC2 growth calls {}: warm-ups {} start new ENIs",
+                if contended {
+                    "throttled lately"
+                } else {
+                    "not throttled for a while"
+                },
+                if contended { "no longer" } else { "may again" }
+            );
+        }
+        st.growth_contended = contended;
+        st.plan_round(Instant::now())
+    };
     if plan.is_empty() {
         return Vec::new();
     }

@@ -18,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use ipnet::Ipv4Net;
@@ -423,6 +424,13 @@ pub trait Cloud: Send + Sync + 'static {
         resource_id: &str,
         tags: &BTreeMap<String, String>,
     ) -> CloudResult<()>;
+    /// Whether EC2 throttled a call of `api` from this node within `window` (even one that a retry
+    /// then got through): the account's bucket of that API is short, and the tokens a call for
+    /// warm-ups alone would spend are ones other nodes' pods may be waiting on. A cloud that never
+    /// throttles answers no.
+    fn throttled_within(&self, _api: &str, _window: Duration) -> bool {
+        false
+    }
 }
 
 /// What eniipamd reads from the instance metadata service (IMDSv2).

@@ -293,32 +293,42 @@ impl EniLifecycle {
         // The ENI is attached and holds its IPs: a failure to set DeleteOnTermination (a throttling
         // storm outlasting the retries) is not worth tearing it down for, which would cost more
         // calls and leave the pods waiting. Left unset, the ENI outlives a terminated instance as
-        // `available`, tagged ours, where the leaked-ENI collector deletes it.
-        let delete_on_termination = match self
-            .cloud
-            .set_delete_on_termination(&created.id, &attachment_id)
-            .await
-        {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(
-                    eni = %created.id,
-                    error = %e,
-                    "could not set DeleteOnTermination; keeping the attached ENI"
-                );
-                false
+        // `available`, tagged ours, where the leaked-ENI collector deletes it. The call goes while
+        // IMDS catches up with the attach, not before: the pods' wait is the longer of the two,
+        // not their sum.
+        let delete_on_termination = async {
+            match self
+                .cloud
+                .set_delete_on_termination(&created.id, &attachment_id)
+                .await
+            {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(
+                        eni = %created.id,
+                        error = %e,
+                        "could not set DeleteOnTermination; keeping the attached ENI"
+                    );
+                    false
+                }
             }
         };
         let mut eni = created.clone();
         eni.status = EniStatus::InUse;
         eni.attachment = Some(EniAttachment {
-            attachment_id,
+            attachment_id: attachment_id.clone(),
             instance_id: self.node.instance_id.clone(),
             device_index,
             status: AttachmentStatus::Attached,
-            delete_on_termination,
+            delete_on_termination: false,
         });
-        self.wait_visible(eni).await
+        let (delete_on_termination, visible) =
+            tokio::join!(delete_on_termination, self.wait_visible(eni));
+        let mut eni = visible?;
+        if let Some(a) = eni.attachment.as_mut() {
+            a.delete_on_termination = delete_on_termination;
+        }
+        Ok(eni)
     }
 
     /// Wait until IMDS lists the ENI with every IP EC2 gave it; after the bound, confirm with EC2.

@@ -304,6 +304,14 @@ impl Limiter {
         self.buckets.rate(api, class)
     }
 
+    /// Whether EC2 throttled a call of `api` from this node within `window`: the account's bucket of
+    /// it is short, and other nodes' pods may be waiting on its tokens.
+    pub fn throttled_within(&self, api: &str, window: Duration) -> bool {
+        self.gates
+            .get(api)
+            .is_some_and(|g| g.throttled_within(window))
+    }
+
     /// The throttle gate of `api`.
     pub(crate) fn gate(&self, api: &'static str) -> Arc<ThrottleGate> {
         self.gates.of(api)

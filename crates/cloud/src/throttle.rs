@@ -17,6 +17,11 @@ use tokio::time::Instant;
 pub(crate) struct ThrottleGates(std::sync::Mutex<HashMap<&'static str, Arc<ThrottleGate>>>);
 
 impl ThrottleGates {
+    /// The gate of `api` if it has one (no call of it yet: none).
+    pub(crate) fn get(&self, api: &str) -> Option<Arc<ThrottleGate>> {
+        self.0.lock().expect("gates lock").get(api).cloned()
+    }
+
     /// The gate of `api`.
     pub(crate) fn of(&self, api: &'static str) -> Arc<ThrottleGate> {
         self.0
@@ -65,6 +70,8 @@ pub(crate) struct GateState {
     pub(crate) pause: Duration,
     /// Attempts of a purpose that does not yield, waiting or running.
     priority: usize,
+    /// When EC2 last throttled an attempt of the API.
+    last_throttled: Option<Instant>,
 }
 
 /// An attempt of a purpose that does not yield, counted from admission to outcome.
@@ -98,6 +105,13 @@ impl ThrottleGate {
     /// Whether EC2 throttled the API lately (the pause has not decayed to zero).
     pub(crate) fn recovering(&self) -> bool {
         !self.lock().pause.is_zero()
+    }
+
+    /// Whether EC2 throttled an attempt of the API within `window` of now.
+    pub(crate) fn throttled_within(&self, window: Duration) -> bool {
+        self.lock()
+            .last_throttled
+            .is_some_and(|t| t + window > Instant::now())
     }
 
     /// Counts a non-yielding attempt until the guard drops.
@@ -150,6 +164,7 @@ impl ThrottleGate {
     pub(crate) fn observe(&self, throttled: bool) {
         let mut st = self.lock();
         if throttled {
+            st.last_throttled = Some(Instant::now());
             st.pause = (st.pause * 2).clamp(Self::FIRST_PAUSE, Self::MAX_PAUSE);
             let jittered = st.pause.mul_f64(rand::rng().random_range(0.5..=1.0));
             let until = Instant::now() + jittered;

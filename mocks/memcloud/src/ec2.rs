@@ -504,4 +504,10 @@ impl Cloud for MemoryCloud {
         })
         .await
     }
+
+    fn throttled_within(&self, api: &str, window: std::time::Duration) -> bool {
+        self.lock().throttled_at.iter().any(|(action, at)| {
+            action.as_str() == api && *at + window > tokio::time::Instant::now()
+        })
+    }
 }

@@ -91,6 +91,7 @@ impl MemoryCloud {
             enis: BTreeMap::new(),
             client_tokens: HashMap::new(),
             calls: Vec::new(),
+            throttled_at: HashMap::new(),
             faults: Faults::default(),
             latency: HashMap::new(),
             rng: StdRng::seed_from_u64(spec.seed),
@@ -319,6 +320,15 @@ impl MemoryCloud {
         }
         let mut st = self.lock();
         let result = st.check_fault(action).and_then(|()| f(&mut st));
+        if let Err(
+            CloudError::Throttled { .. }
+            | CloudError::RetriesExhausted {
+                throttled: true, ..
+            },
+        ) = &result
+        {
+            st.throttled_at.insert(action, tokio::time::Instant::now());
+        }
         st.calls.push(CallRecord {
             action,
             args,

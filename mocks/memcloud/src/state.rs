@@ -150,6 +150,8 @@ pub(crate) struct MemoryState {
     pub(crate) enis: BTreeMap<EniId, Eni>,
     pub(crate) client_tokens: HashMap<String, EniId>,
     pub(crate) calls: Vec<CallRecord>,
+    /// When each action last failed with a throttling error (for [`eniipam_cloud::Cloud::throttled_within`]).
+    pub(crate) throttled_at: HashMap<Action, tokio::time::Instant>,
     pub(crate) faults: Faults,
     pub(crate) latency: HashMap<Action, Duration>,
     pub(crate) rng: StdRng,

@@ -211,6 +211,10 @@ pub(crate) struct PoolState {
     /// of preference when they have as many free addresses.
     pub pod_subnets: Vec<String>,
     next_create_id: u64,
+    /// EC2 throttled the node's growth calls (create, attach) lately: the account is short of them,
+    /// so the round starts no ENI for warm-ups alone (set by the maintainer before each round; see
+    /// [`PoolState::plan_round`]).
+    pub growth_contended: bool,
     pub shutting_down: bool,
 }
 

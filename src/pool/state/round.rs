@@ -140,7 +140,8 @@ impl PoolState {
 
     /// Plans one maintainer round: serve waiters for a new ENI, top up below the warm level, give
     /// back beyond it (past cooldown, not reserved, longest idle first, one unassign per ENI),
-    /// create the ENIs the waiters need (in parallel; warming alone creates one per subnet), release empty ENIs nobody needs.
+    /// create the ENIs the waiters need (in parallel; warming alone creates one per subnet, and none
+    /// while [`PoolState::growth_contended`]), release empty ENIs nobody needs.
     pub fn plan_round(&mut self, now: Instant) -> RoundPlan {
         let mut plan = RoundPlan::default();
         if self.shutting_down {
@@ -261,7 +262,13 @@ impl PoolState {
         loop {
             let creating_here = self.creating.values().any(|c| c.subnet_id == subnet_id);
             let uncovered = (self.create_waiters.len() as u32).saturating_sub(room_coming);
-            let for_deficit = deficit > 0 && !blocked_for_ip && !creating_here;
+            // Under account contention (EC2 throttled the node's creates or attaches lately) no
+            // ENI is started for warm-ups alone: its create, attach and modify would spend tokens
+            // of buckets that pods, here or on other nodes, are waiting on. Warm-ups still ride
+            // along in a create that carries waiters (they cost no extra call), and top-ups on
+            // ENIs with room go on (step 2).
+            let for_deficit =
+                deficit > 0 && !blocked_for_ip && !creating_here && !self.growth_contended;
             if uncovered == 0 && !for_deficit {
                 break;
             }

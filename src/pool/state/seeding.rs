@@ -53,6 +53,7 @@ impl PoolState {
                 node.pod_subnets.iter().map(|s| s.id.clone()).collect()
             },
             next_create_id: 0,
+            growth_contended: false,
             shutting_down: false,
             config,
             node,

@@ -3,9 +3,10 @@
 //!
 //! Per node, from its state at the pattern's start: it must hold one address per pod, so it needs
 //! `need = pods − free` more. The room left on its attached pod ENIs is served by one batched
-//! `AssignPrivateIpAddresses`; what does not fit needs new ENIs, each one `CreateNetworkInterface`,
-//! `AttachNetworkInterface`, `ModifyNetworkInterfaceAttribute` (delete-on-termination) and one
-//! assign. Summed over the nodes, that is `calls` per API. Each API has its own bucket (burst `b`,
+//! `AssignPrivateIpAddresses`; what does not fit needs new ENIs, each one `CreateNetworkInterface`
+//! (carrying its addresses: `SecondaryPrivateIpAddressCount` or `Ipv4PrefixCount` in the create
+//! itself, so no assign), `AttachNetworkInterface` and `ModifyNetworkInterfaceAttribute`
+//! (delete-on-termination). Summed over the nodes, that is `calls` per API. Each API has its own bucket (burst `b`,
 //! refill `r`/s, mockcloud's defaults = EC2's table): the first `b` calls go at once, the rest at
 //! `r` per second, so the account needs at least `max over APIs of max(0, (calls − b) / r)` seconds.
 //! No pod of the last node served can start before then; latency (create, attach, IMDS) comes on
@@ -64,7 +65,8 @@ impl NodeStart {
 }
 
 /// The calls per API a node cannot do without to hold `pods` addresses: one batched assign on its
-/// attached ENIs if it needs them, and per new ENI a create, an attach, a modify and an assign.
+/// attached ENIs if it needs them, and per new ENI a create (with its addresses), an attach and a
+/// modify.
 /// Needs beyond what the node can hold are not counted (no call can serve them).
 pub fn node_min_calls(pods: u32, n: &NodeStart) -> BTreeMap<&'static str, u64> {
     let mut calls = BTreeMap::new();
@@ -79,9 +81,8 @@ pub fn node_min_calls(pods: u32, n: &NodeStart) -> BTreeMap<&'static str, u64> {
     } else {
         rest.div_ceil(n.per_new_eni).min(n.enis_left)
     };
-    let assigns = u64::from(from_room > 0) + u64::from(new_enis);
-    if assigns > 0 {
-        calls.insert("AssignPrivateIpAddresses", assigns);
+    if from_room > 0 {
+        calls.insert("AssignPrivateIpAddresses", 1);
     }
     for api in &GROWTH_APIS[..3] {
         if new_enis > 0 {
@@ -148,9 +149,10 @@ mod tests {
 
     #[test]
     fn a_node_needs_one_assign_on_its_room_and_a_whole_chain_per_new_eni() {
-        // 20 pods, 3 free: 11 fit on the attached ENI (one assign), 6 need a new ENI.
+        // 20 pods, 3 free: 11 fit on the attached ENI (one assign), 6 need a new ENI, which the
+        // create brings with it (no assign of its own).
         let c = node_min_calls(20, &ENI);
-        assert_eq!(c["AssignPrivateIpAddresses"], 2);
+        assert_eq!(c["AssignPrivateIpAddresses"], 1);
         for api in [
             "CreateNetworkInterface",
             "AttachNetworkInterface",
@@ -169,7 +171,7 @@ mod tests {
         let c = node_min_calls(40, &ENI);
         assert_eq!(
             (c["AssignPrivateIpAddresses"], c["CreateNetworkInterface"]),
-            (3, 2)
+            (1, 2)
         );
         assert_eq!(node_min_calls(100, &ENI)["CreateNetworkInterface"], 2);
     }
@@ -182,12 +184,12 @@ mod tests {
             .with("CreateNetworkInterface", Bucket::new(100.0, 5.0));
         let nodes = vec![ENI; 500];
         let calls = fleet_min_calls(&[20; 500], &nodes);
-        assert_eq!(calls["AssignPrivateIpAddresses"], 1000);
+        assert_eq!(calls["AssignPrivateIpAddresses"], 500);
         let (bound, per_api) = account_bound(&calls, &t);
-        // Assigns: (1000 − 100) / 5 = 180 s; attaches (500 − 50) / 5 = 90 s; creates 80 s.
-        assert_eq!(bound, 180.0);
-        assert_eq!(per_api[0].api, "AssignPrivateIpAddresses");
-        assert_eq!(per_api[1].secs, 90.0);
+        // Attaches (500 − 50) / 5 = 90 s; assigns and creates (500 − 100) / 5 = 80 s each.
+        assert_eq!(bound, 90.0);
+        assert_eq!(per_api[0].api, "AttachNetworkInterface");
+        assert_eq!(per_api[1].secs, 80.0);
         assert_eq!(per_api[2].secs, 80.0);
         // Within every burst: no wait at all.
         let (small, _) = account_bound(&fleet_min_calls(&[20; 40], &nodes[..40]), &t);

@@ -558,4 +558,8 @@ impl Cloud for Ec2Cloud {
         };
         mutate(&self.limiter, API, send, Verify::nothing()).await
     }
+
+    fn throttled_within(&self, api: &str, window: Duration) -> bool {
+        self.limiter.throttled_within(api, window)
+    }
 }
