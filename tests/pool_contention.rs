@@ -3,7 +3,10 @@
 //! tokens that pods, here or on other nodes, are waiting on. For a minute after the last such
 //! throttle the maintainer starts no ENI for warm-ups alone; a create that carries waiting pods
 //! still goes (with the warm-ups riding along at no extra call), and warm-ups start ENIs again once
-//! the minute has passed. In-memory cloud, paused clock.
+//! the minute has passed. Likewise, once EC2 has throttled its assigns, warm-ups make no assign of
+//! their own: they ride along in the pods' calls, which bring the node's warm-ups with them anyway
+//! (an assign carrying pods tops the node up to its fill level at no extra call). In-memory cloud,
+//! paused clock.
 
 mod pool_support;
 
@@ -12,7 +15,8 @@ use std::time::Duration;
 use crate::pool_support::memory_cloud::{Action, NodeSpec};
 use eniipam::cloud::CloudError;
 use eniipam::pool::PoolConfig;
-use pool_support::{acquire_many, quiet_config, start};
+use eniipam::pool::config::WarmPolicy;
+use pool_support::{acquire_many, key, pod, quiet_config, start, start_with_enis};
 
 fn throttled(api: &str) -> CloudError {
     CloudError::RetriesExhausted {
@@ -92,5 +96,96 @@ async fn pods_waiting_still_get_a_create_under_contention_with_the_warm_ups_ridi
     let snap = n.pool.snapshot();
     assert_eq!(snap.pod_enis().count(), 1);
     assert_eq!(snap.pod_enis().next().unwrap().ips.len(), 9);
+    n.pool.check_invariants().unwrap();
+}
+
+/// The adaptive pool as shipped (2 idle at least), on pod ENIs only, rounds run by hand.
+fn adaptive() -> PoolConfig {
+    PoolConfig {
+        warm_policy: WarmPolicy::Adaptive,
+        min_idle: 2,
+        max_idle: 16,
+        ..quiet_config()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pods_assign_brings_the_warm_ups_along_in_the_same_call() {
+    // One ENI with room, nothing idle: the first pod's assign tops the node up too.
+    let n = start_with_enis(adaptive(), NodeSpec::default(), &[0]).await;
+    let a = n.pool.acquire(key(0), pod(0), None, None).await.unwrap();
+    let _ = n.pool.maintain_now().await;
+    let assigns = n.cloud.calls_of(Action::AssignPrivateIpAddresses);
+    assert_eq!(assigns.len(), 1, "one call: {assigns:?}");
+    let snap = n.pool.snapshot();
+    let held = snap.pod_enis().next().unwrap().ips.len();
+    assert!(
+        held >= 3,
+        "the pod's IP and at least min_idle warm-ups: {held}"
+    );
+    assert!(snap.idle_eligible >= 2, "{snap:?}");
+    assert!(
+        snap.pod_enis()
+            .next()
+            .unwrap()
+            .ips
+            .iter()
+            .any(|s| s.ip == a.ip)
+    );
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_throttled_assign_warm_ups_wait_for_pods_or_a_quiet_minute() {
+    let n = start_with_enis(adaptive(), NodeSpec::default(), &[0]).await;
+    n.cloud.fail_next(
+        Action::AssignPrivateIpAddresses,
+        1,
+        throttled("AssignPrivateIpAddresses"),
+    );
+    // The pod waits out the back-off; its second call brings the warm-ups.
+    n.pool.acquire(key(0), pod(0), None, None).await.unwrap();
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 2);
+    let idle = n.pool.snapshot().idle_eligible;
+    assert!(idle >= 2, "warm-ups rode along: {idle} idle");
+
+    // Pods take every idle IP: the node is below its low mark, with nobody waiting. Within the
+    // minute after the throttle no call is made for warm-ups alone.
+    let took = acquire_many(&n.pool, 1..1 + idle as usize).await;
+    assert!(took.iter().all(Result::is_ok), "{took:?}");
+    assert_eq!(n.pool.snapshot().idle_eligible, 0);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let _ = n.pool.maintain_now().await;
+    assert_eq!(
+        n.cloud.call_count(Action::AssignPrivateIpAddresses),
+        2,
+        "no assign for warm-ups alone within a minute of the throttle"
+    );
+    assert_eq!(
+        n.cloud.call_count(Action::CreateNetworkInterface),
+        0,
+        "nor an ENI instead, while the attached one has room"
+    );
+
+    // A pod now: its call brings the warm-ups along.
+    let next = 1 + idle as usize;
+    n.pool
+        .acquire(key(next), pod(next), None, None)
+        .await
+        .unwrap();
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 3);
+    assert!(n.pool.snapshot().idle_eligible >= 2);
+
+    // Pods take them again; a minute after the throttle, warm-ups make calls of their own (the ENI
+    // has one slot left: a top-up there and a new ENI for the rest).
+    let more = n.pool.snapshot().idle_eligible as usize;
+    let took = acquire_many(&n.pool, next + 1..next + 1 + more).await;
+    assert!(took.iter().all(Result::is_ok), "{took:?}");
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    let _ = n.pool.maintain_now().await;
+    let own_calls = n.cloud.call_count(Action::AssignPrivateIpAddresses) - 3
+        + n.cloud.call_count(Action::CreateNetworkInterface);
+    assert!(own_calls >= 1, "{:?}", n.cloud.calls());
+    assert!(n.pool.snapshot().idle_eligible >= 2);
     n.pool.check_invariants().unwrap();
 }

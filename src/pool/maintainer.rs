@@ -151,6 +151,9 @@ async fn refresh_subnets(shared: Arc<Shared>) {
 /// The calls a new ENI cannot do without before it serves: when EC2 has throttled one of them from
 /// this node within [`CONTENTION_MEMORY`], the account's bucket is short and warm-ups start no ENI.
 const GROWTH_APIS: [&str; 2] = ["CreateNetworkInterface", "AttachNetworkInterface"];
+/// The call that tops up an ENI with room: when EC2 has throttled it from this node within
+/// [`CONTENTION_MEMORY`], warm-ups ride along in pods' assigns instead of making their own.
+const ASSIGN_API: &str = "AssignPrivateIpAddresses";
 /// How long a throttle of a growth call counts as contention: long enough to span a fleet's
 /// scale-up on the account's refill (EC2 refills these buckets at 5 calls/s for the whole account),
 /// short enough that a node warms up again within a minute of the storm's end.
@@ -158,24 +161,20 @@ const CONTENTION_MEMORY: Duration = Duration::from_secs(60);
 
 /// Plans one round and spawns its work; returns the tasks.
 fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> {
-    let contended = GROWTH_APIS
-        .iter()
-        .any(|api| shared.cloud.throttled_within(api, CONTENTION_MEMORY));
+    let throttled = |api: &str| shared.cloud.throttled_within(api, CONTENTION_MEMORY);
+    let growth = GROWTH_APIS.iter().any(|api| throttled(api));
+    let assign = throttled(ASSIGN_API);
     let plan = {
         let mut st = shared.lock();
-        if contended != st.growth_contended {
+        if (growth, assign) != (st.growth_contended, st.assign_contended) {
             tracing::info!(
-                contended,
-                "EC2 growth calls {}: warm-ups {} start new ENIs",
-                if contended {
-                    "throttled lately"
-                } else {
-                    "not throttled for a while"
-                },
-                if contended { "no longer" } else { "may again" }
+                growth,
+                assign,
+                "EC2 throttled the node's growth calls or assigns lately (true) or not for a minute (false): warm-ups alone start no ENI while growth is, and make no assign while assign is"
             );
         }
-        st.growth_contended = contended;
+        st.growth_contended = growth;
+        st.assign_contended = assign;
         st.plan_round(Instant::now())
     };
     if plan.is_empty() {

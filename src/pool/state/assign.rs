@@ -44,8 +44,40 @@ impl PoolState {
                 AssignPlan::Prefixes { count, extra }
             }
             AssignPlan::Packed(_) => AssignPlan::Packed(self.fit_packed(eni, batch)),
+            AssignPlan::Ips { count } if !batch.pods.is_empty() => {
+                let extra = self.ride_along(eni, now);
+                batch.warm += extra;
+                AssignPlan::Ips {
+                    count: count + extra,
+                }
+            }
             plan => plan,
         }
+    }
+
+    /// Warm-ups that ride along in a pods' assign on `eni`: when the node is below its low mark,
+    /// the maintainer would top up to the fill level in a call of its own right after this one;
+    /// in this call the same addresses cost EC2 no extra call and no extra token. Within the
+    /// ENI's room and the node's tokens; counted as warming, like the maintainer's. At or above
+    /// the low mark nothing rides along: the levels held are the policy's, only the calls fewer.
+    fn ride_along(&mut self, eni: &EniId, now: Instant) -> u32 {
+        let levels = self.warm_levels(now);
+        let have = self.idle.unreserved(now) + self.warming;
+        if have >= levels.low {
+            return 0;
+        }
+        let want = levels.fill.saturating_sub(have);
+        let Some(r) = self.enis.get(eni) else {
+            return 0;
+        };
+        let room = self.eni_room_now(r, now);
+        let extra = self.capacity.take_up_to(want.min(room));
+        if extra > 0 {
+            let r = self.enis.get_mut(eni).expect("checked");
+            r.inflight += extra;
+            self.warming += extra;
+        }
+        extra
     }
 
     /// EC2 found no free `/28` for a [`AssignPlan::Prefixes`] plan: its `extra` warm-ups leave the

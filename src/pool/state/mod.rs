@@ -215,6 +215,9 @@ pub(crate) struct PoolState {
     /// so the round starts no ENI for warm-ups alone (set by the maintainer before each round; see
     /// [`PoolState::plan_round`]).
     pub growth_contended: bool,
+    /// EC2 throttled the node's assigns lately: warm-ups alone make no assign call (they ride along
+    /// in pods' calls instead; see [`PoolState::plan_round`]).
+    pub assign_contended: bool,
     pub shutting_down: bool,
 }
 

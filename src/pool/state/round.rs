@@ -202,7 +202,21 @@ impl PoolState {
             0
         };
         deficit = deficit.min(self.capacity.available());
-        if deficit > 0 {
+        // Under contention on assigns (EC2 throttled one from this node within the minute) a
+        // warm-up alone is not worth a call: its tokens are ones pods, here or on other nodes, are
+        // waiting on. The warm-ups then ride along in the pods' own calls
+        // (`PoolState::plan_assign`), unless pods bound here and not yet ADDed are known to be
+        // coming: that is demand, not a bet. No ENI is created instead either, while one has room.
+        let hold_warm_ups = self.assign_contended && self.demand.announced_waiting(now) == 0;
+        if hold_warm_ups
+            && self
+                .enis
+                .values()
+                .any(|r| r.serves && r.handle.is_some() && self.eni_room(r) > 0)
+        {
+            deficit = 0;
+        }
+        if deficit > 0 && !hold_warm_ups {
             let mut pods: Vec<(u32, EniId)> = self
                 .enis
                 .values()

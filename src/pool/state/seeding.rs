@@ -54,6 +54,7 @@ impl PoolState {
             },
             next_create_id: 0,
             growth_contended: false,
+            assign_contended: false,
             shutting_down: false,
             config,
             node,
