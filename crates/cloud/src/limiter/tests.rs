@@ -444,3 +444,25 @@ async fn retries_stop_at_total_time() {
         start.elapsed()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_throttle_is_remembered_per_api_for_the_window_even_after_a_retry_got_through() {
+    let l = limiter(3, 60_000);
+    let window = Duration::from_secs(60);
+    assert!(!l.throttled_within("AssignPrivateIpAddresses", window));
+    // Throttled once, then through on the retry: the caller saw success, the account was short.
+    let mut first = true;
+    l.call("AssignPrivateIpAddresses", CallClass::Mutating, || {
+        let throttle = std::mem::replace(&mut first, false);
+        async move { if throttle { Err(throttled()) } else { Ok(()) } }
+    })
+    .await
+    .unwrap();
+    assert!(l.throttled_within("AssignPrivateIpAddresses", window));
+    assert!(
+        !l.throttled_within("CreateNetworkInterface", window),
+        "another API's bucket says nothing"
+    );
+    tokio::time::sleep(window).await;
+    assert!(!l.throttled_within("AssignPrivateIpAddresses", window));
+}
