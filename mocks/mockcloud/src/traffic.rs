@@ -534,7 +534,9 @@ mod tests {
         assert_eq!(t.counters().calls("AssignPrivateIpAddresses"), 90);
         assert_eq!(
             t.spend("AssignPrivateIpAdresses", 1, later),
-            Err(ThrottlingError::UnknownBucket("AssignPrivateIpAdresses".into()))
+            Err(ThrottlingError::UnknownBucket(
+                "AssignPrivateIpAdresses".into()
+            ))
         );
         let mut off = Traffic::new(Throttling::disabled(), now);
         assert_eq!(off.spend("CreateTags", 500, now), Ok(500));

@@ -196,7 +196,13 @@ fn at_start(frees: &[(u32, bool)]) -> ((u32, u32), usize) {
     let mut free: Vec<u32> = frees.iter().map(|f| f.0).collect();
     free.sort_unstable();
     let short = frees.iter().filter(|f| f.1).count();
-    ((free.first().copied().unwrap_or(0), free.get(free.len() / 2).copied().unwrap_or(0)), short)
+    (
+        (
+            free.first().copied().unwrap_or(0),
+            free.get(free.len() / 2).copied().unwrap_or(0),
+        ),
+        short,
+    )
 }
 
 /// How node `s` stands: its free IPs any pod may take, and whether below its warm target.
@@ -263,7 +269,10 @@ fn spawn_node_boot(
         tokio::time::sleep(KUBELET_READY).await;
         let ready = Instant::now();
         fleet.with(|s| {
-            s[i].free = s[i].node.as_ref().map(|n| standing(&n.handle.pool.snapshot()));
+            s[i].free = s[i]
+                .node
+                .as_ref()
+                .map(|n| standing(&n.handle.pool.snapshot()));
             s[i].ready_s = Some((ready - d.t0).as_secs_f64());
         });
         spawn_node_driver(i, pods, client, ready, &d);

@@ -123,7 +123,8 @@ pub fn matrix(
                 "\nThe account bound, per policy (the least time the account's buckets need for the calls the pattern cannot do without from that policy's nodes at the start{}; `docs/performance.md`):\n\n{}",
                 match pattern {
                     Pattern::NodeBoot => ", each node counted from empty",
-                    Pattern::AccountContention => ", on the buckets the other tenant leaves: burst/2 and refill/2",
+                    Pattern::AccountContention =>
+                        ", on the buckets the other tenant leaves: burst/2 and refill/2",
                     _ => "",
                 },
                 bounds.join("\n")

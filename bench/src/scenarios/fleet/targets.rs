@@ -4,12 +4,12 @@
 use eniipam::config::DaemonConfig;
 use mockcloud::Throttling;
 
-use super::bound::account_bound;
-use super::tenant::buckets_left;
 use super::boot::SETTLE_HOLD;
+use super::bound::account_bound;
 use super::harness::{INSTANCE, PairResult};
 use super::pareto::{dominance, sentence};
 use super::pods::{KUBELET_BACKOFF, KUBELET_JITTER, add_deadline};
+use super::tenant::buckets_left;
 use super::{FleetArgs, Pattern, Policy, p, pod_ips_per_eni, spelled};
 use crate::report::{Anchor, Row, ScenarioReport, Series, Target, Unit};
 
@@ -54,6 +54,9 @@ pub fn bound_of(r: &PairResult) -> (f64, String) {
             )
         })
         .collect();
+    if parts.is_empty() {
+        return (secs, "no call needed: the nodes held enough".into());
+    }
     (secs, parts.join("; "))
 }
 
@@ -67,6 +70,9 @@ fn throttled_per_api(ours: &PairResult, theirs: &[&PairResult]) -> String {
                 apis.push(a);
             }
         }
+    }
+    if apis.is_empty() {
+        return "none".into();
     }
     apis.sort_unstable();
     let of = |r: &PairResult, api: &str| r.by_action.iter().find(|a| a.0 == api).map_or(0, |a| a.2);

@@ -130,9 +130,7 @@ mod tests {
         assert!((74.0..76.1).contains(&assign), "{assign}");
         // The fleet empties the bucket: its next call is throttled, and the tenant's owed calls
         // wait; once refilled, the tenant takes its share again before the fleet's next call.
-        let took = mock
-            .spend_tokens("AssignPrivateIpAddresses", 1000)
-            .unwrap();
+        let took = mock.spend_tokens("AssignPrivateIpAddresses", 1000).unwrap();
         assert!((74..=76).contains(&took), "{took}");
         assert_eq!(mock.spend_tokens("AssignPrivateIpAddresses", 1), Ok(0));
         tokio::time::sleep(Duration::from_secs(4)).await;

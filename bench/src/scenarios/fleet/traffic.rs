@@ -361,13 +361,20 @@ mod tests {
         assert_eq!(a.launches.len(), 40);
         assert!(a.launches.iter().all(|l| *l < LAUNCH_SPREAD));
         // Spread over the window, not bunched: both halves launch nodes.
-        let early = a.launches.iter().filter(|l| **l < LAUNCH_SPREAD / 2).count();
+        let early = a
+            .launches
+            .iter()
+            .filter(|l| **l < LAUNCH_SPREAD / 2)
+            .count();
         assert!((10..=30).contains(&early), "{early}");
         // Every node its 12 pods, each within SPREAD of its node's Ready, none before it.
         for node in 0..40 {
             let of: Vec<&PodPlan> = a.pods.iter().filter(|p| p.node == node).collect();
             assert_eq!(of.len(), 12, "node {node}");
-            assert!(of.iter().all(|p| p.start < SPREAD && p.life == Life::Forever));
+            assert!(
+                of.iter()
+                    .all(|p| p.start < SPREAD && p.life == Life::Forever)
+            );
         }
         assert!(a.prepopulated.is_empty());
         assert_eq!(a.window, SCALE_UP_WINDOW);
@@ -390,6 +397,9 @@ mod tests {
             assert!(Pattern::ALL.contains(&p) && p.has_finish());
         }
         let e = "node-bot".parse::<Pattern>().unwrap_err();
-        assert!(e.contains("\"node-bot\"") && e.contains("account-contention"), "{e}");
+        assert!(
+            e.contains("\"node-bot\"") && e.contains("account-contention"),
+            "{e}"
+        );
     }
 }
