@@ -128,8 +128,8 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(10)).await;
         let assign = tokens(&mock, "AssignPrivateIpAddresses");
         assert!((74.0..76.1).contains(&assign), "{assign}");
-        // The fleet empties the bucket: its next call is throttled, and the tenant's owed calls
-        // wait; once refilled, the tenant takes its share again before the fleet's next call.
+        // Someone else empties the bucket: the next call is throttled and the tenant's calls are
+        // owed; as the bucket refills, the tenant takes its share of it again.
         let took = mock.spend_tokens("AssignPrivateIpAddresses", 1000).unwrap();
         assert!((74..=76).contains(&took), "{took}");
         assert_eq!(mock.spend_tokens("AssignPrivateIpAddresses", 1), Ok(0));
