@@ -89,10 +89,12 @@ struct Args {
     /// Scenario `fleet`: how many nodes.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=2000))]
     nodes: u32,
-    /// Scenario `fleet`: pods scheduled onto each node in the scale-up (and down-up).
+    /// Scenario `fleet`: pods scheduled onto each node in the scale-up (and down-up, node-boot,
+    /// account-contention).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=40))]
     pods_per_node: u32,
-    /// Scenario `fleet`: traffic patterns, `all` or a comma list of scale-up, churn, down-up, mixed.
+    /// Scenario `fleet`: traffic patterns, `all` or a comma list of scale-up, churn, down-up, mixed,
+    /// node-boot, account-contention.
     #[arg(long, default_value = "all", value_parser = scenarios::fleet::parse_patterns)]
     fleet_patterns: std::collections::BTreeSet<scenarios::fleet::Pattern>,
     /// Scenario `fleet`: warm-pool policies, `all` or a comma list of eniipam, eniipam-pd, warm-eni,

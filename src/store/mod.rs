@@ -45,7 +45,7 @@ static HOLD_THE_CLOCK: AtomicBool = AtomicBool::new(false);
 ///
 /// The owner thread answers outside the runtime, so while a call waits for it the runtime sees no
 /// work and a paused clock auto-advances to the next timer: simulated time jumps ahead by however
-/// long that timer was away, once per disk write. When on, each call waits for its answer inside
+/// long that timer was away, once per disk write. When on, each call (and the open) waits for its answer inside
 /// `tokio::task::spawn_blocking`, and tokio does not auto-advance a paused clock while a blocking
 /// task runs. It costs a blocking-pool thread per call in flight; leave it off in the daemon.
 pub fn hold_the_clock_on_disk_waits(on: bool) {
@@ -430,10 +430,11 @@ mod tests {
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let store = Store::open_in_memory().await.expect("store");
             let _far = tokio::spawn(tokio::time::sleep(Duration::from_secs(3600)));
             hold_the_clock_on_disk_waits(true);
             let before = tokio::time::Instant::now();
+            // Opening waits on the owner thread too.
+            let store = Store::open_in_memory().await.expect("store");
             for _ in 0..50 {
                 store.load().await.expect("load");
             }

@@ -156,7 +156,16 @@ where
             }
         })
         .map_err(|e| StoreError::Io(format!("starting the store thread: {e}")))?;
-    let report = opened.await.map_err(|_| StoreError::Closed)??;
+    // The open is a disk wait like any call: hold a paused clock through it when asked
+    // (`hold_the_clock_on_disk_waits`), or a simulation's clock races ahead while SQLite opens.
+    let report = if super::HOLD_THE_CLOCK.load(std::sync::atomic::Ordering::Relaxed) {
+        tokio::task::spawn_blocking(move || opened.blocking_recv())
+            .await
+            .map_err(|_| StoreError::Closed)?
+    } else {
+        opened.await
+    };
+    let report = report.map_err(|_| StoreError::Closed)??;
     Ok((tx, report))
 }
 

@@ -479,6 +479,18 @@ impl MockCloud {
             .set_bucket(name, size)
     }
 
+    /// Another tenant of the account makes `n` calls drawing from `bucket` (an API, or
+    /// `API:unfiltered`) now: each takes a token as a real call would, and the calls this mock's
+    /// clients make next find them gone. Stops at the first call the bucket throttles; returns how
+    /// many got a token. Not in the counters or the call log ([`traffic::Traffic::spend`]).
+    pub fn spend_tokens(&self, bucket: &str, n: u32) -> Result<u32, ThrottlingError> {
+        self.inner
+            .traffic
+            .lock()
+            .expect("traffic lock")
+            .spend(bucket, n, Instant::now())
+    }
+
     /// The throttling in force and every bucket's tokens now.
     pub fn throttling(&self) -> (Throttling, Vec<BucketLevel>) {
         let t = self.inner.traffic.lock().expect("traffic lock");

@@ -169,7 +169,9 @@ pub fn bucket_names() -> Vec<String> {
     names
 }
 
-fn is_bucket(name: &str) -> bool {
+/// Whether `name` is a bucket mockcloud has (an API it serves, or `API:unfiltered` for one of
+/// [`UNFILTERED_APIS`]).
+pub(crate) fn is_bucket(name: &str) -> bool {
     match name.strip_suffix(UNFILTERED) {
         Some(api) => ACTIONS.contains(&api) && UNFILTERED_APIS.contains(&api),
         None => ACTIONS.contains(&name),

@@ -243,6 +243,18 @@ impl Traffic {
         }
     }
 
+    /// Another tenant of the account makes `n` calls that draw from `bucket`: each takes a token as a
+    /// real call would, the first one the bucket cannot serve is throttled and the rest are not made
+    /// (a throttled call spends nothing). Returns the calls that got a token (all `n` with throttling
+    /// off). Not counted and not logged: the counters and the log are the calls that reach this
+    /// endpoint, and the tenant's do not.
+    pub fn spend(&mut self, bucket: &str, n: u32, now: Instant) -> Result<u32, ThrottlingError> {
+        if !throttling::is_bucket(bucket) {
+            return Err(ThrottlingError::UnknownBucket(bucket.to_owned()));
+        }
+        Ok((0..n).take_while(|_| self.take_token(bucket, now)).count() as u32)
+    }
+
     /// Counts the request and decides what happens to it; `bucket` is the throttling bucket it draws
     /// from ([`throttling::bucket_for`]).
     pub fn admit(&mut self, action: &str, bucket: &str, now: Instant) -> Admission {
@@ -502,6 +514,32 @@ mod tests {
             "untouched: still empty"
         );
         assert!(t.set_bucket("CreateTag", Bucket::new(3.0, 1.0)).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_tenants_calls_spend_the_same_bucket() {
+        let now = Instant::now();
+        let mut t = Traffic::new(Throttling::default(), now);
+        // Half of AssignPrivateIpAddresses's 100: the account's own calls get the other half.
+        assert_eq!(t.spend("AssignPrivateIpAddresses", 50, now), Ok(50));
+        assert_eq!(admitted(&mut t, "AssignPrivateIpAddresses", 80, now), 50);
+        // Empty: the tenant's next calls are throttled and take nothing.
+        assert_eq!(t.spend("AssignPrivateIpAddresses", 3, now), Ok(0));
+        // Two seconds refill 10 tokens; the tenant takes 4 of them, the account gets 6.
+        let later = now + Duration::from_secs(2);
+        assert_eq!(t.spend("AssignPrivateIpAddresses", 4, later), Ok(4));
+        assert_eq!(admitted(&mut t, "AssignPrivateIpAddresses", 10, later), 6);
+        // Other buckets untouched; the tenant's calls are not the account's counted calls.
+        assert_eq!(admitted(&mut t, "CreateNetworkInterface", 1, later), 1);
+        assert_eq!(t.counters().calls("AssignPrivateIpAddresses"), 90);
+        assert_eq!(
+            t.spend("AssignPrivateIpAdresses", 1, later),
+            Err(ThrottlingError::UnknownBucket(
+                "AssignPrivateIpAdresses".into()
+            ))
+        );
+        let mut off = Traffic::new(Throttling::disabled(), now);
+        assert_eq!(off.spend("CreateTags", 500, now), Ok(500));
     }
 
     #[tokio::test(start_paused = true)]

@@ -129,6 +129,26 @@ async fn a_throttled_modify_leaves_create_and_assign_alone() {
 }
 
 #[tokio::test]
+async fn another_tenants_spending_leaves_the_sdks_calls_throttled() {
+    let mock = ec2_buckets().await;
+    let c = ec2(&mock);
+    let eni = an_eni(&c, &mock).await;
+    mock.set_bucket("AssignPrivateIpAddresses", Bucket::new(4.0, 0.001))
+        .unwrap();
+    // The tenant takes 3 of 4: one assign goes through, the next finds the bucket empty.
+    assert_eq!(mock.spend_tokens("AssignPrivateIpAddresses", 3), Ok(3));
+    assert_eq!(assign(&c, &eni).await, "ok");
+    assert_eq!(assign(&c, &eni).await, "RequestLimitExceeded");
+    assert_eq!(mock.spend_tokens("AssignPrivateIpAddresses", 5), Ok(0));
+    assert!(tokens(&mock, "AssignPrivateIpAddresses").await < 1.0);
+    // Only the SDK's calls are counted; other APIs keep their tokens.
+    assert_eq!(mock.counters().calls("AssignPrivateIpAddresses"), 2);
+    assert_eq!(modify(&c, &eni).await, "ok");
+    let e = mock.spend_tokens("Assign", 1).unwrap_err();
+    assert!(e.to_string().contains("\"Assign\""), "{e}");
+}
+
+#[tokio::test]
 async fn a_bucket_refills_at_its_rate() {
     let mock = ec2_buckets().await;
     let c = ec2(&mock);

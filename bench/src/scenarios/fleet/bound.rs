@@ -42,12 +42,25 @@ impl NodeStart {
     /// From a daemon's pool; `slots_per_eni` is the ENI's IPv4 addresses less its primary, each
     /// slot one address, or one `/28` of `prefix_len` addresses with prefix delegation.
     pub fn of(s: &PoolSnapshot, slots_per_eni: u32, prefix: bool) -> Self {
+        Self::counted(s, slots_per_eni, prefix, false)
+    }
+
+    /// A node that has just booted, counted from empty: its pod ENIs (on a new instance, the
+    /// primary one when the policy puts pods on it, else none) with nothing assigned and nothing
+    /// free, whatever its warm-up has started by the time it is looked at. Node-boot's bound.
+    pub fn empty(s: &PoolSnapshot, slots_per_eni: u32, prefix: bool) -> Self {
+        Self::counted(s, slots_per_eni, prefix, true)
+    }
+
+    fn counted(s: &PoolSnapshot, slots_per_eni: u32, prefix: bool, empty: bool) -> Self {
         let slot = if prefix { 16 } else { 1 };
         let mut attached = 0;
         let mut room = 0;
         for e in s.pod_enis() {
             attached += 1;
-            let used = if prefix {
+            let used = if empty {
+                0
+            } else if prefix {
                 e.prefixes.len() as u32
             } else {
                 e.ips.len() as u32 + e.in_flight
@@ -56,7 +69,7 @@ impl NodeStart {
         }
         let pod_eni_cap = s.max_enis.saturating_sub(1);
         Self {
-            free: s.idle_eligible,
+            free: if empty { 0 } else { s.idle_eligible },
             room,
             per_new_eni: slots_per_eni * slot,
             enis_left: pod_eni_cap.saturating_sub(attached),

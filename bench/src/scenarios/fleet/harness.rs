@@ -11,38 +11,26 @@
 //! polls before it advances the clock.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use eniipam::config::DaemonConfig;
-use eniipam::daemon::DaemonHandle;
 use eniipam::pool::snapshot::PoolSnapshot;
 use eniipam_api::pb::ipam_client::IpamClient;
-use ipnet::Ipv4Net;
 use mockcloud::{ActionClass, LatencyProfile, MockCloud, Throttling};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
+use super::boot::{self, Launched, Node, warm_target};
 use super::bound::{NodeStart, fleet_min_calls};
-use super::pods::{Recorder, running_name, spawn_drivers};
+use super::pods::{Drive, Recorder, running_name, spawn_drivers, spawn_node_driver};
 use super::policy::Policy;
-use super::traffic::{Life, Pattern, PodPlan};
-use crate::support::{self, TempDir};
+use super::traffic::{KUBELET_READY, Life, Pattern, Plan};
+use crate::support::TempDir;
 
 pub const INSTANCE: &str = "m5.xlarge";
-/// Nodes per subnet: each gets its own VPC and `/16` (EC2's largest), so a node has 128 addresses of
-/// room (primary, ENI primaries, up to 56 pod IPs, the warm pool, `/28` alignment).
-const NODES_PER_SUBNET: usize = 500;
-/// Daemons started at once while the fleet boots.
-const BOOT_WAVE: usize = 50;
-/// The fleet is settled once every node has held nothing in flight and its warm target this long.
-pub const SETTLE_HOLD: Duration = Duration::from_secs(30);
-/// Longest boot-and-settle before the pair is reported as failed.
-const SETTLE_LIMIT: Duration = Duration::from_secs(30 * 60);
 /// A pod still without an IP this long after the pattern's window is given up (counted unserved,
 /// its wait censored there).
 const OVERTIME: Duration = Duration::from_secs(30 * 60);
@@ -50,9 +38,6 @@ const OVERTIME: Duration = Duration::from_secs(30 * 60);
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// A progress line at most this often (real time).
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-/// Before the pattern (boot time, quiet cloud, not measured), a running pod's failed ADD is retried
-/// after this long: only the fleet's start, not the kubelet model, is at stake.
-const PREPOPULATE_RETRY: Duration = Duration::from_secs(2);
 /// The node whose free IPs and pods are kept second by second (a busy one in `mixed`).
 pub const TRACKED_NODE: usize = 0;
 
@@ -122,14 +107,16 @@ pub struct PairResult {
     pub by_purpose: Vec<PurposeCount>,
     /// EC2 calls by action as mockcloud counted them: (action, calls, throttled).
     pub by_action: Vec<(String, u64, u64)>,
-    /// Free IPs any pod may take, per node, at the pattern's start: the fewest, and the median.
+    /// Free IPs any pod may take, per node, at the pattern's start (node-boot: at the node's
+    /// Ready): the fewest, and the median.
     pub start_free: (u32, u32),
-    /// Nodes holding fewer than their warm target at the start (should be none).
+    /// Nodes holding fewer than their warm target then (should be none but in node-boot).
     pub start_short: usize,
     /// The calls per EC2 API the first wave cannot do without, from each node's state at the start
     /// (see `bound`).
     pub min_calls: BTreeMap<String, u64>,
-    /// Boot and settle, simulated seconds.
+    /// Boot and settle, simulated seconds (node-boot: from the pattern's start until the last node
+    /// was Ready).
     pub boot_s: f64,
     /// How long the pattern ran, simulated seconds (the window, or more while pods waited).
     pub ran_s: f64,
@@ -159,30 +146,138 @@ pub fn run_pair(spec: PairSpec) -> anyhow::Result<PairResult> {
         .map_err(|_| anyhow!("the fleet thread panicked"))?
 }
 
-/// One node: its daemon, its state directory, a gRPC connection shared by its pods.
-struct Node {
-    handle: DaemonHandle,
-    client: IpamClient<Channel>,
-}
-
 /// Free IPs: addresses the node holds on its pod ENIs that serve no pod (idle, cooling and reserved
 /// ones, ones being given back, quarantined or held back).
 fn free(s: &PoolSnapshot) -> u32 {
     s.idle + s.releasing + s.quarantined + s.held_back
 }
 
-/// The free IPs the policy keeps ready.
-fn warm_target(s: &PoolSnapshot) -> u32 {
-    s.warm_target
+/// Attempts by (purpose, API): (calls, throttled).
+type Purposes = BTreeMap<(&'static str, String), (u64, u64)>;
+
+/// One node's place in the fleet: its daemon once started, and how it stood when the pattern (or,
+/// in node-boot, its Ready) came.
+#[derive(Default)]
+struct Slot {
+    node: Option<Node>,
+    /// What its growth needs from the start (`bound`).
+    start: Option<NodeStart>,
+    /// Idle IPs any pod may take, and whether it held fewer than its warm target, then.
+    free: Option<(u32, bool)>,
+    /// Its EC2 attempts before the pattern (none when it boots within it).
+    calls_before: Purposes,
+    /// Node-boot: when it was Ready, from the pattern's start, s.
+    ready_s: Option<f64>,
 }
 
-/// Nothing in flight or waiting, and the warm target held.
-fn settled(s: &PoolSnapshot) -> bool {
-    s.in_flight == 0
-        && s.creating_enis == 0
-        && s.waiting_for_eni == 0
-        && s.releasing == 0
-        && s.idle_eligible >= warm_target(s)
+/// The fleet's nodes as they come up: all before the pattern, or each at its launch in node-boot.
+struct Fleet {
+    slots: Mutex<Vec<Slot>>,
+    /// The first node that failed to boot within the pattern.
+    failed: Mutex<Option<String>>,
+}
+
+impl Fleet {
+    fn new(nodes: usize) -> Self {
+        Self {
+            slots: Mutex::new((0..nodes).map(|_| Slot::default()).collect()),
+            failed: Mutex::new(None),
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Vec<Slot>) -> R) -> R {
+        f(&mut self.slots.lock().expect("fleet"))
+    }
+}
+
+/// Each node's free IPs at the start (or its Ready): the fewest and the median; and how many nodes
+/// were below their warm target.
+fn at_start(frees: &[(u32, bool)]) -> ((u32, u32), usize) {
+    let mut free: Vec<u32> = frees.iter().map(|f| f.0).collect();
+    free.sort_unstable();
+    let short = frees.iter().filter(|f| f.1).count();
+    (
+        (
+            free.first().copied().unwrap_or(0),
+            free.get(free.len() / 2).copied().unwrap_or(0),
+        ),
+        short,
+    )
+}
+
+/// How node `s` stands: its free IPs any pod may take, and whether below its warm target.
+fn standing(s: &PoolSnapshot) -> (u32, bool) {
+    (s.idle_eligible, s.idle_eligible < warm_target(s))
+}
+
+fn purposes(n: &Node) -> Purposes {
+    n.handle
+        .calls
+        .snapshot()
+        .by_purpose
+        .iter()
+        .map(|s| ((s.purpose.as_str(), s.api.clone()), (s.calls, s.throttled)))
+        .collect()
+}
+
+/// The pattern's cloud: the realistic latency profile and the account's throttling buckets (one per
+/// API, EC2's published table: mockcloud's default), full, counters reset; and in account-contention
+/// the other tenant spending them from now on (its task's handle added to `tasks`).
+fn go_realistic(mock: &MockCloud, pattern: Pattern, tasks: &Mutex<Vec<AbortHandle>>) {
+    let realistic = LatencyProfile::realistic();
+    mock.set_imds_lag(realistic.imds_lag);
+    mock.set_latency(realistic);
+    mock.set_throttling(Throttling::default());
+    mock.reset_counters();
+    if pattern.has_tenant() {
+        let h = tokio::spawn(super::tenant::spend(mock.clone()));
+        tasks.lock().expect("tasks").push(h.abort_handle());
+    }
+}
+
+/// Node-boot: node `i`'s eniipamd starts at its launch instant on the pattern's cloud; it is
+/// counted from empty; `KUBELET_READY` after its gRPC server answers, its pods start.
+fn spawn_node_boot(
+    i: usize,
+    launched: &Arc<Launched>,
+    fleet: &Arc<Fleet>,
+    plan: &Plan,
+    drive: &Drive,
+    spec: &PairSpec,
+    slots_per_eni: u32,
+) {
+    let (launched, fleet, d) = (launched.clone(), fleet.clone(), drive.clone());
+    let launch = plan.launches[i];
+    let pods: Vec<_> = plan.pods.iter().filter(|p| p.node == i).copied().collect();
+    let prefix = spec.policy.prefix();
+    let h = tokio::spawn(async move {
+        tokio::time::sleep_until(d.t0 + launch).await;
+        let node = match async { boot::start(launched.config(i)?).await }.await {
+            Ok(n) => n,
+            Err(e) => {
+                let mut failed = fleet.failed.lock().expect("failed");
+                failed.get_or_insert_with(|| format!("node {i} did not boot: {e:#}"));
+                return;
+            }
+        };
+        let client = node.client.clone();
+        let empty = NodeStart::empty(&node.handle.pool.snapshot(), slots_per_eni, prefix);
+        fleet.with(|s| {
+            s[i].start = Some(empty);
+            s[i].node = Some(node);
+        });
+        tokio::time::sleep(KUBELET_READY).await;
+        let ready = Instant::now();
+        fleet.with(|s| {
+            s[i].free = s[i]
+                .node
+                .as_ref()
+                .map(|n| standing(&n.handle.pool.snapshot()));
+            s[i].ready_s = Some((ready - d.t0).as_secs_f64());
+        });
+        spawn_node_driver(i, pods, client, ready, &d);
+    });
+    drive.tasks.lock().expect("tasks").push(h.abort_handle());
 }
 
 async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
@@ -190,7 +285,8 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
     let tag = spec.tag();
     let plan = spec.pattern.plan(spec.nodes, spec.pods_per_node, spec.seed);
     let dir = TempDir::new("fleet")?;
-    // Boot quiet (fast EC2, no throttling): a fleet-wide boot is not what is measured.
+    // Boot quiet (fast EC2, no throttling): a fleet-wide boot is not what is measured, but in
+    // node-boot, where it is the pattern.
     let mock = MockCloud::start_seeded(
         mockcloud::Config {
             default_instance_type: INSTANCE.into(),
@@ -200,68 +296,78 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
     )
     .await
     .context("cannot start mockcloud")?;
-    let booted = Instant::now();
-    let nodes = boot(&mock, &spec, &dir.0).await?;
-    if !plan.prepopulated.is_empty() {
-        prepopulate(&nodes, &plan.prepopulated).await?;
-    }
-    settle(&nodes, &tag, real).await?;
-    let boot_s = booted.elapsed().as_secs_f64();
-
-    let mut start_frees: Vec<u32> = Vec::with_capacity(nodes.len());
-    let mut start_short = 0;
     let slots_per_eni = mockcloud::catalog::lookup(INSTANCE)
         .context("instance type not in the catalog")?
         .ipv4_per_eni
         - 1;
-    let mut starts = Vec::with_capacity(nodes.len());
-    for n in &nodes {
-        let s = n.handle.pool.snapshot();
-        starts.push(NodeStart::of(&s, slots_per_eni, spec.policy.prefix()));
-        start_frees.push(s.idle_eligible);
-        if s.idle_eligible < warm_target(&s) {
-            start_short += 1;
-        }
-    }
-    let mut first_wave = vec![0u32; nodes.len()];
-    for p in plan.pods.iter().filter(|p| p.wave == 0) {
-        first_wave[p.node] += 1;
-    }
-    let min_calls = fleet_min_calls(&first_wave, &starts);
-    start_frees.sort_unstable();
-    let start_free = (start_frees[0], start_frees[start_frees.len() / 2]);
-    eprintln!(
-        "fleet {tag}: booted and settled in {boot_s:.0} s simulated ({:.0} s real); free IPs per node at the start: min {}, median {}",
-        real.elapsed().as_secs_f64(),
-        start_free.0,
-        start_free.1
-    );
-
-    // The pattern, with realistic latency and the account's throttling buckets (one per API, EC2's
-    // published table: mockcloud's default), full.
-    let realistic = LatencyProfile::realistic();
-    mock.set_imds_lag(realistic.imds_lag);
-    mock.set_latency(realistic);
-    mock.set_throttling(Throttling::default());
-    mock.reset_counters();
-    let calls_before: Vec<_> = nodes.iter().map(|n| n.handle.calls.snapshot()).collect();
-    let t0 = Instant::now();
-    let deadline = t0 + plan.window + OVERTIME;
-    let rec = Arc::new(Recorder::new());
+    let launched = Arc::new(boot::launch(&mock, &spec, &dir.0).await?);
+    let fleet = Arc::new(Fleet::new(spec.nodes));
     let tasks = Arc::new(Mutex::new(Vec::<AbortHandle>::new()));
-    let clients: Vec<IpamClient<Channel>> = nodes.iter().map(|n| n.client.clone()).collect();
-    for (i, p) in plan.prepopulated.iter().enumerate() {
-        let Life::Until(at) = p.life else { continue };
-        let mut c = clients[p.node].clone();
-        let rec = rec.clone();
-        let name = running_name(p.node, i);
-        let h = tokio::spawn(async move {
-            tokio::time::sleep_until(t0 + at).await;
-            rec.release(&mut c, &name).await;
+    let rec = Arc::new(Recorder::new());
+    let booted = Instant::now();
+    let settled_s = if spec.pattern.boots_in_pattern() {
+        None
+    } else {
+        let nodes = launched.boot_all().await?;
+        if !plan.prepopulated.is_empty() {
+            boot::prepopulate(&nodes, &plan.prepopulated).await?;
+        }
+        boot::settle(&nodes, &tag, real).await?;
+        fleet.with(|slots| {
+            for (slot, n) in slots.iter_mut().zip(nodes) {
+                let s = n.handle.pool.snapshot();
+                slot.start = Some(NodeStart::of(&s, slots_per_eni, spec.policy.prefix()));
+                slot.free = Some(standing(&s));
+                slot.calls_before = purposes(&n);
+                slot.node = Some(n);
+            }
         });
-        tasks.lock().expect("tasks").push(h.abort_handle());
+        Some(booted.elapsed().as_secs_f64())
+    };
+    if let Some(s) = settled_s {
+        let ((min, median), _) = at_start(&fleet.with(|s| {
+            s.iter()
+                .map(|s| s.free.unwrap_or((0, true)))
+                .collect::<Vec<_>>()
+        }));
+        eprintln!(
+            "fleet {tag}: booted and settled in {s:.0} s simulated ({:.0} s real); free IPs per node at the start: min {min}, median {median}",
+            real.elapsed().as_secs_f64(),
+        );
     }
-    spawn_drivers(&plan, &clients, t0, deadline, &rec, &tasks, spec.seed);
+
+    go_realistic(&mock, spec.pattern, &tasks);
+    let t0 = Instant::now();
+    let drive = Drive {
+        t0,
+        deadline: t0 + plan.window + OVERTIME,
+        rec: rec.clone(),
+        tasks: tasks.clone(),
+        seed: spec.seed,
+    };
+    if spec.pattern.boots_in_pattern() {
+        for i in 0..spec.nodes {
+            spawn_node_boot(i, &launched, &fleet, &plan, &drive, &spec, slots_per_eni);
+        }
+    } else {
+        let clients: Vec<IpamClient<Channel>> = fleet.with(|s| {
+            s.iter()
+                .filter_map(|s| s.node.as_ref().map(|n| n.client.clone()))
+                .collect()
+        });
+        for (i, p) in plan.prepopulated.iter().enumerate() {
+            let Life::Until(at) = p.life else { continue };
+            let mut c = clients[p.node].clone();
+            let rec = rec.clone();
+            let name = running_name(p.node, i);
+            let h = tokio::spawn(async move {
+                tokio::time::sleep_until(t0 + at).await;
+                rec.release(&mut c, &name).await;
+            });
+            tasks.lock().expect("tasks").push(h.abort_handle());
+        }
+        spawn_drivers(&plan, &clients, &drive);
+    }
 
     // Sample every second until the window is over and every pod has been resolved.
     let expected = plan.pods.len() as u64;
@@ -271,14 +377,24 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
     let mut last_progress = std::time::Instant::now();
     loop {
         ticks.tick().await;
-        let mut fleet_free = 0u64;
-        for (i, n) in nodes.iter().enumerate() {
-            let s = n.handle.pool.snapshot();
-            fleet_free += u64::from(free(&s));
-            if i == TRACKED_NODE {
-                node_series.push((free(&s), s.assigned));
-            }
+        if let Some(e) = fleet.failed.lock().expect("failed").take() {
+            bail!("{tag}: {e}");
         }
+        let mut fleet_free = 0u64;
+        fleet.with(|slots| {
+            for (i, slot) in slots.iter().enumerate() {
+                // A node not booted yet holds nothing.
+                let Some(n) = &slot.node else { continue };
+                let s = n.handle.pool.snapshot();
+                fleet_free += u64::from(free(&s));
+                if i == TRACKED_NODE {
+                    node_series.push((free(&s), s.assigned));
+                }
+            }
+            if slots[TRACKED_NODE].node.is_none() {
+                node_series.push((0, 0));
+            }
+        });
         free_series.push(fleet_free);
         let now = Instant::now();
         let resolved = rec.resolved();
@@ -295,7 +411,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         if now >= t0 + plan.window && resolved >= expected {
             break;
         }
-        if now > deadline + SAMPLE_EVERY {
+        if now > drive.deadline + SAMPLE_EVERY {
             bail!("{tag}: {resolved} of {expected} pods resolved after the deadline");
         }
     }
@@ -311,25 +427,32 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         .filter(|(a, _)| ActionClass::of(a) == ActionClass::Mutating)
         .map(|(_, c)| c.calls)
         .sum();
-    let mut purposes: BTreeMap<(&'static str, String), (u64, u64)> = BTreeMap::new();
-    for (n, before) in nodes.iter().zip(&calls_before) {
-        let after = n.handle.calls.snapshot();
-        for s in &after.by_purpose {
-            let e = purposes
-                .entry((s.purpose.as_str(), s.api.clone()))
-                .or_default();
-            e.0 += s.calls;
-            e.1 += s.throttled;
+    let slots = std::mem::take(&mut *fleet.slots.lock().expect("fleet"));
+    let mut by_purpose: Purposes = BTreeMap::new();
+    let mut starts = Vec::with_capacity(slots.len());
+    let mut frees = Vec::with_capacity(slots.len());
+    let mut nodes = Vec::with_capacity(slots.len());
+    let mut boot_s = settled_s.unwrap_or(0.0);
+    for (i, slot) in slots.into_iter().enumerate() {
+        let n = slot
+            .node
+            .ok_or_else(|| anyhow!("{tag}: node {i} never booted"))?;
+        for (k, (c, t)) in purposes(&n) {
+            let e = by_purpose.entry(k).or_default();
+            e.0 += c;
+            e.1 += t;
         }
-        for s in &before.by_purpose {
-            let e = purposes
-                .entry((s.purpose.as_str(), s.api.clone()))
-                .or_default();
-            e.0 -= s.calls;
-            e.1 -= s.throttled;
+        for (k, (c, t)) in &slot.calls_before {
+            let e = by_purpose.entry(k.clone()).or_default();
+            e.0 -= c;
+            e.1 -= t;
         }
+        starts.push(slot.start.context("a node with no start")?);
+        frees.push(slot.free.unwrap_or((0, true)));
+        boot_s = boot_s.max(slot.ready_s.unwrap_or(0.0));
+        nodes.push(n);
     }
-    let by_purpose = purposes
+    let by_purpose = by_purpose
         .into_iter()
         .filter(|(_, (c, _))| *c > 0)
         .map(|((purpose, api), (calls, throttled))| PurposeCount {
@@ -339,7 +462,12 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
             throttled,
         })
         .collect();
-
+    let mut first_wave = vec![0u32; starts.len()];
+    for p in plan.pods.iter().filter(|p| p.wave == 0) {
+        first_wave[p.node] += 1;
+    }
+    let min_calls = fleet_min_calls(&first_wave, &starts);
+    let (start_free, start_short) = at_start(&frees);
     // All at once: a daemon waiting out a throttling pause takes its grace period to stop.
     futures::future::join_all(nodes.into_iter().map(|n| n.handle.shutdown())).await;
     drop(mock);
@@ -421,151 +549,6 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         result.real_s
     );
     Ok(result)
-}
-
-/// One VPC with one `/16` subnet per `NODES_PER_SUBNET` nodes, the nodes launched into them, and a
-/// daemon started on each (in waves), with the policy's knobs.
-async fn boot(mock: &MockCloud, spec: &PairSpec, root: &Path) -> anyhow::Result<Vec<Node>> {
-    let world = mock.default_world().context("no default world")?;
-    let limits =
-        mockcloud::catalog::lookup(INSTANCE).context("instance type not in the catalog")?;
-    let pod_ips_per_eni = limits.ipv4_per_eni - 1;
-    let mut subnets = Vec::new();
-    let mut vpcs = Vec::new();
-    for k in 0..spec.nodes.div_ceil(NODES_PER_SUBNET) {
-        let cidr: Ipv4Net = format!("10.{}.0.0/16", 64 + k)
-            .parse()
-            .context("subnet CIDR")?;
-        let (vpc, _sg) = mock
-            .create_vpc(cidr)
-            .map_err(|e| anyhow!("creating the fleet's VPC {cidr}: {e}"))?;
-        subnets.push(
-            mock.create_subnet(&vpc, cidr, &world.instance.availability_zone)
-                .map_err(|e| anyhow!("creating the fleet's subnet {cidr}: {e}"))?,
-        );
-        vpcs.push(vpc);
-    }
-    let policy = fleet_policy(&vpcs);
-    let mut launched = Vec::with_capacity(spec.nodes);
-    for i in 0..spec.nodes {
-        launched.push(
-            mock.launch_instance(INSTANCE, &subnets[i / NODES_PER_SUBNET])
-                .await
-                .map_err(|e| anyhow!("launching node {i}: {e}"))?,
-        );
-    }
-    let mut nodes = Vec::with_capacity(spec.nodes);
-    for (wave, chunk) in launched.chunks(BOOT_WAVE).enumerate() {
-        let mut starting = Vec::new();
-        for (i, inst) in chunk.iter().enumerate() {
-            let dir = root.join(format!("n{}", wave * BOOT_WAVE + i));
-            std::fs::create_dir_all(&dir)?;
-            let base = DaemonConfig {
-                imds_endpoint: Some(inst.imds_url.clone()),
-                reconcile_period_secs: DaemonConfig::default().reconcile_period_secs,
-                log_level: "error".into(),
-                ..support::daemon_config(mock, &dir)
-            };
-            // `daemon_config` enforces the shipped policy for the default VPC; the nodes live in
-            // the fleet's. Set back at once (no await in between: no daemon calls in the gap).
-            mock.set_iam_policy(Some(policy.clone()));
-            let config = spec.policy.apply(base, pod_ips_per_eni);
-            starting.push(tokio::spawn(async move {
-                let handle = support::start_daemon(config).await?;
-                let client = support::client(&handle.socket_path).await?;
-                anyhow::Ok(Node { handle, client })
-            }));
-        }
-        for t in starting {
-            nodes.push(t.await??);
-        }
-    }
-    Ok(nodes)
-}
-
-/// The shipped IAM policy for the fleet's VPCs (one per `NODES_PER_SUBNET` nodes): the policy
-/// rendered for each, its statements together.
-fn fleet_policy(vpcs: &[String]) -> mockcloud::iam::Policy {
-    let mut vpcs = vpcs.iter();
-    let first = vpcs.next().map_or("", String::as_str);
-    let mut policy = mockcloud::iam::shipped_policy(support::CLUSTER, first);
-    for vpc in vpcs {
-        policy
-            .statements
-            .extend(mockcloud::iam::shipped_policy(support::CLUSTER, vpc).statements);
-    }
-    policy
-}
-
-/// The pods running before the pattern starts, allocated on the quiet boot-time cloud.
-async fn prepopulate(nodes: &[Node], pods: &[PodPlan]) -> anyhow::Result<()> {
-    let mut tasks = Vec::with_capacity(pods.len());
-    for (i, p) in pods.iter().enumerate() {
-        let mut c = nodes[p.node].client.clone();
-        let name = running_name(p.node, i);
-        tasks.push(tokio::spawn(async move {
-            let mut attempts = 0;
-            while let Err(s) = c.allocate(support::alloc_req(&name)).await {
-                attempts += 1;
-                if attempts > 30 {
-                    bail!("pod {name} had no IP after {attempts} attempts: {s}");
-                }
-                tokio::time::sleep(PREPOPULATE_RETRY).await;
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(())
-}
-
-/// Waits until every node has held `settled` for `SETTLE_HOLD`.
-async fn settle(nodes: &[Node], tag: &str, real: std::time::Instant) -> anyhow::Result<()> {
-    let started = Instant::now();
-    let mut steady_since: Option<Instant> = None;
-    let mut last_progress = std::time::Instant::now();
-    loop {
-        let unsettled: Vec<PoolSnapshot> = nodes
-            .iter()
-            .map(|n| n.handle.pool.snapshot())
-            .filter(|s| !settled(s))
-            .collect();
-        let now = Instant::now();
-        if unsettled.is_empty() {
-            if now - *steady_since.get_or_insert(now) >= SETTLE_HOLD {
-                return Ok(());
-            }
-        } else {
-            steady_since = None;
-        }
-        if now - started > SETTLE_LIMIT {
-            let s = &unsettled[0];
-            bail!(
-                "{tag}: {} nodes did not settle within {SETTLE_LIMIT:?} (one: idle {} of which eligible {}, warm target {}, in flight {}, creating ENIs {}, waiting for an ENI {}, releasing {})",
-                unsettled.len(),
-                s.idle,
-                s.idle_eligible,
-                warm_target(s),
-                s.in_flight,
-                s.creating_enis,
-                s.waiting_for_eni,
-                s.releasing
-            );
-        }
-        if last_progress.elapsed() >= PROGRESS_EVERY {
-            last_progress = std::time::Instant::now();
-            eprintln!(
-                "fleet {tag}: settling, +{:.0} s simulated, {} of {} nodes not settled ({:.0} s real)",
-                (now - started).as_secs_f64(),
-                unsettled.len(),
-                nodes.len(),
-                real.elapsed().as_secs_f64()
-            );
-        }
-        tokio::time::sleep(SAMPLE_EVERY).await;
-    }
 }
 
 /// A percentile of the pods' waits, in seconds, for the progress line.

@@ -94,15 +94,23 @@ pub fn matrix(
             .filter(|r| r.start_short > 0 || r.unserved > 0 || r.release_errors > 0)
             .map(|r| {
                 format!(
-                    "{}: {} nodes below their warm target at the start, {} pods unserved, {} releases failed",
-                    r.policy, r.start_short, r.unserved, r.release_errors
+                    "{}: {} nodes below their warm target {}, {} pods unserved, {} releases failed",
+                    r.policy,
+                    r.start_short,
+                    if pattern.boots_in_pattern() {
+                        "when Ready"
+                    } else {
+                        "at the start"
+                    },
+                    r.unserved,
+                    r.release_errors
                 )
             })
             .collect();
         if !odd.is_empty() {
             let _ = writeln!(s, "\nNote: {}.", odd.join("; "));
         }
-        if matches!(pattern, Pattern::ScaleUp | Pattern::Mixed) {
+        if super::targets::has_bound(pattern) {
             let bounds: Vec<String> = of
                 .iter()
                 .map(|r| {
@@ -112,7 +120,13 @@ pub fn matrix(
                 .collect();
             let _ = writeln!(
                 s,
-                "\nThe account bound, per policy (the least time the account's buckets need for the calls the pattern cannot do without from that policy's nodes at the start; `docs/performance.md`):\n\n{}",
+                "\nThe account bound, per policy (the least time the account's buckets need for the calls the pattern cannot do without from that policy's nodes at the start{}; `docs/performance.md`):\n\n{}",
+                match pattern {
+                    Pattern::NodeBoot => ", each node counted from empty",
+                    Pattern::AccountContention =>
+                        ", on the buckets the other tenant leaves: burst/2 and refill/2",
+                    _ => "",
+                },
                 bounds.join("\n")
             );
         }

@@ -1,12 +1,16 @@
 //! Scenario `fleet` (issue 17): many nodes (500 by default), each a real in-process eniipamd with its
 //! own IMDS, against one mockcloud whose EC2 throttling buckets are the account's, on simulated time;
-//! traffic patterns (a scale-up, churn, a scale-down and back up after an hour, a skewed scale-up)
+//! traffic patterns (a scale-up, churn, a scale-down and back up after an hour, a skewed scale-up,
+//! nodes booting into their pods, a scale-up sharing the account's buckets with another tenant)
 //! under eniipam's policy and the AWS VPC CNI's three warm modes emulated with the same code.
 //!
 //! - `policy`: the policies and the knobs that emulate them.
 //! - `traffic`: the patterns, drawn from a seeded RNG.
 //! - `harness`: one (pattern, policy) pair on its own paused-clock runtime: boot, settle, the
 //!   pattern, the measurements.
+//! - `boot`: the nodes' instances and daemons, started before the pattern or (node-boot) within it.
+//! - `tenant`: account-contention's other tenant, spending the account's buckets.
+//! - `bound`: the account bound of a pattern's pods.
 //! - `pods`: the pattern's pods (ADD retried as kubelet does, DEL at the end of their life) and the
 //!   recorder of what they saw.
 //! - `chart`: the per-pattern plots.
@@ -14,6 +18,7 @@
 //! The report compares eniipam's defaults with each VPC CNI policy on the issue's three targets; the
 //! full matrix, calls by purpose and the plots go to `fleet.md` and `fleet-*.png` in `--out`.
 
+mod boot;
 mod bound;
 mod chart;
 mod harness;
@@ -22,6 +27,7 @@ mod pareto;
 mod pods;
 mod policy;
 mod targets;
+mod tenant;
 mod traffic;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

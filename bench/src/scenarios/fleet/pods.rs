@@ -64,43 +64,57 @@ pub fn running_name(node: usize, i: usize) -> String {
     format!("run-{node}-{i}")
 }
 
-/// One task per node that starts its pods at their instants, each pod a task of its own.
-pub fn spawn_drivers(
-    plan: &Plan,
-    clients: &[IpamClient<Channel>],
-    t0: Instant,
-    deadline: Instant,
-    rec: &Arc<Recorder>,
-    tasks: &Arc<Mutex<Vec<AbortHandle>>>,
-    seed: u64,
-) {
+/// What every pod of a pattern shares: the pattern's start and deadline, the recorder, the task
+/// list, the seed.
+#[derive(Clone)]
+pub struct Drive {
+    pub t0: Instant,
+    pub deadline: Instant,
+    pub rec: Arc<Recorder>,
+    pub tasks: Arc<Mutex<Vec<AbortHandle>>>,
+    pub seed: u64,
+}
+
+/// One task per node that starts its pods at their instants from the pattern's start, each pod a
+/// task of its own.
+pub fn spawn_drivers(plan: &Plan, clients: &[IpamClient<Channel>], drive: &Drive) {
     let mut by_node: BTreeMap<usize, Vec<PodPlan>> = BTreeMap::new();
     for p in &plan.pods {
         by_node.entry(p.node).or_default().push(*p);
     }
     for (node, pods) in by_node {
-        let client = clients[node].clone();
-        let rec = rec.clone();
-        let spawned = tasks.clone();
-        let h = tokio::spawn(async move {
-            for (i, p) in pods.into_iter().enumerate() {
-                tokio::time::sleep_until(t0 + p.start).await;
-                let pod = Pod {
-                    name: format!("pod-{node}-{i}"),
-                    plan: p,
-                    client: client.clone(),
-                    rec: rec.clone(),
-                    // Its own stream: a pod's retries do not depend on the order pods run in.
-                    rng: StdRng::seed_from_u64(
-                        seed ^ ((node as u64) << 32 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                    ),
-                };
-                let h = tokio::spawn(pod.run(t0, deadline));
-                spawned.lock().expect("tasks").push(h.abort_handle());
-            }
-        });
-        tasks.lock().expect("tasks").push(h.abort_handle());
+        spawn_node_driver(node, pods, clients[node].clone(), drive.t0, drive);
     }
+}
+
+/// The task that starts `node`'s pods, each at `origin` + its `start` (the pattern's start, or in
+/// node-boot the node's Ready).
+pub fn spawn_node_driver(
+    node: usize,
+    pods: Vec<PodPlan>,
+    client: IpamClient<Channel>,
+    origin: Instant,
+    drive: &Drive,
+) {
+    let d = drive.clone();
+    let h = tokio::spawn(async move {
+        for (i, p) in pods.into_iter().enumerate() {
+            tokio::time::sleep_until(origin + p.start).await;
+            let pod = Pod {
+                name: format!("pod-{node}-{i}"),
+                plan: p,
+                client: client.clone(),
+                rec: d.rec.clone(),
+                // Its own stream: a pod's retries do not depend on the order pods run in.
+                rng: StdRng::seed_from_u64(
+                    d.seed ^ ((node as u64) << 32 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                ),
+            };
+            let h = tokio::spawn(pod.run(d.t0, d.deadline));
+            d.tasks.lock().expect("tasks").push(h.abort_handle());
+        }
+    });
+    drive.tasks.lock().expect("tasks").push(h.abort_handle());
 }
 
 /// One pod started during the pattern.

@@ -4,10 +4,12 @@
 use eniipam::config::DaemonConfig;
 use mockcloud::Throttling;
 
+use super::boot::SETTLE_HOLD;
 use super::bound::account_bound;
-use super::harness::{INSTANCE, PairResult, SETTLE_HOLD};
+use super::harness::{INSTANCE, PairResult};
 use super::pareto::{dominance, sentence};
 use super::pods::{KUBELET_BACKOFF, KUBELET_JITTER, add_deadline};
+use super::tenant::buckets_left;
 use super::{FleetArgs, Pattern, Policy, p, pod_ips_per_eni, spelled};
 use crate::report::{Anchor, Row, ScenarioReport, Series, Target, Unit};
 
@@ -25,13 +27,24 @@ pub const THROTTLE_RETRY_PCT: f64 = 1.0;
 
 /// Whether the issue holds eniipam's p99 wait to [`P99_LIMIT_S`] in this pattern.
 fn has_p99_limit(p: Pattern) -> bool {
-    matches!(p, Pattern::Churn | Pattern::Mixed) || p.name() == "node-boot"
+    matches!(p, Pattern::Churn | Pattern::Mixed | Pattern::NodeBoot)
 }
 
-/// The scale-up's account bound from the minimum calls `r` needs (see `bound`), s, and each API's
-/// share as a phrase.
+/// Whether the pattern is a cold scale-up, held to warm-ip's p99 and to [`BOUND_RATIO`] × its own
+/// account bound: the scale-up, and the scale-up with another tenant (its bound on what is left).
+fn is_cold_scale_up(p: Pattern) -> bool {
+    matches!(p, Pattern::ScaleUp | Pattern::AccountContention)
+}
+
+/// Whether the pattern has an account bound worth printing: the ones whose pods start at once.
+pub fn has_bound(p: Pattern) -> bool {
+    is_cold_scale_up(p) || matches!(p, Pattern::Mixed | Pattern::NodeBoot)
+}
+
+/// A pattern's account bound from the minimum calls `r` needs (see `bound`), on the buckets the
+/// fleet has to itself ([`buckets_left`]), s, and each API's share as a phrase.
 pub fn bound_of(r: &PairResult) -> (f64, String) {
-    let (secs, per_api) = account_bound(&r.min_calls, &Throttling::default());
+    let (secs, per_api) = account_bound(&r.min_calls, &buckets_left(r.pattern));
     let parts: Vec<String> = per_api
         .iter()
         .map(|a| {
@@ -41,6 +54,9 @@ pub fn bound_of(r: &PairResult) -> (f64, String) {
             )
         })
         .collect();
+    if parts.is_empty() {
+        return (secs, "no call needed: the nodes held enough".into());
+    }
     (secs, parts.join("; "))
 }
 
@@ -54,6 +70,9 @@ fn throttled_per_api(ours: &PairResult, theirs: &[&PairResult]) -> String {
                 apis.push(a);
             }
         }
+    }
+    if apis.is_empty() {
+        return "none".into();
     }
     apis.sort_unstable();
     let of = |r: &PairResult, api: &str| r.by_action.iter().find(|a| a.0 == api).map_or(0, |a| a.2);
@@ -96,8 +115,22 @@ pub fn report(args: &FleetArgs, results: &[PairResult]) -> ScenarioReport {
                     .target(Target::AtMost(P99_LIMIT_S)),
             );
         }
-        if pattern == Pattern::ScaleUp {
+        if pattern == Pattern::NodeBoot {
             let (bound, parts) = bound_of(ours);
+            notes.push(format!(
+                "{pattern}: the account bound, {bound:.1} s (shown, not a target; each node counted from empty, its first pod ENI's room with nothing assigned, launches and boot not in it): {parts}"
+            ));
+        }
+        if is_cold_scale_up(pattern) {
+            let (bound, parts) = bound_of(ours);
+            let buckets = if pattern.has_tenant() {
+                format!(
+                    "the buckets the other tenant leaves (burst/2 and refill/2 of {})",
+                    super::tenant::TENANT_APIS.join(", ")
+                )
+            } else {
+                "EC2's buckets".into()
+            };
             rows.push(
                 Row::single(
                     format!("{pattern}: p99 pod wait vs the account bound"),
@@ -111,7 +144,7 @@ pub fn report(args: &FleetArgs, results: &[PairResult]) -> ScenarioReport {
                 .target(Target::RatioAtMost(BOUND_RATIO)),
             );
             notes.push(format!(
-                "{pattern}: the account bound, {bound:.1} s = the slowest API's max(0, (calls − burst) / refill) over the calls the pattern cannot do without, from eniipam's nodes at the start: {parts}"
+                "{pattern}: the account bound, {bound:.1} s = the slowest API's max(0, (calls − burst) / refill) on {buckets}, over the calls the pattern cannot do without, from eniipam's nodes at the start: {parts}"
             ));
         }
         let theirs: Vec<&PairResult> = Policy::ALL
@@ -124,7 +157,7 @@ pub fn report(args: &FleetArgs, results: &[PairResult]) -> ScenarioReport {
                 name: t.policy.name().into(),
                 value,
             };
-            let wait_target = if pattern == Pattern::ScaleUp && t.policy == Policy::WarmIp {
+            let wait_target = if is_cold_scale_up(pattern) && t.policy == Policy::WarmIp {
                 Target::AtMostAnchorPlus(0.0)
             } else {
                 Target::Info
@@ -202,7 +235,7 @@ pub fn report(args: &FleetArgs, results: &[PairResult]) -> ScenarioReport {
         })
         .collect();
     notes.insert(0, format!(
-        "Targets (issue 25): p99 wait ≤ {P99_LIMIT_S} s in churn, mixed and node-boot; in scale-up p99 ≤ warm-ip's and ≤ {BOUND_RATIO} × the account bound; free IPs ≤ {FREE_RATIO} × warm-eni's and warm-prefix's; throttled calls ≤ {THROTTLED_RATIO} × each VPC CNI policy's; ADDs failed by throttling or back-off ≤ {THROTTLE_RETRY_PCT} % of pods. Anchor = the same pattern under that VPC CNI policy, same run and code; ratio = eniipam / anchor; rows marked — are shown for comparison. EC2 calls are mockcloud's counts over the pattern (background reconciles included)."
+        "Targets (issue 25): p99 wait ≤ {P99_LIMIT_S} s in churn, mixed and node-boot; in scale-up and account-contention p99 ≤ warm-ip's and ≤ {BOUND_RATIO} × the pattern's account bound (account-contention's on the buckets the other tenant leaves); free IPs ≤ {FREE_RATIO} × warm-eni's and warm-prefix's; throttled calls ≤ {THROTTLED_RATIO} × each VPC CNI policy's; ADDs failed by throttling or back-off ≤ {THROTTLE_RETRY_PCT} % of pods. Anchor = the same pattern under that VPC CNI policy, same run and code; ratio = eniipam / anchor; rows marked — are shown for comparison. EC2 calls are mockcloud's counts over the pattern (background reconciles included)."
     ));
     notes.push(format!(
         "The full matrix (every policy, calls by purpose) and the plots: {}",
@@ -235,7 +268,7 @@ pub fn setup(args: &FleetArgs) -> Vec<String> {
         ),
         "simulated time: each (pattern, policy) pair runs on its own current-thread tokio runtime with a paused clock, mockcloud and every daemon on it; the clock moves only when nothing is runnable (SQLite waits hold it: `store::hold_the_clock_on_disk_waits`), so CPU time costs no simulated time".into(),
         format!(
-            "boot with fast EC2 and throttling off; settled = every node with nothing in flight or waiting and its warm target of free IPs, held {} s; then the realistic latency profile (create 400 ms, attach 250 ms + 2 s attaching, assign 250 ms, IMDS lag 1 s, ±20 % jitter) and EC2's account buckets, full, counters reset",
+            "boot (every pattern but node-boot) with fast EC2 and throttling off; settled = every node with nothing in flight or waiting and its warm target of free IPs, held {} s; then the realistic latency profile (create 400 ms, attach 250 ms + 2 s attaching, assign 250 ms, IMDS lag 1 s, ±20 % jitter) and EC2's account buckets, full, counters reset",
             SETTLE_HOLD.as_secs()
         ),
         account_buckets(&Throttling::default()),

@@ -33,6 +33,17 @@ pub const SECOND_WATCH: Duration = Duration::from_secs(10 * 60);
 pub const MIXED_EVERY: usize = 10;
 /// Mixed: pods on a busy node, and on each other node.
 pub const MIXED_PODS: (u32, u32) = (36, 1);
+/// Node-boot: each node's eniipamd starts at a uniformly random instant within this window. Karpenter
+/// batches pending pods for at most 10 s (`BATCH_MAX_DURATION`) and launches one NodeClaim per node of
+/// the batch at once; what spreads the nodes is how long each instance takes from launch to its
+/// DaemonSet pods running (boot, kubelet registration, image pull), which varies by tens of seconds.
+/// 30 s is that spread, taken as a figure, not a measurement.
+pub const LAUNCH_SPREAD: Duration = Duration::from_secs(30);
+/// Node-boot: from the daemon's gRPC server answering to the node's pods starting their sandboxes.
+/// The kubelet reports the node Ready as soon as the runtime reports its network ready (at start-up
+/// it updates the node status every 100 ms until Ready, `fastStatusUpdateOnce`), then the scheduler
+/// binds the waiting pods and the kubelet's pod watch sees them: about a second each. 2 s, a figure.
+pub const KUBELET_READY: Duration = Duration::from_secs(2);
 
 /// A traffic pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -48,14 +59,23 @@ pub enum Pattern {
     /// Every 10th node takes 36 pods, every other node 1, within 10 s: 10 % of the nodes take ~80 %
     /// of the pods.
     Mixed,
+    /// Karpenter-style: no node is booted beforehand. Each node's eniipamd starts within
+    /// [`LAUNCH_SPREAD`] on the realistic, throttled cloud; [`KUBELET_READY`] after its gRPC server
+    /// answers, its `--pods-per-node` pods start within 10 s, so boot, warm-up and ADDs overlap.
+    NodeBoot,
+    /// The scale-up (the same pods at the same instants) while another tenant of the account spends
+    /// half of each growth API's bucket: half its burst at the start, half its refill rate after.
+    AccountContention,
 }
 
 impl Pattern {
-    pub const ALL: [Pattern; 4] = [
+    pub const ALL: [Pattern; 6] = [
         Pattern::ScaleUp,
         Pattern::Churn,
         Pattern::DownUp,
         Pattern::Mixed,
+        Pattern::NodeBoot,
+        Pattern::AccountContention,
     ];
 
     /// The name on the command line, in the tables and in file names.
@@ -65,7 +85,19 @@ impl Pattern {
             Pattern::Churn => "churn",
             Pattern::DownUp => "down-up",
             Pattern::Mixed => "mixed",
+            Pattern::NodeBoot => "node-boot",
+            Pattern::AccountContention => "account-contention",
         }
+    }
+
+    /// Whether the nodes boot within the pattern (node-boot), not on a quiet cloud before it.
+    pub fn boots_in_pattern(self) -> bool {
+        self == Pattern::NodeBoot
+    }
+
+    /// Whether another tenant spends the account's buckets during the pattern.
+    pub fn has_tenant(self) -> bool {
+        self == Pattern::AccountContention
     }
 
     /// Whether the pattern ends with every pod of its last wave served (so "time until every pod has
@@ -76,8 +108,14 @@ impl Pattern {
 
     /// The pods, drawn from `seed`.
     pub fn plan(self, nodes: usize, pods_per_node: u32, seed: u64) -> Plan {
-        // One stream per pattern, so the scale-up of `all` is the same as the scale-up alone.
-        let mut rng = StdRng::seed_from_u64(seed ^ (self as u64 + 1).wrapping_mul(0x9E37_79B9));
+        // One stream per pattern, so the scale-up of `all` is the same as the scale-up alone; the
+        // account-contention pattern draws the scale-up's, so the two differ only in the tenant.
+        let stream = match self {
+            Pattern::AccountContention => Pattern::ScaleUp,
+            p => p,
+        };
+        let mut rng = StdRng::seed_from_u64(seed ^ (stream as u64 + 1).wrapping_mul(0x9E37_79B9));
+        let mut launches = Vec::new();
         let mut pods = Vec::new();
         let mut prepopulated = Vec::new();
         let window;
@@ -100,7 +138,15 @@ impl Pattern {
             }
         };
         match self {
-            Pattern::ScaleUp | Pattern::Mixed => {
+            Pattern::ScaleUp | Pattern::Mixed | Pattern::AccountContention => {
+                scale_up(&mut rng, &mut pods, Duration::ZERO, 0);
+                window = SCALE_UP_WINDOW;
+            }
+            Pattern::NodeBoot => {
+                launches = (0..nodes)
+                    .map(|_| LAUNCH_SPREAD.mul_f64(rng.random::<f64>()))
+                    .collect();
+                // Starts from each node's Ready (see `Plan::launches`).
                 scale_up(&mut rng, &mut pods, Duration::ZERO, 0);
                 window = SCALE_UP_WINDOW;
             }
@@ -155,6 +201,7 @@ impl Pattern {
             pods,
             window,
             waves,
+            launches,
         }
     }
 
@@ -183,6 +230,17 @@ impl Pattern {
                 "mixed: every {MIXED_EVERY}th node {} pods, the others {}, within {s} s; watched {} min",
                 MIXED_PODS.0,
                 MIXED_PODS.1,
+                SCALE_UP_WINDOW.as_secs() / 60
+            ),
+            Pattern::NodeBoot => format!(
+                "node-boot (Karpenter-style): no node booted beforehand; from the pattern's start the realistic latency and the account's buckets are on, and each node's eniipamd starts at a uniformly random instant within {} s (a batch of launches, spread by instance boot times); the node is Ready {} s after its gRPC server answers (kubelet status, scheduler binding), and its {pods_per_node} pods start within {s} s of that, so boot (describes), warm-up and ADDs overlap across the fleet; watched {} min from the first launch. `free per node at start` = idle IPs when the node is Ready, `boot + settle` = when the last node was Ready; the account bound counts each node from empty (its first pod ENI's room with nothing assigned)",
+                LAUNCH_SPREAD.as_secs(),
+                KUBELET_READY.as_secs(),
+                SCALE_UP_WINDOW.as_secs() / 60
+            ),
+            Pattern::AccountContention => format!(
+                "account-contention: the scale-up's pods ({pods_per_node} per node within {s} s, the same instants) while another tenant of the account spends the same buckets: it has spent half the burst of each of {} when the pattern starts, and keeps spending half of each one's refill rate (its calls take tokens from mockcloud's buckets as real calls would; a throttled one is made again later); the account bound uses what is left, burst/2 and refill/2; watched {} min",
+                super::tenant::TENANT_APIS.join(", "),
                 SCALE_UP_WINDOW.as_secs() / 60
             ),
         }
@@ -226,7 +284,7 @@ pub enum Life {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PodPlan {
     pub node: usize,
-    /// Its ADD's first attempt, from the pattern's start.
+    /// Its ADD's first attempt, from the pattern's start (node-boot: from its node's Ready).
     pub start: Duration,
     pub life: Life,
     /// Which scale-up it belongs to (down-up has two; the others one).
@@ -244,6 +302,9 @@ pub struct Plan {
     pub window: Duration,
     /// Each wave's start.
     pub waves: Vec<Duration>,
+    /// Node-boot: each node's launch (its eniipamd's start), from the pattern's start; its pods'
+    /// `start` counts from when it is Ready. Empty when the fleet boots before the pattern.
+    pub launches: Vec<Duration>,
 }
 
 impl Plan {
@@ -289,5 +350,56 @@ mod tests {
             .sum::<f64>()
             / churn.prepopulated.len() as f64;
         assert!((155.0..181.0).contains(&left), "{left}");
+    }
+
+    #[test]
+    fn node_boot_launches_every_node_once_and_starts_its_pods_after_ready() {
+        let a = Pattern::NodeBoot.plan(40, 12, 9);
+        assert_eq!(a.launches, Pattern::NodeBoot.plan(40, 12, 9).launches);
+        assert_eq!(a.pods, Pattern::NodeBoot.plan(40, 12, 9).pods);
+        assert_ne!(a.launches, Pattern::NodeBoot.plan(40, 12, 10).launches);
+        assert_eq!(a.launches.len(), 40);
+        assert!(a.launches.iter().all(|l| *l < LAUNCH_SPREAD));
+        // Spread over the window, not bunched: both halves launch nodes.
+        let early = a
+            .launches
+            .iter()
+            .filter(|l| **l < LAUNCH_SPREAD / 2)
+            .count();
+        assert!((10..=30).contains(&early), "{early}");
+        // Every node its 12 pods, each within SPREAD of its node's Ready, none before it.
+        for node in 0..40 {
+            let of: Vec<&PodPlan> = a.pods.iter().filter(|p| p.node == node).collect();
+            assert_eq!(of.len(), 12, "node {node}");
+            assert!(
+                of.iter()
+                    .all(|p| p.start < SPREAD && p.life == Life::Forever)
+            );
+        }
+        assert!(a.prepopulated.is_empty());
+        assert_eq!(a.window, SCALE_UP_WINDOW);
+        assert!(Pattern::ScaleUp.plan(40, 12, 9).launches.is_empty());
+    }
+
+    #[test]
+    fn account_contention_is_the_scale_up_pod_for_pod() {
+        let ours = Pattern::AccountContention.plan(30, 20, 7);
+        let scale_up = Pattern::ScaleUp.plan(30, 20, 7);
+        assert_eq!(ours.pods, scale_up.pods);
+        assert_eq!((ours.window, ours.launches.len()), (scale_up.window, 0));
+        assert!(Pattern::AccountContention.has_tenant() && !Pattern::ScaleUp.has_tenant());
+    }
+
+    #[test]
+    fn the_new_patterns_parse_by_name() {
+        for p in [Pattern::NodeBoot, Pattern::AccountContention] {
+            assert_eq!(p.name().parse::<Pattern>(), Ok(p));
+            assert!(Pattern::ALL.contains(&p) && p.has_finish());
+        }
+        let e = "node-bot".parse::<Pattern>().unwrap_err();
+        assert!(
+            e.contains("\"node-bot\"") && e.contains("account-contention"),
+            "{e}"
+        );
     }
 }
