@@ -189,3 +189,26 @@ async fn after_a_throttled_assign_warm_ups_wait_for_pods_or_a_quiet_minute() {
     assert!(n.pool.snapshot().idle_eligible >= 2);
     n.pool.check_invariants().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn pods_arriving_while_a_top_up_is_on_the_wire_take_its_ips_instead_of_a_new_eni() {
+    // An ENI with room, nothing idle; assigns take a second to come back.
+    let n = start_with_enis(warm_config(), NodeSpec::default(), &[0]).await;
+    n.cloud
+        .set_latency(Action::AssignPrivateIpAddresses, Duration::from_secs(1));
+    // The first pod's assign carries the node's top-up: every slot of the ENI is on the wire.
+    let pool = n.pool.clone();
+    let first = tokio::spawn(async move { pool.acquire(key(0), pod(0), None, None).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let in_flight = n.pool.snapshot().pod_enis().next().unwrap().in_flight;
+    assert_eq!(in_flight, 9, "the pod and its ride-along top-up");
+
+    // Two pods now: no slot left on the ENI, but the warm-ups in flight serve them when they land
+    // (and leave the node at its low mark); no ENI is created for them.
+    let results = acquire_many(&n.pool, 1..3).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    first.await.unwrap().unwrap();
+    assert_eq!(n.cloud.call_count(Action::CreateNetworkInterface), 0);
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 1);
+    n.pool.check_invariants().unwrap();
+}

@@ -266,13 +266,20 @@ impl PoolState {
                 && !r.phase.accepts_work(now)
                 && r.phase != EniPhase::Draining
         });
-        // Slots the ENIs being created here will have left for waiters once they are attached.
+        // Slots the ENIs being created here will have left for waiters once they are attached,
+        // and the warm-ups in flight no warm waiter has claimed (top-ups on attached ENIs, those
+        // riding in pods' calls, the warm part of creates): the waiters in line take them as they
+        // land (step 1), so an ENI is created for a waiter only when none of those will serve it.
+        // Otherwise pods arriving while a top-up is on the wire would each start an ENI's create,
+        // attach and modify, in a scale-up the account's scarcest calls.
+        let warm_coming = self.warming.saturating_sub(self.warm_waiters.len() as u32);
         let mut room_coming: u32 = self
             .creating
             .values()
             .filter(|c| c.subnet_id == subnet_id)
             .map(|c| per_eni_addresses.saturating_sub(c.count))
-            .sum();
+            .sum::<u32>()
+            + warm_coming;
         loop {
             let creating_here = self.creating.values().any(|c| c.subnet_id == subnet_id);
             let uncovered = (self.create_waiters.len() as u32).saturating_sub(room_coming);
