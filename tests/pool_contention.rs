@@ -16,7 +16,7 @@ use crate::pool_support::memory_cloud::{Action, NodeSpec};
 use eniipam::cloud::CloudError;
 use eniipam::pool::PoolConfig;
 use eniipam::pool::config::WarmPolicy;
-use pool_support::{acquire_many, key, pod, quiet_config, start, start_with_enis};
+use pool_support::{acquire_many, key, pod, quiet_config, roomy, start, start_with_enis};
 
 fn throttled(api: &str) -> CloudError {
     CloudError::RetriesExhausted {
@@ -137,13 +137,16 @@ async fn a_pods_assign_brings_the_warm_ups_along_in_the_same_call() {
 
 #[tokio::test(start_paused = true)]
 async fn after_a_throttled_assign_warm_ups_wait_for_pods_or_a_quiet_minute() {
-    let n = start_with_enis(adaptive(), NodeSpec::default(), &[0]).await;
+    // ENIs of 49 pod IPs: room to spare after every call below.
+    let (_, spec) = roomy();
+    let n = start_with_enis(adaptive(), spec, &[0]).await;
     n.cloud.fail_next(
         Action::AssignPrivateIpAddresses,
         1,
         throttled("AssignPrivateIpAddresses"),
     );
-    // The pod waits out the back-off; its second call brings the warm-ups.
+    // The pod waits out the back-off; its second call brings the warm-ups, under contention up to
+    // the give-back level (16 during a burst).
     n.pool.acquire(key(0), pod(0), None, None).await.unwrap();
     assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 2);
     let idle = n.pool.snapshot().idle_eligible;
@@ -176,8 +179,7 @@ async fn after_a_throttled_assign_warm_ups_wait_for_pods_or_a_quiet_minute() {
     assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 3);
     assert!(n.pool.snapshot().idle_eligible >= 2);
 
-    // Pods take them again; a minute after the throttle, warm-ups make calls of their own (the ENI
-    // has one slot left: a top-up there and a new ENI for the rest).
+    // Pods take them again; a minute after the throttle, warm-ups make a call of their own.
     let more = n.pool.snapshot().idle_eligible as usize;
     let took = acquire_many(&n.pool, next + 1..next + 1 + more).await;
     assert!(took.iter().all(Result::is_ok), "{took:?}");

@@ -170,11 +170,10 @@ async fn a_cold_burst_of_100_pods_with_prefixes_costs_at_most_three_calls() {
     assert!(b.pool.snapshot().capacity >= 110);
     let inst = b.env.mock.instance(&b.env.instance.instance_id).unwrap();
     let prefixes: usize = inst.enis.iter().map(|e| e.ipv4_prefixes.len()).sum();
-    assert_eq!(
-        prefixes, 8,
-        "100 pods in seven /28s, and one more warmed for the burst's tail (the adaptive policy \
-         expects as many again during a burst, up to max_idle 16)"
-    );
+    // 100 pods in seven /28s; an eighth is warmed for the burst's tail (the adaptive policy
+    // expects as many again during a burst, up to max_idle 16) when the maintainer's top-up goes
+    // out before the burst's last pods have taken the warm-ups already in flight.
+    assert!((7..=8).contains(&prefixes), "{prefixes} /28s for 100 pods");
     b.pool.shutdown().await;
 }
 

@@ -42,7 +42,7 @@
 //!   backlog the moment the pause ends spends the account's trickle on throttled attempts;
 //! - refills and give-backs ([`Purpose::yields`]) wait, after the pause, while a call of another
 //!   purpose (a pod's, the reconcile's) is waiting or running on the API, so the trickle goes to
-//!   the calls a pod waits on. The wait is bounded (2 × the longest pause, 2 min): a steady stream of
+//!   the calls a pod waits on. The wait is bounded (2 × the longest pause, 20 s): a steady stream of
 //!   throttled pod calls never starves a refill for good; and with no pod-driven call about, a
 //!   refill goes as the probe itself (otherwise nothing would succeed and end the recovery).
 //!

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::{PoolState, SubnetBackoffKind};
 use crate::cloud::CloudError;
 use crate::model::EniId;
-use crate::pool::config::PREFIX_ADDRESSES;
+use crate::pool::config::{PREFIX_ADDRESSES, WarmPolicy};
 use crate::pool::error::{BackoffTarget, ExhaustionReason, PoolError};
 use crate::pool::types::{AssignBatch, AssignOutcome, AssignPlan, EniPhase, Packed, Waiter};
 
@@ -59,14 +59,25 @@ impl PoolState {
     /// the maintainer would top up to the fill level in a call of its own right after this one;
     /// in this call the same addresses cost EC2 no extra call and no extra token. Within the
     /// ENI's room and the node's tokens; counted as warming, like the maintainer's. At or above
-    /// the low mark nothing rides along: the levels held are the policy's, only the calls fewer.
+    /// the low mark nothing rides along: the levels held are the policy's, only the calls fewer
+    /// (under assign contention, see below, up to the give-back level instead).
     fn ride_along(&mut self, eni: &EniId, now: Instant) -> u32 {
         let levels = self.warm_levels(now);
         let have = self.idle.unreserved(now) + self.warming;
-        if have >= levels.low {
+        // Under assign contention (EC2 throttled one from this node lately) every assign call is
+        // scarce and warm-ups make none of their own: with the adaptive policy the pods' call
+        // takes the node up to its give-back level, the most it holds without giving back,
+        // rather than the fill level (a fixed policy's levels are the operator's, and kept).
+        let adaptive = self.config.warm_policy == WarmPolicy::Adaptive;
+        let (below, target) = if self.assign_contended && adaptive {
+            (levels.keep, levels.keep.max(levels.fill))
+        } else {
+            (levels.low, levels.fill)
+        };
+        if have >= below {
             return 0;
         }
-        let want = levels.fill.saturating_sub(have);
+        let want = target.saturating_sub(have);
         let Some(r) = self.enis.get(eni) else {
             return 0;
         };

@@ -78,10 +78,14 @@ impl PoolState {
     }
 
     fn route_new_ip(&mut self, req: Acquire, now: Instant, span: tracing::Span) -> Route {
-        let has_token = self.capacity.try_take(1);
-        // Every token taken, some by warm-ups still in flight: this acquire takes one of those IPs
-        // when it lands instead of failing while the node still has room for it.
-        if !has_token && self.warming as usize <= self.warm_waiters.len() {
+        // Warm-ups on the wire that no waiter has claimed yet serve this acquire when they land,
+        // holding its token: no call of its own (in a scale-up, each would be one more assign of
+        // the account's scarcest, queued behind the one in flight anyway). Otherwise: every token
+        // taken, some by warm-ups still in flight: this acquire takes one of those IPs when it
+        // lands instead of failing while the node still has room for it.
+        let unclaimed_warm = self.warming as usize > self.warm_waiters.len();
+        let has_token = !unclaimed_warm && self.capacity.try_take(1);
+        if !has_token && !unclaimed_warm {
             return Route::Done(Err(self.capacity_reached(now)));
         }
         let (tx, rx) = oneshot::channel();
@@ -98,7 +102,7 @@ impl PoolState {
             waiting_on: None,
         };
         if !has_token {
-            tracing::debug!(parent: &waiter.span, warming = self.warming, "every slot taken: waiting for a warm IP in flight");
+            tracing::debug!(parent: &waiter.span, warming = self.warming, "waiting for a warm IP in flight");
             self.pending.insert(key, Pending::default());
             self.warm_waiters.push_back(waiter);
             return Route::Wait(rx);
