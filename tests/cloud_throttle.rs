@@ -32,6 +32,9 @@ async fn a_throttling_storm_with_5xx_still_completes_the_sequence() {
     let env = Env::start_with(mock_config, limiter, Duration::from_millis(500)).await;
     env.mock
         .inject_fault(Fault::rate(None, "InternalError", 0.2));
+    // At least one 5xx whatever the dice say (a sequence reaches EC2 a dozen times or so).
+    env.mock
+        .inject_fault(Fault::error("CreateNetworkInterface", "InternalError", 1));
 
     let start = tokio::time::Instant::now();
     // Two ENIs' worth of work at once (m5.large takes two secondary ENIs), so calls collide.
