@@ -53,3 +53,62 @@ async fn adds_wait_out_throttled_assigns_and_all_get_an_ip() {
     d.pool.check_invariants().unwrap();
     d.shutdown().await;
 }
+
+/// A fleet booting together shares the account's buckets (the fleet benchmark's node-boot pattern
+/// at 500 nodes): the startup's describes can be throttled past the limiter's six attempts. The
+/// daemon rides that out and starts, rather than exiting into the kubelet's crash-loop back-off;
+/// a failure EC2's slowness does not explain still ends the start at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_rides_out_throttled_describes_and_the_daemon_starts() {
+    let mock = mockcloud::MockCloud::start(mockcloud::Config::fast())
+        .await
+        .unwrap();
+    let dir = daemon_support::TempDir::new("startup-throttled");
+    // Nine throttled describes: the rebuild's first call gives up after six attempts.
+    mock.inject_fault(Fault::error(
+        "DescribeNetworkInterfaces",
+        "RequestLimitExceeded",
+        9,
+    ));
+    let d = daemon_support::start(daemon_support::config(&mock, &dir.0)).await;
+    assert!(mock.counters().throttled("DescribeNetworkInterfaces") >= 9);
+    let mut c = daemon_support::client(&d.socket_path).await;
+    let ip = c
+        .allocate(daemon_support::alloc_req("ctr0", "web-0"))
+        .await
+        .expect("served after the throttled startup")
+        .into_inner()
+        .ip;
+    assert!(!ip.is_empty());
+    d.shutdown().await;
+
+    // Refused outright (not slow): the start fails at once, with EC2's answer.
+    let dir = daemon_support::TempDir::new("startup-refused");
+    mock.inject_fault(Fault::error(
+        "DescribeNetworkInterfaces",
+        "UnauthorizedOperation",
+        1,
+    ));
+    let config = daemon_support::config(&mock, &dir.0);
+    let clients = eniipam::daemon::CloudClients::from_config(
+        &config,
+        Some(aws_sdk_ec2::config::Credentials::new(
+            "a", "b", None, None, "test",
+        )),
+    )
+    .await
+    .expect("clients");
+    let started = std::time::Instant::now();
+    let err = match eniipam::daemon::Daemon::start_with(config, clients).await {
+        Ok(_) => panic!("the start must fail on a refused describe"),
+        Err(e) => e,
+    };
+    assert!(
+        format!("{err:#} {err:?}").contains("UnauthorizedOperation"),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "no patience for a refusal"
+    );
+}

@@ -35,7 +35,7 @@ use demand::{restore_demand, save_demand, spawn_demand_writer, spawn_lookahead_o
 use host::{spawn_host_routing, spawn_host_rules};
 use reconciler::{Reconciler, spawn_reconcile};
 use serve::{serve_grpc, serve_metrics};
-use startup::{discover_node, open_store, rebuild};
+use startup::{discover_node, open_store, patiently, rebuild};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -151,9 +151,11 @@ impl Daemon {
         let (store, state_lost) = open_store(&config).await?;
         // Every EC2 call until the pool starts is the startup's.
         let (node, (seed, report, vpc_cidrs)) = with_purpose(Purpose::Startup, async {
-            let node = discover_node(&config, &clients).await?;
-            let rebuilt =
-                rebuild(&config, &clients, &node, (&store, state_lost), &b.metrics).await?;
+            let node = patiently("node discovery", || discover_node(&config, &clients)).await?;
+            let rebuilt = patiently("rebuild", || {
+                rebuild(&config, &clients, &node, (&store, state_lost), &b.metrics)
+            })
+            .await?;
             Ok::<_, DaemonError>((node, rebuilt))
         })
         .await?;
