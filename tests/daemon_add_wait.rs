@@ -98,7 +98,7 @@ async fn the_startup_rides_out_throttled_describes_and_the_daemon_starts() {
     )
     .await
     .expect("clients");
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let err = match eniipam::daemon::Daemon::start_with(config, clients).await {
         Ok(_) => panic!("the start must fail on a refused describe"),
         Err(e) => e,
