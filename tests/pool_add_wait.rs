@@ -10,17 +10,8 @@ use std::time::Duration;
 use crate::pool_support::memory_cloud::{Action, NodeSpec};
 use eniipam::cloud::CloudError;
 use eniipam::pool::{Acquire, AttachmentMeta, EniPhaseSnapshot, PoolConfig, PoolError};
-use pool_support::{acquire_many, key, pod, quiet_config, start, start_with_enis};
+use pool_support::{acquire_many, key, pod, quiet_config, start, start_with_enis, throttled};
 use tokio::time::Instant;
-
-fn throttled(api: &str) -> CloudError {
-    CloudError::RetriesExhausted {
-        api: api.into(),
-        attempts: 5,
-        last: format!("{api}: throttled by EC2 (RequestLimitExceeded)"),
-        throttled: true,
-    }
-}
 
 fn transient(api: &str) -> CloudError {
     CloudError::Transient {

@@ -13,19 +13,11 @@ mod pool_support;
 use std::time::Duration;
 
 use crate::pool_support::memory_cloud::{Action, NodeSpec};
-use eniipam::cloud::CloudError;
 use eniipam::pool::PoolConfig;
 use eniipam::pool::config::WarmPolicy;
-use pool_support::{acquire_many, key, pod, quiet_config, roomy, start, start_with_enis};
-
-fn throttled(api: &str) -> CloudError {
-    CloudError::RetriesExhausted {
-        api: api.into(),
-        attempts: 5,
-        last: format!("{api}: throttled by EC2 (RequestLimitExceeded)"),
-        throttled: true,
-    }
-}
+use pool_support::{
+    Node, acquire_many, key, pod, quiet_config, roomy, start, start_with_enis, throttled,
+};
 
 /// Warm-ups of 6 on a node that serves pods from new ENIs only (9 pod IPs each), rounds run by
 /// hand (the tick is an hour), EC2 creates ENIs after a short back-off.
@@ -38,18 +30,24 @@ fn warm_config() -> PoolConfig {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn after_a_throttled_create_warm_ups_start_no_eni_until_a_quiet_minute() {
+/// A node of [`warm_config`] whose first round's create, for warm-ups alone (no ENI has room), EC2
+/// throttled.
+async fn after_a_throttled_warm_up_create() -> Node {
     let n = start(warm_config(), NodeSpec::default()).await;
     n.cloud.fail_next(
         Action::CreateNetworkInterface,
         1,
         throttled("CreateNetworkInterface"),
     );
-    // The first round wants 6 warm IPs and no ENI has room: a create for them, throttled.
     let _ = n.pool.maintain_now().await;
     assert_eq!(n.cloud.call_count(Action::CreateNetworkInterface), 1);
     assert_eq!(n.pool.snapshot().pod_enis().count(), 0);
+    n
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_throttled_create_warm_ups_start_no_eni_until_a_quiet_minute() {
+    let n = after_a_throttled_warm_up_create().await;
 
     // Well past the back-off, still within the minute: rounds start no ENI for warm-ups alone.
     for _ in 0..5 {
@@ -74,14 +72,7 @@ async fn after_a_throttled_create_warm_ups_start_no_eni_until_a_quiet_minute() {
 
 #[tokio::test(start_paused = true)]
 async fn pods_waiting_still_get_a_create_under_contention_with_the_warm_ups_riding_along() {
-    let n = start(warm_config(), NodeSpec::default()).await;
-    n.cloud.fail_next(
-        Action::CreateNetworkInterface,
-        1,
-        throttled("CreateNetworkInterface"),
-    );
-    let _ = n.pool.maintain_now().await;
-    assert_eq!(n.cloud.call_count(Action::CreateNetworkInterface), 1);
+    let n = after_a_throttled_warm_up_create().await;
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     // Three pods arrive while the node is contended: one create carries them and the warm-ups.

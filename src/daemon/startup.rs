@@ -5,9 +5,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
-use rand::Rng;
 
 use super::{CloudClients, DaemonError};
+use crate::cloud::backoff::BackoffPolicy;
 use crate::cloud::{CloudError, NodeContext};
 use crate::config::DaemonConfig;
 use crate::metrics::Metrics;
@@ -16,8 +16,9 @@ use crate::reconcile::{self, ReconcileReport};
 use crate::store::Store;
 
 /// How long the startup rides out EC2 being slow (throttled, failing transiently) before it gives up.
-pub(super) const STARTUP_PATIENCE: Duration = Duration::from_secs(10 * 60);
-/// The first wait before a startup step is tried again; it doubles up to [`STARTUP_RETRY_CAP`].
+const STARTUP_PATIENCE: Duration = Duration::from_secs(10 * 60);
+/// The ceiling of the first wait before a startup step is tried again; it doubles up to
+/// [`STARTUP_RETRY_CAP`].
 const STARTUP_RETRY_FIRST: Duration = Duration::from_secs(1);
 const STARTUP_RETRY_CAP: Duration = Duration::from_secs(30);
 
@@ -27,40 +28,39 @@ fn ec2_was_slow(err: &DaemonError) -> bool {
     matches!(err, DaemonError::Cloud(e) if e.is_retryable() || matches!(e, CloudError::RetriesExhausted { .. }))
 }
 
-/// Runs a startup step (node discovery, the rebuild) until it succeeds, trying it again after a
-/// jittered back-off (1 s doubling to 30 s) while it fails only because EC2 is slow, for up to
-/// [`STARTUP_PATIENCE`]; any other failure ends the start at once. A fleet whose nodes boot together
-/// (a Karpenter or cluster-autoscaler scale-up) shares the account's buckets: the limiter's six
-/// attempts can run out on a describe, and a daemon that exited for it would be restarted by the
-/// kubelet under a crash-loop back-off of up to 5 minutes, its node not Ready all the while (found
-/// by the fleet benchmark's node-boot pattern at 500 nodes). Nothing is served before the step
-/// succeeds, and a step is safe to run again (the rebuild writes the state file only at its end).
+/// Runs a startup step (node discovery, the rebuild) until it succeeds, trying it again after the
+/// project's full-jitter back-off (`cloud::backoff`, 1 s doubling to 30 s) while it fails only
+/// because EC2 is slow, for up to [`STARTUP_PATIENCE`]; any other failure ends the start at once. A
+/// fleet whose nodes boot together (a Karpenter or cluster-autoscaler scale-up) shares the account's
+/// buckets: the limiter's six attempts can run out on a describe, and a daemon that exited for it
+/// would be restarted by the kubelet under a crash-loop back-off of up to 5 minutes, its node not
+/// Ready all the while (found by the fleet benchmark's node-boot pattern at 500 nodes). Nothing is
+/// served before the step succeeds, and a step is safe to run again (the rebuild writes the state
+/// file only at its end).
 pub(super) async fn patiently<T, F, Fut>(step: &str, mut run: F) -> Result<T, DaemonError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, DaemonError>>,
 {
-    let started = tokio::time::Instant::now();
-    let mut wait = STARTUP_RETRY_FIRST;
-    let mut tries = 1u32;
+    let mut backoff =
+        BackoffPolicy::polling(STARTUP_RETRY_FIRST, STARTUP_RETRY_CAP, STARTUP_PATIENCE).start();
     loop {
-        match run().await {
+        let err = match run().await {
             Ok(v) => return Ok(v),
-            Err(err) if ec2_was_slow(&err) && started.elapsed() + wait < STARTUP_PATIENCE => {
-                let pause = wait.mul_f64(rand::rng().random_range(0.5..=1.0));
-                tracing::warn!(
-                    step,
-                    tries,
-                    error = %err,
-                    retry_in_ms = pause.as_millis() as u64,
-                    "EC2 is slow at startup (throttled or failing transiently): trying the step again"
-                );
-                tokio::time::sleep(pause).await;
-                wait = (wait * 2).min(STARTUP_RETRY_CAP);
-                tries += 1;
-            }
+            Err(err) if ec2_was_slow(&err) => err,
             Err(err) => return Err(err),
-        }
+        };
+        let Some(pause) = backoff.next_delay() else {
+            return Err(err);
+        };
+        tracing::warn!(
+            step,
+            tries = backoff.attempts() - 1,
+            error = %err,
+            retry_in_ms = pause.as_millis() as u64,
+            "EC2 is slow at startup (throttled or failing transiently): trying the step again"
+        );
+        tokio::time::sleep(pause).await;
     }
 }
 

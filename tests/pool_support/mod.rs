@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eniipam::cloud::lifecycle::{EniLifecycle, LifecycleConfig};
-use eniipam::cloud::{InstanceLimits, Metadata, NodeContext};
+use eniipam::cloud::{CloudError, InstanceLimits, Metadata, NodeContext};
 use eniipam::model::{AttachmentKey, EniId, PodRef};
 use eniipam::pool::config::WarmPolicy;
 use eniipam::pool::{Allocation, Pool, PoolConfig, PoolError, PoolSeed};
@@ -123,5 +123,15 @@ pub async fn acquire_many(
 pub async fn settle() {
     for _ in 0..20 {
         tokio::task::yield_now().await;
+    }
+}
+
+/// What the cloud layer returns once EC2 has throttled every attempt of a call to `api`.
+pub fn throttled(api: &str) -> CloudError {
+    CloudError::RetriesExhausted {
+        api: api.into(),
+        attempts: 5,
+        last: format!("{api}: throttled by EC2 (RequestLimitExceeded)"),
+        throttled: true,
     }
 }

@@ -63,7 +63,7 @@ impl PoolState {
     /// (under assign contention, see below, up to the give-back level instead).
     fn ride_along(&mut self, eni: &EniId, now: Instant) -> u32 {
         let levels = self.warm_levels(now);
-        let have = self.idle.unreserved(now) + self.warming;
+        let have = self.warm_on_hand(now);
         // Under assign contention (EC2 throttled one from this node lately) every assign call is
         // scarce and warm-ups make none of their own: with the adaptive policy the pods' call
         // takes the node up to its give-back level, the most it holds without giving back,

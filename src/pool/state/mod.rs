@@ -236,6 +236,12 @@ impl PoolState {
         self.per_eni.saturating_sub(r.slots_used() + inflight_slots)
     }
 
+    /// Warm IPs the node has or has coming: idle ones no reservation holds, and warm-ups in flight.
+    /// What the warm levels are compared with.
+    fn warm_on_hand(&self, now: Instant) -> u32 {
+        self.idle.unreserved(now) + self.warming
+    }
+
     /// Addresses `r` can still take.
     fn eni_room_addresses(&self, r: &EniRecord) -> u32 {
         let per_slot = self.config.addresses_per_slot();

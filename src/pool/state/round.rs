@@ -195,7 +195,7 @@ impl PoolState {
         //    low mark, so a trickle of pods costs one assign call per few pods rather than one per
         //    pod, and churn has room below the give-back level (see `pool::demand`).
         let levels = self.warm_levels(now);
-        let have = self.idle.unreserved(now) + self.warming;
+        let have = self.warm_on_hand(now);
         let mut deficit = if have < levels.low {
             levels.fill.saturating_sub(have)
         } else {
