@@ -205,3 +205,41 @@ async fn pods_arriving_while_a_top_up_is_on_the_wire_take_its_ips_instead_of_a_n
     assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 1);
     n.pool.check_invariants().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_warm_up_ec2_throttled_backs_off_no_eni_and_a_pod_after_it_is_served_at_once() {
+    // An ENI with room and a long back-off after a failure: a pod held by one would wait 30 s.
+    let config = PoolConfig {
+        eni_backoff: Duration::from_secs(30),
+        ..warm_config()
+    };
+    let n = start_with_enis(config, NodeSpec::default(), &[0]).await;
+    n.cloud.fail_next(
+        Action::AssignPrivateIpAddresses,
+        1,
+        throttled("AssignPrivateIpAddresses"),
+    );
+    let _ = n.pool.maintain_now().await;
+    assert_eq!(
+        n.cloud.call_count(Action::AssignPrivateIpAddresses),
+        1,
+        "the warm-up's call, throttled"
+    );
+    assert_eq!(n.pool.snapshot().idle_eligible, 0);
+
+    // The throttle is the account's, not the ENI's: a pod now is served by a call of its own at
+    // once (the gate, in the real client, paces it), not after the ENI's back-off.
+    let start = tokio::time::Instant::now();
+    n.pool.acquire(key(0), pod(0), None, None).await.unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 2);
+    // And no warm-up call of its own follows within the minute: they rode along in the pod's call.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let _ = n.pool.maintain_now().await;
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 2);
+    n.pool.check_invariants().unwrap();
+}

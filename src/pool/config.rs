@@ -100,9 +100,12 @@ pub struct PoolConfig {
     /// API's throttle gate) takes calls again. A caller's own deadline (the CNI plugin's gRPC
     /// timeout) shortens it per request ([`super::Acquire::wait`]).
     ///
-    /// Default 60 s. The runtime's bound is the kubelet's `runtimeRequestTimeout` (2 min by
+    /// Default 100 s. The runtime's bound is the kubelet's `runtimeRequestTimeout` (2 min by
     /// default) on RunPodSandbox, which covers the sandbox image, the netns and every CNI plugin of
-    /// the chain; eniipam's plugin waits 90 s for the daemon by default. A failed ADD costs the pod
+    /// the chain; eniipam's plugin waits 105 s for the daemon by default (its 5 s margin for the
+    /// answer makes this 100 s), which leaves 15 s for the pause container and the rest of the
+    /// chain. A cold scale-up of 500 nodes on one account's refill has its last pods wait about
+    /// that long; at 60 s, one pod in six failed once and was asked for again. A failed ADD costs the pod
     /// the kubelet's sync back-off (10 s, jittered up to 15 s) and the node a new request, so
     /// waiting within the budget is cheaper than failing and being asked again. Zero: fail at once
     /// (the earlier behaviour).
@@ -207,7 +210,7 @@ impl Default for PoolConfig {
             prefix_delegation: false,
             prefix_retry: Duration::from_secs(2 * 60),
             subnet_refresh: Duration::from_secs(30 * 60),
-            add_wait: Duration::from_secs(60),
+            add_wait: Duration::from_secs(100),
             lifecycle: LifecycleConfig::default(),
         }
     }

@@ -37,8 +37,13 @@ use super::types::{
 };
 use crate::cloud::{
     ADDRESS_IN_USE, AttachmentStatus, CloudError, EniFilter, Purpose, with_deadline, with_purpose,
+    without_throttle_retries,
 };
 use crate::model::EniId;
+
+/// The EC2 API an assign batch goes through, addresses or prefixes: its throttle pause is waited
+/// out before a batch, and its throttles tell the maintainer the account's bucket is short.
+pub(super) const ASSIGN_API: &str = "AssignPrivateIpAddresses";
 
 /// How often the actor re-reads IMDS while waiting for freshly assigned IPs to show.
 const IMDS_POLL: Duration = Duration::from_millis(100);
@@ -144,6 +149,15 @@ impl EniActor {
                     () = &mut window => break,
                 }
             }
+            if batch.assign.count() > 0 {
+                // EC2 throttled the node's assigns lately: the call waits out the pause, and the
+                // pods and warm-ups that come meanwhile go in it too (a throttled batch comes back
+                // through the pool, see `handle`).
+                self.shared.cloud.throttle_pause(ASSIGN_API).await;
+                while let Ok(cmd) = self.rx.try_recv() {
+                    batch.add(cmd);
+                }
+            }
             if self.handle(batch).await == Flow::Stop {
                 break;
             }
@@ -190,8 +204,18 @@ impl EniActor {
             };
             // The call's retries end before the earliest of its pods' deadlines: the pods are
             // answered (and wait in line for the next try) while their runtime still waits.
+            // An assign takes EC2's throttle as its answer rather than being retried as it is: the
+            // pods wait in line and the maintainer routes every waiter of the node here again,
+            // so the next try carries the pods that came meanwhile too (the run loop waits out
+            // the throttle pause before it gathers the batch). A warm-up alone is planned again,
+            // and under contention rides along in the pods' calls: the account's bucket is dry,
+            // and its next token is one a pod, here or on another node, waits on. Transient
+            // failures are retried as before, within the pods' earliest deadline.
             let deadline = batch.assign.pods.iter().map(|w| w.deadline).min();
-            let call = with_purpose(purpose, self.assign(batch.assign, batch.warm_replies));
+            let call = with_purpose(
+                purpose,
+                without_throttle_retries(self.assign(batch.assign, batch.warm_replies)),
+            );
             match deadline {
                 Some(d) => with_deadline(d, call).await,
                 None => call.await,

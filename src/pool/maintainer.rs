@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
 
+use super::eni::ASSIGN_API;
 use super::error::PoolError;
 use super::shared::{NewEniFacts, Shared};
 use super::slots::pack_in_subnet;
@@ -151,9 +152,9 @@ async fn refresh_subnets(shared: Arc<Shared>) {
 /// The calls a new ENI cannot do without before it serves: when EC2 has throttled one of them from
 /// this node within [`CONTENTION_MEMORY`], the account's bucket is short and warm-ups start no ENI.
 const GROWTH_APIS: [&str; 2] = ["CreateNetworkInterface", "AttachNetworkInterface"];
-/// The call that tops up an ENI with room: when EC2 has throttled it from this node within
-/// [`CONTENTION_MEMORY`], warm-ups ride along in pods' assigns instead of making their own.
-const ASSIGN_API: &str = "AssignPrivateIpAddresses";
+/// The call that tops up an ENI with room ([`ASSIGN_API`]): when EC2 has throttled it from this
+/// node within [`CONTENTION_MEMORY`], warm-ups ride along in pods' assigns instead of making their
+/// own.
 /// How long a throttle of a growth call counts as contention: long enough to span a fleet's
 /// scale-up on the account's refill (EC2 refills these buckets at 5 calls/s for the whole account),
 /// short enough that a node warms up again within a minute of the storm's end.

@@ -37,7 +37,7 @@ pub mod limiter;
 pub mod purpose;
 mod throttle;
 
-pub use deadline::{current_deadline, with_deadline};
+pub use deadline::{current_deadline, with_deadline, without_throttle_retries};
 pub use purpose::{Purpose, current_purpose, with_purpose};
 
 /// Tag keys eniipam writes on the ENIs it creates.
@@ -431,6 +431,10 @@ pub trait Cloud: Send + Sync + 'static {
     fn throttled_within(&self, _api: &str, _window: Duration) -> bool {
         false
     }
+    /// Waits out the node's throttling pause of `api`, if EC2 throttled it lately (the limiter's
+    /// throttle gate): a caller that gathers work into one call gathers what comes meanwhile too.
+    /// A cloud that never throttles returns at once.
+    async fn throttle_pause(&self, _api: &'static str) {}
 }
 
 /// What eniipamd reads from the instance metadata service (IMDSv2).

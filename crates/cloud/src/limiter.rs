@@ -435,6 +435,18 @@ impl Retry<'_> {
         if !err.is_retryable() {
             return Err(err);
         }
+        let throttled = matches!(err, CloudError::Throttled { .. });
+        // Work that takes a throttle as its answer (`deadline::without_throttle_retries`).
+        if throttled && !crate::deadline::throttle_retries_allowed() {
+            self.limiter.stats.record_retries_exhausted(self.api);
+            tracing::debug!(api = self.api, error = %err, "throttled: not retried, handed back");
+            return Err(CloudError::RetriesExhausted {
+                api: self.api.to_owned(),
+                attempts: self.backoff.attempts(),
+                last: err.to_string(),
+                throttled,
+            });
+        }
         // Not before the node's throttling pause for this API is over, and not at all when that
         // pause outlasts the time budget.
         let paused = self.limiter.gate(self.api).remaining();

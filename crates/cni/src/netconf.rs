@@ -10,7 +10,7 @@
 //! | knob | default | meaning |
 //! | --- | --- | --- |
 //! | `socket` | [`eniipam_api::DEFAULT_SOCKET`] | the daemon's gRPC unix socket |
-//! | `timeout_ms` | 90000 | deadline of each daemon call (connect included); sent to the daemon, which answers an ADD waiting on EC2 before it |
+//! | `timeout_ms` | 105000 | deadline of each daemon call (connect included); sent to the daemon, which answers an ADD waiting on EC2 before it |
 //! | `mtu` | 9001 | MTU of both veth ends (EC2 jumbo frames) |
 //! | `veth_prefix` | `eni` | host veth name prefix, 1–4 characters |
 //! | `cache_dir` | `/var/lib/cni/eniipam` | where ADD results are cached for DEL/GC without the daemon |
@@ -58,7 +58,7 @@ pub use eniipam_api::cache::DEFAULT_CACHE_DIR;
 pub const DEFAULT_MTU: u32 = 9001;
 
 /// Default deadline of one daemon call.
-pub const DEFAULT_TIMEOUT_MS: u64 = 90_000;
+pub const DEFAULT_TIMEOUT_MS: u64 = 105_000;
 
 /// Pod annotation that opts a pod into sticky IPs.
 pub const STICKY_ANNOTATION: &str = "eniipam.io/sticky-ip";

@@ -17,6 +17,22 @@ use crate::pool::config::{PREFIX_ADDRESSES, WarmPolicy};
 use crate::pool::error::{BackoffTarget, ExhaustionReason, PoolError};
 use crate::pool::types::{AssignBatch, AssignOutcome, AssignPlan, EniPhase, Packed, Waiter};
 
+/// The longest an ENI backs off after EC2 throttled a pods' assign: the throttle gate's longest
+/// pause (`cloud::throttle`), which is also the kubelet's own retry period.
+const THROTTLED_BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// EC2 throttled the call (it was not retried, or its retries ran out on throttles).
+fn is_throttle(err: &CloudError) -> bool {
+    matches!(
+        err,
+        CloudError::Throttled { .. }
+            | CloudError::RetriesExhausted {
+                throttled: true,
+                ..
+            }
+    )
+}
+
 impl PoolState {
     /// The plan for `batch` on `eni` now.
     ///
@@ -379,10 +395,28 @@ impl PoolState {
                 self.suspend_eni(eni, now);
                 PoolError::Cloud(err)
             }
+            e if pods.is_empty() && is_throttle(e) => {
+                // A warm-up EC2 throttled (not retried: `without_throttle_retries`) is no fault of
+                // the ENI: the node's throttle gate paces the API, and the throttle it remembers
+                // holds the warm-ups for a while (the maintainer's contention). Backing the ENI
+                // off would hold the pods that come meanwhile.
+                PoolError::Cloud(err)
+            }
             _ => {
+                // Pods EC2 throttled wait in line for the back-off and come back in one batch,
+                // with the pods that arrive meanwhile. A throttle's back-off stops growing at the
+                // throttle gate's longest pause: the account refills every second, and a node
+                // that waits longer loses its turn to the nodes that asked later.
                 let cfg = self.config.clone();
+                let cap = if is_throttle(&err) {
+                    THROTTLED_BACKOFF_MAX
+                } else {
+                    Duration::MAX
+                };
                 if let Some(r) = self.enis.get_mut(eni) {
-                    r.phase = r.phase.failed(err.clone(), now, |n| cfg.backoff_after(n));
+                    r.phase = r
+                        .phase
+                        .failed(err.clone(), now, |n| cfg.backoff_after(n).min(cap));
                 }
                 PoolError::Cloud(err)
             }

@@ -562,4 +562,8 @@ impl Cloud for Ec2Cloud {
     fn throttled_within(&self, api: &str, window: Duration) -> bool {
         self.limiter.throttled_within(api, window)
     }
+
+    async fn throttle_pause(&self, api: &'static str) {
+        self.limiter.gate(api).pass().await;
+    }
 }

@@ -386,6 +386,58 @@ async fn throttled_calls_are_retried_until_success() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn work_that_takes_a_throttle_as_its_answer_is_not_retried_but_rides_out_a_5xx() {
+    let l = limiter(6, 60_000);
+    let n = AtomicU32::new(0);
+    let r: CloudResult<()> = crate::without_throttle_retries(l.call(
+        "AssignPrivateIpAddresses",
+        CallClass::Mutating,
+        || async {
+            n.fetch_add(1, Ordering::SeqCst);
+            Err(throttled())
+        },
+    ))
+    .await;
+    assert!(
+        matches!(
+            r,
+            Err(CloudError::RetriesExhausted {
+                attempts: 1,
+                throttled: true,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(n.load(Ordering::SeqCst), 1, "one attempt, no retry");
+    let s = l.stats().snapshot();
+    assert_eq!(s.retries("AssignPrivateIpAddresses"), 0);
+    assert_eq!(s.retries_exhausted["AssignPrivateIpAddresses"], 1);
+    // The throttle still counts: the gate pauses the API and remembers it.
+    assert!(l.throttled_within("AssignPrivateIpAddresses", Duration::from_secs(60)));
+
+    // A transient failure is still retried in that scope.
+    let n = AtomicU32::new(0);
+    let r = crate::without_throttle_retries(l.call(
+        "DescribeNetworkInterfaces",
+        CallClass::Describe,
+        || async {
+            if n.fetch_add(1, Ordering::SeqCst) == 0 {
+                Err(CloudError::Transient {
+                    api: "DescribeNetworkInterfaces".into(),
+                    message: "503".into(),
+                })
+            } else {
+                Ok(3)
+            }
+        },
+    ))
+    .await;
+    assert_eq!(r, Ok(3));
+    assert_eq!(n.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
 async fn final_errors_are_not_retried() {
     let l = limiter(6, 60_000);
     let n = AtomicU32::new(0);
