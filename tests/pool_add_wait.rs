@@ -175,7 +175,7 @@ async fn the_callers_own_budget_shortens_the_wait() {
         })
         .await;
     assert_gave_up(&result);
-    // Tries at 0, 1 and 3 s; the next (7 s) is past the caller's 5 s, not the pool's 60 s.
+    // Tries at 0, 1 and 3 s; the next (7 s) is past the caller's 5 s, not the pool's 100 s.
     let waited = started.elapsed();
     assert!(
         waited >= Duration::from_secs(3) && waited < Duration::from_secs(4),

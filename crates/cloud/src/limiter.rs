@@ -52,6 +52,9 @@
 //! 30 s: long enough to ride out a throttling storm of a few seconds, short enough that a pod ADD
 //! waiting on an IP gets an answer (or a typed error the pool can back off on) well within the
 //! kubelet's CNI timeout.
+//!
+//! Work run in [`crate::deadline::without_throttle_retries`] (the pool's assigns) takes a throttle as
+//! its answer instead: the caller plans the next try itself, with whatever came in meanwhile.
 
 use std::collections::BTreeMap;
 use std::future::Future;

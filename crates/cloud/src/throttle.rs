@@ -94,11 +94,11 @@ pub(crate) struct Admission {
 
 impl ThrottleGate {
     pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(500);
-    /// The longest pause. Not a minute: a pause longer than the waiting pods' budget (60 s by
-    /// default, `add_wait_secs`) answers them with `WaitedTooLong` before the node tries again, and
-    /// when many nodes wait out long pauses on the same account bucket, its refill goes unused at
-    /// the tail of a scale-up (100 nodes, scale-up of 20 pods each: p99 wait 41 s with a 60 s cap,
-    /// 33 s with 10 s, for 9 % more throttled attempts). 10 s is the kubelet's own retry period.
+    /// The longest pause. Not a minute: a long pause eats much of the waiting pods' budget (100 s
+    /// by default, `add_wait_secs`) before the node tries again, and when many nodes wait out long
+    /// pauses on the same account bucket, its refill goes unused at the tail of a scale-up (100
+    /// nodes, scale-up of 20 pods each: p99 wait 41 s with a 60 s cap, 33 s with 10 s, for 9 % more
+    /// throttled attempts). 10 s is the kubelet's own retry period.
     pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(10);
     /// The longest a refill or give-back yields to other calls.
     pub(crate) const MAX_YIELD: Duration = Duration::from_secs(2 * Self::MAX_PAUSE.as_secs());
