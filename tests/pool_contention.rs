@@ -13,8 +13,8 @@ mod pool_support;
 use std::time::Duration;
 
 use crate::pool_support::memory_cloud::{Action, NodeSpec};
+use eniipam::pool::PoolConfig;
 use eniipam::pool::config::WarmPolicy;
-use eniipam::pool::{EniPhaseSnapshot, PoolConfig};
 use pool_support::{
     Node, acquire_many, key, pod, quiet_config, roomy, start, start_with_enis, throttled,
 };
@@ -241,61 +241,5 @@ async fn a_warm_up_ec2_throttled_backs_off_no_eni_and_a_pod_after_it_is_served_a
     tokio::time::sleep(Duration::from_secs(20)).await;
     let _ = n.pool.maintain_now().await;
     assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 2);
-    n.pool.check_invariants().unwrap();
-}
-
-#[tokio::test(start_paused = true)]
-async fn pods_beyond_the_room_of_an_eni_backing_off_get_a_new_eni_during_the_back_off() {
-    // One ENI with room for 9, a long back-off after its assign is throttled.
-    let config = PoolConfig {
-        eni_backoff: Duration::from_secs(8),
-        ..quiet_config()
-    };
-    let n = start_with_enis(config, NodeSpec::default(), &[0]).await;
-    n.cloud.fail_next(
-        Action::AssignPrivateIpAddresses,
-        1,
-        throttled("AssignPrivateIpAddresses"),
-    );
-    // The first pod's assign is throttled: the ENI backs off for 8 s. (Joined, not spawned: its
-    // first poll routes it to the ENI before the maintainer's first round could release it.)
-    let first = n.pool.acquire(key(0), pod(0), None, None);
-    let rest = async {
-        while n.cloud.call_count(Action::AssignPrivateIpAddresses) == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        // Eleven more pods come during the back-off: the ENI's room holds eight of them and the
-        // first pod; the other three need a new ENI, which is created now, not after the back-off.
-        let check = async {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            assert!(
-                n.pool.snapshot().pod_enis().next().unwrap().phase != EniPhaseSnapshot::Serving,
-                "still backing off"
-            );
-            assert_eq!(
-                n.cloud.call_count(Action::CreateNetworkInterface),
-                1,
-                "created during the back-off: {:?}",
-                n.cloud.calls()
-            );
-        };
-        tokio::join!(acquire_many(&n.pool, 1..12), check).0
-    };
-    let (first, rest) = tokio::join!(first, rest);
-    first.unwrap();
-    assert!(rest.iter().all(Result::is_ok), "{rest:?}");
-    assert_eq!(
-        n.cloud.call_count(Action::CreateNetworkInterface),
-        1,
-        "one new ENI"
-    );
-    // The throttled call; the new ENI, attached while the first still backs off, takes six more
-    // of the pods in line in one call at once; the first ENI's last three after its back-off.
-    assert_eq!(
-        n.cloud.call_count(Action::AssignPrivateIpAddresses),
-        3,
-        "{:?}",
-        n.cloud.calls()
-    );
     n.pool.check_invariants().unwrap();
 }

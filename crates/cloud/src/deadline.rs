@@ -6,11 +6,13 @@
 //! still waiting rather than after their runtime gave up. Calls without a deadline (refills, the
 //! reconcile) keep the retry policy's own time budget.
 //!
-//! Work no pod waits on may go further and take EC2's throttle as its answer
-//! ([`without_throttle_retries`]): a warm-up that EC2 throttles is not tried again by the limiter
-//! but handed back to the pool, which plans it again later. A throttle means the account's bucket
-//! for that API is dry, shared with every node of the account; a warm-up that kept retrying would
-//! spend its next refill token, which a pod on another node is waiting on.
+//! Work may also take EC2's throttle as its answer ([`without_throttle_retries`]): the pool's
+//! assigns are not tried again as they are by the limiter but handed back to the pool. A pods'
+//! batch comes back with the pods that arrived meanwhile (a retry would repeat the batch that was
+//! first sent, and leave them for a call of their own); a warm-up alone is planned again later. A
+//! throttle means the account's bucket for that API is dry, shared with every node of the account;
+//! a warm-up that kept retrying would spend its next refill token, which a pod on another node is
+//! waiting on.
 
 use std::future::Future;
 

@@ -13,7 +13,7 @@ use crate::cloud::lifecycle::Slots;
 use crate::model::EniId;
 use crate::pool::config::PREFIX_ADDRESSES;
 use crate::pool::demand::{self, NodeLoad, WarmLevels};
-use crate::pool::error::{BackoffTarget, PoolError};
+use crate::pool::error::PoolError;
 use crate::pool::slots::prefix_addresses;
 use crate::pool::types::{EniHandle, EniPhase, Waiter};
 
@@ -170,21 +170,8 @@ impl PoolState {
         //    again after a back-off: every such waiter of the node goes to the ENI in this round,
         //    and the actor sends them in one call). Those still blocked by a back-off wait on,
         //    outside the count of waiters that need a new ENI (step 3), since the ENI they wait
-        //    for has room; as many as that room holds: the rest need a new ENI now, not once the
-        //    back-off is over (in a throttled scale-up the create's chain would otherwise wait
-        //    for the first ENI's assign to get through).
+        //    for has room.
         let mut blocked: Vec<Waiter> = Vec::new();
-        let mut room_backing_off: u32 = self
-            .enis
-            .values()
-            .filter(|r| {
-                r.serves
-                    && r.handle.is_some()
-                    && r.phase.retry_in(now).is_some()
-                    && self.subnet_exhausted(&r.subnet_id, now).is_none()
-            })
-            .map(|r| self.eni_room_now(r, now))
-            .sum();
         for w in std::mem::take(&mut self.create_waiters) {
             if let Some(entry) = self.idle.pop_oldest(now) {
                 // The idle IP already holds a token; the waiter's goes back.
@@ -199,14 +186,7 @@ impl PoolState {
                     let handle = r.handle.clone().expect("pod ENIs have actors");
                     plan.reroutes.push((id, handle, w));
                 }
-                Pick::Blocked(PoolError::BackingOff {
-                    target: BackoffTarget::Eni(_),
-                    ..
-                }) if room_backing_off == 0 => self.create_waiters.push_back(w),
-                Pick::Blocked(err) => {
-                    room_backing_off = room_backing_off.saturating_sub(1);
-                    blocked.extend(self.hold_or_fail(w, err, now));
-                }
+                Pick::Blocked(err) => blocked.extend(self.hold_or_fail(w, err, now)),
                 Pick::NeedNewEni => self.create_waiters.push_back(w),
             }
         }
