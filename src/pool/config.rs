@@ -56,7 +56,8 @@ pub struct PoolConfig {
     /// First back-off of an ENI (or of ENI creation) after a failed call; doubles with each
     /// consecutive failure up to `eni_backoff_max`. Default 1 s.
     pub eni_backoff: Duration,
-    /// Longest ENI back-off. Default 1 min.
+    /// Longest ENI back-off. Default 1 min. After EC2 throttled a pods' assign the back-off stops
+    /// at 10 s, the throttle gate's longest pause (`pool::state::assign`).
     pub eni_backoff_max: Duration,
     /// Period of the maintainer's tick (it also runs when notified). Default 5 s.
     pub maintainer_tick: Duration,
@@ -105,10 +106,10 @@ pub struct PoolConfig {
     /// the chain; eniipam's plugin waits 105 s for the daemon by default (its 5 s margin for the
     /// answer makes this 100 s), which leaves 15 s for the pause container and the rest of the
     /// chain. A cold scale-up of 500 nodes on one account's refill has its last pods wait about
-    /// that long; at 60 s, one pod in six failed once and was asked for again. A failed ADD costs the pod
-    /// the kubelet's sync back-off (10 s, jittered up to 15 s) and the node a new request, so
-    /// waiting within the budget is cheaper than failing and being asked again. Zero: fail at once
-    /// (the earlier behaviour).
+    /// that long; at 60 s, one pod in six failed once and was asked for again. A failed ADD costs
+    /// the pod the kubelet's sync back-off (10 s, jittered up to 15 s) and the node a new request,
+    /// so waiting within the budget is cheaper than failing and being asked again. Zero: fail at
+    /// once (the earlier behaviour).
     pub add_wait: Duration,
     /// Timing of ENI create/attach/detach/delete.
     pub lifecycle: LifecycleConfig,

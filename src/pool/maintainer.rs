@@ -152,9 +152,6 @@ async fn refresh_subnets(shared: Arc<Shared>) {
 /// The calls a new ENI cannot do without before it serves: when EC2 has throttled one of them from
 /// this node within [`CONTENTION_MEMORY`], the account's bucket is short and warm-ups start no ENI.
 const GROWTH_APIS: [&str; 2] = ["CreateNetworkInterface", "AttachNetworkInterface"];
-/// The call that tops up an ENI with room ([`ASSIGN_API`]): when EC2 has throttled it from this
-/// node within [`CONTENTION_MEMORY`], warm-ups ride along in pods' assigns instead of making their
-/// own.
 /// How long a throttle of a growth call counts as contention: long enough to span a fleet's
 /// scale-up on the account's refill (EC2 refills these buckets at 5 calls/s for the whole account),
 /// short enough that a node warms up again within a minute of the storm's end.
@@ -164,6 +161,8 @@ const CONTENTION_MEMORY: Duration = Duration::from_secs(60);
 fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> {
     let throttled = |api: &str| shared.cloud.throttled_within(api, CONTENTION_MEMORY);
     let growth = GROWTH_APIS.iter().any(|api| throttled(api));
+    // The call that tops up an ENI with room: once EC2 has throttled it lately, warm-ups ride
+    // along in pods' assigns instead of making their own.
     let assign = throttled(ASSIGN_API);
     let plan = {
         let mut st = shared.lock();
