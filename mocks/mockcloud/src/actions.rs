@@ -16,6 +16,8 @@ pub const ACTIONS: &[&str] = &[
     "ModifyNetworkInterfaceAttribute",
     "AssignPrivateIpAddresses",
     "UnassignPrivateIpAddresses",
+    "AssignIpv6Addresses",
+    "UnassignIpv6Addresses",
     "CreateTags",
     "DeleteTags",
     "CreateSubnetCidrReservation",

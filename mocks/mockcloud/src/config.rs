@@ -63,6 +63,8 @@ impl LatencyProfile {
             ("ModifyNetworkInterfaceAttribute", ms(150)),
             ("AssignPrivateIpAddresses", ms(250)),
             ("UnassignPrivateIpAddresses", ms(200)),
+            ("AssignIpv6Addresses", ms(250)),
+            ("UnassignIpv6Addresses", ms(200)),
             ("CreateTags", ms(120)),
             ("DeleteTags", ms(120)),
             ("CreateSubnetCidrReservation", ms(200)),

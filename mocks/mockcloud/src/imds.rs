@@ -171,6 +171,17 @@ pub fn lookup(v: &ImdsInstance, path: &str) -> Option<String> {
             if i.network_card.is_some() {
                 names.push("network-card");
             }
+            // As on EC2, the IPv6 keys are listed only when they have content.
+            if !i.ipv6s.is_empty() {
+                names.push("ipv6s");
+            }
+            if !i.ipv6_prefixes.is_empty() {
+                names.push("ipv6-prefix");
+            }
+            if i.subnet_ipv6_cidr.is_some() {
+                names.push("subnet-ipv6-cidr-blocks");
+            }
+            names.push("vpc-ipv6-cidr-blocks");
             names.sort_unstable();
             join(names.into_iter().map(str::to_owned).collect())
         }
@@ -181,6 +192,14 @@ pub fn lookup(v: &ImdsInstance, path: &str) -> Option<String> {
         "ipv4-prefix" if !i.ipv4_prefixes.is_empty() => {
             join(i.ipv4_prefixes.iter().map(|p| p.to_string()).collect())
         }
+        // One address per line, lagged like `local-ipv4s`; 404 when the interface has none.
+        "ipv6s" if !i.ipv6s.is_empty() => join(i.ipv6s.iter().map(|a| a.to_string()).collect()),
+        // One /80 per line, lagged like `ipv4-prefix`; 404 when the interface has none.
+        "ipv6-prefix" if !i.ipv6_prefixes.is_empty() => {
+            join(i.ipv6_prefixes.iter().map(|p| p.to_string()).collect())
+        }
+        "subnet-ipv6-cidr-blocks" => i.subnet_ipv6_cidr?.to_string(),
+        "vpc-ipv6-cidr-blocks" => i.vpc_ipv6_cidr.to_string(),
         "interface-id" => i.eni_id.clone(),
         "mac" => i.mac.clone(),
         "local-ipv4s" => join(i.ips.iter().map(|ip| ip.to_string()).collect()),

@@ -93,3 +93,15 @@ impl MockCloud {
         self.with_world(|w, _: Instant| w.set_allocation_seed(seed));
     }
 }
+
+impl MockCloud {
+    /// Takes a subnet's IPv6 /64 away (EC2's `DisassociateSubnetCidrBlock`): a subnet without
+    /// IPv6, on which AssignIpv6Addresses fails. Refused while an ENI holds IPv6 from it.
+    pub fn disassociate_subnet_ipv6_cidr_block(&self, subnet_id: &str) -> Result<(), Ec2Error> {
+        self.inner
+            .world
+            .lock()
+            .expect("world lock")
+            .disassociate_subnet_ipv6(subnet_id)
+    }
+}

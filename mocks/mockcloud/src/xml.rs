@@ -45,6 +45,12 @@ impl Xml {
         self.close(tag)
     }
 
+    /// Text content (escaped), e.g. the value of a list item that is a plain string.
+    pub fn text(&mut self, value: impl Display) -> &mut Self {
+        self.out.push_str(&escape(value.to_string()));
+        self
+    }
+
     /// `<tag><item>..</item>...</tag>` with `f` writing each item's content.
     pub fn set<T>(
         &mut self,

@@ -1,5 +1,5 @@
-"""boto3's view of mockcloud: prefixes, subnet CIDR reservations, subnet filters, network cards and
-instance types, with the field names and error codes as botocore parses them.
+"""boto3's view of mockcloud: prefixes, subnet CIDR reservations, subnet filters, network cards,
+instance types and IPv6 (the subnet's /64, Assign/UnassignIpv6Addresses, the ENI's IPv6 fields), with the field names and error codes as botocore parses them.
 
 Run by mocks/tests/boto3.rs, which starts mockcloud, prepares the world and passes it in the
 environment (MOCK_EC2, VPC_ID, SUBNET_ID, SUBNET_CIDR, TAGGED_SUBNET, TINY_SUBNET, XEN_ENI,
@@ -313,6 +313,55 @@ except ClientError as e:
         and "Encoded authorization failure message: " in err["Message"],
     )
 check("IAM: the default caller is not restricted", denied is not ec2 and code_of(ec2.describe_subnets) is None)
+
+# --- IPv6 -----------------------------------------------------------------------------------------
+v6 = ec2.describe_subnets(SubnetIds=[subnet])["Subnets"][0]
+assoc = v6.get("Ipv6CidrBlockAssociationSet", [])
+check("subnet: one IPv6 association", len(assoc) == 1)
+block = ipaddress.ip_network(assoc[0]["Ipv6CidrBlock"])
+check("subnet: a /64", block.prefixlen == 64)
+check("subnet: associated", assoc[0]["Ipv6CidrBlockState"]["State"] == "associated")
+check("subnet: AssignIpv6AddressOnCreation false", v6["AssignIpv6AddressOnCreation"] is False)
+v6_eni = ec2.create_network_interface(SubnetId=subnet)["NetworkInterface"]["NetworkInterfaceId"]
+got = ec2.assign_ipv6_addresses(NetworkInterfaceId=v6_eni, Ipv6AddressCount=2)
+addrs = got.get("AssignedIpv6Addresses", [])
+check("assign: two addresses of the /64", len(addrs) == 2 and all(ipaddress.ip_address(a) in block for a in addrs))
+check("assign: NetworkInterfaceId", got.get("NetworkInterfaceId") == v6_eni)
+got = ec2.assign_ipv6_addresses(NetworkInterfaceId=v6_eni, Ipv6PrefixCount=1)
+pfx = got.get("AssignedIpv6Prefixes", [])
+check(
+    "assign: one /80 of the /64",
+    len(pfx) == 1 and ipaddress.ip_network(pfx[0]).prefixlen == 80 and ipaddress.ip_network(pfx[0]).subnet_of(block),
+)
+shown = ec2.describe_network_interfaces(NetworkInterfaceIds=[v6_eni])["NetworkInterfaces"][0]
+check("describe: Ipv6Addresses", [a["Ipv6Address"] for a in shown.get("Ipv6Addresses", [])] == addrs)
+check("describe: Ipv6Prefixes", [p["Ipv6Prefix"] for p in shown.get("Ipv6Prefixes", [])] == pfx)
+found = ec2.describe_network_interfaces(
+    Filters=[{"Name": "ipv6-addresses.ipv6-address", "Values": [addrs[1]]}]
+)["NetworkInterfaces"]
+check("describe: ipv6-addresses.ipv6-address filter", [e["NetworkInterfaceId"] for e in found] == [v6_eni])
+gone = ec2.unassign_ipv6_addresses(NetworkInterfaceId=v6_eni, Ipv6Addresses=[addrs[0]], Ipv6Prefixes=pfx)
+check("unassign: UnassignedIpv6Addresses", gone.get("UnassignedIpv6Addresses") == [addrs[0]])
+check("unassign: UnassignedIpv6Prefixes", gone.get("UnassignedIpv6Prefixes") == pfx)
+check(
+    "unassign: not held",
+    code_of(ec2.unassign_ipv6_addresses, NetworkInterfaceId=v6_eni, Ipv6Addresses=[addrs[0]])
+    == "InvalidParameterValue",
+)
+check(
+    "assign: in use",
+    code_of(
+        ec2.assign_ipv6_addresses,
+        NetworkInterfaceId=ec2.create_network_interface(SubnetId=subnet)["NetworkInterface"]["NetworkInterfaceId"],
+        Ipv6Addresses=[addrs[1]],
+    )
+    == "InvalidIPAddress.InUse",
+)
+check(
+    "assign: count with list",
+    code_of(ec2.assign_ipv6_addresses, NetworkInterfaceId=v6_eni, Ipv6AddressCount=1, Ipv6Addresses=[addrs[0]])
+    == "InvalidParameterCombination",
+)
 
 print(f"boto3 view: {passed} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)

@@ -2,13 +2,13 @@
 //! parameters: private IPs vs `Ipv4Prefix`/`Ipv4PrefixCount`, tag specifications, modify requests.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::error::{Ec2Error, Ec2Result};
 use crate::query::Params;
-use crate::world::{AssignArgs, CreateEniArgs, ModifyArgs, PrefixArgs};
+use crate::world::{AssignArgs, CreateEniArgs, Ipv6Args, ModifyArgs, PrefixArgs};
 
 pub(super) fn ip_list(p: &Params, prefix: &str) -> Ec2Result<Vec<Ipv4Addr>> {
     p.list(prefix)
@@ -169,4 +169,62 @@ pub(super) fn modify_args(p: &Params) -> Ec2Result<ModifyArgs> {
         ));
     }
     Ok(changes.remove(0))
+}
+
+/// `Ipv6Addresses.N` (the Query name of AssignIpv6Addresses / UnassignIpv6Addresses' list).
+pub(super) fn ipv6_list(p: &Params) -> Ec2Result<Vec<Ipv6Addr>> {
+    p.list("Ipv6Addresses")
+        .iter()
+        .map(|s| {
+            s.parse().map_err(|_| {
+                Ec2Error::invalid_value("Ipv6Addresses", s, "Expected an IPv6 address.")
+            })
+        })
+        .collect()
+}
+
+/// `Ipv6Prefix.N`: /80 CIDRs.
+pub(super) fn ipv6_prefix_list(p: &Params) -> Ec2Result<Vec<Ipv6Net>> {
+    p.list("Ipv6Prefix")
+        .iter()
+        .map(|s| {
+            s.parse().map_err(|_| {
+                Ec2Error::invalid_value(
+                    "Ipv6Prefix",
+                    s,
+                    "Expected an IPv6 CIDR such as 2600:1f18:6d00:100:1::/80.",
+                )
+            })
+        })
+        .collect()
+}
+
+/// What one AssignIpv6Addresses asks for: exactly one of `Ipv6AddressCount`, `Ipv6Addresses.N`,
+/// `Ipv6PrefixCount`, `Ipv6Prefix.N` (EC2: "You can't use this option if ...").
+pub(super) fn ipv6_request(p: &Params) -> Ec2Result<Ipv6Args> {
+    let addresses = ipv6_list(p)?;
+    let prefixes = ipv6_prefix_list(p)?;
+    let mut given = Vec::new();
+    if let Some(n) = p.u32("Ipv6AddressCount")? {
+        given.push(("Ipv6AddressCount", Ipv6Args::Count(n)));
+    }
+    if !addresses.is_empty() {
+        given.push(("Ipv6Addresses", Ipv6Args::Addresses(addresses)));
+    }
+    if let Some(n) = p.u32("Ipv6PrefixCount")? {
+        given.push(("Ipv6PrefixCount", Ipv6Args::PrefixCount(n)));
+    }
+    if !prefixes.is_empty() {
+        given.push(("Ipv6Prefixes", Ipv6Args::Prefixes(prefixes)));
+    }
+    match given.len() {
+        0 => Err(Ec2Error::missing(
+            "Ipv6AddressCount, Ipv6Addresses, Ipv6PrefixCount or Ipv6Prefixes",
+        )),
+        1 => Ok(given.remove(0).1),
+        _ => Err(Ec2Error::combination(format!(
+            "Specify only one of Ipv6AddressCount, Ipv6Addresses, Ipv6PrefixCount and Ipv6Prefixes (got {})",
+            given.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        ))),
+    }
 }

@@ -23,7 +23,10 @@ use crate::xml::{self, Xml};
 pub(crate) mod args;
 mod render;
 
-use args::{AssignRequest, assign_request, create_eni_args, ip_list, modify_args, prefix_list};
+use args::{
+    AssignRequest, assign_request, create_eni_args, ip_list, ipv6_list, ipv6_prefix_list,
+    ipv6_request, modify_args, prefix_list,
+};
 use render::{eni_xml, instance_type_xml, instance_xml, reservation_xml, subnet_xml};
 
 /// API version the SDK speaks.
@@ -308,6 +311,29 @@ fn perform(
             let ips = ip_list(p, "PrivateIpAddress")?;
             w.unassign_addresses(&eni, &ips, &prefix_list(p)?, now)?;
             x.leaf("return", true);
+        }
+        "AssignIpv6Addresses" => {
+            let eni = p.req("NetworkInterfaceId")?.to_owned();
+            let new = w.assign_ipv6(&eni, ipv6_request(p)?, now)?;
+            x.set("assignedIpv6Addresses", new.addresses, |x, a| {
+                x.text(a);
+            });
+            x.set("assignedIpv6PrefixSet", new.prefixes, |x, p| {
+                x.text(p);
+            });
+            x.leaf("networkInterfaceId", &eni);
+        }
+        "UnassignIpv6Addresses" => {
+            let eni = p.req("NetworkInterfaceId")?.to_owned();
+            let (addresses, prefixes) = (ipv6_list(p)?, ipv6_prefix_list(p)?);
+            w.unassign_ipv6(&eni, &addresses, &prefixes, now)?;
+            x.leaf("networkInterfaceId", &eni);
+            x.set("unassignedIpv6Addresses", addresses, |x, a| {
+                x.text(a);
+            });
+            x.set("unassignedIpv6PrefixSet", prefixes, |x, p| {
+                x.text(p);
+            });
         }
         "CreateTags" => {
             let tags = p

@@ -29,6 +29,12 @@ fn ips_xml(x: &mut Xml, e: &EniView) {
     x.set("ipv4PrefixSet", &e.ipv4_prefixes, |x, p| {
         x.leaf("ipv4Prefix", p);
     });
+    x.set("ipv6AddressesSet", &e.ipv6_addresses, |x, a| {
+        x.leaf("ipv6Address", a).leaf("isPrimaryIpv6", false);
+    });
+    x.set("ipv6PrefixSet", &e.ipv6_prefixes, |x, p| {
+        x.leaf("ipv6Prefix", p);
+    });
 }
 
 pub(super) fn eni_xml(x: &mut Xml, e: &EniView, owner: &str) {
@@ -131,7 +137,24 @@ pub(super) fn subnet_xml(x: &mut Xml, s: &SubnetView, owner: &str) {
         .leaf("availabilityZone", &s.availability_zone)
         .leaf("defaultForAz", false)
         .leaf("mapPublicIpOnLaunch", false)
+        .leaf("assignIpv6AddressOnCreation", false)
         .leaf("ownerId", owner);
+    if let Some(cidr) = s.ipv6_cidr {
+        // One association per subnet; its id is derived from the subnet's so it is stable.
+        let assoc = format!("subnet-cidr-assoc-{}", &s.id["subnet-".len()..]);
+        x.set("ipv6CidrBlockAssociationSet", [cidr], |x, c| {
+            x.leaf("associationId", &assoc)
+                .leaf("ipv6CidrBlock", c)
+                .open("ipv6CidrBlockState")
+                .leaf("state", "associated")
+                .close("ipv6CidrBlockState")
+                .leaf("ipSource", "amazon")
+                .leaf("ipv6AddressAttribute", "public");
+        });
+    } else {
+        x.open("ipv6CidrBlockAssociationSet")
+            .close("ipv6CidrBlockAssociationSet");
+    }
     tags_xml(x, &s.tags);
 }
 

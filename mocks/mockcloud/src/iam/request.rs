@@ -117,7 +117,11 @@ pub fn requests(
         a if a.starts_with("Describe") || a == "GetSubnetCidrReservations" => {
             out.push(AuthRequest::new(a, "*", region));
         }
-        "AssignPrivateIpAddresses" | "UnassignPrivateIpAddresses" | "DeleteNetworkInterface" => {
+        "AssignPrivateIpAddresses"
+        | "UnassignPrivateIpAddresses"
+        | "AssignIpv6Addresses"
+        | "UnassignIpv6Addresses"
+        | "DeleteNetworkInterface" => {
             let eni = w.iam_eni(p.req("NetworkInterfaceId")?)?;
             out.push(on(action, &eni, region));
         }

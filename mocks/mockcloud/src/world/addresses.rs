@@ -105,6 +105,8 @@ pub(super) struct Subnet {
     /// Subnet CIDR reservations by id; they never overlap each other.
     pub reservations: BTreeMap<String, Reservation>,
     used: BTreeMap<u32, Holder>,
+    /// The subnet's IPv6 /64 and who holds what in it (`None`: no IPv6 block).
+    pub ipv6: Option<super::ipv6::Ipv6Book>,
 }
 
 /// Where an aligned /28 block stands relative to the subnet's reservations.
@@ -127,6 +129,7 @@ impl Subnet {
             tags: BTreeMap::new(),
             reservations: BTreeMap::new(),
             used: BTreeMap::new(),
+            ipv6: None,
         }
     }
 
@@ -402,6 +405,13 @@ impl World {
             }
             for (net, _) in e.prefixes {
                 self.free_prefix(&e.subnet_id, net);
+            }
+            if let Some(book) = self
+                .subnets
+                .get_mut(&e.subnet_id)
+                .and_then(|s| s.ipv6.as_mut())
+            {
+                book.release_eni(eni_id);
             }
         }
     }

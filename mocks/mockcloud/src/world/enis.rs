@@ -53,6 +53,7 @@ impl World {
                 "description",
                 "tag-key",
                 "mac-address",
+                "ipv6-addresses.ipv6-address",
             ];
             if !known.contains(&f.name.as_str()) && !f.name.starts_with("tag:") {
                 return Err(bad_filter(&f.name));
@@ -234,6 +235,7 @@ impl World {
                 removed: Vec::new(),
                 prefixes: prefixes.map(|net| (net, now)).collect(),
                 removed_prefixes: Vec::new(),
+                ipv6: Default::default(),
                 tags: args.tags.clone(),
                 attachment: None,
                 requester_managed: false,
@@ -526,6 +528,7 @@ fn eni_matches(v: &EniView, f: &Filter) -> bool {
         "vpc-id" => any(&v.vpc_id),
         "description" => any(&v.description),
         "mac-address" => any(&v.mac),
+        "ipv6-addresses.ipv6-address" => v.ipv6_addresses.iter().any(|a| any(&a.to_string())),
         _ => false,
     }
 }

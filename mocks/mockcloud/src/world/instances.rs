@@ -126,6 +126,8 @@ impl World {
             }
             eni.removed.retain(|(_, at)| *at + lag > now);
             eni.removed_prefixes.retain(|(_, at)| *at + lag > now);
+            eni.ipv6.removed.retain(|(_, at)| *at + lag > now);
+            eni.ipv6.removed_prefixes.retain(|(_, at)| *at + lag > now);
         }
         for (eni_id, instance_id, at) in gone {
             let view = self.imds_eni(&eni_id, true, now);

@@ -11,6 +11,7 @@
 //! - [`instances`]: launch, terminate, the instance-type catalog, time passing (`settle`);
 //! - [`enis`]: ENI lifecycle (create, attach on a network card, detach, delete, modify, describe);
 //! - [`assign`]: secondary IPs and /28 prefixes on an ENI;
+//! - [`ipv6`]: the VPC's /56 and the subnets' /64s, IPv6 addresses and /80 prefixes on an ENI;
 //! - [`views`]: what Describe calls, IMDS and the control API show.
 
 use std::collections::{BTreeMap, HashMap};
@@ -28,6 +29,7 @@ mod assign;
 mod enis;
 mod iam;
 mod instances;
+mod ipv6;
 mod subnets;
 #[cfg(test)]
 mod tests;
@@ -35,6 +37,7 @@ mod views;
 
 pub use addresses::{OccupyPattern, ReservationType, SubnetUsage};
 pub use iam::IamFacts;
+pub use ipv6::{IPV6_PREFIX_LEN, Ipv6Args, Ipv6Assigned};
 pub use subnets::ReservationView;
 pub use views::{AttachmentView, EniView, ImdsEni, ImdsInstance, InstanceView, SubnetView};
 
@@ -54,6 +57,8 @@ pub struct Timing {
 #[derive(Debug)]
 struct Vpc {
     cidr: Ipv4Net,
+    /// The Amazon-provided IPv6 /56 ([`ipv6::vpc_block`]).
+    ipv6_cidr: ipnet::Ipv6Net,
     security_groups: std::collections::BTreeSet<String>,
 }
 
@@ -118,6 +123,8 @@ struct Eni {
     prefixes: Vec<(Ipv4Net, Instant)>,
     /// Prefixes unassigned recently (IMDS lag).
     removed_prefixes: Vec<(Ipv4Net, Instant)>,
+    /// IPv6 addresses and /80 prefixes (with their IMDS lag bookkeeping).
+    ipv6: ipv6::EniIpv6,
     tags: BTreeMap<String, String>,
     attachment: Option<Attachment>,
     requester_managed: bool,

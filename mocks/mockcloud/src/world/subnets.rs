@@ -41,6 +41,7 @@ impl World {
             id.clone(),
             Vpc {
                 cidr: cidr.trunc(),
+                ipv6_cidr: super::ipv6::vpc_block(self.vpcs.len()),
                 security_groups: [sg.clone()].into(),
             },
         );
@@ -78,6 +79,7 @@ impl World {
             .get(vpc_id)
             .ok_or_else(|| not_found("InvalidVpcID.NotFound", "vpc", vpc_id))?;
         let cidr = cidr.trunc();
+        let vpc_ipv6 = vpc.ipv6_cidr;
         if !(16..=28).contains(&cidr.prefix_len()) || !vpc.cidr.contains(&cidr) {
             return Err(Ec2Error::client(
                 "InvalidSubnet.Range",
@@ -101,6 +103,8 @@ impl World {
         let id = self.new_id("subnet");
         let mut subnet = Subnet::new(vpc_id, cidr, az);
         subnet.tags = tags.clone();
+        let k = self.subnets.values().filter(|s| s.vpc_id == vpc_id).count();
+        subnet.ipv6 = super::ipv6::subnet_block(vpc_ipv6, k).map(super::ipv6::Ipv6Book::new);
         self.subnets.insert(id.clone(), subnet);
         Ok(id)
     }

@@ -2,9 +2,9 @@
 //! instance's IMDS (lagging EC2), and the control API's state dump.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -25,6 +25,10 @@ pub struct EniView {
     pub secondary_ips: Vec<Ipv4Addr>,
     /// `Ipv4Prefixes[].Ipv4Prefix`: /28 prefixes, in assignment order.
     pub ipv4_prefixes: Vec<Ipv4Net>,
+    /// `Ipv6Addresses[].Ipv6Address`, in assignment order.
+    pub ipv6_addresses: Vec<Ipv6Addr>,
+    /// `Ipv6Prefixes[].Ipv6Prefix`: /80 prefixes, in assignment order.
+    pub ipv6_prefixes: Vec<Ipv6Net>,
     pub security_groups: Vec<String>,
     pub tags: BTreeMap<String, String>,
     pub attachment: Option<AttachmentView>,
@@ -70,6 +74,8 @@ pub struct SubnetView {
     pub availability_zone: String,
     /// `AvailableIpAddressCount`: free addresses (a /28 prefix takes 16).
     pub available_ips: u32,
+    /// The subnet's IPv6 /64 (`ipv6CidrBlockAssociationSet`), if it has one.
+    pub ipv6_cidr: Option<Ipv6Net>,
     pub tags: BTreeMap<String, String>,
 }
 
@@ -91,6 +97,14 @@ pub struct ImdsEni {
     pub ips: Vec<Ipv4Addr>,
     /// `ipv4-prefix`, one CIDR per line (404 when empty).
     pub ipv4_prefixes: Vec<Ipv4Net>,
+    /// `ipv6s`, one address per line (404 when empty); lagged like `local-ipv4s`.
+    pub ipv6s: Vec<Ipv6Addr>,
+    /// `ipv6-prefix`, one /80 per line (404 when empty); lagged like `ipv4-prefix`.
+    pub ipv6_prefixes: Vec<Ipv6Net>,
+    /// `subnet-ipv6-cidr-blocks` (404 when the subnet has no IPv6 block).
+    pub subnet_ipv6_cidr: Option<Ipv6Net>,
+    /// `vpc-ipv6-cidr-blocks`.
+    pub vpc_ipv6_cidr: Ipv6Net,
 }
 
 /// What an instance's IMDS shows at one moment.
@@ -137,6 +151,8 @@ impl World {
             primary_ip: e.primary_ip,
             secondary_ips: e.secondaries.iter().map(|(ip, _)| *ip).collect(),
             ipv4_prefixes: e.prefixes.iter().map(|(net, _)| *net).collect(),
+            ipv6_addresses: e.ipv6.addresses.iter().map(|(a, _)| *a).collect(),
+            ipv6_prefixes: e.ipv6.prefixes.iter().map(|(p, _)| *p).collect(),
             security_groups: e.security_groups.clone(),
             tags: e.tags.clone(),
             attachment,
@@ -217,6 +233,30 @@ impl World {
                 .filter(|(_, at)| lingering(at))
                 .map(|(net, _)| *net),
         );
+        let lagged6 = |now_held: &[(Ipv6Addr, Instant)], gone: &[(Ipv6Addr, Instant)]| {
+            let mut v: Vec<Ipv6Addr> = now_held
+                .iter()
+                .filter(|(_, at)| settled(at))
+                .map(|(a, _)| *a)
+                .collect();
+            v.extend(gone.iter().filter(|(_, at)| lingering(at)).map(|(a, _)| *a));
+            v
+        };
+        let ipv6s = lagged6(&e.ipv6.addresses, &e.ipv6.removed);
+        let mut ipv6_prefixes: Vec<Ipv6Net> = e
+            .ipv6
+            .prefixes
+            .iter()
+            .filter(|(_, at)| settled(at))
+            .map(|(net, _)| *net)
+            .collect();
+        ipv6_prefixes.extend(
+            e.ipv6
+                .removed_prefixes
+                .iter()
+                .filter(|(_, at)| lingering(at))
+                .map(|(net, _)| *net),
+        );
         let subnet = &self.subnets[&e.subnet_id];
         let multi_card = self.instances[&a.instance_id].instance_type.network_cards > 1;
         Some(ImdsEni {
@@ -231,6 +271,10 @@ impl World {
             security_groups: e.security_groups.clone(),
             ips,
             ipv4_prefixes,
+            ipv6s,
+            ipv6_prefixes,
+            subnet_ipv6_cidr: subnet.ipv6.as_ref().map(|b| b.cidr),
+            vpc_ipv6_cidr: self.vpcs[&e.vpc_id].ipv6_cidr,
         })
     }
 
@@ -307,6 +351,7 @@ impl World {
             cidr: s.cidr,
             availability_zone: s.az.clone(),
             available_ips: s.free(),
+            ipv6_cidr: s.ipv6.as_ref().map(|b| b.cidr),
             tags: s.tags.clone(),
         }
     }
