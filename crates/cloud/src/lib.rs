@@ -346,6 +346,18 @@ impl CloudError {
         matches!(self, Self::Throttled { .. } | Self::Transient { .. })
     }
 
+    /// EC2 throttled the call: this attempt, or the last of the attempts whose retries ran out.
+    pub fn is_throttle(&self) -> bool {
+        matches!(
+            self,
+            Self::Throttled { .. }
+                | Self::RetriesExhausted {
+                    throttled: true,
+                    ..
+                }
+        )
+    }
+
     /// Capacity exhausted: the pool backs off the subnet/instance for minutes.
     pub fn is_capacity(&self) -> bool {
         matches!(

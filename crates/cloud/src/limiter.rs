@@ -438,17 +438,10 @@ impl Retry<'_> {
         if !err.is_retryable() {
             return Err(err);
         }
-        let throttled = matches!(err, CloudError::Throttled { .. });
         // Work that takes a throttle as its answer (`deadline::without_throttle_retries`).
-        if throttled && !crate::deadline::throttle_retries_allowed() {
-            self.limiter.stats.record_retries_exhausted(self.api);
+        if err.is_throttle() && !crate::deadline::throttle_retries_allowed() {
             tracing::debug!(api = self.api, error = %err, "throttled: not retried, handed back");
-            return Err(CloudError::RetriesExhausted {
-                api: self.api.to_owned(),
-                attempts: self.backoff.attempts(),
-                last: err.to_string(),
-                throttled,
-            });
+            return Err(self.exhausted(err));
         }
         // Not before the node's throttling pause for this API is over, and not at all when that
         // pause outlasts the time budget.
@@ -475,15 +468,20 @@ impl Retry<'_> {
                 Ok(())
             }
             None => {
-                self.limiter.stats.record_retries_exhausted(self.api);
                 tracing::warn!(api = self.api, attempts = self.backoff.attempts(), error = %err, "giving up");
-                Err(CloudError::RetriesExhausted {
-                    api: self.api.to_owned(),
-                    attempts: self.backoff.attempts(),
-                    last: err.to_string(),
-                    throttled: matches!(err, CloudError::Throttled { .. }),
-                })
+                Err(self.exhausted(err))
             }
+        }
+    }
+
+    /// No more attempts after `err`: counted, and answered as `RetriesExhausted`.
+    fn exhausted(&self, err: CloudError) -> CloudError {
+        self.limiter.stats.record_retries_exhausted(self.api);
+        CloudError::RetriesExhausted {
+            api: self.api.to_owned(),
+            attempts: self.backoff.attempts(),
+            last: err.to_string(),
+            throttled: err.is_throttle(),
         }
     }
 }

@@ -21,18 +21,6 @@ use crate::pool::types::{AssignBatch, AssignOutcome, AssignPlan, EniPhase, Packe
 /// pause (`cloud::throttle`), which is also the kubelet's own retry period.
 const THROTTLED_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
-/// EC2 throttled the call (it was not retried, or its retries ran out on throttles).
-fn is_throttle(err: &CloudError) -> bool {
-    matches!(
-        err,
-        CloudError::Throttled { .. }
-            | CloudError::RetriesExhausted {
-                throttled: true,
-                ..
-            }
-    )
-}
-
 impl PoolState {
     /// The plan for `batch` on `eni` now.
     ///
@@ -395,7 +383,7 @@ impl PoolState {
                 self.suspend_eni(eni, now);
                 PoolError::Cloud(err)
             }
-            e if pods.is_empty() && is_throttle(e) => {
+            e if pods.is_empty() && e.is_throttle() => {
                 // A warm-up EC2 throttled (not retried: `without_throttle_retries`) is no fault of
                 // the ENI: the node's throttle gate paces the API, and the throttle it remembers
                 // holds the warm-ups for a while (the maintainer's contention). Backing the ENI
@@ -408,7 +396,7 @@ impl PoolState {
                 // throttle gate's longest pause: the account refills every second, and a node
                 // that waits longer loses its turn to the nodes that asked later.
                 let cfg = self.config.clone();
-                let cap = if is_throttle(&err) {
+                let cap = if err.is_throttle() {
                     THROTTLED_BACKOFF_MAX
                 } else {
                     Duration::MAX

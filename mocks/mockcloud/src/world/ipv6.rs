@@ -51,6 +51,11 @@ fn prefix_of(a: u128) -> u128 {
     a & !((1u128 << (128 - IPV6_PREFIX_LEN)) - 1)
 }
 
+/// The last address of the /80 at `net`.
+fn prefix_end(net: u128) -> u128 {
+    net + (1u128 << (128 - IPV6_PREFIX_LEN)) - 1
+}
+
 impl Ipv6Book {
     pub(super) fn new(cidr: Ipv6Net) -> Self {
         Self {
@@ -81,7 +86,7 @@ impl Ipv6Book {
     /// Whether the /80 at `net` is free: no prefix there, no single address inside, and it does not
     /// cover a reserved address.
     fn prefix_free(&self, net: u128) -> bool {
-        let end = net + (1u128 << (128 - IPV6_PREFIX_LEN)) - 1;
+        let end = prefix_end(net);
         net > self.first() + 3
             && end < self.last()
             && !self.prefixes.contains_key(&net)
@@ -297,7 +302,7 @@ impl World {
                     }
                     if !book.prefix_free(n) {
                         if book.prefixes.contains_key(&n)
-                            || book.addresses.range(n..=n + (1 << 48) - 1).next().is_some()
+                            || book.addresses.range(n..=prefix_end(n)).next().is_some()
                         {
                             return Err(in_use(&net.to_string()));
                         }
