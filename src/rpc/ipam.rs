@@ -160,6 +160,7 @@ impl IpamService {
             subnet_cidr: a.subnet_cidr.to_string(),
             gateway: a.gateway.to_string(),
             vpc_cidrs: done.vpc_cidrs.iter().map(|c| c.to_string()).collect(),
+            ..Default::default()
         })
     }
 
@@ -186,11 +187,13 @@ impl IpamService {
                 released: true,
                 ip: rel.ip.to_string(),
                 ip_held_by_other,
+                ..Default::default()
             },
             None => pb::ReleaseReply {
                 released: false,
                 ip: String::new(),
                 ip_held_by_other,
+                ..Default::default()
             },
         })
     }
@@ -234,16 +237,19 @@ impl pb::ipam_server::Ipam for IpamService {
                 ok: false,
                 ip: String::new(),
                 message: format!("eniipamd has no IP for {key}"),
+                ..Default::default()
             },
             Some(a) if !r.ip.is_empty() && r.ip != a.ip.to_string() => pb::CheckReply {
                 ok: false,
                 ip: a.ip.to_string(),
                 message: format!("{key} holds {} but the runtime expects {}", a.ip, r.ip),
+                ..Default::default()
             },
             Some(a) => pb::CheckReply {
                 ok: true,
                 ip: a.ip.to_string(),
                 message: String::new(),
+                ..Default::default()
             },
         };
         Ok(Response::new(reply))
@@ -318,6 +324,7 @@ impl pb::ipam_server::Ipam for IpamService {
             capacity: s.capacity,
             idle: s.idle,
             assigned: s.assigned,
+            ..Default::default()
         }))
     }
 }

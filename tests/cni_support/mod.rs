@@ -94,6 +94,7 @@ impl Ipam for FakeIpam {
             subnet_cidr: "10.10.0.0/24".into(),
             gateway: "10.10.0.1".into(),
             vpc_cidrs: vec!["10.10.0.0/16".into()],
+            ..Default::default()
         }))
     }
 
@@ -116,6 +117,7 @@ impl Ipam for FakeIpam {
             released: removed.is_some(),
             ip: removed.map(|ip| ip.to_string()).unwrap_or_default(),
             ip_held_by_other,
+            ..Default::default()
         }))
     }
 
@@ -131,16 +133,19 @@ impl Ipam for FakeIpam {
                 ok: true,
                 ip: ip.to_string(),
                 message: String::new(),
+                ..Default::default()
             },
             Some(ip) => pb::CheckReply {
                 ok: false,
                 ip: ip.to_string(),
                 message: format!("attachment holds {ip}"),
+                ..Default::default()
             },
             None => pb::CheckReply {
                 ok: false,
                 ip: String::new(),
                 message: "unknown attachment".into(),
+                ..Default::default()
             },
         }))
     }
@@ -201,6 +206,7 @@ impl Ipam for FakeIpam {
             capacity: idle + state.held.len() as u32,
             idle,
             assigned: state.held.len() as u32,
+            ..Default::default()
         }))
     }
 }

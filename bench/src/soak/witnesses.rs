@@ -146,6 +146,7 @@ impl Witnesses<'_> {
                     ifname: i.clone(),
                     ip: String::new(),
                     network: String::new(),
+                    ..Default::default()
                 })
                 .await
                 .with_context(|| format!("Ipam.Check {c}/{i}"))?

@@ -38,6 +38,7 @@ pub(super) async fn check(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniErro
             ifname: rt.ifname.clone(),
             ip: ip.to_string(),
             network: conf.name.clone(),
+            ..Default::default()
         })
         .await
         .map_err(|e| e.to_cni())?;

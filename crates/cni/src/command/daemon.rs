@@ -28,6 +28,7 @@ pub(super) async fn release(
             sticky,
             network: conf.name.clone(),
             ip: cleaning.map(|ip| ip.to_string()).unwrap_or_default(),
+            ..Default::default()
         })
         .await
 }
