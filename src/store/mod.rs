@@ -25,11 +25,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 mod demand;
+mod ipv6;
 mod open;
 mod queries;
 mod schema;
 mod task;
 
+pub use ipv6::{StoredAssignment6, StoredIpv6, StoredPrefix6, StoredReservation6};
 pub use schema::SCHEMA_VERSION;
 
 use task::{Command, Request};
@@ -374,6 +376,55 @@ impl Store {
     /// The learned demand last written, if any.
     pub async fn load_demand(&self) -> Result<Option<StoredDemand>, StoreError> {
         self.call(|respond_to| Request::LoadDemand { respond_to })
+            .await
+    }
+
+    /// The IPv6 tables: the node's /80 and the pods' addresses.
+    pub async fn load_ipv6(&self) -> Result<StoredIpv6, StoreError> {
+        self.call(|respond_to| Request::Ipv6(ipv6::Request6::Load { respond_to }))
+            .await
+    }
+
+    /// One transaction: the attachment holds the IPv6 address, its reservation (if any) is used up,
+    /// and the /80's cursor moves to `next_offset` if that is further. Conflict, and nothing
+    /// changes, if the attachment holds another address or the address is another attachment's.
+    pub async fn record_assigned_ipv6(
+        &self,
+        a: StoredAssignment6,
+        next_offset: u64,
+    ) -> Result<(), StoreError> {
+        self.call(|respond_to| {
+            Request::Ipv6(ipv6::Request6::Assign {
+                a,
+                next_offset,
+                respond_to,
+            })
+        })
+        .await
+    }
+
+    /// One transaction: the attachment's IPv6 address is released, kept reserved when
+    /// `reservation` says so. Returns the address, or `None` if the attachment held none.
+    pub async fn record_released_ipv6(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        reservation: Option<StoredReservation6>,
+    ) -> Result<Option<std::net::Ipv6Addr>, StoreError> {
+        self.call(|respond_to| {
+            Request::Ipv6(ipv6::Request6::Release {
+                container_id: container_id.to_owned(),
+                ifname: ifname.to_owned(),
+                reservation,
+                respond_to,
+            })
+        })
+        .await
+    }
+
+    /// Replaces the IPv6 tables (the startup rebuild) in one transaction.
+    pub async fn replace_ipv6(&self, state: StoredIpv6) -> Result<(), StoreError> {
+        self.call(|respond_to| Request::Ipv6(ipv6::Request6::ReplaceAll { state, respond_to }))
             .await
     }
 

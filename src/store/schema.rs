@@ -10,7 +10,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use super::StoreError;
 
 /// The ordered migrations; index `i` migrates from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -162,6 +162,53 @@ CREATE TABLE demand_starts (
 ) STRICT;
 ";
 
+/// Version 4: IPv6 (issue 26). The node's delegated /80 (`ipv6_prefix`, one row, absent until the
+/// daemon runs with `ip_family` ipv6 or dual) with its cursor, the offset of the next never-used
+/// address, written in the same transaction as each allocation so a crash cannot move it back; and the
+/// pods' addresses (`ipv6_ips`): `assigned` rows, and `reserved` rows that keep a StatefulSet pod's
+/// address while it is away. Released addresses are not kept (the cursor is past them: an address is
+/// never handed out twice). IPv6 addresses are text in `Ipv6Addr`'s `Display` form (RFC 5952), one
+/// spelling per address. Nothing before version 4 is touched.
+const V4: &str = "
+CREATE TABLE ipv6_prefix (
+    id            INTEGER PRIMARY KEY CHECK (id = 1),
+    prefix        TEXT NOT NULL,
+    eni_id        TEXT NOT NULL,
+    next_offset   INTEGER NOT NULL CHECK (next_offset > 0),
+    taken_at_ms   INTEGER NOT NULL
+) STRICT;
+CREATE TABLE ipv6_ips (
+    ip                TEXT PRIMARY KEY NOT NULL,
+    state             TEXT NOT NULL CHECK (state IN ('assigned', 'reserved')),
+    network           TEXT,
+    container_id      TEXT,
+    ifname            TEXT,
+    netns             TEXT,
+    pod_namespace     TEXT,
+    pod_name          TEXT,
+    pod_uid           TEXT,
+    sticky_key        TEXT,
+    assigned_at_ms    INTEGER,
+    reserved_for      TEXT UNIQUE,
+    reserved_until_ms INTEGER,
+    released_at_ms    INTEGER,
+    UNIQUE (container_id, ifname),
+    CHECK (CASE state
+        WHEN 'assigned' THEN
+            network IS NOT NULL AND container_id IS NOT NULL AND ifname IS NOT NULL
+            AND netns IS NOT NULL AND pod_namespace IS NOT NULL AND pod_name IS NOT NULL
+            AND pod_uid IS NOT NULL AND assigned_at_ms IS NOT NULL
+            AND reserved_for IS NULL AND reserved_until_ms IS NULL AND released_at_ms IS NULL
+        ELSE
+            network IS NULL AND container_id IS NULL AND ifname IS NULL AND netns IS NULL
+            AND pod_namespace IS NULL AND pod_name IS NULL AND pod_uid IS NULL
+            AND sticky_key IS NULL AND assigned_at_ms IS NULL
+            AND reserved_for IS NOT NULL AND reserved_until_ms IS NOT NULL
+            AND released_at_ms IS NOT NULL
+    END)
+) STRICT;
+";
+
 /// The schema version recorded in the database; 0 for a file without a `meta` table.
 pub(super) fn version(conn: &Connection) -> Result<u32, StoreError> {
     let found = recorded_version(conn)?;
@@ -308,7 +355,7 @@ mod tests {
         )
         .unwrap();
         tx.commit().unwrap();
-        assert_eq!(migrate(&mut conn).unwrap(), 3);
+        assert_eq!(migrate(&mut conn).unwrap(), SCHEMA_VERSION);
         let container: String = conn
             .query_row(
                 "SELECT container_id FROM ips WHERE ip = '10.0.0.1'",
@@ -329,6 +376,59 @@ mod tests {
             )
             .unwrap_err();
         assert!(err.to_string().contains("CHECK"), "{err}");
+    }
+
+    #[test]
+    fn version_3_files_move_to_version_4_with_their_rows_and_no_ipv6_yet() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let tx = conn.transaction().unwrap();
+        for sql in [V1, V2, V3] {
+            tx.execute_batch(sql).unwrap();
+        }
+        tx.execute("UPDATE meta SET schema_version = 3", [])
+            .unwrap();
+        tx.execute(
+            "INSERT INTO ips (ip, eni_id, state, network, container_id, ifname, netns, pod_namespace,
+                              pod_name, pod_uid, assigned_at_ms)
+             VALUES ('10.0.0.1', 'eni-1', 'assigned', 'net', 'c1', 'eth0', '/run/netns/x', 'ns', 'p', 'u', 5)",
+            [],
+        )
+        .unwrap();
+        tx.execute(
+            "INSERT INTO demand (id, written_at_ms, run_is_burst) VALUES (1, 9, 0)",
+            [],
+        )
+        .unwrap();
+        tx.commit().unwrap();
+        assert_eq!(migrate(&mut conn).unwrap(), 4);
+        let (container, demand): (String, i64) = conn
+            .query_row(
+                "SELECT container_id, (SELECT written_at_ms FROM demand) FROM ips WHERE ip = '10.0.0.1'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((container.as_str(), demand), ("c1", 9));
+        let rows: i64 = conn
+            .query_row(
+                "SELECT (SELECT COUNT(*) FROM ipv6_prefix) + (SELECT COUNT(*) FROM ipv6_ips)",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(rows, 0, "no IPv6 yet");
+        // A reserved row carries no attachment; an assigned one no reservation.
+        for bad in [
+            "INSERT INTO ipv6_ips (ip, state, container_id, reserved_for, reserved_until_ms, released_at_ms)
+             VALUES ('2600::1', 'reserved', 'c1', 'ns/p', 1, 1)",
+            "INSERT INTO ipv6_ips (ip, state, network, container_id, ifname, netns, pod_namespace, pod_name,
+                                   pod_uid, assigned_at_ms, reserved_for)
+             VALUES ('2600::2', 'assigned', 'n', 'c', 'eth0', '/x', 'ns', 'p', 'u', 1, 'ns/p')",
+            "INSERT INTO ipv6_prefix (id, prefix, eni_id, next_offset, taken_at_ms) VALUES (1, '2600::/80', 'e', 0, 1)",
+        ] {
+            let err = conn.execute(bad, []).unwrap_err();
+            assert!(err.to_string().contains("CHECK"), "{bad}: {err}");
+        }
     }
 
     #[test]

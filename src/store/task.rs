@@ -100,6 +100,8 @@ pub(super) enum Request {
     LoadDemand {
         respond_to: Reply<Option<StoredDemand>>,
     },
+    /// The IPv6 tables' requests (`store::ipv6`).
+    Ipv6(super::ipv6::Request6),
     Close {
         respond_to: oneshot::Sender<()>,
     },
@@ -122,6 +124,7 @@ impl Request {
             Request::Repair { .. } => "repair",
             Request::SaveDemand { .. } => "save_demand",
             Request::LoadDemand { .. } => "load_demand",
+            Request::Ipv6(r) => r.name(),
             Request::Close { .. } => "close",
         }
     }
@@ -402,6 +405,7 @@ fn serve_one(conn: &mut Connection, cmd: Command) {
                 respond_to,
             } => respond_to.send(demand::save(conn, &d)).is_ok(),
             Request::LoadDemand { respond_to } => respond_to.send(demand::load(conn)).is_ok(),
+            Request::Ipv6(r) => r.serve(conn),
         };
         let took = started.elapsed();
         if took > SLOW {

@@ -1,0 +1,86 @@
+//! Taking the node's /80 at startup: keep the one on record, adopt one the primary ENI already has,
+//! or ask EC2 for one (`AssignIpv6Addresses` with `Ipv6PrefixCount=1`, the node's one mutating call
+//! for IPv6).
+
+use crate::cloud::{Cloud, CloudError, Eni};
+use crate::store::StoredPrefix6;
+
+use super::book::seed_offset;
+
+/// How the startup came by the /80.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// The state file's, still on the primary ENI.
+    Kept,
+    /// One the primary ENI already had (a lost state file, or a /80 given by hand or by another
+    /// CNI); the cursor starts from the clock ([`seed_offset`]).
+    Adopted,
+    /// A new one from EC2.
+    Assigned,
+}
+
+/// Why the /80 could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum PrefixError {
+    /// The primary ENI's subnet has no IPv6 CIDR block: an operator must associate one (or run
+    /// with `ip_family = ipv4`).
+    #[error(
+        "ip_family {family} needs an IPv6 CIDR block on subnet {subnet} (the primary ENI's), and it has \
+         none: associate one (aws ec2 associate-subnet-cidr-block --ipv6-cidr-block …) or set \
+         ip_family = ipv4"
+    )]
+    NoSubnetIpv6 { family: String, subnet: String },
+    #[error(transparent)]
+    Cloud(#[from] CloudError),
+    /// EC2 answered the assign with no prefix.
+    #[error("AssignIpv6Addresses on {0} returned no /80 prefix")]
+    Empty(String),
+}
+
+/// The node's /80 on `eth0` (as EC2 describes the primary ENI now): the recorded one when it is still
+/// there, else the first the ENI has, else a new one. Returns the prefix to record, how it was come by,
+/// and the recorded one that is gone from the ENI, if any (its pods' addresses no longer route).
+pub async fn ensure(
+    cloud: &dyn Cloud,
+    eth0: &Eni,
+    recorded: Option<StoredPrefix6>,
+    family: &str,
+    now_ms: u64,
+) -> Result<(StoredPrefix6, Taken, Option<StoredPrefix6>), PrefixError> {
+    let (kept, lost) = match recorded {
+        Some(r) if r.eni_id == eth0.id.as_str() && eth0.ipv6_prefixes.contains(&r.prefix) => {
+            (Some(r), None)
+        }
+        other => (None, other),
+    };
+    if let Some(r) = kept {
+        return Ok((r, Taken::Kept, None));
+    }
+    if let Some(p) = eth0.ipv6_prefixes.first() {
+        let taken = StoredPrefix6 {
+            prefix: *p,
+            eni_id: eth0.id.to_string(),
+            next_offset: seed_offset(now_ms),
+            taken_at_ms: now_ms,
+        };
+        return Ok((taken, Taken::Adopted, lost));
+    }
+    let subnet = cloud.describe_subnet(&eth0.subnet_id).await?;
+    if subnet.ipv6_cidrs.is_empty() {
+        return Err(PrefixError::NoSubnetIpv6 {
+            family: family.to_owned(),
+            subnet: eth0.subnet_id.clone(),
+        });
+    }
+    let got = cloud.assign_ipv6_prefixes(&eth0.id, 1).await?;
+    let prefix = *got
+        .first()
+        .ok_or_else(|| PrefixError::Empty(eth0.id.to_string()))?;
+    let taken = StoredPrefix6 {
+        prefix,
+        eni_id: eth0.id.to_string(),
+        next_offset: seed_offset(now_ms),
+        taken_at_ms: now_ms,
+    };
+    Ok((taken, Taken::Assigned, lost))
+}
