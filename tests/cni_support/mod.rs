@@ -117,7 +117,6 @@ impl Ipam for FakeIpam {
             subnet_cidr: ipv4_subnet.into(),
             gateway: "10.10.0.1".into(),
             vpc_cidrs: vec!["10.10.0.0/16".into()],
-            ..Default::default()
         }))
     }
 
