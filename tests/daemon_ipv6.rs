@@ -25,10 +25,7 @@ async fn mock() -> MockCloud {
 }
 
 fn calls(mock: &MockCloud, action: &str) -> u64 {
-    mock.counters()
-        .actions
-        .get(action)
-        .map_or(0, |c| c.ok)
+    mock.counters().actions.get(action).map_or(0, |c| c.ok)
 }
 
 /// Every successful mutating call mockcloud answered.
@@ -95,7 +92,11 @@ async fn an_ipv6_node_takes_one_slash_80_and_a_100_pod_burst_makes_no_ec2_call()
         assert!(!r.vpc_ipv6_cidrs.is_empty(), "the VPC's /56 from IMDS");
         assert!(seen.insert(ip), "{ip} handed out twice");
     }
-    assert_eq!(mutating_ok(&mock) - before, 0, "a 100-pod burst made no mutating EC2 call");
+    assert_eq!(
+        mutating_ok(&mock) - before,
+        0,
+        "a 100-pod burst made no mutating EC2 call"
+    );
     assert!(ec2_pod_ips(&mock).is_empty(), "no IPv4 was warmed for pods");
 
     let mut c = client(&d.socket_path).await;
@@ -107,14 +108,26 @@ async fn an_ipv6_node_takes_one_slash_80_and_a_100_pod_burst_makes_no_ec2_call()
         .unwrap()
         .into_inner();
     assert_eq!(
-        (status.ip_family.as_str(), status.ipv6_prefix.as_str(), status.ipv6_assigned),
+        (
+            status.ip_family.as_str(),
+            status.ipv6_prefix.as_str(),
+            status.ipv6_assigned
+        ),
         ("ipv6", prefixes[0].to_string().as_str(), 100)
     );
     // Release: the address comes back in the reply; a second DEL is a success that released nothing.
-    let rel = c.release(release_req("c7", false)).await.unwrap().into_inner();
+    let rel = c
+        .release(release_req("c7", false))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(rel.released && rel.ip.is_empty());
     let freed: Ipv6Addr = rel.ipv6.parse().unwrap();
-    let again = c.release(release_req("c7", false)).await.unwrap().into_inner();
+    let again = c
+        .release(release_req("c7", false))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(!again.released && again.ipv6.is_empty());
     // CHECK knows the pods that hold an address, and not the released one.
     let check = |container: &str, ipv6: String| pb::CheckRequest {
@@ -125,18 +138,34 @@ async fn an_ipv6_node_takes_one_slash_80_and_a_100_pod_burst_makes_no_ec2_call()
         ipv6,
         ..Default::default()
     };
-    let ok = c.check(check("c8", String::new())).await.unwrap().into_inner();
+    let ok = c
+        .check(check("c8", String::new()))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(ok.ok && !ok.ipv6.is_empty(), "{}", ok.message);
     let wrong = c
         .check(check("c8", freed.to_string()))
         .await
         .unwrap()
         .into_inner();
-    assert!(!wrong.ok && wrong.message.contains("expects"), "{}", wrong.message);
-    let gone = c.check(check("c7", String::new())).await.unwrap().into_inner();
+    assert!(
+        !wrong.ok && wrong.message.contains("expects"),
+        "{}",
+        wrong.message
+    );
+    let gone = c
+        .check(check("c7", String::new()))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(!gone.ok, "{}", gone.message);
     // A new pod never gets the released address.
-    let next = c.allocate(alloc_req("c100", "p100")).await.unwrap().into_inner();
+    let next = c
+        .allocate(alloc_req("c100", "p100"))
+        .await
+        .unwrap()
+        .into_inner();
     assert_ne!(next.ipv6, freed.to_string());
     d.shutdown().await;
 }
@@ -153,12 +182,25 @@ async fn restarts_keep_the_slash_80_and_the_pods_and_a_lost_file_never_reissues_
     let mut c = client(&d.socket_path).await;
     let mut held = Vec::new();
     for i in 0..5 {
-        let r = c.allocate(alloc_req(&format!("c{i}"), &format!("p{i}"))).await.unwrap();
+        let r = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+            .await
+            .unwrap();
         held.push(r.into_inner().ipv6);
     }
-    let web = c.allocate(sticky_req("w0", "web-0")).await.unwrap().into_inner().ipv6;
+    let web = c
+        .allocate(sticky_req("w0", "web-0"))
+        .await
+        .unwrap()
+        .into_inner()
+        .ipv6;
     c.release(release_req("w0", true)).await.unwrap();
-    let plain = c.release(release_req("c4", false)).await.unwrap().into_inner().ipv6;
+    let plain = c
+        .release(release_req("c4", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .ipv6;
     d.shutdown().await;
 
     // Second life, same file: the same /80 (no second assign), the same pods, the sticky pod's address.
@@ -166,12 +208,29 @@ async fn restarts_keep_the_slash_80_and_the_pods_and_a_lost_file_never_reissues_
     assert_eq!(calls(&mock, "AssignIpv6Addresses"), 1);
     let mut c = client(&d.socket_path).await;
     for (i, ip) in held.iter().enumerate().take(4) {
-        let again = c.allocate(alloc_req(&format!("c{i}"), &format!("p{i}"))).await.unwrap();
-        assert_eq!(&again.into_inner().ipv6, ip, "a repeated ADD after a restart");
+        let again = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+            .await
+            .unwrap();
+        assert_eq!(
+            &again.into_inner().ipv6,
+            ip,
+            "a repeated ADD after a restart"
+        );
     }
-    let back = c.allocate(sticky_req("w1", "web-0")).await.unwrap().into_inner().ipv6;
+    let back = c
+        .allocate(sticky_req("w1", "web-0"))
+        .await
+        .unwrap()
+        .into_inner()
+        .ipv6;
     assert_eq!(back, web, "the StatefulSet pod's address waited for it");
-    let fresh = c.allocate(alloc_req("n0", "n0")).await.unwrap().into_inner().ipv6;
+    let fresh = c
+        .allocate(alloc_req("n0", "n0"))
+        .await
+        .unwrap()
+        .into_inner()
+        .ipv6;
     assert!(!held.contains(&fresh) && fresh != plain);
     d.shutdown().await;
 
@@ -179,7 +238,11 @@ async fn restarts_keep_the_slash_80_and_the_pods_and_a_lost_file_never_reissues_
     // from the clock, past every address handed out before.
     std::fs::remove_file(&cfg.state_path).unwrap();
     let d = start(cfg.clone()).await;
-    assert_eq!(calls(&mock, "AssignIpv6Addresses"), 1, "the /80 on eth0 adopted");
+    assert_eq!(
+        calls(&mock, "AssignIpv6Addresses"),
+        1,
+        "the /80 on eth0 adopted"
+    );
     let mut c = client(&d.socket_path).await;
     let before: BTreeSet<Ipv6Addr> = held
         .iter()
@@ -187,7 +250,10 @@ async fn restarts_keep_the_slash_80_and_the_pods_and_a_lost_file_never_reissues_
         .map(|s| s.parse().unwrap())
         .collect();
     for i in 0..20 {
-        let r = c.allocate(alloc_req(&format!("m{i}"), &format!("m{i}"))).await.unwrap();
+        let r = c
+            .allocate(alloc_req(&format!("m{i}"), &format!("m{i}")))
+            .await
+            .unwrap();
         let ip: Ipv6Addr = r.into_inner().ipv6.parse().unwrap();
         assert!(
             before.iter().all(|b| ip > *b),
@@ -207,16 +273,35 @@ async fn dual_stack_pods_get_both_families_and_lose_both_together() {
     };
     let d = start(cfg).await;
     let mut c = client(&d.socket_path).await;
-    let r = c.allocate(alloc_req("d0", "d0")).await.unwrap().into_inner();
+    let r = c
+        .allocate(alloc_req("d0", "d0"))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(r.ip_family, "dual");
     assert!(r.ip.parse::<std::net::Ipv4Addr>().is_ok() && r.ipv6.parse::<Ipv6Addr>().is_ok());
     assert!(!r.eni_id.is_empty() && !r.gateway.is_empty());
     assert!(ec2_pod_ips(&mock).contains(&r.ip.parse().unwrap()));
-    let rel = c.release(release_req("d0", false)).await.unwrap().into_inner();
-    assert_eq!((rel.ip.as_str(), rel.ipv6.as_str()), (r.ip.as_str(), r.ipv6.as_str()));
+    let rel = c
+        .release(release_req("d0", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (rel.ip.as_str(), rel.ipv6.as_str()),
+        (r.ip.as_str(), r.ipv6.as_str())
+    );
     let s = d.ipam().store().load_ipv6().await.unwrap();
     assert!(s.assignments.is_empty());
-    assert!(d.ipam().store().load().await.unwrap().assignments.is_empty());
+    assert!(
+        d.ipam()
+            .store()
+            .load()
+            .await
+            .unwrap()
+            .assignments
+            .is_empty()
+    );
     // A preferred IPv6 outside the node's /80 with require_preferred: refused, nothing held.
     let bad = c
         .allocate(pb::AllocateRequest {
@@ -227,7 +312,11 @@ async fn dual_stack_pods_get_both_families_and_lose_both_together() {
         .await
         .unwrap_err();
     assert_eq!(bad.code(), tonic::Code::FailedPrecondition, "{bad}");
-    assert!(d.pool.allocation(&eniipam::model::AttachmentKey::new("d1", "eth0")).is_none());
+    assert!(
+        d.pool
+            .allocation(&eniipam::model::AttachmentKey::new("d1", "eth0"))
+            .is_none()
+    );
     let junk = c
         .allocate(pb::AllocateRequest {
             preferred_ip: "2600:zz::1".into(),
@@ -251,7 +340,9 @@ async fn a_subnet_without_an_ipv6_block_stops_the_start_with_a_clear_error() {
     mock.disassociate_subnet_ipv6_cidr_block(&subnet).unwrap();
     let clients = eniipam::daemon::CloudClients::from_config(
         &cfg,
-        Some(aws_sdk_ec2::config::Credentials::new("a", "b", None, None, "test")),
+        Some(aws_sdk_ec2::config::Credentials::new(
+            "a", "b", None, None, "test",
+        )),
     )
     .await
     .unwrap();

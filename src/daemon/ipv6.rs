@@ -28,10 +28,7 @@ pub(super) async fn take_prefix(
     } else {
         store.load_ipv6().await?
     };
-    let instance = clients
-        .cloud
-        .describe_instance(&node.instance_id)
-        .await?;
+    let instance = clients.cloud.describe_instance(&node.instance_id).await?;
     let eth0 = instance
         .enis
         .iter()

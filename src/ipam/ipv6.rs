@@ -35,14 +35,15 @@ impl Ipam {
         };
         let now_ms = unix_ms_now();
         let sticky = a.sticky_key.as_deref();
-        let grant = p.with(|b| {
-            match b.acquire(&a.key, &a.pod, sticky, &meta, req.prefer6, now_ms) {
-                Err(Ipv6Error::PreferredUnavailable { .. }) if !req.require_preferred => {
-                    b.acquire(&a.key, &a.pod, sticky, &meta, None, now_ms)
-                }
-                other => other,
-            }
-        })?;
+        let grant =
+            p.with(
+                |b| match b.acquire(&a.key, &a.pod, sticky, &meta, req.prefer6, now_ms) {
+                    Err(Ipv6Error::PreferredUnavailable { .. }) if !req.require_preferred => {
+                        b.acquire(&a.key, &a.pod, sticky, &meta, None, now_ms)
+                    }
+                    other => other,
+                },
+            )?;
         if grant.new {
             let row = p.with(|b| b.get(&a.key).map(|h| stored_assignment(&a.key, h)));
             let recorded = match row {

@@ -406,7 +406,12 @@ impl Ipam {
             })
             .collect();
         if self.inner.ipv6.is_some() {
-            let v6 = self.inner.store.load_ipv6().await.map_err(IpamError::Record)?;
+            let v6 = self
+                .inner
+                .store
+                .load_ipv6()
+                .await
+                .map_err(IpamError::Record)?;
             candidates.extend(v6.assignments.into_iter().map(|a| {
                 let key = AttachmentKey::new(a.container_id, a.ifname);
                 (key, a.network, a.ip.to_string(), a.assigned_at_ms)

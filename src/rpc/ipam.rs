@@ -220,7 +220,12 @@ impl IpamService {
             released: released.is_some(),
             ip: show(released.as_ref().and_then(|r| r.ip).map(|i| i.to_string())),
             ip_held_by_other,
-            ipv6: show(released.as_ref().and_then(|r| r.ipv6).map(|i| i.to_string())),
+            ipv6: show(
+                released
+                    .as_ref()
+                    .and_then(|r| r.ipv6)
+                    .map(|i| i.to_string()),
+            ),
             ipv6_held_by_other,
         })
     }
@@ -271,7 +276,10 @@ impl pb::ipam_server::Ipam for IpamService {
             problems.push(format!("{key} holds {ip} but the runtime expects {}", r.ip));
         }
         if !r.ipv6.is_empty() && !ipv6.is_empty() && r.ipv6 != ipv6 {
-            problems.push(format!("{key} holds {ipv6} but the runtime expects {}", r.ipv6));
+            problems.push(format!(
+                "{key} holds {ipv6} but the runtime expects {}",
+                r.ipv6
+            ));
         }
         let reply = pb::CheckReply {
             ok: problems.is_empty(),

@@ -160,7 +160,13 @@ impl ApiServerGc {
             p.with(|b| {
                 for (k, h) in b.held().filter(|(k, _)| !known.contains(*k)) {
                     let held_for = Duration::from_millis(now_ms.saturating_sub(h.assigned_at_ms));
-                    held.push((k.clone(), IpAddr::V6(h.ip), h.pod.clone(), h.meta.netns.clone(), held_for));
+                    held.push((
+                        k.clone(),
+                        IpAddr::V6(h.ip),
+                        h.pod.clone(),
+                        h.meta.netns.clone(),
+                        held_for,
+                    ));
                 }
             });
         }
