@@ -7,7 +7,9 @@
 mod cloud_support;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use ipnet::Ipv6Net;
 

@@ -645,6 +645,20 @@ async fn eth0_deletion_and_other_clusters_enis_are_refused() {
         .send()
         .await
         .expect("assign on eth0 is allowed");
+    // So is an IPv6 node's /80 (ip_family ipv6 or dual), and giving it back.
+    let v6 = ec2
+        .assign_ipv6_addresses()
+        .network_interface_id(&eth0)
+        .ipv6_prefix_count(1)
+        .send()
+        .await
+        .expect("an IPv6 prefix on eth0 is allowed");
+    ec2.unassign_ipv6_addresses()
+        .network_interface_id(&eth0)
+        .set_ipv6_prefixes(Some(v6.assigned_ipv6_prefixes().to_vec()))
+        .send()
+        .await
+        .expect("giving eth0's IPv6 prefix back is allowed");
 
     // Another cluster's ENI in the same VPC, tagged as eniipam tags its own.
     let other = eni_behind_the_daemons_back(
@@ -662,6 +676,14 @@ async fn eth0_deletion_and_other_clusters_enis_are_refused() {
         ec2.assign_private_ip_addresses()
             .network_interface_id(&other)
             .secondary_private_ip_address_count(1)
+            .send()
+            .await,
+    );
+    refused(
+        "AssignIpv6Addresses",
+        ec2.assign_ipv6_addresses()
+            .network_interface_id(&other)
+            .ipv6_prefix_count(1)
             .send()
             .await,
     );

@@ -1,7 +1,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use eniipam_cloud::{Cloud, CloudError, CreateEni, Metadata};
+use eniipam_cloud::{Cloud, CloudError, CreateEni, Eni, Metadata, NodeContext};
+use ipnet::Ipv6Net;
 
 use super::*;
 
@@ -131,4 +132,125 @@ async fn latency_uses_tokio_time() {
     assert_eq!(start.elapsed(), Duration::from_secs(2));
     assert_eq!(inst.enis.len(), 1);
     assert_eq!(inst.enis[0].attachment.as_ref().unwrap().device_index, 0);
+}
+
+/// eth0 of the node `with_node` built.
+async fn primary(cloud: &MemoryCloud, node: &NodeContext) -> Eni {
+    cloud
+        .describe_instance(&node.instance_id)
+        .await
+        .unwrap()
+        .enis
+        .remove(0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn ipv6_prefixes_follow_ec2s_rules() {
+    let (cloud, node) = MemoryCloud::with_node(NodeSpec::default());
+    let eth0 = primary(&cloud, &node).await;
+    let subnet6 = NodeSpec::default().subnet_ipv6_cidr.unwrap();
+    let vpc6 = NodeSpec::default().vpc_ipv6_cidr.unwrap();
+    assert!(vpc6.contains(&subnet6));
+    assert_eq!(
+        cloud
+            .describe_subnet(&node.subnet_id)
+            .await
+            .unwrap()
+            .ipv6_cidrs,
+        vec![subnet6]
+    );
+    let md = cloud.interface(&eth0.mac).await.unwrap().unwrap();
+    assert_eq!(
+        (md.subnet_ipv6_cidrs, md.vpc_ipv6_cidrs),
+        (vec![subnet6], vec![vpc6])
+    );
+
+    // One /80 of the subnet's /64, never one covering its reserved first or last address.
+    let got = cloud.assign_ipv6_prefixes(&eth0.id, 1).await.unwrap();
+    let [p] = got[..] else { panic!("{got:?}") };
+    assert_eq!(p.prefix_len(), 80);
+    assert!(subnet6.contains(&p) && p.network() != subnet6.network());
+    assert_eq!(cloud.eni(&eth0.id).unwrap().ipv6_prefixes, vec![p]);
+    let md = cloud.interface(&eth0.mac).await.unwrap().unwrap();
+    assert_eq!(md.ipv6_prefixes, vec![p]);
+    assert!(md.ipv6s.is_empty());
+
+    // The per-ENI limit (the IPv4 one, 10, IPv6 counted on its own): all or nothing.
+    let err = cloud.assign_ipv6_prefixes(&eth0.id, 10).await.unwrap_err();
+    assert!(matches!(err, CloudError::IpLimitExceeded { .. }), "{err}");
+    assert_eq!(cloud.eni(&eth0.id).unwrap().ipv6_prefixes, vec![p]);
+    let nine = cloud.assign_ipv6_prefixes(&eth0.id, 9).await.unwrap();
+    assert_eq!(nine.len(), 9);
+    assert!(!nine.contains(&p), "never a prefix held already");
+    assert_eq!(cloud.ipv6_prefixes_held().len(), 10);
+
+    // Unassign: every one held, or nothing changes.
+    let stranger: Ipv6Net = "2600:1f18:6d00:1:ffff::/80".parse().unwrap();
+    let err = cloud
+        .unassign_ipv6_prefixes(&eth0.id, &[p, stranger])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, CloudError::Rejected { code, .. } if code == "InvalidParameterValue"),
+        "{err}"
+    );
+    assert_eq!(cloud.eni(&eth0.id).unwrap().ipv6_prefixes.len(), 10);
+    cloud.unassign_ipv6_prefixes(&eth0.id, &[p]).await.unwrap();
+    assert_eq!(cloud.eni(&eth0.id).unwrap().ipv6_prefixes, nine);
+    assert!(!cloud.ipv6_prefixes_held().contains(&p));
+    assert_eq!(cloud.call_count(Action::AssignIpv6Prefixes), 3);
+    assert_eq!(cloud.call_count(Action::UnassignIpv6Prefixes), 2);
+
+    // An unknown ENI is not found.
+    let ghost: EniId = "eni-00000000000000999".parse().unwrap();
+    assert!(
+        cloud
+            .assign_ipv6_prefixes(&ghost, 1)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_subnet_without_ipv6_refuses_prefixes_with_its_own_kind() {
+    let (cloud, node) = MemoryCloud::with_node(NodeSpec {
+        subnet_ipv6_cidr: None,
+        ..NodeSpec::default()
+    });
+    let eth0 = primary(&cloud, &node).await;
+    let err = cloud.assign_ipv6_prefixes(&eth0.id, 1).await.unwrap_err();
+    assert!(matches!(err, CloudError::NoIpv6Cidr { .. }), "{err}");
+    assert!(err.to_string().contains(&node.subnet_id), "{err}");
+    assert!(
+        cloud
+            .describe_subnet(&node.subnet_id)
+            .await
+            .unwrap()
+            .ipv6_cidrs
+            .is_empty()
+    );
+    let md = cloud.interface(&eth0.mac).await.unwrap().unwrap();
+    assert!(md.subnet_ipv6_cidrs.is_empty());
+
+    // Taking the block away is refused while an ENI holds a /80 of it, as EC2 refuses.
+    let (cloud, node) = MemoryCloud::with_node(NodeSpec::default());
+    let eth0 = primary(&cloud, &node).await;
+    let got = cloud.assign_ipv6_prefixes(&eth0.id, 1).await.unwrap();
+    let refused = cloud.disassociate_subnet_ipv6().unwrap_err();
+    assert!(refused.contains(eth0.id.as_str()), "{refused}");
+    cloud.unassign_ipv6_prefixes(&eth0.id, &got).await.unwrap();
+    cloud.disassociate_subnet_ipv6().unwrap();
+    let err = cloud.assign_ipv6_prefixes(&eth0.id, 1).await.unwrap_err();
+    assert!(matches!(err, CloudError::NoIpv6Cidr { .. }), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_enis_prefixes_go_back_to_the_subnet() {
+    let (cloud, _node) = MemoryCloud::with_node(NodeSpec::default());
+    let eni = cloud.create_eni(&create_req(0, "v6")).await.unwrap();
+    let got = cloud.assign_ipv6_prefixes(&eni.id, 2).await.unwrap();
+    assert_eq!(cloud.ipv6_prefixes_held(), got.iter().copied().collect());
+    cloud.delete_eni(&eni.id).await.unwrap();
+    assert!(cloud.ipv6_prefixes_held().is_empty());
 }

@@ -7,7 +7,8 @@
 //!
 //! Parts: this file (the client and the [`Cloud`] calls), [`classify`] (SDK errors → [`CloudError`],
 //! once, by EC2 error code and HTTP status), [`convert`] (SDK types ⇄ domain types), `config`
-//! ([`Ec2Config`] and building the client), `mutate` (the one loop every mutating call runs in).
+//! ([`Ec2Config`] and building the client), `mutate` (the one loop every mutating call runs in),
+//! `ipv6` (AssignIpv6Addresses / UnassignIpv6Addresses for the node's `/80`).
 //!
 //! Calls that EC2 cannot make idempotent themselves are made safe after ambiguous failures
 //! (timeouts and 5xx, where the request may have taken effect), all in `mutate`:
@@ -32,6 +33,7 @@ mod classify;
 mod config;
 mod convert;
 mod holdings;
+mod ipv6;
 mod mutate;
 
 pub use classify::{classify, classify_code};
@@ -540,47 +542,11 @@ impl Cloud for Ec2Cloud {
     }
 
     async fn assign_ipv6_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv6Net>> {
-        const API: &str = "AssignIpv6Addresses";
-        if count == 0 {
-            return Ok(Vec::new());
-        }
-        let found = |new: &[Ipv6Net]| {
-            tracing::info!(%eni, prefixes = ?new, "IPv6 prefix assign had succeeded despite the error; not assigning again");
-        };
-        let send = || async {
-            let out = self
-                .client
-                .assign_ipv6_addresses()
-                .network_interface_id(eni.as_str())
-                .ipv6_prefix_count(to_i32(count))
-                .send()
-                .await
-                .map_err(|e| classify(API, e))?;
-            out.assigned_ipv6_prefixes()
-                .iter()
-                .map(|p| parse_ipv6_prefix(API, p))
-                .collect::<CloudResult<Vec<Ipv6Net>>>()
-        };
-        self.assign_counted(API, eni, count, send, found).await
+        self.assign_ipv6_prefix_count(eni, count).await
     }
 
     async fn unassign_ipv6_prefixes(&self, eni: &EniId, prefixes: &[Ipv6Net]) -> CloudResult<()> {
-        const API: &str = "UnassignIpv6Addresses";
-        if prefixes.is_empty() {
-            return Ok(());
-        }
-        let gone: Vec<String> = prefixes.iter().map(Ipv6Net::to_string).collect();
-        let send = || async {
-            self.client
-                .unassign_ipv6_addresses()
-                .network_interface_id(eni.as_str())
-                .set_ipv6_prefixes(Some(gone.clone()))
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| classify(API, e))
-        };
-        self.unassign_verified(API, eni, prefixes, send).await
+        self.unassign_ipv6_prefix_list(eni, prefixes).await
     }
 
     async fn create_tags(
