@@ -125,10 +125,15 @@ async fn scenario(test: &str, family: IpFamily) {
             assert_eq!(d.pool.allocation(&key).unwrap().ip, v4);
             v4s.push(v4);
         }
-        // The pod: its /128 (not tentative) and the default route via fe80::1.
-        let addrs = pod.ip(&["-6", "-j", "addr", "show", "dev", "eth0"]);
-        assert!(addrs.contains(&format!("\"local\":\"{v6}\"")), "{addrs}");
-        assert!(!addrs.contains("tentative"), "{addrs}");
+        // The pod: its /128, usable at once (not tentative), and the default route via fe80::1.
+        let links = pod.ip_json(&["-6", "addr", "show", "dev", "eth0"]);
+        let mine = links
+            .iter()
+            .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+            .find(|a| a["local"] == v6.to_string())
+            .unwrap_or_else(|| panic!("{v6} not on the pod's eth0: {links:?}"));
+        assert_eq!(mine["prefixlen"], 128, "{mine}");
+        assert!(mine.get("tentative").is_none(), "{mine}");
         let routes = pod.ip(&["-6", "-j", "route", "show", "default"]);
         assert!(routes.contains("fe80::1"), "{routes}");
         // The node: a /128 route to the pod.

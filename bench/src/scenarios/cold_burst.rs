@@ -223,7 +223,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         );
         v6.push(res);
     }
-    let v6_total_s = AcrossRuns::of(&v6.iter().map(|r| r.0 / 1e3).collect::<Vec<_>>()).context("no runs")?;
+    let v6_total_s =
+        AcrossRuns::of(&v6.iter().map(|r| r.0 / 1e3).collect::<Vec<_>>()).context("no runs")?;
     let v6_calls = AcrossRuns::of(&v6.iter().map(|r| (r.1 + r.2) as f64).collect::<Vec<_>>())
         .context("no runs")?;
     let across = |f: fn(&RunResult) -> f64| {
