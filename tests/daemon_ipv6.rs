@@ -353,3 +353,77 @@ async fn a_subnet_without_an_ipv6_block_stops_the_start_with_a_clear_error() {
     assert!(err.contains(&subnet) && err.contains("IPv6 CIDR"), "{err}");
     assert_eq!(calls(&mock, "AssignIpv6Addresses"), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_running_reconcile_releases_dead_ipv6_pods_and_reports_a_lost_slash_80() {
+    let mock = mock().await;
+    let dir = TempDir::new("ipv6-reconcile");
+    let cfg = eniipam::config::DaemonConfig {
+        ip_family: IpFamily::Ipv6,
+        ..config(&mock, &dir.0)
+    };
+    let d = start(cfg).await;
+    let mut c = client(&d.socket_path).await;
+    let (live, dead) = (dir.0.join("netns-live"), dir.0.join("netns-dead"));
+    for (container, ns) in [("live", &live), ("dead", &dead)] {
+        std::fs::write(ns, b"").unwrap();
+        c.allocate(pb::AllocateRequest {
+            netns: ns.display().to_string(),
+            ..alloc_req(container, container)
+        })
+        .await
+        .unwrap();
+    }
+    // The dead pod's sandbox went away without a DEL.
+    std::fs::remove_file(&dead).unwrap();
+    let report = d.reconcile_now().await.expect("a pass");
+    let released: Vec<String> = report
+        .released_dead_ipv6
+        .iter()
+        .map(|(k, _)| k.container_id.clone())
+        .collect();
+    assert_eq!(released, vec!["dead".to_owned()]);
+    assert!(!report.ipv6_prefix_missing);
+    let key = |c: &str| eniipam::model::AttachmentKey::new(c, "eth0");
+    assert!(d.ipam().check6(&key("dead")).unwrap().is_none());
+    assert!(d.ipam().check6(&key("live")).unwrap().is_some());
+    let stored = d.ipam().store().load_ipv6().await.unwrap();
+    assert_eq!(stored.assignments.len(), 1);
+
+    // Someone unassigns the node's /80 out of band: the pass says so.
+    let prefix = d.ipam().ipv6().unwrap().prefix();
+    let eni = d.ipam().ipv6().unwrap().eni_id.clone();
+    let sdk = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::Config::builder()
+            .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
+            .region(aws_sdk_ec2::config::Region::new("us-east-1"))
+            .endpoint_url(mock.ec2_url())
+            .credentials_provider(aws_sdk_ec2::config::Credentials::new(
+                "a", "b", None, None, "test",
+            ))
+            .build(),
+    );
+    sdk.unassign_ipv6_addresses()
+        .network_interface_id(&eni)
+        .ipv6_prefixes(prefix.to_string())
+        .send()
+        .await
+        .expect("unassign the /80");
+    let report = d.reconcile_now().await.expect("a pass");
+    assert!(report.ipv6_prefix_missing, "the lost /80 is reported");
+    let metrics = metrics_text(d.metrics_addr).await;
+    assert!(metrics.contains("eniipam_ipv6_prefixes 0"), "{metrics}");
+    d.shutdown().await;
+}
+
+/// The daemon's /metrics text.
+async fn metrics_text(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}

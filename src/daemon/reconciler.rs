@@ -41,7 +41,12 @@ impl Reconciler {
         )
         .await?;
         let m = &self.metrics;
-        m.netns_gc_released.inc_by(r.released_dead.len() as u64);
+        m.netns_gc_released
+            .inc_by((r.released_dead.len() + r.released_dead_ipv6.len()) as u64);
+        if self.ipam.ipv6().is_some() {
+            // 0 while EC2 does not show the node's /80 on its ENI (the pass logs why).
+            m.ipv6_prefixes.set(i64::from(!r.ipv6_prefix_missing));
+        }
         m.drift_missing_in_ec2.set(r.missing_in_ec2.len() as i64);
         m.drift_unknown_to_pool.set(r.unknown_to_pool.len() as i64);
         m.lost_pods.inc_by(r.lost.len() as u64);

@@ -54,6 +54,11 @@ pub struct PassReport {
     pub store_repairs: usize,
     /// What the pass decided, in the order it applied it (the fields above say what came of it).
     pub decided: Vec<Drift>,
+    /// IPv6-only attachments (ip_family ipv6) released because their pod's network namespace is gone.
+    pub released_dead_ipv6: Vec<(AttachmentKey, std::net::Ipv6Addr)>,
+    /// The node's /80 is not on its ENI in EC2's answer (unassigned out of band): its pods' addresses
+    /// no longer route. Reported loudly; a restart takes a new /80.
+    pub ipv6_prefix_missing: bool,
 }
 
 /// One pass; see the module docs. Releases assignments whose network namespace is gone or whose pod
@@ -87,6 +92,16 @@ pub async fn pass(
     // word must not find already released), then quarantine; EC2's drifts only when it answered.
     let dead = take_leading(&mut drifts, |d| matches!(d, Drift::NetnsGone { .. }));
     apply(ipam, cloud, dead, &mut report).await;
+    release_dead_ipv6(ipam, &netns, &mut report).await;
+    if let (Some(p), Some(enis)) = (ipam.ipv6(), &snapshot.ec2) {
+        let prefix = p.prefix();
+        if !enis.values().any(|e| e.ipv6_prefixes.contains(&prefix)) {
+            report.ipv6_prefix_missing = true;
+            tracing::error!(%prefix, eni = %p.eni_id,
+                "the node's IPv6 /80 is gone from its ENI in EC2 (unassigned out of band?): IPv6 pods \
+                 on this node no longer route; restart eniipamd to take a new /80");
+        }
+    }
     report.released_gone_from_api = super::api_server::release_gone_pods(ipam, api, &netns).await;
     let quarantine = take_leading(&mut drifts, Drift::from_host);
     apply(ipam, cloud, quarantine, &mut report).await;
@@ -115,6 +130,31 @@ pub async fn pass(
         );
     }
     Ok(report)
+}
+
+/// Releases IPv6-only attachments (those the pool does not hold: `ip_family = ipv6`) whose pod
+/// network namespace is provably gone, as the pool's dead pods are (dual-stack attachments go with
+/// their IPv4, through `Drift::NetnsGone`).
+async fn release_dead_ipv6(ipam: &Ipam, netns: &NetnsView, report: &mut PassReport) {
+    let Some(p) = ipam.ipv6() else {
+        return;
+    };
+    let pool = ipam.pool();
+    let dead: Vec<(AttachmentKey, std::net::Ipv6Addr, String)> = p.with(|b| {
+        b.held()
+            .filter(|(k, h)| {
+                pool.allocation(k).is_none()
+                    && netns.state(&h.meta.netns) == super::evidence::NetnsState::Gone
+            })
+            .map(|(k, h)| (k.clone(), h.ip, h.meta.netns.clone()))
+            .collect()
+    });
+    for (key, ip, ns) in dead {
+        if let Ok(Some(_)) = ipam.release_dead(&key).await {
+            tracing::info!(attachment = %key, %ip, netns = %ns, "pod network namespace is gone: released");
+            report.released_dead_ipv6.push((key, ip));
+        }
+    }
 }
 
 /// Removes the drifts at the front of `drifts` that `f` selects and returns them.
