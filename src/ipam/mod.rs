@@ -151,9 +151,9 @@ impl Ipam {
         Self::with_family(pool, None, store, ready, vpc_cidrs, metrics)
     }
 
-    /// The service for a node whose pods get IPv6 too (`ipv6`: the node's /80; `None`: ipv4 only).
-    /// With an /80 and `pool` held empty (`config.pool_config`), pods get IPv6 alone; whether
-    /// they get IPv4 too is the family's: `dual` when the pool serves pods.
+    /// The service of a node whose pods get IPv6: `ipv6` is the family and the node's /80 (`None`, or
+    /// the `ipv4` family: IPv4 only). With `ipv6` pods get an IPv6 alone (the pool is held empty,
+    /// `DaemonConfig::pool_config`); with `dual` an IPv4 from `pool` too.
     pub fn with_family(
         pool: Pool,
         ipv6: Option<(IpFamily, Arc<Ipv6Pool>)>,
