@@ -217,14 +217,20 @@ fn check_pod(
                 .unwrap_or_else(|e| panic!("pod {key}: PodSandboxStatus IP {s:?}: {e}"))
         })
         .collect();
-    let v4s: Vec<Ipv4Addr> = parsed.iter().filter_map(|ip| match ip {
-        IpAddr::V4(a) => Some(*a),
-        IpAddr::V6(_) => None,
-    }).collect();
-    let v6s: Vec<Ipv6Addr> = parsed.iter().filter_map(|ip| match ip {
-        IpAddr::V6(a) => Some(*a),
-        IpAddr::V4(_) => None,
-    }).collect();
+    let v4s: Vec<Ipv4Addr> = parsed
+        .iter()
+        .filter_map(|ip| match ip {
+            IpAddr::V4(a) => Some(*a),
+            IpAddr::V6(_) => None,
+        })
+        .collect();
+    let v6s: Vec<Ipv6Addr> = parsed
+        .iter()
+        .filter_map(|ip| match ip {
+            IpAddr::V6(a) => Some(*a),
+            IpAddr::V4(_) => None,
+        })
+        .collect();
     assert_eq!(
         (v4s.len(), v6s.len()),
         (usize::from(family.has_v4()), usize::from(family.has_v6())),
@@ -233,7 +239,10 @@ fn check_pod(
     );
     let (v4, v6) = (v4s.first().copied(), v6s.first().copied());
     assert_eq!(alloc.ip, v4, "{key}: CRI and eniipamd disagree on the IPv4");
-    assert_eq!(alloc.ipv6, v6, "{key}: CRI and eniipamd disagree on the IPv6");
+    assert_eq!(
+        alloc.ipv6, v6,
+        "{key}: CRI and eniipamd disagree on the IPv6"
+    );
     assert_eq!(alloc.ifname, "eth0");
     assert_eq!(
         (alloc.pod_namespace.as_str(), alloc.pod_name.as_str()),
@@ -245,7 +254,10 @@ fn check_pod(
     assert!(netns.exists(), "{key}: no netns {}", alloc.netns);
     if let Some(ip) = v4 {
         let subnet = mock.subnet();
-        assert!(subnet.contains(&ip), "{ip} is outside the VPC subnet {subnet}");
+        assert!(
+            subnet.contains(&ip),
+            "{ip} is outside the VPC subnet {subnet}"
+        );
         let ec2 = mock.ec2_pod_ips();
         assert!(
             ec2.contains(&ip),
@@ -259,10 +271,15 @@ fn check_pod(
     }
     if let Some(ip) = v6 {
         let prefix = node_prefix.expect("the node's /80");
-        assert!(prefix.contains(&ip), "{key}: {ip} is outside the node's /80 {prefix}");
+        assert!(
+            prefix.contains(&ip),
+            "{key}: {ip} is outside the node's /80 {prefix}"
+        );
         let addrs = pod_shows(
             &netns,
-            &["ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "global"],
+            &[
+                "ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "global",
+            ],
         );
         assert!(
             addrs.contains(&format!("inet6 {ip}/128")),
@@ -418,7 +435,12 @@ async fn scenario(conflist: &Path, family: Family) {
         "the daemon should hold one allocation per pod: {held:#?}"
     );
     if family.has_v6() {
-        assert_eq!(eniipamd.status()["ipv6_assigned"], PODS, "{}", eniipamd.status_text());
+        assert_eq!(
+            eniipamd.status()["ipv6_assigned"],
+            PODS,
+            "{}",
+            eniipamd.status_text()
+        );
     }
     let mut pods: BTreeMap<String, PodNet> = BTreeMap::new();
     for pod in &started {
@@ -500,7 +522,10 @@ async fn scenario(conflist: &Path, family: Family) {
     );
     let status = eniipamd.status();
     assert_eq!(status["assigned"], 0, "{status}");
-    assert_eq!(status["ipv6_assigned"], 0, "IPv6 addresses leaked: {status}");
+    assert_eq!(
+        status["ipv6_assigned"], 0,
+        "IPv6 addresses leaked: {status}"
+    );
     for p in pods.values() {
         assert!(
             !p.netns.exists(),

@@ -272,7 +272,10 @@ pub fn failure_report(
 /// What the kubelet does with sandboxes left behind (failed ones stay as SANDBOX_NOTREADY / unknown):
 /// StopPodSandbox + RemovePodSandbox for every sandbox listed. Returns what happened, including what
 /// the daemon still holds afterwards (IPs leaked for good).
-pub async fn kubelet_cleanup(client: &mut RuntimeServiceClient<Channel>, daemon: &Eniipamd) -> String {
+pub async fn kubelet_cleanup(
+    client: &mut RuntimeServiceClient<Channel>,
+    daemon: &Eniipamd,
+) -> String {
     let listed = client
         .list_pod_sandbox(ListPodSandboxRequest { filter: None })
         .await
@@ -314,4 +317,3 @@ pub async fn kubelet_cleanup(client: &mut RuntimeServiceClient<Channel>, daemon:
     ));
     out
 }
-

@@ -166,7 +166,9 @@ fn run_ipv6(a: &MaxPodsArgs, as_json: bool) -> Result<(), String> {
         cap
     );
     match vpc_cni {
-        Some(n) => eprintln!("  AWS VPC CNI: {n} (the prefix-delegation figure its IPv6 nodes get)"),
+        Some(n) => {
+            eprintln!("  AWS VPC CNI: {n} (the prefix-delegation figure its IPv6 nodes get)")
+        }
         None => eprintln!("  AWS VPC CNI: unknown (pass --enis and --ips-per-eni)"),
     }
     eprintln!("  nodeadm:     maxPodsExpression: \"{cap}\"");

@@ -291,7 +291,11 @@ fn uninstall_cni_removes_the_conflist_and_only_eniipams_plugin() {
 #[test]
 fn max_pods_for_ipv6_is_the_kubernetes_cap_and_dual_is_bound_by_ipv4() {
     // IPv6 pods come from the node's /80: ENIs and secondary IPs do not bound them.
-    for (t, want) in [("t3.micro", "110"), ("m5.large", "110"), ("m5.24xlarge", "250")] {
+    for (t, want) in [
+        ("t3.micro", "110"),
+        ("m5.large", "110"),
+        ("m5.24xlarge", "250"),
+    ] {
         let out = ctl(&["max-pods", "--instance-type", t, "--ip-family", "ipv6"]);
         assert!(out.status.success(), "{t}: {}", stderr(&out));
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want, "{t}");
@@ -323,16 +327,32 @@ fn max_pods_for_ipv6_is_the_kubernetes_cap_and_dual_is_bound_by_ipv4() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "250");
-    let out = ctl(&["max-pods", "--instance-type", "z9.huge", "--ip-family", "ipv6"]);
+    let out = ctl(&[
+        "max-pods",
+        "--instance-type",
+        "z9.huge",
+        "--ip-family",
+        "ipv6",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("pass --vcpus"), "{}", stderr(&out));
     // dual: every pod also takes an IPv4 from the pool, so the IPv4 figure stands.
     for (t, want) in [("m5.large", "29"), ("t3.micro", "4")] {
         let out = ctl(&["max-pods", "--instance-type", t, "--ip-family", "dual"]);
         assert!(out.status.success(), "{t}: {}", stderr(&out));
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want, "{t} dual");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            want,
+            "{t} dual"
+        );
     }
-    let out = ctl(&["max-pods", "--instance-type", "m5.large", "--ip-family", "ipv5"]);
+    let out = ctl(&[
+        "max-pods",
+        "--instance-type",
+        "m5.large",
+        "--ip-family",
+        "ipv5",
+    ]);
     assert_eq!(out.status.code(), Some(2), "clap names the valid families");
     assert!(stderr(&out).contains("ipv6"), "{}", stderr(&out));
 }
