@@ -4,10 +4,12 @@
 //! `eniipamd` binary on mockcloud. The test speaks CRI v1 over containerd's socket as the kubelet does:
 //! RunPodSandbox for a dozen pods (one with a hostPort), PodSandboxStatus, StopPodSandbox,
 //! RemovePodSandbox; the daemon, EC2, the pods' namespaces and iptables are checked at each step.
+//! The same scenario runs for each `ip_family` of the daemon (ipv4, ipv6, dual: issue 26) with the
+//! same shipped conflist: the family is the daemon's choice, not the plugin's configuration.
 //!
 //! Everything runs in a network namespace and a private mount namespace the test makes (see
 //! `tests/runtime_support/`); needs root, and containerd/runc/CNI plugins installed by
-//! `.ci/install-runtimes.sh`. `ENIIPAM_TEST_CONFLIST=<file>` runs the first test with another conflist;
+//! `.ci/install-runtimes.sh`. `ENIIPAM_TEST_CONFLIST=<file>` runs the scenarios with another conflist;
 //! `ENIIPAM_TEST_KEEP=1` keeps the node's temp dir (logs) after the run.
 
 // These tests drive real processes (containerd, runc, podman) that live on the wall clock: waiting
@@ -17,38 +19,58 @@
 mod runtime_support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::Ipv4Addr;
-use std::path::Path;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use eniipam_cri_api::v1::runtime_service_client::RuntimeServiceClient;
-use eniipam_cri_api::v1::{
-    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListPodSandboxRequest, NamespaceMode,
-    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, PodSandboxState,
-    PodSandboxStatusRequest, PortMapping, Protocol, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StopPodSandboxRequest,
-};
+use eniipam_cri_api::v1::{ListPodSandboxRequest, PodSandboxState, PodSandboxStatusRequest};
 use runtime_support::containerd::{self, Containerd};
+use runtime_support::cri::{
+    CONTAINER_PORT, HOST_PORT, PARALLEL, PODS, PodSpec, Started, failure_report, kubelet_cleanup,
+    pod_specs, run_pods, stop_and_remove, versions,
+};
 use runtime_support::daemon::{self, Allocation, Eniipamd, MockInNetns};
 use runtime_support::node::{Node, describe};
 use runtime_support::{
-    conflist_under_test, dir_entries, files_under, in_netns, reference_plugin, require_program,
-    root_or_skip, tcp_roundtrip, version_line,
+    conflist_under_test, dir_entries, files_under, in_netns, require_program, root_or_skip,
+    tcp_roundtrip,
 };
-use tonic::transport::Channel;
 
 /// One containerd at a time: the tests measure wall time and share two cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// How many pods each test runs, and how many RunPodSandbox calls are in flight at once (the kubelet
-/// starts pods in parallel).
-const PODS: usize = 12;
-const PARALLEL: usize = 4;
-const HOST_PORT: i32 = 30080;
-const CONTAINER_PORT: i32 = 80;
-const CRI_TIMEOUT: Duration = Duration::from_secs(60);
+/// The shipped conflist: the same file serves every family.
+const SHIPPED: &str = "deploy/10-eniipam.conflist";
+
+/// The node address the IPv6 hostPort is reached on (a ULA on the node's loopback: no VPC address).
+const NODE_IPV6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xe1, 0, 0, 0, 0, 0, 1);
+
+/// The daemon's `ip_family` a scenario runs with (`ENIIPAM_IP_FAMILY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    Ipv4,
+    Ipv6,
+    Dual,
+}
+
+impl Family {
+    fn env(self) -> &'static str {
+        match self {
+            Self::Ipv4 => "ipv4",
+            Self::Ipv6 => "ipv6",
+            Self::Dual => "dual",
+        }
+    }
+
+    fn has_v4(self) -> bool {
+        self != Self::Ipv6
+    }
+
+    fn has_v6(self) -> bool {
+        self != Self::Ipv4
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn containerd_cri_pods_with_the_shipped_conflist() {
@@ -56,7 +78,25 @@ async fn containerd_cri_pods_with_the_shipped_conflist() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    scenario(&conflist_under_test("deploy/10-eniipam.conflist")).await;
+    scenario(&conflist_under_test(SHIPPED), Family::Ipv4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerd_cri_ipv6_only_pods_with_the_shipped_conflist() {
+    if !root_or_skip("containerd_cri_ipv6_only_pods_with_the_shipped_conflist") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    scenario(&conflist_under_test(SHIPPED), Family::Ipv6).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerd_cri_dual_stack_pods_with_the_shipped_conflist() {
+    if !root_or_skip("containerd_cri_dual_stack_pods_with_the_shipped_conflist") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    scenario(&conflist_under_test(SHIPPED), Family::Dual).await;
 }
 
 /// eniipam as IPAM under the reference `ptp` cannot work: ptp applies the IPAM result with
@@ -135,299 +175,203 @@ async fn containerd_refuses_eniipam_as_ipam_under_ptp() {
     drop(node);
 }
 
-#[derive(Clone, Debug)]
-struct PodSpec {
-    namespace: String,
-    name: String,
-    uid: String,
-    host_port: Option<i32>,
+/// A running pod's addresses as CRI reports them, and its network namespace.
+struct PodNet {
+    v4: Option<Ipv4Addr>,
+    v6: Option<Ipv6Addr>,
+    netns: PathBuf,
 }
 
-impl PodSpec {
-    fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-
-    fn config(&self, node: &Node) -> PodSandboxConfig {
-        let log_dir = node.dir.join("logs").join("pods").join(&self.uid);
-        PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata {
-                name: self.name.clone(),
-                uid: self.uid.clone(),
-                namespace: self.namespace.clone(),
-                attempt: 0,
-            }),
-            hostname: self.name.clone(),
-            log_directory: log_dir.display().to_string(),
-            port_mappings: self
-                .host_port
-                .map(|host_port| PortMapping {
-                    protocol: Protocol::Tcp as i32,
-                    container_port: CONTAINER_PORT,
-                    host_port,
-                    host_ip: String::new(),
-                })
-                .into_iter()
-                .collect(),
-            labels: HashMap::from([
-                ("io.kubernetes.pod.name".to_owned(), self.name.clone()),
-                (
-                    "io.kubernetes.pod.namespace".to_owned(),
-                    self.namespace.clone(),
-                ),
-                ("io.kubernetes.pod.uid".to_owned(), self.uid.clone()),
-            ]),
-            linux: Some(LinuxPodSandboxConfig {
-                // As the kubelet's cgroupfs driver would: a per-pod cgroup under a parent the test owns.
-                cgroup_parent: format!("/{}/pod{}", node.cgroup_parent, self.uid),
-                security_context: Some(LinuxSandboxSecurityContext {
-                    namespace_options: Some(NamespaceOption {
-                        network: NamespaceMode::Pod as i32,
-                        pid: NamespaceMode::Container as i32,
-                        ipc: NamespaceMode::Pod as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
+/// Runs a command in a pod's network namespace; its output (stdout and stderr).
+fn in_pod(netns: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(require_program("nsenter"))
+        .arg(format!("--net={}", netns.display()))
+        .args(args)
+        .output()
+        .expect("nsenter")
 }
 
-fn pod_specs() -> Vec<PodSpec> {
-    (0..PODS)
-        .map(|i| PodSpec {
-            namespace: if i % 3 == 2 { "team-a" } else { "default" }.to_owned(),
-            name: format!("web-{i}"),
-            uid: format!("{:08x}-0000-4000-8000-{:012x}", std::process::id(), i),
-            host_port: (i == 0).then_some(HOST_PORT),
+fn pod_shows(netns: &Path, args: &[&str]) -> String {
+    describe(
+        Command::new(require_program("nsenter"))
+            .arg(format!("--net={}", netns.display()))
+            .args(args),
+    )
+}
+
+/// Checks one pod against CRI's PodSandboxStatus, the daemon's allocation, EC2 and its namespace.
+fn check_pod(
+    pod: &Started,
+    cri_ips: &[String],
+    alloc: &Allocation,
+    family: Family,
+    node: &Node,
+    mock: &MockInNetns,
+    node_prefix: Option<ipnet::Ipv6Net>,
+) -> PodNet {
+    let key = pod.spec.key();
+    let parsed: Vec<IpAddr> = cri_ips
+        .iter()
+        .map(|s| {
+            s.parse()
+                .unwrap_or_else(|e| panic!("pod {key}: PodSandboxStatus IP {s:?}: {e}"))
         })
-        .collect()
-}
-
-struct Started {
-    spec: PodSpec,
-    id: String,
-    took: Duration,
-}
-
-/// RunPodSandbox for every spec, `PARALLEL` at a time. Returns the started pods and the failures.
-async fn run_pods(
-    client: &RuntimeServiceClient<Channel>,
-    node: &Node,
-    specs: &[PodSpec],
-) -> (Vec<Started>, Vec<(PodSpec, String)>) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
-    let mut tasks = tokio::task::JoinSet::new();
-    for spec in specs {
-        let mut client = client.clone();
-        let config = spec.config(node);
-        let spec = spec.clone();
-        let permits = permits.clone();
-        tasks.spawn(async move {
-            let _permit = permits.acquire_owned().await.expect("semaphore");
-            let t = Instant::now();
-            let reply = tokio::time::timeout(
-                CRI_TIMEOUT,
-                client.run_pod_sandbox(RunPodSandboxRequest {
-                    config: Some(config),
-                    runtime_handler: String::new(),
-                }),
-            )
-            .await;
-            let took = t.elapsed();
-            match reply {
-                Ok(Ok(r)) => Ok(Started {
-                    spec,
-                    id: r.into_inner().pod_sandbox_id,
-                    took,
-                }),
-                Ok(Err(status)) => {
-                    Err((spec, format!("{:?}: {}", status.code(), status.message())))
-                }
-                Err(_) => Err((spec, format!("no answer within {CRI_TIMEOUT:?}"))),
-            }
-        });
+        .collect();
+    let v4s: Vec<Ipv4Addr> = parsed
+        .iter()
+        .filter_map(|ip| match ip {
+            IpAddr::V4(a) => Some(*a),
+            IpAddr::V6(_) => None,
+        })
+        .collect();
+    let v6s: Vec<Ipv6Addr> = parsed
+        .iter()
+        .filter_map(|ip| match ip {
+            IpAddr::V6(a) => Some(*a),
+            IpAddr::V4(_) => None,
+        })
+        .collect();
+    assert_eq!(
+        (v4s.len(), v6s.len()),
+        (usize::from(family.has_v4()), usize::from(family.has_v6())),
+        "{key}: CRI reports {cri_ips:?} for a {} pod",
+        family.env()
+    );
+    let (v4, v6) = (v4s.first().copied(), v6s.first().copied());
+    assert_eq!(alloc.ip, v4, "{key}: CRI and eniipamd disagree on the IPv4");
+    assert_eq!(
+        alloc.ipv6, v6,
+        "{key}: CRI and eniipamd disagree on the IPv6"
+    );
+    assert_eq!(alloc.ifname, "eth0");
+    assert_eq!(
+        (alloc.pod_namespace.as_str(), alloc.pod_name.as_str()),
+        (pod.spec.namespace.as_str(), pod.spec.name.as_str()),
+        "K8S_POD_* reached the daemon"
+    );
+    // The pod's namespace (CNI_NETNS as the plugin got it) holds the addresses on eth0.
+    let netns = node.inside(&alloc.netns);
+    assert!(netns.exists(), "{key}: no netns {}", alloc.netns);
+    if let Some(ip) = v4 {
+        let subnet = mock.subnet();
+        assert!(
+            subnet.contains(&ip),
+            "{ip} is outside the VPC subnet {subnet}"
+        );
+        let ec2 = mock.ec2_pod_ips();
+        assert!(
+            ec2.contains(&ip),
+            "{ip} is not a secondary IP EC2 shows on the node's ENIs: {ec2:?}"
+        );
+        let addrs = pod_shows(&netns, &["ip", "-o", "-4", "addr", "show", "dev", "eth0"]);
+        assert!(
+            addrs.contains(&format!("inet {ip}/")),
+            "{key}: eth0 in the pod does not hold {ip}: {addrs}"
+        );
     }
-    let mut started = Vec::new();
-    let mut failed = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        match joined.expect("RunPodSandbox task") {
-            Ok(s) => started.push(s),
-            Err(f) => failed.push(f),
+    if let Some(ip) = v6 {
+        let prefix = node_prefix.expect("the node's /80");
+        assert!(
+            prefix.contains(&ip),
+            "{key}: {ip} is outside the node's /80 {prefix}"
+        );
+        let addrs = pod_shows(
+            &netns,
+            &[
+                "ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "global",
+            ],
+        );
+        assert!(
+            addrs.contains(&format!("inet6 {ip}/128")),
+            "{key}: eth0 in the pod does not hold {ip}/128: {addrs}"
+        );
+        let routes = pod_shows(&netns, &["ip", "-6", "route", "show", "default"]);
+        assert!(
+            routes.contains("via fe80::1") && routes.contains("dev eth0"),
+            "{key}: no default route via fe80::1 on eth0: {routes}"
+        );
+    }
+    PodNet { v4, v6, netns }
+}
+
+/// The pods reach each other through the node, in every family they have.
+fn check_pings(started: &[Started], pods: &BTreeMap<String, PodNet>) {
+    if !Command::new("ping")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        mockcloud::ci::skip(
+            "the CRI pods' pod-to-pod connectivity check",
+            "ping is not installed (package iputils-ping)",
+        );
+        return;
+    }
+    for (from, to) in [(0, 1), (1, 0), (2, 5)] {
+        let (a, b) = (&started[from].spec.key(), &started[to].spec.key());
+        let targets = [
+            pods[b].v4.map(|ip| ("-4", ip.to_string())),
+            pods[b].v6.map(|ip| ("-6", ip.to_string())),
+        ];
+        for (flag, target) in targets.into_iter().flatten() {
+            let out = in_pod(
+                &pods[a].netns,
+                &["ping", flag, "-c", "1", "-W", "2", &target],
+            );
+            assert!(
+                out.status.success(),
+                "{a} cannot ping {flag} {b} ({target}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
-    started.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
-    (started, failed)
 }
 
-/// StopPodSandbox then RemovePodSandbox for every id, `PARALLEL` at a time; panics on a failure.
-async fn stop_and_remove(client: &RuntimeServiceClient<Channel>, ids: &[String]) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
-    let mut tasks = tokio::task::JoinSet::new();
-    for id in ids {
-        let mut client = client.clone();
-        let id = id.clone();
-        let permits = permits.clone();
-        tasks.spawn(async move {
-            let _permit = permits.acquire_owned().await.expect("semaphore");
-            tokio::time::timeout(
-                CRI_TIMEOUT,
-                client.stop_pod_sandbox(StopPodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                }),
-            )
-            .await
-            .map_err(|_| format!("StopPodSandbox {id}: no answer within {CRI_TIMEOUT:?}"))?
-            .map_err(|s| format!("StopPodSandbox {id}: {:?}: {}", s.code(), s.message()))?;
-            tokio::time::timeout(
-                CRI_TIMEOUT,
-                client.remove_pod_sandbox(RemovePodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                }),
-            )
-            .await
-            .map_err(|_| format!("RemovePodSandbox {id}: no answer within {CRI_TIMEOUT:?}"))?
-            .map_err(|s| format!("RemovePodSandbox {id}: {:?}: {}", s.code(), s.message()))?;
-            Ok::<_, String>(())
-        });
+/// The hostPort went through the chained portmap (iptables for IPv4, ip6tables for IPv6) and works:
+/// a connection to the node's address on the hostPort reaches a listener on the container port
+/// inside the pod.
+fn check_host_port(node: &Node, mock: &MockInNetns, pod: &PodNet) {
+    let mut targets: Vec<(IpAddr, IpAddr, String)> = Vec::new();
+    if let Some(ip) = pod.v4 {
+        let node_ip = mock.mock.default_instance().private_ip;
+        node.add_local_address(node_ip);
+        targets.push((node_ip.into(), ip.into(), node.nat_rules()));
     }
-    let mut errors = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        if let Err(e) = joined.expect("teardown task") {
-            errors.push(e);
-        }
+    if let Some(ip) = pod.v6 {
+        node.add_local_address6(NODE_IPV6);
+        targets.push((NODE_IPV6.into(), ip.into(), node.nat6_rules()));
     }
-    errors.sort();
-    assert!(
-        errors.is_empty(),
-        "pod teardown failed:\n{}",
-        errors.join("\n")
-    );
-}
-
-/// What the runtime tests print about their environment (the lead's report needs the versions).
-fn versions(containerd: &Containerd) -> String {
-    format!(
-        "containerd: {} | runc: {} | CNI plugins: {} | portmap: {}",
-        containerd.version,
-        version_line(
-            require_program("runc").to_str().unwrap_or("runc"),
-            &["--version"]
-        ),
-        dpkg_version("containernetworking-plugins"),
-        version_line(
-            reference_plugin("portmap").to_str().unwrap_or("portmap"),
-            &["--version"]
-        )
-        .replace("CNI portmap plugin ", ""),
-    )
-}
-
-fn dpkg_version(package: &str) -> String {
-    version_line(
-        "dpkg-query",
-        &["--showformat=${Version}", "--show", package],
-    )
-}
-
-/// Everything useful about a failed run (the CRI errors, what the daemon still holds, containerd's CNI
-/// log lines, the conflist).
-fn failure_report(
-    conflist: &Path,
-    failed: &[(PodSpec, String)],
-    daemon: &Eniipamd,
-    containerd: &Containerd,
-    node: &Node,
-) -> String {
-    let mut out = format!(
-        "{} of {PODS} RunPodSandbox calls failed with {}:\n",
-        failed.len(),
-        conflist.display()
-    );
-    for (spec, err) in failed {
-        out.push_str(&format!("  {}: {err}\n", spec.key()));
-    }
-    let held = daemon.allocations();
-    out.push_str(&format!(
-        "eniipamd holds {} allocations afterwards: {:?}\n",
-        held.len(),
-        held.iter()
-            .map(|a| format!("{} {}", a.ip, a.container_id))
-            .collect::<Vec<_>>()
-    ));
-    out.push_str(&format!(
-        "pod network namespaces left in the node: {:?}\n",
-        dir_entries(&node.inside("/run/netns"))
-    ));
-    out.push_str(&format!(
-        "CNI cache files left: {:?}\n",
-        files_under(&node.dir.join("var-lib-cni"))
-    ));
-    out.push_str(&containerd.cni_log(40));
-    out.push('\n');
-    out.push_str(&format!(
-        "conflist:\n{}",
-        std::fs::read_to_string(conflist).unwrap_or_default()
-    ));
-    out
-}
-
-/// What the kubelet does with sandboxes left behind (failed ones stay as SANDBOX_NOTREADY / unknown):
-/// StopPodSandbox + RemovePodSandbox for every sandbox listed. Returns what happened, including what
-/// the daemon still holds afterwards (IPs leaked for good).
-async fn kubelet_cleanup(client: &mut RuntimeServiceClient<Channel>, daemon: &Eniipamd) -> String {
-    let listed = client
-        .list_pod_sandbox(ListPodSandboxRequest { filter: None })
-        .await
-        .map(|r| r.into_inner().items)
-        .unwrap_or_default();
-    let mut out = format!(
-        "\nkubelet-style cleanup: {} sandboxes listed; StopPodSandbox + RemovePodSandbox on each:\n",
-        listed.len()
-    );
-    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
-    for sandbox in &listed {
-        let id = sandbox.id.clone();
-        let stop = client
-            .stop_pod_sandbox(StopPodSandboxRequest {
-                pod_sandbox_id: id.clone(),
-            })
-            .await;
-        let result = match stop {
-            Ok(_) => client
-                .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
-                .await
-                .map(|_| ())
-                .map_err(|s| format!("RemovePodSandbox: {}", s.message())),
-            Err(s) => Err(format!("StopPodSandbox: {}", s.message())),
+    for (node_ip, pod_ip, nat) in targets {
+        let dnat = format!(
+            "--to-destination {}",
+            std::net::SocketAddr::new(pod_ip, CONTAINER_PORT as u16)
+        );
+        assert!(
+            nat.lines()
+                .any(|l| l.contains(&format!("--dport {HOST_PORT}")) && l.contains(&dnat)),
+            "no hostPort DNAT {HOST_PORT} -> {pod_ip}:{CONTAINER_PORT} in the node's nat table:\n{nat}"
+        );
+        let unspecified: IpAddr = match pod_ip {
+            IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+            IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
         };
-        if let Err(e) = result {
-            // Sandbox ids differ between calls; count the messages without them.
-            let generic = e.replace(&sandbox.id, "<id>");
-            *errors.entry(generic).or_default() += 1;
-        }
+        let listener = in_netns(&pod.netns, move || {
+            std::net::TcpListener::bind((unspecified, CONTAINER_PORT as u16))
+        })
+        .expect("listening inside the pod");
+        tcp_roundtrip(
+            listener,
+            Path::new(&node.netns_path()),
+            (node_ip, HOST_PORT as u16).into(),
+        )
+        .unwrap_or_else(|e| {
+            panic!("{node_ip} port {HOST_PORT} (hostPort) does not reach {pod_ip}:{CONTAINER_PORT}: {e}\n{nat}")
+        });
     }
-    for (e, n) in &errors {
-        out.push_str(&format!("  {n}x {e}\n"));
-    }
-    let held = daemon.allocations();
-    out.push_str(&format!(
-        "eniipamd still holds {} allocations after the cleanup\n",
-        held.len()
-    ));
-    out
 }
 
-fn ip_of(status_ip: &str, pod: &str) -> Ipv4Addr {
-    status_ip
-        .parse()
-        .unwrap_or_else(|e| panic!("pod {pod}: PodSandboxStatus IP {status_ip:?}: {e}"))
-}
-
-async fn scenario(conflist: &Path) {
+async fn scenario(conflist: &Path, family: Family) {
     let t0 = Instant::now();
     let network = serde_json::from_slice::<serde_json::Value>(
         &std::fs::read(conflist).expect("reading the conflist"),
@@ -439,19 +383,34 @@ async fn scenario(conflist: &Path) {
 
     // Starting the node and the daemon waits on processes: off the async workers.
     let (mut node, mock, eniipamd) = tokio::task::block_in_place(|| {
-        let mut node = Node::start("cri");
+        let mut node = Node::start(&format!("cri-{}", family.env()));
+        if family.has_v6() {
+            node.enable_ipv6_forwarding();
+        }
         let mock = MockInNetns::start(&node.netns_path(), "m5.xlarge");
-        let eniipamd = Eniipamd::start(&mut node, &mock);
+        let eniipamd =
+            Eniipamd::start_with(&mut node, &mock, &[("ENIIPAM_IP_FAMILY", family.env())]);
         (node, mock, eniipamd)
     });
     let mut cri = Containerd::start(&mut node, conflist).await;
     let setup = t0.elapsed();
     eprintln!("{}", versions(&cri));
     eprintln!(
-        "conflist {} (network {network:?}); node {} ready in {setup:?}",
+        "conflist {} (network {network:?}); ip_family {}; node {} ready in {setup:?}",
         conflist.display(),
+        family.env(),
         node.netns
     );
+
+    // The node's /80 as EC2 shows it on eth0, and as the daemon reports it.
+    let node_prefix = family.has_v6().then(|| {
+        let prefixes = mock.ec2_eth0_ipv6_prefixes();
+        assert_eq!(prefixes.len(), 1, "one /80 on eth0 in EC2: {prefixes:?}");
+        let status = eniipamd.status();
+        assert_eq!(status["ip_family"], family.env(), "{status}");
+        assert_eq!(status["ipv6_prefix"], prefixes[0].to_string(), "{status}");
+        prefixes[0]
+    });
 
     // 1. RunPodSandbox.
     let specs = pod_specs();
@@ -465,7 +424,6 @@ async fn scenario(conflist: &Path) {
     }
 
     // 2. PodSandboxStatus against the daemon, EC2 and the pods' namespaces.
-    let subnet = mock.subnet();
     let held: HashMap<String, Allocation> = eniipamd
         .allocations()
         .into_iter()
@@ -476,9 +434,15 @@ async fn scenario(conflist: &Path) {
         PODS,
         "the daemon should hold one allocation per pod: {held:#?}"
     );
-    let ec2 = mock.ec2_pod_ips();
-    let mut ips: BTreeMap<String, Ipv4Addr> = BTreeMap::new();
-    let mut netns_paths = Vec::new();
+    if family.has_v6() {
+        assert_eq!(
+            eniipamd.status()["ipv6_assigned"],
+            PODS,
+            "{}",
+            eniipamd.status_text()
+        );
+    }
+    let mut pods: BTreeMap<String, PodNet> = BTreeMap::new();
     for pod in &started {
         let status = cri
             .runtime
@@ -497,14 +461,14 @@ async fn scenario(conflist: &Path) {
             "{}",
             pod.spec.key()
         );
-        let ip = ip_of(
-            &status
-                .network
-                .as_ref()
-                .map(|n| n.ip.clone())
-                .unwrap_or_default(),
-            &pod.spec.key(),
-        );
+        let cri_ips: Vec<String> = status
+            .network
+            .iter()
+            .flat_map(|n| {
+                std::iter::once(n.ip.clone()).chain(n.additional_ips.iter().map(|a| a.ip.clone()))
+            })
+            .filter(|ip| !ip.is_empty())
+            .collect();
         let alloc = held.get(&pod.id).unwrap_or_else(|| {
             panic!(
                 "{}: the daemon has no allocation for sandbox {}",
@@ -512,117 +476,28 @@ async fn scenario(conflist: &Path) {
                 pod.id
             )
         });
-        assert_eq!(
-            alloc.ip,
-            ip,
-            "{}: CRI and eniipamd disagree",
-            pod.spec.key()
-        );
-        assert_eq!(alloc.ifname, "eth0");
-        assert_eq!(
-            (alloc.pod_namespace.as_str(), alloc.pod_name.as_str()),
-            (pod.spec.namespace.as_str(), pod.spec.name.as_str()),
-            "K8S_POD_* reached the daemon"
-        );
-        assert!(
-            subnet.contains(&ip),
-            "{ip} is outside the VPC subnet {subnet}"
-        );
-        assert!(
-            ec2.contains(&ip),
-            "{ip} is not a secondary IP EC2 shows on the node's ENIs: {ec2:?}"
-        );
-        // The pod's namespace (CNI_NETNS as the plugin got it) holds the IP on eth0.
-        let netns = node.inside(&alloc.netns);
-        assert!(
-            netns.exists(),
-            "{}: no netns {}",
-            pod.spec.key(),
-            alloc.netns
-        );
-        let addrs = describe(
-            Command::new(require_program("nsenter"))
-                .arg(format!("--net={}", netns.display()))
-                .args(["ip", "-o", "-4", "addr", "show", "dev", "eth0"]),
-        );
-        assert!(
-            addrs.contains(&format!("inet {ip}/")),
-            "{}: eth0 in the pod does not hold {ip}: {addrs}",
-            pod.spec.key()
-        );
-        netns_paths.push(netns);
-        if ips.insert(pod.spec.key(), ip).is_some() {
+        let net = check_pod(pod, &cri_ips, alloc, family, &node, &mock, node_prefix);
+        if pods.insert(pod.spec.key(), net).is_some() {
             panic!("{} twice", pod.spec.key());
         }
     }
-    let distinct: HashSet<_> = ips.values().collect();
-    assert_eq!(distinct.len(), PODS, "pod IPs are not distinct: {ips:?}");
+    let distinct4: HashSet<_> = pods.values().filter_map(|p| p.v4).collect();
+    let distinct6: HashSet<_> = pods.values().filter_map(|p| p.v6).collect();
+    assert_eq!(
+        (distinct4.len(), distinct6.len()),
+        (
+            if family.has_v4() { PODS } else { 0 },
+            if family.has_v6() { PODS } else { 0 }
+        ),
+        "pod IPs are not distinct"
+    );
 
-    // Pods reach each other through the node.
-    if Command::new("ping")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        for (from, to) in [(0, 1), (1, 0), (2, 5)] {
-            let target = ips[&started[to].spec.key()].to_string();
-            let out = Command::new(require_program("nsenter"))
-                .arg(format!("--net={}", netns_paths[from].display()))
-                .args(["ping", "-c", "1", "-W", "2", &target])
-                .output()
-                .expect("ping");
-            assert!(
-                out.status.success(),
-                "{} cannot ping {} ({target}): {}",
-                started[from].spec.key(),
-                started[to].spec.key(),
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-    } else {
-        mockcloud::ci::skip(
-            "the CRI pods' pod-to-pod connectivity check",
-            "ping is not installed (package iputils-ping)",
-        );
-    }
-
-    // The hostPort went through the chained portmap.
+    check_pings(&started, &pods);
     let with_port = started
         .iter()
         .find(|p| p.spec.host_port.is_some())
         .expect("a pod with a hostPort");
-    let port_ip = ips[&with_port.spec.key()];
-    let nat = node.nat_rules();
-    let dnat = format!("--to-destination {port_ip}:{CONTAINER_PORT}");
-    assert!(
-        nat.lines()
-            .any(|l| l.contains(&format!("--dport {HOST_PORT}")) && l.contains(&dnat)),
-        "no hostPort DNAT {HOST_PORT} -> {port_ip}:{CONTAINER_PORT} in the node's nat table:\n{nat}"
-    );
-
-    // ... and works: a connection to the node's address on the hostPort reaches a listener on the
-    // container port inside the pod.
-    let node_ip = mock.mock.default_instance().private_ip;
-    node.add_local_address(node_ip);
-    let port_netns = &netns_paths[started
-        .iter()
-        .position(|p| p.spec.host_port.is_some())
-        .expect("the hostPort pod")];
-    let listener = in_netns(port_netns, || {
-        std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, CONTAINER_PORT as u16))
-    })
-    .expect("listening inside the pod");
-    tcp_roundtrip(
-        listener,
-        Path::new(&node.netns_path()),
-        (node_ip, HOST_PORT as u16).into(),
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "{node_ip}:{HOST_PORT} (hostPort) does not reach {port_ip}:{CONTAINER_PORT}: {e}\n{}",
-            node.nat_rules()
-        )
-    });
+    check_host_port(&node, &mock, &pods[&with_port.spec.key()]);
 
     // 3. StopPodSandbox + RemovePodSandbox.
     let t_down = Instant::now();
@@ -645,11 +520,17 @@ async fn scenario(conflist: &Path) {
         eniipamd.status_text(),
         cri.cni_log(30)
     );
-    for netns in &netns_paths {
+    let status = eniipamd.status();
+    assert_eq!(status["assigned"], 0, "{status}");
+    assert_eq!(
+        status["ipv6_assigned"], 0,
+        "IPv6 addresses leaked: {status}"
+    );
+    for p in pods.values() {
         assert!(
-            !netns.exists(),
+            !p.netns.exists(),
             "pod netns {} is still there",
-            netns.display()
+            p.netns.display()
         );
     }
     let pod_netns_left: Vec<String> = dir_entries(&node.inside("/run/netns"));
@@ -657,11 +538,12 @@ async fn scenario(conflist: &Path) {
         pod_netns_left.is_empty(),
         "pod netns left: {pod_netns_left:?}"
     );
-    let nat = node.nat_rules();
-    assert!(
-        !nat.contains(&format!("--dport {HOST_PORT}")),
-        "the hostPort rule outlived its pod:\n{nat}"
-    );
+    for nat in [node.nat_rules(), node.nat6_rules()] {
+        assert!(
+            !nat.contains(&format!("--dport {HOST_PORT}")),
+            "the hostPort rule outlived its pod:\n{nat}"
+        );
+    }
     // The plugin's and libcni's caches are empty again.
     let cache = files_under(&node.dir.join("var-lib-cni"));
     assert!(cache.is_empty(), "CNI cache files left: {cache:?}");
@@ -674,9 +556,10 @@ async fn scenario(conflist: &Path) {
     let mut took: Vec<Duration> = started.iter().map(|s| s.took).collect();
     took.sort();
     eprintln!(
-        "TIMING {} ({network}): setup {setup:?}; {PODS} RunPodSandbox ({PARALLEL} in flight) {run_wall:?} \
+        "TIMING {} ({network}, {}): setup {setup:?}; {PODS} RunPodSandbox ({PARALLEL} in flight) {run_wall:?} \
          (each: median {:?}, max {:?}); stop+remove {down_wall:?}; total {:?}",
         conflist.display(),
+        family.env(),
         took[took.len() / 2],
         took[took.len() - 1],
         t0.elapsed()

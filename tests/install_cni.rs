@@ -234,7 +234,8 @@ async fn install_cni_makes_an_empty_host_a_node_containerd_can_use() {
         assert!(mock.subnet().contains(&ip), "{ip} is a VPC address");
         let held = eniipamd.allocations();
         assert!(
-            held.iter().any(|a| a.container_id == id && a.ip == ip),
+            held.iter()
+                .any(|a| a.container_id == id && a.ip == Some(ip)),
             "eniipamd holds {ip} for sandbox {id}: {held:?}"
         );
         ids.push(id);

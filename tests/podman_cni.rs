@@ -154,7 +154,7 @@ fn podman_cni_backend_with_the_shipped_conflist() {
             .iter()
             .find(|a| &a.container_id == id)
             .unwrap_or_else(|| panic!("{name}: the daemon has no allocation for {id}: {held:#?}"));
-        assert_eq!(alloc.ip, *ip, "{name}: podman and eniipamd disagree");
+        assert_eq!(alloc.ip, Some(*ip), "{name}: podman and eniipamd disagree");
         assert_eq!(alloc.ifname, "eth0");
         assert!(
             subnet.contains(ip),

@@ -40,6 +40,35 @@ fn eni_info(e: &crate::pool::snapshot::EniSnapshot) -> pb::EniInfo {
     }
 }
 
+/// Puts each IPv6 address the /80's book holds on its attachment's row: a dual-stack pod's IPv4 row
+/// gains it, an IPv6-only pod gets a row of its own (no IPv4; its ENI is the /80's). The book is
+/// the daemon's live view, written under the same lock as the durable record the answer waited for.
+fn merge_ipv6(rows: &mut Vec<pb::Allocation>, p: &crate::ipv6::Ipv6Pool) {
+    let held: Vec<(crate::model::AttachmentKey, crate::ipv6::Held)> =
+        p.with(|b| b.held().map(|(k, h)| (k.clone(), h.clone())).collect());
+    for (key, h) in held {
+        let row = rows
+            .iter_mut()
+            .find(|r| r.container_id == key.container_id && r.ifname == key.ifname);
+        match row {
+            Some(r) => r.ipv6 = h.ip.to_string(),
+            None => rows.push(pb::Allocation {
+                ip: String::new(),
+                container_id: key.container_id,
+                ifname: key.ifname,
+                netns: h.meta.netns,
+                pod_namespace: h.pod.namespace,
+                pod_name: h.pod.name,
+                eni_id: p.eni_id.clone(),
+                sticky_key: h.sticky_key.unwrap_or_default(),
+                assigned_at_ms: h.assigned_at_ms,
+                network: h.meta.network,
+                ipv6: h.ip.to_string(),
+            }),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl pb::introspect_server::Introspect for IntrospectService {
     async fn pool(&self, _: Request<pb::PoolRequest>) -> Result<Response<pb::PoolReply>, Status> {
@@ -100,6 +129,16 @@ impl pb::introspect_server::Introspect for IntrospectService {
             warm_target: s.warm_target,
             warm_fill: s.warm_fill,
             warm_keep: s.warm_keep,
+            ip_family: self.ipam.family().to_string(),
+            ipv6_prefix: self
+                .ipam
+                .ipv6()
+                .map(|p| p.prefix().to_string())
+                .unwrap_or_default(),
+            ipv6_assigned: self
+                .ipam
+                .ipv6()
+                .map_or(0, |p| p.with(|b| b.assigned() as u32)),
         }))
     }
 
@@ -113,24 +152,27 @@ impl pb::introspect_server::Introspect for IntrospectService {
             .load()
             .await
             .map_err(|e| Status::internal(format!("cannot read the state file: {e}")))?;
-        Ok(Response::new(pb::AllocationsReply {
-            allocations: state
-                .assignments
-                .into_iter()
-                .map(|a| pb::Allocation {
-                    ip: a.ip.to_string(),
-                    container_id: a.container_id,
-                    ifname: a.ifname,
-                    netns: a.netns,
-                    pod_namespace: a.pod_namespace,
-                    pod_name: a.pod_name,
-                    eni_id: a.eni_id,
-                    sticky_key: a.sticky_key.unwrap_or_default(),
-                    assigned_at_ms: a.assigned_at_ms,
-                    network: a.network,
-                })
-                .collect(),
-        }))
+        let mut rows: Vec<pb::Allocation> = state
+            .assignments
+            .into_iter()
+            .map(|a| pb::Allocation {
+                ip: a.ip.to_string(),
+                container_id: a.container_id,
+                ifname: a.ifname,
+                netns: a.netns,
+                pod_namespace: a.pod_namespace,
+                pod_name: a.pod_name,
+                eni_id: a.eni_id,
+                sticky_key: a.sticky_key.unwrap_or_default(),
+                assigned_at_ms: a.assigned_at_ms,
+                network: a.network,
+                ipv6: String::new(),
+            })
+            .collect();
+        if let Some(p) = self.ipam.ipv6() {
+            merge_ipv6(&mut rows, p);
+        }
+        Ok(Response::new(pb::AllocationsReply { allocations: rows }))
     }
 
     async fn release_quarantined(

@@ -3,7 +3,7 @@
 //! endpoints are the node's 127.0.0.1), and the real `eniipamd` binary, configured only through
 //! `ENIIPAM_*` variables as the DaemonSet does, with the shipped socket path `/run/eniipam/eniipam.sock`.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::process::Command;
 use std::thread::JoinHandle;
@@ -108,6 +108,19 @@ impl MockInNetns {
     }
 }
 
+impl MockInNetns {
+    /// The /80 prefixes EC2 shows on the node's eth0 (IPv6 pods' addresses come from there).
+    pub fn ec2_eth0_ipv6_prefixes(&self) -> Vec<ipnet::Ipv6Net> {
+        let id = self.mock.default_instance().instance_id;
+        let inst = self.mock.instance(&id).expect("the default instance");
+        inst.enis
+            .iter()
+            .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+            .map(|e| e.ipv6_prefixes.clone())
+            .unwrap_or_default()
+    }
+}
+
 impl Drop for MockInNetns {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
@@ -119,10 +132,12 @@ impl Drop for MockInNetns {
     }
 }
 
-/// One allocation as `eniipamctl allocations --json` prints it.
+/// One allocation as `eniipamctl allocations --json` prints it: an IPv4 (ipv4 and dual) and an IPv6
+/// (ipv6 and dual), `null` for the family the pod does not have.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Allocation {
-    pub ip: Ipv4Addr,
+    pub ip: Option<Ipv4Addr>,
+    pub ipv6: Option<Ipv6Addr>,
     pub container_id: String,
     pub ifname: String,
     pub netns: String,
@@ -144,6 +159,12 @@ const NAME: &str = "eniipamd";
 impl Eniipamd {
     /// Starts `eniipamd` (not `--simulate`) against `mock`, and waits until it serves.
     pub fn start(node: &mut Node, mock: &MockInNetns) -> Eniipamd {
+        Self::start_with(node, mock, &[])
+    }
+
+    /// [`Eniipamd::start`] with more `ENIIPAM_*` variables (e.g. `ENIIPAM_IP_FAMILY`), as a
+    /// DaemonSet's env would set them.
+    pub fn start_with(node: &mut Node, mock: &MockInNetns, env: &[(&str, &str)]) -> Eniipamd {
         let world = mock.mock.default_world().expect("default world");
         let state = node.dir.join("eniipamd-state");
         std::fs::create_dir_all(&state).expect("state dir");
@@ -174,6 +195,7 @@ impl Eniipamd {
             ("ENIIPAM_EC2_DESCRIBE_BURST", "100"),
             ("NO_COLOR", "1"),
         ]);
+        cmd.envs(env.iter().copied());
         let log = node.spawn(NAME, cmd);
         let daemon = Eniipamd {
             socket: node.dir.join("run-eniipam").join("eniipam.sock"),
@@ -218,6 +240,17 @@ impl Eniipamd {
                 String::from_utf8_lossy(&out.stdout)
             )
         })
+    }
+
+    /// `eniipamctl status --json`.
+    pub fn status(&self) -> serde_json::Value {
+        let out = self.ctl(&["--json", "status"]);
+        assert!(
+            out.status.success(),
+            "eniipamctl status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("eniipamctl status --json is JSON")
     }
 
     /// `eniipamctl status` (human form, for messages).

@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 pub mod containerd;
+pub mod cri;
 pub mod daemon;
 pub mod image;
 pub mod node;

@@ -200,6 +200,43 @@ impl Node {
         ]));
     }
 
+    /// Adds `ip/128` to the node's loopback (a node address for IPv6 hostPort checks).
+    pub fn add_local_address6(&self, ip: std::net::Ipv6Addr) {
+        run_ok(Command::new(require_program("ip")).args([
+            "-n",
+            &self.netns,
+            "-6",
+            "addr",
+            "add",
+            &format!("{ip}/128"),
+            "dev",
+            "lo",
+            "nodad",
+        ]));
+    }
+
+    /// Turns IPv6 forwarding on in the node (what `eniipamd --prepare-host` does on a real node; the
+    /// test's node is prepared by the test). IPv4 forwarding is on from [`Node::start`].
+    pub fn enable_ipv6_forwarding(&self) {
+        run_ok(
+            Command::new(require_program("nsenter"))
+                .arg(format!("--net={}", self.netns_path()))
+                .args([
+                    "sh",
+                    "-c",
+                    "echo 1 > /proc/sys/net/ipv6/conf/all/forwarding",
+                ]),
+        );
+    }
+
+    /// `ip6tables-save -t nat` in the node's network namespace.
+    pub fn nat6_rules(&self) -> String {
+        run_ok(
+            self.net_command(require_program("ip6tables-save"))
+                .args(["-t", "nat"]),
+        )
+    }
+
     /// `iptables-save -t nat` in the node's network namespace.
     pub fn nat_rules(&self) -> String {
         run_ok(

@@ -96,31 +96,63 @@ pub async fn allocations(socket: &Path, as_json: bool) -> Result<(), String> {
         .map_err(status_err)?
         .into_inner();
     if as_json {
-        let v: Vec<_> = a
-            .allocations
-            .iter()
-            .map(|x| {
-                json!({"ip": x.ip, "container_id": x.container_id, "ifname": x.ifname, "netns": x.netns,
-                       "pod_namespace": x.pod_namespace, "pod_name": x.pod_name, "eni_id": x.eni_id,
-                       "sticky_key": x.sticky_key, "assigned_at_ms": x.assigned_at_ms})
-            })
-            .collect();
+        let v: Vec<_> = a.allocations.iter().map(allocation_json).collect();
         println!("{}", serde_json::Value::Array(v));
     } else {
-        println!(
-            "{:<16} {:<21} {:<32} {:<14} CONTAINER",
-            "IP", "ENI", "POD", "IFNAME"
-        );
-        for x in &a.allocations {
-            let pod = format!("{}/{}", x.pod_namespace, x.pod_name);
-            println!(
-                "{:<16} {:<21} {:<32} {:<14} {}",
-                x.ip, x.eni_id, pod, x.ifname, x.container_id
-            );
-        }
-        println!("{} allocations", a.allocations.len());
+        print_allocations(&a.allocations);
     }
     Ok(())
+}
+
+/// An address field as JSON: `null` when the attachment has none of that family (an IPv6-only pod has
+/// no IPv4), so a reader parsing addresses never meets an empty string.
+fn addr_or_null(s: &str) -> serde_json::Value {
+    if s.is_empty() {
+        serde_json::Value::Null
+    } else {
+        json!(s)
+    }
+}
+
+fn allocation_json(x: &pb::Allocation) -> serde_json::Value {
+    json!({"ip": addr_or_null(&x.ip), "ipv6": addr_or_null(&x.ipv6), "container_id": x.container_id,
+           "ifname": x.ifname, "netns": x.netns, "pod_namespace": x.pod_namespace, "pod_name": x.pod_name,
+           "eni_id": x.eni_id, "sticky_key": x.sticky_key, "assigned_at_ms": x.assigned_at_ms,
+           "network": x.network})
+}
+
+fn print_allocations(rows: &[pb::Allocation]) {
+    // The IPv6 column only when some pod has an IPv6: an IPv4 node's table stays as it was.
+    let v6 = rows.iter().any(|x| !x.ipv6.is_empty());
+    let v6_col = |s: &str| {
+        if v6 {
+            format!("{s:<40} ")
+        } else {
+            String::new()
+        }
+    };
+    println!(
+        "{:<16} {}{:<21} {:<32} {:<14} CONTAINER",
+        "IP",
+        v6_col("IPV6"),
+        "ENI",
+        "POD",
+        "IFNAME"
+    );
+    for x in rows {
+        let pod = format!("{}/{}", x.pod_namespace, x.pod_name);
+        let ip = if x.ip.is_empty() { "-" } else { &x.ip };
+        println!(
+            "{:<16} {}{:<21} {:<32} {:<14} {}",
+            ip,
+            v6_col(&x.ipv6),
+            x.eni_id,
+            pod,
+            x.ifname,
+            x.container_id
+        );
+    }
+    println!("{} allocations", rows.len());
 }
 
 /// `quarantine release`: every quarantined IP (`all`) or exactly `ips`.
@@ -186,6 +218,7 @@ fn pool_json(p: &pb::PoolReply) -> serde_json::Value {
         "idle": p.idle, "assigned": p.assigned, "cooling": p.cooling, "sticky": p.sticky, "in_flight": p.in_flight,
         "quarantined": p.quarantined, "exhausted": p.exhausted, "exhausted_reason": p.exhausted_reason,
         "invariant_error": p.invariant_error,
+        "ip_family": p.ip_family, "ipv6_prefix": addr_or_null(&p.ipv6_prefix), "ipv6_assigned": p.ipv6_assigned,
         "backoffs": p.backoffs.iter().map(|b| json!({"scope": b.scope, "reason": b.reason, "remaining_ms": b.remaining_ms})).collect::<Vec<_>>(),
         "enis": p.enis.iter().map(eni_json).collect::<Vec<_>>(),
     })
@@ -246,6 +279,19 @@ fn print_pool(p: &pb::PoolReply) {
         "warm pool: {} policy, min_idle {}, max_idle {}; now: top up below {}, fill to {}, give back beyond {}",
         p.warm_policy, p.min_idle, p.max_idle, p.warm_target, p.warm_fill, p.warm_keep
     );
+    if !p.ip_family.is_empty() {
+        println!("family:    {}", p.ip_family);
+    }
+    if p.ip_family == "ipv6" || p.ip_family == "dual" {
+        if p.ipv6_prefix.is_empty() {
+            println!("IPv6:      no /80 yet");
+        } else {
+            println!(
+                "IPv6:      {}, {} addresses held by pods",
+                p.ipv6_prefix, p.ipv6_assigned
+            );
+        }
+    }
     if p.exhausted {
         println!("EXHAUSTED: {}", p.exhausted_reason);
     }

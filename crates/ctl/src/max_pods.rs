@@ -1,7 +1,7 @@
 //! `eniipamctl max-pods`: what kubelet's `maxPods` should be on an eniipam node of one instance type,
 //! next to the AWS VPC CNI's figure, plus a nodeadm `maxPodsExpression` for a whole node group.
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use eniipam_limits::{AddressMode, EniLimits};
 use serde_json::json;
 
@@ -19,12 +19,37 @@ pub struct MaxPodsArgs {
     /// For a type not in eniipam's table: Ipv4AddressesPerInterface.
     #[arg(long, requires = "enis")]
     ips_per_eni: Option<u32>,
-    /// For a type not in eniipam's table: its vCPUs (the prefix-delegation cap depends on them).
+    /// For a type not in eniipam's table: its vCPUs (the prefix-delegation cap, and the IPv6
+    /// answer, depend on them).
     #[arg(long)]
     vcpus: Option<u32>,
+    /// The daemon's `ip_family`: with ipv6 pods take addresses from the node's /80, so addresses
+    /// are no limit and the answer is Kubernetes' cap; dual is bound by its IPv4 like ipv4.
+    #[arg(long, value_enum, default_value_t = Family::Ipv4)]
+    ip_family: Family,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Family {
+    Ipv4,
+    Ipv6,
+    Dual,
+}
+
+impl Family {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Ipv4 => "ipv4",
+            Self::Ipv6 => "ipv6",
+            Self::Dual => "dual",
+        }
+    }
 }
 
 pub fn run(a: &MaxPodsArgs, as_json: bool) -> Result<(), String> {
+    if a.ip_family == Family::Ipv6 {
+        return run_ipv6(a, as_json);
+    }
     let (limits, source) = resolve(a)?;
     let mode = if a.prefix_delegation {
         AddressMode::Prefixes
@@ -42,6 +67,7 @@ pub fn run(a: &MaxPodsArgs, as_json: bool) -> Result<(), String> {
             json!({
                 "instance_type": a.instance_type,
                 "source": source,
+                "ip_family": a.ip_family.as_str(),
                 "mode": mode,
                 "enis": limits.enis,
                 "ips_per_eni": limits.ipv4_per_eni,
@@ -84,6 +110,68 @@ pub fn run(a: &MaxPodsArgs, as_json: bool) -> Result<(), String> {
     );
     eprintln!("  AWS VPC CNI: {vpc_cni}");
     eprintln!("  nodeadm:     maxPodsExpression: \"{expression}\"");
+    Ok(())
+}
+
+/// `--ip-family ipv6`: a pod's address comes from the node's /80 (2^48 addresses, one EC2 call in the
+/// node's life), so neither ENIs nor secondary IPs bound the node: the answer is the Kubernetes cap EKS
+/// applies to IPv6 nodes (110, or 250 above 30 vCPUs), as the VPC CNI's IPv6 mode uses too. Only the
+/// vCPUs matter, so a type not in the table needs `--vcpus` alone.
+fn run_ipv6(a: &MaxPodsArgs, as_json: bool) -> Result<(), String> {
+    let (vcpus, source) = match (a.vcpus, eniipam_limits::lookup(&a.instance_type)) {
+        (Some(v), _) => (v, "figures from the command line"),
+        (None, Some(t)) => (t.vcpus, "eniipam's instance-type table"),
+        (None, None) => {
+            return Err(format!(
+                "{:?} is not in eniipam's table of {} instance types: pass --vcpus (with --ip-family \
+                 ipv6 only the vCPUs matter: aws ec2 describe-instance-types --instance-types {} \
+                 --query 'InstanceTypes[].VCpuInfo.DefaultVCpus')",
+                a.instance_type,
+                eniipam_limits::CATALOG.len(),
+                a.instance_type
+            ));
+        }
+    };
+    if vcpus == 0 {
+        return Err("--vcpus must be at least 1".to_owned());
+    }
+    let cap = eniipam_limits::prefix_delegation_cap(vcpus);
+    // The VPC CNI's IPv6 nodes get the AMI's prefix-delegation figure, which does count ENIs: known
+    // when the limits are (the table or the flags).
+    let vpc_cni = resolve(a)
+        .ok()
+        .map(|(l, _)| eniipam_limits::vpc_cni_max_pods(&l, AddressMode::Prefixes));
+    if as_json {
+        println!(
+            "{}",
+            json!({
+                "instance_type": a.instance_type,
+                "source": source,
+                "ip_family": "ipv6",
+                "vcpus": vcpus,
+                "max_pods": cap,
+                "vpc_cni_max_pods": vpc_cni,
+                "nodeadm_max_pods_expression": cap.to_string(),
+            })
+        );
+        return Ok(());
+    }
+    println!("{cap}");
+    eprintln!(
+        "{} ({source}): {vcpus} vCPUs, IPv6 pods from the node's /80",
+        a.instance_type
+    );
+    eprintln!(
+        "  eniipam:     addresses are no limit: Kubernetes' cap EKS applies ({}: 250 above 30 vCPUs, else 110)",
+        cap
+    );
+    match vpc_cni {
+        Some(n) => {
+            eprintln!("  AWS VPC CNI: {n} (the prefix-delegation figure its IPv6 nodes get)")
+        }
+        None => eprintln!("  AWS VPC CNI: unknown (pass --enis and --ips-per-eni)"),
+    }
+    eprintln!("  nodeadm:     maxPodsExpression: \"{cap}\"");
     Ok(())
 }
 

@@ -287,3 +287,72 @@ fn uninstall_cni_removes_the_conflist_and_only_eniipams_plugin() {
         "the reference plugins are shared with other CNIs"
     );
 }
+
+#[test]
+fn max_pods_for_ipv6_is_the_kubernetes_cap_and_dual_is_bound_by_ipv4() {
+    // IPv6 pods come from the node's /80: ENIs and secondary IPs do not bound them.
+    for (t, want) in [
+        ("t3.micro", "110"),
+        ("m5.large", "110"),
+        ("m5.24xlarge", "250"),
+    ] {
+        let out = ctl(&["max-pods", "--instance-type", t, "--ip-family", "ipv6"]);
+        assert!(out.status.success(), "{t}: {}", stderr(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want, "{t}");
+        assert!(stderr(&out).contains("/80"), "{}", stderr(&out));
+    }
+    let out = ctl(&[
+        "--json",
+        "max-pods",
+        "--instance-type",
+        "t3.micro",
+        "--ip-family",
+        "ipv6",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ip_family"], "ipv6");
+    assert_eq!(v["max_pods"], 110);
+    assert_eq!(v["nodeadm_max_pods_expression"], "110");
+    // The VPC CNI's IPv6 nodes get its prefix-delegation figure: 2 × (2 − 1) × 16 + 2.
+    assert_eq!(v["vpc_cni_max_pods"], 34);
+    // A type not in the table needs only its vCPUs.
+    let out = ctl(&[
+        "max-pods",
+        "--instance-type",
+        "z9.huge",
+        "--ip-family",
+        "ipv6",
+        "--vcpus",
+        "64",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "250");
+    let out = ctl(&[
+        "max-pods",
+        "--instance-type",
+        "z9.huge",
+        "--ip-family",
+        "ipv6",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("pass --vcpus"), "{}", stderr(&out));
+    // dual: every pod also takes an IPv4 from the pool, so the IPv4 figure stands.
+    for (t, want) in [("m5.large", "29"), ("t3.micro", "4")] {
+        let out = ctl(&["max-pods", "--instance-type", t, "--ip-family", "dual"]);
+        assert!(out.status.success(), "{t}: {}", stderr(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            want,
+            "{t} dual"
+        );
+    }
+    let out = ctl(&[
+        "max-pods",
+        "--instance-type",
+        "m5.large",
+        "--ip-family",
+        "ipv5",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "clap names the valid families");
+    assert!(stderr(&out).contains("ipv6"), "{}", stderr(&out));
+}
