@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod v6;
+
 use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -43,6 +45,8 @@ pub struct FakeState {
     pub fail_with: Option<(Code, String, pb::ErrorReason)>,
     /// Status reply overrides.
     pub ready: bool,
+    /// The IPv6 side (family, `/80`, addresses).
+    pub v6: v6::FakeV6,
 }
 
 #[derive(Clone)]
@@ -73,7 +77,13 @@ impl Ipam for FakeIpam {
             return Err(Status::invalid_argument("empty container_id"));
         }
         let key = (req.container_id.clone(), req.ifname.clone());
+        let ipv6 = if state.v6.has_v6() {
+            state.v6.allocate(&key)?
+        } else {
+            String::new()
+        };
         let ip = match state.held.get(&key) {
+            _ if !state.v6.has_v4() => Ipv4Addr::UNSPECIFIED,
             Some(ip) => *ip,
             None => {
                 let ip = state.free.pop_front().ok_or_else(|| {
@@ -84,17 +94,29 @@ impl Ipam for FakeIpam {
             }
         };
         let route_table = state.route_table;
+        let (ip, ipv4_subnet) = if state.v6.has_v4() {
+            (ip.to_string(), "10.10.0.0/24")
+        } else {
+            (String::new(), "")
+        };
         Ok(Response::new(pb::AllocateReply {
-            ip: ip.to_string(),
+            ip,
+            ipv6,
+            ipv6_prefix: state.v6.prefix.clone(),
+            ip_family: state.v6.family.clone(),
+            vpc_ipv6_cidrs: if state.v6.has_v6() {
+                vec!["2600:1f18:6d00::/56".into()]
+            } else {
+                Vec::new()
+            },
             prefix_length: 24,
             eni_id: "eni-0123abcd".into(),
             mac: "02:00:00:aa:bb:cc".into(),
             device_index: route_table.saturating_sub(1),
             route_table,
-            subnet_cidr: "10.10.0.0/24".into(),
+            subnet_cidr: ipv4_subnet.into(),
             gateway: "10.10.0.1".into(),
             vpc_cidrs: vec!["10.10.0.0/16".into()],
-            ..Default::default()
         }))
     }
 
@@ -104,7 +126,9 @@ impl Ipam for FakeIpam {
     ) -> Result<Response<pb::ReleaseReply>, Status> {
         let req = request.into_inner();
         let mut state = self.record(Call::Release(req.clone()))?;
-        let removed = state.held.remove(&(req.container_id, req.ifname));
+        let key = (req.container_id, req.ifname);
+        let (ipv6, ipv6_held_by_other) = state.v6.release(&key, &req.ipv6);
+        let removed = state.held.remove(&key);
         if let Some(ip) = removed {
             state.free.push_back(ip);
         }
@@ -117,7 +141,8 @@ impl Ipam for FakeIpam {
             released: removed.is_some(),
             ip: removed.map(|ip| ip.to_string()).unwrap_or_default(),
             ip_held_by_other,
-            ..Default::default()
+            ipv6,
+            ipv6_held_by_other,
         }))
     }
 
@@ -127,7 +152,27 @@ impl Ipam for FakeIpam {
     ) -> Result<Response<pb::CheckReply>, Status> {
         let req = request.into_inner();
         let state = self.record(Call::Check(req.clone()))?;
-        let held = state.held.get(&(req.container_id, req.ifname)).copied();
+        let key = (req.container_id, req.ifname);
+        if state.v6.has_v6() {
+            let held = state.v6.held.get(&key).cloned().unwrap_or_default();
+            let ip = state
+                .held
+                .get(&key)
+                .map(|ip| ip.to_string())
+                .unwrap_or_default();
+            let ok = !held.is_empty() && held == req.ipv6 && ip == req.ip;
+            return Ok(Response::new(pb::CheckReply {
+                ok,
+                ip,
+                message: if ok {
+                    String::new()
+                } else {
+                    format!("attachment holds {held}")
+                },
+                ipv6: held,
+            }));
+        }
+        let held = state.held.get(&key).copied();
         Ok(Response::new(match held {
             Some(ip) if ip.to_string() == req.ip => pb::CheckReply {
                 ok: true,
@@ -172,6 +217,7 @@ impl Ipam for FakeIpam {
             if let Some(ip) = state.held.remove(&key) {
                 state.free.push_back(ip);
             }
+            state.v6.held.remove(&key);
             released.push(pb::Attachment {
                 container_id: key.0,
                 ifname: key.1,
@@ -180,7 +226,10 @@ impl Ipam for FakeIpam {
         let held_by_others = req
             .cleaning
             .iter()
-            .filter(|c| state.held.values().any(|ip| ip.to_string() == **c))
+            .filter(|c| {
+                state.held.values().any(|ip| ip.to_string() == **c)
+                    || state.v6.held.values().any(|ip| ip == *c)
+            })
             .cloned()
             .collect();
         Ok(Response::new(pb::GarbageCollectReply {
@@ -313,6 +362,19 @@ impl FakeDaemon {
 
     pub fn set_route_table(&self, table: u32) {
         self.state.lock().unwrap().route_table = table;
+    }
+
+    /// Answers `family` ("ipv6", "dual", or a bad value) with `prefix` as the node's `/80`, handing
+    /// out `addresses` in order.
+    pub fn set_ipv6(&self, family: &str, prefix: &str, addresses: &[&str]) {
+        let v6 = &mut self.state.lock().unwrap().v6;
+        v6.family = family.into();
+        v6.prefix = prefix.into();
+        v6.free = addresses.iter().map(|a| (*a).to_owned()).collect();
+    }
+
+    pub fn held_v6(&self) -> HashMap<(String, String), String> {
+        self.state.lock().unwrap().v6.held.clone()
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -590,6 +652,16 @@ impl Netns {
                 String::from_utf8_lossy(&out.stderr)
             ),
         )
+    }
+
+    /// Enables IPv6 forwarding inside the namespace (`net.ipv6.conf.all.forwarding`, this namespace
+    /// only: eniipamd's job on a real node).
+    pub fn enable_ipv6_forwarding(&self) {
+        let (ok, out) = self.exec(
+            "sh",
+            &["-c", "echo 1 > /proc/sys/net/ipv6/conf/all/forwarding"],
+        );
+        assert!(ok, "enabling IPv6 forwarding: {out}");
     }
 
     /// Enables IPv4 forwarding inside the namespace (a node routes between its pods).

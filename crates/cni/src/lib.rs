@@ -9,6 +9,7 @@
 //!
 //! - [`spec`]: versions, the error object and codes, result types.
 //! - [`env`]: the `CNI_*` environment, parsed and validated.
+//! - [`family`]: the node's IP family (`ipv4`, `ipv6`, `dual`) and the daemon's reply validated.
 //! - [`netconf`]: the network configuration (knobs and the sticky-IP opt-in are documented there).
 //! - [`command`]: ADD, DEL, CHECK, VERSION, GC, STATUS (a file each): [`prepare`] reads and
 //!   validates an invocation synchronously (VERSION and refused input are answered there, with no
@@ -19,6 +20,7 @@
 pub mod client;
 pub mod command;
 pub mod env;
+pub mod family;
 pub mod netconf;
 pub mod spec;
 pub mod wiring;

@@ -5,7 +5,7 @@
 //! `ips` entry, 1.x results do not.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 use ipnet::IpNet;
@@ -308,23 +308,37 @@ impl CniResult {
         self.routes.extend(other.routes);
     }
 
-    /// The IPv4 address assigned to the sandbox interface `ifname` (or, for a result without
-    /// interfaces such as an IPAM plugin's, the first IPv4 address).
-    pub fn ipv4_for(&self, ifname: &str) -> Option<Ipv4Addr> {
+    /// The addresses assigned to the sandbox interface `ifname` (or, for a result without
+    /// interfaces such as an IPAM plugin's, every address).
+    fn addresses_for<'a>(&'a self, ifname: &str) -> impl Iterator<Item = IpAddr> + 'a {
         let sandbox_index = self
             .interfaces
             .iter()
             .position(|i| i.name == ifname && i.sandbox.is_some());
         self.ips
             .iter()
-            .filter(|ip| {
+            .filter(move |ip| {
                 self.interfaces.is_empty()
                     || sandbox_index.is_some() && ip.interface == sandbox_index
             })
-            .find_map(|ip| match ip.address {
-                IpNet::V4(net) => Some(net.addr()),
-                IpNet::V6(_) => None,
-            })
+            .map(|ip| ip.address.addr())
+    }
+
+    /// The IPv4 address assigned to the sandbox interface `ifname` (or, for a result without
+    /// interfaces such as an IPAM plugin's, the first IPv4 address).
+    pub fn ipv4_for(&self, ifname: &str) -> Option<Ipv4Addr> {
+        self.addresses_for(ifname).find_map(|ip| match ip {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(_) => None,
+        })
+    }
+
+    /// The IPv6 address assigned to the sandbox interface `ifname`, likewise.
+    pub fn ipv6_for(&self, ifname: &str) -> Option<Ipv6Addr> {
+        self.addresses_for(ifname).find_map(|ip| match ip {
+            IpAddr::V6(v6) => Some(v6),
+            IpAddr::V4(_) => None,
+        })
     }
 }
 
@@ -463,6 +477,48 @@ mod tests {
             ..sample()
         };
         assert_eq!(ipam.ipv4_for("anything"), Some(Ipv4Addr::new(10, 0, 0, 5)));
+    }
+
+    fn dual_sample() -> CniResult {
+        let mut r = sample();
+        r.ips.push(IpConfig {
+            address: "2600:1f18:6d00:100:a1b2::7/128".parse().unwrap(),
+            gateway: Some("fe80::1".parse().unwrap()),
+            interface: Some(1),
+            extra: Map::new(),
+        });
+        r.routes.push(Route {
+            dst: "::/0".parse().unwrap(),
+            gw: Some("fe80::1".parse().unwrap()),
+            extra: Map::new(),
+        });
+        r
+    }
+
+    #[test]
+    fn dual_stack_results_carry_both_families_in_every_version() {
+        let r = dual_sample();
+        let old = r.to_json(CniVersion::V0_4_0);
+        assert_eq!(old["ips"][0]["version"], "4");
+        assert_eq!(
+            old["ips"][1],
+            json!({"version": "6", "address": "2600:1f18:6d00:100:a1b2::7/128",
+                "gateway": "fe80::1", "interface": 1})
+        );
+        let new = r.to_json(CniVersion::V1_1_0);
+        assert!(new["ips"][1].get("version").is_none());
+        assert_eq!(new["routes"][1], json!({"dst": "::/0", "gw": "fe80::1"}));
+        for v in CniVersion::SUPPORTED {
+            let back = CniResult::from_json(&r.to_json(v)).unwrap();
+            assert_eq!(back, r);
+            assert_eq!(back.ipv4_for("eth0"), Some(Ipv4Addr::new(10, 0, 0, 5)));
+            assert_eq!(
+                back.ipv6_for("eth0"),
+                Some("2600:1f18:6d00:100:a1b2::7".parse().unwrap())
+            );
+        }
+        assert_eq!(sample().ipv6_for("eth0"), None);
+        assert_eq!(r.ipv6_for("eth1"), None);
     }
 
     #[test]

@@ -26,10 +26,14 @@
 //! earlier version (no `to` rule for eth0 pods) are torn down the same way: removing a rule that is
 //! not there is not an error.
 //!
+//! IPv6 (`ip_family` `ipv6` or `dual`) rides on the same veth pair: the pod's `/128`, the gateway
+//! `fe80::1` and the `/128` host route, without policy rules (see [`ipv6`]). An IPv6-only pod has
+//! none of the IPv4 part above.
+//!
 //! The netlink primitives (connections per namespace, messages read back, rules) are the
 //! `eniipam-netlink` crate's, shared with the daemon's host routing.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use eniipam_api::cache::HostVeth;
 use eniipam_api::{AttachmentKey, PodRef};
@@ -42,6 +46,10 @@ use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, Neig
 use netlink_packet_route::route::RouteScope;
 use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
 use sha1::{Digest, Sha1};
+
+mod ipv6;
+
+pub use ipv6::GATEWAY_V6;
 
 /// The pod's gateway: link-local, answered by the host veth through a static neighbour entry.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
@@ -126,8 +134,10 @@ pub struct WiringPlan {
     pub ifname: String,
     /// Host veth name ([`host_veth_name`]).
     pub host_veth: String,
-    /// The pod's IP.
-    pub ip: Ipv4Addr,
+    /// The pod's IPv4 (`None` for an IPv6-only pod).
+    pub ip: Option<Ipv4Addr>,
+    /// The pod's IPv6 (`ip_family` `ipv6` and `dual`).
+    pub ipv6: Option<Ipv6Addr>,
     /// Policy-routing table of the IP's ENI (0: primary ENI, only the `to` rule).
     pub route_table: u32,
     /// MTU of both ends.
@@ -207,70 +217,20 @@ pub async fn wire(
     host.set_up(host_link.index, &plan.host_veth, None).await?;
     pod.set_up(pod_link.index, &plan.ifname, None).await?;
 
-    // Inside the pod: the /32, the static neighbour for the gateway, the default route.
-    pod.handle()
-        .address()
-        .add(pod_link.index, IpAddr::V4(plan.ip), 32)
-        .execute()
-        .await
-        .map_err(nl(format!("adding {}/32 to {}", plan.ip, plan.ifname)))?;
     let host_mac = parse_mac(&host_link.mac).ok_or_else(|| {
         NetnsError::Mismatch(format!("unexpected hardware address {:?}", host_link.mac))
     })?;
-    pod.handle()
-        .neighbours()
-        .add(pod_link.index, IpAddr::V4(GATEWAY))
-        .link_layer_address(&host_mac)
-        .state(NeighbourState::Permanent)
-        .replace()
-        .execute()
-        .await
-        .map_err(nl(format!("adding neighbour {GATEWAY} on {}", plan.ifname)))?;
-    let default = RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(Ipv4Addr::UNSPECIFIED, 0)
-        .gateway(GATEWAY)
-        .output_interface(pod_link.index)
-        .onlink()
-        .build();
-    pod.handle()
-        .route()
-        .add(default)
-        .replace()
-        .execute()
-        .await
-        .map_err(nl(format!("adding default route via {GATEWAY}")))?;
-
-    // On the host: the /32 route to the veth, the `to` rule and, for secondary ENIs, the `from` rule.
-    let to_pod = RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(plan.ip, 32)
-        .output_interface(host_link.index)
-        .scope(RouteScope::Link)
-        .build();
-    host.handle()
-        .route()
-        .add(to_pod)
-        .replace()
-        .execute()
-        .await
-        .map_err(nl(format!(
-            "adding host route {}/32 dev {}",
-            plan.ip, plan.host_veth
-        )))?;
-    // The daemon gave this pod the IP, so any other rule of ours for it is stale (left by an earlier
-    // owner whose DEL could not remove it, or from an ENI at another device index): replace them.
-    let wanted = pod_rules(plan.ip, plan.route_table, &plan.host_veth);
-    let any_from = from_rule(plan.ip, None, 0);
-    let any_to = to_rule(plan.ip);
-    host.remove_rules(
-        |m| {
-            (any_from.same_address_as(m) || any_to.same_address_as(m))
-                && !wanted.iter().any(|r| r.matches(m))
-        },
-        &format!("stale rules of {}", plan.ip),
-    )
-    .await?;
-    for rule in &wanted {
-        host.add_rule(rule).await?;
+    if let Some(ip) = plan.ip {
+        wire_pod_v4(pod, pod_link.index, &plan.ifname, ip, &host_mac).await?;
+    }
+    if let Some(ipv6) = plan.ipv6 {
+        ipv6::wire_pod(pod, pod_ns, pod_link.index, &plan.ifname, ipv6, &host_mac).await?;
+    }
+    if let Some(ip) = plan.ip {
+        wire_host_v4(host, host_link.index, plan, ip).await?;
+    }
+    if let Some(ipv6) = plan.ipv6 {
+        ipv6::wire_host(host, host_link.index, &plan.host_veth, ipv6).await?;
     }
 
     Ok(Wired {
@@ -283,6 +243,89 @@ pub async fn wire(
     })
 }
 
+/// The IPv4 half inside the pod: the /32, the static neighbour for the gateway, the default route.
+async fn wire_pod_v4(
+    pod: &Netlink,
+    pod_index: u32,
+    ifname: &str,
+    ip: Ipv4Addr,
+    host_mac: &[u8],
+) -> Result<(), NetnsError> {
+    // Inside the pod: the /32, the static neighbour for the gateway, the default route.
+    pod.handle()
+        .address()
+        .add(pod_index, IpAddr::V4(ip), 32)
+        .execute()
+        .await
+        .map_err(nl(format!("adding {}/32 to {}", ip, ifname)))?;
+    pod.handle()
+        .neighbours()
+        .add(pod_index, IpAddr::V4(GATEWAY))
+        .link_layer_address(host_mac)
+        .state(NeighbourState::Permanent)
+        .replace()
+        .execute()
+        .await
+        .map_err(nl(format!("adding neighbour {GATEWAY} on {}", ifname)))?;
+    let default = RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(Ipv4Addr::UNSPECIFIED, 0)
+        .gateway(GATEWAY)
+        .output_interface(pod_index)
+        .onlink()
+        .build();
+    pod.handle()
+        .route()
+        .add(default)
+        .replace()
+        .execute()
+        .await
+        .map_err(nl(format!("adding default route via {GATEWAY}")))?;
+    Ok(())
+}
+
+/// The IPv4 half on the host: the /32 route to the veth, the `to` rule and, for secondary ENIs, the
+/// `from` rule.
+async fn wire_host_v4(
+    host: &Netlink,
+    host_index: u32,
+    plan: &WiringPlan,
+    ip: Ipv4Addr,
+) -> Result<(), NetnsError> {
+    // On the host: the /32 route to the veth, the `to` rule and, for secondary ENIs, the `from` rule.
+    let to_pod = RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(ip, 32)
+        .output_interface(host_index)
+        .scope(RouteScope::Link)
+        .build();
+    host.handle()
+        .route()
+        .add(to_pod)
+        .replace()
+        .execute()
+        .await
+        .map_err(nl(format!(
+            "adding host route {}/32 dev {}",
+            ip, plan.host_veth
+        )))?;
+    // The daemon gave this pod the IP, so any other rule of ours for it is stale (left by an earlier
+    // owner whose DEL could not remove it, or from an ENI at another device index): replace them.
+    let wanted = pod_rules(ip, plan.route_table, &plan.host_veth);
+    let any_from = from_rule(ip, None, 0);
+    let any_to = to_rule(ip);
+    host.remove_rules(
+        |m| {
+            (any_from.same_address_as(m) || any_to.same_address_as(m))
+                && !wanted.iter().any(|r| r.matches(m))
+        },
+        &format!("stale rules of {}", ip),
+    )
+    .await?;
+    for rule in &wanted {
+        host.add_rule(rule).await?;
+    }
+    Ok(())
+}
+
 /// What [`unwire`] should remove.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Teardown {
@@ -292,6 +335,11 @@ pub struct Teardown {
     pub ip: Option<Ipv4Addr>,
     /// The daemon confirmed no other live attachment holds `ip` now: every rule of the IP may go.
     pub ip_free: bool,
+    /// The pod's IPv6, whose host route goes with the veth.
+    pub ipv6: Option<Ipv6Addr>,
+    /// The daemon confirmed no other live attachment holds `ipv6` now: any `/128` route to it left
+    /// on the host is stale and goes too (otherwise it may be the new owner's, and stays).
+    pub ipv6_free: bool,
     /// The host veth ADD created: deleted only while its name and MAC still match.
     pub host_veth: Option<HostVeth>,
     /// A host veth name to delete unconditionally (cleanup of a failed ADD of our own).
@@ -381,6 +429,12 @@ pub async fn unwire_host(host: &Netlink, what: &Teardown) -> Vec<NetnsError> {
             }
         }
     }
+    if let Some(ipv6) = what.ipv6
+        && what.ipv6_free
+        && let Err(e) = ipv6::remove_host_routes(host, ipv6).await
+    {
+        errors.push(e);
+    }
     errors
 }
 
@@ -426,17 +480,51 @@ pub async fn check(
         .await?
         .ok_or_else(|| missing(format!("pod interface {} is missing", plan.ifname)))?;
 
-    let addrs = pod.addresses(pod_link.index).await?;
+    if let Some(ip) = plan.ip {
+        check_v4(
+            host,
+            pod,
+            (pod_link.index, &plan.ifname),
+            (host_link.index, &plan.host_veth, &host_link.mac),
+            ip,
+            plan.route_table,
+        )
+        .await?;
+    }
+    if let Some(ipv6) = plan.ipv6 {
+        ipv6::check(
+            host,
+            pod,
+            (pod_link.index, &plan.ifname),
+            (host_link.index, &plan.host_veth, &host_link.mac),
+            ipv6,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// CHECK's IPv4 part: the pod's `/32`, default route and gateway neighbour, the host route, the rules.
+async fn check_v4(
+    host: &Netlink,
+    pod: &Netlink,
+    (pod_index, ifname): (u32, &str),
+    (host_index, host_veth, host_mac): (u32, &str, &str),
+    ip: Ipv4Addr,
+    route_table: u32,
+) -> Result<(), NetnsError> {
+    let missing = NetnsError::Mismatch;
+    let addrs = pod.addresses(pod_index).await?;
     let has_addr = addrs.iter().any(|a| {
         a.header.prefix_len == 32
             && a.attributes.iter().any(|attr| {
-                matches!(attr, netlink_packet_route::address::AddressAttribute::Address(IpAddr::V4(ip)) if *ip == plan.ip)
+                matches!(attr, netlink_packet_route::address::AddressAttribute::Address(IpAddr::V4(a)) if *a == ip)
             })
     });
     if !has_addr {
         return Err(missing(format!(
             "{}/32 is not on pod interface {}",
-            plan.ip, plan.ifname
+            ip, ifname
         )));
     }
 
@@ -445,12 +533,12 @@ pub async fn check(
         r.table == MAIN_TABLE
             && r.destination.prefix_len() == 0
             && r.gateway == Some(GATEWAY)
-            && r.oif == Some(pod_link.index)
+            && r.oif == Some(pod_index)
     });
     if !has_default {
         return Err(missing(format!(
             "pod default route via {GATEWAY} dev {} is missing",
-            plan.ifname
+            ifname
         )));
     }
 
@@ -464,37 +552,37 @@ pub async fn check(
         .await
         .map_err(nl("listing pod neighbours"))?;
     let has_neighbour = neighbours.iter().any(|n| {
-        n.header.ifindex == pod_link.index
+        n.header.ifindex == pod_index
             && n.header.state == NeighbourState::Permanent
             && n.attributes.iter().any(|a| {
                 matches!(a, NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) if *ip == GATEWAY)
             })
             && n.attributes.iter().any(|a| {
-                matches!(a, NeighbourAttribute::LinkLayerAddress(mac) if format_mac(mac) == host_link.mac)
+                matches!(a, NeighbourAttribute::LinkLayerAddress(mac) if format_mac(mac) == host_mac)
             })
     });
     if !has_neighbour {
         return Err(missing(format!(
             "pod neighbour {GATEWAY} -> {} (permanent) is missing",
-            host_link.mac
+            host_mac
         )));
     }
 
     let host_routes = host.routes_v4().await?;
     let has_host_route = host_routes.iter().filter_map(TableRoute::of).any(|r| {
         r.table == MAIN_TABLE
-            && r.destination == ipnet::Ipv4Net::from(plan.ip)
-            && r.oif == Some(host_link.index)
+            && r.destination == ipnet::Ipv4Net::from(ip)
+            && r.oif == Some(host_index)
     });
     if !has_host_route {
         return Err(missing(format!(
             "host route {}/32 dev {} is missing",
-            plan.ip, plan.host_veth
+            ip, host_veth
         )));
     }
 
     let rules = host.rules_v4().await?;
-    for rule in pod_rules(plan.ip, plan.route_table, &plan.host_veth) {
+    for rule in pod_rules(ip, route_table, host_veth) {
         let present = rules.iter().any(|r| rule.matches(r));
         if !present {
             return Err(missing(format!("host rule {rule} is missing")));

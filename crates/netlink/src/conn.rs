@@ -5,7 +5,8 @@
 //! ([`Netlink::in_netns`]). `nix` wraps `setns` safely, so this crate needs no `unsafe`.
 
 use std::fs::File;
-use std::net::Ipv4Addr;
+use std::io::Write;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 
@@ -208,6 +209,17 @@ impl Netlink {
             .map_err(Error::request("listing IPv4 routes"))
     }
 
+    /// Every IPv6 route, all tables.
+    pub async fn routes_v6(&self) -> Result<Vec<RouteMessage>, Error> {
+        self.handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
+            .execute()
+            .try_collect()
+            .await
+            .map_err(Error::request("listing IPv6 routes"))
+    }
+
     /// Adds or replaces a route (`NLM_F_REPLACE`).
     pub async fn replace_route(&self, route: RouteMessage, what: &str) -> Result<(), Error> {
         self.handle
@@ -238,4 +250,51 @@ impl Netlink {
             .await
             .map_err(Error::request("listing IPv4 rules"))
     }
+}
+
+/// Writes `value` to the sysctl `key` (dotted, as `sysctl` spells it: `net.ipv6.conf.eth0.accept_dad`)
+/// in `ns`, or in the calling thread's namespace for `None`. `/proc/sys/net` shows the namespace of
+/// the thread that opens a file under it, so the thread enters `ns`, opens and writes, and switches
+/// straight back, as [`Netlink::in_netns`] does. An interface name is one component of the key
+/// even when it holds dots (`eth0.5`): pass it in `ifname` and `{if}` in `key` so its dots stay dots
+/// in the path (the kernel's `/proc/sys` spelling) while the key's own dots become slashes.
+pub fn write_sysctl(
+    ns: Option<&NetnsFile>,
+    key: &str,
+    ifname: &str,
+    value: &str,
+) -> Result<(), Error> {
+    let path = format!(
+        "/proc/sys/{}",
+        key.split('.')
+            .map(|part| if part == "{if}" { ifname } else { part })
+            .collect::<Vec<_>>()
+            .join("/")
+    );
+    let shown = key.replace("{if}", ifname);
+    let where_ = ns.map_or("the current namespace".to_owned(), |n| n.path.clone());
+    let fail = |reason: String| Error::Sysctl {
+        key: shown.clone(),
+        path: where_.clone(),
+        reason,
+    };
+    let write = || -> Result<(), Error> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| fail(format!("opening {path}: {e}")))?;
+        file.write_all(value.as_bytes())
+            .map_err(|e| fail(format!("writing {value:?} to {path}: {e}")))
+    };
+    let Some(ns) = ns else {
+        return write();
+    };
+    let original = File::open("/proc/thread-self/ns/net")
+        .map_err(|e| fail(format!("opening this thread's netns: {e}")))?;
+    nix::sched::setns(&ns.file, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| fail(format!("setns: {e}")))?;
+    let written = write();
+    nix::sched::setns(&original, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| fail(format!("returning to the original netns: {e}")))?;
+    written
 }

@@ -13,9 +13,9 @@ pub mod errno;
 pub mod msg;
 pub mod rule;
 
-pub use conn::{Netlink, NetnsFile};
+pub use conn::{Netlink, NetnsFile, write_sysctl};
 pub use errno::{format_mac, is_exists, is_not_found, parse_mac};
-pub use msg::{LinkFacts, MessageTable, TableRoute};
+pub use msg::{LinkFacts, MessageTable, TableRoute, TableRoute6};
 pub use rule::{PolicyRule, RuleSelector, iif_of};
 
 /// The main routing table.
@@ -36,6 +36,16 @@ pub enum Error {
     /// Switching namespaces or opening the socket failed.
     #[error("netlink socket in {path}: {reason}")]
     Socket {
+        /// The namespace.
+        path: String,
+        /// What failed.
+        reason: String,
+    },
+    /// A sysctl could not be written.
+    #[error("sysctl {key} in {path}: {reason}")]
+    Sysctl {
+        /// The key, dotted.
+        key: String,
         /// The namespace.
         path: String,
         /// What failed.

@@ -1,8 +1,8 @@
 //! Netlink messages read back: a link's facts, a route's shape, the table of a route or rule.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteScope,
@@ -136,6 +136,46 @@ impl TableRoute {
             }),
             link_scope: msg.header.scope == RouteScope::Link,
             onlink: msg.header.flags.contains(RouteFlags::Onlink),
+        })
+    }
+}
+
+/// One IPv6 route as read back (the pod's default route via `fe80::1`, a pod's `/128` host route).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableRoute6 {
+    /// The table it is in.
+    pub table: u32,
+    /// Destination (`::/0` for the default route).
+    pub destination: Ipv6Net,
+    /// Next hop, if any.
+    pub gateway: Option<Ipv6Addr>,
+    /// Output interface index.
+    pub oif: Option<u32>,
+}
+
+impl TableRoute6 {
+    /// Reads an IPv6 route message; `None` when it has no readable IPv6 destination.
+    pub fn of(msg: &RouteMessage) -> Option<Self> {
+        let len = msg.header.destination_prefix_length;
+        let dst = if len == 0 {
+            Ipv6Addr::UNSPECIFIED
+        } else {
+            msg.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Destination(RouteAddress::Inet6(ip)) => Some(*ip),
+                _ => None,
+            })?
+        };
+        Some(Self {
+            table: msg.table(),
+            destination: Ipv6Net::new(dst, len).ok()?,
+            gateway: msg.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => Some(*ip),
+                _ => None,
+            }),
+            oif: msg.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(i) => Some(*i),
+                _ => None,
+            }),
         })
     }
 }

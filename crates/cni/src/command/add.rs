@@ -4,7 +4,7 @@
 
 use std::net::Ipv4Addr;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde_json::{Map, Value};
 
 use eniipam_api::cache::{CACHE_FORMAT, CacheEntry, ResultCache};
@@ -13,11 +13,13 @@ use eniipam_api::pb;
 use super::daemon::{connect, release};
 use super::pod::{PodSide, netns_to_cni};
 use crate::env::RuntimeEnv;
+use crate::family::Assigned;
 use crate::netconf::{NetConf, Role};
 use crate::spec::{CniError, CniResult, CniVersion, ErrorCode, Interface, IpConfig, Route};
-use crate::wiring::{self, GATEWAY, Teardown, WiringPlan, host_veth_name};
+use crate::wiring::{self, GATEWAY, GATEWAY_V6, Teardown, WiringPlan, host_veth_name};
 
 fn main_result(plan: &WiringPlan, wired: &wiring::Wired, netns_path: &str) -> CniResult {
+    let (ips, routes) = addresses(plan.ip, plan.ipv6, Some(1));
     CniResult {
         interfaces: vec![
             Interface {
@@ -33,39 +35,61 @@ fn main_result(plan: &WiringPlan, wired: &wiring::Wired, netns_path: &str) -> Cn
                 extra: Map::new(),
             },
         ],
-        ips: vec![IpConfig {
-            address: IpNet::V4(Ipv4Net::from(plan.ip)),
-            gateway: Some(GATEWAY.into()),
-            interface: Some(1),
-            extra: Map::new(),
-        }],
-        routes: vec![default_route()],
+        ips,
+        routes,
         dns: Default::default(),
     }
 }
 
-fn default_route() -> Route {
-    Route {
-        dst: IpNet::V4(Ipv4Net::default()),
-        gw: Some(GATEWAY.into()),
-        extra: Map::new(),
+/// The `ips` and `routes` of a result: per family, the address as a host route (`/32`, `/128`) with
+/// its link-local gateway (`169.254.1.1`, `fe80::1`) and a default route through it, IPv4 first.
+fn addresses(
+    ip: Option<Ipv4Addr>,
+    ipv6: Option<std::net::Ipv6Addr>,
+    interface: Option<usize>,
+) -> (Vec<IpConfig>, Vec<Route>) {
+    let mut ips = Vec::new();
+    let mut routes = Vec::new();
+    let mut family = |address: IpNet, default: IpNet, gateway: std::net::IpAddr| {
+        ips.push(IpConfig {
+            address,
+            gateway: Some(gateway),
+            interface,
+            extra: Map::new(),
+        });
+        routes.push(Route {
+            dst: default,
+            gw: Some(gateway),
+            extra: Map::new(),
+        });
+    };
+    if let Some(ip) = ip {
+        family(
+            IpNet::V4(Ipv4Net::from(ip)),
+            IpNet::V4(Ipv4Net::default()),
+            GATEWAY.into(),
+        );
     }
+    if let Some(ipv6) = ipv6 {
+        family(
+            IpNet::V6(Ipv6Net::from(ipv6)),
+            IpNet::V6(Ipv6Net::default()),
+            GATEWAY_V6.into(),
+        );
+    }
+    (ips, routes)
 }
 
-/// The IPAM role's result: the address as a `/32` with the link-local gateway and a default route
-/// through it, for a delegating plugin that wires such an address itself (the VPC subnet's own
-/// gateway must never be put on a host interface). The reference plugins cannot; see
+/// The IPAM role's result: the addresses as a `/32` (and `/128`) with the link-local gateways and
+/// default routes through them, for a delegating plugin that wires such addresses itself (the VPC
+/// subnet's own gateway must never be put on a host interface). The reference plugins cannot; see
 /// [`crate::netconf::UNSUPPORTED_IPAM_PARENTS`].
-fn ipam_result(ip: Ipv4Addr) -> CniResult {
+fn ipam_result(assigned: &Assigned) -> CniResult {
+    let (ips, routes) = addresses(assigned.ip, assigned.ipv6, None);
     CniResult {
         interfaces: Vec::new(),
-        ips: vec![IpConfig {
-            address: IpNet::V4(Ipv4Net::from(ip)),
-            gateway: Some(GATEWAY.into()),
-            interface: None,
-            extra: Map::new(),
-        }],
-        routes: vec![default_route()],
+        ips,
+        routes,
         dns: Default::default(),
     }
 }
@@ -112,35 +136,35 @@ pub(super) async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniErr
         .map_err(|e| e.to_cni())?;
     let keep = sticky_key.is_some();
 
-    let ip: Ipv4Addr = match reply.ip.parse() {
-        Ok(ip) => ip,
-        Err(_) => {
-            let _ = release(&mut client, conf, rt, keep, None).await;
-            return Err(CniError::new(
-                ErrorCode::DaemonFailure,
-                format!(
-                    "eniipamd allocated {:?}, which is not an IPv4 address",
-                    reply.ip
-                ),
-            ));
+    // A reply the plugin cannot wire as it stands is refused before anything is touched.
+    let assigned = match Assigned::from_reply(&reply) {
+        Ok(assigned) => assigned,
+        Err(msg) => {
+            let _ = release(&mut client, conf, rt, keep, None, None).await;
+            return Err(CniError::new(ErrorCode::DaemonFailure, msg)
+                .with_details("the allocation was released"));
         }
     };
+    let what = assigned.describe();
 
     let (ours, host_veth, teardown) = match &side {
-        None => (ipam_result(ip), None, None),
+        None => (ipam_result(&assigned), None, None),
         Some(side) => {
             let plan = WiringPlan {
                 ifname: rt.ifname.clone(),
                 host_veth: host_veth_name(&conf.plugin.veth_prefix, pod.as_ref(), &rt.attachment()),
-                ip,
+                ip: assigned.ip,
+                ipv6: assigned.ipv6,
                 route_table: reply.route_table,
                 mtu: conf.plugin.mtu,
             };
             let teardown = Teardown {
                 ifname: plan.ifname.clone(),
-                ip: Some(ip),
-                // Our own failed ADD: the daemon gave us this IP, nobody else holds it.
+                ip: assigned.ip,
+                // Our own failed ADD: the daemon gave us these addresses, nobody else holds them.
                 ip_free: true,
+                ipv6: assigned.ipv6,
+                ipv6_free: true,
                 host_veth: None,
                 created_host_veth: Some(plan.host_veth.clone()),
             };
@@ -155,14 +179,15 @@ pub(super) async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniErr
                     for e in &cleanup {
                         tracing::warn!("cleaning up after failed wiring: {e}");
                     }
-                    let released = release(&mut client, conf, rt, keep, Some(ip)).await;
+                    let released =
+                        release(&mut client, conf, rt, keep, assigned.ip, assigned.ipv6).await;
                     let mut cni = netns_to_cni(err);
                     if cni.code == ErrorCode::CheckFailed {
                         cni.code = ErrorCode::WiringFailed;
                     }
                     cni.details = match released {
-                        Ok(_) => format!("{ip} was released"),
-                        Err(e) => format!("releasing {ip} failed too: {e}"),
+                        Ok(_) => format!("{what} was released"),
+                        Err(e) => format!("releasing {what} failed too: {e}"),
                     };
                     return Err(cni);
                 }
@@ -181,7 +206,10 @@ pub(super) async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniErr
         netns: netns_path,
         pod,
         sticky_key,
-        ip,
+        // The cache format has one IPv4 field; an IPv6-only attachment records 0.0.0.0 there (never
+        // a pod IP, so the daemon's cache evidence matches no pool address) and its IPv6 lives in
+        // `result`, as the `/128` DEL, CHECK and GC read back ([`CniResult::ipv6_for`]).
+        ip: assigned.ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
         route_table: reply.route_table,
         eni_id: reply.eni_id.clone(),
         host_veth,
@@ -191,9 +219,9 @@ pub(super) async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniErr
         if let (Some(side), Some(teardown)) = (&side, &teardown) {
             wiring::unwire(&side.host, Some(&side.pod), teardown).await;
         }
-        let _ = release(&mut client, conf, rt, keep, Some(ip)).await;
+        let _ = release(&mut client, conf, rt, keep, assigned.ip, assigned.ipv6).await;
         return Err(CniError::new(ErrorCode::IoFailure, e.to_string())
-            .with_details(format!("{ip} was released")));
+            .with_details(format!("{what} was released")));
     }
     Ok(result.to_json(conf.cni_version))
 }

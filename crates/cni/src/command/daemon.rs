@@ -1,7 +1,7 @@
 //! The daemon's side of a command: the connection (with the configuration's socket and deadline)
 //! and the Release call that DEL and a failed ADD share.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use eniipam_api::pb;
 
@@ -19,6 +19,7 @@ pub(super) async fn release(
     rt: &RuntimeEnv,
     sticky: bool,
     cleaning: Option<Ipv4Addr>,
+    cleaning_v6: Option<Ipv6Addr>,
 ) -> Result<pb::ReleaseReply, DaemonError> {
     client
         .release(pb::ReleaseRequest {
@@ -28,7 +29,7 @@ pub(super) async fn release(
             sticky,
             network: conf.name.clone(),
             ip: cleaning.map(|ip| ip.to_string()).unwrap_or_default(),
-            ..Default::default()
+            ipv6: cleaning_v6.map(|ip| ip.to_string()).unwrap_or_default(),
         })
         .await
 }

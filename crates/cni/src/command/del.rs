@@ -1,14 +1,14 @@
 //! DEL: releases the IP and tears the attachment down, from the cache when the daemon cannot answer;
 //! the pod end of the veth pair goes on a thread of its own ([`PodEnd`]). DEL must succeed.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use eniipam_api::AttachmentKey;
 use eniipam_api::cache::ResultCache;
 use eniipam_netlink::{Netlink, NetnsFile};
 
 use super::daemon::{connect, release};
-use super::pod::netns_to_cni;
+use super::pod::{cached_addresses, netns_to_cni};
 use crate::env::RuntimeEnv;
 use crate::netconf::{NetConf, Role};
 use crate::spec::CniError;
@@ -24,11 +24,10 @@ pub(super) async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError>
     let sticky = conf.sticky_key(rt.args.pod.as_ref(), &rt.args).is_some()
         || cached.as_ref().is_some_and(|c| c.sticky_key.is_some());
 
-    // The IP this attachment was wired with, as far as the host knows.
-    let known_ip = cached
-        .as_ref()
-        .map(|c| c.ip)
-        .or_else(|| conf.prev_result.as_ref()?.ipv4_for(&rt.ifname));
+    // The addresses this attachment was wired with, as far as the host knows.
+    let (cached_ip, cached_ipv6) = cached.as_ref().map(cached_addresses).unwrap_or_default();
+    let known_ip = cached_ip.or_else(|| conf.prev_result.as_ref()?.ipv4_for(&rt.ifname));
+    let known_ipv6 = cached_ipv6.or_else(|| conf.prev_result.as_ref()?.ipv6_for(&rt.ifname));
 
     // The pod end of the veth pair goes at once, on a thread of its own: deleting it blocks in the
     // kernel for most of a DEL (RCU grace periods while the pair unregisters), and it needs nothing
@@ -43,23 +42,36 @@ pub(super) async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError>
         Role::Main => Some(PodEnd::start(&key, rt.netns.clone(), rt.ifname.clone())),
         Role::Ipam => None,
     };
-    let (rules_ip, ip_free) = match connect(conf).await {
-        Ok(mut client) => match release(&mut client, conf, rt, sticky, known_ip).await {
-            Ok(reply) if reply.ip_held_by_other => {
-                tracing::info!(
-                    "DEL {key}: {known_ip:?} belongs to another pod now; only this pod's own rule goes"
-                );
-                (known_ip, false)
+    // The IPv6 follows the same rule with its own flag: its stray `/128` host routes go only when
+    // the daemon says no live attachment holds it.
+    let (rules_ip, ip_free, ipv6, ipv6_free) = match connect(conf).await {
+        Ok(mut client) => {
+            match release(&mut client, conf, rt, sticky, known_ip, known_ipv6).await {
+                Ok(reply) => {
+                    if reply.ip_held_by_other || reply.ipv6_held_by_other {
+                        tracing::info!(
+                            "DEL {key}: {known_ip:?} / {known_ipv6:?} belong to another pod now \
+                             (ipv4 {}, ipv6 {}); only this pod's own wiring goes",
+                            reply.ip_held_by_other,
+                            reply.ipv6_held_by_other
+                        );
+                    }
+                    (
+                        known_ip.or_else(|| reply.ip.parse::<Ipv4Addr>().ok()),
+                        !reply.ip_held_by_other,
+                        known_ipv6.or_else(|| reply.ipv6.parse::<Ipv6Addr>().ok()),
+                        !reply.ipv6_held_by_other,
+                    )
+                }
+                Err(e) => {
+                    tracing::warn!("DEL {key}: release failed, tearing down from the cache: {e}");
+                    (known_ip, false, known_ipv6, false)
+                }
             }
-            Ok(reply) => (known_ip.or_else(|| reply.ip.parse::<Ipv4Addr>().ok()), true),
-            Err(e) => {
-                tracing::warn!("DEL {key}: release failed, tearing down from the cache: {e}");
-                (known_ip, false)
-            }
-        },
+        }
         Err(e) => {
             tracing::warn!("DEL {key}: tearing down from the cache: {e}");
-            (known_ip, false)
+            (known_ip, false, known_ipv6, false)
         }
     };
 
@@ -72,6 +84,8 @@ pub(super) async fn del(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniError>
                     ifname: rt.ifname.clone(),
                     ip: rules_ip,
                     ip_free,
+                    ipv6,
+                    ipv6_free,
                     host_veth: cached.as_ref().and_then(|c| c.host_veth.clone()),
                     created_host_veth: None,
                 };

@@ -6,6 +6,7 @@ use eniipam_api::pb;
 use eniipam_netlink::Netlink;
 
 use super::daemon::connect;
+use super::pod::cached_addresses;
 use crate::netconf::NetConf;
 use crate::spec::{CniError, ErrorCode};
 use crate::wiring::{self, Teardown};
@@ -46,7 +47,14 @@ pub(super) async fn gc(conf: &NetConf) -> Result<(), CniError> {
                     .collect(),
                 network: conf.name.clone(),
                 listed_before_ms,
-                cleaning: stale.iter().map(|e| e.ip.to_string()).collect(),
+                cleaning: stale
+                    .iter()
+                    .flat_map(|e| {
+                        let (ip, ipv6) = cached_addresses(e);
+                        [ip.map(|a| a.to_string()), ipv6.map(|a| a.to_string())]
+                    })
+                    .flatten()
+                    .collect(),
             })
             .await
     }
@@ -65,13 +73,18 @@ pub(super) async fn gc(conf: &NetConf) -> Result<(), CniError> {
                 host = Netlink::current().ok();
             }
             if let Some(host) = &host {
-                let ip_free = keep_rules
-                    .as_ref()
-                    .is_some_and(|keep| !keep.contains(&entry.ip.to_string()));
+                let (ip, ipv6) = cached_addresses(&entry);
+                let free = |addr: String| {
+                    keep_rules
+                        .as_ref()
+                        .is_some_and(|keep| !keep.contains(&addr))
+                };
                 let teardown = Teardown {
                     ifname: entry.ifname.clone(),
-                    ip: Some(entry.ip),
-                    ip_free,
+                    ip,
+                    ip_free: ip.is_some_and(|a| free(a.to_string())),
+                    ipv6,
+                    ipv6_free: ipv6.is_some_and(|a| free(a.to_string())),
                     host_veth: Some(veth.clone()),
                     created_host_veth: None,
                 };

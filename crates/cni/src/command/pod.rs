@@ -31,3 +31,15 @@ impl PodSide {
         Ok(Self { ns, host, pod })
     }
 }
+
+/// The addresses a cache entry records: its IPv4 (`0.0.0.0` stands for none, in an IPv6-only
+/// entry) and the IPv6 of the result ADD cached for `ifname`.
+pub(super) fn cached_addresses(
+    entry: &eniipam_api::cache::CacheEntry,
+) -> (Option<std::net::Ipv4Addr>, Option<std::net::Ipv6Addr>) {
+    let ip = Some(entry.ip).filter(|ip| !ip.is_unspecified());
+    let ipv6 = crate::spec::CniResult::from_json(&entry.result)
+        .ok()
+        .and_then(|r| r.ipv6_for(&entry.ifname));
+    (ip, ipv6)
+}

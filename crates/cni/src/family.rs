@@ -1,0 +1,160 @@
+//! The node's IP family as the daemon's `AllocateReply` states it, and the addresses a reply gives
+//! the pod, validated before anything is wired: a reply the plugin cannot wire exactly as it says is
+//! refused whole (and the allocation given back), never wired in part.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use eniipam_api::pb;
+use ipnet::Ipv6Net;
+
+/// What the node hands pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpFamily {
+    /// An IPv4 from the ENI pool (also what an empty `ip_family`, an older daemon, means).
+    V4,
+    /// An IPv6 from the node's `/80`, no IPv4.
+    V6,
+    /// Both.
+    Dual,
+}
+
+impl IpFamily {
+    /// Parses `ip_family` as the daemon sends it.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "" | "ipv4" => Ok(Self::V4),
+            "ipv6" => Ok(Self::V6),
+            "dual" => Ok(Self::Dual),
+            other => Err(format!(
+                "eniipamd answered ip_family {other:?}, which this plugin does not know \
+                 (it wires \"ipv4\", \"ipv6\" and \"dual\"): is the plugin older than the daemon?"
+            )),
+        }
+    }
+
+    /// Whether pods get an IPv4.
+    pub fn has_v4(self) -> bool {
+        matches!(self, Self::V4 | Self::Dual)
+    }
+
+    /// Whether pods get an IPv6.
+    pub fn has_v6(self) -> bool {
+        matches!(self, Self::V6 | Self::Dual)
+    }
+}
+
+/// The addresses of one attachment: at least one of the two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Assigned {
+    /// The family the daemon runs.
+    pub family: IpFamily,
+    /// The IPv4 (`/32`), in `ipv4` and `dual`.
+    pub ip: Option<Ipv4Addr>,
+    /// The IPv6 (`/128`), in `ipv6` and `dual`.
+    pub ipv6: Option<Ipv6Addr>,
+}
+
+impl Assigned {
+    /// Reads an `AllocateReply`: the family must be known, each address it promises must parse, and
+    /// the IPv6 must lie inside the node's `ipv6_prefix` (an address outside it is not routed to this
+    /// node by the VPC, so wiring it would make a pod that silently receives nothing).
+    pub fn from_reply(reply: &pb::AllocateReply) -> Result<Self, String> {
+        let family = IpFamily::parse(&reply.ip_family)?;
+        let ip = if family.has_v4() {
+            Some(reply.ip.parse::<Ipv4Addr>().map_err(|_| {
+                format!(
+                    "eniipamd allocated {:?}, which is not an IPv4 address",
+                    reply.ip
+                )
+            })?)
+        } else {
+            None
+        };
+        let ipv6 = if family.has_v6() {
+            let addr = reply.ipv6.parse::<Ipv6Addr>().map_err(|_| {
+                format!(
+                    "eniipamd allocated IPv6 {:?} (ip_family {:?}), which is not an IPv6 address",
+                    reply.ipv6, reply.ip_family
+                )
+            })?;
+            let prefix = reply.ipv6_prefix.parse::<Ipv6Net>().map_err(|_| {
+                format!(
+                    "eniipamd's ipv6_prefix {:?} is not an IPv6 prefix (like 2600:1f18::a1b2:0:0:0/80)",
+                    reply.ipv6_prefix
+                )
+            })?;
+            if !prefix.contains(&addr) {
+                return Err(format!(
+                    "eniipamd allocated IPv6 {addr}, which is outside the node's prefix {prefix}"
+                ));
+            }
+            Some(addr)
+        } else {
+            None
+        };
+        Ok(Self { family, ip, ipv6 })
+    }
+
+    /// The addresses for messages (`10.0.0.5`, `2600::5`, `10.0.0.5 and 2600::5`).
+    pub fn describe(&self) -> String {
+        match (self.ip, self.ipv6) {
+            (Some(v4), Some(v6)) => format!("{v4} and {v6}"),
+            (Some(v4), None) => v4.to_string(),
+            (None, Some(v6)) => v6.to_string(),
+            (None, None) => "no address".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(family: &str, ip: &str, ipv6: &str) -> pb::AllocateReply {
+        pb::AllocateReply {
+            ip: ip.into(),
+            ipv6: ipv6.into(),
+            ipv6_prefix: "2600:1f18:6d00:100:a1b2::/80".into(),
+            ip_family: family.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_family_yields_its_addresses() {
+        let v4 = Assigned::from_reply(&reply("", "10.0.0.5", "")).unwrap();
+        assert_eq!(v4.family, IpFamily::V4);
+        assert_eq!(v4.ip, Some(Ipv4Addr::new(10, 0, 0, 5)));
+        assert_eq!(v4.ipv6, None);
+        let v6 = Assigned::from_reply(&reply("ipv6", "", "2600:1f18:6d00:100:a1b2::7")).unwrap();
+        assert_eq!(v6.ip, None);
+        assert_eq!(v6.ipv6, Some("2600:1f18:6d00:100:a1b2::7".parse().unwrap()));
+        let dual =
+            Assigned::from_reply(&reply("dual", "10.0.0.5", "2600:1f18:6d00:100:a1b2::7")).unwrap();
+        assert_eq!(dual.describe(), "10.0.0.5 and 2600:1f18:6d00:100:a1b2::7");
+    }
+
+    #[test]
+    fn bad_replies_name_what_is_wrong() {
+        let err = Assigned::from_reply(&reply("ipv7", "10.0.0.5", "")).unwrap_err();
+        assert!(err.contains("\"ipv7\""), "{err}");
+        let err = Assigned::from_reply(&reply("ipv6", "", "not-an-ip")).unwrap_err();
+        assert!(
+            err.contains("\"not-an-ip\"") && err.contains("not an IPv6"),
+            "{err}"
+        );
+        let err =
+            Assigned::from_reply(&reply("ipv6", "", "2600:1f18:6d00:100:ffff::7")).unwrap_err();
+        assert!(
+            err.contains("outside the node's prefix 2600:1f18:6d00:100:a1b2::/80"),
+            "{err}"
+        );
+        let err =
+            Assigned::from_reply(&reply("dual", "", "2600:1f18:6d00:100:a1b2::7")).unwrap_err();
+        assert!(err.contains("not an IPv4"), "{err}");
+        let mut no_prefix = reply("ipv6", "", "2600:1f18:6d00:100:a1b2::7");
+        no_prefix.ipv6_prefix.clear();
+        let err = Assigned::from_reply(&no_prefix).unwrap_err();
+        assert!(err.contains("ipv6_prefix \"\""), "{err}");
+    }
+}
