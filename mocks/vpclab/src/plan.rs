@@ -194,8 +194,12 @@ pub(crate) fn plan(state: &CloudState, vpc_id: &str) -> Result<Plan, LabError> {
             }
         }
         let subnet_v6 = subnets_v6.get(eni.subnet_id.as_str()).copied();
-        let mut addresses_v6: BTreeSet<Ipv6Net> =
-            eni.ipv6_addresses.iter().copied().map(Ipv6Net::from).collect();
+        let mut addresses_v6: BTreeSet<Ipv6Net> = eni
+            .ipv6_addresses
+            .iter()
+            .copied()
+            .map(Ipv6Net::from)
+            .collect();
         addresses_v6.extend(eni.ipv6_prefixes.iter().map(|p| p.trunc()));
         for a in &addresses_v6 {
             if !subnet_v6.is_some_and(|s| s.contains(a)) {

@@ -187,7 +187,13 @@ impl Inner {
                 lines.push(format!("addr add {new}/128 dev {ifname} nodad"));
             }
             ns.ip_batch(&lines).await?;
-            if let Some(l) = self.applied.lock().expect("applied lock").links.get_mut(&eni) {
+            if let Some(l) = self
+                .applied
+                .lock()
+                .expect("applied lock")
+                .links
+                .get_mut(&eni)
+            {
                 l.eth0_v6 = new;
             }
         }

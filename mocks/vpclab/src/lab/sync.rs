@@ -280,7 +280,17 @@ impl Inner {
         self.vpc.ip_batch(&moves).await?;
         for s in &staged {
             let ifname = s.plan.node_ifname();
-            let mut lines = vec![format!("link set {} name {ifname}", s.name)];
+            s.node_ns
+                .ip_batch(&[format!("link set {} name {ifname}", s.name)])
+                .await?;
+            // A node that has been up a while has a usable link-local address on every ENI link;
+            // a fresh link would hold it tentative for a second of duplicate address detection,
+            // during which the kernel cannot solicit the VPC router for forwarded (pod) traffic:
+            // it sends a neighbour solicitation only from a usable link-local address.
+            s.node_ns
+                .write_sysctls(&[(format!("net/ipv6/conf/{ifname}/accept_dad"), "0".into())])
+                .await?;
+            let mut lines = Vec::new();
             if s.plan.is_primary() {
                 lines.extend([
                     format!("link set {ifname} up"),
