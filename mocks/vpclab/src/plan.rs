@@ -356,4 +356,62 @@ mod tests {
         let err = plan(&state(), "vpc-9").expect_err("unknown");
         assert!(err.to_string().contains("no VPC vpc-9"), "{err}");
     }
+
+    fn net6(s: &str) -> Ipv6Net {
+        s.parse().expect("cidr")
+    }
+
+    #[test]
+    fn ipv6_addresses_and_prefixes_are_planned_inside_the_derived_block() {
+        let mut s = state();
+        s.subnets[0].ipv6_cidr = Some(net6("2600:1f18:6d00::/64"));
+        s.subnets[1].ipv6_cidr = Some(net6("2600:1f18:6d00:1::/64"));
+        s.network_interfaces[0].ipv6_addresses = vec![
+            "2600:1f18:6d00::a".parse().expect("ip"),
+            "2600:1f18:6d00::b".parse().expect("ip"),
+        ];
+        s.network_interfaces[0].ipv6_prefixes = vec![net6("2600:1f18:6d00:0:7::/80")];
+        let p = plan(&s, "vpc-1").expect("plan");
+        // mockcloud's dump names no /56: the one holding the subnets' /64s.
+        assert_eq!(p.vpc_ipv6, Some(net6("2600:1f18:6d00::/56")));
+        let eni1 = &p.links["eni-1"];
+        assert_eq!(eni1.subnet_v6, Some(net6("2600:1f18:6d00::/64")));
+        assert_eq!(
+            eni1.addresses_v6,
+            [
+                net6("2600:1f18:6d00::a/128"),
+                net6("2600:1f18:6d00::b/128"),
+                net6("2600:1f18:6d00:0:7::/80")
+            ]
+            .into_iter()
+            .collect()
+        );
+        assert_eq!(
+            eni1.primary_v6,
+            Some("2600:1f18:6d00::a".parse().expect("ip"))
+        );
+        assert!(p.links["eni-5"].addresses_v6.is_empty());
+        assert_eq!(p.links["eni-5"].primary_v6, None);
+
+        // No IPv6 anywhere: no block.
+        assert_eq!(plan(&state(), "vpc-1").expect("plan").vpc_ipv6, None);
+    }
+
+    #[test]
+    fn ipv6_outside_the_subnet_or_the_vpc_block_is_a_clear_error() {
+        let mut s = state();
+        s.network_interfaces[0].ipv6_addresses = vec!["2600:1f18:6d00::a".parse().expect("ip")];
+        let err = plan(&s, "vpc-1").expect_err("subnet without /64");
+        assert!(
+            err.to_string()
+                .contains("ENI eni-1 holds 2600:1f18:6d00::a/128, outside its subnet subnet-a's IPv6 block (none)"),
+            "{err}"
+        );
+
+        let mut s = state();
+        s.subnets[0].ipv6_cidr = Some(net6("2600:1f18:6d00::/64"));
+        s.subnets[1].ipv6_cidr = Some(net6("2600:1f18:6d01::/64"));
+        let err = plan(&s, "vpc-1").expect_err("two /56s");
+        assert!(err.to_string().contains("outside VPC vpc-1's"), "{err}");
+    }
 }

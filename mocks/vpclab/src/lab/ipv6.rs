@@ -161,7 +161,9 @@ impl Inner {
     /// Puts each primary ENI's first IPv6 address on its node's eth0 (`/128`, as DHCPv6 leases
     /// it), and takes the old one off when it changed: the node's DHCPv6 client following EC2.
     pub(super) async fn apply_eth0_v6(&self) -> Result<(), LabError> {
-        let changes: Vec<(String, NetNs, String, Option<Ipv6Addr>, Option<Ipv6Addr>)> = {
+        /// One eth0 whose IPv6 address changed: ENI, node, link name, old and new address.
+        type Change = (String, NetNs, String, Option<Ipv6Addr>, Option<Ipv6Addr>);
+        let changes: Vec<Change> = {
             let a = self.applied.lock().expect("applied lock");
             a.links
                 .iter()
