@@ -58,6 +58,10 @@ pub struct Metrics {
     pub api_server_bound_pods: Gauge,
     /// How long before its ADD each pod was first seen bound to the node (the API-server lookahead).
     pub demand_lead_time: Histogram,
+    /// IPv6 addresses of the node's /80 that pods hold (ipv6 and dual).
+    pub ipv6_assigned: Gauge,
+    /// 1 once the node holds its /80 (ipv6 and dual).
+    pub ipv6_prefixes: Gauge,
     startup_ms: Arc<AtomicU64>,
 }
 
@@ -94,6 +98,8 @@ impl Default for Metrics {
             demand_lead_time: Histogram::new([
                 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0,
             ]),
+            ipv6_assigned: Gauge::default(),
+            ipv6_prefixes: Gauge::default(),
             startup_ms: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -240,6 +246,16 @@ impl Metrics {
             "eniipam_demand_lead_seconds",
             "How long before its CNI ADD a pod was first seen bound to this node (the API-server lookahead counts it as demand from then)",
             self.demand_lead_time.clone(),
+        );
+        reg.register(
+            "eniipam_ipv6_assigned_ips",
+            "IPv6 addresses of the node's /80 that pods hold (ip_family ipv6 or dual)",
+            self.ipv6_assigned.clone(),
+        );
+        reg.register(
+            "eniipam_ipv6_prefixes",
+            "IPv6 /80 prefixes the node holds for pods (1 with ip_family ipv6 or dual, once taken)",
+            self.ipv6_prefixes.clone(),
         );
     }
 }

@@ -128,10 +128,12 @@ impl Fixture {
                     wait: None,
                 },
                 require_preferred: false,
+                prefer6: None,
             })
             .await
             .expect("allocate")
             .allocation
+            .expect("an IPv4 node")
             .ip
     }
 

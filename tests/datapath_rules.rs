@@ -222,6 +222,10 @@ impl FakeImds {
             security_groups: vec![],
             ips: vec![PRIMARY_IP.parse().expect("ip"), Ipv4Addr::new(10, 0, 0, 9)],
             ipv4_prefixes: vec![],
+            ipv6s: vec![],
+            ipv6_prefixes: vec![],
+            subnet_ipv6_cidrs: vec![],
+            vpc_ipv6_cidrs: vec![],
         }
     }
 }

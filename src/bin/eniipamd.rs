@@ -49,6 +49,10 @@ struct Args {
     /// combination is refused with what would fit.
     #[arg(long, requires = "simulate")]
     exhaust: bool,
+    /// With --simulate: which addresses pods get, `ipv4`, `ipv6` (from one /80 the node takes on eth0)
+    /// or `dual` (both); overrides ENIIPAM_IP_FAMILY.
+    #[arg(long, requires = "simulate")]
+    ip_family: Option<String>,
     /// Remove the host rules eniipamd keeps (the nftables table `ip eniipam`, the `fwmark` policy
     /// rule) and exit. For a node eniipam is being removed from: a stopping daemon leaves them in
     /// place so pod egress and NodePort replies survive restarts.
@@ -167,6 +171,7 @@ async fn simulate(args: Args) -> Exit {
         metrics_addr: args.metrics_addr,
         profile: args.profile,
         exhaust: args.exhaust,
+        ip_family: args.ip_family,
     };
     match eniipam::simulate::run(mode, &ProcessEnv).await {
         Ok(()) => Exit::Stopped,

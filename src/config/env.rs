@@ -91,6 +91,7 @@ impl DaemonConfig {
         if let Some(v) = get("security_groups") {
             self.security_groups = comma_list(&v).map(str::to_owned).collect();
         }
+        set!(ip_family, "ipv4, ipv6 or dual");
         set!(warm_policy, "adaptive or fixed");
         set!(min_idle, "a whole number");
         set!(max_idle, "a whole number");

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cloud::limiter::{BucketConfig, LimiterConfig, RateLimitConfig};
 use crate::host::{HostRulesConfig, Snat, SnatPorts};
+use crate::ipv6::IpFamily;
 use crate::pool::PoolConfig;
 use crate::pool::config::WarmPolicy;
 use crate::reconcile::api_server::ApiServerTarget;
@@ -111,6 +112,9 @@ pub struct DaemonConfig {
     pub subnet_ids: Vec<String>,
     /// Security groups for new ENIs (default: eth0's).
     pub security_groups: Vec<String>,
+    /// Which addresses pods get: `ipv4` (default: from the ENI pool), `ipv6` (from one /80 the node
+    /// takes on eth0 at startup; no IPv4 pool) or `dual` (both). The VPC CNI's `ENABLE_IPV6`.
+    pub ip_family: IpFamily,
     /// How the warm pool's level is chosen: `adaptive` (default: learned from the node's pod starts
     /// and bursts, within `min_idle ..= max_idle`) or `fixed` (top up below `min_idle` to halfway
     /// to `max_idle`, give back above `max_idle`).
@@ -245,6 +249,7 @@ impl Default for DaemonConfig {
             subnet_id: None,
             subnet_ids: Vec::new(),
             security_groups: Vec::new(),
+            ip_family: IpFamily::Ipv4,
             warm_policy: pool.warm_policy,
             min_idle: pool.min_idle,
             max_idle: pool.max_idle,
@@ -390,8 +395,22 @@ impl DaemonConfig {
         }
     }
 
-    /// The pool's knobs.
+    /// The pool's knobs. With `ip_family = ipv6` pods take no IPv4, so the pool is held empty: fixed
+    /// warm levels of zero, eth0's secondaries not used (any left from an earlier life are given back),
+    /// and no ENI created (nothing ever asks it for an IP).
     pub fn pool_config(&self) -> PoolConfig {
+        if self.ip_family == IpFamily::Ipv6 {
+            return PoolConfig {
+                warm_policy: WarmPolicy::Fixed,
+                min_idle: 0,
+                max_idle: 0,
+                minimum_ips: 0,
+                use_primary_eni: false,
+                ip_stick_time: Duration::from_secs(self.ip_stick_time_secs),
+                add_wait: Duration::from_secs(self.add_wait_secs),
+                ..PoolConfig::default()
+            };
+        }
         PoolConfig {
             warm_policy: self.warm_policy,
             min_idle: self.min_idle,

@@ -9,6 +9,13 @@ impl DaemonConfig {
         if self.cluster_name.len() > 128 || self.cluster_name.contains(char::is_whitespace) {
             return Err(invalid("cluster_name", "at most 128 characters, no spaces"));
         }
+        if self.ip_family == crate::ipv6::IpFamily::Ipv6 && self.prefix_delegation {
+            return Err(invalid(
+                "prefix_delegation",
+                "applies to the IPv4 pool, and with ip_family = ipv6 pods take no IPv4: turn it off, or use \
+                 ip_family = dual",
+            ));
+        }
         if self.min_idle > self.max_idle {
             return Err(invalid(
                 "min_idle",

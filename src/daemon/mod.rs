@@ -22,6 +22,7 @@ mod clients;
 mod collectors;
 mod demand;
 mod host;
+mod ipv6;
 mod reconciler;
 pub mod run;
 mod serve;
@@ -89,6 +90,9 @@ pub enum DaemonError {
     Config(String),
     #[error("Kubernetes API server: {0}")]
     ApiServer(#[from] api_server::ApiServerError),
+    /// The node's IPv6 /80 could not be taken.
+    #[error("IPv6 prefix: {0}")]
+    Ipv6(String),
 }
 
 /// A running daemon.
@@ -150,13 +154,22 @@ impl Daemon {
         let metrics_addr = serve_metrics(&config, &clients, &mut b).await?;
         let (store, state_lost) = open_store(&config).await?;
         // Every EC2 call until the pool starts is the startup's.
-        let (node, (seed, report, vpc_cidrs)) = with_purpose(Purpose::Startup, async {
+        let (node, (seed, report, vpc_cidrs), ipv6) = with_purpose(Purpose::Startup, async {
             let node = patiently("node discovery", || discover_node(&config, &clients)).await?;
             let rebuilt = patiently("rebuild", || {
                 rebuild(&config, &clients, &node, (&store, state_lost), &b.metrics)
             })
             .await?;
-            Ok::<_, DaemonError>((node, rebuilt))
+            let ipv6 = if config.ip_family.has_ipv6() {
+                let p = patiently("IPv6 prefix", || {
+                    ipv6::take_prefix(&config, &clients, &node, (&store, state_lost), &b.metrics)
+                })
+                .await?;
+                Some((config.ip_family, p))
+            } else {
+                None
+            };
+            Ok::<_, DaemonError>((node, rebuilt, ipv6))
         })
         .await?;
         let pool = Pool::start(
@@ -185,15 +198,17 @@ impl Daemon {
         if !config.cluster_name.is_empty() {
             spawn_leak_collector(&config, &clients, &node, &mut b);
         }
-        let ipam = Ipam::new(
+        let ipam = Ipam::with_family(
             pool.clone(),
+            ipv6,
             store.clone(),
             b.ready.clone(),
             vpc_cidrs,
             b.metrics.clone(),
         );
         let api_server = spawn_api_server_gc(&config, &mut b)?;
-        if let Some(a) = &api_server {
+        // The lookahead warms IPv4 for pods bound here: none with ip_family = ipv6.
+        if let Some(a) = api_server.as_ref().filter(|_| config.ip_family.has_ipv4()) {
             b.background
                 .push(spawn_lookahead_on(a, &pool, &b.metrics, b.cancel.clone()));
         }

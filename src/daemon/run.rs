@@ -9,7 +9,7 @@ use std::path::Path;
 use super::{CloudClients, Daemon, DaemonError};
 use crate::cloud::CloudError;
 use crate::config::{ConfigError, DaemonConfig, Env};
-use crate::host::prepare::{self, PrepareError, Prepared};
+use crate::host::prepare::{self, Ipv6Forwarding, PrepareError, Prepared};
 use crate::host::{RulesError, TABLE};
 
 /// Why a mode of `eniipamd` failed.
@@ -90,23 +90,22 @@ pub async fn wait_for_signal() -> Result<(), ModeError> {
     Ok(())
 }
 
-/// What `--prepare-host` did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HostPrepared {
-    /// Nothing needs a loose `rp_filter` with this configuration.
-    NothingToDo,
-    /// The primary interface, prepared.
-    Primary(Prepared),
+/// What `--prepare-host` did: the primary interface's `rp_filter` (when the configuration needs a
+/// loose one) and IPv6 forwarding (with `ip_family` ipv6 or dual).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostPrepared {
+    pub rp_filter: Option<Prepared>,
+    pub ipv6: Option<Ipv6Forwarding>,
 }
 
 impl std::fmt::Display for HostPrepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::NothingToDo => f.write_str(
-                "nothing to prepare (manage_eni_routes is off, or external_snat is on and node_port_support \
-                 off): rp_filter left as it is",
-            ),
-            Self::Primary(p) => write!(
+        match &self.rp_filter {
+            None => f.write_str(
+                "rp_filter left as it is (manage_eni_routes is off, or external_snat is on and \
+                 node_port_support off)",
+            )?,
+            Some(p) => write!(
                 f,
                 "{} (primary interface): rp_filter {}",
                 p.ifname,
@@ -115,18 +114,40 @@ impl std::fmt::Display for HostPrepared {
                 } else {
                     "already not strict, left as it is"
                 }
-            ),
+            )?,
         }
+        if let Some(v6) = &self.ipv6 {
+            write!(
+                f,
+                "; IPv6 forwarding {}, {}'s accept_ra {}",
+                if v6.forwarding_changed {
+                    "turned on"
+                } else {
+                    "already on"
+                },
+                v6.ifname,
+                if v6.accept_ra_changed {
+                    "set to 2"
+                } else {
+                    "already 2"
+                }
+            )?;
+        }
+        Ok(())
     }
 }
 
 /// `--prepare-host`: the primary interface (found by eth0's MAC from IMDS) gets `rp_filter` 2
 /// (loose) when it is 1 (strict), when the configuration needs it. SNAT needs a loose rp_filter as
-/// much as NodePort support does (issue 23): see `HostRulesConfig::needs_loose_rp_filter`.
+/// much as NodePort support does (issue 23): see `HostRulesConfig::needs_loose_rp_filter`. With
+/// `ip_family` ipv6 or dual, IPv6 forwarding goes on, keeping the primary interface's router
+/// advertisements ([`prepare::enable_ipv6_forwarding`]).
 pub async fn prepare_host(file: Option<&Path>, env: &dyn Env) -> Result<HostPrepared, ModeError> {
     let config = DaemonConfig::load(file, env)?;
-    if !(config.manage_eni_routes && config.host_rules_config().needs_loose_rp_filter()) {
-        return Ok(HostPrepared::NothingToDo);
+    let rp = config.manage_eni_routes && config.host_rules_config().needs_loose_rp_filter();
+    let v6 = config.ip_family.has_ipv6();
+    if !rp && !v6 {
+        return Ok(HostPrepared::default());
     }
     let step = async {
         let clients = CloudClients::from_config(&config, None)
@@ -138,11 +159,20 @@ pub async fn prepare_host(file: Option<&Path>, env: &dyn Env) -> Result<HostPrep
             .await
             .map_err(PrepareStep::Identity)?
             .mac;
-        Ok::<_, PrepareStep>(prepare::loosen_primary_rp_filter(&mac).await?)
+        let mut done = HostPrepared::default();
+        if rp {
+            done.rp_filter = Some(prepare::loosen_primary_rp_filter(&mac).await?);
+        }
+        if v6 {
+            let ifname = prepare::primary_ifname(&mac).await?;
+            done.ipv6 = Some(prepare::enable_ipv6_forwarding(
+                Path::new("/proc/sys"),
+                &ifname,
+            )?);
+        }
+        Ok::<_, PrepareStep>(done)
     };
-    step.await
-        .map(HostPrepared::Primary)
-        .map_err(ModeError::Prepare)
+    step.await.map_err(ModeError::Prepare)
 }
 
 /// What `--uninstall-host-rules` removed.

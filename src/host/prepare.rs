@@ -19,6 +19,72 @@ pub enum PrepareError {
         #[source]
         source: std::io::Error,
     },
+    /// Writing an IPv6 sysctl failed.
+    #[error("setting {path}")]
+    Ipv6Sysctl {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What [`enable_ipv6_forwarding`] changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ipv6Forwarding {
+    pub ifname: String,
+    /// The primary interface's `accept_ra` was set to 2 (it was not).
+    pub accept_ra_changed: bool,
+    /// `net.ipv6.conf.all.forwarding` was set to 1 (it was not).
+    pub forwarding_changed: bool,
+}
+
+/// IPv6 pods (ip_family ipv6 or dual) need the node to forward IPv6 between the pods' veths and the
+/// primary interface: `net.ipv6.conf.all.forwarding = 1`. A forwarding interface ignores router
+/// advertisements unless its `accept_ra` is 2, and on EC2 the node's own IPv6 default route comes
+/// from the VPC router's advertisements on the primary interface: so `accept_ra = 2` there first, then
+/// forwarding on (the order the VPC CNI's init container uses too). `sys` is `/proc/sys` (a test gives
+/// a directory of its own). Changes only what differs; returns what it changed.
+pub fn enable_ipv6_forwarding(
+    sys: &std::path::Path,
+    ifname: &str,
+) -> Result<Ipv6Forwarding, PrepareError> {
+    if ifname.is_empty() || ifname == "." || ifname == ".." || ifname.contains('/') {
+        return Err(PrepareError::Ipv6Sysctl {
+            path: format!("net/ipv6/conf/{ifname}/accept_ra"),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{ifname:?} is not an interface name"),
+            ),
+        });
+    }
+    let set = |rel: String, want: &str| -> Result<bool, PrepareError> {
+        let path = sys.join(&rel);
+        let err = |source| PrepareError::Ipv6Sysctl {
+            path: path.display().to_string(),
+            source,
+        };
+        let now = std::fs::read_to_string(&path).map_err(err)?;
+        if now.trim() == want {
+            return Ok(false);
+        }
+        std::fs::write(&path, want).map_err(err)?;
+        Ok(true)
+    };
+    let accept_ra_changed = set(format!("net/ipv6/conf/{ifname}/accept_ra"), "2")?;
+    let forwarding_changed = set("net/ipv6/conf/all/forwarding".to_owned(), "1")?;
+    Ok(Ipv6Forwarding {
+        ifname: ifname.to_owned(),
+        accept_ra_changed,
+        forwarding_changed,
+    })
+}
+
+/// The primary interface's name: the link with eth0's MAC.
+pub async fn primary_ifname(mac: &str) -> Result<String, PrepareError> {
+    Ok(HostRules::new(Nft::default())?
+        .primary_link(mac)
+        .await?
+        .name)
 }
 
 /// The primary interface as prepared: its name, and whether its `rp_filter` was changed (it was 1,
@@ -51,4 +117,39 @@ pub async fn loosen_primary_rp_filter(mac: &str) -> Result<Prepared, PrepareErro
 /// survive restarts: this is for a node eniipam is being removed from.
 pub async fn uninstall_host_rules(connmark: u32) -> Result<Uninstalled, RulesError> {
     HostRules::new(Nft::default())?.uninstall(connmark).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv6_forwarding_keeps_router_advertisements_and_changes_only_what_differs() {
+        let sys = std::env::temp_dir().join(format!("eniipam-sys-{}", std::process::id()));
+        let eth = sys.join("net/ipv6/conf/ens5");
+        let all = sys.join("net/ipv6/conf/all");
+        std::fs::create_dir_all(&eth).unwrap();
+        std::fs::create_dir_all(&all).unwrap();
+        std::fs::write(eth.join("accept_ra"), "1\n").unwrap();
+        std::fs::write(all.join("forwarding"), "0\n").unwrap();
+        let done = enable_ipv6_forwarding(&sys, "ens5").unwrap();
+        assert!(done.accept_ra_changed && done.forwarding_changed);
+        assert_eq!(std::fs::read_to_string(eth.join("accept_ra")).unwrap(), "2");
+        assert_eq!(
+            std::fs::read_to_string(all.join("forwarding")).unwrap(),
+            "1"
+        );
+        let again = enable_ipv6_forwarding(&sys, "ens5").unwrap();
+        assert!(!again.accept_ra_changed && !again.forwarding_changed);
+        // A name that is not an interface, or one the kernel does not have: an error naming it.
+        assert!(
+            enable_ipv6_forwarding(&sys, "../x")
+                .unwrap_err()
+                .to_string()
+                .contains("accept_ra")
+        );
+        let e = enable_ipv6_forwarding(&sys, "ens9").unwrap_err();
+        assert!(e.to_string().contains("ens9/accept_ra"), "{e}");
+        std::fs::remove_dir_all(&sys).unwrap();
+    }
 }

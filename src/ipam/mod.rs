@@ -9,10 +9,14 @@
 //! - **Sticky reservations**: the pool decides them ([`Released::reservation`]); the file records
 //!   exactly what the pool reserved.
 //!
+//! - **Families**: with `ip_family = ipv6` a pod's address comes from the node's /80 (`crate::ipv6`),
+//!   with `dual` from both: the IPv4 first, then the IPv6, each recorded before the answer; an IPv6
+//!   that fails undoes a new IPv4. A release releases both under the attachment's lock (`ipv6.rs`).
+//!
 //! It speaks domain types only; `rpc` converts protobuf to and from them.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -20,6 +24,7 @@ use ipnet::Ipv4Net;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::clock::{to_unix_ms, unix_ms_now};
+use crate::ipv6::{IpFamily, Ipv6Error, Ipv6Pool};
 use crate::metrics::Metrics;
 use crate::model::AttachmentKey;
 use crate::pool::snapshot::IpState;
@@ -27,6 +32,9 @@ use crate::pool::{Acquire, Allocation, Pool, PoolError, PoolSnapshot};
 use crate::store::{Store, StoreError};
 
 mod drift;
+mod ipv6;
+
+pub use ipv6::Allocated6;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +45,9 @@ pub enum IpamError {
     /// The pool refused.
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// The node's /80 refused (a preferred IPv6 address that is not free).
+    #[error(transparent)]
+    Ipv6(#[from] Ipv6Error),
     /// The change could not be recorded durably (and was undone).
     #[error("cannot record the change durably: {0}")]
     Record(#[source] StoreError),
@@ -57,22 +68,27 @@ pub struct AllocateRequest {
     pub acquire: Acquire,
     /// Fail rather than fall back when `acquire.prefer` is not available.
     pub require_preferred: bool,
+    /// An IPv6 address the caller would like (ipv6 and dual), under the same rule.
+    pub prefer6: Option<Ipv6Addr>,
 }
 
-/// What a successful allocation returns.
+/// What a successful allocation returns: the IPv4 (ipv4 and dual) and the IPv6 (ipv6 and dual).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocated {
-    pub allocation: Allocation,
+    pub family: IpFamily,
+    pub allocation: Option<Allocation>,
+    pub ipv6: Option<Allocated6>,
     /// The policy-routing table of the IP's ENI; 0 for the primary ENI (main table).
     pub route_table: u32,
     pub vpc_cidrs: Vec<Ipv4Net>,
 }
 
-/// What a release did.
+/// What a release did: the addresses released (an attachment holds one of each family at most).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Released {
-    pub ip: Ipv4Addr,
-    /// The sticky reservation the pool made: the key and until when (unix ms).
+    pub ip: Option<Ipv4Addr>,
+    pub ipv6: Option<Ipv6Addr>,
+    /// The sticky reservation made: the key and until when (unix ms).
     pub reservation: Option<(String, u64)>,
 }
 
@@ -115,6 +131,8 @@ pub struct Ipam {
 
 struct Inner {
     pool: Pool,
+    family: IpFamily,
+    ipv6: Option<Arc<Ipv6Pool>>,
     store: Store,
     ready: Arc<AtomicBool>,
     vpc_cidrs: Vec<Ipv4Net>,
@@ -130,9 +148,29 @@ impl Ipam {
         vpc_cidrs: Vec<Ipv4Net>,
         metrics: Metrics,
     ) -> Self {
+        Self::with_family(pool, None, store, ready, vpc_cidrs, metrics)
+    }
+
+    /// The service for a node whose pods get IPv6 too (`ipv6`: the node's /80; `None`: ipv4 only).
+    /// With an /80 and `pool` held empty (`config.pool_config`), pods get IPv6 alone; whether
+    /// they get IPv4 too is the family's: `dual` when the pool serves pods.
+    pub fn with_family(
+        pool: Pool,
+        ipv6: Option<(IpFamily, Arc<Ipv6Pool>)>,
+        store: Store,
+        ready: Arc<AtomicBool>,
+        vpc_cidrs: Vec<Ipv4Net>,
+        metrics: Metrics,
+    ) -> Self {
+        let (family, ipv6) = match ipv6 {
+            Some((family, p)) if family.has_ipv6() => (family, Some(p)),
+            _ => (IpFamily::Ipv4, None),
+        };
         Self {
             inner: Arc::new(Inner {
                 pool,
+                family,
+                ipv6,
                 store,
                 ready,
                 vpc_cidrs,
@@ -145,6 +183,16 @@ impl Ipam {
     /// The pool.
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
+    }
+
+    /// Which addresses pods get.
+    pub fn family(&self) -> IpFamily {
+        self.inner.family
+    }
+
+    /// The node's /80 (ipv6 and dual).
+    pub fn ipv6(&self) -> Option<&Arc<Ipv6Pool>> {
+        self.inner.ipv6.as_ref()
     }
 
     /// The state file.
@@ -170,11 +218,46 @@ impl Ipam {
         }
     }
 
-    /// An IP for `req.key`, recorded durably before it is returned.
+    /// An IP for `req.key` (an IPv4, an IPv6 or both, by the node's family), recorded durably
+    /// before it is returned.
     pub async fn allocate(&self, req: AllocateRequest) -> Result<Allocated, IpamError> {
         self.ensure_ready()?;
         let key = &req.acquire.key;
         let _serial = self.inner.locks.lock(key).await;
+        let family = self.inner.family;
+        let mut v4 = None;
+        if family.has_ipv4() {
+            v4 = Some(self.allocate_v4(&req).await?);
+        }
+        let mut v6 = None;
+        if let Some(p) = &self.inner.ipv6 {
+            match self.allocate_v6(p, &req).await {
+                Ok(a) => v6 = Some(a),
+                Err(e) => {
+                    if let Some((_, true)) = &v4 {
+                        // The IPv4 this call made goes back: the pod gets both or neither.
+                        self.release_v4(key, false).await.ok();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let allocation = v4.map(|(a, _)| a);
+        Ok(Allocated {
+            family,
+            route_table: allocation
+                .as_ref()
+                .and_then(|a| crate::model::route_table(a.device_index))
+                .unwrap_or(0),
+            allocation,
+            ipv6: v6,
+            vpc_cidrs: self.inner.vpc_cidrs.clone(),
+        })
+    }
+
+    /// The IPv4 part, under the attachment's lock: the allocation and whether this call made it.
+    async fn allocate_v4(&self, req: &AllocateRequest) -> Result<(Allocation, bool), IpamError> {
+        let key = &req.acquire.key;
         let pool = &self.inner.pool;
         // A repeated ADD finds its allocation in place; only a new one is undone if the record fails.
         let existed = pool.allocation(key).is_some();
@@ -198,11 +281,7 @@ impl Ipam {
             }
             return Err(IpamError::Record(e));
         }
-        Ok(Allocated {
-            route_table: crate::model::route_table(alloc.device_index).unwrap_or(0),
-            allocation: alloc,
-            vpc_cidrs: self.inner.vpc_cidrs.clone(),
-        })
+        Ok((alloc, !existed))
     }
 
     /// Releases `key` (with a sticky reservation when asked) and records it. `None` for an unknown
@@ -216,15 +295,41 @@ impl Ipam {
         self.release_ready(key, sticky).await
     }
 
-    /// The pool and the file agree after every outcome: a release whose record fails is undone (the
-    /// attachment holds its IP again and the caller gets an error, so the runtime retries the DEL),
-    /// rather than leaving an IP idle in the pool and assigned in the file.
+    /// Both families' addresses of `key`, under its lock. An address released and recorded stays
+    /// released if the other family's record then fails: the caller gets the error, the runtime
+    /// retries the DEL, and the retry releases what is left.
     async fn release_ready(
         &self,
         key: &AttachmentKey,
         sticky: bool,
     ) -> Result<Option<Released>, IpamError> {
         let _serial = self.inner.locks.lock(key).await;
+        let mut released = Released {
+            ip: None,
+            ipv6: None,
+            reservation: None,
+        };
+        if let Some((ip, reservation)) = self.release_v4(key, sticky).await? {
+            released.ip = Some(ip);
+            released.reservation = reservation;
+        }
+        if let Some(p) = &self.inner.ipv6
+            && let Some((ip, reservation)) = self.release_v6(p, key, sticky).await?
+        {
+            released.ipv6 = Some(ip);
+            released.reservation = released.reservation.or(reservation);
+        }
+        Ok((released.ip.is_some() || released.ipv6.is_some()).then_some(released))
+    }
+
+    /// The IPv4 part. The pool and the file agree after every outcome: a release whose record fails
+    /// is undone (the attachment holds its IP again and the caller gets an error, so the runtime
+    /// retries the DEL), rather than leaving an IP idle in the pool and assigned in the file.
+    async fn release_v4(
+        &self,
+        key: &AttachmentKey,
+        sticky: bool,
+    ) -> Result<Option<(Ipv4Addr, Option<(String, u64)>)>, IpamError> {
         let Some(released) = self.inner.pool.release(key, sticky)? else {
             return Ok(None);
         };
@@ -250,16 +355,31 @@ impl Ipam {
                 IpamError::Unrecorded(e)
             });
         }
-        Ok(Some(Released {
-            ip: released.ip,
-            reservation,
-        }))
+        Ok(Some((released.ip, reservation)))
     }
 
     /// The allocation of `key`, if it holds an IP.
     pub fn check(&self, key: &AttachmentKey) -> Result<Option<Allocation>, IpamError> {
         self.ensure_ready()?;
         Ok(self.inner.pool.allocation(key))
+    }
+
+    /// The attachment's IPv6 address, if it holds one.
+    pub fn check6(&self, key: &AttachmentKey) -> Result<Option<Ipv6Addr>, IpamError> {
+        self.ensure_ready()?;
+        Ok(self
+            .inner
+            .ipv6
+            .as_ref()
+            .and_then(|p| p.with(|b| b.get(key).map(|h| h.ip))))
+    }
+
+    /// The attachment holding the IPv6 `ip` now, if any.
+    pub fn holder_of6(&self, ip: Ipv6Addr) -> Option<AttachmentKey> {
+        self.inner
+            .ipv6
+            .as_ref()
+            .and_then(|p| p.with(|b| b.holder_of(ip).cloned()))
     }
 
     /// The attachment holding `ip` now, if any (a plugin asks before removing rules of an IP).
@@ -277,18 +397,38 @@ impl Ipam {
     pub async fn garbage_collect(&self, req: &GcRequest) -> Result<Vec<AttachmentKey>, IpamError> {
         self.ensure_ready()?;
         let recorded = self.inner.store.load().await.map_err(IpamError::Record)?;
+        let mut candidates: Vec<(AttachmentKey, String, String, u64)> = recorded
+            .assignments
+            .into_iter()
+            .map(|a| {
+                let key = AttachmentKey::new(a.container_id, a.ifname);
+                (key, a.network, a.ip.to_string(), a.assigned_at_ms)
+            })
+            .collect();
+        if self.inner.ipv6.is_some() {
+            let v6 = self
+                .inner
+                .store
+                .load_ipv6()
+                .await
+                .map_err(IpamError::Record)?;
+            candidates.extend(v6.assignments.into_iter().map(|a| {
+                let key = AttachmentKey::new(a.container_id, a.ifname);
+                (key, a.network, a.ip.to_string(), a.assigned_at_ms)
+            }));
+        }
         let mut released = Vec::new();
-        for a in recorded.assignments {
-            let key = AttachmentKey::new(a.container_id.clone(), a.ifname.clone());
-            if a.network != req.network
+        for (key, network, ip, assigned_at_ms) in candidates {
+            if network != req.network
                 || req.valid.contains(&key)
-                || a.assigned_at_ms >= req.listed_before_ms
+                || assigned_at_ms >= req.listed_before_ms
+                || released.contains(&key)
             {
                 continue;
             }
             if self.release_ready(&key, false).await?.is_some() {
                 self.inner.metrics.gc_released.inc();
-                tracing::info!(attachment = %key, network = %req.network, ip = %a.ip,
+                tracing::info!(attachment = %key, network = %req.network, %ip,
                     "garbage-collected: not in the runtime's valid attachments of its network");
                 released.push(key);
             }

@@ -20,7 +20,7 @@ use ipnet::Ipv6Net;
 use serde::{Deserialize, Serialize};
 
 pub mod book;
-// pub mod prefix; (with the cloud seam's IPv6 calls)
+pub mod prefix;
 
 pub use book::{Book, Grant, Held, Ipv6Error, Meta, Released6, Reservation};
 

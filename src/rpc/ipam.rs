@@ -2,7 +2,7 @@
 //! service's domain types, calls [`crate::ipam::Ipam`], and maps its errors to status codes carrying a
 //! typed [`pb::ErrorReason`].
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -11,6 +11,7 @@ use tonic::{Code, Request, Response, Status};
 
 use super::{API_VERSION, pb};
 use crate::ipam::{AllocateRequest, GcRequest, Ipam, IpamError};
+use crate::ipv6::Ipv6Error;
 use crate::metrics::Metrics;
 use crate::model::{AttachmentKey, PodRef};
 use crate::pool::{Acquire, AttachmentMeta, PoolError};
@@ -70,6 +71,14 @@ pub fn ipam_status(e: &IpamError) -> Status {
             status_with_reason(Code::Unavailable, e.to_string(), pb::ErrorReason::NotReady)
         }
         IpamError::Pool(p) => pool_status(p),
+        IpamError::Ipv6(Ipv6Error::PreferredUnavailable { .. }) => status_with_reason(
+            Code::FailedPrecondition,
+            e.to_string(),
+            pb::ErrorReason::PreferredIpUnavailable,
+        ),
+        IpamError::Ipv6(Ipv6Error::NoPrefix) => {
+            status_with_reason(Code::Unavailable, e.to_string(), pb::ErrorReason::NotReady)
+        }
         IpamError::Record(_) | IpamError::Unrecorded(_) => {
             status_with_reason(Code::Internal, e.to_string(), pb::ErrorReason::Internal)
         }
@@ -122,12 +131,17 @@ impl IpamService {
     ) -> Result<pb::AllocateReply, Status> {
         check_version(r.api_version)?;
         let key = attachment(&r.container_id, &r.ifname)?;
-        let prefer = match r.preferred_ip.as_str() {
-            "" => None,
-            s => Some(
-                s.parse::<Ipv4Addr>()
-                    .map_err(|_| invalid(format!("preferred_ip {s:?} is not an IPv4 address")))?,
-            ),
+        let (prefer, prefer6) = match r.preferred_ip.as_str() {
+            "" => (None, None),
+            s => match s.parse::<IpAddr>() {
+                Ok(IpAddr::V4(ip)) => (Some(ip), None),
+                Ok(IpAddr::V6(ip)) => (None, Some(ip)),
+                Err(_) => {
+                    return Err(invalid(format!(
+                        "preferred_ip {s:?} is not an IPv4 or IPv6 address"
+                    )));
+                }
+            },
         };
         let pod = r.pod.unwrap_or_default();
         let req = AllocateRequest {
@@ -147,21 +161,30 @@ impl IpamService {
                 wait,
             },
             require_preferred: r.require_preferred,
+            prefer6,
         };
         let done = self.ipam.allocate(req).await.map_err(|e| ipam_status(&e))?;
-        let a = &done.allocation;
-        Ok(pb::AllocateReply {
-            ip: a.ip.to_string(),
-            prefix_length: 32,
-            eni_id: a.eni.to_string(),
-            mac: a.mac.clone(),
-            device_index: a.device_index,
-            route_table: done.route_table,
-            subnet_cidr: a.subnet_cidr.to_string(),
-            gateway: a.gateway.to_string(),
-            vpc_cidrs: done.vpc_cidrs.iter().map(|c| c.to_string()).collect(),
+        let mut reply = pb::AllocateReply {
+            ip_family: done.family.to_string(),
             ..Default::default()
-        })
+        };
+        if let Some(a) = &done.allocation {
+            reply.ip = a.ip.to_string();
+            reply.prefix_length = 32;
+            reply.eni_id = a.eni.to_string();
+            reply.mac = a.mac.clone();
+            reply.device_index = a.device_index;
+            reply.route_table = done.route_table;
+            reply.subnet_cidr = a.subnet_cidr.to_string();
+            reply.gateway = a.gateway.to_string();
+            reply.vpc_cidrs = done.vpc_cidrs.iter().map(|c| c.to_string()).collect();
+        }
+        if let Some(v6) = &done.ipv6 {
+            reply.ipv6 = v6.ip.to_string();
+            reply.ipv6_prefix = v6.prefix.to_string();
+            reply.vpc_ipv6_cidrs = v6.vpc_cidrs.iter().map(|c| c.to_string()).collect();
+        }
+        Ok(reply)
     }
 
     async fn release_inner(&self, r: pb::ReleaseRequest) -> Result<pb::ReleaseReply, Status> {
@@ -174,6 +197,13 @@ impl IpamService {
                     .map_err(|_| invalid(format!("ip {s:?} is not an IPv4 address")))?,
             ),
         };
+        let cleaning6 = match r.ipv6.as_str() {
+            "" => None,
+            s => Some(
+                s.parse::<Ipv6Addr>()
+                    .map_err(|_| invalid(format!("ipv6 {s:?} is not an IPv6 address")))?,
+            ),
+        };
         let released = self
             .ipam
             .release(&key, r.sticky)
@@ -182,19 +212,21 @@ impl IpamService {
         let ip_held_by_other = cleaning
             .and_then(|ip| self.ipam.holder_of(ip))
             .is_some_and(|holder| holder != key);
-        Ok(match released {
-            Some(rel) => pb::ReleaseReply {
-                released: true,
-                ip: rel.ip.to_string(),
-                ip_held_by_other,
-                ..Default::default()
-            },
-            None => pb::ReleaseReply {
-                released: false,
-                ip: String::new(),
-                ip_held_by_other,
-                ..Default::default()
-            },
+        let ipv6_held_by_other = cleaning6
+            .and_then(|ip| self.ipam.holder_of6(ip))
+            .is_some_and(|holder| holder != key);
+        let show = |ip: Option<String>| ip.unwrap_or_default();
+        Ok(pb::ReleaseReply {
+            released: released.is_some(),
+            ip: show(released.as_ref().and_then(|r| r.ip).map(|i| i.to_string())),
+            ip_held_by_other,
+            ipv6: show(
+                released
+                    .as_ref()
+                    .and_then(|r| r.ipv6)
+                    .map(|i| i.to_string()),
+            ),
+            ipv6_held_by_other,
         })
     }
 }
@@ -232,25 +264,28 @@ impl pb::ipam_server::Ipam for IpamService {
         check_version(r.api_version)?;
         let key = attachment(&r.container_id, &r.ifname)?;
         let found = self.ipam.check(&key).map_err(|e| ipam_status(&e))?;
-        let reply = match found {
-            None => pb::CheckReply {
-                ok: false,
-                ip: String::new(),
-                message: format!("eniipamd has no IP for {key}"),
-                ..Default::default()
-            },
-            Some(a) if !r.ip.is_empty() && r.ip != a.ip.to_string() => pb::CheckReply {
-                ok: false,
-                ip: a.ip.to_string(),
-                message: format!("{key} holds {} but the runtime expects {}", a.ip, r.ip),
-                ..Default::default()
-            },
-            Some(a) => pb::CheckReply {
-                ok: true,
-                ip: a.ip.to_string(),
-                message: String::new(),
-                ..Default::default()
-            },
+        let found6 = self.ipam.check6(&key).map_err(|e| ipam_status(&e))?;
+        let family = self.ipam.family();
+        let ip = found.as_ref().map(|a| a.ip.to_string()).unwrap_or_default();
+        let ipv6 = found6.map(|i| i.to_string()).unwrap_or_default();
+        let mut problems = Vec::new();
+        if family.has_ipv4() && found.is_none() || family.has_ipv6() && found6.is_none() {
+            problems.push(format!("eniipamd has no {family} address for {key}"));
+        }
+        if !r.ip.is_empty() && !ip.is_empty() && r.ip != ip {
+            problems.push(format!("{key} holds {ip} but the runtime expects {}", r.ip));
+        }
+        if !r.ipv6.is_empty() && !ipv6.is_empty() && r.ipv6 != ipv6 {
+            problems.push(format!(
+                "{key} holds {ipv6} but the runtime expects {}",
+                r.ipv6
+            ));
+        }
+        let reply = pb::CheckReply {
+            ok: problems.is_empty(),
+            ip,
+            message: problems.join("; "),
+            ipv6,
         };
         Ok(Response::new(reply))
     }
@@ -275,13 +310,13 @@ impl pb::ipam_server::Ipam for IpamService {
                 .collect(),
             listed_before_ms: r.listed_before_ms,
         };
-        let cleaning: Vec<(Ipv4Addr, String)> = r
+        let cleaning: Vec<(IpAddr, String)> = r
             .cleaning
             .iter()
             .map(|s| {
-                s.parse::<Ipv4Addr>()
+                s.parse::<IpAddr>()
                     .map(|ip| (ip, s.clone()))
-                    .map_err(|_| invalid(format!("cleaning: {s:?} is not an IPv4 address")))
+                    .map_err(|_| invalid(format!("cleaning: {s:?} is not an IP address")))
             })
             .collect::<Result<_, _>>()?;
         let released = self
@@ -291,7 +326,10 @@ impl pb::ipam_server::Ipam for IpamService {
             .map_err(|e| ipam_status(&e))?;
         let held_by_others = cleaning
             .into_iter()
-            .filter(|(ip, _)| self.ipam.holder_of(*ip).is_some())
+            .filter(|(ip, _)| match ip {
+                IpAddr::V4(ip) => self.ipam.holder_of(*ip).is_some(),
+                IpAddr::V6(ip) => self.ipam.holder_of6(*ip).is_some(),
+            })
             .map(|(_, s)| s)
             .collect();
         Ok(Response::new(pb::GarbageCollectReply {
@@ -324,7 +362,16 @@ impl pb::ipam_server::Ipam for IpamService {
             capacity: s.capacity,
             idle: s.idle,
             assigned: s.assigned,
-            ..Default::default()
+            ip_family: self.ipam.family().to_string(),
+            ipv6_prefix: self
+                .ipam
+                .ipv6()
+                .map(|p| p.prefix().to_string())
+                .unwrap_or_default(),
+            ipv6_assigned: self
+                .ipam
+                .ipv6()
+                .map_or(0, |p| p.with(|b| b.assigned() as u64)),
         }))
     }
 }

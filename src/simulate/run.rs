@@ -29,6 +29,8 @@ pub struct SimulateMode {
     pub profile: String,
     /// Run a churn the node cannot hold, to watch it run out.
     pub exhaust: bool,
+    /// `ipv4`, `ipv6` or `dual`: overrides `ENIIPAM_IP_FAMILY`.
+    pub ip_family: Option<String>,
 }
 
 /// A `--simulate` flag or variable with a bad value.
@@ -63,6 +65,20 @@ pub async fn run(mode: SimulateMode, env: &dyn Env) -> anyhow::Result<()> {
             .context("cannot find a per-user state directory: pass --state-dir")?,
     };
     let mut env_config = DaemonConfig::load(None, env).map_err(|e| BadArgs(e.to_string()))?;
+    if let Some(f) = &mode.ip_family {
+        env_config.ip_family = f
+            .parse()
+            .map_err(|e: String| BadArgs(format!("--ip-family: {e}")))?;
+        env_config.validate().map_err(|e| BadArgs(e.to_string()))?;
+    }
+    if env_config.ip_family == crate::ipv6::IpFamily::Ipv6 && mode.churn > 0.0 {
+        return Err(BadArgs(
+            "--churn drives IPv4 pods (it writes the plugin's IPv4 result cache); with --ip-family ipv6 \
+             there are none: use --ip-family dual, or drive IPv6 pods with the CNI plugin"
+                .to_owned(),
+        )
+        .into());
+    }
     env_config.log_format = LogFormat::Text;
     crate::telemetry::init_logging(env_config.log_format, &env_config.log_level);
     let sim = Simulation::start(SimulationOptions {
@@ -137,6 +153,14 @@ fn print_where(sim: &Simulation) {
     println!("  metrics:  http://{}/metrics", d.metrics_addr);
     println!("  ready:    http://{}/readyz", d.metrics_addr);
     println!("  state:    {}", sim.state_path.display());
+    if let Some(p) = d.ipam().ipv6() {
+        println!(
+            "  ipv6:     {} on {} ({}): pods get addresses of it",
+            p.prefix(),
+            p.eni_id,
+            d.ipam().family()
+        );
+    }
     println!(
         "  mockcloud EC2: {}   control: {}",
         sim.mock.ec2_url(),

@@ -69,9 +69,10 @@ impl Outcome {
             | CloudError::NoFreePrefix { .. } => Outcome::Capacity,
             CloudError::NotFound { .. } => Outcome::NotFound,
             CloudError::Unauthorized { .. } => Outcome::Unauthorized,
-            CloudError::Rejected { .. } | CloudError::Metadata(_) | CloudError::NotOurs { .. } => {
-                Outcome::Rejected
-            }
+            CloudError::Rejected { .. }
+            | CloudError::NoIpv6Cidr { .. }
+            | CloudError::Metadata(_)
+            | CloudError::NotOurs { .. } => Outcome::Rejected,
         }
     }
 

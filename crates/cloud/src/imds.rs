@@ -4,10 +4,12 @@
 //! Paths read, under `/latest/meta-data/`: `instance-id`, `instance-type`,
 //! `placement/availability-zone`, `mac`, `network/interfaces/macs/` and, per MAC, `interface-id`,
 //! `device-number`, `subnet-id`, `vpc-id`, `subnet-ipv4-cidr-block`, `vpc-ipv4-cidr-blocks`,
-//! `security-group-ids`, `local-ipv4s`. Every read is counted and timed in [`CallStats`] as
+//! `security-group-ids`, `local-ipv4s`, `ipv4-prefix`, and IPv6's `ipv6s`, `ipv6-prefix`,
+//! `subnet-ipv6-cidr-blocks`, `vpc-ipv6-cidr-blocks` (each a 404 on an IPv4-only interface, read as
+//! none, as EC2 serves them). Every read is counted and timed in [`CallStats`] as
 //! `imds:<key>` (the MAC is left out of the name to keep the label set small).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_config::imds::client::Client;
 use aws_config::imds::client::error::ImdsError;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::time::Instant;
 
 use super::calls::{CallStats, Outcome};
@@ -133,6 +135,14 @@ impl ImdsMetadata {
             self.get_opt("imds:local-ipv4s", p("local-ipv4s")),
             self.get_opt("imds:ipv4-prefix", p("ipv4-prefix")),
         )?;
+        let (ipv6s, ipv6_prefixes, subnet_ipv6, vpc_ipv6) = tokio::try_join!(
+            self.get_opt("imds:ipv6s", p("ipv6s")),
+            self.get_opt("imds:ipv6-prefix", p("ipv6-prefix")),
+            self.get_opt("imds:subnet-ipv6-cidr-blocks", p("subnet-ipv6-cidr-blocks")),
+            self.get_opt("imds:vpc-ipv6-cidr-blocks", p("vpc-ipv6-cidr-blocks")),
+        )?;
+        // A 404 on any IPv6 key means none: EC2 serves them only when there is something to list.
+        let v6 = |key: &str, doc: Option<String>| (p(key), doc.unwrap_or_default());
         let (Some(id), Some(device), Some(subnet), Some(vpc), Some(subnet_cidr)) =
             (id, device, subnet, vpc, subnet_cidr)
         else {
@@ -160,6 +170,22 @@ impl ImdsMetadata {
                 &p("ipv4-prefix"),
                 prefixes.as_deref().unwrap_or(""),
             )?,
+            ipv6s: {
+                let (path, doc) = v6("ipv6s", ipv6s);
+                parse_lines::<Ipv6Addr>(&path, &doc)?
+            },
+            ipv6_prefixes: {
+                let (path, doc) = v6("ipv6-prefix", ipv6_prefixes);
+                parse_lines::<Ipv6Net>(&path, &doc)?
+            },
+            subnet_ipv6_cidrs: {
+                let (path, doc) = v6("subnet-ipv6-cidr-blocks", subnet_ipv6);
+                parse_lines::<Ipv6Net>(&path, &doc)?
+            },
+            vpc_ipv6_cidrs: {
+                let (path, doc) = v6("vpc-ipv6-cidr-blocks", vpc_ipv6);
+                parse_lines::<Ipv6Net>(&path, &doc)?
+            },
         }))
     }
 }

@@ -17,11 +17,11 @@
 //! not found), never on strings.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use eniipam_api::model::EniId;
@@ -108,6 +108,13 @@ pub struct Eni {
     pub security_groups: Vec<String>,
     pub attachment: Option<EniAttachment>,
     pub tags: BTreeMap<String, String>,
+    /// IPv6 addresses assigned to the ENI (AssignIpv6Addresses without prefixes).
+    #[serde(default)]
+    pub ipv6_addresses: Vec<Ipv6Addr>,
+    /// Delegated IPv6 `/80` prefixes (each counts as one address against the per-ENI limit, as a
+    /// `/28` does).
+    #[serde(default)]
+    pub ipv6_prefixes: Vec<Ipv6Net>,
 }
 
 impl Eni {
@@ -139,6 +146,11 @@ pub struct Subnet {
     pub availability_zone: String,
     pub available_ips: u32,
     pub tags: BTreeMap<String, String>,
+    /// The subnet's associated IPv6 blocks (DescribeSubnets' `ipv6CidrBlockAssociationSet`, the
+    /// `associated` ones only: a block being disassociated gives no more addresses); empty for an
+    /// IPv4-only subnet.
+    #[serde(default)]
+    pub ipv6_cidrs: Vec<Ipv6Net>,
 }
 
 impl Subnet {
@@ -276,6 +288,18 @@ pub struct MetadataEni {
     pub ips: Vec<Ipv4Addr>,
     /// `ipv4-prefix`: delegated `/28` prefixes.
     pub ipv4_prefixes: Vec<Ipv4Net>,
+    /// `ipv6s`: the interface's IPv6 addresses (none: IMDS answers 404, as for an IPv4-only ENI).
+    #[serde(default)]
+    pub ipv6s: Vec<Ipv6Addr>,
+    /// `ipv6-prefix`: delegated IPv6 `/80` prefixes.
+    #[serde(default)]
+    pub ipv6_prefixes: Vec<Ipv6Net>,
+    /// `subnet-ipv6-cidr-blocks`: the subnet's IPv6 blocks (none for an IPv4-only subnet).
+    #[serde(default)]
+    pub subnet_ipv6_cidrs: Vec<Ipv6Net>,
+    /// `vpc-ipv6-cidr-blocks`: the VPC's IPv6 blocks (none for an IPv4-only VPC).
+    #[serde(default)]
+    pub vpc_ipv6_cidrs: Vec<Ipv6Net>,
 }
 
 /// What went wrong talking to the cloud, classified once.
@@ -300,6 +324,13 @@ pub enum CloudError {
     /// still have single addresses.
     #[error("{api}: subnet has no free /28 block for a prefix: {message}")]
     NoFreePrefix { api: String, message: String },
+    /// The ENI's subnet has no IPv6 CIDR block, so EC2 can give it no IPv6 address or prefix
+    /// (`InvalidParameterValue` naming the missing block). Not capacity: no wait fixes it, an
+    /// operator must associate a block with the subnet (or run the node in IPv4).
+    #[error(
+        "{api}: the subnet has no IPv6 CIDR block (associate one with the subnet, or use ip_family ipv4): {message}"
+    )]
+    NoIpv6Cidr { api: String, message: String },
     /// The resource does not exist (`*.NotFound`).
     #[error("{api}: not found ({code}): {message}")]
     NotFound {
@@ -425,6 +456,12 @@ pub trait Cloud: Send + Sync + 'static {
     async fn assign_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Net>>;
     /// UnassignPrivateIpAddresses with Ipv4Prefix.N.
     async fn unassign_prefixes(&self, eni: &EniId, prefixes: &[Ipv4Net]) -> CloudResult<()>;
+    /// AssignIpv6Addresses with Ipv6PrefixCount; returns only the new `/80` prefixes. Like
+    /// [`Cloud::assign_prefixes`], a retry after an ambiguous failure first looks (describe) at what
+    /// the lost attempt assigned, so a retry never leaves an unknown prefix behind.
+    async fn assign_ipv6_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv6Net>>;
+    /// UnassignIpv6Addresses with Ipv6Prefix.N.
+    async fn unassign_ipv6_prefixes(&self, eni: &EniId, prefixes: &[Ipv6Net]) -> CloudResult<()>;
     /// DescribeSubnets with filters (tags included).
     async fn describe_subnets(&self, filter: &SubnetFilter) -> CloudResult<Vec<Subnet>>;
     /// GetSubnetCidrReservations: the subnet's `prefix`-type reservations (kept for prefixes: single

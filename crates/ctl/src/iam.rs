@@ -11,9 +11,10 @@
 //!   on an ENI already tagged for this cluster (the leaked-ENI collector);
 //! - every mutation of an ENI on ENIs tagged `eniipam.io/owner=eniipam` and
 //!   `eniipam.io/cluster=<cluster>`;
-//! - AssignPrivateIpAddresses and UnassignPrivateIpAddresses also on the untagged ENIs of the
-//!   cluster's VPC (`ec2:Vpc`): the node's eth0, created at launch without our tags, serves pods by
-//!   default (`use_primary_eni`). EC2 offers no condition key naming the instance an ENI belongs to,
+//! - AssignPrivateIpAddresses and UnassignPrivateIpAddresses, and their IPv6 twins
+//!   AssignIpv6Addresses and UnassignIpv6Addresses, also on the untagged ENIs of the cluster's VPC
+//!   (`ec2:Vpc`): the node's eth0, created at launch without our tags, serves pods by default
+//!   (`use_primary_eni`), and an IPv6 node's `/80` is delegated to eth0. EC2 offers no condition key naming the instance an ENI belongs to,
 //!   so the VPC is the tightest scope; delete, detach and modify stay on our tagged ENIs only;
 //! - an explicit Deny of every ENI mutation on an ENI tagged for another cluster, which no Allow
 //!   (the VPC one included) can outweigh;
@@ -48,13 +49,25 @@ pub const DESCRIBE_ACTIONS: &[&str] = &[
     "ec2:GetSubnetCidrReservations",
 ];
 
-/// Mutations of an existing ENI eniipamd makes (on its own ENIs only).
+/// Mutations of an existing ENI eniipamd makes (on its own ENIs only). AssignIpv6Addresses and
+/// UnassignIpv6Addresses: the node's `/80` in `ip_family` ipv6 or dual.
 pub const ENI_MUTATIONS: &[&str] = &[
+    "ec2:AssignIpv6Addresses",
     "ec2:AssignPrivateIpAddresses",
     "ec2:AttachNetworkInterface",
     "ec2:DeleteNetworkInterface",
     "ec2:DetachNetworkInterface",
     "ec2:ModifyNetworkInterfaceAttribute",
+    "ec2:UnassignIpv6Addresses",
+    "ec2:UnassignPrivateIpAddresses",
+];
+
+/// What eniipamd does on the untagged ENIs of the cluster's VPC (the node's eth0): assign and
+/// unassign, IPv4 addresses and prefixes, and the IPv6 `/80` that is taken from eth0.
+pub const VPC_ENI_MUTATIONS: &[&str] = &[
+    "ec2:AssignIpv6Addresses",
+    "ec2:AssignPrivateIpAddresses",
+    "ec2:UnassignIpv6Addresses",
     "ec2:UnassignPrivateIpAddresses",
 ];
 
@@ -250,10 +263,7 @@ pub fn policy(cluster: &str, vpc_id: &str, partition: Partition) -> Result<Polic
             ),
             allow(
                 "AssignAndUnassignOnThisVpcsEnis",
-                json!([
-                    "ec2:AssignPrivateIpAddresses",
-                    "ec2:UnassignPrivateIpAddresses"
-                ]),
+                json!(VPC_ENI_MUTATIONS),
                 json!(eni),
                 Some(in_vpc),
             ),
@@ -332,7 +342,7 @@ mod tests {
             }
         }
         let all = actions(&v);
-        assert_eq!(all.len(), 13, "{all:?}");
+        assert_eq!(all.len(), 15, "{all:?}");
         assert!(all.iter().all(|a| a.starts_with("ec2:")));
     }
 
@@ -354,7 +364,9 @@ mod tests {
         assert_eq!(
             vpc["Action"],
             json!([
+                "ec2:AssignIpv6Addresses",
                 "ec2:AssignPrivateIpAddresses",
+                "ec2:UnassignIpv6Addresses",
                 "ec2:UnassignPrivateIpAddresses"
             ])
         );

@@ -26,6 +26,10 @@ pub enum Action {
     AssignIpv4Prefixes,
     /// `unassign_prefixes` (UnassignPrivateIpAddresses with Ipv4Prefix.N). Counted apart.
     UnassignIpv4Prefixes,
+    /// `assign_ipv6_prefixes` (AssignIpv6Addresses with Ipv6PrefixCount).
+    AssignIpv6Prefixes,
+    /// `unassign_ipv6_prefixes` (UnassignIpv6Addresses with Ipv6Prefix.N).
+    UnassignIpv6Prefixes,
     /// GetSubnetCidrReservations.
     GetSubnetCidrReservations,
     CreateTags,
@@ -55,6 +59,8 @@ impl Action {
             Self::UnassignPrivateIpAddresses => "UnassignPrivateIpAddresses",
             Self::AssignIpv4Prefixes => "AssignPrivateIpAddresses(prefix)",
             Self::UnassignIpv4Prefixes => "UnassignPrivateIpAddresses(prefix)",
+            Self::AssignIpv6Prefixes => "AssignIpv6Addresses(prefix)",
+            Self::UnassignIpv6Prefixes => "UnassignIpv6Addresses(prefix)",
             Self::GetSubnetCidrReservations => "GetSubnetCidrReservations",
             Self::CreateTags => "CreateTags",
             Self::MetadataIdentity => "imds:identity",

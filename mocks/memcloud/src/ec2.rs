@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use async_trait::async_trait;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use eniipam_api::model::EniId;
 use eniipam_cloud::{
@@ -91,6 +91,7 @@ impl Cloud for MemoryCloud {
                 availability_zone: s.availability_zone.clone(),
                 available_ips: s.free_count(),
                 tags: BTreeMap::new(),
+                ipv6_cidrs: s.ipv6.iter().map(|b| b.cidr).collect(),
             })
         })
         .await
@@ -197,6 +198,8 @@ impl Cloud for MemoryCloud {
                 security_groups: req.security_groups.clone(),
                 attachment: None,
                 tags: req.tags.clone(),
+                ipv6_addresses: Vec::new(),
+                ipv6_prefixes: Vec::new(),
             };
             st.enis.insert(id.clone(), eni.clone());
             st.client_tokens.insert(req.client_token.clone(), id);
@@ -342,6 +345,7 @@ impl Cloud for MemoryCloud {
                 ));
             }
             let e = st.enis.remove(eni).expect("present: checked above");
+            st.release_ipv6(&e.ipv6_prefixes);
             st.subnet.used.remove(&e.primary_ip);
             for ip in &e.secondary_ips {
                 st.subnet.used.remove(ip);
@@ -451,6 +455,22 @@ impl Cloud for MemoryCloud {
         .await
     }
 
+    async fn assign_ipv6_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv6Net>> {
+        let api = Action::AssignIpv6Prefixes;
+        self.call(api, format!("eni={eni} ipv6_prefix_count={count}"), |st| {
+            st.assign_ipv6_prefixes(api.as_str(), eni, count)
+        })
+        .await
+    }
+
+    async fn unassign_ipv6_prefixes(&self, eni: &EniId, prefixes: &[Ipv6Net]) -> CloudResult<()> {
+        let api = Action::UnassignIpv6Prefixes;
+        self.call(api, format!("eni={eni} ipv6_prefixes={prefixes:?}"), |st| {
+            st.unassign_ipv6_prefixes(api.as_str(), eni, prefixes)
+        })
+        .await
+    }
+
     async fn describe_subnets(&self, filter: &SubnetFilter) -> CloudResult<Vec<Subnet>> {
         let api = Action::DescribeSubnets;
         self.call(api, format!("filter={filter:?}"), |st| {
@@ -469,6 +489,7 @@ impl Cloud for MemoryCloud {
                     availability_zone: s.availability_zone.clone(),
                     available_ips: s.free_count(),
                     tags: BTreeMap::new(),
+                    ipv6_cidrs: s.ipv6.iter().map(|b| b.cidr).collect(),
                 }]
             } else {
                 Vec::new()

@@ -32,6 +32,7 @@ use eniipam_cloud::{
 
 mod action;
 mod ec2;
+mod ipv6;
 mod metadata;
 mod state;
 #[cfg(test)]
@@ -67,6 +68,10 @@ impl MemoryCloud {
             cidr: spec.subnet_cidr,
             availability_zone: spec.availability_zone.clone(),
             used: BTreeSet::new(),
+            ipv6: spec.subnet_ipv6_cidr.map(|cidr| ipv6::MemIpv6 {
+                cidr,
+                held: BTreeSet::new(),
+            }),
         };
         let primary_ip = subnet
             .allocate("RunInstances", 1)
@@ -123,6 +128,8 @@ impl MemoryCloud {
                     delete_on_termination: true,
                 }),
                 tags: BTreeMap::new(),
+                ipv6_addresses: Vec::new(),
+                ipv6_prefixes: Vec::new(),
             },
         );
         (
@@ -274,6 +281,8 @@ impl MemoryCloud {
                 delete_on_termination: true,
             }),
             tags: BTreeMap::new(),
+            ipv6_addresses: Vec::new(),
+            ipv6_prefixes: Vec::new(),
         };
         st.enis.insert(id.clone(), eni);
         id

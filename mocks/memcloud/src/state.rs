@@ -5,13 +5,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use rand::Rng;
 use rand::rngs::StdRng;
 
 use eniipam_api::model::EniId;
 use eniipam_cloud::{CloudError, CloudResult, Eni, InstanceLimits, MetadataEni};
 
+use crate::ipv6::MemIpv6;
 use crate::{Action, CallRecord};
 
 /// The node [`MemoryCloud::with_node`] builds: instance type, limits, subnet.
@@ -30,11 +31,17 @@ pub struct NodeSpec {
     pub limits: InstanceLimits,
     /// Seed of the random generator behind [`MemoryCloud::fail_rate`].
     pub seed: u64,
+    /// The VPC's IPv6 block (`None`: an IPv4-only VPC).
+    pub vpc_ipv6_cidr: Option<Ipv6Net>,
+    /// The subnet's IPv6 /64, from which ENIs take `/80` prefixes (`None`: an IPv4-only subnet).
+    pub subnet_ipv6_cidr: Option<Ipv6Net>,
 }
 
 impl Default for NodeSpec {
-    /// An `m5.large`-like node: 3 ENIs × 10 IPv4 each, in a /24 subnet of 10.0.0.0/16.
+    /// An `m5.large`-like node: 3 ENIs × 10 IPv4 each, in a /24 subnet of 10.0.0.0/16; the VPC
+    /// has a /56 and the subnet a /64 of it, as mockcloud's default world does.
     fn default() -> Self {
+        let (vpc6, subnet6) = crate::ipv6::default_blocks();
         Self {
             cluster_name: "test-cluster".into(),
             instance_id: "i-0123456789abcdef0".into(),
@@ -47,6 +54,8 @@ impl Default for NodeSpec {
             security_groups: vec!["sg-0a1b2c3d".into()],
             limits: InstanceLimits::new(3, 10),
             seed: 0x5eed,
+            vpc_ipv6_cidr: Some(vpc6),
+            subnet_ipv6_cidr: Some(subnet6),
         }
     }
 }
@@ -58,6 +67,8 @@ pub(crate) struct MemSubnet {
     pub(crate) availability_zone: String,
     /// Addresses in use (by our ENIs or taken by "others" through `take_subnet_ips`).
     pub(crate) used: BTreeSet<Ipv4Addr>,
+    /// The subnet's IPv6 block and the `/80`s delegated from it (`None`: IPv4 only).
+    pub(crate) ipv6: Option<MemIpv6>,
 }
 
 impl MemSubnet {
@@ -259,6 +270,10 @@ impl MemoryState {
                 .chain(eni.secondary_ips.iter().copied())
                 .collect(),
             ipv4_prefixes: eni.ipv4_prefixes.clone(),
+            ipv6s: eni.ipv6_addresses.clone(),
+            ipv6_prefixes: eni.ipv6_prefixes.clone(),
+            subnet_ipv6_cidrs: self.subnet.ipv6.iter().map(|b| b.cidr).collect(),
+            vpc_ipv6_cidrs: self.instance.spec.vpc_ipv6_cidr.into_iter().collect(),
         }
     }
 }

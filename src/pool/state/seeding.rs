@@ -104,6 +104,7 @@ impl PoolState {
                     availability_zone: st.node.availability_zone.clone(),
                     available_ips: 0,
                     tags: Default::default(),
+                    ipv6_cidrs: Vec::new(),
                 }))
             });
             let (ips, prefixes) = if serves {

@@ -1,7 +1,7 @@
 //! Releasing allocations whose pod the API server says is gone: the step the running reconcile runs.
 
 use std::collections::{HashMap, HashSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -91,7 +91,8 @@ struct Inner {
 /// One allocation due for release, before the confirming GET.
 struct Due {
     attachment: AttachmentKey,
-    ip: Ipv4Addr,
+    /// Its IPv4 (ipv4, dual) or IPv6 (ipv6), for the logs.
+    ip: IpAddr,
     pod: PodRef,
     /// The pod's network namespace as the plugin reported it at ADD (empty when unknown).
     netns: String,
@@ -132,19 +133,47 @@ impl ApiServerGc {
             return Vec::new();
         }
         let snapshot = ipam.pool().snapshot();
+        // Every attachment that holds an address: the pool's, then the /80's that hold no IPv4
+        // (ip_family ipv6), each with how long it has held it.
+        let mut held: Vec<(AttachmentKey, IpAddr, PodRef, String, Duration)> = snapshot
+            .ips()
+            .filter_map(|ip| match &ip.state {
+                IpState::Assigned {
+                    attachment,
+                    pod,
+                    meta,
+                    held_for,
+                    ..
+                } => Some((
+                    attachment.clone(),
+                    IpAddr::V4(ip.ip),
+                    pod.clone(),
+                    meta.netns.clone(),
+                    *held_for,
+                )),
+                _ => None,
+            })
+            .collect();
+        if let Some(p) = ipam.ipv6() {
+            let now_ms = crate::clock::unix_ms_now();
+            let known: HashSet<AttachmentKey> = held.iter().map(|h| h.0.clone()).collect();
+            p.with(|b| {
+                for (k, h) in b.held().filter(|(k, _)| !known.contains(*k)) {
+                    let held_for = Duration::from_millis(now_ms.saturating_sub(h.assigned_at_ms));
+                    held.push((
+                        k.clone(),
+                        IpAddr::V6(h.ip),
+                        h.pod.clone(),
+                        h.meta.netns.clone(),
+                        held_for,
+                    ));
+                }
+            });
+        }
         let mut assigned = HashSet::new();
         let mut due = Vec::new();
-        for ip in snapshot.ips() {
-            let IpState::Assigned {
-                attachment,
-                pod,
-                meta,
-                held_for,
-                ..
-            } = &ip.state
-            else {
-                continue;
-            };
+        for (attachment, ip, pod, netns, held_for) in &held {
+            let (attachment, pod, held_for) = (attachment, pod, held_for);
             if pod.namespace.is_empty() || pod.name.is_empty() {
                 continue; // no pod identity (IPAM role without K8S_POD_*): never this source's to release
             }
@@ -162,9 +191,9 @@ impl ApiServerGc {
                     {
                         due.push(Due {
                             attachment: attachment.clone(),
-                            ip: ip.ip,
+                            ip: *ip,
                             pod: pod.clone(),
-                            netns: meta.netns.clone(),
+                            netns: netns.clone(),
                         });
                     }
                 }
@@ -252,11 +281,13 @@ pub async fn release_gone_pods(
         };
         match ipam.release_dead(&d.attachment).await {
             Ok(Some(r)) => {
-                tracing::info!(attachment = %d.attachment, ip = %r.ip, pod = %pod_name, uid = %d.pod.uid,
-                    %reason, grace = ?gc.inner.grace,
+                tracing::info!(attachment = %d.attachment, ip = ?r.ip, ipv6 = ?r.ipv6, pod = %pod_name,
+                    uid = %d.pod.uid, %reason, grace = ?gc.inner.grace,
                     "pod is gone from the API server without a CNI DEL: released");
                 gc.inner.metrics.api_server_released.inc();
-                released.push((d.attachment.clone(), r.ip));
+                if let Some(ip) = r.ip {
+                    released.push((d.attachment.clone(), ip));
+                }
             }
             Ok(None) => {} // a DEL released it meanwhile
             Err(e) => {

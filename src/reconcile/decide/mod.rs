@@ -291,6 +291,7 @@ fn adopt_unknown(
                 availability_zone: eni.availability_zone.clone(),
                 available_ips: 0,
                 tags: Default::default(),
+                ipv6_cidrs: Vec::new(),
             });
         drifts.push(Drift::AdoptEni {
             eni: Box::new(eni.clone()),

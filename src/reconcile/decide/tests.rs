@@ -168,6 +168,8 @@ fn ec2_eni(eni: &str, device: u32, ips: &[u8], ours: bool) -> Eni {
             delete_on_termination: true,
         }),
         tags,
+        ipv6_addresses: Vec::new(),
+        ipv6_prefixes: Vec::new(),
     }
 }
 
@@ -439,6 +441,7 @@ fn every_kind_of_drift() {
                         availability_zone: "us-east-1a".into(),
                         available_ips: 0,
                         tags: Default::default(),
+                        ipv6_cidrs: Vec::new(),
                     }),
                     managed: true,
                 }],

@@ -68,6 +68,19 @@ fn refused_permission(message: &str) -> Option<String> {
     (action.contains(':') && !action.is_empty()).then(|| action.to_owned())
 }
 
+/// Whether a refusal's message says the subnet has no IPv6 CIDR block. EC2 has no code of its own
+/// for it (`InvalidParameterValue`, like any bad value), so the message is read, here only: "The
+/// subnet … does not have an IPv6 CIDR block", "… unless the subnet … has an IPv6 CIDR block
+/// associated with it". A prefix outside the subnet's block ("… inside the subnet's IPv6 CIDR
+/// block") is not it.
+fn names_missing_ipv6_cidr(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("ipv6 cidr block")
+        && (m.contains("does not have")
+            || m.contains("has no ipv6")
+            || m.contains("unless the subnet"))
+}
+
 /// The classification of a service error by its `code`, `message` and HTTP `status`.
 pub fn classify_code(api: &str, code: &str, message: &str, status: Option<u16>) -> CloudError {
     let api = api.to_owned();
@@ -81,6 +94,11 @@ pub fn classify_code(api: &str, code: &str, message: &str, status: Option<u16>) 
         "PrivateIpAddressLimitExceeded" => CloudError::IpLimitExceeded { api, message },
         "AttachmentLimitExceeded" => CloudError::AttachmentLimitExceeded { api, message },
         "InsufficientCidrBlocks" => CloudError::NoFreePrefix { api, message },
+        "InvalidParameterValue" | "InvalidParameterCombination"
+            if names_missing_ipv6_cidr(&message) =>
+        {
+            CloudError::NoIpv6Cidr { api, message }
+        }
         "UnauthorizedOperation" => CloudError::Unauthorized {
             permission: refused_permission(&message).unwrap_or_else(|| format!("ec2:{api}")),
             api,
@@ -175,6 +193,28 @@ mod tests {
             CloudError::Rejected { .. }
         ));
         assert!(matches!(c("", None), CloudError::Transient { .. }));
+        // A subnet without IPv6 (mockcloud's words, and EC2's for the same refusal elsewhere) is
+        // its own kind; another bad IPv6 value stays a rejection.
+        for missing in [
+            "The subnet subnet-1 does not have an IPv6 CIDR block: associate one before assigning IPv6 addresses or prefixes.",
+            "Invalid value 'true' for assign-ipv6-address-on-creation. Cannot set assign-ipv6-address-on-creation to true unless the subnet (subnet-1) has an IPv6 CIDR block associated with it.",
+        ] {
+            let e = classify_code(
+                "AssignIpv6Addresses",
+                "InvalidParameterValue",
+                missing,
+                Some(400),
+            );
+            assert!(matches!(e, CloudError::NoIpv6Cidr { .. }), "{e}");
+            assert!(!e.is_capacity() && !e.is_retryable());
+        }
+        let outside = classify_code(
+            "AssignIpv6Addresses",
+            "InvalidParameterValue",
+            "Value (2600::/80) for parameter Ipv6Prefix is invalid. Expected an aligned /80 inside the subnet's IPv6 CIDR block 2600:1f18::/64.",
+            Some(400),
+        );
+        assert!(matches!(outside, CloudError::Rejected { .. }), "{outside}");
         let unauthorized = c("UnauthorizedOperation", Some(403));
         assert!(matches!(unauthorized, CloudError::Unauthorized { .. }));
         // The permission EC2 names, which may be another action's than the call's.

@@ -1,11 +1,13 @@
 //! The SDK's types in domain terms and back: ENIs, statuses, attachments, filters, tags.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use aws_sdk_ec2::types::{Filter, NetworkInterface, NetworkInterfaceStatus, Tag};
+use aws_sdk_ec2::types::{
+    Filter, NetworkInterface, NetworkInterfaceStatus, SubnetCidrBlockStateCode, Tag,
+};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::{
     AttachmentStatus, CloudError, CloudResult, Eni, EniAttachment, EniFilter, EniStatus,
@@ -30,6 +32,31 @@ pub(super) fn parse_prefix(api: &str, s: &str) -> CloudResult<Ipv4Net> {
         .map_err(|_| malformed(api, format!("not an IPv4 prefix: {s:?}")))
 }
 
+pub(super) fn parse_ipv6_prefix(api: &str, s: &str) -> CloudResult<Ipv6Net> {
+    s.parse()
+        .map_err(|_| malformed(api, format!("not an IPv6 prefix: {s:?}")))
+}
+
+pub(super) fn parse_ipv6(api: &str, s: &str) -> CloudResult<Ipv6Addr> {
+    s.parse()
+        .map_err(|_| malformed(api, format!("not an IPv6 address: {s:?}")))
+}
+
+/// The subnet's IPv6 blocks in the `associated` state: one being associated or disassociated
+/// (or failed) gives no addresses. A reply without a state (not EC2's shape) counts as associated.
+fn subnet_ipv6_cidrs(api: &str, s: &aws_sdk_ec2::types::Subnet) -> CloudResult<Vec<Ipv6Net>> {
+    s.ipv6_cidr_block_association_set()
+        .iter()
+        .filter(|a| {
+            a.ipv6_cidr_block_state()
+                .and_then(|st| st.state())
+                .is_none_or(|st| *st == SubnetCidrBlockStateCode::Associated)
+        })
+        .filter_map(|a| a.ipv6_cidr_block())
+        .map(|c| parse_ipv6_prefix(api, c))
+        .collect()
+}
+
 /// An SDK subnet in domain terms.
 pub(super) fn subnet_from_sdk(api: &str, s: &aws_sdk_ec2::types::Subnet) -> CloudResult<Subnet> {
     let id = s.subnet_id().unwrap_or_default();
@@ -47,6 +74,7 @@ pub(super) fn subnet_from_sdk(api: &str, s: &aws_sdk_ec2::types::Subnet) -> Clou
             .and_then(|n| u32::try_from(n).ok())
             .unwrap_or(0),
         tags: tags_from_sdk(s.tags()),
+        ipv6_cidrs: subnet_ipv6_cidrs(api, s)?,
     })
 }
 
@@ -150,6 +178,18 @@ pub(super) fn eni_from_sdk(api: &str, ni: &NetworkInterface) -> CloudResult<Eni>
             .collect(),
         attachment,
         tags: tags_from_sdk(ni.tag_set()),
+        ipv6_addresses: ni
+            .ipv6_addresses()
+            .iter()
+            .filter_map(|a| a.ipv6_address())
+            .map(|a| parse_ipv6(api, a))
+            .collect::<CloudResult<Vec<_>>>()?,
+        ipv6_prefixes: ni
+            .ipv6_prefixes()
+            .iter()
+            .filter_map(|p| p.ipv6_prefix())
+            .map(|p| parse_ipv6_prefix(api, p))
+            .collect::<CloudResult<Vec<_>>>()?,
     })
 }
 

@@ -21,11 +21,11 @@ use std::net::Ipv4Addr;
 use std::sync::Mutex;
 
 use eniipam_api::model::EniId;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::{Eni, MetadataEni};
 
-/// One kind of thing an ENI holds: single addresses or delegated prefixes.
+/// One kind of thing an ENI holds: single addresses, delegated `/28`s or delegated IPv6 `/80`s.
 pub(super) trait Held: Ord + Copy + std::fmt::Debug + Send + Sync + 'static {
     /// This kind on an ENI as EC2 describes it.
     fn of_eni(e: &Eni) -> BTreeSet<Self>;
@@ -62,6 +62,18 @@ impl Held for Ipv4Net {
     }
 }
 
+impl Held for Ipv6Net {
+    fn of_eni(e: &Eni) -> BTreeSet<Self> {
+        e.ipv6_prefixes.iter().copied().collect()
+    }
+    fn of_imds(md: &MetadataEni) -> BTreeSet<Self> {
+        md.ipv6_prefixes.iter().copied().collect()
+    }
+    fn ledger(entry: &mut Entry) -> &mut Ledger<Self> {
+        &mut entry.ipv6_prefixes
+    }
+}
+
 /// What an ENI holds of one kind, and what it gave back since EC2's view was last recorded.
 #[derive(Clone, Debug)]
 pub(super) struct Ledger<T> {
@@ -85,6 +97,7 @@ pub(super) struct Entry {
     pub(super) mac: String,
     ips: Ledger<Ipv4Addr>,
     prefixes: Ledger<Ipv4Net>,
+    ipv6_prefixes: Ledger<Ipv6Net>,
 }
 
 /// Every ENI's holdings (see the module docs).
@@ -106,6 +119,10 @@ impl Holdings {
             },
             prefixes: Ledger {
                 now: Ipv4Net::of_eni(eni),
+                gone: BTreeSet::new(),
+            },
+            ipv6_prefixes: Ledger {
+                now: Ipv6Net::of_eni(eni),
                 gone: BTreeSet::new(),
             },
         };

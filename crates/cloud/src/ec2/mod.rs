@@ -11,7 +11,7 @@
 //!
 //! Calls that EC2 cannot make idempotent themselves are made safe after ambiguous failures
 //! (timeouts and 5xx, where the request may have taken effect), all in `mutate`:
-//! AssignPrivateIpAddresses compares the ENI's IPs with those it had before the first attempt
+//! AssignPrivateIpAddresses (and AssignIpv6Addresses' `/80`s) compares the ENI's IPs with those it had before the first attempt
 //! (known from this client's own calls, `holdings`; read from IMDS first, EC2 only when IMDS
 //! lags), unassign/attach check the ENI's state before retrying, delete takes a later not-found as its
 //! own lost success. CreateNetworkInterface is idempotent through its ClientToken.
@@ -26,7 +26,7 @@ use aws_sdk_ec2::Client;
 use aws_sdk_ec2::types::{
     Filter, InstanceType, NetworkInterfaceAttachmentChanges, ResourceType, TagSpecification,
 };
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 mod classify;
 mod config;
@@ -531,6 +531,50 @@ impl Cloud for Ec2Cloud {
                 .unassign_private_ip_addresses()
                 .network_interface_id(eni.as_str())
                 .set_ipv4_prefixes(Some(gone.clone()))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| classify(API, e))
+        };
+        self.unassign_verified(API, eni, prefixes, send).await
+    }
+
+    async fn assign_ipv6_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv6Net>> {
+        const API: &str = "AssignIpv6Addresses";
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let found = |new: &[Ipv6Net]| {
+            tracing::info!(%eni, prefixes = ?new, "IPv6 prefix assign had succeeded despite the error; not assigning again");
+        };
+        let send = || async {
+            let out = self
+                .client
+                .assign_ipv6_addresses()
+                .network_interface_id(eni.as_str())
+                .ipv6_prefix_count(to_i32(count))
+                .send()
+                .await
+                .map_err(|e| classify(API, e))?;
+            out.assigned_ipv6_prefixes()
+                .iter()
+                .map(|p| parse_ipv6_prefix(API, p))
+                .collect::<CloudResult<Vec<Ipv6Net>>>()
+        };
+        self.assign_counted(API, eni, count, send, found).await
+    }
+
+    async fn unassign_ipv6_prefixes(&self, eni: &EniId, prefixes: &[Ipv6Net]) -> CloudResult<()> {
+        const API: &str = "UnassignIpv6Addresses";
+        if prefixes.is_empty() {
+            return Ok(());
+        }
+        let gone: Vec<String> = prefixes.iter().map(Ipv6Net::to_string).collect();
+        let send = || async {
+            self.client
+                .unassign_ipv6_addresses()
+                .network_interface_id(eni.as_str())
+                .set_ipv6_prefixes(Some(gone.clone()))
                 .send()
                 .await
                 .map(|_| ())

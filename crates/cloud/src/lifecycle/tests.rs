@@ -21,6 +21,8 @@ fn eni(id: &str, device_index: Option<u32>, instance: &str) -> Eni {
             delete_on_termination: true,
         }),
         tags: BTreeMap::new(),
+        ipv6_addresses: Vec::new(),
+        ipv6_prefixes: Vec::new(),
     }
 }
 

@@ -15,7 +15,8 @@ use super::{
 };
 
 /// Every EC2 API eniipam calls: the names [`LimiterConfig::per_api`] accepts.
-pub const EC2_APIS: [&str; 13] = [
+pub const EC2_APIS: [&str; 15] = [
+    "AssignIpv6Addresses",
     "AssignPrivateIpAddresses",
     "AttachNetworkInterface",
     "CreateNetworkInterface",
@@ -28,6 +29,7 @@ pub const EC2_APIS: [&str; 13] = [
     "DetachNetworkInterface",
     "GetSubnetCidrReservations",
     "ModifyNetworkInterfaceAttribute",
+    "UnassignIpv6Addresses",
     "UnassignPrivateIpAddresses",
 ];
 

@@ -1,0 +1,160 @@
+//! IPv6 in the fake, as mockcloud and EC2 have it: the VPC carries a /56 and the subnet a /64 of it
+//! (or none: [`MemoryCloud::disassociate_subnet_ipv6`]), and an ENI takes `/80` prefixes of the
+//! subnet's /64 through [`eniipam_cloud::Cloud::assign_ipv6_prefixes`]. Each `/80` and each IPv6
+//! address counts as one against the per-ENI limit, which is the IPv4 one (the instance type's
+//! `Ipv4AddressesPerInterface`), apart from the IPv4 addresses. All or nothing, with the error
+//! kinds mockcloud's codes classify to.
+
+use std::collections::BTreeSet;
+use std::net::Ipv6Addr;
+
+use ipnet::Ipv6Net;
+
+use eniipam_api::model::EniId;
+use eniipam_cloud::{CloudError, CloudResult, Eni};
+
+use crate::MemoryCloud;
+use crate::state::{MemoryState, eni_not_found};
+
+/// The length of the prefixes EC2 delegates from a subnet's /64.
+pub const IPV6_PREFIX_LEN: u8 = 80;
+
+/// The subnet's IPv6 block and the `/80`s ENIs hold in it.
+#[derive(Clone, Debug)]
+pub(crate) struct MemIpv6 {
+    pub(crate) cidr: Ipv6Net,
+    pub(crate) held: BTreeSet<Ipv6Net>,
+}
+
+impl MemIpv6 {
+    /// The lowest `count` free `/80`s, none covering the block's reserved addresses (the first four
+    /// and the last, as EC2 reserves them: the first and the last `/80` are never delegated), or
+    /// none.
+    fn allocate(&mut self, count: u32) -> Option<Vec<Ipv6Net>> {
+        let free: Vec<Ipv6Net> = self
+            .cidr
+            .subnets(IPV6_PREFIX_LEN)
+            .ok()?
+            .filter(|p| {
+                p.network() != self.cidr.network() && p.broadcast() != self.cidr.broadcast()
+            })
+            .filter(|p| !self.held.contains(p))
+            .take(count as usize)
+            .collect();
+        if free.len() < count as usize {
+            return None;
+        }
+        self.held.extend(free.iter().copied());
+        Some(free)
+    }
+}
+
+/// What an ENI holds against its IPv6 limit: each address and each `/80`.
+fn ipv6_slots(e: &Eni) -> u32 {
+    (e.ipv6_addresses.len() + e.ipv6_prefixes.len()) as u32
+}
+
+impl MemoryState {
+    /// AssignIpv6Addresses with Ipv6PrefixCount, checked in mockcloud's order: the ENI, the
+    /// subnet's block, the per-ENI limit; then all `count` prefixes or none.
+    pub(crate) fn assign_ipv6_prefixes(
+        &mut self,
+        api: &str,
+        eni: &EniId,
+        count: u32,
+    ) -> CloudResult<Vec<Ipv6Net>> {
+        let held = ipv6_slots(self.enis.get(eni).ok_or_else(|| eni_not_found(api, eni))?);
+        let subnet_id = self.subnet.id.clone();
+        let Some(block) = self.subnet.ipv6.as_mut() else {
+            return Err(CloudError::NoIpv6Cidr {
+                api: api.into(),
+                message: format!("the subnet {subnet_id} does not have an IPv6 CIDR block"),
+            });
+        };
+        let per_eni = self.instance.spec.limits.ipv4_per_eni;
+        if held + count > per_eni {
+            return Err(CloudError::IpLimitExceeded {
+                api: api.into(),
+                message: format!(
+                    "{eni} holds {held} IPv6 addresses and prefixes, {count} more would exceed the limit of {per_eni} per interface"
+                ),
+            });
+        }
+        let new = block
+            .allocate(count)
+            .ok_or_else(|| CloudError::NoFreePrefix {
+                api: api.into(),
+                message: format!("subnet {subnet_id} has fewer than {count} free /80 prefixes"),
+            })?;
+        self.eni_mut(api, eni)?
+            .ipv6_prefixes
+            .extend(new.iter().copied());
+        Ok(new)
+    }
+
+    /// UnassignIpv6Addresses with Ipv6Prefix.N: every one held by the ENI, or nothing changes.
+    pub(crate) fn unassign_ipv6_prefixes(
+        &mut self,
+        api: &str,
+        eni: &EniId,
+        prefixes: &[Ipv6Net],
+    ) -> CloudResult<()> {
+        let e = self.eni_mut(api, eni)?;
+        crate::state::remove_all(api, eni, &mut e.ipv6_prefixes, prefixes, "an IPv6 prefix")?;
+        self.release_ipv6(prefixes);
+        Ok(())
+    }
+
+    /// The subnet takes `prefixes` back (unassigned, or their ENI deleted).
+    pub(crate) fn release_ipv6(&mut self, prefixes: &[Ipv6Net]) {
+        if let Some(block) = self.subnet.ipv6.as_mut() {
+            for p in prefixes {
+                block.held.remove(p);
+            }
+        }
+    }
+}
+
+impl MemoryCloud {
+    /// Takes the subnet's IPv6 block away (EC2's DisassociateSubnetCidrBlock), as mockcloud's
+    /// `disassociate_subnet_ipv6_cidr_block` does; refused (`Err` naming the holders) while an ENI
+    /// holds a `/80` of it, as EC2 refuses.
+    pub fn disassociate_subnet_ipv6(&self) -> Result<(), String> {
+        let mut st = self.lock();
+        let holders: Vec<String> = st
+            .enis
+            .values()
+            .filter(|e| !e.ipv6_prefixes.is_empty() || !e.ipv6_addresses.is_empty())
+            .map(|e| e.id.to_string())
+            .collect();
+        if !holders.is_empty() {
+            return Err(format!(
+                "the subnet's IPv6 block is in use by {}",
+                holders.join(", ")
+            ));
+        }
+        st.subnet.ipv6 = None;
+        Ok(())
+    }
+
+    /// The `/80`s the subnet has delegated, to any ENI.
+    pub fn ipv6_prefixes_held(&self) -> BTreeSet<Ipv6Net> {
+        self.lock()
+            .subnet
+            .ipv6
+            .as_ref()
+            .map(|b| b.held.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// The default VPC's /56 and the default subnet's /64 of it (mockcloud's first VPC and first subnet).
+pub(crate) fn default_blocks() -> (Ipv6Net, Ipv6Net) {
+    let vpc: Ipv6Net = "2600:1f18:6d00::/56".parse().expect("valid /56");
+    let subnet = Ipv6Net::new(
+        Ipv6Addr::from(u128::from(vpc.network()) | (1u128 << 64)),
+        64,
+    )
+    .expect("valid /64");
+    (vpc, subnet)
+}

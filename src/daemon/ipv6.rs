@@ -1,0 +1,89 @@
+//! Startup step 4b (ip_family ipv6 or dual): the node's /80 taken or kept, and its address book
+//! rebuilt from the state file, before anything is served.
+
+use std::sync::Arc;
+
+use super::{CloudClients, DaemonError};
+use crate::clock::unix_ms_now;
+use crate::cloud::NodeContext;
+use crate::config::DaemonConfig;
+use crate::ipv6::Ipv6Pool;
+use crate::ipv6::prefix::{self, PrefixError, Taken};
+use crate::metrics::Metrics;
+use crate::store::{Store, StoredIpv6};
+
+/// The /80 on the primary ENI (kept, adopted, or assigned by EC2: see [`prefix::ensure`]) and the
+/// book of the addresses pods hold in it, written back to the state file as rebuilt. A lost state file
+/// starts the book empty and its cursor from the clock, so no address a pod held before is handed
+/// out again.
+pub(super) async fn take_prefix(
+    config: &DaemonConfig,
+    clients: &CloudClients,
+    node: &NodeContext,
+    (store, state_lost): (&Store, bool),
+    metrics: &Metrics,
+) -> Result<Arc<Ipv6Pool>, DaemonError> {
+    let stored = if state_lost {
+        StoredIpv6::default()
+    } else {
+        store.load_ipv6().await?
+    };
+    let instance = clients.cloud.describe_instance(&node.instance_id).await?;
+    let eth0 = instance
+        .enis
+        .iter()
+        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+        .ok_or_else(|| DaemonError::NoPrimaryEni(node.instance_id.clone()))?;
+    let now_ms = unix_ms_now();
+    let family = config.ip_family.to_string();
+    let (taken, how, lost) = prefix::ensure(
+        clients.cloud.as_ref(),
+        eth0,
+        stored.prefix.clone(),
+        &family,
+        now_ms,
+    )
+    .await
+    .map_err(|e| match e {
+        PrefixError::Cloud(c) => DaemonError::Cloud(c),
+        e @ PrefixError::NoSubnetIpv6 { .. } => DaemonError::Config(e.to_string()),
+        e => DaemonError::Ipv6(e.to_string()),
+    })?;
+    if let Some(lost) = &lost {
+        tracing::error!(
+            recorded = %lost.prefix, eni = %lost.eni_id, now = %taken.prefix,
+            pods = stored.assignments.len(),
+            "the /80 on record is gone from the primary ENI (unassigned outside eniipam?): its pods' \
+             IPv6 addresses no longer route; they are forgotten and new pods get addresses of the new /80"
+        );
+    }
+    let vpc_cidrs = clients
+        .metadata
+        .interfaces()
+        .await?
+        .into_iter()
+        .find(|m| m.device_number == 0)
+        .map(|m| m.vpc_ipv6_cidrs)
+        .unwrap_or_default();
+    let stick_ms = config.ip_stick_time_secs.saturating_mul(1000);
+    let (pool, restored) = Ipv6Pool::restore(taken, stored, vpc_cidrs, stick_ms, now_ms);
+    for (ip, why) in &restored.dropped {
+        tracing::warn!(%ip, why, "IPv6 row of the state file dropped at startup");
+    }
+    store.replace_ipv6(restored.state.clone()).await?;
+    metrics.ipv6_prefixes.set(1);
+    metrics
+        .ipv6_assigned
+        .set(restored.state.assignments.len() as i64);
+    tracing::info!(
+        prefix = %pool.prefix(), eni = %pool.eni_id, how = ?how,
+        assigned = restored.state.assignments.len(), reserved = restored.state.reservations.len(),
+        "the node's IPv6 /80 is {}",
+        match how {
+            Taken::Kept => "the one on record",
+            Taken::Adopted => "one the primary ENI already had",
+            Taken::Assigned => "new from EC2",
+        }
+    );
+    Ok(Arc::new(pool))
+}

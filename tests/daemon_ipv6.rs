@@ -1,0 +1,355 @@
+//! Issue 26, the daemon's IPv6 mode: the real daemon, the real AWS SDK, mockcloud enforcing the
+//! shipped IAM policy. One /80 per node taken at startup with one mutating call; pods' addresses from
+//! it with no EC2 call; durable records, sticky StatefulSet addresses and no address handed out twice
+//! across restarts and a lost state file; dual-stack pods get both families and lose both together.
+
+#[path = "daemon_support/mod.rs"]
+mod daemon_support;
+
+use std::collections::BTreeSet;
+use std::net::Ipv6Addr;
+
+use daemon_support::*;
+use eniipam::ipv6::IpFamily;
+use eniipam::rpc::{API_VERSION, pb};
+use ipnet::Ipv6Net;
+use mockcloud::{Config, MockCloud};
+
+async fn mock() -> MockCloud {
+    MockCloud::start(Config {
+        default_instance_type: "c5.4xlarge".into(),
+        ..Config::fast()
+    })
+    .await
+    .unwrap()
+}
+
+fn calls(mock: &MockCloud, action: &str) -> u64 {
+    mock.counters().actions.get(action).map_or(0, |c| c.ok)
+}
+
+/// Every successful mutating call mockcloud answered.
+fn mutating_ok(mock: &MockCloud) -> u64 {
+    mock.counters()
+        .actions
+        .iter()
+        .filter(|(a, _)| !a.starts_with("Describe") && !a.starts_with("Get"))
+        .map(|(_, c)| c.ok)
+        .sum()
+}
+
+fn eth0_prefixes(mock: &MockCloud) -> Vec<Ipv6Net> {
+    let inst = mock.instance(&mock.default_instance().instance_id).unwrap();
+    inst.enis
+        .iter()
+        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+        .unwrap()
+        .ipv6_prefixes
+        .clone()
+}
+
+fn sticky_req(container: &str, pod: &str) -> pb::AllocateRequest {
+    pb::AllocateRequest {
+        sticky_key: format!("default/{pod}"),
+        ..alloc_req(container, pod)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_node_takes_one_slash_80_and_a_100_pod_burst_makes_no_ec2_call() {
+    let mock = mock().await;
+    let dir = TempDir::new("ipv6-burst");
+    let cfg = eniipam::config::DaemonConfig {
+        ip_family: IpFamily::Ipv6,
+        ..config(&mock, &dir.0)
+    };
+    let d = start(cfg).await;
+    assert_eq!(calls(&mock, "AssignIpv6Addresses"), 1, "one /80 at startup");
+    let prefixes = eth0_prefixes(&mock);
+    assert_eq!(prefixes.len(), 1);
+    assert_eq!(prefixes[0].prefix_len(), 80);
+    let before = mutating_ok(&mock);
+
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let socket = d.socket_path.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = client(&socket).await;
+            c.allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+                .await
+                .expect("allocate")
+                .into_inner()
+        }));
+    }
+    let mut seen = BTreeSet::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.ip_family, "ipv6");
+        assert!(r.ip.is_empty(), "no IPv4 in ipv6 mode: {}", r.ip);
+        let ip: Ipv6Addr = r.ipv6.parse().unwrap();
+        assert!(prefixes[0].contains(&ip) && ip != prefixes[0].network());
+        assert_eq!(r.ipv6_prefix, prefixes[0].to_string());
+        assert!(!r.vpc_ipv6_cidrs.is_empty(), "the VPC's /56 from IMDS");
+        assert!(seen.insert(ip), "{ip} handed out twice");
+    }
+    assert_eq!(
+        mutating_ok(&mock) - before,
+        0,
+        "a 100-pod burst made no mutating EC2 call"
+    );
+    assert!(ec2_pod_ips(&mock).is_empty(), "no IPv4 was warmed for pods");
+
+    let mut c = client(&d.socket_path).await;
+    let status = c
+        .status(pb::StatusRequest {
+            api_version: API_VERSION,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            status.ip_family.as_str(),
+            status.ipv6_prefix.as_str(),
+            status.ipv6_assigned
+        ),
+        ("ipv6", prefixes[0].to_string().as_str(), 100)
+    );
+    // Release: the address comes back in the reply; a second DEL is a success that released nothing.
+    let rel = c
+        .release(release_req("c7", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(rel.released && rel.ip.is_empty());
+    let freed: Ipv6Addr = rel.ipv6.parse().unwrap();
+    let again = c
+        .release(release_req("c7", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!again.released && again.ipv6.is_empty());
+    // CHECK knows the pods that hold an address, and not the released one.
+    let check = |container: &str, ipv6: String| pb::CheckRequest {
+        api_version: API_VERSION,
+        container_id: container.into(),
+        ifname: "eth0".into(),
+        network: "eniipam".into(),
+        ipv6,
+        ..Default::default()
+    };
+    let ok = c
+        .check(check("c8", String::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ok.ok && !ok.ipv6.is_empty(), "{}", ok.message);
+    let wrong = c
+        .check(check("c8", freed.to_string()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !wrong.ok && wrong.message.contains("expects"),
+        "{}",
+        wrong.message
+    );
+    let gone = c
+        .check(check("c7", String::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!gone.ok, "{}", gone.message);
+    // A new pod never gets the released address.
+    let next = c
+        .allocate(alloc_req("c100", "p100"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(next.ipv6, freed.to_string());
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_keep_the_slash_80_and_the_pods_and_a_lost_file_never_reissues_an_address() {
+    let mock = mock().await;
+    let dir = TempDir::new("ipv6-restart");
+    let cfg = eniipam::config::DaemonConfig {
+        ip_family: IpFamily::Ipv6,
+        ..config(&mock, &dir.0)
+    };
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let mut held = Vec::new();
+    for i in 0..5 {
+        let r = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+            .await
+            .unwrap();
+        held.push(r.into_inner().ipv6);
+    }
+    let web = c
+        .allocate(sticky_req("w0", "web-0"))
+        .await
+        .unwrap()
+        .into_inner()
+        .ipv6;
+    c.release(release_req("w0", true)).await.unwrap();
+    let plain = c
+        .release(release_req("c4", false))
+        .await
+        .unwrap()
+        .into_inner()
+        .ipv6;
+    d.shutdown().await;
+
+    // Second life, same file: the same /80 (no second assign), the same pods, the sticky pod's address.
+    let d = start(cfg.clone()).await;
+    assert_eq!(calls(&mock, "AssignIpv6Addresses"), 1);
+    let mut c = client(&d.socket_path).await;
+    for (i, ip) in held.iter().enumerate().take(4) {
+        let again = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+            .await
+            .unwrap();
+        assert_eq!(
+            &again.into_inner().ipv6,
+            ip,
+            "a repeated ADD after a restart"
+        );
+    }
+    let back = c
+        .allocate(sticky_req("w1", "web-0"))
+        .await
+        .unwrap()
+        .into_inner()
+        .ipv6;
+    assert_eq!(back, web, "the StatefulSet pod's address waited for it");
+    let fresh = c
+        .allocate(alloc_req("n0", "n0"))
+        .await
+        .unwrap()
+        .into_inner()
+        .ipv6;
+    assert!(!held.contains(&fresh) && fresh != plain);
+    d.shutdown().await;
+
+    // Third life, the file lost: the /80 on eth0 is adopted (no new assign) and the cursor starts
+    // from the clock, past every address handed out before.
+    std::fs::remove_file(&cfg.state_path).unwrap();
+    let d = start(cfg.clone()).await;
+    assert_eq!(
+        calls(&mock, "AssignIpv6Addresses"),
+        1,
+        "the /80 on eth0 adopted"
+    );
+    let mut c = client(&d.socket_path).await;
+    let before: BTreeSet<Ipv6Addr> = held
+        .iter()
+        .chain([&web, &fresh, &plain])
+        .map(|s| s.parse().unwrap())
+        .collect();
+    for i in 0..20 {
+        let r = c
+            .allocate(alloc_req(&format!("m{i}"), &format!("m{i}")))
+            .await
+            .unwrap();
+        let ip: Ipv6Addr = r.into_inner().ipv6.parse().unwrap();
+        assert!(
+            before.iter().all(|b| ip > *b),
+            "{ip} after a lost state file must be past every earlier address"
+        );
+    }
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_pods_get_both_families_and_lose_both_together() {
+    let mock = mock().await;
+    let dir = TempDir::new("ipv6-dual");
+    let cfg = eniipam::config::DaemonConfig {
+        ip_family: IpFamily::Dual,
+        ..config(&mock, &dir.0)
+    };
+    let d = start(cfg).await;
+    let mut c = client(&d.socket_path).await;
+    let r = c
+        .allocate(alloc_req("d0", "d0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.ip_family, "dual");
+    assert!(r.ip.parse::<std::net::Ipv4Addr>().is_ok() && r.ipv6.parse::<Ipv6Addr>().is_ok());
+    assert!(!r.eni_id.is_empty() && !r.gateway.is_empty());
+    assert!(ec2_pod_ips(&mock).contains(&r.ip.parse().unwrap()));
+    let rel = c
+        .release(release_req("d0", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (rel.ip.as_str(), rel.ipv6.as_str()),
+        (r.ip.as_str(), r.ipv6.as_str())
+    );
+    let s = d.ipam().store().load_ipv6().await.unwrap();
+    assert!(s.assignments.is_empty());
+    assert!(
+        d.ipam()
+            .store()
+            .load()
+            .await
+            .unwrap()
+            .assignments
+            .is_empty()
+    );
+    // A preferred IPv6 outside the node's /80 with require_preferred: refused, nothing held.
+    let bad = c
+        .allocate(pb::AllocateRequest {
+            preferred_ip: "2600:1f18:ffff::1".into(),
+            require_preferred: true,
+            ..alloc_req("d1", "d1")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::FailedPrecondition, "{bad}");
+    assert!(
+        d.pool
+            .allocation(&eniipam::model::AttachmentKey::new("d1", "eth0"))
+            .is_none()
+    );
+    let junk = c
+        .allocate(pb::AllocateRequest {
+            preferred_ip: "2600:zz::1".into(),
+            ..alloc_req("d2", "d2")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(junk.code(), tonic::Code::InvalidArgument, "{junk}");
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subnet_without_an_ipv6_block_stops_the_start_with_a_clear_error() {
+    let mock = mock().await;
+    let dir = TempDir::new("ipv6-nosubnet");
+    let cfg = eniipam::config::DaemonConfig {
+        ip_family: IpFamily::Ipv6,
+        ..config(&mock, &dir.0)
+    };
+    let subnet = mock.default_world().unwrap().subnet_id;
+    mock.disassociate_subnet_ipv6_cidr_block(&subnet).unwrap();
+    let clients = eniipam::daemon::CloudClients::from_config(
+        &cfg,
+        Some(aws_sdk_ec2::config::Credentials::new(
+            "a", "b", None, None, "test",
+        )),
+    )
+    .await
+    .unwrap();
+    let err = match eniipam::daemon::Daemon::start_with(cfg, clients).await {
+        Ok(_) => panic!("started without an IPv6 block"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(&subnet) && err.contains("IPv6 CIDR"), "{err}");
+    assert_eq!(calls(&mock, "AssignIpv6Addresses"), 0);
+}
