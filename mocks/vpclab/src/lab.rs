@@ -1,14 +1,15 @@
 //! The lab: its configuration, namespaces and teardown, the node view; submodules hold the fixed
 //! wiring (`gateways`), [`Lab::sync`]'s steps (`sync`), the namespaces beyond the fabric: pods by
-//! hand, IMDS inside a node (`extras`), and what a test reads back: counters, routes (`observe`).
+//! hand, IMDS inside a node (`extras`), what a test reads back: counters, routes (`observe`), and
+//! the IPv6 side of the fabric (`ipv6`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::error::LabError;
 use crate::netns::{self, NetNs};
@@ -104,6 +105,10 @@ pub struct Node {
     pub router: Ipv4Addr,
     /// Its ENIs' links, by device index.
     pub links: Vec<NodeLink>,
+    /// The subnet's IPv6 /64, when it has one.
+    pub subnet_v6: Option<Ipv6Net>,
+    /// eth0's IPv6 address (the primary ENI's first), as of the last sync.
+    pub ipv6: Option<Ipv6Addr>,
 }
 
 impl Node {
@@ -124,6 +129,8 @@ pub struct NodeLink {
     pub primary_ip: Ipv4Addr,
     pub subnet: Ipv4Net,
     pub router: Ipv4Addr,
+    /// The subnet's IPv6 /64, when it has one.
+    pub subnet_v6: Option<Ipv6Net>,
 }
 
 /// A pod plumbed by hand, as the CNI plugin would: its own namespace, a veth whose node end is
@@ -147,6 +154,8 @@ pub struct SyncReport {
     pub links_removed: Vec<String>,
     pub routes_added: Vec<Ipv4Net>,
     pub routes_removed: Vec<Ipv4Net>,
+    pub routes_added_v6: Vec<Ipv6Net>,
+    pub routes_removed_v6: Vec<Ipv6Net>,
 }
 
 impl SyncReport {
@@ -168,6 +177,10 @@ struct LinkRec {
     plan: LinkPlan,
     /// The routes installed for it (and the source/destination check's set).
     routes: BTreeSet<Ipv4Net>,
+    /// The IPv6 routes installed for it (and the check's IPv6 set).
+    routes_v6: BTreeSet<Ipv6Net>,
+    /// The IPv6 address the lab put on the node's eth0 (primary ENIs only).
+    eth0_v6: Option<Ipv6Addr>,
 }
 
 #[derive(Default)]
@@ -177,7 +190,7 @@ struct Applied {
     routers: BTreeSet<Ipv4Addr>,
     public: BTreeSet<Ipv4Addr>,
     /// What the source/destination check was last loaded with: veth → addresses.
-    srcdst: BTreeMap<String, BTreeSet<Ipv4Net>>,
+    srcdst: BTreeMap<String, nft::Held>,
     next_node: u32,
     next_link: u32,
     next_extra: u32,
@@ -238,6 +251,8 @@ struct Inner {
     config: LabConfig,
     vpc_id: String,
     vpc_cidr: Ipv4Net,
+    /// The VPC's IPv6 /56 as of the start (sunk and routed to the EIGW), if it had one.
+    vpc_ipv6: Option<Ipv6Net>,
     vpc: NetNs,
     igw: NetNs,
     internet: NetNs,
@@ -297,8 +312,11 @@ impl Drop for Follower {
 
 mod extras;
 mod gateways;
+mod ipv6;
 mod observe;
 mod sync;
+
+pub use ipv6::{INTERNET_SERVER_V6, POD_GATEWAY_V6, Pod6, VPC_ROUTER_V6};
 
 pub use observe::IgwDrops;
 
@@ -321,12 +339,16 @@ fn sysctls(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Forwarding on, no reverse-path filtering (the gateways and the VPC route asymmetric paths by design).
+/// Forwarding on for both families, no reverse-path filtering (the gateways and the VPC route
+/// asymmetric paths by design), no duplicate address detection (the lab's fixed addresses are
+/// unique by construction; DAD would hold each one tentative for a second).
 fn router_sysctls() -> Vec<(String, String)> {
     sysctls(&[
         ("net/ipv4/ip_forward", "1"),
         ("net/ipv4/conf/all/rp_filter", "0"),
         ("net/ipv4/conf/default/rp_filter", "0"),
+        ("net/ipv6/conf/all/forwarding", "1"),
+        ("net/ipv6/conf/default/accept_dad", "0"),
     ])
 }
 
@@ -352,6 +374,7 @@ impl Lab {
         }
         let state = source.fetch().await?;
         let vpc = state.pick_vpc(config.vpc_id.as_deref())?.clone();
+        let vpc_ipv6 = plan::plan(&state, &vpc.id)?.vpc_ipv6;
         let name = lab_name();
         let spaces = Namespaces {
             made: Mutex::new(Vec::new()),
@@ -372,6 +395,7 @@ impl Lab {
             .write_sysctls(&sysctls(&[
                 ("net/ipv4/conf/all/rp_filter", "0"),
                 ("net/ipv4/conf/default/rp_filter", "0"),
+                ("net/ipv6/conf/default/accept_dad", "0"),
             ]))
             .await?;
         if let Some(nat) = &natgw {
@@ -380,6 +404,10 @@ impl Lab {
         gateways::wire_gateways(&vpc_ns, &igw, &internet, natgw.as_ref(), vpc.cidr).await?;
         vpc_ns.nft(&nft::vpc_base(SINK)).await?;
         igw.nft(&nft::igw_base("to-inet")).await?;
+        if let Some(block) = vpc_ipv6 {
+            ipv6::wire_gateways(&vpc_ns, &igw, &internet, block).await?;
+            igw.nft(&nft::eigw("to-inet")).await?;
+        }
         if let Some(nat) = &natgw {
             nat.nft(&nft::natgw(vpc.cidr, "to-igw")).await?;
         }
@@ -390,6 +418,7 @@ impl Lab {
                 config,
                 vpc_id: vpc.id.clone(),
                 vpc_cidr: vpc.cidr,
+                vpc_ipv6,
                 vpc: vpc_ns,
                 igw,
                 internet,
@@ -453,6 +482,11 @@ impl Lab {
         self.inner.vpc_cidr
     }
 
+    /// The VPC's IPv6 /56, if it had one when the lab started.
+    pub fn vpc_ipv6(&self) -> Option<Ipv6Net> {
+        self.inner.vpc_ipv6
+    }
+
     pub fn egress(&self) -> Egress {
         self.inner.config.egress
     }
@@ -508,9 +542,14 @@ fn node_view(instance_id: &str, rec: &NodeRec, a: &Applied) -> Node {
             primary_ip: l.plan.primary_ip,
             subnet: l.plan.subnet,
             router: plan::subnet_router(l.plan.subnet),
+            subnet_v6: l.plan.subnet_v6,
         })
         .collect();
     links.sort_by_key(|l| (l.network_card_index, l.device_index));
+    let eth0 = a
+        .links
+        .values()
+        .find(|l| l.plan.instance_id == instance_id && l.plan.is_primary());
     Node {
         instance_id: instance_id.to_owned(),
         ns: rec.ns.clone(),
@@ -518,5 +557,7 @@ fn node_view(instance_id: &str, rec: &NodeRec, a: &Applied) -> Node {
         subnet: rec.plan.subnet,
         router: rec.plan.router,
         links,
+        subnet_v6: eth0.and_then(|l| l.plan.subnet_v6),
+        ipv6: eth0.and_then(|l| l.eth0_v6),
     }
 }

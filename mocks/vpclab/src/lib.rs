@@ -15,7 +15,11 @@
 //!   bare, for the daemon to configure;
 //! - an **igw** namespace in front of an **internet** namespace holding [`INTERNET_SERVER`]; the IGW
 //!   passes only addresses with a public IP. [`Egress::NatGateway`] puts a masquerading **natgw**
-//!   namespace between the VPC and the IGW (the private-subnet variant).
+//!   namespace between the VPC and the IGW (the private-subnet variant);
+//! - **IPv6** when the VPC's subnets have /64s: the same router routes every IPv6 address and /80
+//!   prefix to its ENI, answers nodes at [`VPC_ROUTER_V6`], checks IPv6 sources and sinks
+//!   unassigned IPv6 destinations; the igw namespace doubles as an **egress-only internet
+//!   gateway** in front of [`INTERNET_SERVER_V6`] (see `lab/ipv6.rs`).
 //!
 //! [`Lab::sync`] (or [`Lab::follow`] in the background) applies mockcloud's changes: instances
 //! launched or terminated, ENIs attached (the link appears in the node, as EC2 hot-plugs it) or
@@ -47,10 +51,11 @@ pub mod traffic;
 
 pub use error::LabError;
 pub use lab::{
-    Egress, Follower, IMDS_ADDR, INTERNET_SERVER, IgwDrops, Lab, LabConfig, NAT_GATEWAY_PUBLIC_IP,
-    Node, NodeLink, POD_GATEWAY, Pod, SyncReport,
+    Egress, Follower, IMDS_ADDR, INTERNET_SERVER, INTERNET_SERVER_V6, IgwDrops, Lab, LabConfig,
+    NAT_GATEWAY_PUBLIC_IP, Node, NodeLink, POD_GATEWAY, POD_GATEWAY_V6, Pod, Pod6, SyncReport,
+    VPC_ROUTER_V6,
 };
-pub use netns::{Link, NetNs, Route, RouteDst};
+pub use netns::{Link, NetNs, Route, Route6, RouteDst};
 pub use plan::{node_ifname, subnet_router};
 pub use state::{CloudState, StateSource};
 pub use traffic::{EchoError, EchoOptions, EchoReply, EchoServer, PortForward, echo};

@@ -3,13 +3,13 @@
 //! namespace).
 
 use std::fs::File;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use nix::sched::{CloneFlags, setns};
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
@@ -106,6 +106,22 @@ pub struct Route {
 pub enum RouteDst {
     Default,
     Net(Ipv4Net),
+}
+
+/// One IPv6 route of the main table as `ip -j -6 route show` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route6 {
+    /// `None` for the default route.
+    pub dst: Option<Ipv6Net>,
+    pub dev: Option<String>,
+    pub via: Option<Ipv6Addr>,
+}
+
+#[derive(Deserialize)]
+struct JsonRoute6 {
+    dst: String,
+    dev: Option<String>,
+    gateway: Option<Ipv6Addr>,
 }
 
 #[derive(Deserialize)]
@@ -343,6 +359,38 @@ impl NetNs {
             .await?
             .into_iter()
             .find(|l| l.mac.eq_ignore_ascii_case(mac)))
+    }
+
+    /// The IPv6 routes of the main table.
+    pub async fn routes_v6(&self) -> Result<Vec<Route6>, LabError> {
+        let args = ["-j", "-6", "route", "show"];
+        let out = self.ip(&args).await?;
+        let parse_err = |reason: String| LabError::Output {
+            command: format!("ip -n {} {}", self.name, args.join(" ")),
+            reason,
+        };
+        let routes: Vec<JsonRoute6> =
+            serde_json::from_str(&out).map_err(|e| parse_err(e.to_string()))?;
+        routes
+            .into_iter()
+            .map(|r| {
+                let dst = match r.dst.as_str() {
+                    "default" => None,
+                    s if s.contains('/') => Some(
+                        s.parse()
+                            .map_err(|e| parse_err(format!("route destination {s:?}: {e}")))?,
+                    ),
+                    s => Some(Ipv6Net::from(s.parse::<Ipv6Addr>().map_err(|e| {
+                        parse_err(format!("route destination {s:?}: {e}"))
+                    })?)),
+                };
+                Ok(Route6 {
+                    dst,
+                    dev: r.dev,
+                    via: r.gateway,
+                })
+            })
+            .collect()
     }
 
     /// The IPv4 routes of the main table (or of `table` when given).

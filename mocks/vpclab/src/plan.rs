@@ -2,9 +2,9 @@
 //! subnet routers. Pure, so the diffing in [`crate::lab`] rests on something unit-tested.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::error::LabError;
 use crate::state::CloudState;
@@ -13,6 +13,8 @@ use crate::state::CloudState;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
     pub vpc_cidr: Ipv4Net,
+    /// The VPC's IPv6 /56, when it has one.
+    pub vpc_ipv6: Option<Ipv6Net>,
     /// The VPC router address of every subnet (first address + 1), answered by the vpc namespace.
     pub routers: BTreeSet<Ipv4Addr>,
     /// Running instances of the VPC, by instance id.
@@ -38,6 +40,13 @@ pub(crate) struct LinkPlan {
     pub subnet: Ipv4Net,
     /// Primary and secondary IPs as /32s, delegated prefixes as they are.
     pub addresses: BTreeSet<Ipv4Net>,
+    /// The subnet's IPv6 /64, when it has one.
+    pub subnet_v6: Option<Ipv6Net>,
+    /// IPv6 addresses as /128s, delegated /80 prefixes as they are.
+    pub addresses_v6: BTreeSet<Ipv6Net>,
+    /// The first IPv6 address: what the node's DHCPv6 client would put on the link (only the
+    /// primary ENI's is configured by the lab; the daemon configures secondary ENIs).
+    pub primary_v6: Option<Ipv6Addr>,
 }
 
 impl LinkPlan {
@@ -53,6 +62,11 @@ impl LinkPlan {
     pub fn node_ifname(&self) -> String {
         node_ifname(self.network_card_index, self.device_index)
     }
+
+    /// The instance's primary ENI (eth0), which the lab configures as the OS would.
+    pub fn is_primary(&self) -> bool {
+        self.network_card_index == 0 && self.device_index == 0
+    }
 }
 
 /// `eth<device index>` on card 0 (EC2 names them `ens5`, `ens6`… on AL2023; the lab uses the
@@ -63,6 +77,33 @@ pub fn node_ifname(card: u32, device_index: u32) -> String {
     } else {
         format!("eth{card}d{device_index}")
     }
+}
+
+/// The /56 holding a /64 (EC2 gives every VPC a /56 and subnets /64s of it).
+fn vpc_block_of(subnet: Ipv6Net) -> Ipv6Net {
+    Ipv6Net::new(subnet.network(), 56)
+        .expect("56 is a valid length")
+        .trunc()
+}
+
+/// The VPC's IPv6 /56: the one mockcloud names, or the one holding every subnet's /64 (all must
+/// agree), `None` when no subnet has IPv6.
+fn vpc_ipv6(
+    named: Option<Ipv6Net>,
+    vpc_id: &str,
+    subnets: &[(String, Ipv6Net)],
+) -> Result<Option<Ipv6Net>, LabError> {
+    let block = named.or_else(|| subnets.first().map(|(_, c)| vpc_block_of(*c)));
+    if let Some(block) = block {
+        for (id, c) in subnets {
+            if !block.contains(c) {
+                return Err(LabError::CloudState(format!(
+                    "subnet {id}'s IPv6 block {c} is outside VPC {vpc_id}'s {block}"
+                )));
+            }
+        }
+    }
+    Ok(block)
 }
 
 /// The VPC router of a subnet: its network address + 1, as in EC2.
@@ -78,6 +119,20 @@ pub(crate) fn plan(state: &CloudState, vpc_id: &str) -> Result<Plan, LabError> {
         .filter(|s| s.vpc_id == vpc.id)
         .map(|s| (s.id.as_str(), s.cidr))
         .collect();
+    let subnets_v6: BTreeMap<&str, Ipv6Net> = state
+        .subnets
+        .iter()
+        .filter(|s| s.vpc_id == vpc.id)
+        .filter_map(|s| s.ipv6_cidr.map(|c| (s.id.as_str(), c)))
+        .collect();
+    let vpc_ipv6 = vpc_ipv6(
+        vpc.ipv6_cidr,
+        &vpc.id,
+        &subnets_v6
+            .iter()
+            .map(|(id, c)| ((*id).to_owned(), *c))
+            .collect::<Vec<_>>(),
+    )?;
     let routers = subnets.values().map(|c| subnet_router(*c)).collect();
     let subnet_of = |id: &str, what: &str| {
         subnets.get(id).copied().ok_or_else(|| {
@@ -105,6 +160,7 @@ pub(crate) fn plan(state: &CloudState, vpc_id: &str) -> Result<Plan, LabError> {
     }
     let mut links = BTreeMap::new();
     let mut owner: BTreeMap<Ipv4Net, &str> = BTreeMap::new();
+    let mut owner_v6: BTreeMap<Ipv6Net, &str> = BTreeMap::new();
     for eni in state
         .network_interfaces
         .iter()
@@ -137,6 +193,30 @@ pub(crate) fn plan(state: &CloudState, vpc_id: &str) -> Result<Plan, LabError> {
                 )));
             }
         }
+        let subnet_v6 = subnets_v6.get(eni.subnet_id.as_str()).copied();
+        let mut addresses_v6: BTreeSet<Ipv6Net> = eni
+            .ipv6_addresses
+            .iter()
+            .copied()
+            .map(Ipv6Net::from)
+            .collect();
+        addresses_v6.extend(eni.ipv6_prefixes.iter().map(|p| p.trunc()));
+        for a in &addresses_v6 {
+            if !subnet_v6.is_some_and(|s| s.contains(a)) {
+                return Err(LabError::CloudState(format!(
+                    "ENI {} holds {a}, outside its subnet {}'s IPv6 block ({})",
+                    eni.id,
+                    eni.subnet_id,
+                    subnet_v6.map_or("none".to_owned(), |s| s.to_string())
+                )));
+            }
+            if let Some(other) = owner_v6.insert(*a, &eni.id) {
+                return Err(LabError::CloudState(format!(
+                    "{a} is held by both {other} and {}",
+                    eni.id
+                )));
+            }
+        }
         links.insert(
             eni.id.clone(),
             LinkPlan {
@@ -147,11 +227,15 @@ pub(crate) fn plan(state: &CloudState, vpc_id: &str) -> Result<Plan, LabError> {
                 primary_ip: eni.primary_ip,
                 subnet,
                 addresses,
+                subnet_v6,
+                addresses_v6,
+                primary_v6: eni.ipv6_addresses.first().copied(),
             },
         );
     }
     Ok(Plan {
         vpc_cidr: vpc.cidr,
+        vpc_ipv6,
         routers,
         nodes,
         links,
@@ -271,5 +355,63 @@ mod tests {
     fn unknown_vpc_is_a_clear_error() {
         let err = plan(&state(), "vpc-9").expect_err("unknown");
         assert!(err.to_string().contains("no VPC vpc-9"), "{err}");
+    }
+
+    fn net6(s: &str) -> Ipv6Net {
+        s.parse().expect("cidr")
+    }
+
+    #[test]
+    fn ipv6_addresses_and_prefixes_are_planned_inside_the_derived_block() {
+        let mut s = state();
+        s.subnets[0].ipv6_cidr = Some(net6("2600:1f18:6d00::/64"));
+        s.subnets[1].ipv6_cidr = Some(net6("2600:1f18:6d00:1::/64"));
+        s.network_interfaces[0].ipv6_addresses = vec![
+            "2600:1f18:6d00::a".parse().expect("ip"),
+            "2600:1f18:6d00::b".parse().expect("ip"),
+        ];
+        s.network_interfaces[0].ipv6_prefixes = vec![net6("2600:1f18:6d00:0:7::/80")];
+        let p = plan(&s, "vpc-1").expect("plan");
+        // mockcloud's dump names no /56: the one holding the subnets' /64s.
+        assert_eq!(p.vpc_ipv6, Some(net6("2600:1f18:6d00::/56")));
+        let eni1 = &p.links["eni-1"];
+        assert_eq!(eni1.subnet_v6, Some(net6("2600:1f18:6d00::/64")));
+        assert_eq!(
+            eni1.addresses_v6,
+            [
+                net6("2600:1f18:6d00::a/128"),
+                net6("2600:1f18:6d00::b/128"),
+                net6("2600:1f18:6d00:0:7::/80")
+            ]
+            .into_iter()
+            .collect()
+        );
+        assert_eq!(
+            eni1.primary_v6,
+            Some("2600:1f18:6d00::a".parse().expect("ip"))
+        );
+        assert!(p.links["eni-5"].addresses_v6.is_empty());
+        assert_eq!(p.links["eni-5"].primary_v6, None);
+
+        // No IPv6 anywhere: no block.
+        assert_eq!(plan(&state(), "vpc-1").expect("plan").vpc_ipv6, None);
+    }
+
+    #[test]
+    fn ipv6_outside_the_subnet_or_the_vpc_block_is_a_clear_error() {
+        let mut s = state();
+        s.network_interfaces[0].ipv6_addresses = vec!["2600:1f18:6d00::a".parse().expect("ip")];
+        let err = plan(&s, "vpc-1").expect_err("subnet without /64");
+        assert!(
+            err.to_string()
+                .contains("ENI eni-1 holds 2600:1f18:6d00::a/128, outside its subnet subnet-a's IPv6 block (none)"),
+            "{err}"
+        );
+
+        let mut s = state();
+        s.subnets[0].ipv6_cidr = Some(net6("2600:1f18:6d00::/64"));
+        s.subnets[1].ipv6_cidr = Some(net6("2600:1f18:6d01::/64"));
+        let err = plan(&s, "vpc-1").expect_err("two /56s");
+        assert!(err.to_string().contains("outside VPC vpc-1's"), "{err}");
     }
 }

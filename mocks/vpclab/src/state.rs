@@ -3,11 +3,12 @@
 //!
 //! `EniView::ipv4_prefixes` (/28 prefixes) and `AttachmentView::network_card_index` are read when
 //! present and default to none / card 0 when absent, so the lab also reads the state of a mockcloud
-//! built before prefix delegation and network cards.
+//! built before prefix delegation and network cards. The IPv6 fields (a subnet's /64, an ENI's
+//! IPv6 addresses and /80 prefixes, a VPC's /56) likewise default to none: such a VPC has no IPv6.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use mockcloud::MockCloud;
 use serde::Deserialize;
 
@@ -73,6 +74,10 @@ pub struct CloudState {
 pub struct VpcState {
     pub id: String,
     pub cidr: Ipv4Net,
+    /// The VPC's IPv6 /56. mockcloud's dump does not carry it (yet): the plan then takes the /56
+    /// that holds the subnets' /64s, as EC2 gives every VPC a /56.
+    #[serde(default)]
+    pub ipv6_cidr: Option<Ipv6Net>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -80,6 +85,9 @@ pub struct SubnetState {
     pub id: String,
     pub vpc_id: String,
     pub cidr: Ipv4Net,
+    /// The subnet's IPv6 /64, if it has one.
+    #[serde(default)]
+    pub ipv6_cidr: Option<Ipv6Net>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -104,6 +112,13 @@ pub struct EniState {
     /// Delegated /28 prefixes (absent in mockcloud builds without prefix delegation).
     #[serde(default)]
     pub ipv4_prefixes: Vec<Ipv4Net>,
+    /// IPv6 addresses, in assignment order (the first is the primary ENI's address the node's
+    /// eth0 gets, as DHCPv6 would give it).
+    #[serde(default)]
+    pub ipv6_addresses: Vec<Ipv6Addr>,
+    /// Delegated IPv6 /80 prefixes.
+    #[serde(default)]
+    pub ipv6_prefixes: Vec<Ipv6Net>,
     pub attachment: Option<AttachmentState>,
 }
 

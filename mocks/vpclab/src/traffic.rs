@@ -2,11 +2,14 @@
 //! a client whose socket is made inside the namespace. The server answers with the peer address it
 //! saw, so a test observes SNAT: which source a packet had when it arrived.
 //!
+//! Both families: a server bound to `[::]` serves IPv6 (and IPv4, seen as `::ffff:a.b.c.d` peers);
+//! the client's socket takes the server address's family.
+//!
 //! Protocol: the client sends `vpclab-echo <nonce>\n`; the server answers `<peer ip:port> <same
 //! line>\n` and closes.
 
 use std::io::{BufRead, BufReader, Read as _, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -144,8 +147,9 @@ fn answer(conn: std::net::TcpStream, peer: SocketAddr) -> std::io::Result<()> {
 /// How the client connects.
 #[derive(Clone, Debug)]
 pub struct EchoOptions {
-    /// Source address to bind before connecting (it must be an address of the namespace).
-    pub bind: Option<Ipv4Addr>,
+    /// Source address to bind before connecting (it must be an address of the namespace, of the
+    /// server address's family).
+    pub bind: Option<IpAddr>,
     /// For the whole exchange: connect, send, answer.
     pub timeout: Duration,
 }
@@ -210,9 +214,13 @@ pub async fn echo(
     // The socket is made (and bound) inside the namespace; connecting it from this task is fine.
     let socket = ns
         .run_async(move || -> std::io::Result<tokio::net::TcpSocket> {
-            let s = tokio::net::TcpSocket::new_v4()?;
+            let s = if server.is_ipv6() {
+                tokio::net::TcpSocket::new_v6()?
+            } else {
+                tokio::net::TcpSocket::new_v4()?
+            };
             if let Some(ip) = bind {
-                s.bind(SocketAddr::V4(SocketAddrV4::new(ip, 0)))?;
+                s.bind(SocketAddr::new(ip, 0))?;
             }
             Ok(s)
         })

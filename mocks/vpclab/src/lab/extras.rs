@@ -13,22 +13,7 @@ impl Lab {
     /// Plumbs a pod with address `ip` on node `instance_id` (see [`Pod`]). The address is not
     /// assigned in mockcloud: that is the caller's choice.
     pub async fn add_pod(&self, instance_id: &str, ip: Ipv4Addr) -> Result<Pod, LabError> {
-        let (node_ns, idx) = {
-            let mut a = self.inner.applied.lock().expect("applied lock");
-            let ns = a
-                .nodes
-                .get(instance_id)
-                .map(|n| n.ns.clone())
-                .ok_or_else(|| LabError::NotFound(format!("no node for instance {instance_id}")))?;
-            a.next_extra += 1;
-            (ns, a.next_extra)
-        };
-        let ns = self
-            .inner
-            .spaces
-            .create(format!("{}-p{idx}", self.inner.name))
-            .await?;
-        let host_if = format!("vlp{idx}");
+        let (node_ns, ns, host_if) = self.pod_namespace(instance_id).await?;
         let host_mac = random_mac();
         node_ns
             .ip_batch(&[
@@ -62,13 +47,47 @@ impl Lab {
 
     /// Removes a pod made by [`Lab::add_pod`]: its veth, node route and namespace.
     pub async fn remove_pod(&self, pod: &Pod) -> Result<(), LabError> {
+        self.remove_plumbed(&pod.instance_id, &pod.host_if, &pod.ns)
+            .await
+    }
+
+    /// A hand-plumbed pod's node namespace, its own new namespace and the name of its host veth.
+    pub(super) async fn pod_namespace(
+        &self,
+        instance_id: &str,
+    ) -> Result<(NetNs, NetNs, String), LabError> {
+        let (node_ns, idx) = {
+            let mut a = self.inner.applied.lock().expect("applied lock");
+            let ns = a
+                .nodes
+                .get(instance_id)
+                .map(|n| n.ns.clone())
+                .ok_or_else(|| LabError::NotFound(format!("no node for instance {instance_id}")))?;
+            a.next_extra += 1;
+            (ns, a.next_extra)
+        };
+        let ns = self
+            .inner
+            .spaces
+            .create(format!("{}-p{idx}", self.inner.name))
+            .await?;
+        Ok((node_ns, ns, format!("vlp{idx}")))
+    }
+
+    /// Removes a hand-plumbed pod's host veth (its node route goes with it) and namespace.
+    pub(super) async fn remove_plumbed(
+        &self,
+        instance_id: &str,
+        host_if: &str,
+        ns: &NetNs,
+    ) -> Result<(), LabError> {
         // The node end is gone already if the node was; its deletion takes the route with it.
-        if let Some(node) = self.node(&pod.instance_id)
-            && node.ns.links().await?.iter().any(|l| l.name == pod.host_if)
+        if let Some(node) = self.node(instance_id)
+            && node.ns.links().await?.iter().any(|l| l.name == host_if)
         {
-            node.ns.ip(&["link", "del", &pod.host_if]).await?;
+            node.ns.ip(&["link", "del", host_if]).await?;
         }
-        self.inner.spaces.delete(&pod.ns).await
+        self.inner.spaces.delete(ns).await
     }
 
     /// Makes instance `instance_id`'s IMDS reachable inside its node at `http://169.254.169.254`,

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::Lab;
 use crate::error::LabError;
@@ -34,7 +34,7 @@ impl Lab {
             .collect())
     }
 
-    /// Packets the VPC dropped because no ENI holds their destination.
+    /// Packets the VPC dropped because no ENI holds their destination (either family).
     pub async fn unassigned_drops(&self) -> Result<u64, LabError> {
         self.vpc_counters()
             .await?
@@ -62,11 +62,25 @@ impl Lab {
         })
     }
 
+    /// Packets from the internet the egress-only internet gateway dropped: IPv6 that belongs to
+    /// no connection started inside the VPC.
+    pub async fn eigw_drops(&self) -> Result<u64, LabError> {
+        let json = self
+            .inner
+            .igw
+            .nft_json(&["list", "counters", "table", "ip6", nft::EIGW_TABLE])
+            .await?;
+        nft::counters(&json)?
+            .get(nft::EIGW_INGRESS_COUNTER)
+            .copied()
+            .ok_or_else(|| LabError::NotFound("the egress-only gateway lost its counter".into()))
+    }
+
     async fn vpc_counters(&self) -> Result<BTreeMap<String, u64>, LabError> {
         let json = self
             .inner
             .vpc
-            .nft_json(&["list", "counters", "table", "ip", nft::VPC_TABLE])
+            .nft_json(&["list", "counters", "table", "inet", nft::VPC_TABLE])
             .await?;
         nft::counters(&json)
     }
@@ -89,6 +103,28 @@ impl Lab {
                     _ => None,
                 },
             )
+            .collect())
+    }
+
+    /// The IPv6 routes the vpc namespace's kernel holds towards ENIs (addresses as /128s, /80
+    /// prefixes), read back from the kernel: destination → ENI id.
+    pub async fn vpc_routes_v6(&self) -> Result<BTreeMap<Ipv6Net, String>, LabError> {
+        let routes = self.inner.vpc.routes_v6().await?;
+        let a = self.inner.applied.lock().expect("applied lock");
+        let by_vif: BTreeMap<&str, &str> = a
+            .links
+            .iter()
+            .map(|(eni, rec)| (rec.vif.as_str(), eni.as_str()))
+            .collect();
+        Ok(routes
+            .into_iter()
+            .filter_map(|r| {
+                let eni = r.dev.as_deref().and_then(|d| by_vif.get(d))?;
+                // Each veth also has its link-local fe80::/64: not a route the VPC made.
+                r.dst
+                    .filter(|d| !d.network().is_unicast_link_local())
+                    .map(|d| (d, (*eni).to_owned()))
+            })
             .collect())
     }
 }

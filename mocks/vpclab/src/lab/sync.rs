@@ -1,5 +1,6 @@
 //! [`super::Lab::sync`]'s steps: read mockcloud, plan, and apply the difference to nodes, ENI
-//! links, routes, the source/destination check, the subnet routers and the IGW's public set.
+//! links, routes (both families), the source/destination check, the subnet routers, the IGW's
+//! public set and the nodes' eth0 IPv6 addresses.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -41,11 +42,13 @@ impl Inner {
         let staged = self.add_links(&plan, &mut report).await?;
         let vpc_side = async {
             self.apply_routes(&mut report).await?;
+            self.apply_routes_v6(&mut report).await?;
             self.apply_srcdst().await
         }
         .await;
         self.plug_links(staged).await?;
         vpc_side?;
+        self.apply_eth0_v6().await?;
         self.apply_routers(&plan).await?;
         self.apply_public(&plan).await?;
         if !report.is_empty() {
@@ -227,6 +230,8 @@ impl Inner {
                             p.mac
                         ),
                     ]
+                    .into_iter()
+                    .chain(super::ipv6::vif_lines(vif, &p.mac))
                 })
                 .collect();
             self.vpc.ip_batch(&ups).await?;
@@ -251,6 +256,8 @@ impl Inner {
                     vif,
                     plan: p,
                     routes: BTreeSet::new(),
+                    routes_v6: BTreeSet::new(),
+                    eth0_v6: None,
                 },
             );
             report.links_added.push(eni);
@@ -259,7 +266,8 @@ impl Inner {
     }
 
     /// Hot-plugs staged ENI ends into their nodes as `eth<N>`. eth0 is configured as the OS's DHCP
-    /// client would (primary IP with the subnet's prefix, default route via the VPC router);
+    /// client would (primary IP with the subnet's prefix, default route via the VPC router; in an
+    /// IPv6 subnet also the IPv6 routes a router advertisement gives, see `ipv6`);
     /// secondary ENI links stay down and bare: the daemon configures them.
     async fn plug_links(&self, staged: Vec<Staged>) -> Result<(), LabError> {
         if staged.is_empty() {
@@ -272,8 +280,18 @@ impl Inner {
         self.vpc.ip_batch(&moves).await?;
         for s in &staged {
             let ifname = s.plan.node_ifname();
-            let mut lines = vec![format!("link set {} name {ifname}", s.name)];
-            if s.plan.network_card_index == 0 && s.plan.device_index == 0 {
+            s.node_ns
+                .ip_batch(&[format!("link set {} name {ifname}", s.name)])
+                .await?;
+            // A node that has been up a while has a usable link-local address on every ENI link;
+            // a fresh link would hold it tentative for a second of duplicate address detection,
+            // during which the kernel cannot solicit the VPC router for forwarded (pod) traffic:
+            // it sends a neighbour solicitation only from a usable link-local address.
+            s.node_ns
+                .write_sysctls(&[(format!("net/ipv6/conf/{ifname}/accept_dad"), "0".into())])
+                .await?;
+            let mut lines = Vec::new();
+            if s.plan.is_primary() {
                 lines.extend([
                     format!("link set {ifname} up"),
                     format!(
@@ -286,6 +304,7 @@ impl Inner {
                         plan::subnet_router(s.plan.subnet)
                     ),
                 ]);
+                lines.extend(super::ipv6::eth0_route_lines(&s.plan, &ifname));
             }
             s.node_ns.ip_batch(&lines).await?;
         }
@@ -341,10 +360,18 @@ impl Inner {
     async fn apply_srcdst(&self) -> Result<(), LabError> {
         let (desired, loaded) = {
             let a = self.applied.lock().expect("applied lock");
-            let desired: BTreeMap<String, BTreeSet<Ipv4Net>> = a
+            let desired: BTreeMap<String, nft::Held> = a
                 .links
                 .values()
-                .map(|l| (l.vif.clone(), l.routes.clone()))
+                .map(|l| {
+                    (
+                        l.vif.clone(),
+                        nft::Held {
+                            v4: l.routes.clone(),
+                            v6: l.routes_v6.clone(),
+                        },
+                    )
+                })
                 .collect();
             (desired, a.srcdst.clone())
         };

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
@@ -12,6 +12,8 @@ use mockcloud::{Config, LaunchedInstance, MockCloud};
 use vpclab::{EchoError, EchoOptions, EchoReply, EchoServer, NetNs, echo};
 
 pub const PORT: u16 = 7000;
+
+pub mod v6;
 
 /// A fast mockcloud with its default instance (subnet 10.0.0.0/20) and a second one beside it.
 pub async fn cloud() -> (MockCloud, LaunchedInstance, LaunchedInstance) {
@@ -63,7 +65,8 @@ pub async fn serve(ns: &NetNs) -> EchoServer {
     EchoServer::start(ns, SocketAddr::from((Ipv4Addr::UNSPECIFIED, PORT))).expect("echo server")
 }
 
-pub async fn reaches(ns: &NetNs, to: Ipv4Addr) -> EchoReply {
+pub async fn reaches(ns: &NetNs, to: impl Into<IpAddr>) -> EchoReply {
+    let to = to.into();
     echo(
         ns,
         SocketAddr::from((to, PORT)),
@@ -77,7 +80,8 @@ pub async fn reaches(ns: &NetNs, to: Ipv4Addr) -> EchoReply {
 }
 
 /// The exchange gets no answer: a dropped packet.
-pub async fn dropped(ns: &NetNs, to: Ipv4Addr) {
+pub async fn dropped(ns: &NetNs, to: impl Into<IpAddr>) {
+    let to = to.into();
     match echo(
         ns,
         SocketAddr::from((to, PORT)),
