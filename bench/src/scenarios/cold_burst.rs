@@ -60,6 +60,39 @@ impl Bound {
     }
 }
 
+/// The burst: `PODS` clients connected first, mockcloud's counters reset, then every Allocate sent
+/// at once. Returns each reply with when it came (after the burst began) and the burst's wall time (ms).
+async fn burst(
+    socket: &std::path::Path,
+    mock: &mockcloud::MockCloud,
+    tag: &str,
+) -> anyhow::Result<(Vec<(eniipam::rpc::pb::AllocateReply, Duration)>, f64)> {
+    let mut conns = Vec::new();
+    for _ in 0..PODS {
+        conns.push(support::client(socket).await?);
+    }
+    mock.reset_counters();
+    let started = Instant::now();
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut c)| {
+            let container = format!("{tag}-{i}");
+            tokio::spawn(async move {
+                c.allocate(support::alloc_req(&container))
+                    .await
+                    .map(|reply| (reply.into_inner(), started.elapsed()))
+                    .map_err(|s| anyhow::anyhow!("pod {i}: {:?} {}", s.code(), s.message()))
+            })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(t.await??);
+    }
+    Ok((replies, started.elapsed().as_secs_f64() * 1e3))
+}
+
 struct RunResult {
     total_ms: f64,
     per_pod_ms: Vec<f64>,
@@ -86,32 +119,17 @@ async fn one_run(r: usize) -> anyhow::Result<RunResult> {
         s.in_flight,
         s.creating_enis
     );
-    let mut conns = Vec::new();
-    for _ in 0..PODS {
-        conns.push(support::client(&d.socket_path).await?);
-    }
-    mock.reset_counters();
-    let started = Instant::now();
-    let tasks: Vec<_> = conns
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut c)| {
-            tokio::spawn(async move {
-                c.allocate(support::alloc_req(&format!("burst{r}-{i}")))
-                    .await
-                    .map(|reply| (reply.into_inner().ip, started.elapsed()))
-                    .map_err(|s| anyhow::anyhow!("pod {i}: {:?} {}", s.code(), s.message()))
-            })
-        })
-        .collect();
+    let (replies, total_ms) = burst(&d.socket_path, &mock, &format!("burst{r}")).await?;
     let mut per_pod_ms = Vec::new();
     let mut ips = std::collections::BTreeSet::new();
-    for t in tasks {
-        let (ip, at) = t.await??;
-        anyhow::ensure!(ips.insert(ip.clone()), "{ip} handed out twice");
+    for (reply, at) in replies {
+        anyhow::ensure!(
+            ips.insert(reply.ip.clone()),
+            "{} handed out twice",
+            reply.ip
+        );
         per_pod_ms.push(at.as_secs_f64() * 1e3);
     }
-    let total_ms = started.elapsed().as_secs_f64() * 1e3;
     let counters = mock.counters();
     let log = mock.call_log();
     let mut res = RunResult {
@@ -160,31 +178,16 @@ async fn one_run_v6(r: usize) -> anyhow::Result<(f64, u64, u64)> {
             .sum()
     };
     let at_startup = mutating(&mock);
-    let mut conns = Vec::new();
-    for _ in 0..PODS {
-        conns.push(support::client(&d.socket_path).await?);
-    }
-    mock.reset_counters();
-    let started = Instant::now();
-    let tasks: Vec<_> = conns
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut c)| {
-            tokio::spawn(async move {
-                c.allocate(support::alloc_req(&format!("burst6-{r}-{i}")))
-                    .await
-                    .map(|reply| reply.into_inner().ipv6)
-                    .map_err(|s| anyhow::anyhow!("pod {i}: {:?} {}", s.code(), s.message()))
-            })
-        })
-        .collect();
+    let (replies, total_ms) = burst(&d.socket_path, &mock, &format!("burst6-{r}")).await?;
     let mut ips = std::collections::BTreeSet::new();
-    for t in tasks {
-        let ip = t.await??;
-        anyhow::ensure!(!ip.is_empty(), "an IPv6 pod got no IPv6 address");
-        anyhow::ensure!(ips.insert(ip.clone()), "{ip} handed out twice");
+    for (reply, _) in replies {
+        anyhow::ensure!(!reply.ipv6.is_empty(), "an IPv6 pod got no IPv6 address");
+        anyhow::ensure!(
+            ips.insert(reply.ipv6.clone()),
+            "{} handed out twice",
+            reply.ipv6
+        );
     }
-    let total_ms = started.elapsed().as_secs_f64() * 1e3;
     let in_burst = mutating(&mock);
     d.shutdown().await;
     Ok((total_ms, at_startup, in_burst))
