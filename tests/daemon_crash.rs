@@ -2,14 +2,16 @@
 //! killed with SIGKILL at random moments (50 times) and restarted. After every restart: no IP held by
 //! two attachments, every ADD that succeeded and was not deleted still holds its IP, EC2 (mockcloud) and
 //! the daemon agree; at the end, GC leaves exactly the live pods. Prints kills and operations survived.
-//! Run twice: secondary IPs on a c5.4xlarge (eth0's included), and prefix delegation on an m5.large
-//! (every pod address inside a `/28` on eth0 or a secondary ENI).
+//! Run four times: secondary IPs on a c5.4xlarge (eth0's included), prefix delegation on an m5.large
+//! (every pod address inside a `/28` on eth0 or a secondary ENI), and (issue 26) `ip_family` ipv6 and
+//! dual: every IPv6 inside the /80 EC2 shows on eth0, and no IPv6 ever handed to two pods in the whole
+//! run, kills and restarts included (the /80's cursor is durable).
 
 #[path = "daemon_support/mod.rs"]
 mod daemon_support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -78,10 +80,21 @@ async fn wait_ready(socket: &std::path::Path, child: &mut tokio::process::Child)
     panic!("eniipamd did not become ready");
 }
 
+/// An attachment's addresses: its IPv4 (ipv4, dual) and its IPv6 (ipv6, dual).
+type Addrs = (Option<Ipv4Addr>, Option<Ipv6Addr>);
+
+/// The addresses of a reply or a row, by family (empty strings: none).
+fn addrs(ip: &str, ipv6: &str) -> Addrs {
+    (
+        (!ip.is_empty()).then(|| ip.parse().expect("an IPv4")),
+        (!ipv6.is_empty()).then(|| ipv6.parse().expect("an IPv6")),
+    )
+}
+
 #[derive(Default)]
 struct Model {
-    /// Confirmed live attachments and their IPs.
-    live: BTreeMap<String, Ipv4Addr>,
+    /// Confirmed live attachments and their addresses.
+    live: BTreeMap<String, Addrs>,
     /// Attachments whose last ADD or DEL was cut off by the kill: either outcome is allowed.
     uncertain: BTreeSet<String>,
     ops: u64,
@@ -102,7 +115,33 @@ async fn sigkill_at_random_moments_loses_nothing_with_prefixes() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_moments_loses_nothing_ipv6() {
+    crash_run("c5.4xlarge", &[("ENIIPAM_IP_FAMILY", "ipv6")], KILLS / 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_moments_loses_nothing_dual_stack() {
+    crash_run("c5.4xlarge", &[("ENIIPAM_IP_FAMILY", "dual")], KILLS / 2).await;
+}
+
+/// The /80s EC2 shows on the instance's eth0.
+fn eth0_ipv6_prefixes(mock: &MockCloud) -> Vec<ipnet::Ipv6Net> {
+    let inst = mock.instance(&mock.default_instance().instance_id).unwrap();
+    inst.enis
+        .iter()
+        .filter(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+        .flat_map(|e| e.ipv6_prefixes.clone())
+        .collect()
+}
+
 async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
+    let family = extra
+        .iter()
+        .find(|(k, _)| *k == "ENIIPAM_IP_FAMILY")
+        .map_or("ipv4", |(_, v)| *v);
+    // Every IPv6 handed out in the run, and to whom: never to a second pod.
+    let mut ever_v6: BTreeMap<Ipv6Addr, String> = BTreeMap::new();
     let mock = MockCloud::start(Config {
         default_instance_type: instance_type.into(),
         ..Config::fast()
@@ -129,21 +168,59 @@ async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
             .unwrap()
             .into_inner()
             .allocations;
-        let mut held: BTreeMap<String, Ipv4Addr> = BTreeMap::new();
+        let mut held: BTreeMap<String, Addrs> = BTreeMap::new();
         let mut ips = BTreeSet::new();
+        let mut ips6 = BTreeSet::new();
+        let prefixes = eth0_ipv6_prefixes(&mock);
+        // A dual-stack ADD cut off between its IPv4's record and its IPv6's leaves the IPv4 alone, and a
+        // DEL cut off between its two releases leaves the IPv6 alone: the runtime never got an answer,
+        // and retries (a repeated ADD completes the pair, a DEL releases what is left). Every ADD that
+        // was answered holds both; every DEL that was answered released both.
+        let cut_off = model.lock().unwrap().uncertain.clone();
+        let mut halves: Vec<String> = Vec::new();
         for a in &allocs {
-            let ip: Ipv4Addr = a.ip.parse().unwrap();
+            let (v4, v6) = addrs(&a.ip, &a.ipv6);
+            let whole = (v4.is_some(), v6.is_some()) == (family != "ipv6", family != "ipv4");
             assert!(
-                ips.insert(ip),
-                "after kill {kill}: {ip} held by two attachments"
+                whole || (family == "dual" && cut_off.contains(&a.container_id)),
+                "after kill {kill}: {} holds {v4:?} {v6:?} with ip_family {family}",
+                a.container_id
             );
-            held.insert(a.container_id.clone(), ip);
+            if let Some(ip) = v4 {
+                assert!(
+                    ips.insert(ip),
+                    "after kill {kill}: {ip} held by two attachments"
+                );
+            }
+            if let Some(ip) = v6 {
+                assert!(
+                    ips6.insert(ip),
+                    "after kill {kill}: {ip} held by two attachments"
+                );
+                assert!(
+                    prefixes.iter().any(|p| p.contains(&ip)),
+                    "after kill {kill}: {ip} is in no /80 EC2 shows on eth0 ({prefixes:?})"
+                );
+                let first = ever_v6.entry(ip).or_insert_with(|| a.container_id.clone());
+                assert_eq!(
+                    first, &a.container_id,
+                    "after kill {kill}: {ip} went to a second pod"
+                );
+            }
+            held.insert(a.container_id.clone(), (v4, v6));
         }
         let ec2: BTreeSet<Ipv4Addr> = ec2_pod_ips(&mock).into_iter().collect();
         assert!(
             ips.is_subset(&ec2),
             "after kill {kill}: the daemon holds IPs EC2 does not"
         );
+        if family != "ipv4" {
+            assert_eq!(
+                prefixes.len(),
+                1,
+                "one /80 on eth0, kills and restarts included"
+            );
+        }
         {
             let mut m = model.lock().unwrap();
             for (k, ip) in &m.live {
@@ -161,12 +238,17 @@ async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
                     "after kill {kill}: {k} holds an IP but was confirmed deleted"
                 );
             }
-            // Settle the uncertain ones with what the daemon says.
+            // Settle the uncertain ones with what the daemon says; a dual-stack attachment left with
+            // one family is a sandbox whose ADD or DEL never answered: the runtime DELs it.
             let uncertain: Vec<String> = m.uncertain.iter().cloned().collect();
             for k in uncertain {
                 match held.get(&k) {
-                    Some(ip) => {
-                        m.live.insert(k.clone(), *ip);
+                    Some((v4, v6)) if family == "dual" && (v4.is_none() || v6.is_none()) => {
+                        halves.push(k.clone());
+                        m.live.remove(&k);
+                    }
+                    Some(addrs) => {
+                        m.live.insert(k.clone(), *addrs);
                     }
                     None => {
                         m.live.remove(&k);
@@ -174,6 +256,15 @@ async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
                 }
             }
             m.uncertain.clear();
+        }
+        for k in halves.drain(..) {
+            let rel = ipam
+                .clone()
+                .release(release_req(&k, false))
+                .await
+                .expect("the runtime's DEL of a half-answered sandbox")
+                .into_inner();
+            assert!(rel.released, "{k}: the DEL released its one family");
         }
         if kill == kills {
             // Last life: GC with the model's live set; afterwards exactly those remain.
@@ -209,8 +300,9 @@ async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
             child.kill().await.unwrap();
             let ops = model.lock().unwrap().ops;
             println!(
-                "crash test ({instance_type} {extra:?}): {kills} SIGKILLs survived, {ops} ADD/DEL operations, {} pods live at the end",
-                live.len()
+                "crash test ({instance_type} {extra:?}): {kills} SIGKILLs survived, {ops} ADD/DEL operations, {} pods live at the end, {} IPv6 addresses handed out (none twice)",
+                live.len(),
+                ever_v6.len()
             );
             assert!(ops >= 6 * kills as u64, "enough churn happened ({ops})");
             assert!(!live.is_empty(), "pods were live at the end");
@@ -258,8 +350,8 @@ async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
                                 let mut m = model.lock().unwrap();
                                 match r {
                                     Ok(r) => {
-                                        m.live
-                                            .insert(k.clone(), r.into_inner().ip.parse().unwrap());
+                                        let r = r.into_inner();
+                                        m.live.insert(k.clone(), addrs(&r.ip, &r.ipv6));
                                         m.uncertain.remove(&k);
                                         m.ops += 1;
                                         false
