@@ -8,7 +8,7 @@ use ipnet::Ipv6Net;
 
 use super::{AllocateRequest, Ipam, IpamError};
 use crate::clock::unix_ms_now;
-use crate::ipv6::{Ipv6Error, Ipv6Pool, Meta, stored_assignment, stored_reservation};
+use crate::ipv6::{Ipv6Error, Ipv6Pool, Meta, Reservation, stored_assignment, stored_reservation};
 use crate::model::AttachmentKey;
 
 /// A pod's IPv6 address and what the plugin needs to wire it.
@@ -81,12 +81,16 @@ impl Ipam {
         let Some(released) = p.with(|b| b.release(key, sticky, p.stick_ms, now_ms)) else {
             return Ok(None);
         };
-        let reservation = released.reservation.as_ref().and_then(|(k, _)| {
-            p.with(|b| {
-                b.reservations()
-                    .find(|(rk, _)| *rk == k)
-                    .map(|(rk, r)| stored_reservation(rk, r))
-            })
+        // The row of the reservation this release made (the book's, as `Book::release` wrote it).
+        let reservation = released.reservation.as_ref().map(|(k, until_ms)| {
+            stored_reservation(
+                k,
+                &Reservation {
+                    ip: released.ip,
+                    until_ms: *until_ms,
+                    released_at_ms: now_ms,
+                },
+            )
         });
         if let Err(e) = self
             .store()

@@ -5,9 +5,10 @@
 use std::net::Ipv6Addr;
 
 use ipnet::Ipv6Net;
-use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::StoreError;
+use super::queries::{conflict_or, text_column};
 use super::task::Reply;
 
 /// The node's delegated /80.
@@ -113,16 +114,6 @@ impl Request6 {
 const ASSIGNED_COLUMNS: &str = "ip, network, container_id, ifname, netns, pod_namespace, pod_name, \
                                 pod_uid, sticky_key, assigned_at_ms";
 
-fn text<T: std::str::FromStr>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T>
-where
-    T::Err: std::error::Error + Send + Sync + 'static,
-{
-    let s: String = row.get(idx)?;
-    s.parse().map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
-    })
-}
-
 fn load(conn: &Connection) -> Result<StoredIpv6, StoreError> {
     let prefix = conn
         .query_row(
@@ -130,7 +121,7 @@ fn load(conn: &Connection) -> Result<StoredIpv6, StoreError> {
             [],
             |row| {
                 Ok(StoredPrefix6 {
-                    prefix: text(row, 0)?,
+                    prefix: text_column(row, 0)?,
                     eni_id: row.get(1)?,
                     next_offset: row.get(2)?,
                     taken_at_ms: row.get(3)?,
@@ -144,7 +135,7 @@ fn load(conn: &Connection) -> Result<StoredIpv6, StoreError> {
         ))?
         .query_map([], |row| {
             Ok(StoredAssignment6 {
-                ip: text(row, 0)?,
+                ip: text_column(row, 0)?,
                 network: row.get(1)?,
                 container_id: row.get(2)?,
                 ifname: row.get(3)?,
@@ -165,7 +156,7 @@ fn load(conn: &Connection) -> Result<StoredIpv6, StoreError> {
         )?
         .query_map([], |row| {
             Ok(StoredReservation6 {
-                ip: text(row, 0)?,
+                ip: text_column(row, 0)?,
                 sticky_key: row.get(1)?,
                 until_ms: row.get(2)?,
                 released_at_ms: row.get(3)?,
@@ -197,7 +188,7 @@ fn insert_assigned(tx: &Connection, a: &StoredAssignment6) -> Result<(), StoreEr
         a.sticky_key,
         a.assigned_at_ms,
     ])
-    .map_err(|e| conflict(e, format!("{} for {}/{}", a.ip, a.container_id, a.ifname)))?;
+    .map_err(|e| conflict_or(e, format!("{} for {}/{}", a.ip, a.container_id, a.ifname)))?;
     Ok(())
 }
 
@@ -212,15 +203,8 @@ fn insert_reserved(tx: &Connection, r: &StoredReservation6) -> Result<(), StoreE
         r.until_ms,
         r.released_at_ms
     ])
-    .map_err(|e| conflict(e, format!("{} reserved for {}", r.ip, r.sticky_key)))?;
+    .map_err(|e| conflict_or(e, format!("{} reserved for {}", r.ip, r.sticky_key)))?;
     Ok(())
-}
-
-fn conflict(e: rusqlite::Error, what: String) -> StoreError {
-    match StoreError::from(e) {
-        StoreError::Conflict(detail) => StoreError::Conflict(format!("{what} ({detail})")),
-        other => other,
-    }
 }
 
 /// The attachment holds `a.ip` (a repeated record of the same pair is a no-op); the reservation of

@@ -504,6 +504,15 @@ fn assignment_from_row(row: &Row<'_>) -> rusqlite::Result<StoredAssignment> {
 
 /// Reads a dotted-quad column as an IP.
 fn ip_column(row: &Row<'_>, idx: usize) -> rusqlite::Result<Ipv4Addr> {
+    text_column(row, idx)
+}
+
+/// Reads a text column as whatever parses from it (an address, a prefix), failing as a conversion
+/// error that names the column.
+pub(super) fn text_column<T: std::str::FromStr>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
     let text: String = row.get(idx)?;
     text.parse().map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
@@ -511,7 +520,7 @@ fn ip_column(row: &Row<'_>, idx: usize) -> rusqlite::Result<Ipv4Addr> {
 }
 
 /// A constraint violation becomes a [`StoreError::Conflict`] saying `what`; other errors stay.
-fn conflict_or(e: rusqlite::Error, what: String) -> StoreError {
+pub(super) fn conflict_or(e: rusqlite::Error, what: String) -> StoreError {
     match StoreError::from(e) {
         StoreError::Conflict(detail) => StoreError::Conflict(format!("{what} ({detail})")),
         other => other,
