@@ -275,13 +275,16 @@ async fn add_outcomes(sim: &Sim) -> std::collections::BTreeMap<String, f64> {
 /// the README says a healthy node looks like: every ADD succeeds, never EXHAUSTED, the pool settles
 /// on eth0 and one secondary ENI with about 17 pods alive (1/s × 5-30 s lifetimes), the released IPs
 /// cooling for 30 s and a few idle, and the accounting holds throughout. Fast EC2 profile, real time:
-/// cooling needs 30 s to reach its steady state, so this test samples from 35 s to 50 s.
+/// the cooling count is the releases of the last 30 s, and releases reach their steady rate only once
+/// the first pods' longest lifetime (30 s) has passed, so cooling levels off after 30 + 30 = 60 s (at
+/// 35 s its expectation is only 17.5). This test samples from 60 s to 76 s and judges the medians;
+/// single samples only have to stay inside the loose bounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_churn_settles_as_promised() {
     let sim = start_sim(&["--churn", "1"]).await;
     let started = tokio::time::Instant::now();
-    let mut assigned = Vec::new();
-    while started.elapsed() < Duration::from_secs(50) {
+    let (mut assigned, mut cooled) = (Vec::new(), Vec::new());
+    while started.elapsed() < Duration::from_secs(76) {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let st = status(&sim);
         assert_eq!(
@@ -295,7 +298,7 @@ async fn the_readme_churn_settles_as_promised() {
             enis <= 2,
             "the churn needs eth0 and one secondary ENI, not {enis}: {st}"
         );
-        if started.elapsed() >= Duration::from_secs(35) {
+        if started.elapsed() >= Duration::from_secs(60) {
             let a = st["assigned"].as_u64().unwrap();
             let cooling = st["cooling"].as_u64().unwrap();
             let idle = st["idle"].as_u64().unwrap();
@@ -303,7 +306,7 @@ async fn the_readme_churn_settles_as_promised() {
             // Steady state: ~17.5 pods alive (sd ~2), ~30 released IPs cooling, up to max_idle idle.
             assert!((8..=28).contains(&a), "assigned {a} (README: 15-21): {st}");
             assert!(
-                (15..=45).contains(&cooling),
+                (10..=50).contains(&cooling),
                 "cooling {cooling} (README: 25-35): {st}"
             );
             assert!(
@@ -311,17 +314,24 @@ async fn the_readme_churn_settles_as_promised() {
                 "idle {idle} above max_idle: {st}"
             );
             assigned.push(a);
+            cooled.push(cooling);
         }
     }
+    cooled.sort_unstable();
+    let median = cooled[cooled.len() / 2];
+    assert!(
+        (20..=40).contains(&median),
+        "median cooling {median} over the last 16 s (README: 25-35): {cooled:?}"
+    );
     assigned.sort_unstable();
     let median = assigned[assigned.len() / 2];
     assert!(
         (13..=23).contains(&median),
-        "median assigned {median} over the last 15 s (README: 15-21): {assigned:?}"
+        "median assigned {median} over the last 16 s (README: 15-21): {assigned:?}"
     );
     let outcomes = add_outcomes(&sim).await;
     let ok = outcomes.get("ok").copied().unwrap_or(0.0);
-    assert!(ok >= 40.0, "about one ADD per second: {outcomes:?}");
+    assert!(ok >= 60.0, "about one ADD per second: {outcomes:?}");
     assert_eq!(
         outcomes.values().sum::<f64>(),
         ok,
