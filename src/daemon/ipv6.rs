@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{CloudClients, DaemonError};
 use crate::clock::unix_ms_now;
-use crate::cloud::NodeContext;
+use crate::cloud::{Eni, NodeContext};
 use crate::config::DaemonConfig;
 use crate::ipv6::Ipv6Pool;
 use crate::ipv6::prefix::{self, PrefixError, Taken};
@@ -20,6 +20,7 @@ pub(super) async fn take_prefix(
     config: &DaemonConfig,
     clients: &CloudClients,
     node: &NodeContext,
+    eth0: Option<Eni>,
     (store, state_lost): (&Store, bool),
     metrics: &Metrics,
 ) -> Result<Arc<Ipv6Pool>, DaemonError> {
@@ -28,17 +29,24 @@ pub(super) async fn take_prefix(
     } else {
         store.load_ipv6().await?
     };
-    let instance = clients.cloud.describe_instance(&node.instance_id).await?;
-    let eth0 = instance
-        .enis
-        .iter()
-        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
-        .ok_or_else(|| DaemonError::NoPrimaryEni(node.instance_id.clone()))?;
+    // `eth0` as node discovery described it a moment before, so a node boot makes no second
+    // DescribeInstances; `None` (a retry of this step) describes it afresh.
+    let eth0 = match eth0 {
+        Some(e) => e,
+        None => {
+            let instance = clients.cloud.describe_instance(&node.instance_id).await?;
+            instance
+                .enis
+                .into_iter()
+                .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+                .ok_or_else(|| DaemonError::NoPrimaryEni(node.instance_id.clone()))?
+        }
+    };
     let now_ms = unix_ms_now();
     let family = config.ip_family.to_string();
     let (taken, how, lost) = prefix::ensure(
         clients.cloud.as_ref(),
-        eth0,
+        &eth0,
         stored.prefix.clone(),
         &family,
         now_ms,

@@ -155,14 +155,26 @@ impl Daemon {
         let (store, state_lost) = open_store(&config).await?;
         // Every EC2 call until the pool starts is the startup's.
         let (node, (seed, report, vpc_cidrs), ipv6) = with_purpose(Purpose::Startup, async {
-            let node = patiently("node discovery", || discover_node(&config, &clients)).await?;
+            let (node, eth0) =
+                patiently("node discovery", || discover_node(&config, &clients)).await?;
             let rebuilt = patiently("rebuild", || {
                 rebuild(&config, &clients, &node, (&store, state_lost), &b.metrics)
             })
             .await?;
             let ipv6 = if config.ip_family.has_ipv6() {
+                // The first try reads eth0 from node discovery's describe; a retry describes it
+                // afresh (a /80 an interrupted try had assigned is then adopted, not doubled).
+                let mut described = Some(eth0);
                 let p = patiently("IPv6 prefix", || {
-                    ipv6::take_prefix(&config, &clients, &node, (&store, state_lost), &b.metrics)
+                    let eth0 = described.take();
+                    ipv6::take_prefix(
+                        &config,
+                        &clients,
+                        &node,
+                        eth0,
+                        (&store, state_lost),
+                        &b.metrics,
+                    )
                 })
                 .await?;
                 Some((config.ip_family, p))

@@ -8,7 +8,7 @@ use ipnet::Ipv4Net;
 
 use super::{CloudClients, DaemonError};
 use crate::cloud::backoff::BackoffPolicy;
-use crate::cloud::{CloudError, NodeContext};
+use crate::cloud::{CloudError, Eni, NodeContext};
 use crate::config::DaemonConfig;
 use crate::metrics::Metrics;
 use crate::pool::PoolSeed;
@@ -78,11 +78,12 @@ pub(super) async fn open_store(config: &DaemonConfig) -> Result<(Store, bool), D
 }
 
 /// Step 3: who we are (IMDS), and what EC2 says about us: instance type, limits, eth0, and the
-/// subnets new ENIs may go to.
+/// subnets new ENIs may go to. eth0 as EC2 described it comes back too, so the IPv6 step reads its
+/// /80 from this one DescribeInstances instead of making another at every node boot.
 pub(super) async fn discover_node(
     config: &DaemonConfig,
     clients: &CloudClients,
-) -> Result<NodeContext, DaemonError> {
+) -> Result<(NodeContext, Eni), DaemonError> {
     let identity = clients.metadata.identity().await?;
     let instance = clients
         .cloud
@@ -109,7 +110,7 @@ pub(super) async fn discover_node(
         .clone()
         .unwrap_or_else(|| eth0.subnet_id.clone());
     let pod_subnets = pod_subnets(config, clients, &instance, &subnet_id).await?;
-    Ok(NodeContext {
+    let node = NodeContext {
         cluster_name: config.cluster_name.clone(),
         instance_id: identity.instance_id.clone(),
         instance_type: instance.instance_type.clone(),
@@ -123,7 +124,8 @@ pub(super) async fn discover_node(
         },
         limits,
         pod_subnets,
-    })
+    };
+    Ok((node, eth0.clone()))
 }
 
 /// The AWS VPC CNI's subnet tag: `0` excludes a subnet, any other value includes it.
