@@ -14,7 +14,7 @@
 //! | pod ↔ pod across nodes, node → pod on another node (strict `rp_filter`) | `ipv6_across_nodes_strict_rp_filter` | `dual_across_nodes_strict_rp_filter` |
 //! | the same, loose `rp_filter` | `ipv6_across_nodes_loose_rp_filter` | `dual_across_nodes_loose_rp_filter` |
 //! | node → pod (probes), pod → its node | `ipv6_node_to_pod` | `dual_node_to_pod` |
-//! | pod → IPv6 internet (egress-only IGW, the pod's own address) | `ipv6_internet` | `dual_internet` |
+//! | pod → IPv6 internet (egress-only IGW: the pod's own address out, nothing in) | `ipv6_internet` | `dual_internet` |
 //! | pod → IPv4 internet (SNAT to eth0's primary IPv4) | `datapath_ipv6_egress.rs` (node-local IPv4 per pod) | `dual_internet` |
 //! | NodePort: `Local` to a pod on the node, `Cluster` to a pod on another node (strict) | `ipv6_node_port_strict_rp_filter` | `dual_node_port_strict_rp_filter` |
 //! | the same, loose `rp_filter` | `ipv6_node_port_loose_rp_filter` | `dual_node_port_loose_rp_filter` |
@@ -148,6 +148,7 @@ async fn internet(test: &str, family: Family, rp_filter: RpFilter) {
     };
     let d = Daemon::start_family(&c, &c.a.instance_id, family).await;
     let p = d.add_pod6(&c, "egress", None).await;
+    let _s = serve6(&p.ns);
     let _internet = serve6(c.lab.internet());
     // Several connections each way.
     for _ in 0..3 {
@@ -165,6 +166,12 @@ async fn internet(test: &str, family: Family, rp_filter: RpFilter) {
         }
     }
     assert_eq!(c.lab.eigw_drops().await.expect("eigw"), 0, "replies got in");
+    // Egress-only: the internet cannot open a connection to the pod.
+    dropped6(c.lab.internet(), p.ip.into(), ECHO_PORT).await;
+    assert!(
+        c.lab.eigw_drops().await.expect("eigw") > 0,
+        "the gateway dropped it"
+    );
     assert_eq!(c.lab.igw_drops().await.expect("igw").egress_not_public, 0);
     c.assert_no_drops().await;
 }

@@ -8,9 +8,9 @@ use std::path::Path;
 
 use mockcloud::world::Ipv6Args;
 use serde_json::{Value, json};
-use vpclab::{EchoOptions, EchoReply, EchoServer, Egress, NetNs, echo};
+use vpclab::{EchoError, EchoOptions, EchoReply, EchoServer, Egress, NetNs, echo};
 
-use super::{Cluster, CniPod, Daemon, ECHO_PORT, PORTMAP, Placement, RpFilter};
+use super::{Cluster, CniPod, Daemon, ECHO_PORT, PORTMAP, Placement, RpFilter, have};
 use crate::bins::target_bin;
 
 pub mod kube_proxy;
@@ -20,7 +20,15 @@ impl Cluster {
     /// primary ENI (an EKS IPv6 node has one; the lab puts it on eth0, as DHCPv6 would) and
     /// `net.ipv6.conf.all.forwarding=1` in each node (what `eniipamd --prepare-host` sets with
     /// `ip_family` ipv6; the daemon itself does not).
+    /// `None`, with a notice, where the lab cannot run, also without `ip6tables` (kube-proxy's
+    /// and portmap's IPv6 rules).
     pub async fn start_v6(test: &str, rp_filter: RpFilter) -> Option<Cluster> {
+        for tool in ["ip6tables", "ip6tables-restore", "ip6tables-save"] {
+            if !have(tool) {
+                mockcloud::ci::skip(test, &format!("`{tool}` is not installed"));
+                return None;
+            }
+        }
         let c = Cluster::start_with(test, Egress::InternetGateway, rp_filter).await?;
         for inst in [&c.a, &c.b] {
             c.mock
@@ -253,4 +261,22 @@ pub async fn reach(from: &NetNs, to: IpAddr, port: u16) -> IpAddr {
     .server_saw
     .ip()
     .to_canonical()
+}
+
+/// One exchange from `from` to `to:port` that must get no answer (a dropped packet).
+pub async fn dropped6(from: &NetNs, to: IpAddr, port: u16) {
+    let to = SocketAddr::new(to, port);
+    match echo(
+        from,
+        to,
+        &EchoOptions {
+            timeout: std::time::Duration::from_millis(800),
+            ..Default::default()
+        },
+    )
+    .await
+    {
+        Err(EchoError::Timeout(_)) => {}
+        other => panic!("{} → {to}: expected a drop, got {other:?}", from.name()),
+    }
 }
