@@ -455,4 +455,61 @@ mod tests {
         let s = load(&c).unwrap();
         assert!(s.assignments.is_empty() && s.reservations.is_empty());
     }
+
+    #[test]
+    fn the_egress_address_is_recorded_with_the_ipv6_and_goes_with_its_release() {
+        let mut c = conn();
+        with_prefix(&mut c);
+        let egress: Ipv4Addr = "169.254.172.9".parse().unwrap();
+        let with_egress = |ip: &str, container: &str| StoredAssignment6 {
+            egress_ipv4: Some(egress),
+            ..a(ip, container)
+        };
+        assign(
+            &mut c,
+            &with_egress("2600:1f18:6d00:100:a::5", "c1"),
+            (6, 9),
+        )
+        .unwrap();
+        let s = load(&c).unwrap();
+        assert_eq!(s.assignments[0].egress_ipv4, Some(egress));
+        assert_eq!(s.prefix.as_ref().unwrap().egress_next, 9);
+        // Another pod with the same egress address: refused whole, nothing moves.
+        let e = assign(
+            &mut c,
+            &with_egress("2600:1f18:6d00:100:a::6", "c2"),
+            (7, 10),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, StoreError::Conflict(ref m) if m.contains("169.254.172.9")),
+            "{e}"
+        );
+        let s = load(&c).unwrap();
+        assert_eq!(s.assignments.len(), 1);
+        let p = s.prefix.unwrap();
+        assert_eq!(
+            (p.next_offset, p.egress_next),
+            (6, 9),
+            "the refused record moved nothing"
+        );
+        // The egress cursor never moves back either.
+        assign(&mut c, &a("2600:1f18:6d00:100:a::7", "c3"), (8, 2)).unwrap();
+        assert_eq!(load(&c).unwrap().prefix.unwrap().egress_next, 9);
+        // Released: the egress address goes with the row, so another pod may record it.
+        release(&mut c, "c1", "eth0", None).unwrap();
+        assign(
+            &mut c,
+            &with_egress("2600:1f18:6d00:100:a::8", "c4"),
+            (9, 10),
+        )
+        .unwrap();
+        let s = load(&c).unwrap();
+        let held: Vec<_> = s
+            .assignments
+            .iter()
+            .map(|x| (x.container_id.as_str(), x.egress_ipv4))
+            .collect();
+        assert_eq!(held, [("c3", None), ("c4", Some(egress))]);
+    }
 }
