@@ -267,3 +267,140 @@ fn bad_ipv6_replies_fail_cleanly_with_nothing_wired() {
         assert!(daemon.held().is_empty(), "{family} {addr}: not released");
     }
 }
+
+/// An IPv6-only pod's IPv4 egress address (`ipv4_egress`): wired as a `/32` with the IPv4 default
+/// route and the host route, never reported in the result, checked, and gone with the veth.
+#[test]
+fn an_ipv6_pods_egress_address_is_wired_checked_and_not_reported() {
+    if !netns_available("an_ipv6_pods_egress_address_is_wired_checked_and_not_reported") {
+        return;
+    }
+    const EGRESS: &str = "169.254.172.7";
+    let daemon = FakeDaemon::start(&ips(&[]));
+    daemon.set_ipv6("ipv6", PREFIX, &[A]);
+    daemon.set_egress(&[EGRESS]);
+    let node = node();
+    let pod = Netns::new("pod6e");
+    let conf = main_config(&daemon, "1.1.0");
+    let r = invoke("ADD", &conf, &node, &pod, "ctre", "egress-0")
+        .run()
+        .ok();
+    // Only the IPv6 is reported: containerd would give Kubernetes a 169.254 pod IP otherwise.
+    assert_eq!(
+        r["ips"],
+        json!([{"address": format!("{A}/128"), "gateway": "fe80::1", "interface": 1}])
+    );
+    assert!(!r.to_string().contains(EGRESS), "{r}");
+    assert_pod_v6(&pod, A);
+    let v4 = pod.ip_json(&["-4", "addr", "show", "dev", "eth0"]);
+    let inet: Vec<_> = v4[0]["addr_info"].as_array().unwrap().iter().collect();
+    assert_eq!(inet.len(), 1, "{v4:?}");
+    assert_eq!(
+        (inet[0]["local"].as_str(), inet[0]["prefixlen"].as_u64()),
+        (Some(EGRESS), Some(32))
+    );
+    let routes = pod.ip_json(&["-4", "route", "show"]);
+    let default = routes
+        .iter()
+        .find(|r| r["dst"] == "default")
+        .unwrap_or_else(|| panic!("no IPv4 default route: {routes:?}"));
+    assert_eq!(default["gateway"], "169.254.1.1");
+    assert_eq!(default["dev"], "eth0");
+    assert!(
+        default["flags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == "onlink"),
+        "{default}"
+    );
+    let neigh = pod.ip_json(&["-4", "neigh", "show", "dev", "eth0"]);
+    assert!(
+        neigh.iter().any(|n| n["dst"] == "169.254.1.1"
+            && n["state"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s == "PERMANENT")),
+        "{neigh:?}"
+    );
+    let veth = veth_name("egress-0");
+    assert!(
+        node.ip_json(&["-4", "route", "show"])
+            .iter()
+            .any(|r| r["dst"] == EGRESS && r["dev"] == veth.as_str()),
+        "host route"
+    );
+
+    // CHECK passes, then fails once the egress address is gone from the pod.
+    let check = invoke(
+        "CHECK",
+        &with_prev(&daemon, &r),
+        &node,
+        &pod,
+        "ctre",
+        "egress-0",
+    );
+    check.run().ok();
+    pod.ip(&["-4", "addr", "del", &format!("{EGRESS}/32"), "dev", "eth0"]);
+    let err = check.run().err(102);
+    assert!(err["msg"].as_str().unwrap().contains(EGRESS), "{err}");
+
+    // DEL: the veth goes with the host route; the daemon released the attachment.
+    invoke(
+        "DEL",
+        &with_prev(&daemon, &r),
+        &node,
+        &pod,
+        "ctre",
+        "egress-0",
+    )
+    .run()
+    .ok();
+    assert!(!node.link_names().contains(&veth));
+    assert!(
+        node.ip_json(&["-4", "route", "show"])
+            .iter()
+            .all(|r| r["dst"] != EGRESS)
+    );
+    assert!(daemon.held_v6().is_empty());
+}
+
+#[test]
+fn bad_egress_addresses_are_refused_with_nothing_wired() {
+    if !netns_available("bad_egress_addresses_are_refused_with_nothing_wired") {
+        return;
+    }
+    let daemon = FakeDaemon::start(&ips(&["10.10.0.41"]));
+    let node = node();
+    let pod = Netns::new("pod6e");
+    let cases = [
+        ("ipv6", "169.254.172", "not an IPv4 address"),
+        ("ipv6", "169.254.180.1", "169.254.172.0/22"),
+        ("ipv6", "10.10.0.9", "169.254.172.0/22"),
+        ("dual", "169.254.172.9", "only IPv6-only pods"),
+    ];
+    for (family, egress, says) in cases {
+        daemon.set_ipv6(family, PREFIX, &[A]);
+        daemon.set_egress(&[egress]);
+        let err = invoke(
+            "ADD",
+            &main_config(&daemon, "1.1.0"),
+            &node,
+            &pod,
+            "ctr",
+            "bad-e",
+        )
+        .run()
+        .err(101);
+        assert!(
+            err["msg"].as_str().unwrap().contains(says),
+            "{egress}: {err}"
+        );
+        assert!(!pod.link_names().contains(&"eth0".to_owned()), "{egress}");
+        assert!(!node.link_names().contains(&veth_name("bad-e")));
+        assert!(cache_files(&daemon).is_empty());
+        assert!(daemon.held_v6().is_empty(), "{egress}: not released");
+        assert!(daemon.held().is_empty(), "{egress}: not released");
+    }
+}

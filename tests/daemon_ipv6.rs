@@ -427,3 +427,117 @@ async fn metrics_text(addr: std::net::SocketAddr) -> String {
     s.read_to_string(&mut out).await.unwrap();
     out
 }
+
+/// IPv4 egress (`ipv4_egress`, on by default in ipv6 mode): every pod gets its own node-local
+/// address of 169.254.172.0/22 with its IPv6, a restart keeps each pod's, a released one is not handed
+/// to the next pod, CHECK names it; off (or dual-stack) gives none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_pods_get_distinct_egress_addresses_that_survive_restarts_and_are_not_reused_at_once()
+{
+    let mock = mock().await;
+    let dir = TempDir::new("ipv6-egress");
+    let cfg = eniipam::config::DaemonConfig {
+        ip_family: IpFamily::Ipv6,
+        ..config(&mock, &dir.0)
+    };
+    assert!(cfg.ipv4_egress, "on by default");
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let mut egress = Vec::new();
+    for i in 0..100 {
+        let r = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.ip.is_empty(), "no VPC IPv4 in ipv6 mode");
+        let ip: std::net::Ipv4Addr = r.egress_ipv4.parse().unwrap();
+        assert!(
+            ip.octets()[..2] == [169, 254] && (172..=175).contains(&ip.octets()[2]),
+            "{ip} in 169.254.172.0/22"
+        );
+        egress.push(ip);
+    }
+    let distinct: BTreeSet<_> = egress.iter().collect();
+    assert_eq!(distinct.len(), 100, "no two live pods share one");
+    let check = |container: &str| pb::CheckRequest {
+        api_version: API_VERSION,
+        container_id: container.into(),
+        ifname: "eth0".into(),
+        network: "eniipam".into(),
+        ..Default::default()
+    };
+    let checked = c.check(check("c7")).await.unwrap().into_inner();
+    assert_eq!(checked.egress_ipv4, egress[7].to_string());
+    // Released: the address is free, but the next pod gets a fresh one.
+    let freed = egress[3];
+    c.release(release_req("c3", false)).await.unwrap();
+    let next: std::net::Ipv4Addr = c
+        .allocate(alloc_req("n0", "n0"))
+        .await
+        .unwrap()
+        .into_inner()
+        .egress_ipv4
+        .parse()
+        .unwrap();
+    assert!(next != freed && !egress.contains(&next), "{next}");
+    d.shutdown().await;
+
+    // Second life: each pod keeps its address (a repeated ADD, CHECK), and the cursor carries on.
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    for i in [0usize, 50, 99] {
+        let again = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(again.egress_ipv4, egress[i].to_string(), "pod {i}");
+    }
+    let after: std::net::Ipv4Addr = c
+        .allocate(alloc_req("n1", "n1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .egress_ipv4
+        .parse()
+        .unwrap();
+    assert!(
+        after != freed && after != next && !egress.contains(&after),
+        "{after}"
+    );
+    d.shutdown().await;
+
+    // Third life with ipv4_egress off: no address for new pods, and CHECK names none.
+    let off = eniipam::config::DaemonConfig {
+        ipv4_egress: false,
+        ..cfg.clone()
+    };
+    let d = start(off).await;
+    let mut c = client(&d.socket_path).await;
+    let r = c
+        .allocate(alloc_req("o0", "o0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.ipv6.is_empty() && r.egress_ipv4.is_empty(), "{r:?}");
+    let checked = c.check(check("c7")).await.unwrap().into_inner();
+    assert!(checked.ok && checked.egress_ipv4.is_empty(), "{checked:?}");
+    d.shutdown().await;
+
+    // Dual-stack pods have a VPC IPv4: no egress address.
+    let dir = TempDir::new("dual-egress");
+    let d = start(eniipam::config::DaemonConfig {
+        ip_family: IpFamily::Dual,
+        ..config(&mock, &dir.0)
+    })
+    .await;
+    let mut c = client(&d.socket_path).await;
+    let r = c
+        .allocate(alloc_req("d0", "d0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.ip.is_empty() && r.egress_ipv4.is_empty(), "{r:?}");
+    d.shutdown().await;
+}

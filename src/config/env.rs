@@ -92,6 +92,7 @@ impl DaemonConfig {
             self.security_groups = comma_list(&v).map(str::to_owned).collect();
         }
         set!(ip_family, "ipv4, ipv6 or dual");
+        set!(ipv4_egress, "true or false");
         set!(warm_policy, "adaptive or fixed");
         set!(min_idle, "a whole number");
         set!(max_idle, "a whole number");

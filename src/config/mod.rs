@@ -115,6 +115,11 @@ pub struct DaemonConfig {
     /// Which addresses pods get: `ipv4` (default: from the ENI pool), `ipv6` (from one /80 the node
     /// takes on eth0 at startup; no IPv4 pool) or `dual` (both). The VPC CNI's `ENABLE_IPV6`.
     pub ip_family: IpFamily,
+    /// With `ip_family = ipv6`, each pod also gets a node-local IPv4 from 169.254.172.0/22 that the
+    /// node SNATs to its primary IPv4, so IPv6-only pods reach IPv4-only destinations (default on;
+    /// the VPC CNI's `ENABLE_V4_EGRESS`). Off: no egress address and no SNAT rule for it. Ignored in
+    /// `ipv4` and `dual` mode, where pods have a VPC IPv4 of their own.
+    pub ipv4_egress: bool,
     /// How the warm pool's level is chosen: `adaptive` (default: learned from the node's pod starts
     /// and bursts, within `min_idle ..= max_idle`) or `fixed` (top up below `min_idle` to halfway
     /// to `max_idle`, give back above `max_idle`).
@@ -250,6 +255,7 @@ impl Default for DaemonConfig {
             subnet_ids: Vec::new(),
             security_groups: Vec::new(),
             ip_family: IpFamily::Ipv4,
+            ipv4_egress: true,
             warm_policy: pool.warm_policy,
             min_idle: pool.min_idle,
             max_idle: pool.max_idle,
@@ -392,6 +398,8 @@ impl DaemonConfig {
             node_port_support: self.node_port_support,
             connmark: self.connmark,
             veth_prefix: self.veth_prefix.clone(),
+            ipv4_egress: (self.ip_family == IpFamily::Ipv6 && self.ipv4_egress)
+                .then_some(self.snat_randomize),
         }
     }
 

@@ -182,3 +182,35 @@ fn per_api_rates_read_from_the_environment_and_toml_and_bad_ones_are_named() {
         assert!(e.to_string().starts_with(names), "{value}: {e}");
     }
 }
+
+#[test]
+fn ipv4_egress_is_on_by_default_and_only_means_something_in_ipv6_mode() {
+    let c = DaemonConfig::load(None, &env(&[("ENIIPAM_IP_FAMILY", "ipv6")])).unwrap();
+    assert!(c.ipv4_egress);
+    assert_eq!(c.host_rules_config().ipv4_egress, Some(SnatPorts::Prng));
+    let c = DaemonConfig::load(
+        None,
+        &env(&[
+            ("ENIIPAM_IP_FAMILY", "ipv6"),
+            ("ENIIPAM_IPV4_EGRESS", "false"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.host_rules_config().ipv4_egress, None);
+    // Dual-stack pods have a VPC IPv4 of their own.
+    let c = DaemonConfig::load(None, &env(&[("ENIIPAM_IP_FAMILY", "dual")])).unwrap();
+    assert_eq!(c.host_rules_config().ipv4_egress, None);
+    // With external_snat the egress rule keeps the node's snat_randomize ports.
+    let c = DaemonConfig::load(
+        None,
+        &env(&[
+            ("ENIIPAM_IP_FAMILY", "ipv6"),
+            ("ENIIPAM_EXTERNAL_SNAT", "true"),
+            ("ENIIPAM_SNAT_RANDOMIZE", "none"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.host_rules_config().ipv4_egress, Some(SnatPorts::None));
+    let e = DaemonConfig::load(None, &env(&[("ENIIPAM_IPV4_EGRESS", "yes")])).unwrap_err();
+    assert!(e.to_string().starts_with("ipv4_egress"), "{e}");
+}

@@ -7,8 +7,8 @@ use super::{CloudClients, DaemonError};
 use crate::clock::unix_ms_now;
 use crate::cloud::{Eni, NodeContext};
 use crate::config::DaemonConfig;
-use crate::ipv6::Ipv6Pool;
 use crate::ipv6::prefix::{self, PrefixError, Taken};
+use crate::ipv6::{IpFamily, Ipv6Pool};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoredIpv6};
 
@@ -74,7 +74,9 @@ pub(super) async fn take_prefix(
         .map(|m| m.vpc_ipv6_cidrs)
         .unwrap_or_default();
     let stick_ms = config.ip_stick_time_secs.saturating_mul(1000);
-    let (pool, restored) = Ipv6Pool::restore(taken, stored, vpc_cidrs, stick_ms, now_ms);
+    // Dual-stack pods have a VPC IPv4 of their own: only IPv6-only pods get an egress address.
+    let egress = config.ip_family == IpFamily::Ipv6 && config.ipv4_egress;
+    let (pool, restored) = Ipv6Pool::restore(taken, stored, (vpc_cidrs, egress), stick_ms, now_ms);
     for (ip, why) in &restored.dropped {
         tracing::warn!(%ip, why, "IPv6 row of the state file dropped at startup");
     }
@@ -86,6 +88,7 @@ pub(super) async fn take_prefix(
     tracing::info!(
         prefix = %pool.prefix(), eni = %pool.eni_id, how = ?how,
         assigned = restored.state.assignments.len(), reserved = restored.state.reservations.len(),
+        ipv4_egress = egress,
         "the node's IPv6 /80 is {}",
         match how {
             Taken::Kept => "the one on record",

@@ -96,6 +96,8 @@ pub async fn wait_for_signal() -> Result<(), ModeError> {
 pub struct HostPrepared {
     pub rp_filter: Option<Prepared>,
     pub ipv6: Option<Ipv6Forwarding>,
+    /// `ip_family = ipv6` with `ipv4_egress`: whether `net.ipv4.ip_forward` was turned on.
+    pub ipv4_forwarding: Option<bool>,
 }
 
 impl std::fmt::Display for HostPrepared {
@@ -133,6 +135,13 @@ impl std::fmt::Display for HostPrepared {
                 }
             )?;
         }
+        if let Some(changed) = self.ipv4_forwarding {
+            write!(
+                f,
+                "; IPv4 forwarding (IPv6-only pods' IPv4 egress) {}",
+                if changed { "turned on" } else { "already on" }
+            )?;
+        }
         Ok(())
     }
 }
@@ -141,7 +150,8 @@ impl std::fmt::Display for HostPrepared {
 /// (loose) when it is 1 (strict), when the configuration needs it. SNAT needs a loose rp_filter as
 /// much as NodePort support does (issue 23): see `HostRulesConfig::needs_loose_rp_filter`. With
 /// `ip_family` ipv6 or dual, IPv6 forwarding goes on, keeping the primary interface's router
-/// advertisements ([`prepare::enable_ipv6_forwarding`]).
+/// advertisements ([`prepare::enable_ipv6_forwarding`]); with `ip_family` ipv6 and `ipv4_egress`,
+/// IPv4 forwarding goes on too ([`prepare::enable_ipv4_forwarding`]).
 pub async fn prepare_host(file: Option<&Path>, env: &dyn Env) -> Result<HostPrepared, ModeError> {
     let config = DaemonConfig::load(file, env)?;
     let rp = config.manage_eni_routes && config.host_rules_config().needs_loose_rp_filter();
@@ -169,6 +179,9 @@ pub async fn prepare_host(file: Option<&Path>, env: &dyn Env) -> Result<HostPrep
                 Path::new("/proc/sys"),
                 &ifname,
             )?);
+        }
+        if config.host_rules_config().ipv4_egress.is_some() {
+            done.ipv4_forwarding = Some(prepare::enable_ipv4_forwarding(Path::new("/proc/sys"))?);
         }
         Ok::<_, PrepareStep>(done)
     };

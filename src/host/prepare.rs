@@ -19,13 +19,42 @@ pub enum PrepareError {
         #[source]
         source: std::io::Error,
     },
-    /// Writing an IPv6 sysctl failed.
+    /// Writing an IPv6 sysctl failed (the interface name is not one).
     #[error("setting {path}")]
     Ipv6Sysctl {
         path: String,
         #[source]
         source: std::io::Error,
     },
+    /// Reading or writing a forwarding sysctl failed.
+    #[error("setting {path}")]
+    Sysctl {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Writes `want` to `sys/rel` unless it holds it already; returns whether it wrote.
+fn set_sysctl(sys: &std::path::Path, rel: &str, want: &str) -> Result<bool, PrepareError> {
+    let path = sys.join(rel);
+    let err = |source| PrepareError::Sysctl {
+        path: path.display().to_string(),
+        source,
+    };
+    let now = std::fs::read_to_string(&path).map_err(err)?;
+    if now.trim() == want {
+        return Ok(false);
+    }
+    std::fs::write(&path, want).map_err(err)?;
+    Ok(true)
+}
+
+/// IPv6-only pods' IPv4 egress (`ipv4_egress`) is forwarded from their veths to the primary
+/// interface, so the node needs `net.ipv4.ip_forward = 1`. EKS AMIs set it for kube-proxy already;
+/// an IPv6 node built otherwise may not. Returns whether it changed it.
+pub fn enable_ipv4_forwarding(sys: &std::path::Path) -> Result<bool, PrepareError> {
+    set_sysctl(sys, "net/ipv4/ip_forward", "1")
 }
 
 /// What [`enable_ipv6_forwarding`] changed.
@@ -57,19 +86,7 @@ pub fn enable_ipv6_forwarding(
             ),
         });
     }
-    let set = |rel: String, want: &str| -> Result<bool, PrepareError> {
-        let path = sys.join(&rel);
-        let err = |source| PrepareError::Ipv6Sysctl {
-            path: path.display().to_string(),
-            source,
-        };
-        let now = std::fs::read_to_string(&path).map_err(err)?;
-        if now.trim() == want {
-            return Ok(false);
-        }
-        std::fs::write(&path, want).map_err(err)?;
-        Ok(true)
-    };
+    let set = |rel: String, want: &str| set_sysctl(sys, &rel, want);
     let accept_ra_changed = set(format!("net/ipv6/conf/{ifname}/accept_ra"), "2")?;
     let forwarding_changed = set("net/ipv6/conf/all/forwarding".to_owned(), "1")?;
     Ok(Ipv6Forwarding {
@@ -151,5 +168,21 @@ mod tests {
         let e = enable_ipv6_forwarding(&sys, "ens9").unwrap_err();
         assert!(e.to_string().contains("ens9/accept_ra"), "{e}");
         std::fs::remove_dir_all(&sys).unwrap();
+    }
+
+    #[test]
+    fn ipv4_forwarding_goes_on_once() {
+        let sys = std::env::temp_dir().join(format!("eniipam-sys4-{}", std::process::id()));
+        std::fs::create_dir_all(sys.join("net/ipv4")).unwrap();
+        std::fs::write(sys.join("net/ipv4/ip_forward"), "0\n").unwrap();
+        assert!(enable_ipv4_forwarding(&sys).unwrap());
+        assert!(!enable_ipv4_forwarding(&sys).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(sys.join("net/ipv4/ip_forward")).unwrap(),
+            "1"
+        );
+        std::fs::remove_dir_all(&sys).unwrap();
+        let e = enable_ipv4_forwarding(&sys).unwrap_err();
+        assert!(e.to_string().contains("net/ipv4/ip_forward"), "{e}");
     }
 }

@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | `mark-primary` | filter prerouting, mangle (-150) | NodePort/hostPort mark ([`super::nodeport`]) |
 //! | `mark-pods` | filter prerouting, dstnat + 10 (-90) | egress mark ([`super::snat`]), mark restore |
-//! | `pod-snat` | nat postrouting, srcnat + 10 (110) | SNAT to eth0's primary IP ([`super::snat`]) |
+//! | `pod-snat` | nat postrouting, srcnat + 10 (110) | SNAT to eth0's primary IP ([`super::snat`]), the IPv6-only pods' IPv4 egress first |
 //!
 //! plus the policy rule `1024: fwmark <mark>/<mark> lookup main` and loose `rp_filter` on the primary
 //! interface, whenever SNAT or NodePort support is on.
@@ -47,6 +47,9 @@ pub struct HostRulesConfig {
     pub connmark: u32,
     /// The host veth prefix the plugin uses (`veth_prefix` in the conflist).
     pub veth_prefix: String,
+    /// SNAT of IPv6-only pods' node-local IPv4 egress addresses, with these source ports
+    /// (`ip_family = ipv6` with `ipv4_egress`; `snat_randomize`), whatever `snat` says.
+    pub ipv4_egress: Option<SnatPorts>,
 }
 
 impl Default for HostRulesConfig {
@@ -59,6 +62,7 @@ impl Default for HostRulesConfig {
             node_port_support: true,
             connmark: 0x80,
             veth_prefix: "eni".into(),
+            ipv4_egress: None,
         }
     }
 }
@@ -66,7 +70,7 @@ impl Default for HostRulesConfig {
 impl HostRulesConfig {
     /// Whether anything is installed at all (the fwmark rule and rp_filter go with the table).
     pub fn wants_rules(&self) -> bool {
-        self.snat.is_on() || self.node_port_support
+        self.snat.is_on() || self.node_port_support || self.ipv4_egress.is_some()
     }
 
     /// Whether the primary interface needs a loose `rp_filter` (2): when SNAT is on (the replies of
@@ -110,13 +114,17 @@ pub fn desired_table(config: &HostRulesConfig, primary: &PrimaryInterface) -> Op
         priority: Priority::DstNat(10),
         rules: Vec::new(),
     };
-    let mut snat_chain = None;
+    let mut nat_rules = Vec::new();
+    if let Some(ports) = config.ipv4_egress {
+        nat_rules.push(snat::egress_snat_rule(primary.primary_ip, ports));
+    }
     if let Snat::Node { ports, exclude } = &config.snat {
         let never = snat::never_snat(&primary.vpc_cidrs, exclude);
         pods.rules
             .push(snat::egress_mark_rule(&config.veth_prefix, &never, mark));
-        snat_chain = Some(snat::snat_chain(primary.primary_ip, &never, *ports));
+        nat_rules.extend(snat::snat_rules(primary.primary_ip, &never, *ports));
     }
+    let snat_chain = (!nat_rules.is_empty()).then(|| snat::nat_chain(nat_rules));
     pods.rules
         .push(nodeport::restore_rule(&config.veth_prefix, mark));
     chains.push(pods);
@@ -345,6 +353,39 @@ mod tests {
         );
         assert!(with(Snat::External, true).needs_loose_rp_filter());
         assert!(!with(Snat::External, false).needs_loose_rp_filter());
+    }
+
+    #[test]
+    fn ipv4_egress_comes_first_and_stays_with_external_snat() {
+        let config = HostRulesConfig {
+            ipv4_egress: Some(SnatPorts::Prng),
+            ..HostRulesConfig::default()
+        };
+        let t = desired_table(&config, &primary()).unwrap();
+        let snat = t.chains.iter().find(|c| c.name == "pod-snat").unwrap();
+        let lines: Vec<String> = snat.rules.iter().map(|r| r.to_string()).collect();
+        assert!(
+            lines[0].starts_with("ip saddr 169.254.172.0/22 snat to 10.0.0.4 fully-random"),
+            "before the VPC return: {lines:?}"
+        );
+        assert!(lines[1].starts_with("ip daddr { 10.0.0.0/16 } return"));
+        assert_eq!(lines.len(), 4);
+        // A NAT gateway cannot translate 169.254: external_snat keeps the egress rule alone.
+        let config = HostRulesConfig {
+            snat: Snat::External,
+            node_port_support: false,
+            ipv4_egress: Some(SnatPorts::None),
+            ..HostRulesConfig::default()
+        };
+        assert!(config.wants_rules());
+        let t = desired_table(&config, &primary()).unwrap();
+        assert_eq!(chain_names(&t), ["mark-pods", "pod-snat"]);
+        let script = t.render().unwrap();
+        assert!(
+            script.contains("ip saddr 169.254.172.0/22 snat to 10.0.0.4 comment"),
+            "{script}"
+        );
+        assert_eq!(script.matches("snat to").count(), 1, "{script}");
     }
 
     #[test]

@@ -15,6 +15,18 @@
 //!   snat to <eth0 primary IP> fully-random  # `random` for hashrandom, nothing for none
 //! ```
 //!
+//! With `ip_family = ipv6` and `ipv4_egress`, `pod-snat` starts with one more rule, whatever
+//! `external_snat` says ([`egress_snat_rule`]):
+//!
+//! ```text
+//!   ip saddr 169.254.172.0/22 snat to <eth0 primary IP> fully-random
+//! ```
+//!
+//! It comes before the VPC-CIDR return because an IPv6-only pod's node-local IPv4 means nothing in
+//! the VPC: a VPC destination could not answer it, so it is translated too. A NAT gateway cannot
+//! translate a 169.254 source either, hence independent of `external_snat`. No mark is needed:
+//! IPv6-only pods have no secondary ENI, so their IPv4 leaves by the main table anyway.
+//!
 //! The mark matters for pods on a secondary ENI: their `from <pod ip> lookup <ENI table>` rule would
 //! send the connection out of that ENI, and a packet leaving ethN with eth0's address is dropped by
 //! EC2's source/destination check. The mark is set after destination NAT, so a pod's connection to a
@@ -81,8 +93,23 @@ pub fn egress_mark_rule(veth_prefix: &str, never: &[Ipv4Net], mark: u32) -> Rule
     }
 }
 
-/// The nat chain that translates pod egress to `to` (eth0's primary IP).
-pub fn snat_chain(to: Ipv4Addr, never: &[Ipv4Net], ports: SnatPorts) -> Chain {
+/// Translates the node-local egress addresses of IPv6-only pods (`ipv6::egress`) to `to`, every
+/// destination included (see the module docs).
+pub fn egress_snat_rule(to: Ipv4Addr, ports: SnatPorts) -> Rule {
+    Rule {
+        matches: vec![Match::SaddrIn(Ipv4Net::new_assert(
+            eniipam_api::egress::NETWORK,
+            eniipam_api::egress::PREFIX_LEN,
+        ))],
+        action: Action::Snat { to, ports },
+        comment: Some(
+            "eniipam: IPv6-only pods' IPv4 egress to the primary ENI's primary IP".into(),
+        ),
+    }
+}
+
+/// The nat chain with the `rules` given (the egress rule, the pod SNAT rules, or both).
+pub fn nat_chain(rules: Vec<Rule>) -> Chain {
     Chain {
         name: SNAT_CHAIN.into(),
         kind: ChainType::Nat,
@@ -90,32 +117,40 @@ pub fn snat_chain(to: Ipv4Addr, never: &[Ipv4Net], ports: SnatPorts) -> Chain {
         // After kube-proxy's and portmap's masquerade (srcnat): the first chain to NAT a connection
         // decides, as KUBE-POSTROUTING does when it precedes AWS-SNAT-CHAIN-0 in iptables.
         priority: Priority::SrcNat(10),
-        rules: vec![
-            Rule {
-                matches: vec![Match::DaddrIn {
-                    nets: never.to_vec(),
-                    negate: false,
-                }],
-                action: Action::Return,
-                comment: Some(
-                    "eniipam: VPC and excluded destinations keep the pod's address".into(),
-                ),
-            },
-            Rule {
-                matches: vec![Match::DaddrLocal {
-                    on_iif: false,
-                    negate: false,
-                }],
-                action: Action::Return,
-                comment: None,
-            },
-            Rule {
-                matches: vec![],
-                action: Action::Snat { to, ports },
-                comment: Some("eniipam: SNAT to the primary ENI's primary IP".into()),
-            },
-        ],
+        rules,
     }
+}
+
+/// The nat chain that translates pod egress to `to` (eth0's primary IP).
+pub fn snat_chain(to: Ipv4Addr, never: &[Ipv4Net], ports: SnatPorts) -> Chain {
+    nat_chain(snat_rules(to, never, ports))
+}
+
+/// The rules of [`snat_chain`].
+pub fn snat_rules(to: Ipv4Addr, never: &[Ipv4Net], ports: SnatPorts) -> Vec<Rule> {
+    vec![
+        Rule {
+            matches: vec![Match::DaddrIn {
+                nets: never.to_vec(),
+                negate: false,
+            }],
+            action: Action::Return,
+            comment: Some("eniipam: VPC and excluded destinations keep the pod's address".into()),
+        },
+        Rule {
+            matches: vec![Match::DaddrLocal {
+                on_iif: false,
+                negate: false,
+            }],
+            action: Action::Return,
+            comment: None,
+        },
+        Rule {
+            matches: vec![],
+            action: Action::Snat { to, ports },
+            comment: Some("eniipam: SNAT to the primary ENI's primary IP".into()),
+        },
+    ]
 }
 
 #[cfg(test)]
@@ -160,5 +195,15 @@ mod tests {
             "{lines:?}"
         );
         assert_eq!(c.priority.value(), 110);
+    }
+
+    #[test]
+    fn the_egress_rule_matches_the_egress_range_and_snats() {
+        let r = egress_snat_rule("10.0.0.4".parse().unwrap(), SnatPorts::Hashrandom);
+        assert!(
+            r.to_string()
+                .starts_with("ip saddr 169.254.172.0/22 snat to 10.0.0.4 random comment"),
+            "{r}"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The IPv6 half of the service: an address from the node's /80 for an attachment, recorded
 //! (with the /80's cursor) before it is answered, and released under the same rules as an IPv4.
 
-use std::net::Ipv6Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use ipnet::Ipv6Net;
@@ -19,6 +19,8 @@ pub struct Allocated6 {
     pub prefix: Ipv6Net,
     /// The VPC's IPv6 CIDR blocks.
     pub vpc_cidrs: Vec<Ipv6Net>,
+    /// The pod's node-local IPv4 for egress (ipv6 mode with `ipv4_egress`; `crate::ipv6::egress`).
+    pub egress_ipv4: Option<Ipv4Addr>,
 }
 
 impl Ipam {
@@ -49,7 +51,7 @@ impl Ipam {
             let recorded = match row {
                 Some(row) => {
                     self.store()
-                        .record_assigned_ipv6(row, grant.next_offset)
+                        .record_assigned_ipv6(row, (grant.next_offset, grant.egress_next))
                         .await
                 }
                 None => Ok(()),
@@ -57,6 +59,7 @@ impl Ipam {
             if let Err(e) = recorded {
                 tracing::error!(error = %e, attachment = %a.key, ip = %grant.ip,
                     "cannot record the IPv6 assignment");
+                // The IPv6 and the egress address both go back (`Book::undo_acquire`).
                 p.with(|b| b.undo_acquire(&a.key, &grant));
                 return Err(IpamError::Record(e));
             }
@@ -66,6 +69,7 @@ impl Ipam {
             ip: grant.ip,
             prefix: p.prefix(),
             vpc_cidrs: p.vpc_cidrs.clone(),
+            egress_ipv4: grant.egress,
         })
     }
 
@@ -99,6 +103,7 @@ impl Ipam {
         {
             tracing::error!(error = %e, attachment = %key, ip = %released.ip,
                 "cannot record the IPv6 release");
+            // The IPv6 and its egress address are held again (`Book::undo_release`).
             p.with(|b| b.undo_release(&released));
             return Err(IpamError::Record(e));
         }

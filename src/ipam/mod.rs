@@ -374,6 +374,14 @@ impl Ipam {
             .and_then(|p| p.with(|b| b.get(key).map(|h| h.ip))))
     }
 
+    /// The attachment's IPv4 egress address (ipv6 mode with `ipv4_egress`), if it holds one.
+    pub fn egress_of(&self, key: &AttachmentKey) -> Option<Ipv4Addr> {
+        self.inner
+            .ipv6
+            .as_ref()
+            .and_then(|p| p.with(|b| b.get(key).and_then(|h| h.egress)))
+    }
+
     /// The attachment holding the IPv6 `ip` now, if any.
     pub fn holder_of6(&self, ip: Ipv6Addr) -> Option<AttachmentKey> {
         self.inner

@@ -13,10 +13,11 @@
 //! anycast address, and it keeps the prefix's own address out of every pod.
 
 use std::collections::HashMap;
-use std::net::Ipv6Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::Ipv6Net;
 
+use super::egress::{EgressBook, EgressExhausted};
 use crate::model::{AttachmentKey, PodRef};
 
 /// How many addresses a /80 holds; offsets run from 1 to `SPAN - 1`.
@@ -40,6 +41,9 @@ pub enum Ipv6Error {
     /// The daemon has no /80 yet (ip_family ipv4, or the startup did not take one).
     #[error("this node has no IPv6 prefix (ip_family is ipv4, or the /80 is not taken yet)")]
     NoPrefix,
+    /// Every IPv4 egress address is held (`ipv4_egress`): nothing was handed out.
+    #[error(transparent)]
+    EgressExhausted(#[from] EgressExhausted),
 }
 
 /// One pod's address.
@@ -52,6 +56,8 @@ pub struct Held {
     pub meta: Meta,
     /// Unix ms.
     pub assigned_at_ms: u64,
+    /// The pod's node-local IPv4 for egress (`ipv4_egress` in ipv6 mode; see [`super::egress`]).
+    pub egress: Option<Ipv4Addr>,
 }
 
 /// The CNI network (the conflist's `name`) and the pod's network namespace path.
@@ -69,6 +75,10 @@ pub struct Grant {
     pub new: bool,
     /// The cursor after this grant, to be recorded with it.
     pub next_offset: u64,
+    /// The attachment's egress IPv4, if the book hands them out.
+    pub egress: Option<Ipv4Addr>,
+    /// The egress cursor after this grant, to be recorded with it.
+    pub egress_next: u64,
     /// The reservation this grant used up (a StatefulSet pod back within `ip_stick_time`), for undo.
     pub(crate) took_reservation: Option<(String, Reservation)>,
 }
@@ -87,6 +97,8 @@ pub struct Reservation {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Released6 {
     pub ip: Ipv6Addr,
+    /// The egress IPv4 given back with it.
+    pub egress: Option<Ipv4Addr>,
     /// The reservation made: the sticky key and until when (unix ms).
     pub reservation: Option<(String, u64)>,
     pub(crate) undo: (AttachmentKey, Held),
@@ -100,6 +112,8 @@ pub struct Book {
     held: HashMap<AttachmentKey, Held>,
     by_ip: HashMap<Ipv6Addr, AttachmentKey>,
     reserved: HashMap<String, Reservation>,
+    /// The IPv4 egress addresses (`None`: the book hands none out).
+    egress: Option<EgressBook>,
 }
 
 impl Book {
@@ -111,7 +125,24 @@ impl Book {
             held: HashMap::new(),
             by_ip: HashMap::new(),
             reserved: HashMap::new(),
+            egress: None,
         }
+    }
+
+    /// The book also hands every new attachment an IPv4 egress address, the cursor standing at
+    /// `egress_next` ([`super::egress`]).
+    pub fn with_egress(mut self, egress_next: u64) -> Self {
+        self.egress = Some(EgressBook::new(egress_next));
+        self
+    }
+
+    /// The egress addresses, when the book hands them out.
+    pub fn egress(&self) -> Option<&EgressBook> {
+        self.egress.as_ref()
+    }
+
+    fn egress_next(&self) -> u64 {
+        self.egress.as_ref().map_or(0, EgressBook::next)
     }
 
     pub fn prefix(&self) -> Ipv6Net {
@@ -166,8 +197,9 @@ impl Book {
     }
 
     /// Puts back what the state file holds (startup). Refuses an address outside the prefix or held
-    /// twice; the caller drops such rows with a log line.
-    pub fn restore_held(&mut self, key: AttachmentKey, held: Held) -> Result<(), String> {
+    /// twice, or an egress address outside its range or held twice; the caller drops such rows with
+    /// a log line. A book without egress forgets the row's egress address (`ipv4_egress` turned off).
+    pub fn restore_held(&mut self, key: AttachmentKey, mut held: Held) -> Result<(), String> {
         let Some(off) = self.offset_of(held.ip) else {
             return Err(format!(
                 "{} is not a pod address of {}",
@@ -179,6 +211,11 @@ impl Book {
         }
         if self.held.contains_key(&key) {
             return Err(format!("{key} holds another address already"));
+        }
+        match (self.egress.as_mut(), held.egress) {
+            (Some(book), Some(ip)) => book.restore(ip)?,
+            (None, Some(_)) => held.egress = None,
+            _ => {}
         }
         // The cursor never falls behind an address on record.
         self.next_offset = self.next_offset.max((off + 1).min(SPAN - 1));
@@ -241,10 +278,16 @@ impl Book {
                 ip: h.ip,
                 new: false,
                 next_offset: self.next_offset,
+                egress: h.egress,
+                egress_next: self.egress_next(),
                 took_reservation: None,
             });
         }
         self.expire(now_ms);
+        // Checked before anything moves, so running out changes nothing; the take below cannot fail.
+        if self.egress.as_ref().is_some_and(|e| !e.has_room()) {
+            return Err(EgressExhausted.into());
+        }
         let mut took_reservation = None;
         let ip = if let Some(r) = sticky_key.and_then(|k| self.reserved.remove_entry(k)) {
             let ip = r.1.ip;
@@ -276,12 +319,14 @@ impl Book {
         if let Some(off) = self.offset_of(ip) {
             self.next_offset = self.next_offset.max((off + 1).min(SPAN - 1));
         }
+        let egress = self.egress.as_mut().map(EgressBook::take).transpose()?;
         let held = Held {
             ip,
             pod: pod.clone(),
             sticky_key: sticky_key.map(str::to_owned),
             meta: meta.clone(),
             assigned_at_ms: now_ms,
+            egress,
         };
         self.by_ip.insert(ip, key.clone());
         self.held.insert(key.clone(), held);
@@ -289,6 +334,8 @@ impl Book {
             ip,
             new: true,
             next_offset: self.next_offset,
+            egress,
+            egress_next: self.egress_next(),
             took_reservation,
         })
     }
@@ -317,6 +364,7 @@ impl Book {
         }
         if let Some(h) = self.held.remove(key) {
             self.by_ip.remove(&h.ip);
+            self.free_egress(h.egress);
         }
         if let Some((k, r)) = grant.took_reservation.clone() {
             self.reserved.insert(k, r);
@@ -334,6 +382,7 @@ impl Book {
     ) -> Option<Released6> {
         let held = self.held.remove(key)?;
         self.by_ip.remove(&held.ip);
+        self.free_egress(held.egress);
         let reservation = match (&held.sticky_key, sticky && stick_ms > 0) {
             (Some(k), true) => {
                 let until_ms = now_ms + stick_ms;
@@ -351,16 +400,31 @@ impl Book {
         };
         Some(Released6 {
             ip: held.ip,
+            egress: held.egress,
             reservation,
             undo: (key.clone(), held),
         })
     }
 
+    fn free_egress(&mut self, ip: Option<Ipv4Addr>) {
+        if let (Some(book), Some(ip)) = (self.egress.as_mut(), ip) {
+            book.free(ip);
+        }
+    }
+
     /// Undoes a release whose record failed: the attachment holds its address again.
+    ///
+    /// Its egress address too, unless another attachment took it in between (the cursor wrapped onto
+    /// it while the record was failing): then the attachment keeps no egress address in memory.
     pub fn undo_release(&mut self, released: &Released6) {
-        let (key, held) = released.undo.clone();
+        let (key, mut held) = released.undo.clone();
         if let Some((k, _)) = &released.reservation {
             self.reserved.remove(k);
+        }
+        if let (Some(book), Some(ip)) = (self.egress.as_mut(), held.egress)
+            && book.restore(ip).is_err()
+        {
+            held.egress = None;
         }
         self.by_ip.insert(held.ip, key.clone());
         self.held.insert(key, held);

@@ -10,6 +10,10 @@
 //!
 //! In `dual` mode a pod gets an IPv4 from the ENI pool and an IPv6 from here, recorded per
 //! attachment and released together (`ipam`).
+//!
+//! In `ipv6` mode with `ipv4_egress` (the default), each pod also gets a node-local IPv4 from
+//! 169.254.172.0/22 with its IPv6, in the same record, which the node SNATs to its primary IPv4
+//! ([`egress`]).
 
 use std::fmt;
 use std::net::Ipv6Addr;
@@ -20,6 +24,7 @@ use ipnet::Ipv6Net;
 use serde::{Deserialize, Serialize};
 
 pub mod book;
+pub mod egress;
 pub mod prefix;
 
 pub use book::{Book, Grant, Held, Ipv6Error, Meta, Released6, Reservation};
@@ -99,15 +104,19 @@ pub struct Restored {
 }
 
 impl Ipv6Pool {
-    /// The book of `prefix`, with the state file's rows of it put back.
+    /// The book of `prefix`, with the state file's rows of it put back. With `egress`, every pod
+    /// also gets an IPv4 egress address (rows keep theirs); without, rows lose theirs.
     pub fn restore(
         prefix: StoredPrefix6,
         stored: StoredIpv6,
-        vpc_cidrs: Vec<Ipv6Net>,
+        (vpc_cidrs, egress): (Vec<Ipv6Net>, bool),
         stick_ms: u64,
         now_ms: u64,
     ) -> (Self, Restored) {
         let mut book = Book::new(prefix.prefix, prefix.next_offset);
+        if egress {
+            book = book.with_egress(prefix.egress_next);
+        }
         let mut dropped = Vec::new();
         for a in stored.assignments {
             let key = crate::model::AttachmentKey::new(a.container_id.clone(), a.ifname.clone());
@@ -124,6 +133,7 @@ impl Ipv6Pool {
                     netns: a.netns.clone(),
                 },
                 assigned_at_ms: a.assigned_at_ms,
+                egress: a.egress_ipv4,
             };
             if let Err(why) = book.restore_held(key, held) {
                 dropped.push((a.ip, why));
@@ -146,6 +156,7 @@ impl Ipv6Pool {
         let state = StoredIpv6 {
             prefix: Some(StoredPrefix6 {
                 next_offset: book.next_offset(),
+                egress_next: book.egress().map_or(prefix.egress_next, |e| e.next()),
                 ..prefix.clone()
             }),
             assignments: book.held().map(|(k, h)| stored_assignment(k, h)).collect(),
@@ -187,6 +198,7 @@ pub fn stored_assignment(key: &crate::model::AttachmentKey, h: &Held) -> StoredA
         pod_uid: h.pod.uid.clone(),
         sticky_key: h.sticky_key.clone(),
         assigned_at_ms: h.assigned_at_ms,
+        egress_ipv4: h.egress,
     }
 }
 

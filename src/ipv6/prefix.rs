@@ -61,6 +61,8 @@ pub async fn ensure(
             prefix: *p,
             eni_id: eth0.id.to_string(),
             next_offset: seed_offset(now_ms),
+            // The egress addresses are the node's, not the /80's: their cursor carries on.
+            egress_next: lost.as_ref().map_or(0, |r| r.egress_next),
             taken_at_ms: now_ms,
         };
         return Ok((taken, Taken::Adopted, lost));
@@ -80,6 +82,7 @@ pub async fn ensure(
         prefix,
         eni_id: eth0.id.to_string(),
         next_offset: seed_offset(now_ms),
+        egress_next: lost.as_ref().map_or(0, |r| r.egress_next),
         taken_at_ms: now_ms,
     };
     Ok((taken, Taken::Assigned, lost))

@@ -187,6 +187,7 @@ fn restore_keeps_the_good_rows_and_says_why_it_dropped_the_others() {
         pod_uid: "u".into(),
         sticky_key: None,
         assigned_at_ms: 1,
+        egress_ipv4: None,
     };
     let stored = StoredIpv6 {
         prefix: None,
@@ -214,9 +215,10 @@ fn restore_keeps_the_good_rows_and_says_why_it_dropped_the_others() {
         prefix: PREFIX.parse().unwrap(),
         eni_id: "eni-0".into(),
         next_offset: 3,
+        egress_next: 0,
         taken_at_ms: 1,
     };
-    let (pool, restored) = Ipv6Pool::restore(prefix, stored, vec![], 300_000, 100);
+    let (pool, restored) = Ipv6Pool::restore(prefix, stored, (vec![], false), 300_000, 100);
     assert_eq!(restored.dropped.len(), 3, "{:?}", restored.dropped);
     assert_eq!(restored.state.assignments.len(), 1);
     assert_eq!(restored.state.reservations.len(), 1);
@@ -250,4 +252,174 @@ fn a_seeded_cursor_is_past_what_an_earlier_life_handed_out() {
     let handed_out = earlier + 16 * 86_400_000;
     assert!(seed_offset(taken_at + 86_400_000 + 1) > handed_out);
     assert!(seed_offset(0) >= 1 && seed_offset(u64::MAX) < SPAN);
+}
+
+fn egress_book() -> Book {
+    book().with_egress(0)
+}
+
+fn v4(s: &str) -> std::net::Ipv4Addr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn each_pod_gets_its_own_egress_address_and_a_released_one_is_not_handed_out_at_once() {
+    let mut b = egress_book();
+    let g1 = b
+        .acquire(&key("c1"), &pod("a"), None, &meta(), None, 1)
+        .unwrap();
+    let g2 = b
+        .acquire(&key("c2"), &pod("b"), None, &meta(), None, 1)
+        .unwrap();
+    assert_eq!(g1.egress, Some(v4("169.254.172.1")));
+    assert_eq!((g2.egress, g2.egress_next), (Some(v4("169.254.172.2")), 2));
+    // A repeated ADD keeps it.
+    let again = b
+        .acquire(&key("c1"), &pod("a"), None, &meta(), None, 2)
+        .unwrap();
+    assert_eq!((again.egress, again.egress_next), (g1.egress, 2));
+    let r = b.release(&key("c1"), false, 0, 3).unwrap();
+    assert_eq!(r.egress, g1.egress);
+    assert_eq!(b.egress().unwrap().held(), 1);
+    let g3 = b
+        .acquire(&key("c3"), &pod("c"), None, &meta(), None, 4)
+        .unwrap();
+    assert_eq!(
+        g3.egress,
+        Some(v4("169.254.172.3")),
+        "forward, not the freed .1"
+    );
+    // A book without egress hands none out.
+    let g = book()
+        .acquire(&key("c1"), &pod("a"), None, &meta(), None, 1)
+        .unwrap();
+    assert_eq!(g.egress, None);
+}
+
+#[test]
+fn the_undo_paths_undo_the_egress_address_too() {
+    let mut b = egress_book();
+    let g = b
+        .acquire(&key("c1"), &pod("a"), None, &meta(), None, 1)
+        .unwrap();
+    b.undo_acquire(&key("c1"), &g);
+    assert_eq!(b.egress().unwrap().held(), 0);
+    let g = b
+        .acquire(&key("c2"), &pod("b"), None, &meta(), None, 1)
+        .unwrap();
+    assert_eq!(g.egress, Some(v4("169.254.172.2")), "the cursor stays past");
+    let r = b.release(&key("c2"), false, 0, 2).unwrap();
+    assert_eq!(b.egress().unwrap().held(), 0);
+    b.undo_release(&r);
+    assert_eq!(b.get(&key("c2")).unwrap().egress, g.egress);
+    assert_eq!(b.egress().unwrap().held(), 1);
+    let e = b
+        .egress()
+        .cloned()
+        .unwrap()
+        .restore(g.egress.unwrap())
+        .unwrap_err();
+    assert!(e.contains("held twice"), "the undone release holds it: {e}");
+}
+
+#[test]
+fn running_out_of_egress_addresses_is_an_error_that_changes_nothing() {
+    let mut b = egress_book();
+    for n in 0..super::egress::EGRESS_SPAN {
+        b.acquire(&key(&format!("c{n}")), &pod("p"), None, &meta(), None, 1)
+            .unwrap();
+    }
+    let (offset, egress_next) = (b.next_offset(), b.egress().unwrap().next());
+    let e = b
+        .acquire(&key("one-more"), &pod("p"), Some("ns/p"), &meta(), None, 1)
+        .unwrap_err();
+    assert!(matches!(e, Ipv6Error::EgressExhausted(_)), "{e}");
+    assert!(e.to_string().contains("169.254.172.0/22"), "{e}");
+    assert_eq!(b.assigned() as u64, super::egress::EGRESS_SPAN);
+    assert_eq!(
+        (b.next_offset(), b.egress().unwrap().next()),
+        (offset, egress_next)
+    );
+    assert!(b.get(&key("one-more")).is_none());
+    // One pod going makes room for one.
+    b.release(&key("c7"), false, 0, 2).unwrap();
+    let g = b
+        .acquire(&key("one-more"), &pod("p"), None, &meta(), None, 3)
+        .unwrap();
+    assert_eq!(g.egress, Some(v4("169.254.172.8")));
+}
+
+#[test]
+fn restore_keeps_egress_addresses_with_egress_on_and_drops_them_with_it_off() {
+    use crate::store::{StoredAssignment6, StoredPrefix6};
+    let row = |ipv6: &str, c: &str, egress: &str| StoredAssignment6 {
+        ip: ip(ipv6),
+        network: "eniipam".into(),
+        container_id: c.into(),
+        ifname: "eth0".into(),
+        netns: "/x".into(),
+        pod_namespace: "ns".into(),
+        pod_name: c.into(),
+        pod_uid: "u".into(),
+        sticky_key: None,
+        assigned_at_ms: 1,
+        egress_ipv4: Some(v4(egress)),
+    };
+    let stored = StoredIpv6 {
+        prefix: None,
+        assignments: vec![
+            row("2600:1f18:6d00:100:a1b2::1", "c1", "169.254.172.9"),
+            row("2600:1f18:6d00:100:a1b2::2", "c2", "169.254.172.9"),
+            row("2600:1f18:6d00:100:a1b2::3", "c3", "10.0.0.9"),
+            row("2600:1f18:6d00:100:a1b2::4", "c4", "169.254.172.10"),
+        ],
+        reservations: vec![],
+    };
+    let prefix = StoredPrefix6 {
+        prefix: PREFIX.parse().unwrap(),
+        eni_id: "eni-0".into(),
+        next_offset: 5,
+        egress_next: 8,
+        taken_at_ms: 1,
+    };
+    let (pool, restored) =
+        Ipv6Pool::restore(prefix.clone(), stored.clone(), (vec![], true), 300_000, 100);
+    let why: Vec<&str> = restored.dropped.iter().map(|(_, w)| w.as_str()).collect();
+    assert_eq!(why.len(), 2, "{why:?}");
+    assert!(why.iter().any(|w| w.contains("held twice")), "{why:?}");
+    assert!(
+        why.iter().any(|w| w.contains("not a pod address")),
+        "{why:?}"
+    );
+    let mut kept: Vec<_> = restored
+        .state
+        .assignments
+        .iter()
+        .map(|a| (a.container_id.as_str(), a.egress_ipv4))
+        .collect();
+    kept.sort();
+    assert_eq!(
+        kept,
+        [
+            ("c1", Some(v4("169.254.172.9"))),
+            ("c4", Some(v4("169.254.172.10")))
+        ]
+    );
+    assert_eq!(restored.state.prefix.as_ref().unwrap().egress_next, 8);
+    // The cursor carries on from the record and skips what is held.
+    let g = pool
+        .with(|b| b.acquire(&key("c5"), &pod("e"), None, &meta(), None, 100))
+        .unwrap();
+    assert_eq!(g.egress, Some(v4("169.254.172.11")));
+    // ipv4_egress off: every row stays, without its egress address.
+    let (_, restored) = Ipv6Pool::restore(prefix, stored, (vec![], false), 300_000, 100);
+    assert!(restored.dropped.is_empty(), "{:?}", restored.dropped);
+    assert_eq!(restored.state.assignments.len(), 4);
+    assert!(
+        restored
+            .state
+            .assignments
+            .iter()
+            .all(|a| a.egress_ipv4.is_none())
+    );
 }

@@ -76,6 +76,12 @@ pub fn ipam_status(e: &IpamError) -> Status {
             e.to_string(),
             pb::ErrorReason::PreferredIpUnavailable,
         ),
+        // Pods on this node hold all 1022 egress addresses: one comes back when a pod goes.
+        IpamError::Ipv6(Ipv6Error::EgressExhausted(_)) => status_with_reason(
+            Code::ResourceExhausted,
+            e.to_string(),
+            pb::ErrorReason::Exhausted,
+        ),
         IpamError::Ipv6(Ipv6Error::NoPrefix) => {
             status_with_reason(Code::Unavailable, e.to_string(), pb::ErrorReason::NotReady)
         }
@@ -183,6 +189,7 @@ impl IpamService {
             reply.ipv6 = v6.ip.to_string();
             reply.ipv6_prefix = v6.prefix.to_string();
             reply.vpc_ipv6_cidrs = v6.vpc_cidrs.iter().map(|c| c.to_string()).collect();
+            reply.egress_ipv4 = v6.egress_ipv4.map(|i| i.to_string()).unwrap_or_default();
         }
         Ok(reply)
     }
@@ -286,6 +293,11 @@ impl pb::ipam_server::Ipam for IpamService {
             ip,
             message: problems.join("; "),
             ipv6,
+            egress_ipv4: self
+                .ipam
+                .egress_of(&key)
+                .map(|i| i.to_string())
+                .unwrap_or_default(),
         };
         Ok(Response::new(reply))
     }

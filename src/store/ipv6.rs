@@ -1,8 +1,9 @@
-//! The IPv6 tables (schema version 4): the node's /80 with its cursor, and the pods' addresses.
+//! The IPv6 tables (schema version 4, egress in 5): the node's /80 with its cursors, and the pods'
+//! addresses with their IPv4 egress addresses.
 //! One transaction per call, like `queries`; the tables refuse an address held twice or an
 //! attachment holding two.
 
-use std::net::Ipv6Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::Ipv6Net;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -19,6 +20,8 @@ pub struct StoredPrefix6 {
     pub eni_id: String,
     /// The offset of the next never-used address.
     pub next_offset: u64,
+    /// The egress cursor: a count that only grows (`ipv6::egress`).
+    pub egress_next: u64,
     /// When the daemon took or adopted it (unix ms).
     pub taken_at_ms: u64,
 }
@@ -36,6 +39,8 @@ pub struct StoredAssignment6 {
     pub pod_uid: String,
     pub sticky_key: Option<String>,
     pub assigned_at_ms: u64,
+    /// The pod's node-local IPv4 for egress (ipv6 mode with `ipv4_egress`).
+    pub egress_ipv4: Option<Ipv4Addr>,
 }
 
 /// A StatefulSet pod's address kept while the pod is away.
@@ -63,6 +68,7 @@ pub(super) enum Request6 {
     Assign {
         a: StoredAssignment6,
         next_offset: u64,
+        egress_next: u64,
         respond_to: Reply<()>,
     },
     Release {
@@ -94,8 +100,11 @@ impl Request6 {
             Request6::Assign {
                 a,
                 next_offset,
+                egress_next,
                 respond_to,
-            } => respond_to.send(assign(conn, &a, next_offset)).is_ok(),
+            } => respond_to
+                .send(assign(conn, &a, (next_offset, egress_next)))
+                .is_ok(),
             Request6::Release {
                 container_id,
                 ifname,
@@ -112,12 +121,12 @@ impl Request6 {
 }
 
 const ASSIGNED_COLUMNS: &str = "ip, network, container_id, ifname, netns, pod_namespace, pod_name, \
-                                pod_uid, sticky_key, assigned_at_ms";
+                                pod_uid, sticky_key, assigned_at_ms, egress_ipv4";
 
 fn load(conn: &Connection) -> Result<StoredIpv6, StoreError> {
     let prefix = conn
         .query_row(
-            "SELECT prefix, eni_id, next_offset, taken_at_ms FROM ipv6_prefix",
+            "SELECT prefix, eni_id, next_offset, taken_at_ms, egress_next FROM ipv6_prefix",
             [],
             |row| {
                 Ok(StoredPrefix6 {
@@ -125,6 +134,7 @@ fn load(conn: &Connection) -> Result<StoredIpv6, StoreError> {
                     eni_id: row.get(1)?,
                     next_offset: row.get(2)?,
                     taken_at_ms: row.get(3)?,
+                    egress_next: row.get(4)?,
                 })
             },
         )
@@ -145,6 +155,10 @@ fn load(conn: &Connection) -> Result<StoredIpv6, StoreError> {
                 pod_uid: row.get(7)?,
                 sticky_key: row.get(8)?,
                 assigned_at_ms: row.get(9)?,
+                egress_ipv4: match row.get_ref(10)? {
+                    rusqlite::types::ValueRef::Null => None,
+                    _ => Some(text_column(row, 10)?),
+                },
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -174,7 +188,7 @@ fn load(conn: &Connection) -> Result<StoredIpv6, StoreError> {
 fn insert_assigned(tx: &Connection, a: &StoredAssignment6) -> Result<(), StoreError> {
     tx.prepare_cached(&format!(
         "INSERT INTO ipv6_ips (state, {ASSIGNED_COLUMNS})
-         VALUES ('assigned', ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+         VALUES ('assigned', ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
     ))?
     .execute(params![
         a.ip.to_string(),
@@ -187,8 +201,18 @@ fn insert_assigned(tx: &Connection, a: &StoredAssignment6) -> Result<(), StoreEr
         a.pod_uid,
         a.sticky_key,
         a.assigned_at_ms,
+        a.egress_ipv4.map(|ip| ip.to_string()),
     ])
-    .map_err(|e| conflict_or(e, format!("{} for {}/{}", a.ip, a.container_id, a.ifname)))?;
+    .map_err(|e| {
+        let egress = a
+            .egress_ipv4
+            .map(|ip| format!(" (egress {ip})"))
+            .unwrap_or_default();
+        conflict_or(
+            e,
+            format!("{}{egress} for {}/{}", a.ip, a.container_id, a.ifname),
+        )
+    })?;
     Ok(())
 }
 
@@ -207,13 +231,14 @@ fn insert_reserved(tx: &Connection, r: &StoredReservation6) -> Result<(), StoreE
     Ok(())
 }
 
-/// The attachment holds `a.ip` (a repeated record of the same pair is a no-op); the reservation of
-/// the address, if any, is used up; the cursor moves to `next_offset` if that is further. Conflict,
-/// and nothing changes, when the attachment holds another address or the address is another's.
+/// The attachment holds `a.ip` and `a.egress_ipv4` (a repeated record of the same pair is a no-op);
+/// the reservation of the address, if any, is used up; the cursors move to `next_offset` and
+/// `egress_next` if those are further. Conflict, and nothing changes, when the attachment holds
+/// another address or the address or egress address is another's.
 fn assign(
     conn: &mut Connection,
     a: &StoredAssignment6,
-    next_offset: u64,
+    (next_offset, egress_next): (u64, u64),
 ) -> Result<(), StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let held: Option<String> = tx
@@ -239,8 +264,9 @@ fn assign(
     )?;
     insert_assigned(&tx, a)?;
     let moved = tx.execute(
-        "UPDATE ipv6_prefix SET next_offset = MAX(next_offset, ?1)",
-        [next_offset],
+        "UPDATE ipv6_prefix SET next_offset = MAX(next_offset, ?1),
+                                egress_next = MAX(egress_next, ?2)",
+        [next_offset, egress_next],
     )?;
     if moved != 1 {
         return Err(StoreError::Conflict(format!(
@@ -297,9 +323,15 @@ fn replace_all(conn: &mut Connection, state: &StoredIpv6) -> Result<(), StoreErr
     tx.execute_batch("DELETE FROM ipv6_ips; DELETE FROM ipv6_prefix;")?;
     if let Some(p) = &state.prefix {
         tx.execute(
-            "INSERT INTO ipv6_prefix (id, prefix, eni_id, next_offset, taken_at_ms)
-             VALUES (1, ?1, ?2, ?3, ?4)",
-            params![p.prefix.to_string(), p.eni_id, p.next_offset, p.taken_at_ms],
+            "INSERT INTO ipv6_prefix (id, prefix, eni_id, next_offset, taken_at_ms, egress_next)
+             VALUES (1, ?1, ?2, ?3, ?4, ?5)",
+            params![
+                p.prefix.to_string(),
+                p.eni_id,
+                p.next_offset,
+                p.taken_at_ms,
+                p.egress_next
+            ],
         )?;
     } else if !state.assignments.is_empty() || !state.reservations.is_empty() {
         return Err(StoreError::Conflict(
@@ -338,6 +370,7 @@ mod tests {
             pod_uid: "u".into(),
             sticky_key: Some("ns/p".into()),
             assigned_at_ms: 5,
+            egress_ipv4: None,
         }
     }
 
@@ -349,6 +382,7 @@ mod tests {
                     prefix: "2600:1f18:6d00:100:a::/80".parse().unwrap(),
                     eni_id: "eni-0".into(),
                     next_offset: 1,
+                    egress_next: 0,
                     taken_at_ms: 1,
                 }),
                 ..Default::default()
@@ -361,19 +395,19 @@ mod tests {
     fn an_assignment_moves_the_cursor_in_its_own_transaction_and_never_back() {
         let mut c = conn();
         with_prefix(&mut c);
-        assign(&mut c, &a("2600:1f18:6d00:100:a::5", "c1"), 6).unwrap();
-        assign(&mut c, &a("2600:1f18:6d00:100:a::2", "c2"), 3).unwrap();
+        assign(&mut c, &a("2600:1f18:6d00:100:a::5", "c1"), (6, 0)).unwrap();
+        assign(&mut c, &a("2600:1f18:6d00:100:a::2", "c2"), (3, 0)).unwrap();
         let s = load(&c).unwrap();
         assert_eq!(s.prefix.unwrap().next_offset, 6);
         assert_eq!(s.assignments.len(), 2);
         // Repeating the same pair is a no-op; another address for c1 or c1's address for c3 is not.
-        assign(&mut c, &a("2600:1f18:6d00:100:a::5", "c1"), 7).unwrap();
-        let e = assign(&mut c, &a("2600:1f18:6d00:100:a::9", "c1"), 10).unwrap_err();
+        assign(&mut c, &a("2600:1f18:6d00:100:a::5", "c1"), (7, 0)).unwrap();
+        let e = assign(&mut c, &a("2600:1f18:6d00:100:a::9", "c1"), (10, 0)).unwrap_err();
         assert!(
             matches!(e, StoreError::Conflict(ref m) if m.contains("already holds")),
             "{e}"
         );
-        let e = assign(&mut c, &a("2600:1f18:6d00:100:a::5", "c3"), 10).unwrap_err();
+        let e = assign(&mut c, &a("2600:1f18:6d00:100:a::5", "c3"), (10, 0)).unwrap_err();
         assert!(matches!(e, StoreError::Conflict(_)), "{e}");
         assert_eq!(
             load(&c).unwrap().prefix.unwrap().next_offset,
@@ -385,7 +419,7 @@ mod tests {
     #[test]
     fn no_address_is_recorded_without_a_prefix() {
         let mut c = conn();
-        let e = assign(&mut c, &a("2600::5", "c1"), 6).unwrap_err();
+        let e = assign(&mut c, &a("2600::5", "c1"), (6, 0)).unwrap_err();
         assert!(
             matches!(e, StoreError::Conflict(ref m) if m.contains("no IPv6 prefix")),
             "{e}"
@@ -398,7 +432,7 @@ mod tests {
         let mut c = conn();
         with_prefix(&mut c);
         let ip: Ipv6Addr = "2600:1f18:6d00:100:a::5".parse().unwrap();
-        assign(&mut c, &a("2600:1f18:6d00:100:a::5", "c1"), 6).unwrap();
+        assign(&mut c, &a("2600:1f18:6d00:100:a::5", "c1"), (6, 0)).unwrap();
         let r = StoredReservation6 {
             ip,
             sticky_key: "ns/p".into(),
@@ -413,12 +447,69 @@ mod tests {
         );
         let s = load(&c).unwrap();
         assert_eq!((s.assignments.len(), s.reservations), (0, vec![r]));
-        assign(&mut c, &a("2600:1f18:6d00:100:a::5", "c9"), 6).unwrap();
+        assign(&mut c, &a("2600:1f18:6d00:100:a::5", "c9"), (6, 0)).unwrap();
         let s = load(&c).unwrap();
         assert_eq!((s.assignments.len(), s.reservations.len()), (1, 0));
         // A plain release forgets the address.
         release(&mut c, "c9", "eth0", None).unwrap();
         let s = load(&c).unwrap();
         assert!(s.assignments.is_empty() && s.reservations.is_empty());
+    }
+
+    #[test]
+    fn the_egress_address_is_recorded_with_the_ipv6_and_goes_with_its_release() {
+        let mut c = conn();
+        with_prefix(&mut c);
+        let egress: Ipv4Addr = "169.254.172.9".parse().unwrap();
+        let with_egress = |ip: &str, container: &str| StoredAssignment6 {
+            egress_ipv4: Some(egress),
+            ..a(ip, container)
+        };
+        assign(
+            &mut c,
+            &with_egress("2600:1f18:6d00:100:a::5", "c1"),
+            (6, 9),
+        )
+        .unwrap();
+        let s = load(&c).unwrap();
+        assert_eq!(s.assignments[0].egress_ipv4, Some(egress));
+        assert_eq!(s.prefix.as_ref().unwrap().egress_next, 9);
+        // Another pod with the same egress address: refused whole, nothing moves.
+        let e = assign(
+            &mut c,
+            &with_egress("2600:1f18:6d00:100:a::6", "c2"),
+            (7, 10),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, StoreError::Conflict(ref m) if m.contains("169.254.172.9")),
+            "{e}"
+        );
+        let s = load(&c).unwrap();
+        assert_eq!(s.assignments.len(), 1);
+        let p = s.prefix.unwrap();
+        assert_eq!(
+            (p.next_offset, p.egress_next),
+            (6, 9),
+            "the refused record moved nothing"
+        );
+        // The egress cursor never moves back either.
+        assign(&mut c, &a("2600:1f18:6d00:100:a::7", "c3"), (8, 2)).unwrap();
+        assert_eq!(load(&c).unwrap().prefix.unwrap().egress_next, 9);
+        // Released: the egress address goes with the row, so another pod may record it.
+        release(&mut c, "c1", "eth0", None).unwrap();
+        assign(
+            &mut c,
+            &with_egress("2600:1f18:6d00:100:a::8", "c4"),
+            (9, 10),
+        )
+        .unwrap();
+        let s = load(&c).unwrap();
+        let held: Vec<_> = s
+            .assignments
+            .iter()
+            .map(|x| (x.container_id.as_str(), x.egress_ipv4))
+            .collect();
+        assert_eq!(held, [("c3", None), ("c4", Some(egress))]);
     }
 }

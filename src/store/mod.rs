@@ -385,18 +385,20 @@ impl Store {
             .await
     }
 
-    /// One transaction: the attachment holds the IPv6 address, its reservation (if any) is used up,
-    /// and the /80's cursor moves to `next_offset` if that is further. Conflict, and nothing
-    /// changes, if the attachment holds another address or the address is another attachment's.
+    /// One transaction: the attachment holds the IPv6 address (and its egress IPv4, if any), its
+    /// reservation (if any) is used up, and the /80's cursor and the egress cursor move to
+    /// `next_offset` and `egress_next` if those are further. Conflict, and nothing changes, if the
+    /// attachment holds another address or the address (or egress address) is another attachment's.
     pub async fn record_assigned_ipv6(
         &self,
         a: StoredAssignment6,
-        next_offset: u64,
+        (next_offset, egress_next): (u64, u64),
     ) -> Result<(), StoreError> {
         self.call(|respond_to| {
             Request::Ipv6(ipv6::Request6::Assign {
                 a,
                 next_offset,
+                egress_next,
                 respond_to,
             })
         })

@@ -10,7 +10,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use super::StoreError;
 
 /// The ordered migrations; index `i` migrates from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -209,6 +209,19 @@ CREATE TABLE ipv6_ips (
 ) STRICT;
 ";
 
+/// Version 5: IPv4 egress for IPv6-only pods (issue 26, `ipv6::egress`). An assigned row may carry
+/// the pod's node-local IPv4 (`egress_ipv4`, dotted quad, one pod per address by the unique index;
+/// never on a reserved row: the address is freed at release); the prefix row carries the egress
+/// cursor, a count that only grows, written with each allocation. Existing rows keep everything
+/// and have no egress address (their pods were wired without one); the cursor starts at 0.
+const V5: &str = "
+ALTER TABLE ipv6_ips ADD COLUMN egress_ipv4 TEXT
+    CHECK (egress_ipv4 IS NULL OR state = 'assigned');
+CREATE UNIQUE INDEX ipv6_ips_by_egress ON ipv6_ips (egress_ipv4);
+ALTER TABLE ipv6_prefix ADD COLUMN egress_next INTEGER NOT NULL DEFAULT 0
+    CHECK (egress_next >= 0);
+";
+
 /// The schema version recorded in the database; 0 for a file without a `meta` table.
 pub(super) fn version(conn: &Connection) -> Result<u32, StoreError> {
     let found = recorded_version(conn)?;
@@ -400,7 +413,7 @@ mod tests {
         )
         .unwrap();
         tx.commit().unwrap();
-        assert_eq!(migrate(&mut conn).unwrap(), 4);
+        assert_eq!(migrate(&mut conn).unwrap(), SCHEMA_VERSION);
         let (container, demand): (String, i64) = conn
             .query_row(
                 "SELECT container_id, (SELECT written_at_ms FROM demand) FROM ips WHERE ip = '10.0.0.1'",
@@ -429,6 +442,80 @@ mod tests {
             let err = conn.execute(bad, []).unwrap_err();
             assert!(err.to_string().contains("CHECK"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn version_4_files_move_to_version_5_with_their_ipv6_rows_and_no_egress_yet() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let tx = conn.transaction().unwrap();
+        for sql in [V1, V2, V3, V4] {
+            tx.execute_batch(sql).unwrap();
+        }
+        tx.execute("UPDATE meta SET schema_version = 4", [])
+            .unwrap();
+        tx.execute_batch(
+            "INSERT INTO ipv6_prefix (id, prefix, eni_id, next_offset, taken_at_ms)
+             VALUES (1, '2600:1f18::/80', 'eni-0', 42, 7);
+             INSERT INTO ipv6_ips (ip, state, network, container_id, ifname, netns, pod_namespace,
+                                   pod_name, pod_uid, sticky_key, assigned_at_ms)
+             VALUES ('2600:1f18::5', 'assigned', 'net', 'c1', 'eth0', '/run/netns/x', 'ns', 'p',
+                     'u', 'ns/p', 5);
+             INSERT INTO ipv6_ips (ip, state, reserved_for, reserved_until_ms, released_at_ms)
+             VALUES ('2600:1f18::6', 'reserved', 'ns/q', 99, 3);",
+        )
+        .unwrap();
+        tx.commit().unwrap();
+        assert_eq!(migrate(&mut conn).unwrap(), 5);
+        let prefix: (String, i64, i64, i64) = conn
+            .query_row(
+                "SELECT prefix, next_offset, taken_at_ms, egress_next FROM ipv6_prefix",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap();
+        assert_eq!(prefix, ("2600:1f18::/80".into(), 42, 7, 0));
+        let rows: Vec<(String, String, Option<String>, Option<String>)> = conn
+            .prepare("SELECT ip, state, sticky_key, egress_ipv4 FROM ipv6_ips ORDER BY ip")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            rows,
+            [
+                (
+                    "2600:1f18::5".into(),
+                    "assigned".into(),
+                    Some("ns/p".into()),
+                    None
+                ),
+                ("2600:1f18::6".into(), "reserved".into(), None, None),
+            ]
+        );
+        // One pod per egress address, and none on a reserved row.
+        conn.execute(
+            "UPDATE ipv6_ips SET egress_ipv4 = '169.254.172.1' WHERE ip = '2600:1f18::5'",
+            [],
+        )
+        .unwrap();
+        let err = conn
+            .execute(
+                "INSERT INTO ipv6_ips (ip, state, network, container_id, ifname, netns, pod_namespace,
+                                       pod_name, pod_uid, assigned_at_ms, egress_ipv4)
+                 VALUES ('2600:1f18::7', 'assigned', 'n', 'c2', 'eth0', '/x', 'ns', 'p', 'u', 1,
+                         '169.254.172.1')",
+                [],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("UNIQUE"), "{err}");
+        let err = conn
+            .execute(
+                "UPDATE ipv6_ips SET egress_ipv4 = '169.254.172.2' WHERE ip = '2600:1f18::6'",
+                [],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("CHECK"), "{err}");
     }
 
     #[test]

@@ -82,6 +82,7 @@ impl Ipam for FakeIpam {
         } else {
             String::new()
         };
+        let egress_ipv4 = state.v6.egress(&key);
         let ip = match state.held.get(&key) {
             _ if !state.v6.has_v4() => Ipv4Addr::UNSPECIFIED,
             Some(ip) => *ip,
@@ -117,6 +118,7 @@ impl Ipam for FakeIpam {
             subnet_cidr: ipv4_subnet.into(),
             gateway: "10.10.0.1".into(),
             vpc_cidrs: vec!["10.10.0.0/16".into()],
+            egress_ipv4,
         }))
     }
 
@@ -170,6 +172,7 @@ impl Ipam for FakeIpam {
                     format!("attachment holds {held}")
                 },
                 ipv6: held,
+                egress_ipv4: state.v6.egress_held.get(&key).cloned().unwrap_or_default(),
             }));
         }
         let held = state.held.get(&key).copied();
@@ -371,6 +374,12 @@ impl FakeDaemon {
         v6.family = family.into();
         v6.prefix = prefix.into();
         v6.free = addresses.iter().map(|a| (*a).to_owned()).collect();
+    }
+
+    /// The IPv4 egress addresses the next IPv6-only allocations answer, in order.
+    pub fn set_egress(&self, addresses: &[&str]) {
+        self.state.lock().unwrap().v6.egress_free =
+            addresses.iter().map(|a| (*a).to_owned()).collect();
     }
 
     pub fn held_v6(&self) -> HashMap<(String, String), String> {

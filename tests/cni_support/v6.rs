@@ -15,6 +15,11 @@ pub struct FakeV6 {
     pub free: VecDeque<String>,
     /// (container_id, ifname) → IPv6.
     pub held: HashMap<(String, String), String>,
+    /// IPv4 egress addresses not handed out yet (`egress_ipv4` of an IPv6-only AllocateReply;
+    /// empty: none, as with `ipv4_egress` off), strings so a test can make it answer a bad one.
+    pub egress_free: VecDeque<String>,
+    /// (container_id, ifname) → egress address.
+    pub egress_held: HashMap<(String, String), String>,
 }
 
 impl FakeV6 {
@@ -41,9 +46,24 @@ impl FakeV6 {
         Ok(ip)
     }
 
+    /// The attachment's egress address (IPv6-only with addresses in `egress_free`), empty if none.
+    pub fn egress(&mut self, key: &(String, String)) -> String {
+        if let Some(ip) = self.egress_held.get(key) {
+            return ip.clone();
+        }
+        match self.egress_free.pop_front() {
+            Some(ip) => {
+                self.egress_held.insert(key.clone(), ip.clone());
+                ip
+            }
+            None => String::new(),
+        }
+    }
+
     /// Releases the attachment's IPv6: (released address, whether `cleaning` is held by another).
     pub fn release(&mut self, key: &(String, String), cleaning: &str) -> (String, bool) {
         let released = self.held.remove(key).unwrap_or_default();
+        self.egress_held.remove(key);
         let held_by_other = !cleaning.is_empty() && self.held.values().any(|ip| ip == cleaning);
         (released, held_by_other)
     }

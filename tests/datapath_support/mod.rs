@@ -33,6 +33,7 @@ const CLUSTER: &str = "datapath";
 /// Where pods' echo servers listen.
 pub const ECHO_PORT: u16 = 7000;
 
+pub mod egress;
 pub mod v6;
 /// The NodePort the emulated kube-proxy DNATs.
 pub const NODE_PORT: u16 = 30080;

@@ -31,6 +31,29 @@ pub const API_VERSION: u32 = 1;
 /// configuration and `ENIIPAM_SOCKET_PATH` for both the daemon and `eniipamctl`).
 pub const DEFAULT_SOCKET: &str = "/run/eniipam/eniipam.sock";
 
+/// IPv4 egress of IPv6-only pods (`ip_family = ipv6` with `ipv4_egress`): the daemon hands each pod
+/// an address of this range, the plugin wires it, the daemon's SNAT translates it. Both sides check
+/// addresses against the same range, so it lives here.
+pub mod egress {
+    use std::net::Ipv4Addr;
+
+    /// The network of the range: the VPC CNI's own (amazon-vpc-cni-k8s `cmd/aws-vpc-cni/main.go`,
+    /// `egressPluginIpamSubnetV4 = "169.254.172.0/22"`), so an operator moving from it finds the same
+    /// addresses; link-local, so the VPC never routes them.
+    pub const NETWORK: Ipv4Addr = Ipv4Addr::new(169, 254, 172, 0);
+
+    /// The range's prefix length.
+    pub const PREFIX_LEN: u8 = 22;
+
+    /// Whether `ip` is a pod address of the range (inside it, neither its network nor its broadcast
+    /// address).
+    pub fn is_pod_address(ip: Ipv4Addr) -> bool {
+        let mask = u32::MAX << (32 - PREFIX_LEN);
+        let (ip, net) = (u32::from(ip), u32::from(NETWORK));
+        ip & mask == net && ip != net && ip != net | !mask
+    }
+}
+
 /// The gRPC endpoint of the daemon's unix socket (`unix:<path>`).
 pub fn endpoint(
     path: &std::path::Path,

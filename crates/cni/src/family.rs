@@ -52,6 +52,9 @@ pub struct Assigned {
     pub ip: Option<Ipv4Addr>,
     /// The IPv6 (`/128`), in `ipv6` and `dual`.
     pub ipv6: Option<Ipv6Addr>,
+    /// An IPv6-only pod's node-local IPv4 for egress (`ipv4_egress`), wired but never reported
+    /// (see `wiring::egress`).
+    pub egress_ipv4: Option<Ipv4Addr>,
 }
 
 impl Assigned {
@@ -92,7 +95,13 @@ impl Assigned {
         } else {
             None
         };
-        Ok(Self { family, ip, ipv6 })
+        let egress_ipv4 = egress(reply, family)?;
+        Ok(Self {
+            family,
+            ip,
+            ipv6,
+            egress_ipv4,
+        })
     }
 
     /// The addresses for messages (`10.0.0.5`, `2600::5`, `10.0.0.5 and 2600::5`).
@@ -104,6 +113,39 @@ impl Assigned {
             (None, None) => "no address".into(),
         }
     }
+}
+
+/// The reply's `egress_ipv4`: none when empty; else an address of 169.254.172.0/22 (not its
+/// network or broadcast address), and only for an IPv6-only pod (a dual-stack pod has a VPC IPv4).
+/// Anything else is refused: wiring an address the node's SNAT does not translate would make a pod
+/// whose IPv4 silently goes nowhere.
+fn egress(reply: &pb::AllocateReply, family: IpFamily) -> Result<Option<Ipv4Addr>, String> {
+    if reply.egress_ipv4.is_empty() {
+        return Ok(None);
+    }
+    let range = format!(
+        "{}/{}",
+        eniipam_api::egress::NETWORK,
+        eniipam_api::egress::PREFIX_LEN
+    );
+    let addr = reply.egress_ipv4.parse::<Ipv4Addr>().map_err(|_| {
+        format!(
+            "eniipamd's egress_ipv4 {:?} is not an IPv4 address",
+            reply.egress_ipv4
+        )
+    })?;
+    if !eniipam_api::egress::is_pod_address(addr) {
+        return Err(format!(
+            "eniipamd's egress_ipv4 {addr} is not a pod address of the egress range {range}"
+        ));
+    }
+    if family != IpFamily::V6 {
+        return Err(format!(
+            "eniipamd sent egress_ipv4 {addr} with ip_family {:?}: only IPv6-only pods get one",
+            reply.ip_family
+        ));
+    }
+    Ok(Some(addr))
 }
 
 #[cfg(test)]
@@ -156,5 +198,34 @@ mod tests {
         no_prefix.ipv6_prefix.clear();
         let err = Assigned::from_reply(&no_prefix).unwrap_err();
         assert!(err.contains("ipv6_prefix \"\""), "{err}");
+    }
+
+    #[test]
+    fn an_egress_address_is_taken_only_from_the_range_and_only_for_ipv6_pods() {
+        let with = |family: &str, ip: &str, egress: &str| {
+            let mut r = reply(family, ip, "2600:1f18:6d00:100:a1b2::7");
+            r.egress_ipv4 = egress.into();
+            Assigned::from_reply(&r)
+        };
+        let ok = with("ipv6", "", "169.254.172.9").unwrap();
+        assert_eq!(ok.egress_ipv4, Some(Ipv4Addr::new(169, 254, 172, 9)));
+        assert_eq!(ok.ip, None, "never the pod's reported IPv4");
+        assert_eq!(with("ipv6", "", "").unwrap().egress_ipv4, None);
+        let err = with("ipv6", "", "169.254.172.300").unwrap_err();
+        assert!(
+            err.contains("\"169.254.172.300\"") && err.contains("not an IPv4"),
+            "{err}"
+        );
+        for outside in [
+            "169.254.176.1",
+            "10.0.0.9",
+            "169.254.172.0",
+            "169.254.175.255",
+        ] {
+            let err = with("ipv6", "", outside).unwrap_err();
+            assert!(err.contains("169.254.172.0/22"), "{outside}: {err}");
+        }
+        let err = with("dual", "10.0.0.5", "169.254.172.9").unwrap_err();
+        assert!(err.contains("only IPv6-only pods"), "{err}");
     }
 }

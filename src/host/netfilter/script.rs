@@ -115,6 +115,8 @@ pub enum Match {
     OifNamePrefix { prefix: String, negate: bool },
     /// The destination is (`negate: false`) or is not in one of these networks.
     DaddrIn { nets: Vec<Ipv4Net>, negate: bool },
+    /// The source is in this network.
+    SaddrIn(Ipv4Net),
     /// The destination is (`negate: false`) or is not an address of this host. `on_iif`: an address
     /// of the interface the packet came in on (iptables' `--limit-iface-in`).
     DaddrLocal { on_iif: bool, negate: bool },
@@ -261,6 +263,7 @@ impl Display for Match {
                     if *negate { "!= " } else { "" }
                 )
             }
+            Self::SaddrIn(net) => write!(f, "ip saddr {net}"),
             Self::DaddrIn { nets: list, negate } => write!(
                 f,
                 "ip daddr {}{{ {} }}",

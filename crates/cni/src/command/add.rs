@@ -155,6 +155,8 @@ pub(super) async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniErr
                 host_veth: host_veth_name(&conf.plugin.veth_prefix, pod.as_ref(), &rt.attachment()),
                 ip: assigned.ip,
                 ipv6: assigned.ipv6,
+                // Wired, never reported: see `wiring::egress`.
+                egress_ipv4: assigned.egress_ipv4,
                 route_table: reply.route_table,
                 mtu: conf.plugin.mtu,
             };

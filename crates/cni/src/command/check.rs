@@ -76,6 +76,17 @@ pub(super) async fn check(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniErro
         .with_details(reply.message));
     }
 
+    // The daemon says which egress address the pod has (it is not in the runtime's result).
+    let egress_ipv4 = match reply.egress_ipv4.as_str() {
+        "" => None,
+        s => Some(s.parse::<std::net::Ipv4Addr>().map_err(|_| {
+            CniError::new(
+                ErrorCode::CheckFailed,
+                format!("eniipamd's egress_ipv4 {s:?} for {key} is not an IPv4 address"),
+            )
+        })?),
+    };
+
     if conf.role == Role::Main {
         let side = PodSide::open(rt.netns.as_deref().unwrap_or_default())?;
         let host_veth = cached
@@ -90,6 +101,7 @@ pub(super) async fn check(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniErro
             host_veth,
             ip,
             ipv6,
+            egress_ipv4,
             // Without a cache entry the table is unknown and the rules are not checked.
             route_table: cached.as_ref().map_or(0, |c| c.route_table),
             mtu: conf.plugin.mtu,

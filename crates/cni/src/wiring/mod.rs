@@ -28,25 +28,26 @@
 //!
 //! IPv6 (`ip_family` `ipv6` or `dual`) rides on the same veth pair: the pod's `/128`, the gateway
 //! `fe80::1` and the `/128` host route, without policy rules (see [`ipv6`]). An IPv6-only pod has
-//! none of the IPv4 part above.
+//! none of the IPv4 part above, except, with `ipv4_egress`, its node-local IPv4 for egress: a `/32`
+//! from 169.254.172.0/22 with the same gateway and default route and a host route, but no policy
+//! rules (see [`egress`]). The IPv4 half itself is in [`ipv4`].
 //!
 //! The netlink primitives (connections per namespace, messages read back, rules) are the
 //! `eniipam-netlink` crate's, shared with the daemon's host routing.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use eniipam_api::cache::HostVeth;
 use eniipam_api::{AttachmentKey, PodRef};
 use eniipam_netlink::{
-    MAIN_TABLE, Netlink, NetnsFile, PolicyRule, RuleSelector, TableRoute, format_mac, parse_mac,
+    MAIN_TABLE, Netlink, NetnsFile, PolicyRule, RuleSelector, TableRoute, parse_mac,
 };
-use futures::TryStreamExt;
 use netlink_packet_route::link::{InfoData, InfoVeth};
-use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState};
-use netlink_packet_route::route::RouteScope;
-use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVeth};
 use sha1::{Digest, Sha1};
 
+mod egress;
+mod ipv4;
 mod ipv6;
 
 pub use ipv6::GATEWAY_V6;
@@ -138,6 +139,8 @@ pub struct WiringPlan {
     pub ip: Option<Ipv4Addr>,
     /// The pod's IPv6 (`ip_family` `ipv6` and `dual`).
     pub ipv6: Option<Ipv6Addr>,
+    /// An IPv6-only pod's node-local IPv4 for egress (`ipv4_egress`; see [`egress`]).
+    pub egress_ipv4: Option<Ipv4Addr>,
     /// Policy-routing table of the IP's ENI (0: primary ENI, only the `to` rule).
     pub route_table: u32,
     /// MTU of both ends.
@@ -221,16 +224,27 @@ pub async fn wire(
         NetnsError::Mismatch(format!("unexpected hardware address {:?}", host_link.mac))
     })?;
     if let Some(ip) = plan.ip {
-        wire_pod_v4(pod, pod_link.index, &plan.ifname, ip, &host_mac).await?;
+        ipv4::wire_pod(pod, pod_link.index, &plan.ifname, ip, &host_mac).await?;
     }
     if let Some(ipv6) = plan.ipv6 {
         ipv6::wire_pod(pod, pod_ns, pod_link.index, &plan.ifname, ipv6, &host_mac).await?;
     }
     if let Some(ip) = plan.ip {
-        wire_host_v4(host, host_link.index, plan, ip).await?;
+        ipv4::wire_host(host, host_link.index, plan, ip).await?;
     }
     if let Some(ipv6) = plan.ipv6 {
         ipv6::wire_host(host, host_link.index, &plan.host_veth, ipv6).await?;
+    }
+    if let Some(egress) = plan.egress_ipv4 {
+        egress::wire(
+            pod,
+            host,
+            (pod_link.index, host_link.index),
+            plan,
+            egress,
+            &host_mac,
+        )
+        .await?;
     }
 
     Ok(Wired {
@@ -241,89 +255,6 @@ pub async fn wire(
         },
         pod_mac: pod_link.mac,
     })
-}
-
-/// The IPv4 half inside the pod: the /32, the static neighbour for the gateway, the default route.
-async fn wire_pod_v4(
-    pod: &Netlink,
-    pod_index: u32,
-    ifname: &str,
-    ip: Ipv4Addr,
-    host_mac: &[u8],
-) -> Result<(), NetnsError> {
-    // Inside the pod: the /32, the static neighbour for the gateway, the default route.
-    pod.handle()
-        .address()
-        .add(pod_index, IpAddr::V4(ip), 32)
-        .execute()
-        .await
-        .map_err(nl(format!("adding {}/32 to {}", ip, ifname)))?;
-    pod.handle()
-        .neighbours()
-        .add(pod_index, IpAddr::V4(GATEWAY))
-        .link_layer_address(host_mac)
-        .state(NeighbourState::Permanent)
-        .replace()
-        .execute()
-        .await
-        .map_err(nl(format!("adding neighbour {GATEWAY} on {}", ifname)))?;
-    let default = RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(Ipv4Addr::UNSPECIFIED, 0)
-        .gateway(GATEWAY)
-        .output_interface(pod_index)
-        .onlink()
-        .build();
-    pod.handle()
-        .route()
-        .add(default)
-        .replace()
-        .execute()
-        .await
-        .map_err(nl(format!("adding default route via {GATEWAY}")))?;
-    Ok(())
-}
-
-/// The IPv4 half on the host: the /32 route to the veth, the `to` rule and, for secondary ENIs, the
-/// `from` rule.
-async fn wire_host_v4(
-    host: &Netlink,
-    host_index: u32,
-    plan: &WiringPlan,
-    ip: Ipv4Addr,
-) -> Result<(), NetnsError> {
-    // On the host: the /32 route to the veth, the `to` rule and, for secondary ENIs, the `from` rule.
-    let to_pod = RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(ip, 32)
-        .output_interface(host_index)
-        .scope(RouteScope::Link)
-        .build();
-    host.handle()
-        .route()
-        .add(to_pod)
-        .replace()
-        .execute()
-        .await
-        .map_err(nl(format!(
-            "adding host route {}/32 dev {}",
-            ip, plan.host_veth
-        )))?;
-    // The daemon gave this pod the IP, so any other rule of ours for it is stale (left by an earlier
-    // owner whose DEL could not remove it, or from an ENI at another device index): replace them.
-    let wanted = pod_rules(ip, plan.route_table, &plan.host_veth);
-    let any_from = from_rule(ip, None, 0);
-    let any_to = to_rule(ip);
-    host.remove_rules(
-        |m| {
-            (any_from.same_address_as(m) || any_to.same_address_as(m))
-                && !wanted.iter().any(|r| r.matches(m))
-        },
-        &format!("stale rules of {}", ip),
-    )
-    .await?;
-    for rule in &wanted {
-        host.add_rule(rule).await?;
-    }
-    Ok(())
 }
 
 /// What [`unwire`] should remove.
@@ -481,7 +412,7 @@ pub async fn check(
         .ok_or_else(|| missing(format!("pod interface {} is missing", plan.ifname)))?;
 
     if let Some(ip) = plan.ip {
-        check_v4(
+        ipv4::check(
             host,
             pod,
             (pod_link.index, &plan.ifname),
@@ -501,92 +432,15 @@ pub async fn check(
         )
         .await?;
     }
-    Ok(())
-}
-
-/// CHECK's IPv4 part: the pod's `/32`, default route and gateway neighbour, the host route, the rules.
-async fn check_v4(
-    host: &Netlink,
-    pod: &Netlink,
-    (pod_index, ifname): (u32, &str),
-    (host_index, host_veth, host_mac): (u32, &str, &str),
-    ip: Ipv4Addr,
-    route_table: u32,
-) -> Result<(), NetnsError> {
-    let missing = NetnsError::Mismatch;
-    let addrs = pod.addresses(pod_index).await?;
-    let has_addr = addrs.iter().any(|a| {
-        a.header.prefix_len == 32
-            && a.attributes.iter().any(|attr| {
-                matches!(attr, netlink_packet_route::address::AddressAttribute::Address(IpAddr::V4(a)) if *a == ip)
-            })
-    });
-    if !has_addr {
-        return Err(missing(format!(
-            "{}/32 is not on pod interface {}",
-            ip, ifname
-        )));
-    }
-
-    let pod_routes = pod.routes_v4().await?;
-    let has_default = pod_routes.iter().filter_map(TableRoute::of).any(|r| {
-        r.table == MAIN_TABLE
-            && r.destination.prefix_len() == 0
-            && r.gateway == Some(GATEWAY)
-            && r.oif == Some(pod_index)
-    });
-    if !has_default {
-        return Err(missing(format!(
-            "pod default route via {GATEWAY} dev {} is missing",
-            ifname
-        )));
-    }
-
-    let neighbours: Vec<_> = pod
-        .handle()
-        .neighbours()
-        .get()
-        .set_address_family(netlink_packet_route::AddressFamily::Inet)
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("listing pod neighbours"))?;
-    let has_neighbour = neighbours.iter().any(|n| {
-        n.header.ifindex == pod_index
-            && n.header.state == NeighbourState::Permanent
-            && n.attributes.iter().any(|a| {
-                matches!(a, NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) if *ip == GATEWAY)
-            })
-            && n.attributes.iter().any(|a| {
-                matches!(a, NeighbourAttribute::LinkLayerAddress(mac) if format_mac(mac) == host_mac)
-            })
-    });
-    if !has_neighbour {
-        return Err(missing(format!(
-            "pod neighbour {GATEWAY} -> {} (permanent) is missing",
-            host_mac
-        )));
-    }
-
-    let host_routes = host.routes_v4().await?;
-    let has_host_route = host_routes.iter().filter_map(TableRoute::of).any(|r| {
-        r.table == MAIN_TABLE
-            && r.destination == ipnet::Ipv4Net::from(ip)
-            && r.oif == Some(host_index)
-    });
-    if !has_host_route {
-        return Err(missing(format!(
-            "host route {}/32 dev {} is missing",
-            ip, host_veth
-        )));
-    }
-
-    let rules = host.rules_v4().await?;
-    for rule in pod_rules(ip, route_table, host_veth) {
-        let present = rules.iter().any(|r| rule.matches(r));
-        if !present {
-            return Err(missing(format!("host rule {rule} is missing")));
-        }
+    if let Some(egress) = plan.egress_ipv4 {
+        egress::check(
+            host,
+            pod,
+            (pod_link.index, &plan.ifname),
+            (host_link.index, &plan.host_veth, &host_link.mac),
+            egress,
+        )
+        .await?;
     }
     Ok(())
 }
@@ -594,6 +448,7 @@ async fn check_v4(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use eniipam_netlink::format_mac;
 
     #[test]
     fn host_veth_names_fit_and_are_stable() {
