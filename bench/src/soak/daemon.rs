@@ -67,6 +67,7 @@ impl DaemonProc {
         run_dir: &Path,
         log: &Path,
         knobs: &DaemonKnobs,
+        family: super::IpFamily,
     ) -> Self {
         let inst = mock.default_instance();
         let socket = run_dir.join("eniipam.sock");
@@ -100,6 +101,7 @@ impl DaemonProc {
             ("ENIIPAM_SHUTDOWN_GRACE_SECS", "5".to_owned()),
             // mockcloud's ENIs are not on this machine: no host routing.
             ("ENIIPAM_MANAGE_ENI_ROUTES", "false".to_owned()),
+            ("ENIIPAM_IP_FAMILY", family.as_str().to_owned()),
             ("ENIIPAM_LOG_LEVEL", knobs.log_level.clone()),
             ("ENIIPAM_LOG_FORMAT", "text".to_owned()),
         ]
