@@ -374,7 +374,10 @@ pub fn evaluate(
         }
     }
     // (An attachment whose IPv4 the soak took out of band is the out-of-band checks' business.)
-    for a in model.live().filter(|a| model.oob_since(a, grace, eni_of).is_none()) {
+    for a in model
+        .live()
+        .filter(|a| model.oob_since(a, grace, eni_of).is_none())
+    {
         let want = super::runtime::Addrs {
             v4: a.ip,
             v6: a.ip6,
@@ -476,7 +479,15 @@ pub fn evaluate(
             true,
         );
     }
-    super::checker6::evaluate(obs, model, &mut state.v6, rules, &mut ev.found);
+    // Attachments whose IPv4 EC2 lost out of band: the daemon reports it lost and they keep their
+    // IPv6 (dual), which is not a half-done ADD or DEL.
+    let ipv4_taken: BTreeSet<Key> = model
+        .atts
+        .values()
+        .filter(|a| model.oob_since(a, grace, eni_of).is_some())
+        .map(|a| a.key.clone())
+        .collect();
+    super::checker6::evaluate(obs, model, &mut state.v6, rules, &ipv4_taken, &mut ev.found);
     ev
 }
 
@@ -484,12 +495,11 @@ pub fn evaluate(
 pub fn describe_att(a: &super::model::Attachment, networks: &[String]) -> String {
     let net = networks.get(a.network).map(String::as_str).unwrap_or("?");
     let mut s = format!("{} on {net}", a.state.name());
-    let given: Vec<String> = a
-        .ip
-        .map(|ip| ip.to_string())
-        .into_iter()
-        .chain(a.ip6.map(|ip| ip.to_string()))
-        .collect();
+    let given: Vec<String> =
+        a.ip.map(|ip| ip.to_string())
+            .into_iter()
+            .chain(a.ip6.map(|ip| ip.to_string()))
+            .collect();
     if !given.is_empty() {
         s.push_str(&format!(
             ", ADD step {} gave {}",

@@ -18,7 +18,8 @@
 //! - `dual-half`: (dual) an attachment held with one family only, unless the runtime still owes it a
 //!   DEL (its DEL failed, or its pod died and the reconcile, a GC or a late DEL is due): an ADD or DEL
 //!   cut off between its two records leaves one family until the runtime's retry, as the crash test
-//!   allows; an answered ADD holds both, an answered DEL released both.
+//!   allows; an answered ADD holds both, an answered DEL released both. An attachment whose IPv4 EC2
+//!   took out of band keeps its IPv6 alone: the daemon reports the IPv4 lost (the IPv4 checks).
 //! - `leak-after-gc`: an attachment a successful GC of its network did not list still holds an IPv6.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -49,6 +50,7 @@ pub fn evaluate(
     model: &Model,
     state: &mut State6,
     rules: &Rules,
+    ipv4_taken: &BTreeSet<Key>,
     found: &mut Vec<Found>,
 ) {
     if !rules.family.has_ipv6() {
@@ -210,7 +212,10 @@ pub fn evaluate(
     for (k, ip, who) in claims {
         let given = model.v6_given.get(&ip);
         let seen = state.seen.entry(ip).or_insert_with(|| k.clone());
-        for (first, how) in [(given, "an ADD gave it to"), (Some(&*seen), "was first held by")] {
+        for (first, how) in [
+            (given, "an ADD gave it to"),
+            (Some(&*seen), "was first held by"),
+        ] {
             if let Some(first) = first.filter(|f| *f != k) {
                 push(
                     "ipv6-reissued",
@@ -316,7 +321,7 @@ pub fn evaluate(
         let keys: BTreeSet<&Key> = obs.held.keys().chain(obs.held6.keys()).collect();
         for k in keys {
             let (v4, v6) = (obs.held.get(k), obs.held6.get(k));
-            if v4.is_some() && v6.is_some() {
+            if v4.is_some() && v6.is_some() || v4.is_none() && ipv4_taken.contains(k) {
                 continue;
             }
             let owed = model

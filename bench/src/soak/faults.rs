@@ -256,7 +256,11 @@ mod tests {
         );
         assert!(!parse_fault_set("-kill").unwrap().contains(&FaultKind::Kill));
         assert!(parse_fault_set("kil").is_err());
-        assert!(!parse_fault_set("all").unwrap().contains(&FaultKind::OobPrefixUnassign));
+        assert!(
+            !parse_fault_set("all")
+                .unwrap()
+                .contains(&FaultKind::OobPrefixUnassign)
+        );
         assert_eq!(
             parse_fault_set("oob-prefix-unassign").unwrap(),
             [FaultKind::OobPrefixUnassign].into_iter().collect()

@@ -423,7 +423,12 @@ pub async fn run(mut cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         recent: VecDeque::new(),
         notes: moot
             .iter()
-            .map(|k| format!("{k}: not injected with ip_family {family}: {}", k.moot_why()))
+            .map(|k| {
+                format!(
+                    "{k}: not injected with ip_family {family}: {}",
+                    k.moot_why()
+                )
+            })
             .collect(),
         capacity: 0,
         target_pods: 0,
