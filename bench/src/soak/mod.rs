@@ -358,6 +358,7 @@ pub async fn run(mut cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         .filter(|k| !k.applies(family))
         .collect();
     cfg.faults.retain(|k| k.applies(family));
+    cfg.knobs.ip_family = family;
     let started = Instant::now();
     let host = Host::new(&format!("s{}-{family}", cfg.seed))?;
     let mock = MockCloud::start_seeded(
@@ -392,7 +393,6 @@ pub async fn run(mut cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         &host.root,
         &log,
         &cfg.knobs,
-        family,
     );
     let runtime = Runtime {
         plugin: cfg.plugin_bin.clone(),
