@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p eniipam-bench -- <ipam|wiring|grpc|cold-burst|startup|memory|fleet|all>... [--runs N] [--out DIR]
-//! cargo run --release -p eniipam-bench -- soak [--minutes 30] [--seed N] [--soak-steps N] [--soak-faults LIST]
+//! cargo run --release -p eniipam-bench -- soak [--minutes 30] [--seed N] [--soak-steps N] [--soak-faults LIST] [--ip-family ipv4|ipv6|dual]
 //! ```
 //!
 //! `soak` is the fault soak with its invariant checker (issue 13): it reports violations, not
@@ -120,9 +120,14 @@ struct Args {
     soak_networks: u8,
     /// Scenario `soak`: faults to inject: `all`, `none`, a comma list (kill, ec2-error,
     /// ec2-error-rate, ec2-hang, ec2-slow-reply, throttle-burst, oob-unassign, oob-detach, imds-lag,
-    /// state-file-removed, disk-full, netns-hidden, pod-death), or `-name,...` for all but those.
+    /// state-file-removed, disk-full, netns-hidden, pod-death, iam-revoke; opt-in, not in `all`:
+    /// oob-prefix-unassign), or `-name,...` for all but those.
     #[arg(long, default_value = "all", allow_hyphen_values = true, value_parser = parse_faults)]
     soak_faults: std::collections::BTreeSet<soak::faults::FaultKind>,
+    /// Scenario `soak`: the address families eniipamd gives pods (`ipv4`, `ipv6` or `dual`;
+    /// `ENIIPAM_IP_FAMILY`); the checker adds the IPv6 invariants for the last two.
+    #[arg(long, default_value = "ipv4")]
+    ip_family: soak::IpFamily,
     /// Scenario `soak`: keep eniipamd's log in this file (default: with the temporary directory).
     #[arg(long)]
     soak_log: Option<PathBuf>,
@@ -206,6 +211,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
             }),
             networks: args.soak_networks as usize,
             faults: args.soak_faults.clone(),
+            ip_family: args.ip_family,
             log: args.soak_log.clone(),
         },
     };

@@ -17,6 +17,7 @@ pub struct SoakArgs {
     pub seed: u64,
     pub networks: usize,
     pub faults: std::collections::BTreeSet<FaultKind>,
+    pub ip_family: soak::IpFamily,
     pub log: Option<std::path::PathBuf>,
 }
 
@@ -24,7 +25,7 @@ pub struct SoakArgs {
 const DESCRIBED_PER_KIND: usize = 3;
 
 /// Every violation kind the checker knows, so a clean run shows its zeros.
-const KINDS: [&str; 16] = [
+const KINDS: [&str; 22] = [
     "duplicate-ip",
     "detached-eni-serving",
     "eni-unknown-to-pool",
@@ -41,6 +42,12 @@ const KINDS: [&str; 16] = [
     "daemon-down",
     "iam-denied",
     "iam-error-unnamed",
+    "ipv6-prefix",
+    "duplicate-ipv6",
+    "ipv6-reissued",
+    "ipv6-outside-prefix",
+    "live-lost-ipv6",
+    "dual-half",
 ];
 
 pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
@@ -61,6 +68,7 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
     );
     cfg.networks = args.networks;
     cfg.faults = args.faults.clone();
+    cfg.ip_family = args.ip_family;
     cfg.log_file = args.log.clone();
     cfg.progress = true;
     let knobs = cfg.knobs.clone();
@@ -107,6 +115,11 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
             Unit::Count,
             c.distinct_ips as f64,
         ),
+        info(
+            "distinct IPv6 addresses handed out",
+            Unit::Count,
+            c.distinct_ipv6 as f64,
+        ),
         info("invariant checks", Unit::Count, c.checks as f64),
         info(
             "checks skipped (daemon down)",
@@ -114,7 +127,11 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
             c.checks_skipped as f64,
         ),
     ];
-    for k in FaultKind::ALL {
+    for k in FaultKind::ALL
+        .into_iter()
+        .chain(FaultKind::OPT_IN)
+        .filter(|k| k.applies(args.ip_family))
+    {
         rows.push(info(
             &format!("fault `{}`", k.name()),
             Unit::Count,
@@ -162,7 +179,8 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
         notes.push(escape(n));
     }
 
-    let faults = if args.faults.len() == FaultKind::ALL.len() {
+    let all: std::collections::BTreeSet<FaultKind> = FaultKind::ALL.into_iter().collect();
+    let faults = if args.faults == all {
         String::new()
     } else {
         format!(
@@ -174,6 +192,10 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
                 .join(",")
         )
     };
+    let family = match args.ip_family {
+        soak::IpFamily::Ipv4 => String::new(),
+        f => format!(" --ip-family {f}"),
+    };
     let length = match args.steps {
         Some(n) => format!("--soak-steps {n}"),
         None => format!("--minutes {}", args.minutes),
@@ -181,15 +203,16 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
     Ok(ScenarioReport {
         id: "soak",
         title: format!(
-            "fault soak: {} against the invariant checker (seed {})",
+            "fault soak: {} against the invariant checker (ip_family {}, seed {})",
             match args.steps {
                 Some(n) => format!("{n} steps"),
                 None => format!("{} minutes", args.minutes),
             },
+            args.ip_family,
             args.seed
         ),
         reproduce: format!(
-            "cargo run --release -p eniipam-bench -- soak {length} --seed {} --soak-networks {}{faults}",
+            "cargo run --release -p eniipam-bench -- soak {length} --seed {} --soak-networks {}{family}{faults}",
             args.seed, args.networks
         ),
         setup: vec![
@@ -203,6 +226,15 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
             ),
             "mockcloud enforces the shipped IAM policy (deploy/iam-policy.json) for the whole run; the iam-revoke fault edits it to revoke one action for 2-5 steps; a refused call of any other action is an `iam-denied` violation, and a refused call the daemon's log never names (`the IAM role needs ec2:<Action>`) an `iam-error-unnamed` one".into(),
             "after every step: duplicates across pods, pool and store; the pool's ENIs and IPs against EC2; token accounting; every live attachment held with its IP; out-of-band-removed IPs reported lost; the store against the pool (settled); GC leaks; the plugin's cache".into(),
+            format!(
+                "ip_family {}{}",
+                args.ip_family,
+                if args.ip_family.has_ipv6() {
+                    "; IPv6 after every step too: one /80 in the node's life, on eth0 in EC2 and in the state file; no IPv6 on two attachments, none ever handed to a second one (the /80's contract); every live pod's IPv6 inside the /80 and held by the daemon; the state file's IPv6 rows against the daemon (settled); GC leaks; in dual mode both families or neither, but for attachments the runtime still owes a DEL"
+                } else {
+                    ""
+                }
+            ),
             format!(
                 "faults on a seeded schedule: one every {} steps after {} warm-up steps, each enabled kind in turn (all of them within the first {} steps; `state-file-removed` and `disk-full` only then), a SIGKILL in {:.0} % of the steps, {:.0} % of pods dying without a DEL",
                 soak::faults::PERIOD,

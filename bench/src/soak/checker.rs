@@ -19,7 +19,10 @@
 //! - `live-ip-not-in-ec2`: a live attachment's IP is on none of the instance's attached ENIs in EC2.
 //! - `store-daemon-disagree`: the store and the pool disagree on who holds what (after settling).
 //! - `leak-after-gc`: an attachment a successful GC of its network did not list is still held.
-//! - `host-cache`: the plugin's result cache misses a live attachment or keeps a deleted one.
+//! - `host-cache`: the plugin's result cache misses a live attachment or keeps a deleted one (both
+//!   families).
+//!
+//! The IPv6 invariants (ip_family ipv6 and dual) are [`super::checker6`]'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -49,6 +52,8 @@ fn key_str(k: &Key) -> String {
 /// The checker's memory between observations.
 #[derive(Default)]
 pub struct CheckerState {
+    /// The IPv6 checks' memory.
+    pub v6: super::checker6::State6,
     /// ENIs the pool shows while EC2 does not show them attached: since when.
     unattached_since: BTreeMap<String, Instant>,
     /// ENIs EC2 shows attached that the pool does not list: since when.
@@ -80,6 +85,7 @@ pub struct Rules {
     /// How long the daemon gets to notice an out-of-band change.
     pub grace: Duration,
     pub network_names: Vec<String>,
+    pub family: super::IpFamily,
 }
 
 /// Holds `obs` against `model`.
@@ -366,14 +372,25 @@ pub fn evaluate(
                 false,
             ),
         }
-        match obs.cache.get(k) {
-            Some((n, cip)) if *n == a.network && *cip == ip => {}
+    }
+    // (An attachment whose IPv4 the soak took out of band is the out-of-band checks' business.)
+    for a in model
+        .live()
+        .filter(|a| model.oob_since(a, grace, eni_of).is_none())
+    {
+        let want = super::runtime::Addrs {
+            v4: a.ip,
+            v6: a.ip6,
+        };
+        match obs.cache.get(&a.key) {
+            Some(c) if c.network == a.network && c.addrs == want => {}
             other => push(
                 "host-cache",
-                key_str(k),
+                key_str(&a.key),
                 format!(
-                    "live attachment {} on {net} with {ip}: the plugin's result cache has {:?}",
-                    key_str(k),
+                    "live attachment {} ({}): the plugin's result cache has {:?}",
+                    key_str(&a.key),
+                    describe_att(a, &rules.network_names),
                     other
                 ),
                 false,
@@ -462,6 +479,15 @@ pub fn evaluate(
             true,
         );
     }
+    // Attachments whose IPv4 EC2 lost out of band: the daemon reports it lost and they keep their
+    // IPv6 (dual), which is not a half-done ADD or DEL.
+    let ipv4_taken: BTreeSet<Key> = model
+        .atts
+        .values()
+        .filter(|a| model.oob_since(a, grace, eni_of).is_some())
+        .map(|a| a.key.clone())
+        .collect();
+    super::checker6::evaluate(obs, model, &mut state.v6, rules, &ipv4_taken, &mut ev.found);
     ev
 }
 
@@ -469,8 +495,17 @@ pub fn evaluate(
 pub fn describe_att(a: &super::model::Attachment, networks: &[String]) -> String {
     let net = networks.get(a.network).map(String::as_str).unwrap_or("?");
     let mut s = format!("{} on {net}", a.state.name());
-    if let Some(ip) = a.ip {
-        s.push_str(&format!(", ADD step {} gave {ip}", a.added_step));
+    let given: Vec<String> =
+        a.ip.map(|ip| ip.to_string())
+            .into_iter()
+            .chain(a.ip6.map(|ip| ip.to_string()))
+            .collect();
+    if !given.is_empty() {
+        s.push_str(&format!(
+            ", ADD step {} gave {}",
+            a.added_step,
+            given.join(" + ")
+        ));
     }
     if let Some(e) = a.ended_step {
         s.push_str(&format!(", ended step {e}"));

@@ -23,6 +23,8 @@ pub struct DaemonKnobs {
     pub min_idle: u32,
     pub max_idle: u32,
     pub log_level: String,
+    /// Set from [`super::SoakConfig::ip_family`] when the run starts.
+    pub ip_family: super::IpFamily,
 }
 
 impl Default for DaemonKnobs {
@@ -34,6 +36,7 @@ impl Default for DaemonKnobs {
             min_idle: 2,
             max_idle: 6,
             log_level: "info".into(),
+            ip_family: super::IpFamily::Ipv4,
         }
     }
 }
@@ -100,6 +103,7 @@ impl DaemonProc {
             ("ENIIPAM_SHUTDOWN_GRACE_SECS", "5".to_owned()),
             // mockcloud's ENIs are not on this machine: no host routing.
             ("ENIIPAM_MANAGE_ENI_ROUTES", "false".to_owned()),
+            ("ENIIPAM_IP_FAMILY", knobs.ip_family.as_str().to_owned()),
             ("ENIIPAM_LOG_LEVEL", knobs.log_level.clone()),
             ("ENIIPAM_LOG_FORMAT", "text".to_owned()),
         ]

@@ -315,6 +315,7 @@ impl Soak {
         let rules = Rules {
             grace: self.grace,
             network_names: self.network_names.clone(),
+            family: self.cfg.ip_family,
         };
         let witnesses = Witnesses {
             channel,

@@ -148,6 +148,10 @@ impl Soak {
                 Some(d) => d,
                 None => return Ok(()),
             },
+            FaultKind::OobPrefixUnassign => match self.oob_prefix_unassign(step)? {
+                Some(d) => d,
+                None => return Ok(()),
+            },
             FaultKind::StateFileRemoved => {
                 self.daemon.kill().await;
                 self.counts.kills += 1;
@@ -351,6 +355,32 @@ impl Soak {
         );
         self.record_oob(step, now, ips, Some(eni.clone()), &what);
         Ok(Some(what))
+    }
+
+    /// The node's /80 unassigned from eth0 through EC2 (`UnassignIpv6Addresses` with `Ipv6Prefix`).
+    pub(super) fn oob_prefix_unassign(&mut self, step: u64) -> anyhow::Result<Option<String>> {
+        let inst = self
+            .mock
+            .instance(&self.instance_id)
+            .context("the instance is gone from mockcloud")?;
+        let Some((eni, prefix)) = inst
+            .enis
+            .iter()
+            .filter(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+            .find_map(|e| e.ipv6_prefixes.first().map(|p| (e.id.clone(), *p)))
+        else {
+            return Ok(None);
+        };
+        let now = Instant::now();
+        self.mock
+            .with_world(|w, at| w.unassign_ipv6(&eni, &[], &[prefix], at))
+            .map_err(|e| anyhow::anyhow!("out-of-band unassign of {prefix} from {eni}: {e}"))?;
+        self.model.prefix_taken.push((step, now, prefix));
+        self.last_oob = Some(now);
+        let live = self.model.live().filter(|a| a.ip6.is_some()).count();
+        Ok(Some(format!(
+            "unassigned the /80 {prefix} from eth0 ({eni}; {live} live attachments hold addresses of it)"
+        )))
     }
 
     /// An out-of-band change took `ips` (and detached `eni`): the live attachments holding them are

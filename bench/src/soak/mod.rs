@@ -29,6 +29,7 @@
 //! CI test `tests/soak.rs`; so it names only crates both have.
 
 pub mod checker;
+pub mod checker6;
 pub mod daemon;
 pub mod faults;
 pub mod host;
@@ -65,6 +66,57 @@ pub enum Budget {
     Time(Duration),
 }
 
+/// Which address families the daemon gives pods (`ENIIPAM_IP_FAMILY`): the soak's own copy of
+/// the daemon's setting, so the test that includes this module by path names no daemon type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IpFamily {
+    /// An IPv4 from the ENI pool.
+    #[default]
+    Ipv4,
+    /// An IPv6 from the node's /80 only.
+    Ipv6,
+    /// Both, one record each, released together.
+    Dual,
+}
+
+impl IpFamily {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ipv4 => "ipv4",
+            Self::Ipv6 => "ipv6",
+            Self::Dual => "dual",
+        }
+    }
+
+    /// Whether pods get an IPv4 from the pool.
+    pub fn has_ipv4(self) -> bool {
+        self != Self::Ipv6
+    }
+
+    /// Whether pods get an IPv6 from the /80.
+    pub fn has_ipv6(self) -> bool {
+        self != Self::Ipv4
+    }
+}
+
+impl std::fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for IpFamily {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ipv4" => Ok(Self::Ipv4),
+            "ipv6" => Ok(Self::Ipv6),
+            "dual" => Ok(Self::Dual),
+            other => Err(format!("ip family {other:?} is not ipv4, ipv6 or dual")),
+        }
+    }
+}
+
 /// Everything a soak is told.
 #[derive(Clone, Debug)]
 pub struct SoakConfig {
@@ -74,7 +126,10 @@ pub struct SoakConfig {
     pub plugin_bin: PathBuf,
     /// 1 or 2 networks (conflists).
     pub networks: usize,
+    /// Faults to inject; those that do not apply to `ip_family` are dropped at the start (see
+    /// [`FaultKind::applies`]) and named in the outcome's notes.
     pub faults: BTreeSet<FaultKind>,
+    pub ip_family: IpFamily,
     pub instance_type: String,
     pub knobs: DaemonKnobs,
     /// Keep the daemon's log here (else it goes with the temporary directory).
@@ -92,6 +147,7 @@ impl SoakConfig {
             plugin_bin,
             networks: 2,
             faults: FaultKind::ALL.into_iter().collect(),
+            ip_family: IpFamily::Ipv4,
             instance_type: "c5.xlarge".into(),
             knobs: DaemonKnobs::default(),
             log_file: None,
@@ -119,6 +175,8 @@ pub struct Counts {
     pub pods: u64,
     pub peak_live_pods: usize,
     pub distinct_ips: usize,
+    /// IPv6 addresses ADDs handed out (ipv6, dual): each to one attachment only.
+    pub distinct_ipv6: usize,
     pub faults: BTreeMap<&'static str, u64>,
     /// ADD failures by the plugin's error code.
     pub add_errors: BTreeMap<String, u64>,
@@ -157,6 +215,7 @@ impl std::fmt::Display for Violation {
 #[derive(Clone, Debug)]
 pub struct SoakOutcome {
     pub seed: u64,
+    pub ip_family: IpFamily,
     pub wall: Duration,
     pub capacity: u32,
     pub counts: Counts,
@@ -192,10 +251,11 @@ impl SoakOutcome {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "soak seed {}: {} steps in {:.0} s, capacity {}; ADD {} ok / {} failed, DEL {} ok / {} failed, \
+            "soak seed {} ({}): {} steps in {:.0} s, capacity {}; ADD {} ok / {} failed, DEL {} ok / {} failed, \
              GC {} ok / {} failed; {} SIGKILLs, {} restarts; {} pods, peak {} live, {} distinct IPs; \
-             {} checks ({} skipped)",
+             {} IPv6 addresses; {} checks ({} skipped)",
             self.seed,
+            self.ip_family,
             c.steps,
             self.wall.as_secs_f64(),
             self.capacity,
@@ -210,6 +270,7 @@ impl SoakOutcome {
             c.pods,
             c.peak_live_pods,
             c.distinct_ips,
+            c.distinct_ipv6,
             c.checks,
             c.checks_skipped
         );
@@ -280,7 +341,7 @@ const ERROR_CODES: [&str; 3] = ["InternalError", "RequestLimitExceeded", "Unavai
 
 /// Runs one soak. Errors are the harness's (cannot mount, cannot start); broken invariants are in the
 /// outcome.
-pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
+pub async fn run(mut cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
     anyhow::ensure!(
         (1..=2).contains(&cfg.networks),
         "networks must be 1 or 2, not {}",
@@ -289,8 +350,17 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
     for b in [&cfg.daemon_bin, &cfg.plugin_bin] {
         anyhow::ensure!(b.is_file(), "{} is not built", b.display());
     }
+    let family = cfg.ip_family;
+    let moot: Vec<FaultKind> = cfg
+        .faults
+        .iter()
+        .copied()
+        .filter(|k| !k.applies(family))
+        .collect();
+    cfg.faults.retain(|k| k.applies(family));
+    cfg.knobs.ip_family = family;
     let started = Instant::now();
-    let host = Host::new(&format!("s{}", cfg.seed))?;
+    let host = Host::new(&format!("s{}-{family}", cfg.seed))?;
     let mock = MockCloud::start_seeded(
         mockcloud::Config {
             latency: mock_latency(),
@@ -329,6 +399,7 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         socket: daemon.socket.clone(),
         cache_dir: host.cache_dir.clone(),
         cni_path: host.cni_path.clone(),
+        family,
     };
     // The reconcile runs every period ±20 %: two of them, and a second, to notice an out-of-band change.
     let grace = Duration::from_secs_f64(cfg.knobs.reconcile_period_secs as f64 * 1.2 * 2.0 + 2.0);
@@ -350,7 +421,15 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         undos: Vec::new(),
         checker: CheckerState::default(),
         recent: VecDeque::new(),
-        notes: Vec::new(),
+        notes: moot
+            .iter()
+            .map(|k| {
+                format!(
+                    "{k}: not injected with ip_family {family}: {}",
+                    k.moot_why()
+                )
+            })
+            .collect(),
         capacity: 0,
         target_pods: 0,
         ips_seen: BTreeSet::new(),
@@ -365,6 +444,7 @@ pub async fn run(cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
     result?;
     Ok(SoakOutcome {
         seed: soak.cfg.seed,
+        ip_family: soak.cfg.ip_family,
         wall: started.elapsed(),
         capacity: soak.capacity,
         counts: soak.counts.clone(),

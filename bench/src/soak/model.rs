@@ -3,7 +3,7 @@
 //! soak made to EC2 behind the daemon's back.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -58,6 +58,8 @@ pub struct Attachment {
     pub state: AttState,
     /// The IP ADD returned (kept after the attachment ends, for the record).
     pub ip: Option<Ipv4Addr>,
+    /// The IPv6 ADD returned (ipv6, dual), kept likewise.
+    pub ip6: Option<Ipv6Addr>,
     pub added_step: u64,
     pub added_at: Option<Instant>,
     pub ended_step: Option<u64>,
@@ -128,6 +130,12 @@ pub struct Model {
     /// over yet. The daemon notices out-of-band changes by asking EC2, and backs off while EC2
     /// throttles or fails, so its time to notice runs from when EC2 answers again.
     pub impeded: Vec<(&'static str, Instant, Option<Instant>)>,
+    /// Every IPv6 an ADD handed out in the run, and to which attachment: the /80's contract is that
+    /// none goes to a second one, restarts and a lost state file included.
+    pub v6_given: BTreeMap<Ipv6Addr, Key>,
+    /// The soak unassigned the node's /80 from eth0 (the opt-in `oob-prefix-unassign`): when, and
+    /// which /80.
+    pub prefix_taken: Vec<(u64, Instant, ipnet::Ipv6Net)>,
 }
 
 impl Model {

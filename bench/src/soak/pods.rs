@@ -2,7 +2,6 @@
 //! learns from the outcomes.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
 
 use rand::Rng as _;
 use rand::seq::IndexedRandom as _;
@@ -12,7 +11,7 @@ use super::driver::Soak;
 use super::faults::{self, FaultKind};
 use super::host::RACKS;
 use super::model::{AttState, Attachment, Key, Pod, PodPhase};
-use super::runtime::{PodArgs, Runtime};
+use super::runtime::{Addrs, PodArgs, Runtime};
 use super::{IFNAMES, NETWORKS};
 
 /// A job of one step's batch, run concurrently with the others.
@@ -32,8 +31,8 @@ pub(super) enum Job {
     },
 }
 
-/// An ADD's outcome: the IP and when it came, or the plugin's error.
-pub(super) type AddOutcome = Result<(Ipv4Addr, Instant), String>;
+/// An ADD's outcome: the addresses and when they came, or the plugin's error.
+pub(super) type AddOutcome = Result<(Addrs, Instant), String>;
 
 pub(super) enum JobResult {
     Started {
@@ -55,7 +54,7 @@ pub(super) async fn run_job(rt: Runtime, job: Job) -> JobResult {
             let mut dels = Vec::new();
             for (i, (key, net)) in plan.iter().enumerate() {
                 match rt.add(NETWORKS[*net], &key.1, &args).await {
-                    Ok(ip) => adds.push((key.clone(), Ok((ip, Instant::now())))),
+                    Ok(addrs) => adds.push((key.clone(), Ok((addrs, Instant::now())))),
                     Err(e) => {
                         adds.push((key.clone(), Err(e.error_text())));
                         // The spec: a DEL follows a failed ADD; the sandbox goes, so the others too.
@@ -213,6 +212,7 @@ impl Soak {
                         pod,
                         state: AttState::Adding,
                         ip: None,
+                        ip6: None,
                         added_step: step,
                         added_at: None,
                         ended_step: None,
@@ -277,11 +277,15 @@ impl Soak {
                 let failed = adds.iter().any(|(_, r)| r.is_err());
                 for (k, r) in &adds {
                     match r {
-                        Ok((ip, at)) => {
+                        Ok((addrs, at)) => {
                             self.counts.adds_ok += 1;
-                            self.ips_seen.insert(*ip);
+                            self.ips_seen.extend(addrs.v4);
+                            if let Some(v6) = addrs.v6 {
+                                self.given_v6(step, v6, k);
+                            }
                             let a = self.model.atts.get_mut(k).expect("known");
-                            a.ip = Some(*ip);
+                            a.ip = addrs.v4;
+                            a.ip6 = addrs.v6;
                             a.added_at = Some(*at);
                             a.state = AttState::Live;
                         }
@@ -328,6 +332,30 @@ impl Soak {
             }
         }
         self.counts.distinct_ips = self.ips_seen.len();
+        self.counts.distinct_ipv6 = self.model.v6_given.len();
         Ok(())
+    }
+
+    /// An ADD gave `key` the IPv6 `ip`: the /80's contract is that no other attachment ever had it.
+    fn given_v6(&mut self, step: u64, ip: std::net::Ipv6Addr, key: &Key) {
+        let first = self
+            .model
+            .v6_given
+            .entry(ip)
+            .or_insert_with(|| key.clone())
+            .clone();
+        if &first != key {
+            let state = super::checker::describe_att(&self.model.atts[&first], &self.network_names);
+            self.violation(
+                step,
+                "ipv6-reissued",
+                format!("{ip} {}/{}", key.0, key.1),
+                format!(
+                    "ADD gave {}/{} the IPv6 {ip}, which {}/{} had first ({state}): an address of the \
+                     /80 is never handed out twice",
+                    key.0, key.1, first.0, first.1
+                ),
+            );
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! and GC, the way libcni does: `CNI_*` environment, the network configuration on stdin, the result
 //! or the spec's error object on stdout.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -26,6 +26,15 @@ pub struct Runtime {
     pub socket: PathBuf,
     pub cache_dir: PathBuf,
     pub cni_path: PathBuf,
+    /// What an ADD must answer: an IPv4, an IPv6 or both.
+    pub family: super::IpFamily,
+}
+
+/// The addresses an ADD gave an attachment: its IPv4 (ipv4, dual) and its IPv6 (ipv6, dual).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Addrs {
+    pub v4: Option<Ipv4Addr>,
+    pub v6: Option<Ipv6Addr>,
 }
 
 /// What one invocation printed and how it exited.
@@ -144,8 +153,9 @@ impl Runtime {
         ]
     }
 
-    /// ADD: the IP on success, the invocation on failure.
-    pub async fn add(&self, network: &str, ifname: &str, pod: &PodArgs) -> Result<Ipv4Addr, Exec> {
+    /// ADD: the addresses on success (exactly the families of the run: a result missing one, or
+    /// carrying one the run does not give, is a failure), the invocation on failure.
+    pub async fn add(&self, network: &str, ifname: &str, pod: &PodArgs) -> Result<Addrs, Exec> {
         let out = self
             .exec(
                 &self.attachment_env("ADD", ifname, pod),
@@ -155,14 +165,19 @@ impl Runtime {
         if !out.ok {
             return Err(out);
         }
-        match parse_ip(&out.stdout) {
-            Some(ip) => Ok(ip),
-            None => Err(Exec {
-                ok: false,
-                stderr: format!("ADD succeeded without an IPv4 address: {}", out.stderr),
-                ..out
-            }),
+        let got = parse_addrs(&out.stdout);
+        let want = (self.family.has_ipv4(), self.family.has_ipv6());
+        if (got.v4.is_some(), got.v6.is_some()) == want {
+            return Ok(got);
         }
+        Err(Exec {
+            ok: false,
+            stderr: format!(
+                "ADD succeeded with {got:?}, not the addresses of ip_family {}: {}",
+                self.family, out.stderr
+            ),
+            ..out
+        })
     }
 
     /// DEL.
@@ -194,16 +209,28 @@ impl Runtime {
     }
 }
 
-/// The first IPv4 address of a CNI result.
-fn parse_ip(stdout: &str) -> Option<Ipv4Addr> {
-    let v: Value = serde_json::from_str(stdout).ok()?;
-    let addr = v
-        .get("ips")?
-        .as_array()?
-        .first()?
-        .get("address")?
-        .as_str()?;
-    addr.split('/').next()?.parse().ok()
+/// The first IPv4 and the first IPv6 address of a CNI result (or of a cached one).
+pub fn result_addrs(v: &Value) -> Addrs {
+    let mut out = Addrs::default();
+    let ips = v.get("ips").and_then(Value::as_array);
+    for ip in ips.into_iter().flatten() {
+        let Some(addr) = ip.get("address").and_then(Value::as_str) else {
+            continue;
+        };
+        let addr = addr.split('/').next().unwrap_or_default();
+        if let Ok(a) = addr.parse::<Ipv4Addr>() {
+            out.v4.get_or_insert(a);
+        } else if let Ok(a) = addr.parse::<Ipv6Addr>() {
+            out.v6.get_or_insert(a);
+        }
+    }
+    out
+}
+
+fn parse_addrs(stdout: &str) -> Addrs {
+    serde_json::from_str::<Value>(stdout)
+        .map(|v| result_addrs(&v))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -214,7 +241,16 @@ mod tests {
     fn result_ip() {
         let out =
             r#"{"cniVersion":"1.1.0","ips":[{"address":"10.0.3.7/32","gateway":"169.254.1.1"}]}"#;
-        assert_eq!(parse_ip(out), Some(Ipv4Addr::new(10, 0, 3, 7)));
-        assert_eq!(parse_ip(r#"{"code":11,"msg":"x"}"#), None);
+        assert_eq!(parse_addrs(out).v4, Some(Ipv4Addr::new(10, 0, 3, 7)));
+        assert_eq!(parse_addrs(out).v6, None);
+        assert_eq!(parse_addrs(r#"{"code":11,"msg":"x"}"#), Addrs::default());
+        let dual = r#"{"ips":[{"address":"10.0.3.7/32"},{"address":"2600:1f18::a:0:0:5/128"}]}"#;
+        assert_eq!(
+            parse_addrs(dual),
+            Addrs {
+                v4: Some(Ipv4Addr::new(10, 0, 3, 7)),
+                v6: Some("2600:1f18::a:0:0:5".parse().unwrap()),
+            }
+        );
     }
 }

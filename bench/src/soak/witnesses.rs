@@ -4,7 +4,7 @@
 //! [`Observation`] against the runtime's model.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use super::model::Key;
+use super::runtime::{Addrs, result_addrs};
 
 /// EC2's truth about the instance.
 #[derive(Clone, Debug, Default)]
@@ -29,6 +30,8 @@ pub struct Ec2View {
     pub secondary_enis: BTreeMap<String, (String, Vec<Ipv4Addr>)>,
     /// Secondary IP → its ENI, over every ENI in the account (attached or not).
     pub all_ip_eni: BTreeMap<Ipv4Addr, String>,
+    /// The /80s on the instance's eth0 (device 0).
+    pub eth0_prefixes6: Vec<ipnet::Ipv6Net>,
 }
 
 impl Ec2View {
@@ -45,6 +48,9 @@ impl Ec2View {
             v.attached.insert(e.id.clone());
             for ip in &e.secondary_ips {
                 v.ip_eni.insert(*ip, e.id.clone());
+            }
+            if att.device_index == 0 {
+                v.eth0_prefixes6.extend(e.ipv6_prefixes.iter().copied());
             }
             if att.device_index > 0 {
                 v.secondary_enis
@@ -102,6 +108,72 @@ pub fn read_store(path: &Path) -> anyhow::Result<Vec<StoreRow>> {
         .collect()
 }
 
+/// One assigned IPv6 row of the state file (`ipv6_ips`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreRow6 {
+    pub ip: Ipv6Addr,
+    pub key: Key,
+}
+
+/// The IPv6 tables of the state file: the /80 on record and the assigned rows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Store6 {
+    pub prefix: Option<ipnet::Ipv6Net>,
+    pub rows: Vec<StoreRow6>,
+}
+
+/// The IPv6 tables, through a read-only connection (schema v4; empty before the daemon takes a /80).
+pub fn read_store6(path: &Path) -> anyhow::Result<Store6> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .with_context(|| format!("opening {} read-only", path.display()))?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    let prefix: Option<String> = conn
+        .prepare("SELECT prefix FROM ipv6_prefix WHERE id = 1")?
+        .query_map([], |r| r.get::<_, String>(0))?
+        .next()
+        .transpose()?;
+    let prefix = prefix
+        .map(|p| {
+            p.parse()
+                .with_context(|| format!("state file ipv6_prefix {p:?}"))
+        })
+        .transpose()?;
+    let mut stmt = conn.prepare(
+        "SELECT ip, container_id, ifname FROM ipv6_ips WHERE state = 'assigned' ORDER BY ip",
+    )?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let rows = rows
+        .into_iter()
+        .map(|(ip, c, i)| {
+            Ok(StoreRow6 {
+                ip: ip
+                    .parse()
+                    .with_context(|| format!("state file ipv6_ips row with ip {ip:?}"))?,
+                key: (c, i),
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(Store6 { prefix, rows })
+}
+
+/// What the plugin's result cache says of one attachment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cached {
+    pub network: usize,
+    pub addrs: Addrs,
+}
+
 /// Everything one check looks at.
 #[derive(Clone, Debug)]
 pub struct Observation {
@@ -109,10 +181,13 @@ pub struct Observation {
     pub pool: pb::PoolReply,
     /// What the pool holds, per tracked attachment (`Check`).
     pub held: BTreeMap<Key, Ipv4Addr>,
+    /// What the /80's book holds, per tracked attachment (`Check`'s `ipv6`).
+    pub held6: BTreeMap<Key, Ipv6Addr>,
     pub store: Vec<StoreRow>,
+    pub store6: Store6,
     pub ec2: Ec2View,
-    /// The plugin's result cache: attachment → (network index, IP).
-    pub cache: BTreeMap<Key, (usize, Ipv4Addr)>,
+    /// The plugin's result cache.
+    pub cache: BTreeMap<Key, Cached>,
 }
 
 /// Where the witnesses are.
@@ -134,10 +209,13 @@ impl Witnesses<'_> {
             .context("Introspect.Pool")?
             .into_inner();
         let store = read_store(self.store_path)?;
+        let store6 = read_store6(self.store_path)?;
         let mut keys = tracked.clone();
         keys.extend(store.iter().map(|r| r.key.clone()));
+        keys.extend(store6.rows.iter().map(|r| r.key.clone()));
         let mut ipam = pb::ipam_client::IpamClient::new(self.channel.clone());
         let mut held = BTreeMap::new();
+        let mut held6 = BTreeMap::new();
         for (c, i) in &keys {
             let r = ipam
                 .check(pb::CheckRequest {
@@ -151,11 +229,20 @@ impl Witnesses<'_> {
                 .await
                 .with_context(|| format!("Ipam.Check {c}/{i}"))?
                 .into_inner();
-            if r.ok {
+            // `ok` is false for a dual-stack attachment holding one family: what it holds is
+            // still what it holds.
+            if !r.ip.is_empty() {
                 let ip: Ipv4Addr =
                     r.ip.parse()
                         .with_context(|| format!("Check {c}/{i} answered ip {:?}", r.ip))?;
                 held.insert((c.clone(), i.clone()), ip);
+            }
+            if !r.ipv6.is_empty() {
+                let ip: Ipv6Addr = r
+                    .ipv6
+                    .parse()
+                    .with_context(|| format!("Check {c}/{i} answered ipv6 {:?}", r.ipv6))?;
+                held6.insert((c.clone(), i.clone()), ip);
             }
         }
         let ec2 = Ec2View::read(self.mock, self.instance_id)?;
@@ -166,14 +253,24 @@ impl Witnesses<'_> {
                 anyhow::bail!("reading the plugin's result cache: {e}");
             }
             for e in entries {
-                cache.insert((e.container_id.clone(), e.ifname.clone()), (n, e.ip));
+                // An IPv6-only entry keeps 0.0.0.0 as its IPv4; its IPv6 is in the result.
+                let addrs = Addrs {
+                    v4: Some(e.ip).filter(|ip| !ip.is_unspecified()),
+                    v6: result_addrs(&e.result).v6,
+                };
+                cache.insert(
+                    (e.container_id.clone(), e.ifname.clone()),
+                    Cached { network: n, addrs },
+                );
             }
         }
         Ok(Observation {
             at: Instant::now(),
             pool,
             held,
+            held6,
             store,
+            store6,
             ec2,
             cache,
         })
