@@ -278,6 +278,7 @@ async fn a_lost_state_file_without_evidence_quarantines() {
                 route_table: 2,
                 eni_id: String::new(),
                 host_veth: None,
+                egress_ipv4: None,
                 result: json!({}),
             })
             .unwrap();

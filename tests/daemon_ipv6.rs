@@ -65,6 +65,11 @@ async fn an_ipv6_node_takes_one_slash_80_and_a_100_pod_burst_makes_no_ec2_call()
     };
     let d = start(cfg).await;
     assert_eq!(calls(&mock, "AssignIpv6Addresses"), 1, "one /80 at startup");
+    assert_eq!(
+        calls(&mock, "DescribeInstances"),
+        1,
+        "the IPv6 step reads eth0 from node discovery's describe"
+    );
     let prefixes = eth0_prefixes(&mock);
     assert_eq!(prefixes.len(), 1);
     assert_eq!(prefixes[0].prefix_len(), 80);

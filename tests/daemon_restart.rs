@@ -159,6 +159,7 @@ async fn restarts_rebuild_the_truth() {
                 route_table: 2,
                 eni_id: String::new(),
                 host_veth: None,
+                egress_ipv4: None,
                 result: serde_json::json!({}),
             })
             .unwrap();
@@ -178,6 +179,7 @@ async fn restarts_rebuild_the_truth() {
             route_table: 2,
             eni_id: String::new(),
             host_veth: None,
+            egress_ipv4: None,
             result: serde_json::json!({}),
         })
         .unwrap();

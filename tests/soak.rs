@@ -58,16 +58,9 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 async fn fault_soak(family: soak::IpFamily) {
     let _turn = ONE_AT_A_TIME.lock().await;
-    // The state file lost: in ipv6 and dual mode the daemon keeps the /80 (it adopts the one eth0
-    // has) and reissues nothing (its cursor restarts from the clock), but it forgets every live pod's
-    // IPv6: the startup rebuild recovers IPv4 records from the host's evidence (the plugin's result
-    // cache, the netns) and has no IPv6 counterpart, so the checker reports `live-lost-ipv6` for each
-    // (seed 8: 18 at step 42). Left out here until the daemon rebuilds IPv6 records too; the long
-    // soak (`eniipam-bench soak --ip-family ipv6`) still injects it and reports them.
     let enabled: std::collections::BTreeSet<FaultKind> = FaultKind::ALL
         .into_iter()
         .filter(|k| k.applies(family))
-        .filter(|k| family == soak::IpFamily::Ipv4 || *k != FaultKind::StateFileRemoved)
         .collect();
     // Every scheduled kind once, then a dozen steps for the last ones' consequences to show (in the
     // IPv6 modes, more if the seed's schedule has fewer than two SIGKILLs by then: they are what a

@@ -10,12 +10,13 @@ use crate::config::DaemonConfig;
 use crate::ipv6::prefix::{self, PrefixError, Taken};
 use crate::ipv6::{IpFamily, Ipv6Pool};
 use crate::metrics::Metrics;
-use crate::store::{Store, StoredIpv6};
+use crate::reconcile;
+use crate::store::{Store, StoredAssignment6, StoredIpv6};
 
 /// The /80 on the primary ENI (kept, adopted, or assigned by EC2: see [`prefix::ensure`]) and the
 /// book of the addresses pods hold in it, written back to the state file as rebuilt. A lost state file
-/// starts the book empty and its cursor from the clock, so no address a pod held before is handed
-/// out again.
+/// starts the book from the host's evidence ([`adopt_from_host`]) and its cursor from the clock, so
+/// no address a pod held before is handed out again and the live pods keep theirs.
 pub(super) async fn take_prefix(
     config: &DaemonConfig,
     clients: &CloudClients,
@@ -25,7 +26,7 @@ pub(super) async fn take_prefix(
     metrics: &Metrics,
 ) -> Result<Arc<Ipv6Pool>, DaemonError> {
     let stored = if state_lost {
-        StoredIpv6::default()
+        adopt_from_host(config, unix_ms_now())
     } else {
         store.load_ipv6().await?
     };
@@ -97,4 +98,47 @@ pub(super) async fn take_prefix(
         }
     );
     Ok(Arc::new(pool))
+}
+
+/// A lost state file: every attachment the plugin's result cache shows with an IPv6 and a netns not
+/// known to be gone becomes an assignment again, with its node-local egress IPv4 where the cache has
+/// one, as the IPv4 rebuild takes back the pods' IPv4s from the same evidence. Without this the live
+/// pods' IPv6 were forgotten (the soak's `live-lost-ipv6`): still wired, no longer the daemon's, so
+/// CHECK failed and a StatefulSet pod lost its sticky address. Addresses outside the /80 the node
+/// ends up with are dropped by [`Ipv6Pool::restore`] with a log line; the netns of an adopted pod that
+/// is in fact dead is found by the running reconcile, which releases it.
+fn adopt_from_host(config: &DaemonConfig, now_ms: u64) -> StoredIpv6 {
+    let netns = reconcile::NetnsView::of(&config.netns_dirs);
+    let host = reconcile::host_evidence(&config.cni_cache_dir, &netns);
+    let assignments: Vec<StoredAssignment6> = host
+        .claims
+        .into_iter()
+        .filter_map(|c| {
+            Some(StoredAssignment6 {
+                ip: c.ipv6?,
+                network: c.network,
+                container_id: c.attachment.container_id,
+                ifname: c.attachment.ifname,
+                netns: c.netns,
+                pod_namespace: c.pod.namespace,
+                pod_name: c.pod.name,
+                pod_uid: c.pod.uid,
+                sticky_key: c.sticky_key,
+                assigned_at_ms: now_ms,
+                egress_ipv4: c.egress_ipv4,
+            })
+        })
+        .collect();
+    if !assignments.is_empty() {
+        tracing::warn!(
+            pods = assignments.len(),
+            cache = %config.cni_cache_dir.display(),
+            "the state file was lost: the IPv6 addresses of the pods the plugin's cache shows alive \
+             are theirs again"
+        );
+    }
+    StoredIpv6 {
+        assignments,
+        ..StoredIpv6::default()
+    }
 }

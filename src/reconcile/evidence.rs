@@ -7,7 +7,7 @@
 //! without the hostPath mounts put netns files where the daemon cannot look; those pods are kept
 //! (CNI GC and the API-server source catch the ones that really died).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use crate::model::{AttachmentKey, PodRef};
@@ -102,7 +102,12 @@ fn on_non_root_mount(dir: &Path, mounts: &[PathBuf]) -> bool {
 /// to be gone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostClaim {
+    /// `0.0.0.0` for an IPv6-only attachment (matches no pool address).
     pub ip: Ipv4Addr,
+    /// The attachment's IPv6 (ip_family ipv6 or dual), from the cached result.
+    pub ipv6: Option<Ipv6Addr>,
+    /// An IPv6-only pod's node-local egress IPv4.
+    pub egress_ipv4: Option<Ipv4Addr>,
     /// The CNI network (the cache directory the entry is in).
     pub network: String,
     pub attachment: AttachmentKey,
@@ -163,6 +168,8 @@ pub fn host_evidence(root: &Path, netns: &NetnsView) -> HostEvidence {
             }
             claims.push(HostClaim {
                 ip: e.ip,
+                ipv6: e.ipv6(),
+                egress_ipv4: e.egress_ipv4,
                 network: network.clone(),
                 attachment: e.attachment(),
                 pod: e.pod.clone().unwrap_or_default(),

@@ -107,6 +107,7 @@ impl SyntheticPod {
                 route_table: reply.route_table,
                 eni_id: reply.eni_id.clone(),
                 host_veth: None,
+                egress_ipv4: None,
                 result: serde_json::json!({"cniVersion": "1.0.0", "ips": [{"address": format!("{ip}/32")}]}),
             })
             .context("cannot write the result cache")?;

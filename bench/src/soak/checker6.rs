@@ -16,9 +16,12 @@
 //! - `store-daemon-disagree`: the state file's IPv6 rows and the daemon's book disagree (after
 //!   settling).
 //! - `dual-half`: (dual) an attachment held with one family only, unless the runtime still owes it a
-//!   DEL (its DEL failed, or its pod died and the reconcile, a GC or a late DEL is due): an ADD or DEL
-//!   cut off between its two records leaves one family until the runtime's retry, as the crash test
-//!   allows; an answered ADD holds both, an answered DEL released both. An attachment whose IPv4 EC2
+//!   DEL (its DEL failed, or its pod died and the reconcile, a GC or a late DEL is due) or has ended
+//!   it: an ADD or DEL cut off between its two records leaves one family until the runtime's retry,
+//!   as the crash test allows, and a DEL the plugin answered while the daemon was being killed (a DEL
+//!   succeeds when the daemon cannot be reached) leaves what it had not yet released until the
+//!   reconcile finds the netns gone (`leak-after-gc` judges that half, as for IPv4). An answered ADD
+//!   of a live pod holds both. An attachment whose IPv4 EC2
 //!   took out of band keeps its IPv6 alone: the daemon reports the IPv4 lost (the IPv4 checks).
 //! - `leak-after-gc`: an attachment a successful GC of its network did not list still holds an IPv6.
 
@@ -324,10 +327,12 @@ pub fn evaluate(
             if v4.is_some() && v6.is_some() || v4.is_none() && ipv4_taken.contains(k) {
                 continue;
             }
-            let owed = model
-                .atts
-                .get(k)
-                .is_some_and(|a| matches!(a.state, AttState::DelFailed | AttState::Dead));
+            let owed = model.atts.get(k).is_some_and(|a| {
+                matches!(
+                    a.state,
+                    AttState::DelFailed | AttState::Dead | AttState::Deleted | AttState::AddFailed
+                )
+            });
             if owed {
                 continue;
             }

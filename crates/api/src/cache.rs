@@ -12,7 +12,7 @@
 //! daemon may read these files (read-only) to learn which netns and host veth an IP was wired to.
 
 use std::io::{self, Write};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -66,6 +66,12 @@ pub struct CacheEntry {
     /// The host veth; absent for the IPAM role (nothing was wired).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_veth: Option<HostVeth>,
+    /// An IPv6-only pod's node-local IPv4 for egress: wired, never reported in `result`, so it is
+    /// kept here for a daemon whose state file is lost to take back with the pod's IPv6 (entries of
+    /// older plugins lack it: the pod then keeps its wiring, and the daemon hands it a new one only
+    /// on its next ADD).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_ipv4: Option<Ipv4Addr>,
     /// The CNI result ADD printed (in 1.1.0 form).
     pub result: serde_json::Value,
 }
@@ -74,6 +80,22 @@ impl CacheEntry {
     /// The attachment this entry belongs to.
     pub fn attachment(&self) -> AttachmentKey {
         AttachmentKey::new(self.container_id.clone(), self.ifname.clone())
+    }
+
+    /// The pod's IPv6, read from the cached result's `ips` (the plugin reports one IPv6 per
+    /// attachment): the IPv6 has no field of its own, so entries written before IPv6 existed and
+    /// after read alike.
+    pub fn ipv6(&self) -> Option<Ipv6Addr> {
+        self.result
+            .get("ips")?
+            .as_array()?
+            .iter()
+            .filter_map(|ip| ip.get("address")?.as_str())
+            .filter_map(|a| a.split('/').next()?.parse::<IpAddr>().ok())
+            .find_map(|a| match a {
+                IpAddr::V6(v6) => Some(v6),
+                IpAddr::V4(_) => None,
+            })
     }
 }
 
@@ -257,8 +279,27 @@ mod tests {
                 index: 7,
                 mac: "02:00:00:00:00:01".into(),
             }),
+            egress_ipv4: None,
             result: serde_json::json!({"ips": []}),
         }
+    }
+
+    #[test]
+    fn the_ipv6_is_read_from_the_result_and_old_entries_still_parse() {
+        let mut e = entry("v6");
+        assert_eq!(e.ipv6(), None, "an IPv4-only result");
+        e.result = serde_json::json!({"ips": [
+            {"address": "10.0.0.5/32", "interface": 0},
+            {"address": "2600:1f18::5/128", "interface": 0},
+        ]});
+        assert_eq!(e.ipv6(), Some("2600:1f18::5".parse().unwrap()));
+        e.result = serde_json::json!({"ips": [{"address": "not an address"}]});
+        assert_eq!(e.ipv6(), None, "a malformed address is no IPv6");
+        // An entry a plugin wrote before `egress_ipv4` existed.
+        let mut old = serde_json::to_value(entry("old")).unwrap();
+        old.as_object_mut().unwrap().remove("egress_ipv4");
+        let parsed: CacheEntry = serde_json::from_value(old).unwrap();
+        assert_eq!(parsed.egress_ipv4, None);
     }
 
     #[test]

@@ -199,6 +199,8 @@ fn node() -> Snapshot {
 
 fn claim(last: u8, c: &str) -> HostClaim {
     HostClaim {
+        ipv6: None,
+        egress_ipv4: None,
         ip: ip(last),
         network: "net".into(),
         attachment: key(c),

@@ -215,6 +215,7 @@ pub(super) async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniErr
         route_table: reply.route_table,
         eni_id: reply.eni_id.clone(),
         host_veth,
+        egress_ipv4: assigned.egress_ipv4,
         result: ours.to_json(CniVersion::CURRENT),
     };
     if let Err(e) = cache.write(&entry) {

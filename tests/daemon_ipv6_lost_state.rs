@@ -1,0 +1,149 @@
+//! Issue 26, a lost state file in IPv6 mode: the real daemon, the real AWS SDK, mockcloud. The
+//! rebuild takes back the IPv6 (and the node-local egress IPv4) of every pod the plugin's result
+//! cache shows with a live network namespace, as the IPv4 rebuild does for IPv4 pods
+//! (`tests/daemon_restart.rs`); pods whose namespace is gone are forgotten, and no address is handed
+//! to a second pod. Found by the IPv6 soak (`live-lost-ipv6` when the state file went).
+
+#[path = "daemon_support/mod.rs"]
+mod daemon_support;
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+
+use daemon_support::*;
+use eniipam::ipv6::IpFamily;
+use eniipam_api::cache::{CACHE_FORMAT, CacheEntry, ResultCache};
+use mockcloud::{Config, MockCloud};
+
+/// What the plugin caches after an IPv6-only ADD: the IPv4 field unspecified, the IPv6 in the
+/// result's `ips`, the egress address beside it.
+fn cached(container: &str, netns: &Path, ipv6: &str, egress: Option<Ipv4Addr>) -> CacheEntry {
+    CacheEntry {
+        format: CACHE_FORMAT,
+        network: "eniipam".into(),
+        container_id: container.into(),
+        ifname: "eth0".into(),
+        netns: netns.display().to_string(),
+        pod: None,
+        sticky_key: None,
+        ip: Ipv4Addr::UNSPECIFIED,
+        route_table: 0,
+        eni_id: String::new(),
+        host_veth: None,
+        egress_ipv4: egress,
+        result: serde_json::json!({
+            "cniVersion": "1.1.0",
+            "interfaces": [{"name": "eth0", "sandbox": netns.display().to_string()}],
+            "ips": [{"address": format!("{ipv6}/128"), "interface": 0}],
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_state_file_gives_live_ipv6_pods_their_addresses_back() {
+    let mock = MockCloud::start(Config {
+        default_instance_type: "c5.4xlarge".into(),
+        ..Config::fast()
+    })
+    .await
+    .unwrap();
+    let dir = TempDir::new("ipv6-lost-state");
+    let cfg = eniipam::config::DaemonConfig {
+        ip_family: IpFamily::Ipv6,
+        ..config(&mock, &dir.0)
+    };
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let r = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        let ipv6: Ipv6Addr = r.ipv6.parse().unwrap();
+        let egress: Ipv4Addr = r.egress_ipv4.parse().unwrap();
+        held.push((ipv6, egress));
+    }
+    d.shutdown().await;
+
+    // The file goes. c0 and c1 still run (their netns exists); c2's netns is gone. c1 was cached
+    // by a plugin from before the egress field: its IPv6 comes back, its egress address does not.
+    std::fs::remove_file(&cfg.state_path).unwrap();
+    let alive = dir.0.join("live-netns");
+    std::fs::write(&alive, b"").unwrap();
+    let gone = dir.0.join("gone-netns");
+    let cache = ResultCache::new(&cfg.cni_cache_dir, "eniipam");
+    let entries = [
+        cached("c0", &alive, &held[0].0.to_string(), Some(held[0].1)),
+        cached("c1", &alive, &held[1].0.to_string(), None),
+        cached("c2", &gone, &held[2].0.to_string(), Some(held[2].1)),
+    ];
+    for e in &entries {
+        cache.write(e).unwrap();
+    }
+    let d = start(cfg.clone()).await;
+    assert_eq!(
+        mock.counters()
+            .actions
+            .get("AssignIpv6Addresses")
+            .map_or(0, |c| c.ok),
+        1,
+        "the /80 on eth0 adopted, not a second one"
+    );
+    let mut c = client(&d.socket_path).await;
+    // A repeated ADD of a live pod returns what it holds.
+    let r0 = c
+        .allocate(alloc_req("c0", "p0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r0.ipv6.parse::<Ipv6Addr>().unwrap(), held[0].0);
+    assert_eq!(r0.egress_ipv4.parse::<Ipv4Addr>().unwrap(), held[0].1);
+    let r1 = c
+        .allocate(alloc_req("c1", "p1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r1.ipv6.parse::<Ipv6Addr>().unwrap(), held[1].0);
+    // The dead pod's address is not on record: its repeated ADD gets a new one, past every old one.
+    let r2 = c
+        .allocate(alloc_req("c2", "p2"))
+        .await
+        .unwrap()
+        .into_inner();
+    let r2v6: Ipv6Addr = r2.ipv6.parse().unwrap();
+    assert!(held.iter().all(|(old, _)| r2v6 > *old), "{r2v6} reissued");
+    // New pods never get an address a live pod holds.
+    let mut fresh = Vec::new();
+    for i in 0..10 {
+        let r = c
+            .allocate(alloc_req(&format!("n{i}"), &format!("n{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        fresh.push((
+            r.ipv6.parse::<Ipv6Addr>().unwrap(),
+            r.egress_ipv4.parse::<Ipv4Addr>().unwrap(),
+        ));
+    }
+    for (v6, v4) in &fresh {
+        assert!(
+            *v6 != held[0].0 && *v6 != held[1].0,
+            "{v6} handed out twice"
+        );
+        assert_ne!(*v4, held[0].1, "c0's egress address handed out twice");
+    }
+    d.shutdown().await;
+
+    // The rebuilt records are durable: a plain restart keeps the adopted pods.
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let r0 = c
+        .allocate(alloc_req("c0", "p0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r0.ipv6.parse::<Ipv6Addr>().unwrap(), held[0].0);
+    d.shutdown().await;
+}
