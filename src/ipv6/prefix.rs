@@ -1,6 +1,6 @@
-//! Taking the node's /80 at startup: keep the one on record, adopt one the primary ENI already has,
-//! or ask EC2 for one (`AssignIpv6Addresses` with `Ipv6PrefixCount=1`, the node's one mutating call
-//! for IPv6).
+//! Taking the node's /80 at startup: keep the one on record, take it back when it was unassigned
+//! out of band, adopt one the primary ENI already has, or ask EC2 for one (`AssignIpv6Addresses`
+//! with `Ipv6PrefixCount=1`, the node's one mutating call for IPv6).
 
 use crate::cloud::{Cloud, CloudError, Eni};
 use crate::store::StoredPrefix6;
@@ -15,8 +15,26 @@ pub enum Taken {
     /// One the primary ENI already had (a lost state file, or a /80 given by hand or by another
     /// CNI); the cursor starts from the clock ([`seed_offset`]).
     Adopted,
+    /// The one on record, gone from the primary ENI (unassigned out of band) and assigned back by
+    /// value while it was still free in the subnet: its pods' addresses route again and are kept.
+    Reclaimed,
     /// A new one from EC2.
     Assigned,
+}
+
+/// Whether EC2's answer to taking a /80 back by value is final: the /80 is in use by another ENI,
+/// no longer inside the subnet's block, or the ENI has no room. Throttling and transient failures
+/// are not (the caller's patience applies), nor a missing permission (an operator must fix it, and
+/// a new /80 would need the same one).
+pub fn refused_for_good(e: &CloudError) -> bool {
+    matches!(
+        e,
+        CloudError::Rejected { .. }
+            | CloudError::NoIpv6Cidr { .. }
+            | CloudError::IpLimitExceeded { .. }
+            | CloudError::NoFreePrefix { .. }
+            | CloudError::SubnetFull { .. }
+    )
 }
 
 /// Why the /80 could not be had.
@@ -56,6 +74,24 @@ pub async fn ensure(
     if let Some(r) = kept {
         return Ok((r, Taken::Kept, None));
     }
+    let lost =
+        match lost {
+            // Gone from eth0, which has no other /80: while it is still free in the subnet, assigning it
+            // back makes every pod's address route again and nothing is lost.
+            Some(r) if r.eni_id == eth0.id.as_str() && eth0.ipv6_prefixes.is_empty() => match cloud
+                .assign_specific_ipv6_prefixes(&eth0.id, &[r.prefix])
+                .await
+            {
+                Ok(_) => return Ok((r, Taken::Reclaimed, None)),
+                Err(e) if refused_for_good(&e) => {
+                    tracing::warn!(prefix = %r.prefix, eni = %eth0.id, error = %e,
+                        "EC2 refused to give the node's /80 back; taking another");
+                    Some(r)
+                }
+                Err(e) => return Err(e.into()),
+            },
+            other => other,
+        };
     if let Some(p) = eth0.ipv6_prefixes.first() {
         let taken = StoredPrefix6 {
             prefix: *p,
