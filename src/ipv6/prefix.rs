@@ -56,7 +56,9 @@ pub enum PrefixError {
 }
 
 /// The node's /80 on `eth0` (as EC2 describes the primary ENI now): the recorded one when it is still
-/// there, else the first the ENI has, else a new one. Returns the prefix to record, how it was come by,
+/// there; else, when eth0 has no /80, the recorded one assigned back by value (its pods keep their
+/// addresses; a definitive refusal, [`refused_for_good`], falls through, any other failure is the
+/// caller's to retry); else the first the ENI has, else a new one. Returns the prefix to record, how it was come by,
 /// and the recorded one that is gone from the ENI, if any (its pods' addresses no longer route).
 pub async fn ensure(
     cloud: &dyn Cloud,
