@@ -342,3 +342,56 @@ async fn iam_refuses_the_ipv6_actions_without_the_policys_grant() {
     assert_eq!(snap.count(ASSIGN6, Outcome::Unauthorized), 1);
     assert_eq!(snap.count(UNASSIGN6, Outcome::Unauthorized), 1);
 }
+
+/// The node's /80 taken back by value (`Ipv6Prefix.N`): a lost reply is settled by describing eth0
+/// (the lost attempt landed: the answer, not a second assign refused as in use); a hang that did not
+/// land is retried; a /80 in use is refused at once, as EC2 refuses it.
+#[tokio::test]
+async fn a_slash_80_taken_back_by_value_survives_an_ambiguous_reply_and_is_refused_in_use() {
+    let env = start().await;
+    let eth0 = eth0(&env);
+    let [p] = env.cloud.assign_ipv6_prefixes(&eth0, 1).await.unwrap()[..] else {
+        panic!("one /80")
+    };
+    env.cloud.unassign_ipv6_prefixes(&eth0, &[p]).await.unwrap();
+
+    // Performed, reply lost: one assign, the describe finds it on eth0.
+    env.mock
+        .inject_fault(Fault::slow_reply(ASSIGN6, Duration::from_millis(800), 1));
+    env.mock.reset_counters();
+    let got = env
+        .cloud
+        .assign_specific_ipv6_prefixes(&eth0, &[p])
+        .await
+        .unwrap();
+    assert_eq!(got, vec![p]);
+    assert_eq!(prefixes_on(&env, &eth0), [p].into_iter().collect());
+    assert_eq!(env.mock.counters().calls(ASSIGN6), 1, "assigned once");
+
+    // Not performed (a hang ending in a 500): the describe shows it absent, the retry assigns it.
+    env.cloud.unassign_ipv6_prefixes(&eth0, &[p]).await.unwrap();
+    env.mock
+        .inject_fault(Fault::hang(ASSIGN6, Duration::from_millis(10), 1));
+    env.mock.reset_counters();
+    let got = env
+        .cloud
+        .assign_specific_ipv6_prefixes(&eth0, &[p])
+        .await
+        .unwrap();
+    assert_eq!(got, vec![p]);
+    assert_eq!(prefixes_on(&env, &eth0), [p].into_iter().collect());
+    assert_eq!(env.mock.counters().calls(ASSIGN6), 2);
+
+    // In use (here, by eth0 itself): EC2's refusal, final, not retried.
+    env.mock.reset_counters();
+    let err = env
+        .cloud
+        .assign_specific_ipv6_prefixes(&eth0, &[p])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, CloudError::Rejected { code, .. } if code == "InvalidIPAddress.InUse"),
+        "{err}"
+    );
+    assert_eq!(env.mock.counters().calls(ASSIGN6), 1);
+}

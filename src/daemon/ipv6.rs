@@ -58,6 +58,13 @@ pub(super) async fn take_prefix(
         e @ PrefixError::NoSubnetIpv6 { .. } => DaemonError::Config(e.to_string()),
         e => DaemonError::Ipv6(e.to_string()),
     })?;
+    if how == Taken::Reclaimed {
+        tracing::warn!(
+            prefix = %taken.prefix, eni = %taken.eni_id, pods = stored.assignments.len(),
+            "the /80 on record was gone from the primary ENI (unassigned outside eniipam?) and is \
+             assigned back: its pods keep their IPv6 addresses, which route again"
+        );
+    }
     if let Some(lost) = &lost {
         tracing::error!(
             recorded = %lost.prefix, eni = %lost.eni_id, now = %taken.prefix,
@@ -93,6 +100,7 @@ pub(super) async fn take_prefix(
         "the node's IPv6 /80 is {}",
         match how {
             Taken::Kept => "the one on record",
+            Taken::Reclaimed => "the one on record, assigned back",
             Taken::Adopted => "one the primary ENI already had",
             Taken::Assigned => "new from EC2",
         }

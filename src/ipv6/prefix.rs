@@ -1,6 +1,6 @@
-//! Taking the node's /80 at startup: keep the one on record, adopt one the primary ENI already has,
-//! or ask EC2 for one (`AssignIpv6Addresses` with `Ipv6PrefixCount=1`, the node's one mutating call
-//! for IPv6).
+//! Taking the node's /80 at startup: keep the one on record, take it back when it was unassigned
+//! out of band, adopt one the primary ENI already has, or ask EC2 for one (`AssignIpv6Addresses`
+//! with `Ipv6PrefixCount=1`, the node's one mutating call for IPv6).
 
 use crate::cloud::{Cloud, CloudError, Eni};
 use crate::store::StoredPrefix6;
@@ -15,8 +15,26 @@ pub enum Taken {
     /// One the primary ENI already had (a lost state file, or a /80 given by hand or by another
     /// CNI); the cursor starts from the clock ([`seed_offset`]).
     Adopted,
+    /// The one on record, gone from the primary ENI (unassigned out of band) and assigned back by
+    /// value while it was still free in the subnet: its pods' addresses route again and are kept.
+    Reclaimed,
     /// A new one from EC2.
     Assigned,
+}
+
+/// Whether EC2's answer to taking a /80 back by value is final: the /80 is in use by another ENI,
+/// no longer inside the subnet's block, or the ENI has no room. Throttling and transient failures
+/// are not (the caller's patience applies), nor a missing permission (an operator must fix it, and
+/// a new /80 would need the same one).
+pub fn refused_for_good(e: &CloudError) -> bool {
+    matches!(
+        e,
+        CloudError::Rejected { .. }
+            | CloudError::NoIpv6Cidr { .. }
+            | CloudError::IpLimitExceeded { .. }
+            | CloudError::NoFreePrefix { .. }
+            | CloudError::SubnetFull { .. }
+    )
 }
 
 /// Why the /80 could not be had.
@@ -38,7 +56,9 @@ pub enum PrefixError {
 }
 
 /// The node's /80 on `eth0` (as EC2 describes the primary ENI now): the recorded one when it is still
-/// there, else the first the ENI has, else a new one. Returns the prefix to record, how it was come by,
+/// there; else, when eth0 has no /80, the recorded one assigned back by value (its pods keep their
+/// addresses; a definitive refusal, [`refused_for_good`], falls through, any other failure is the
+/// caller's to retry); else the first the ENI has, else a new one. Returns the prefix to record, how it was come by,
 /// and the recorded one that is gone from the ENI, if any (its pods' addresses no longer route).
 pub async fn ensure(
     cloud: &dyn Cloud,
@@ -56,6 +76,23 @@ pub async fn ensure(
     if let Some(r) = kept {
         return Ok((r, Taken::Kept, None));
     }
+    let lost = match lost {
+        // Gone from eth0, which has no other /80: while it is still free in the subnet, assigning it
+        // back makes every pod's address route again and nothing is lost.
+        Some(r) if r.eni_id == eth0.id.as_str() && eth0.ipv6_prefixes.is_empty() => match cloud
+            .assign_specific_ipv6_prefixes(&eth0.id, &[r.prefix])
+            .await
+        {
+            Ok(_) => return Ok((r, Taken::Reclaimed, None)),
+            Err(e) if refused_for_good(&e) => {
+                tracing::warn!(prefix = %r.prefix, eni = %eth0.id, error = %e,
+                        "EC2 refused to give the node's /80 back; taking another");
+                Some(r)
+            }
+            Err(e) => return Err(e.into()),
+        },
+        other => other,
+    };
     if let Some(p) = eth0.ipv6_prefixes.first() {
         let taken = StoredPrefix6 {
             prefix: *p,
@@ -86,4 +123,154 @@ pub async fn ensure(
         taken_at_ms: now_ms,
     };
     Ok((taken, Taken::Assigned, lost))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use eniipam_memcloud::{Action, MemoryCloud, NodeSpec};
+    use ipnet::Ipv6Net;
+
+    use super::*;
+    use crate::cloud::CreateEni;
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    async fn eth0(cloud: &MemoryCloud, instance: &str) -> Eni {
+        cloud
+            .describe_instance(instance)
+            .await
+            .unwrap()
+            .enis
+            .into_iter()
+            .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+            .unwrap()
+    }
+
+    fn record(prefix: Ipv6Net, eni: &Eni) -> StoredPrefix6 {
+        StoredPrefix6 {
+            prefix,
+            eni_id: eni.id.to_string(),
+            next_offset: 42,
+            egress_next: 7,
+            taken_at_ms: NOW - 1000,
+        }
+    }
+
+    /// A node whose recorded /80 was unassigned out of band; returns the cloud, eth0 as described
+    /// now (no /80) and the record.
+    async fn lost_slash_80() -> (std::sync::Arc<MemoryCloud>, Eni, StoredPrefix6) {
+        let (cloud, node) = MemoryCloud::with_node(NodeSpec::default());
+        let e = eth0(&cloud, &node.instance_id).await;
+        let (first, how, _) = ensure(cloud.as_ref(), &e, None, "ipv6", NOW).await.unwrap();
+        assert_eq!(how, Taken::Assigned);
+        let p = first.prefix;
+        cloud.unassign_ipv6_prefixes(&e.id, &[p]).await.unwrap();
+        let e = eth0(&cloud, &node.instance_id).await;
+        assert!(e.ipv6_prefixes.is_empty());
+        (cloud, e.clone(), record(p, &e))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recorded_slash_80_unassigned_out_of_band_is_taken_back_with_its_cursor() {
+        let (cloud, e, rec) = lost_slash_80().await;
+        let (taken, how, lost) = ensure(cloud.as_ref(), &e, Some(rec.clone()), "ipv6", NOW)
+            .await
+            .unwrap();
+        assert_eq!((how, lost), (Taken::Reclaimed, None));
+        // The record as it was: the cursor and the egress count carry on, no address is reissued.
+        assert_eq!(taken, rec);
+        assert_eq!(cloud.eni(&e.id).unwrap().ipv6_prefixes, vec![rec.prefix]);
+        assert_eq!(cloud.call_count(Action::AssignSpecificIpv6Prefixes), 1);
+        assert_eq!(
+            cloud.call_count(Action::AssignIpv6Prefixes),
+            1,
+            "no new /80"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slash_80_another_eni_took_meanwhile_gives_a_new_one_and_the_pods_are_lost() {
+        let (cloud, e, rec) = lost_slash_80().await;
+        let other = cloud
+            .create_eni(&CreateEni {
+                subnet_id: e.subnet_id.clone(),
+                security_groups: vec![],
+                description: "someone else".into(),
+                secondary_ip_count: 0,
+                prefix_count: 0,
+                private_ips: Vec::new(),
+                tags: BTreeMap::new(),
+                client_token: "other".into(),
+            })
+            .await
+            .unwrap();
+        cloud
+            .assign_specific_ipv6_prefixes(&other.id, &[rec.prefix])
+            .await
+            .unwrap();
+        let (taken, how, lost) = ensure(cloud.as_ref(), &e, Some(rec.clone()), "ipv6", NOW)
+            .await
+            .unwrap();
+        assert_eq!(how, Taken::Assigned);
+        assert_eq!(lost, Some(rec.clone()));
+        assert_ne!(taken.prefix, rec.prefix);
+        assert_eq!(
+            taken.egress_next, rec.egress_next,
+            "the egress count goes on"
+        );
+        assert_eq!(cloud.eni(&e.id).unwrap().ipv6_prefixes, vec![taken.prefix]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retryable_failure_to_take_it_back_is_the_callers_to_retry() {
+        let (cloud, e, rec) = lost_slash_80().await;
+        let slow = CloudError::Throttled {
+            api: "AssignIpv6Addresses".into(),
+            code: "RequestLimitExceeded".into(),
+        };
+        cloud.fail_next(Action::AssignSpecificIpv6Prefixes, 1, slow.clone());
+        let err = ensure(cloud.as_ref(), &e, Some(rec.clone()), "ipv6", NOW)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, PrefixError::Cloud(ref c) if *c == slow),
+            "{err}"
+        );
+        assert_eq!(
+            cloud.call_count(Action::AssignIpv6Prefixes),
+            1,
+            "no new /80"
+        );
+        // The step's next try takes it back.
+        let (_, how, _) = ensure(cloud.as_ref(), &e, Some(rec), "ipv6", NOW)
+            .await
+            .unwrap();
+        assert_eq!(how, Taken::Reclaimed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eth0_with_another_slash_80_adopts_it_without_asking_for_the_old_one() {
+        let (cloud, e, rec) = lost_slash_80().await;
+        let now = Ipv6Net::new(
+            std::net::Ipv6Addr::from(u128::from(rec.prefix.network()) + (1 << 48)),
+            80,
+        )
+        .unwrap();
+        cloud
+            .assign_specific_ipv6_prefixes(&e.id, &[now])
+            .await
+            .unwrap();
+        let e = cloud.eni(&e.id).unwrap();
+        let (taken, how, lost) = ensure(cloud.as_ref(), &e, Some(rec.clone()), "ipv6", NOW)
+            .await
+            .unwrap();
+        assert_eq!((taken.prefix, how, lost), (now, Taken::Adopted, Some(rec)));
+        assert_eq!(
+            cloud.call_count(Action::AssignSpecificIpv6Prefixes),
+            1,
+            "only ours"
+        );
+    }
 }

@@ -57,8 +57,11 @@ pub struct PassReport {
     /// IPv6-only attachments (ip_family ipv6) released because their pod's network namespace is gone.
     pub released_dead_ipv6: Vec<(AttachmentKey, std::net::Ipv6Addr)>,
     /// The node's /80 is not on its ENI in EC2's answer (unassigned out of band): its pods' addresses
-    /// no longer route. Reported loudly; a restart takes a new /80.
+    /// no longer route, and the pass could not assign it back. Reported loudly; a restart takes a
+    /// new /80.
     pub ipv6_prefix_missing: bool,
+    /// The node's /80 was gone from its ENI and this pass assigned it back by value.
+    pub ipv6_prefix_reclaimed: bool,
 }
 
 /// One pass; see the module docs. Releases assignments whose network namespace is gone or whose pod
@@ -94,13 +97,7 @@ pub async fn pass(
     apply(ipam, cloud, dead, &mut report).await;
     release_dead_ipv6(ipam, &netns, &mut report).await;
     if let (Some(p), Some(enis)) = (ipam.ipv6(), &snapshot.ec2) {
-        let prefix = p.prefix();
-        if !enis.values().any(|e| e.ipv6_prefixes.contains(&prefix)) {
-            report.ipv6_prefix_missing = true;
-            tracing::error!(%prefix, eni = %p.eni_id,
-                "the node's IPv6 /80 is gone from its ENI in EC2 (unassigned out of band?): IPv6 pods \
-                 on this node no longer route; restart eniipamd to take a new /80");
-        }
+        check_ipv6_prefix(cloud, p, enis, memory, &mut report).await;
     }
     report.released_gone_from_api = super::api_server::release_gone_pods(ipam, api, &netns).await;
     let quarantine = take_leading(&mut drifts, Drift::from_host);
@@ -130,6 +127,51 @@ pub async fn pass(
         );
     }
     Ok(report)
+}
+
+/// The node's /80 as EC2 shows it. Gone from its ENI, which has no other /80: assigned back by value
+/// (one call, through the limiter), so its pods' addresses route again and nothing is lost. EC2's
+/// definitive refusal (another ENI took it meanwhile) is remembered: reported every pass, asked no
+/// more. Another /80 on the ENI (someone else's doing): only reported.
+async fn check_ipv6_prefix(
+    cloud: &dyn Cloud,
+    p: &crate::ipv6::Ipv6Pool,
+    enis: &BTreeMap<EniId, Eni>,
+    memory: &mut Memory,
+    report: &mut PassReport,
+) {
+    let prefix = p.prefix();
+    if enis.values().any(|e| e.ipv6_prefixes.contains(&prefix)) {
+        return;
+    }
+    let eth0 = enis.iter().find(|(id, _)| id.as_str() == p.eni_id);
+    let refused = memory.ipv6_refused == Some(prefix);
+    if let Some((id, e)) = eth0.filter(|(_, e)| e.ipv6_prefixes.is_empty() && !refused) {
+        match cloud.assign_specific_ipv6_prefixes(id, &[prefix]).await {
+            Ok(_) => {
+                report.ipv6_prefix_reclaimed = true;
+                tracing::warn!(%prefix, eni = %id,
+                    "the node's IPv6 /80 was gone from its ENI in EC2 (unassigned out of band?) and is \
+                     assigned back: IPv6 pods on this node route again");
+                return;
+            }
+            Err(err) if crate::ipv6::prefix::refused_for_good(&err) => {
+                memory.ipv6_refused = Some(prefix);
+                tracing::error!(%prefix, eni = %id, error = %err, ipv6_prefixes = ?e.ipv6_prefixes,
+                    "the node's IPv6 /80 is gone from its ENI and EC2 refuses to give it back: IPv6 \
+                     pods on this node no longer route; restart eniipamd to take a new /80");
+            }
+            Err(err) => {
+                tracing::warn!(%prefix, eni = %id, error = %err,
+                    "could not assign the node's lost IPv6 /80 back; trying again next pass");
+            }
+        }
+    } else if !refused {
+        tracing::error!(%prefix, eni = %p.eni_id,
+            "the node's IPv6 /80 is gone from its ENI in EC2 and the ENI has another (or is not \
+             attached here): IPv6 pods on this node no longer route; restart eniipamd to take it on");
+    }
+    report.ipv6_prefix_missing = true;
 }
 
 /// Releases IPv6-only attachments (those the pool does not hold: `ip_family = ipv6`) whose pod

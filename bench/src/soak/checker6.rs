@@ -2,10 +2,11 @@
 //! model and what the checker remembers of earlier ones. The IPv4 ones are [`super::checker`]'s.
 //!
 //! Checks (each a violation kind):
-//! - `ipv6-prefix`: the node's /80 — the daemon shows none; it changed while EC2 still had the old one
-//!   (one /80 in the node's life, SIGKILLs and a lost state file included, unless EC2 took it); it is
-//!   not on eth0 in EC2 (mockcloud's view) once the daemon had its grace period to notice; eth0 shows
-//!   other than one /80; the state file records another.
+//! - `ipv6-prefix`: the node's /80 — the daemon shows none; it changed (one /80 in the node's life,
+//!   SIGKILLs, a lost state file and an out-of-band unassign included: the daemon assigns the same
+//!   /80 back, which the soak leaves free); it is not on eth0 in EC2 (mockcloud's view) once the
+//!   daemon had its grace period to take it back; eth0 shows other than one /80; the state file
+//!   records another.
 //! - `duplicate-ipv6`: an IPv6 held by two attachments, whoever says so (live pods, the daemon's
 //!   book through `Check`, the state file's `ipv6_ips`).
 //! - `ipv6-reissued`: an IPv6 held by an attachment other than the first one an ADD gave it to, or
@@ -78,7 +79,7 @@ pub fn evaluate(
 
     // The /80.
     let prefix: Option<Ipv6Net> = obs.pool.ipv6_prefix.parse().ok();
-    // The soak took this /80 from eth0 less than the grace period ago (the opt-in fault).
+    // The soak took this /80 from eth0 less than the grace period ago (`oob-prefix-unassign`).
     let taken_lately = |p: Ipv6Net| {
         model
             .prefix_taken
@@ -98,13 +99,18 @@ pub fn evaluate(
         ),
         Some(p) => {
             match state.prefix {
-                Some(first) if first != p && !taken_ever(first) => push(
+                Some(first) if first != p => push(
                     "ipv6-prefix",
                     format!("changed {first} {p}"),
                     format!(
-                        "the node's /80 changed from {first} to {p} although EC2 never lost {first} \
-                         (eth0 shows {:?}): one /80 in the node's life",
-                        obs.ec2.eth0_prefixes6
+                        "the node's /80 changed from {first} to {p} (eth0 shows {:?}){}: one /80 in \
+                         the node's life",
+                        obs.ec2.eth0_prefixes6,
+                        if taken_ever(first) {
+                            "; the soak unassigned it out of band, and it was free to assign back"
+                        } else {
+                            ""
+                        }
                     ),
                     false,
                 ),
@@ -119,7 +125,7 @@ pub fn evaluate(
                         "the daemon serves the /80 {p}, which EC2 does not show on eth0 (it shows {:?}){}",
                         obs.ec2.eth0_prefixes6,
                         if taken_ever(p) {
-                            " — the soak unassigned it out of band, and the daemon goes on with it"
+                            " — the soak unassigned it out of band, and the daemon did not take it back"
                         } else {
                             ""
                         }

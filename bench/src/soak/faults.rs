@@ -40,13 +40,13 @@ pub enum FaultKind {
     /// The IAM policy edited to revoke one action the daemon needs for a few steps, then granted
     /// back (the shipped policy is enforced for the whole run).
     IamRevoke,
-    /// The node's IPv6 /80 unassigned from eth0 through EC2, behind the daemon's back (ipv6, dual;
-    /// opt-in: not in `all`, because the daemon does not recover from it — see [`FaultKind::OPT_IN`]).
+    /// The node's IPv6 /80 unassigned from eth0 through EC2, behind the daemon's back (ipv6, dual):
+    /// the running reconcile (or a restart) assigns the same /80 back, and every pod keeps its IPv6.
     OobPrefixUnassign,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 14] = [
+    pub const ALL: [FaultKind; 15] = [
         FaultKind::Kill,
         FaultKind::Ec2Error,
         FaultKind::Ec2ErrorRate,
@@ -61,13 +61,12 @@ impl FaultKind {
         FaultKind::NetnsHidden,
         FaultKind::PodDeath,
         FaultKind::IamRevoke,
+        FaultKind::OobPrefixUnassign,
     ];
 
-    /// Kinds only a named list turns on: the daemon notices a /80 unassigned behind its back
-    /// (`ipv6_prefix_missing`, `eniipam_ipv6_prefixes 0`) but goes on handing out addresses of the
-    /// gone /80 until it is restarted, and the restart forgets every pod's IPv6 and takes a new /80,
-    /// so a run with it breaks the IPv6 invariants by design of the daemon today.
-    pub const OPT_IN: [FaultKind; 1] = [FaultKind::OobPrefixUnassign];
+    /// Kinds only a named list turns on (none now: `oob-prefix-unassign` was one until the daemon
+    /// took a /80 unassigned behind its back back, issue 26).
+    pub const OPT_IN: [FaultKind; 0] = [];
 
     /// Whether the kind means anything with `family`.
     pub fn applies(self, family: super::IpFamily) -> bool {
@@ -257,7 +256,7 @@ mod tests {
         assert!(!parse_fault_set("-kill").unwrap().contains(&FaultKind::Kill));
         assert!(parse_fault_set("kil").is_err());
         assert!(
-            !parse_fault_set("all")
+            parse_fault_set("all")
                 .unwrap()
                 .contains(&FaultKind::OobPrefixUnassign)
         );

@@ -133,7 +133,7 @@ pub struct Model {
     /// Every IPv6 an ADD handed out in the run, and to which attachment: the /80's contract is that
     /// none goes to a second one, restarts and a lost state file included.
     pub v6_given: BTreeMap<Ipv6Addr, Key>,
-    /// The soak unassigned the node's /80 from eth0 (the opt-in `oob-prefix-unassign`): when, and
+    /// The soak unassigned the node's /80 from eth0 (`oob-prefix-unassign`): when, and
     /// which /80.
     pub prefix_taken: Vec<(u64, Instant, ipnet::Ipv6Net)>,
 }

@@ -460,6 +460,16 @@ pub trait Cloud: Send + Sync + 'static {
     /// [`Cloud::assign_prefixes`], a retry after an ambiguous failure first looks (describe) at what
     /// the lost attempt assigned, so a retry never leaves an unknown prefix behind.
     async fn assign_ipv6_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv6Net>>;
+    /// AssignIpv6Addresses with explicit Ipv6Prefix.N: the node's /80 taken back after it was
+    /// unassigned out of band (while it is free in the subnet, its pods' addresses route again).
+    /// Same action and bucket as [`Cloud::assign_ipv6_prefixes`]; a retry after an ambiguous failure
+    /// first looks whether the lost attempt put them on the ENI. EC2 refuses a prefix another ENI
+    /// holds (`InvalidIPAddress.InUse`) or one outside the subnet's /64 ([`CloudError::Rejected`]).
+    async fn assign_specific_ipv6_prefixes(
+        &self,
+        eni: &EniId,
+        prefixes: &[Ipv6Net],
+    ) -> CloudResult<Vec<Ipv6Net>>;
     /// UnassignIpv6Addresses with Ipv6Prefix.N.
     async fn unassign_ipv6_prefixes(&self, eni: &EniId, prefixes: &[Ipv6Net]) -> CloudResult<()>;
     /// DescribeSubnets with filters (tags included).

@@ -28,6 +28,8 @@ pub enum Action {
     UnassignIpv4Prefixes,
     /// `assign_ipv6_prefixes` (AssignIpv6Addresses with Ipv6PrefixCount).
     AssignIpv6Prefixes,
+    /// `assign_specific_ipv6_prefixes` (AssignIpv6Addresses with Ipv6Prefix.N). Counted apart.
+    AssignSpecificIpv6Prefixes,
     /// `unassign_ipv6_prefixes` (UnassignIpv6Addresses with Ipv6Prefix.N).
     UnassignIpv6Prefixes,
     /// GetSubnetCidrReservations.
@@ -60,6 +62,7 @@ impl Action {
             Self::AssignIpv4Prefixes => "AssignPrivateIpAddresses(prefix)",
             Self::UnassignIpv4Prefixes => "UnassignPrivateIpAddresses(prefix)",
             Self::AssignIpv6Prefixes => "AssignIpv6Addresses(prefix)",
+            Self::AssignSpecificIpv6Prefixes => "AssignIpv6Addresses(specific prefix)",
             Self::UnassignIpv6Prefixes => "UnassignIpv6Addresses(prefix)",
             Self::GetSubnetCidrReservations => "GetSubnetCidrReservations",
             Self::CreateTags => "CreateTags",

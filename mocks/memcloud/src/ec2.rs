@@ -463,6 +463,18 @@ impl Cloud for MemoryCloud {
         .await
     }
 
+    async fn assign_specific_ipv6_prefixes(
+        &self,
+        eni: &EniId,
+        prefixes: &[Ipv6Net],
+    ) -> CloudResult<Vec<Ipv6Net>> {
+        let api = Action::AssignSpecificIpv6Prefixes;
+        self.call(api, format!("eni={eni} ipv6_prefixes={prefixes:?}"), |st| {
+            st.assign_specific_ipv6_prefixes(api.as_str(), eni, prefixes)
+        })
+        .await
+    }
+
     async fn unassign_ipv6_prefixes(&self, eni: &EniId, prefixes: &[Ipv6Net]) -> CloudResult<()> {
         let api = Action::UnassignIpv6Prefixes;
         self.call(api, format!("eni={eni} ipv6_prefixes={prefixes:?}"), |st| {

@@ -92,6 +92,75 @@ impl MemoryState {
         Ok(new)
     }
 
+    /// AssignIpv6Addresses with Ipv6Prefix.N, with mockcloud's (and EC2's) refusals: an empty list,
+    /// a prefix that is not an aligned /80 of the subnet's /64 or covers a reserved address
+    /// (`InvalidParameterValue`), one held by any ENI (`InvalidIPAddress.InUse`), the per-ENI limit.
+    /// All or nothing.
+    pub(crate) fn assign_specific_ipv6_prefixes(
+        &mut self,
+        api: &str,
+        eni: &EniId,
+        prefixes: &[Ipv6Net],
+    ) -> CloudResult<Vec<Ipv6Net>> {
+        let held = ipv6_slots(self.enis.get(eni).ok_or_else(|| eni_not_found(api, eni))?);
+        let rejected = |code: &str, message: String| CloudError::Rejected {
+            api: api.into(),
+            code: code.into(),
+            message,
+        };
+        if prefixes.is_empty() {
+            return Err(rejected(
+                "InvalidParameterValue",
+                "Ipv6Prefix: must name at least 1 prefix".into(),
+            ));
+        }
+        let subnet_id = self.subnet.id.clone();
+        let Some(block) = self.subnet.ipv6.as_mut() else {
+            return Err(CloudError::NoIpv6Cidr {
+                api: api.into(),
+                message: format!("the subnet {subnet_id} does not have an IPv6 CIDR block"),
+            });
+        };
+        let per_eni = self.instance.spec.limits.ipv4_per_eni;
+        let count = prefixes.len() as u32;
+        if held + count > per_eni {
+            return Err(CloudError::IpLimitExceeded {
+                api: api.into(),
+                message: format!(
+                    "{eni} holds {held} IPv6 addresses and prefixes, {count} more would exceed the limit of {per_eni} per interface"
+                ),
+            });
+        }
+        let mut seen = BTreeSet::new();
+        for p in prefixes {
+            let aligned = p.prefix_len() == IPV6_PREFIX_LEN
+                && p.addr() == p.network()
+                && block.cidr.contains(p)
+                && p.network() != block.cidr.network()
+                && p.broadcast() != block.cidr.broadcast();
+            if !aligned || !seen.insert(*p) {
+                return Err(rejected(
+                    "InvalidParameterValue",
+                    format!(
+                        "Ipv6Prefix {p}: expected a distinct aligned /80 inside the subnet's block {} that covers no reserved address",
+                        block.cidr
+                    ),
+                ));
+            }
+            if block.held.contains(p) {
+                return Err(rejected(
+                    "InvalidIPAddress.InUse",
+                    format!("Address {p} is in use."),
+                ));
+            }
+        }
+        block.held.extend(prefixes.iter().copied());
+        self.eni_mut(api, eni)?
+            .ipv6_prefixes
+            .extend(prefixes.iter().copied());
+        Ok(prefixes.to_vec())
+    }
+
     /// UnassignIpv6Addresses with Ipv6Prefix.N: every one held by the ENI, or nothing changes.
     pub(crate) fn unassign_ipv6_prefixes(
         &mut self,

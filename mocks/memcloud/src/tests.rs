@@ -254,3 +254,87 @@ async fn a_deleted_enis_prefixes_go_back_to_the_subnet() {
     cloud.delete_eni(&eni.id).await.unwrap();
     assert!(cloud.ipv6_prefixes_held().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_slash_80_assigned_by_value_comes_back_only_while_free_and_well_formed() {
+    let (cloud, node) = MemoryCloud::with_node(NodeSpec::default());
+    let eth0 = primary(&cloud, &node).await;
+    let [p] = cloud.assign_ipv6_prefixes(&eth0.id, 1).await.unwrap()[..] else {
+        panic!("one /80")
+    };
+    cloud.unassign_ipv6_prefixes(&eth0.id, &[p]).await.unwrap();
+    // Free again in the subnet: the same /80 by value.
+    assert_eq!(
+        cloud
+            .assign_specific_ipv6_prefixes(&eth0.id, &[p])
+            .await
+            .unwrap(),
+        vec![p]
+    );
+    assert_eq!(cloud.eni(&eth0.id).unwrap().ipv6_prefixes, vec![p]);
+    assert!(cloud.ipv6_prefixes_held().contains(&p));
+    assert_eq!(cloud.call_count(Action::AssignSpecificIpv6Prefixes), 1);
+
+    // Held by another ENI (or this one): in use, as EC2 answers.
+    let other = cloud.create_eni(&create_req(0, "v6")).await.unwrap();
+    let in_use = |err: &CloudError| matches!(err, CloudError::Rejected { code, .. } if code == "InvalidIPAddress.InUse");
+    for eni in [&other.id, &eth0.id] {
+        let err = cloud
+            .assign_specific_ipv6_prefixes(eni, &[p])
+            .await
+            .unwrap_err();
+        assert!(in_use(&err), "{err}");
+    }
+    // Not an aligned /80 of the subnet's /64, one covering a reserved address, a duplicate: a bad
+    // value; nothing assigned.
+    let block = cloud
+        .describe_subnet(&node.subnet_id)
+        .await
+        .unwrap()
+        .ipv6_cidrs[0];
+    let first = Ipv6Net::new(block.network(), 80).unwrap();
+    let next = |n: u128| {
+        Ipv6Net::new(
+            std::net::Ipv6Addr::from(u128::from(block.network()) | (n << 48)),
+            80,
+        )
+        .unwrap()
+    };
+    let unaligned: Ipv6Net = format!(
+        "{}/80",
+        std::net::Ipv6Addr::from(u128::from(next(7).network()) + 1)
+    )
+    .parse()
+    .unwrap();
+    let outside: Ipv6Net = "2001:db8::/80".parse().unwrap();
+    let wide = Ipv6Net::new(next(9).network(), 96).unwrap();
+    for bad in [
+        vec![unaligned],
+        vec![outside],
+        vec![wide],
+        vec![first],
+        vec![next(5), next(5)],
+        vec![],
+    ] {
+        let err = cloud
+            .assign_specific_ipv6_prefixes(&other.id, &bad)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, CloudError::Rejected { code, .. } if code == "InvalidParameterValue"),
+            "{bad:?}: {err}"
+        );
+    }
+    assert!(cloud.eni(&other.id).unwrap().ipv6_prefixes.is_empty());
+    // A subnet without IPv6 answers with its own kind.
+    let (bare, node) = MemoryCloud::with_node(NodeSpec {
+        subnet_ipv6_cidr: None,
+        ..NodeSpec::default()
+    });
+    let eth0 = primary(&bare, &node).await;
+    let err = bare
+        .assign_specific_ipv6_prefixes(&eth0.id, &[p])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CloudError::NoIpv6Cidr { .. }), "{err}");
+}

@@ -552,6 +552,7 @@ async fn iam_throttling_and_faults_apply_to_the_ipv6_actions() {
     let c = ec2(&mock);
     let d = mock.default_world().unwrap();
     let eni = create_eni(&c, &d.subnet_id).await;
+    let reclaim_block = subnet_block(&c, &d.subnet_id).await.unwrap();
     // IAM: a policy allowing AssignPrivateIpAddresses only denies AssignIpv6Addresses on the ENI.
     mock.set_iam_policy(Some(
         Policy::parse(
@@ -581,6 +582,23 @@ async fn iam_throttling_and_faults_apply_to_the_ipv6_actions() {
         mock.iam_denials().last().unwrap().action,
         "ec2:AssignIpv6Addresses"
     );
+    // A /80 asked for by value (the daemon taking its own back) needs the same permission.
+    let denied = mock.iam_denials().len();
+    let wanted = Ipv6Net::new(
+        Ipv6Addr::from(u128::from(reclaim_block.network()) | (7 << 48)),
+        80,
+    )
+    .unwrap();
+    let e = c
+        .assign_ipv6_addresses()
+        .network_interface_id(&eni)
+        .ipv6_prefixes(wanted.to_string())
+        .send()
+        .await
+        .unwrap_err()
+        .into_service_error();
+    assert_eq!(e.code(), Some("UnauthorizedOperation"));
+    assert_eq!(mock.iam_denials().len(), denied + 1);
     mock.set_iam_policy(None);
 
     // Throttling: its own bucket, the mutating category's size; the IPv4 bucket is untouched.

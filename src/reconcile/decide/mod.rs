@@ -56,6 +56,8 @@ pub struct Memory {
     pub(crate) unknown_sightings: HashMap<EniId, u32>,
     /// State-file rows that disagreed with the pool at the last look, as the pool wanted them.
     pub(crate) store_suspects: HashMap<Ipv4Addr, RowRepair>,
+    /// The node's /80 EC2 refused to assign back (in use by another ENI, …): not asked again.
+    pub(crate) ipv6_refused: Option<ipnet::Ipv6Net>,
 }
 
 /// One thing the running reconcile decided, in the order it is applied.

@@ -2,13 +2,17 @@
 //! Ipv6Prefix.N, each on its own bucket (the limiter makes one per API name). They run the same
 //! loops as the IPv4 prefixes (`mutate`): EC2 takes no ClientToken here either, so after an
 //! ambiguous failure the assign looks (IMDS first, then a describe) at what appeared on the ENI
-//! since its baseline, and a retry never leaves an unknown `/80` behind.
+//! since its baseline, and a retry never leaves an unknown `/80` behind. The by-value assign (the
+//! node's /80 taken back) looks instead whether the prefixes it named are on the ENI.
+
+use std::collections::BTreeSet;
 
 use ipnet::Ipv6Net;
 
 use super::Ec2Cloud;
 use super::classify;
 use super::convert::{parse_ipv6_prefix, to_i32};
+use super::mutate::{Verify, mutate};
 use crate::CloudResult;
 use eniipam_api::model::EniId;
 
@@ -40,6 +44,46 @@ impl Ec2Cloud {
                 .collect::<CloudResult<Vec<Ipv6Net>>>()
         };
         self.assign_counted(API, eni, count, send, found).await
+    }
+
+    /// By value (`Ipv6Prefix.N`), as `assign_specific_ips` is for IPv4: after an ambiguous failure
+    /// the ENI is described, and all of `prefixes` on it is the answer (the lost attempt landed), so
+    /// a retry is never refused as "in use" by our own prefix.
+    pub(super) async fn assign_ipv6_prefix_list(
+        &self,
+        eni: &EniId,
+        prefixes: &[Ipv6Net],
+    ) -> CloudResult<Vec<Ipv6Net>> {
+        const API: &str = "AssignIpv6Addresses";
+        if prefixes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wanted: Vec<String> = prefixes.iter().map(Ipv6Net::to_string).collect();
+        let send = || async {
+            self.client
+                .assign_ipv6_addresses()
+                .network_interface_id(eni.as_str())
+                .set_ipv6_prefixes(Some(wanted.clone()))
+                .send()
+                .await
+                .map(|_| prefixes.to_vec())
+                .map_err(|e| classify(API, e))
+        };
+        let assigned = || async {
+            let now: BTreeSet<Ipv6Net> = self.held(API, eni).await?;
+            let landed = prefixes.iter().all(|p| now.contains(p));
+            if landed {
+                tracing::info!(%eni, ?prefixes, "IPv6 prefix assign had succeeded despite the error; not assigning again");
+            }
+            Ok(landed.then(|| prefixes.to_vec()))
+        };
+        let result = mutate(&self.limiter, API, send, Verify::Describe(assigned)).await;
+        match &result {
+            Ok(got) => self.holdings.added(eni, got),
+            // Not knowing which part of the story EC2 saw, the next assign describes the ENI.
+            Err(_) => self.holdings.forget(eni),
+        }
+        result
     }
 
     pub(super) async fn unassign_ipv6_prefix_list(

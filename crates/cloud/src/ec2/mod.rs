@@ -545,6 +545,14 @@ impl Cloud for Ec2Cloud {
         self.assign_ipv6_prefix_count(eni, count).await
     }
 
+    async fn assign_specific_ipv6_prefixes(
+        &self,
+        eni: &EniId,
+        prefixes: &[Ipv6Net],
+    ) -> CloudResult<Vec<Ipv6Net>> {
+        self.assign_ipv6_prefix_list(eni, prefixes).await
+    }
+
     async fn unassign_ipv6_prefixes(&self, eni: &EniId, prefixes: &[Ipv6Net]) -> CloudResult<()> {
         self.unassign_ipv6_prefix_list(eni, prefixes).await
     }
