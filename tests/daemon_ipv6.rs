@@ -9,24 +9,11 @@ mod daemon_support;
 use std::collections::BTreeSet;
 use std::net::Ipv6Addr;
 
+use daemon_support::ipv6::*;
 use daemon_support::*;
 use eniipam::ipv6::IpFamily;
 use eniipam::rpc::{API_VERSION, pb};
-use ipnet::Ipv6Net;
-use mockcloud::{Config, MockCloud};
-
-async fn mock() -> MockCloud {
-    MockCloud::start(Config {
-        default_instance_type: "c5.4xlarge".into(),
-        ..Config::fast()
-    })
-    .await
-    .unwrap()
-}
-
-fn calls(mock: &MockCloud, action: &str) -> u64 {
-    mock.counters().actions.get(action).map_or(0, |c| c.ok)
-}
+use mockcloud::MockCloud;
 
 /// Every successful mutating call mockcloud answered.
 fn mutating_ok(mock: &MockCloud) -> u64 {
@@ -38,16 +25,6 @@ fn mutating_ok(mock: &MockCloud) -> u64 {
         .sum()
 }
 
-fn eth0_prefixes(mock: &MockCloud) -> Vec<Ipv6Net> {
-    let inst = mock.instance(&mock.default_instance().instance_id).unwrap();
-    inst.enis
-        .iter()
-        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
-        .unwrap()
-        .ipv6_prefixes
-        .clone()
-}
-
 fn sticky_req(container: &str, pod: &str) -> pb::AllocateRequest {
     pb::AllocateRequest {
         sticky_key: format!("default/{pod}"),
@@ -57,16 +34,20 @@ fn sticky_req(container: &str, pod: &str) -> pb::AllocateRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ipv6_node_takes_one_slash_80_and_a_100_pod_burst_makes_no_ec2_call() {
-    let mock = mock().await;
+    let mock = ipv6_mock().await;
     let dir = TempDir::new("ipv6-burst");
     let cfg = eniipam::config::DaemonConfig {
         ip_family: IpFamily::Ipv6,
         ..config(&mock, &dir.0)
     };
     let d = start(cfg).await;
-    assert_eq!(calls(&mock, "AssignIpv6Addresses"), 1, "one /80 at startup");
     assert_eq!(
-        calls(&mock, "DescribeInstances"),
+        action_ok(&mock, "AssignIpv6Addresses"),
+        1,
+        "one /80 at startup"
+    );
+    assert_eq!(
+        action_ok(&mock, "DescribeInstances"),
         1,
         "the IPv6 step reads eth0 from node discovery's describe"
     );
@@ -177,7 +158,7 @@ async fn an_ipv6_node_takes_one_slash_80_and_a_100_pod_burst_makes_no_ec2_call()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarts_keep_the_slash_80_and_the_pods_and_a_lost_file_never_reissues_an_address() {
-    let mock = mock().await;
+    let mock = ipv6_mock().await;
     let dir = TempDir::new("ipv6-restart");
     let cfg = eniipam::config::DaemonConfig {
         ip_family: IpFamily::Ipv6,
@@ -210,7 +191,7 @@ async fn restarts_keep_the_slash_80_and_the_pods_and_a_lost_file_never_reissues_
 
     // Second life, same file: the same /80 (no second assign), the same pods, the sticky pod's address.
     let d = start(cfg.clone()).await;
-    assert_eq!(calls(&mock, "AssignIpv6Addresses"), 1);
+    assert_eq!(action_ok(&mock, "AssignIpv6Addresses"), 1);
     let mut c = client(&d.socket_path).await;
     for (i, ip) in held.iter().enumerate().take(4) {
         let again = c
@@ -244,7 +225,7 @@ async fn restarts_keep_the_slash_80_and_the_pods_and_a_lost_file_never_reissues_
     std::fs::remove_file(&cfg.state_path).unwrap();
     let d = start(cfg.clone()).await;
     assert_eq!(
-        calls(&mock, "AssignIpv6Addresses"),
+        action_ok(&mock, "AssignIpv6Addresses"),
         1,
         "the /80 on eth0 adopted"
     );
@@ -270,7 +251,7 @@ async fn restarts_keep_the_slash_80_and_the_pods_and_a_lost_file_never_reissues_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dual_stack_pods_get_both_families_and_lose_both_together() {
-    let mock = mock().await;
+    let mock = ipv6_mock().await;
     let dir = TempDir::new("ipv6-dual");
     let cfg = eniipam::config::DaemonConfig {
         ip_family: IpFamily::Dual,
@@ -335,7 +316,7 @@ async fn dual_stack_pods_get_both_families_and_lose_both_together() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subnet_without_an_ipv6_block_stops_the_start_with_a_clear_error() {
-    let mock = mock().await;
+    let mock = ipv6_mock().await;
     let dir = TempDir::new("ipv6-nosubnet");
     let cfg = eniipam::config::DaemonConfig {
         ip_family: IpFamily::Ipv6,
@@ -356,12 +337,12 @@ async fn a_subnet_without_an_ipv6_block_stops_the_start_with_a_clear_error() {
         Err(e) => e.to_string(),
     };
     assert!(err.contains(&subnet) && err.contains("IPv6 CIDR"), "{err}");
-    assert_eq!(calls(&mock, "AssignIpv6Addresses"), 0);
+    assert_eq!(action_ok(&mock, "AssignIpv6Addresses"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_running_reconcile_releases_dead_ipv6_pods() {
-    let mock = mock().await;
+    let mock = ipv6_mock().await;
     let dir = TempDir::new("ipv6-reconcile");
     let cfg = eniipam::config::DaemonConfig {
         ip_family: IpFamily::Ipv6,
@@ -403,7 +384,7 @@ async fn the_running_reconcile_releases_dead_ipv6_pods() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ipv6_pods_get_distinct_egress_addresses_that_survive_restarts_and_are_not_reused_at_once()
 {
-    let mock = mock().await;
+    let mock = ipv6_mock().await;
     let dir = TempDir::new("ipv6-egress");
     let cfg = eniipam::config::DaemonConfig {
         ip_family: IpFamily::Ipv6,

@@ -10,10 +10,10 @@ mod daemon_support;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
+use daemon_support::ipv6::*;
 use daemon_support::*;
 use eniipam::ipv6::IpFamily;
 use eniipam_api::cache::{CACHE_FORMAT, CacheEntry, ResultCache};
-use mockcloud::{Config, MockCloud};
 
 /// What the plugin caches after an IPv6-only ADD: the IPv4 field unspecified, the IPv6 in the
 /// result's `ips`, the egress address beside it.
@@ -41,12 +41,7 @@ fn cached(container: &str, netns: &Path, ipv6: &str, egress: Option<Ipv4Addr>) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_state_file_gives_live_ipv6_pods_their_addresses_back() {
-    let mock = MockCloud::start(Config {
-        default_instance_type: "c5.4xlarge".into(),
-        ..Config::fast()
-    })
-    .await
-    .unwrap();
+    let mock = ipv6_mock().await;
     let dir = TempDir::new("ipv6-lost-state");
     let cfg = eniipam::config::DaemonConfig {
         ip_family: IpFamily::Ipv6,
@@ -84,10 +79,7 @@ async fn a_lost_state_file_gives_live_ipv6_pods_their_addresses_back() {
     }
     let d = start(cfg.clone()).await;
     assert_eq!(
-        mock.counters()
-            .actions
-            .get("AssignIpv6Addresses")
-            .map_or(0, |c| c.ok),
+        action_ok(&mock, "AssignIpv6Addresses"),
         1,
         "the /80 on eth0 adopted, not a second one"
     );

@@ -7,84 +7,32 @@
 #[path = "daemon_support/mod.rs"]
 mod daemon_support;
 
+use daemon_support::ipv6::*;
 use daemon_support::*;
 use eniipam::daemon::DaemonHandle;
 use eniipam::ipv6::IpFamily;
 use eniipam::model::AttachmentKey;
 use eniipam::rpc::pb;
 use ipnet::Ipv6Net;
-use mockcloud::{Config, MockCloud};
-
-async fn mock() -> MockCloud {
-    MockCloud::start(Config {
-        default_instance_type: "c5.4xlarge".into(),
-        ..Config::fast()
-    })
-    .await
-    .unwrap()
-}
+use mockcloud::MockCloud;
 
 /// AssignIpv6Addresses calls mockcloud answered, and those it refused.
 fn assigns(mock: &MockCloud) -> (u64, u64) {
-    let c = mock.counters();
-    let a = c.actions.get("AssignIpv6Addresses");
     (
-        a.map_or(0, |a| a.ok),
-        a.map_or(0, |a| a.errors.values().sum()),
-    )
-}
-
-fn eth0_prefixes(mock: &MockCloud) -> Vec<Ipv6Net> {
-    let inst = mock.instance(&mock.default_instance().instance_id).unwrap();
-    inst.enis
-        .iter()
-        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
-        .unwrap()
-        .ipv6_prefixes
-        .clone()
-}
-
-/// An operator's client (the console, another tool): its own credentials, allowed everything.
-fn sdk(mock: &MockCloud) -> aws_sdk_ec2::Client {
-    let admin = serde_json::json!({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}]});
-    mock.set_iam_policy_for(
-        "operator",
-        Some(mockcloud::iam::Policy::parse(&admin.to_string()).unwrap()),
-    );
-    aws_sdk_ec2::Client::from_conf(
-        aws_sdk_ec2::Config::builder()
-            .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
-            .region(aws_sdk_ec2::config::Region::new("us-east-1"))
-            .endpoint_url(mock.ec2_url())
-            .credentials_provider(aws_sdk_ec2::config::Credentials::new(
-                "operator", "b", None, None, "test",
-            ))
-            .build(),
+        action_ok(mock, "AssignIpv6Addresses"),
+        action_refused(mock, "AssignIpv6Addresses"),
     )
 }
 
 /// Someone unassigns the node's /80 behind the daemon's back (the console, another tool).
 async fn unassign_out_of_band(mock: &MockCloud, eni: &str, prefix: Ipv6Net) {
-    sdk(mock)
+    operator_sdk(mock)
         .unassign_ipv6_addresses()
         .network_interface_id(eni)
         .ipv6_prefixes(prefix.to_string())
         .send()
         .await
         .expect("unassign the /80");
-}
-
-/// The daemon's /metrics text.
-async fn metrics_text(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 /// Two IPv6 pods with live network namespaces; returns their keys and addresses.
@@ -121,7 +69,7 @@ fn assert_pods_kept(d: &DaemonHandle, pods: &[(AttachmentKey, String)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slash_80_unassigned_out_of_band_is_assigned_back_by_the_reconcile_and_at_restart() {
-    let mock = mock().await;
+    let mock = ipv6_mock().await;
     let dir = TempDir::new("ipv6-reclaim");
     let cfg = eniipam::config::DaemonConfig {
         ip_family: IpFamily::Ipv6,
@@ -176,7 +124,7 @@ async fn a_slash_80_unassigned_out_of_band_is_assigned_back_by_the_reconcile_and
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slash_80_another_eni_took_is_reported_asked_once_and_replaced_at_restart() {
-    let mock = mock().await;
+    let mock = ipv6_mock().await;
     let dir = TempDir::new("ipv6-reclaim-refused");
     let cfg = eniipam::config::DaemonConfig {
         ip_family: IpFamily::Ipv6,
@@ -188,7 +136,7 @@ async fn a_slash_80_another_eni_took_is_reported_asked_once_and_replaced_at_rest
     let eni = d.ipam().ipv6().unwrap().eni_id.clone();
     unassign_out_of_band(&mock, &eni, prefix).await;
     // Another ENI of the subnet takes that very /80 before the daemon looks.
-    let ec2 = sdk(&mock);
+    let ec2 = operator_sdk(&mock);
     let subnet = mock.default_world().unwrap().subnet_id;
     let other = ec2
         .create_network_interface()

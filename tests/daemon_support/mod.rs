@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod ipv6;
+
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
