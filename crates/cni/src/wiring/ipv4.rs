@@ -10,13 +10,11 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use eniipam_netlink::{MAIN_TABLE, Netlink, TableRoute, format_mac};
-use futures::TryStreamExt;
-use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState};
+use eniipam_netlink::{MAIN_TABLE, Netlink, TableRoute};
 use netlink_packet_route::route::RouteScope;
 use rtnetlink::RouteMessageBuilder;
 
-use super::{GATEWAY, NetnsError, WiringPlan, from_rule, nl, pod_rules, to_rule};
+use super::{GATEWAY, NetnsError, WiringPlan, from_rule, gateway, nl, pod_rules, to_rule};
 
 /// The IPv4 half inside the pod: the /32, the static neighbour for the gateway, the default route.
 pub(super) async fn wire_pod(
@@ -33,15 +31,7 @@ pub(super) async fn wire_pod(
         .execute()
         .await
         .map_err(nl(format!("adding {}/32 to {}", ip, ifname)))?;
-    pod.handle()
-        .neighbours()
-        .add(pod_index, IpAddr::V4(GATEWAY))
-        .link_layer_address(host_mac)
-        .state(NeighbourState::Permanent)
-        .replace()
-        .execute()
-        .await
-        .map_err(nl(format!("adding neighbour {GATEWAY} on {}", ifname)))?;
+    gateway::add_neighbour(pod, (pod_index, ifname), IpAddr::V4(GATEWAY), host_mac).await?;
     let default = RouteMessageBuilder::<Ipv4Addr>::new()
         .destination_prefix(Ipv4Addr::UNSPECIFIED, 0)
         .gateway(GATEWAY)
@@ -165,33 +155,7 @@ pub(super) async fn check_pod(
         )));
     }
 
-    let neighbours: Vec<_> = pod
-        .handle()
-        .neighbours()
-        .get()
-        .set_address_family(netlink_packet_route::AddressFamily::Inet)
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("listing pod neighbours"))?;
-    let has_neighbour = neighbours.iter().any(|n| {
-        n.header.ifindex == pod_index
-            && n.header.state == NeighbourState::Permanent
-            && n.attributes.iter().any(|a| {
-                matches!(a, NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) if *ip == GATEWAY)
-            })
-            && n.attributes.iter().any(|a| {
-                matches!(a, NeighbourAttribute::LinkLayerAddress(mac) if format_mac(mac) == host_mac)
-            })
-    });
-    if !has_neighbour {
-        return Err(missing(format!(
-            "pod neighbour {GATEWAY} -> {} (permanent) is missing",
-            host_mac
-        )));
-    }
-
-    Ok(())
+    gateway::check_neighbour(pod, pod_index, IpAddr::V4(GATEWAY), host_mac).await
 }
 
 /// The host's `/32` route to `ip` through the pod's host veth (main table).

@@ -19,13 +19,11 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use eniipam_netlink::{MAIN_TABLE, Netlink, NetnsFile, TableRoute6, format_mac, write_sysctl};
-use futures::TryStreamExt;
+use eniipam_netlink::{MAIN_TABLE, Netlink, NetnsFile, TableRoute6, write_sysctl};
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
-use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState};
 use rtnetlink::RouteMessageBuilder;
 
-use super::{NetnsError, nl};
+use super::{NetnsError, gateway, nl};
 
 /// The pod's IPv6 gateway: link-local on the host veth, answered through a static neighbour entry.
 pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
@@ -98,15 +96,7 @@ pub(super) async fn wire_pod(
 ) -> Result<(), NetnsError> {
     sysctls(Some(pod_ns), ifname, &POD_SYSCTLS)?;
     add_nodad(pod, pod_index, ipv6, 128, ifname).await?;
-    pod.handle()
-        .neighbours()
-        .add(pod_index, IpAddr::V6(GATEWAY_V6))
-        .link_layer_address(host_mac)
-        .state(NeighbourState::Permanent)
-        .replace()
-        .execute()
-        .await
-        .map_err(nl(format!("adding neighbour {GATEWAY_V6} on {ifname}")))?;
+    gateway::add_neighbour(pod, (pod_index, ifname), IpAddr::V6(GATEWAY_V6), host_mac).await?;
     let default = RouteMessageBuilder::<Ipv6Addr>::new()
         .destination_prefix(Ipv6Addr::UNSPECIFIED, 0)
         .gateway(GATEWAY_V6)
@@ -189,30 +179,7 @@ pub(super) async fn check(
             "pod default route via {GATEWAY_V6} dev {ifname} is missing"
         )));
     }
-    let neighbours: Vec<_> = pod
-        .handle()
-        .neighbours()
-        .get()
-        .set_address_family(netlink_packet_route::AddressFamily::Inet6)
-        .execute()
-        .try_collect()
-        .await
-        .map_err(nl("listing pod IPv6 neighbours"))?;
-    let has_neighbour = neighbours.iter().any(|n| {
-        n.header.ifindex == pod_index
-            && n.header.state == NeighbourState::Permanent
-            && n.attributes.iter().any(|a| {
-                matches!(a, NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) if *ip == GATEWAY_V6)
-            })
-            && n.attributes.iter().any(|a| {
-                matches!(a, NeighbourAttribute::LinkLayerAddress(mac) if format_mac(mac) == host_mac)
-            })
-    });
-    if !has_neighbour {
-        return Err(missing(format!(
-            "pod neighbour {GATEWAY_V6} -> {host_mac} (permanent) is missing"
-        )));
-    }
+    gateway::check_neighbour(pod, pod_index, IpAddr::V6(GATEWAY_V6), host_mac).await?;
     let has_host_route = host
         .routes_v6()
         .await?

@@ -47,6 +47,7 @@ use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVeth};
 use sha1::{Digest, Sha1};
 
 mod egress;
+mod gateway;
 mod ipv4;
 mod ipv6;
 
