@@ -10,6 +10,8 @@
 //! - `GET /api/v1/namespaces/<ns>/pods/<name>`: the pod, or a 404 `NotFound` Status.
 //!
 //! Nodes ([`nodes`]):
+//! - `GET /api/v1/nodes?fieldSelector=metadata.name=<n>` (or no selector: every node): list and
+//!   watch as for pods, so a daemon sees its node's labels and annotations change.
 //! - `GET /api/v1/nodes/<name>` (and `.../status`): the node, or a 404 `NotFound` Status.
 //! - `PATCH /api/v1/nodes/<name>` (spec and metadata; `spec.taints` is what eniipamd changes) and
 //!   `PATCH /api/v1/nodes/<name>/status` (status; `status.conditions`): JSON merge patch
@@ -18,6 +20,17 @@
 //!   schema's patch strategy says). Any other content type gets 415, as the real server answers one
 //!   it does not support. A patch carrying `metadata.resourceVersion` that is not the node's current
 //!   one gets 409 `Conflict` (the server's optimistic concurrency); every change bumps it.
+//!
+//! Custom resources ([`custom`]), generic over group, version and plural, cluster-scoped or
+//! namespaced, once a test installs the CRD ([`Crd`]); a resource that is not installed answers 404
+//! as a server without the CRD does:
+//! - `GET /apis/<group>/<version>/<plural>` (every namespace) and, namespaced,
+//!   `/apis/<group>/<version>/namespaces/<ns>/<plural>`: list and watch as for pods
+//!   (`fieldSelector=metadata.name=<n>` honoured).
+//! - `GET /apis/<group>/<version>/[namespaces/<ns>/]<plural>/<name>`: the object, or a 404 Status.
+//!
+//! Every change to pods, nodes and custom objects bumps the one resourceVersion counter, joins the
+//! one history (compacted together) and reaches the open watches of its resource.
 //!
 //! Every request: an optional bearer token (anything else gets a 401 Status); every request's path
 //! and query is recorded, in order.
@@ -28,10 +41,12 @@
 //! server (listener and every connection closed: connection refused) and start it again on the same
 //! port.
 
+pub mod custom;
 pub mod nodes;
 pub mod pods;
+mod stream;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -46,6 +61,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
+pub use custom::{Crd, eniconfig_json};
 pub use nodes::node_json;
 pub use pods::pod_json;
 
@@ -53,6 +69,9 @@ pub use pods::pod_json;
 #[derive(Clone, Debug)]
 struct Change {
     rv: u64,
+    /// The resource's key (`pods`, `nodes`, `<plural>.<group>`); empty for a bookmark, which every
+    /// watch gets.
+    resource: String,
     kind: &'static str,
     object: Value,
 }
@@ -66,9 +85,14 @@ struct World {
     compacted_to: u64,
     /// While set, changes are not delivered to watches (a lagging watch cache): they wait here.
     held: Option<Vec<Change>>,
-    /// Lists and watches answer 403 Forbidden (RBAC without list/watch); GETs still work.
-    forbid_list_watch: bool,
+    /// Lists and watches of these resources (keys as in [`Change`]) answer 403 Forbidden (RBAC
+    /// without list/watch); GETs still work.
+    forbidden: BTreeSet<String>,
     nodes: BTreeMap<String, Value>,
+    /// The custom resources served, by key (`<plural>.<group>`): the CRDs installed.
+    crds: BTreeMap<String, Crd>,
+    /// Custom objects by (resource key, namespace or "" when cluster-scoped, name).
+    objects: BTreeMap<(String, String, String), Value>,
     /// The next this many node PATCHes are raced by another writer (the kubelet, say): the node
     /// changes (resourceVersion bumped) just before the patch is applied.
     racing_writes: u32,
@@ -177,6 +201,8 @@ impl FakeApiServer {
         let router = Router::new()
             .route("/api/v1/pods", get(pods::list_or_watch))
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(pods::get_pod))
+            .route("/api/v1/nodes", get(nodes::list_or_watch))
+            .route("/apis/{*path}", get(custom::serve))
             .route(
                 "/api/v1/nodes/{name}",
                 get(nodes::get_node).patch(nodes::patch_node),
@@ -252,6 +278,20 @@ async fn record(
     }
     inner.requests.lock().unwrap().push(line);
     next.run(req).await
+}
+
+impl World {
+    /// Records a change: the resourceVersion it carries is the next of the shared counter (set by
+    /// the caller on the object), it joins the history, and reaches open watches unless held.
+    fn publish(&mut self, inner: &Inner, c: Change) {
+        self.log.push(c.clone());
+        if let Some(held) = self.held.as_mut() {
+            held.push(c);
+            return;
+        }
+        // Sent under the world lock: a watch subscribes under it too, so none misses or repeats one.
+        let _ = inner.changes.send(c);
+    }
 }
 
 fn authorized(inner: &Inner, headers: &HeaderMap) -> bool {

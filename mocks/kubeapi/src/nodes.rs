@@ -1,15 +1,17 @@
-//! Nodes: GET and PATCH of a node and of its `status` subresource, and what tests do to nodes (see
-//! the crate docs).
+//! Nodes: list and watch (one node by `metadata.name`, or all), GET and PATCH of a node and of its
+//! `status` subresource, and what tests do to nodes (see the crate docs).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use crate::{FakeApiServer, Inner, World, authorized, status_response};
+use crate::stream::{self as watch, Kind};
+use crate::{Change, FakeApiServer, Inner, World, authorized, status_response};
 
 /// A node as the API server stores it: `taints` as `(key, effect)`, and the kubelet's `Ready`
 /// condition (so a test sees that a patch of eniipam's condition leaves the kubelet's alone).
@@ -32,19 +34,37 @@ pub fn node_json(name: &str, taints: &[(&str, &str)]) -> Value {
     })
 }
 
-fn with_kind(mut node: Value) -> Value {
-    node["apiVersion"] = json!("v1");
-    node["kind"] = json!("Node");
-    node
+fn node_kind() -> Kind {
+    Kind {
+        resource: "nodes".into(),
+        api_version: "v1".into(),
+        kind: "Node".into(),
+    }
 }
 
-/// A stored node changed: a new resourceVersion (the shared counter).
-fn bump(w: &mut World, name: &str) {
+fn with_kind(node: Value) -> Value {
+    node_kind().stamp(node)
+}
+
+/// A stored node changed (`kind`: `ADDED` or `MODIFIED`): a new resourceVersion (the shared
+/// counter), and the change reaches node watches.
+fn bump(inner: &Inner, w: &mut World, name: &str, kind: &'static str) {
     w.rv += 1;
-    let rv = w.rv.to_string();
-    if let Some(n) = w.nodes.get_mut(name) {
-        n["metadata"]["resourceVersion"] = json!(rv);
-    }
+    let rv = w.rv;
+    let Some(n) = w.nodes.get_mut(name) else {
+        return;
+    };
+    n["metadata"]["resourceVersion"] = json!(rv.to_string());
+    let object = n.clone();
+    w.publish(
+        inner,
+        Change {
+            rv,
+            resource: "nodes".into(),
+            kind,
+            object,
+        },
+    );
 }
 
 impl FakeApiServer {
@@ -52,8 +72,60 @@ impl FakeApiServer {
     pub fn put_node(&self, node: Value) {
         let name = node["metadata"]["name"].as_str().unwrap().to_owned();
         let mut w = self.inner.world.lock().unwrap();
+        let kind = if w.nodes.contains_key(&name) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
         w.nodes.insert(name.clone(), node);
-        bump(&mut w, &name);
+        bump(&self.inner, &mut w, &name, kind);
+    }
+
+    /// Deletes a node (watches see its last state with a new resourceVersion). False if absent.
+    pub fn delete_node(&self, name: &str) -> bool {
+        let mut w = self.inner.world.lock().unwrap();
+        let Some(mut node) = w.nodes.remove(name) else {
+            return false;
+        };
+        w.rv += 1;
+        node["metadata"]["resourceVersion"] = json!(w.rv.to_string());
+        let c = Change {
+            rv: w.rv,
+            resource: "nodes".into(),
+            kind: "DELETED",
+            object: node,
+        };
+        w.publish(&self.inner, c);
+        true
+    }
+
+    /// Sets (`Some`) or removes (`None`) one of the node's labels, as `kubectl label` does.
+    pub fn set_node_label(&self, name: &str, key: &str, value: Option<&str>) {
+        self.set_node_meta(name, "labels", key, value);
+    }
+
+    /// Sets (`Some`) or removes (`None`) one of the node's annotations, as `kubectl annotate` does.
+    pub fn set_node_annotation(&self, name: &str, key: &str, value: Option<&str>) {
+        self.set_node_meta(name, "annotations", key, value);
+    }
+
+    fn set_node_meta(&self, name: &str, field: &str, key: &str, value: Option<&str>) {
+        let mut w = self.inner.world.lock().unwrap();
+        let n = w.nodes.get_mut(name).expect("no such node");
+        let meta = &mut n["metadata"][field];
+        if !meta.is_object() {
+            *meta = json!({});
+        }
+        let map = meta.as_object_mut().unwrap();
+        let before = map.get(key).cloned();
+        match value {
+            Some(v) => map.insert(key.to_owned(), json!(v)),
+            None => map.remove(key),
+        };
+        // An update that changes nothing is no change: no new resourceVersion, no event.
+        if map.get(key) != before.as_ref() {
+            bump(&self.inner, &mut w, name, "MODIFIED");
+        }
     }
 
     /// A node with these `(key, effect)` taints.
@@ -117,6 +189,35 @@ fn injected_failure(w: &mut World) -> Option<Response> {
 
 fn not_found(name: &str) -> Response {
     status_response(404, "NotFound", format!("nodes \"{name}\" not found"))
+}
+
+pub(crate) async fn list_or_watch(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    if !authorized(&inner, &headers) {
+        return status_response(401, "Unauthorized", "Unauthorized".into());
+    }
+    let name = match watch::name_selector(&q) {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let what = node_kind();
+    let watching = watch::is_watch(&q);
+    if let Some(r) = watch::forbidden(&inner, &what, if watching { "watch" } else { "list" }) {
+        return r;
+    }
+    let wanted = move |n: &Value| {
+        name.as_ref()
+            .is_none_or(|want| n["metadata"]["name"] == **want)
+    };
+    if watching {
+        return watch::watch(inner, what, &q, wanted);
+    }
+    watch::list(&inner, &what, |w| {
+        w.nodes.values().filter(|n| wanted(n)).cloned().collect()
+    })
 }
 
 pub(crate) async fn get_node(
@@ -243,7 +344,7 @@ fn patch(inner: &Inner, headers: &HeaderMap, name: &str, body: &[u8], part: Part
     merge(&mut merged, &Value::Object(patch), kind, "");
     if merged != node {
         w.nodes.insert(name.to_owned(), merged);
-        bump(&mut w, name);
+        bump(inner, &mut w, name, "MODIFIED");
     }
     {
         let mut c = inner.counts.lock().unwrap();
@@ -264,7 +365,7 @@ fn touch(inner: &Inner, name: &str) {
         .and_then(|s| s.parse::<u64>().ok())
         .unwrap_or(0);
     n["metadata"]["labels"]["touched"] = json!((touched + 1).to_string());
-    bump(&mut w, name);
+    bump(inner, &mut w, name, "MODIFIED");
 }
 
 /// The lists a strategic merge patch merges by a key rather than replaces (the Node schema's

@@ -1,20 +1,15 @@
 //! Pods: node-scoped list and watch, GET, and what tests do to pods (see the crate docs).
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
 
-use crate::{Change, FakeApiServer, Inner, World, authorized, status, status_response};
+use crate::stream::{self as watch, Kind};
+use crate::{Change, FakeApiServer, Inner, World, authorized, status_response};
 
 /// A pod as the API server stores it.
 pub fn pod_json(ns: &str, name: &str, uid: &str, node: &str, phase: &str) -> Value {
@@ -31,12 +26,6 @@ pub fn pod_json(ns: &str, name: &str, uid: &str, node: &str, phase: &str) -> Val
         },
         "status": {"phase": phase},
     })
-}
-
-fn with_kind(mut pod: Value) -> Value {
-    pod["apiVersion"] = json!("v1");
-    pod["kind"] = json!("Pod");
-    pod
 }
 
 fn node_of(pod: &Value) -> &str {
@@ -58,16 +47,11 @@ impl FakeApiServer {
         }
         let c = Change {
             rv: w.rv,
+            resource: "pods".into(),
             kind,
             object,
         };
-        w.log.push(c.clone());
-        if let Some(held) = w.held.as_mut() {
-            held.push(c);
-            return;
-        }
-        // Sent under the world lock: a watch subscribes under it too, so none misses or repeats one.
-        let _ = self.inner.changes.send(c);
+        w.publish(&self.inner, c);
     }
 
     /// Watches stop receiving changes (lists and GETs still see them), as behind a lagging cache.
@@ -88,9 +72,20 @@ impl FakeApiServer {
         }
     }
 
-    /// Lists and watches answer 403 Forbidden (or again work); GETs are not affected.
+    /// Lists and watches of pods answer 403 Forbidden (or again work); GETs are not affected.
     pub fn forbid_list_watch(&self, forbid: bool) {
-        self.inner.world.lock().unwrap().forbid_list_watch = forbid;
+        self.forbid("pods", forbid);
+    }
+
+    /// Lists and watches of `resource` (`pods`, `nodes`, or a custom resource's `<plural>.<group>`,
+    /// as RBAC names it) answer 403 Forbidden (or again work); GETs are not affected.
+    pub fn forbid(&self, resource: &str, forbid: bool) {
+        let mut w = self.inner.world.lock().unwrap();
+        if forbid {
+            w.forbidden.insert(resource.to_owned());
+        } else {
+            w.forbidden.remove(resource);
+        }
     }
 
     /// Creates (or replaces) a pod.
@@ -142,13 +137,16 @@ impl FakeApiServer {
         self.inner.end_watches.send_modify(|g| *g += 1);
     }
 
-    /// Sends a BOOKMARK with the current resourceVersion to open watches that asked for them.
+    /// Sends a BOOKMARK with the current resourceVersion to open watches (of every resource) that
+    /// asked for them.
     pub fn bookmark(&self) {
         let w = self.inner.world.lock().unwrap();
+        // Each watch renders it with its own kind.
         let _ = self.inner.changes.send(Change {
             rv: w.rv,
+            resource: String::new(),
             kind: "BOOKMARK",
-            object: json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": w.rv.to_string()}}),
+            object: Value::Null,
         });
     }
 }
@@ -165,6 +163,14 @@ fn node_selector(q: &BTreeMap<String, String>) -> Result<String, String> {
     }
 }
 
+fn pod_kind() -> Kind {
+    Kind {
+        resource: "pods".into(),
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+    }
+}
+
 pub(crate) async fn list_or_watch(
     State(inner): State<Arc<Inner>>,
     headers: HeaderMap,
@@ -177,123 +183,21 @@ pub(crate) async fn list_or_watch(
         Ok(n) => n,
         Err(message) => return status_response(400, "BadRequest", message),
     };
-    if inner.world.lock().unwrap().forbid_list_watch {
-        return status_response(
-            403,
-            "Forbidden",
-            "pods is forbidden: User \"system:serviceaccount:kube-system:eniipam\" cannot list \
-             resource \"pods\" in API group \"\" at the cluster scope"
-                .into(),
-        );
+    let what = pod_kind();
+    let watching = watch::is_watch(&q);
+    if let Some(r) = watch::forbidden(&inner, &what, if watching { "watch" } else { "list" }) {
+        return r;
     }
-    if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
-        return watch_pods(inner, node, q);
+    if watching {
+        return watch::watch(inner, what, &q, move |p| node_of(p) == node);
     }
-    inner.counts.lock().unwrap().lists += 1;
-    let w = inner.world.lock().unwrap();
-    let items: Vec<Value> = w
-        .pods
-        .values()
-        .filter(|p| node_of(p) == node)
-        .cloned()
-        .collect();
-    axum::Json(json!({
-        "apiVersion": "v1",
-        "kind": "PodList",
-        "metadata": {"resourceVersion": w.rv.to_string()},
-        "items": items,
-    }))
-    .into_response()
-}
-
-/// One watch event line; pod objects carry `apiVersion`/`kind` in watch events.
-fn line(kind: &str, object: &Value) -> Bytes {
-    let object = match kind {
-        "ADDED" | "MODIFIED" | "DELETED" => with_kind(object.clone()),
-        _ => object.clone(),
-    };
-    let mut s = serde_json::to_string(&json!({"type": kind, "object": object})).unwrap();
-    s.push('\n');
-    Bytes::from(s)
-}
-
-fn watch_pods(inner: Arc<Inner>, node: String, q: BTreeMap<String, String>) -> Response {
-    let from: u64 = q
-        .get("resourceVersion")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let timeout = Duration::from_secs(
-        q.get("timeoutSeconds")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1800),
-    );
-    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
-    let (tx, rx) = mpsc::channel::<Bytes>(256);
-    let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<Bytes, Infallible>));
-    // Subscribe and read the backlog under the world lock: no change is missed or sent twice.
-    let (mut changes, backlog, expired) = {
-        let w = inner.world.lock().unwrap();
-        let changes = inner.changes.subscribe();
-        let expired = from < w.compacted_to;
-        let held_from = w.held.as_ref().and_then(|h| h.first()).map(|c| c.rv);
-        let backlog: Vec<Change> = if expired {
-            Vec::new()
-        } else {
-            w.log
-                .iter()
-                .filter(|c| c.rv > from && held_from.is_none_or(|h| c.rv < h))
-                .cloned()
-                .collect()
-        };
-        (changes, backlog, expired)
-    };
-    {
-        let mut c = inner.counts.lock().unwrap();
-        c.watches += 1;
-        if expired {
-            c.expired += 1;
-        }
-    }
-    let mut end = inner.end_watches.subscribe();
-    tokio::spawn(async move {
-        if expired {
-            let s = status(410, "Expired", format!("too old resource version: {from}"));
-            let _ = tx.send(line("ERROR", &s)).await;
-            return;
-        }
-        let wanted = |c: &Change| c.kind == "BOOKMARK" || node_of(&c.object) == node;
-        for c in backlog.iter().filter(|c| wanted(c)) {
-            if tx.send(line(c.kind, &c.object)).await.is_err() {
-                return;
-            }
-        }
-        let deadline = tokio::time::sleep(timeout);
-        tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                // Biased: a watch ended (or timed out) delivers nothing queued after that.
-                biased;
-                _ = &mut deadline => return,
-                _ = end.changed() => return,
-                _ = tx.closed() => return,
-                c = changes.recv() => match c {
-                    Ok(c) if c.kind == "BOOKMARK" && !bookmarks => {}
-                    Ok(c) if wanted(&c) => {
-                        if tx.send(line(c.kind, &c.object)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => return,
-                },
-            }
-        }
-    });
-    Response::builder()
-        .status(200)
-        .header("content-type", "application/json")
-        .body(body)
-        .unwrap()
+    watch::list(&inner, &what, |w| {
+        w.pods
+            .values()
+            .filter(|p| node_of(p) == node)
+            .cloned()
+            .collect()
+    })
 }
 
 pub(crate) async fn get_pod(
@@ -307,7 +211,7 @@ pub(crate) async fn get_pod(
     inner.counts.lock().unwrap().gets += 1;
     let w = inner.world.lock().unwrap();
     match w.pods.get(&(ns, name.clone())) {
-        Some(p) => axum::Json(with_kind(p.clone())).into_response(),
+        Some(p) => axum::Json(pod_kind().stamp(p.clone())).into_response(),
         None => status_response(404, "NotFound", format!("pods \"{name}\" not found")),
     }
 }
