@@ -288,7 +288,7 @@ pub(crate) async fn serve(
         Request::Collection { .. } => {
             let name = match watch::name_selector(&q) {
                 Ok(n) => n,
-                Err(r) => return r,
+                Err(r) => return *r,
             };
             let watching = watch::is_watch(&q);
             if let Some(r) =

@@ -201,7 +201,7 @@ pub(crate) async fn list_or_watch(
     }
     let name = match watch::name_selector(&q) {
         Ok(n) => n,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let what = node_kind();
     let watching = watch::is_watch(&q);

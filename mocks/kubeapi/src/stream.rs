@@ -198,14 +198,15 @@ pub(crate) fn watch(
 }
 
 /// The name of `fieldSelector=metadata.name=<n>`, `None` without a field selector; any other
-/// selector is refused (the double is strict: it serves only the selectors eniipamd sends).
-pub(crate) fn name_selector(q: &BTreeMap<String, String>) -> Result<Option<String>, Response> {
+/// selector is refused with a 400 (the double is strict: it serves only the selectors eniipamd
+/// sends).
+pub(crate) fn name_selector(q: &BTreeMap<String, String>) -> Result<Option<String>, Box<Response>> {
     if let Some(sel) = q.get("labelSelector") {
-        return Err(status_response(
+        return Err(Box::new(status_response(
             400,
             "BadRequest",
             format!("unsupported label selector {sel:?} (this double serves none)"),
-        ));
+        )));
     }
     let Some(sel) = q.get("fieldSelector") else {
         return Ok(None);
@@ -214,12 +215,12 @@ pub(crate) fn name_selector(q: &BTreeMap<String, String>) -> Result<Option<Strin
         .filter(|n| !n.is_empty() && !n.contains(','))
         .map(|n| Some(n.to_owned()))
         .ok_or_else(|| {
-            status_response(
+            Box::new(status_response(
                 400,
                 "BadRequest",
                 format!(
                     "unsupported field selector {sel:?} (this double serves metadata.name=<n>)"
                 ),
-            )
+            ))
         })
 }

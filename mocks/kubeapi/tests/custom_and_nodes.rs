@@ -348,11 +348,10 @@ async fn one_node_is_watched_by_name_and_its_label_and_annotation_changes_are_se
         panic!("not an apply")
     };
     assert!(
-        n.metadata
+        !n.metadata
             .labels
             .unwrap_or_default()
-            .get("topology.kubernetes.io/zone")
-            .is_none()
+            .contains_key("topology.kubernetes.io/zone")
     );
     assert!(api.delete_node("node-a"));
     let Event::Delete(n) = next(&mut w).await.unwrap() else {
