@@ -414,3 +414,53 @@ async fn without_the_crd_the_value_stays_unknown_until_it_is_installed() {
     f.put("pods-a", "subnet-0a1b2c3d", &[]);
     f.becomes(ready("pods-a", "subnet-0a1b2c3d", &[])).await;
 }
+
+/// `deploy/eniconfig-crd.yaml` defines the resource the daemon reads (group, version, kind, plural,
+/// cluster scope), so the watcher and the shipped CRD cannot drift apart.
+#[test]
+fn the_shipped_crd_is_the_resource_the_daemon_reads() {
+    use eniipam::custom_networking::ENIConfig;
+    use kube::Resource;
+
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/eniconfig-crd.yaml");
+    let yaml = std::fs::read_to_string(path).unwrap();
+    let lines: Vec<&str> = yaml
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    let has = |line: String| {
+        assert!(
+            lines.contains(&line.as_str()),
+            "{path} has no line {line:?}"
+        );
+    };
+    has(format!(
+        "name: {}.{}",
+        ENIConfig::plural(&()),
+        ENIConfig::group(&())
+    ));
+    has(format!("group: {}", ENIConfig::group(&())));
+    has(format!("- name: {}", ENIConfig::version(&())));
+    has(format!("plural: {}", ENIConfig::plural(&())));
+    has(format!("kind: {}", ENIConfig::kind(&())));
+    has("scope: Cluster".into());
+    let crd = Crd::eniconfig();
+    assert_eq!(
+        (
+            crd.group.as_str(),
+            crd.version.as_str(),
+            crd.kind.as_str(),
+            crd.plural.as_str(),
+            crd.namespaced
+        ),
+        (
+            "crd.k8s.amazonaws.com",
+            "v1alpha1",
+            "ENIConfig",
+            "eniconfigs",
+            false
+        ),
+        "the double serves the same resource"
+    );
+}
