@@ -59,7 +59,8 @@ pub struct PodNetwork {
 /// The node's custom networking, as the API server says now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeNetwork {
-    /// Not known yet (before the first list of both node and ENIConfigs completed).
+    /// Not known yet (before the first list of both node and ENIConfigs completed), or the node is
+    /// not (or no longer) in the API. Errors later (API server away, RBAC) keep the last value.
     Unknown,
     /// The node has neither the annotation nor the label (nor the VPC CNI's
     /// `vpc.amazonaws.com/externalEniConfig` label), and there is no ENIConfig named `default`
