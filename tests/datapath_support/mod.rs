@@ -104,6 +104,18 @@ impl Cluster {
 
     /// [`Cluster::start`] with the nodes' `rp_filter` (`all`, `default`) set to `rp_filter`.
     pub async fn start_with(test: &str, egress: Egress, rp_filter: RpFilter) -> Option<Cluster> {
+        Self::start_prepared(test, egress, rp_filter, |_, _| {}).await
+    }
+
+    /// [`Cluster::start_with`], with `prepare` run on mockcloud (given instance A) after both
+    /// instances are launched and before the lab starts: what the lab must know from the start,
+    /// such as a secondary VPC block (custom networking's 100.64.0.0/16) and its subnets.
+    pub async fn start_prepared(
+        test: &str,
+        egress: Egress,
+        rp_filter: RpFilter,
+        prepare: impl FnOnce(&MockCloud, &LaunchedInstance),
+    ) -> Option<Cluster> {
         for tool in ["ip", "nft", "nsenter", "iptables", "iptables-restore"] {
             if !have(tool) {
                 mockcloud::ci::skip(test, &format!("`{tool}` is not installed"));
@@ -148,6 +160,7 @@ impl Cluster {
             .launch_instance("m5.large", &a.subnet_id)
             .await
             .expect("instance B");
+        prepare(&mock, &a);
         let config = LabConfig {
             egress,
             // Strict reverse-path filtering everywhere by default: the daemon must loosen eth0

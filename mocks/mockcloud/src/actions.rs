@@ -23,6 +23,7 @@ pub const ACTIONS: &[&str] = &[
     "CreateSubnetCidrReservation",
     "GetSubnetCidrReservations",
     "DeleteSubnetCidrReservation",
+    "AssociateVpcCidrBlock",
 ];
 
 /// Whether an action changes anything (what a pool spends) or only reads. EC2's throttling

@@ -43,6 +43,7 @@ pub fn router() -> Router<Arc<Inner>> {
         .route("/_mock/counters", get(counters).delete(reset_counters))
         .route("/_mock/calls", get(calls))
         .route("/_mock/vpcs", post(create_vpc))
+        .route("/_mock/vpcs/{id}/cidrs", post(associate_vpc_cidr))
         .route("/_mock/subnets", post(create_subnet).get(list_subnets))
         .route("/_mock/subnets/{id}/usage", get(subnet_usage))
         .route(
@@ -125,6 +126,18 @@ async fn create_vpc(State(m): State<Arc<Inner>>, Json(r): Json<VpcReq>) -> Respo
         Ok((vpc_id, sg)) => {
             Json(serde_json::json!({"vpc_id": vpc_id, "security_group_id": sg})).into_response()
         }
+        Err(e) => ec2_err(e),
+    }
+}
+
+/// `POST /_mock/vpcs/{id}/cidrs` `{"cidr": "100.64.0.0/16"}`: AssociateVpcCidrBlock.
+async fn associate_vpc_cidr(
+    State(m): State<Arc<Inner>>,
+    Path(id): Path<String>,
+    Json(r): Json<VpcReq>,
+) -> Response {
+    match MockCloud::from_inner(&m).associate_vpc_cidr_block(&id, r.cidr) {
+        Ok(a) => Json(a).into_response(),
         Err(e) => ec2_err(e),
     }
 }

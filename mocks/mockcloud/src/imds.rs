@@ -207,7 +207,9 @@ pub fn lookup(v: &ImdsInstance, path: &str) -> Option<String> {
         "subnet-id" => i.subnet_id.clone(),
         "subnet-ipv4-cidr-block" => i.subnet_cidr.to_string(),
         "vpc-id" => i.vpc_id.clone(),
-        "vpc-ipv4-cidr-block" | "vpc-ipv4-cidr-blocks" => i.vpc_cidr.to_string(),
+        "vpc-ipv4-cidr-block" => i.vpc_cidr.to_string(),
+        // Every block of the VPC, primary first, one per line.
+        "vpc-ipv4-cidr-blocks" => join(i.vpc_cidrs.iter().map(|c| c.to_string()).collect()),
         _ => return None,
     })
 }

@@ -55,7 +55,8 @@ pub use throttling::{Bucket, BucketLevel, Category, Throttling, ThrottlingError}
 pub use traffic::{ActionCounters, CallRecord, Counters, Fault, FaultKind};
 pub use world::{
     AttachmentView, DEFAULT_ALLOCATION_SEED, EniView, ImdsEni, ImdsInstance, InstanceView,
-    OccupyPattern, ReservationType, ReservationView, SubnetUsage, SubnetView,
+    OccupyPattern, ReservationType, ReservationView, SubnetUsage, SubnetView, VPC_IPV4_CIDR_LIMIT,
+    VpcCidrAssociation,
 };
 
 /// Shared state behind every listener.

@@ -1,4 +1,4 @@
-//! [`MockCloud`]'s Rust methods for subnets: several per VPC with tags, tags on any resource, subnet
+//! [`MockCloud`]'s Rust methods for subnets and VPC blocks: secondary IPv4 CIDR blocks of a VPC, several per VPC with tags, tags on any resource, subnet
 //! CIDR reservations, each subnet's address usage (free addresses, free aligned /28 blocks),
 //! occupying addresses from outside to build a fragmented subnet, and the allocation seed.
 //! The control API (`/_mock/subnets/...`, `/_mock/allocation`) offers the same over HTTP.
@@ -10,9 +10,27 @@ use tokio::time::Instant;
 
 use crate::MockCloud;
 use crate::error::Ec2Error;
-use crate::world::{OccupyPattern, ReservationType, ReservationView, SubnetUsage, SubnetView};
+use crate::world::{
+    OccupyPattern, ReservationType, ReservationView, SubnetUsage, SubnetView, VpcCidrAssociation,
+};
 
 impl MockCloud {
+    /// `AssociateVpcCidrBlock`: adds a secondary IPv4 block to a VPC under EC2's rules (size,
+    /// overlap, the five-block quota, the ranges a primary block permits), e.g. 100.64.0.0/16 for
+    /// custom networking. Subnets may then be created inside it.
+    pub fn associate_vpc_cidr_block(
+        &self,
+        vpc_id: &str,
+        cidr: Ipv4Net,
+    ) -> Result<VpcCidrAssociation, Ec2Error> {
+        self.with_world(|w, _| w.associate_vpc_cidr_block(vpc_id, cidr))
+    }
+
+    /// A VPC's IPv4 blocks, primary first (empty for an unknown VPC).
+    pub fn vpc_ipv4_cidrs(&self, vpc_id: &str) -> Vec<Ipv4Net> {
+        self.with_world(|w, _| w.vpc_ipv4_cidrs(vpc_id))
+    }
+
     /// Creates a subnet carrying `tags` (e.g. `kubernetes.io/role/cni` = `1`).
     pub fn create_subnet_with_tags(
         &self,

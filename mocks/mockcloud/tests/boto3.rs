@@ -1,7 +1,8 @@
 //! boto3's view stays EC2's: starts mockcloud, prepares a world (a tagged subnet in another AZ, a
 //! /28 with no free /28 block, a Xen instance, a multi-card instance) and runs `boto3_view.py`,
 //! which checks prefixes, reservations, subnet filters, network cards, instance types, IPv6 (the
-//! subnet's /64, Assign/UnassignIpv6Addresses, the ENI's IPv6 fields and filter), and an
+//! subnet's /64, Assign/UnassignIpv6Addresses, the ENI's IPv6 fields and filter), AssociateVpcCidrBlock
+//! (a secondary block, a restricted range, an overlap), and an
 //! `UnauthorizedOperation` from IAM as botocore parses them. Skipped, saying so, when `python3` cannot import boto3
 //! (`pip install boto3==1.43.11`).
 

@@ -1,5 +1,6 @@
 """boto3's view of mockcloud: prefixes, subnet CIDR reservations, subnet filters, network cards,
-instance types and IPv6 (the subnet's /64, Assign/UnassignIpv6Addresses, the ENI's IPv6 fields), with the field names and error codes as botocore parses them.
+instance types, IPv6 (the subnet's /64, Assign/UnassignIpv6Addresses, the ENI's IPv6 fields) and
+AssociateVpcCidrBlock (a secondary IPv4 block and EC2's refusals), with the field names and error codes as botocore parses them.
 
 Run by mocks/tests/boto3.rs, which starts mockcloud, prepares the world and passes it in the
 environment (MOCK_EC2, VPC_ID, SUBNET_ID, SUBNET_CIDR, TAGGED_SUBNET, TINY_SUBNET, XEN_ENI,
@@ -361,6 +362,29 @@ check(
     "assign: count with list",
     code_of(ec2.assign_ipv6_addresses, NetworkInterfaceId=v6_eni, Ipv6AddressCount=1, Ipv6Addresses=[addrs[0]])
     == "InvalidParameterCombination",
+)
+
+# --- secondary VPC CIDR blocks (AssociateVpcCidrBlock) ---------------------------------------------
+assoc = ec2.associate_vpc_cidr_block(VpcId=ENV["VPC_ID"], CidrBlock="100.64.0.0/16")
+block = assoc.get("CidrBlockAssociation", {})
+check("associate: VpcId", assoc.get("VpcId") == ENV["VPC_ID"])
+check("associate: CidrBlock", block.get("CidrBlock") == "100.64.0.0/16")
+check("associate: AssociationId", block.get("AssociationId", "").startswith("vpc-cidr-assoc-"))
+check("associate: CidrBlockState", block.get("CidrBlockState", {}).get("State") == "associated")
+check(
+    "associate: restricted range",
+    code_of(ec2.associate_vpc_cidr_block, VpcId=ENV["VPC_ID"], CidrBlock="172.16.0.0/16")
+    == "InvalidVpc.Range",
+)
+check(
+    "associate: overlap",
+    code_of(ec2.associate_vpc_cidr_block, VpcId=ENV["VPC_ID"], CidrBlock="100.64.4.0/24")
+    == "InvalidVpc.Range",
+)
+check(
+    "associate: unknown VPC",
+    code_of(ec2.associate_vpc_cidr_block, VpcId="vpc-0123456789abcdef0", CidrBlock="100.65.0.0/16")
+    == "InvalidVpcID.NotFound",
 )
 
 print(f"boto3 view: {passed} passed, {len(failed)} failed")

@@ -122,6 +122,12 @@ fn table() -> Vec<AuthRequest> {
             out.push(r);
         }
     }
+    // Adding a VPC block (custom networking's 100.64.0.0/16) is not the node's to do.
+    for vpc in [VPC, OTHER_VPC] {
+        let mut r = AuthRequest::new("AssociateVpcCidrBlock", &arn("vpc", vpc), "us-east-1");
+        r.context.set("ec2:VpcID", vpc);
+        out.push(r);
+    }
     for action in [
         "DescribeSubnets",
         "DescribeNetworkInterfaces",

@@ -251,6 +251,8 @@ struct Inner {
     config: LabConfig,
     vpc_id: String,
     vpc_cidr: Ipv4Net,
+    /// Every IPv4 block of the VPC as of the start, primary first (routed, sunk and NATed).
+    vpc_cidrs: Vec<Ipv4Net>,
     /// The VPC's IPv6 /56 as of the start (sunk and routed to the EIGW), if it had one.
     vpc_ipv6: Option<Ipv6Net>,
     vpc: NetNs,
@@ -401,7 +403,8 @@ impl Lab {
         if let Some(nat) = &natgw {
             nat.write_sysctls(&router_sysctls()).await?;
         }
-        gateways::wire_gateways(&vpc_ns, &igw, &internet, natgw.as_ref(), vpc.cidr).await?;
+        let vpc_cidrs = vpc.blocks();
+        gateways::wire_gateways(&vpc_ns, &igw, &internet, natgw.as_ref(), &vpc_cidrs).await?;
         vpc_ns.nft(&nft::vpc_base(SINK)).await?;
         igw.nft(&nft::igw_base("to-inet")).await?;
         if let Some(block) = vpc_ipv6 {
@@ -409,7 +412,7 @@ impl Lab {
             igw.nft(&nft::eigw("to-inet")).await?;
         }
         if let Some(nat) = &natgw {
-            nat.nft(&nft::natgw(vpc.cidr, "to-igw")).await?;
+            nat.nft(&nft::natgw(&vpc_cidrs, "to-igw")).await?;
         }
         let lab = Lab {
             inner: Arc::new(Inner {
@@ -418,6 +421,7 @@ impl Lab {
                 config,
                 vpc_id: vpc.id.clone(),
                 vpc_cidr: vpc.cidr,
+                vpc_cidrs,
                 vpc_ipv6,
                 vpc: vpc_ns,
                 igw,
@@ -478,8 +482,14 @@ impl Lab {
         &self.inner.vpc_id
     }
 
+    /// The VPC's primary IPv4 block.
     pub fn vpc_cidr(&self) -> Ipv4Net {
         self.inner.vpc_cidr
+    }
+
+    /// Every IPv4 block the lab routes, primary first (fixed at the start).
+    pub fn vpc_cidrs(&self) -> &[Ipv4Net] {
+        &self.inner.vpc_cidrs
     }
 
     /// The VPC's IPv6 /56, if it had one when the lab started.

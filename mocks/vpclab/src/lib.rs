@@ -8,7 +8,9 @@
 //!   address), answers ARP for each subnet's router
 //!   (first address + 1) and, by proxy, for any VPC address, and enforces EC2's
 //!   **source/destination check** with nftables (a drop counter per ENI: [`Lab::src_dst_drops`]);
-//!   packets to VPC addresses no ENI holds are dropped and counted ([`Lab::unassigned_drops`]);
+//!   packets to VPC addresses no ENI holds are dropped and counted ([`Lab::unassigned_drops`]).
+//!   Every IPv4 block of the VPC counts alike: secondary blocks (e.g. 100.64.0.0/16 for custom
+//!   networking, associated before [`Lab::start`]) are routed, sunk and NATed as the primary;
 //! - a **node** namespace per running instance; each attached ENI is a veth pair whose node end is
 //!   `eth<device index>` with the ENI's MAC (EC2 names them `ens5`… on AL2023; the lab uses
 //!   `eth<N>`). eth0 comes up configured as DHCP would leave it; secondary ENI links appear down and

@@ -172,8 +172,16 @@ pub(crate) fn eigw(internet_if: &str) -> String {
     )
 }
 
-/// The NAT gateway: masquerades every VPC source leaving towards the IGW.
-pub(crate) fn natgw(vpc_cidr: Ipv4Net, upstream_if: &str) -> String {
+/// The NAT gateway: masquerades every VPC source (any of the VPC's blocks) leaving towards the IGW.
+pub(crate) fn natgw(vpc_cidrs: &[Ipv4Net], upstream_if: &str) -> String {
+    let vpc_cidr = format!(
+        "{{ {} }}",
+        vpc_cidrs
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     format!(
         "table ip {NAT_TABLE} {{
   chain postrouting {{

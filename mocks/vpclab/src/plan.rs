@@ -13,6 +13,8 @@ use crate::state::CloudState;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
     pub vpc_cidr: Ipv4Net,
+    /// Every IPv4 block of the VPC, primary first: routed, sunk and NATed alike.
+    pub vpc_cidrs: Vec<Ipv4Net>,
     /// The VPC's IPv6 /56, when it has one.
     pub vpc_ipv6: Option<Ipv6Net>,
     /// The VPC router address of every subnet (first address + 1), answered by the vpc namespace.
@@ -113,6 +115,7 @@ pub fn subnet_router(subnet: Ipv4Net) -> Ipv4Addr {
 
 pub(crate) fn plan(state: &CloudState, vpc_id: &str) -> Result<Plan, LabError> {
     let vpc = state.pick_vpc(Some(vpc_id))?;
+    let blocks = vpc.blocks();
     let subnets: BTreeMap<&str, Ipv4Net> = state
         .subnets
         .iter()
@@ -180,10 +183,13 @@ pub(crate) fn plan(state: &CloudState, vpc_id: &str) -> Result<Plan, LabError> {
             .collect();
         addresses.extend(eni.ipv4_prefixes.iter().map(|p| p.trunc()));
         for a in &addresses {
-            if !vpc.cidr.contains(a) {
+            if !blocks.iter().any(|b| b.contains(a)) {
+                let blocks: Vec<String> = blocks.iter().map(|b| b.to_string()).collect();
                 return Err(LabError::CloudState(format!(
                     "ENI {} holds {a}, outside VPC {} ({})",
-                    eni.id, vpc.id, vpc.cidr
+                    eni.id,
+                    vpc.id,
+                    blocks.join(", ")
                 )));
             }
             if let Some(other) = owner.insert(*a, &eni.id) {
@@ -235,6 +241,7 @@ pub(crate) fn plan(state: &CloudState, vpc_id: &str) -> Result<Plan, LabError> {
     }
     Ok(Plan {
         vpc_cidr: vpc.cidr,
+        vpc_cidrs: blocks,
         vpc_ipv6,
         routers,
         nodes,
@@ -245,6 +252,7 @@ pub(crate) fn plan(state: &CloudState, vpc_id: &str) -> Result<Plan, LabError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::SubnetState;
 
     fn net(s: &str) -> Ipv4Net {
         s.parse().expect("cidr")
@@ -347,6 +355,40 @@ mod tests {
         let err = plan(&s, "vpc-1").expect_err("duplicate");
         assert!(
             err.to_string().contains("held by both eni-1 and eni-2"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_secondary_block_is_routed_like_the_primary() {
+        let mut s = state();
+        // A pod subnet in 100.64.0.0/16 (custom networking) and an ENI of i-1 in it.
+        s.vpcs[0].cidrs = vec![net("10.0.0.0/16"), net("100.64.0.0/16")];
+        s.subnets.push(SubnetState {
+            id: "subnet-p".into(),
+            vpc_id: "vpc-1".into(),
+            cidr: net("100.64.0.0/19"),
+            ipv6_cidr: None,
+        });
+        s.network_interfaces[2].subnet_id = "subnet-p".into();
+        s.network_interfaces[2].primary_ip = "100.64.0.9".parse().expect("ip");
+        s.network_interfaces[2].secondary_ips = vec!["100.64.3.7".parse().expect("ip")];
+        s.network_interfaces[2]
+            .attachment
+            .as_mut()
+            .expect("att")
+            .status = "attached".into();
+        let p = plan(&s, "vpc-1").expect("plan");
+        assert_eq!(p.vpc_cidrs, [net("10.0.0.0/16"), net("100.64.0.0/16")]);
+        assert!(p.routers.contains(&"100.64.0.1".parse().expect("ip")));
+        let l = &p.links["eni-3"];
+        assert_eq!(l.subnet, net("100.64.0.0/19"));
+        assert!(l.addresses.contains(&net("100.64.3.7/32")));
+        // Without the block (an old dump, or another VPC's address) the address is refused.
+        s.vpcs[0].cidrs.clear();
+        let err = plan(&s, "vpc-1").expect_err("outside");
+        assert!(
+            err.to_string().contains("outside VPC vpc-1 (10.0.0.0/16)"),
             "{err}"
         );
     }

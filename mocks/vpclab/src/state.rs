@@ -73,11 +73,28 @@ pub struct CloudState {
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 pub struct VpcState {
     pub id: String,
+    /// The primary IPv4 block.
     pub cidr: Ipv4Net,
+    /// Every IPv4 block, primary first (secondary blocks from AssociateVpcCidrBlock, e.g.
+    /// 100.64.0.0/16 for custom networking). Absent in the dump of a mockcloud built before
+    /// secondary blocks: [`VpcState::blocks`] then takes the primary alone.
+    #[serde(default)]
+    pub cidrs: Vec<Ipv4Net>,
     /// The VPC's IPv6 /56. mockcloud's dump does not carry it (yet): the plan then takes the /56
     /// that holds the subnets' /64s, as EC2 gives every VPC a /56.
     #[serde(default)]
     pub ipv6_cidr: Option<Ipv6Net>,
+}
+
+impl VpcState {
+    /// The VPC's IPv4 blocks, primary first.
+    pub fn blocks(&self) -> Vec<Ipv4Net> {
+        if self.cidrs.is_empty() {
+            vec![self.cidr]
+        } else {
+            self.cidrs.clone()
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]

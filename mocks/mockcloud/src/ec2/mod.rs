@@ -396,6 +396,26 @@ fn perform(
             reservation_xml(&mut x, &r);
             x.close("deletedSubnetCidrReservation");
         }
+        "AssociateVpcCidrBlock" => {
+            let vpc = p.req("VpcId")?;
+            let Some(text) = p.get("CidrBlock") else {
+                return Err(Ec2Error::missing(
+                    "CidrBlock (mockcloud associates IPv4 blocks given by value only)",
+                ));
+            };
+            let cidr = text.parse().map_err(|_| {
+                Ec2Error::invalid_value("CidrBlock", text, "Expected an IPv4 CIDR block.")
+            })?;
+            let a = w.associate_vpc_cidr_block(vpc, cidr)?;
+            x.open("cidrBlockAssociation")
+                .leaf("associationId", &a.association_id)
+                .leaf("cidrBlock", a.cidr)
+                .open("cidrBlockState")
+                .leaf("state", "associated")
+                .close("cidrBlockState")
+                .close("cidrBlockAssociation");
+            x.leaf("vpcId", &a.vpc_id);
+        }
         other => {
             return Err(Ec2Error::client(
                 "InvalidAction",

@@ -207,6 +207,10 @@ pub fn requests(
             let subnet = w.iam_reservation_subnet(p.req("SubnetCidrReservationId")?)?;
             out.push(on(action, &w.iam_subnet(&subnet)?, region));
         }
+        "AssociateVpcCidrBlock" => {
+            let vpc = w.iam_vpc(p.req("VpcId")?)?;
+            out.push(on(action, &vpc, region));
+        }
         // Anything else is answered by the endpoint (InvalidAction) before it gets here.
         other => out.push(AuthRequest::new(other, "*", region)),
     }

@@ -12,7 +12,8 @@
 //! - [`enis`]: ENI lifecycle (create, attach on a network card, detach, delete, modify, describe);
 //! - [`assign`]: secondary IPs and /28 prefixes on an ENI;
 //! - [`ipv6`]: the VPC's /56 and the subnets' /64s, IPv6 addresses and /80 prefixes on an ENI;
-//! - [`views`]: what Describe calls, IMDS and the control API show.
+//! - [`views`]: what Describe calls, IMDS and the control API show;
+//! - [`vpc_cidrs`]: a VPC's secondary IPv4 blocks (AssociateVpcCidrBlock) and EC2's rules on them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
@@ -34,12 +35,14 @@ mod subnets;
 #[cfg(test)]
 mod tests;
 mod views;
+mod vpc_cidrs;
 
 pub use addresses::{OccupyPattern, ReservationType, SubnetUsage};
 pub use iam::IamFacts;
 pub use ipv6::{IPV6_PREFIX_LEN, Ipv6Args, Ipv6Assigned};
 pub use subnets::ReservationView;
 pub use views::{AttachmentView, EniView, ImdsEni, ImdsInstance, InstanceView, SubnetView};
+pub use vpc_cidrs::{VPC_IPV4_CIDR_LIMIT, VpcCidrAssociation};
 
 use addresses::{Rng, Subnet};
 
@@ -56,7 +59,10 @@ pub struct Timing {
 
 #[derive(Debug)]
 struct Vpc {
+    /// The primary IPv4 block (the one the VPC was created with).
     cidr: Ipv4Net,
+    /// Secondary IPv4 blocks with their association ids ([`vpc_cidrs`]).
+    secondary_cidrs: Vec<(String, Ipv4Net)>,
     /// The Amazon-provided IPv6 /56 ([`ipv6::vpc_block`]).
     ipv6_cidr: ipnet::Ipv6Net,
     security_groups: std::collections::BTreeSet<String>,

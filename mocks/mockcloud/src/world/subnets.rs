@@ -41,6 +41,7 @@ impl World {
             id.clone(),
             Vpc {
                 cidr: cidr.trunc(),
+                secondary_cidrs: Vec::new(),
                 ipv6_cidr: super::ipv6::vpc_block(self.vpcs.len()),
                 security_groups: [sg.clone()].into(),
             },
@@ -80,12 +81,15 @@ impl World {
             .ok_or_else(|| not_found("InvalidVpcID.NotFound", "vpc", vpc_id))?;
         let cidr = cidr.trunc();
         let vpc_ipv6 = vpc.ipv6_cidr;
-        if !(16..=28).contains(&cidr.prefix_len()) || !vpc.cidr.contains(&cidr) {
+        // A subnet lies inside one of the VPC's IPv4 blocks, primary or secondary.
+        let blocks = self.vpc_ipv4_cidrs(vpc_id);
+        if !(16..=28).contains(&cidr.prefix_len()) || !blocks.iter().any(|b| b.contains(&cidr)) {
+            let blocks: Vec<String> = blocks.iter().map(|b| b.to_string()).collect();
             return Err(Ec2Error::client(
                 "InvalidSubnet.Range",
                 format!(
                     "The CIDR '{cidr}' is invalid for VPC {vpc_id} ({}).",
-                    vpc.cidr
+                    blocks.join(", ")
                 ),
             ));
         }

@@ -91,7 +91,10 @@ pub struct ImdsEni {
     pub subnet_id: String,
     pub vpc_id: String,
     pub subnet_cidr: Ipv4Net,
+    /// The VPC's primary IPv4 block (`vpc-ipv4-cidr-block`).
     pub vpc_cidr: Ipv4Net,
+    /// Every IPv4 block of the VPC, primary first (`vpc-ipv4-cidr-blocks`, one per line).
+    pub vpc_cidrs: Vec<Ipv4Net>,
     pub security_groups: Vec<String>,
     /// Primary first.
     pub ips: Vec<Ipv4Addr>,
@@ -268,6 +271,7 @@ impl World {
             vpc_id: e.vpc_id.clone(),
             subnet_cidr: subnet.cidr,
             vpc_cidr: self.vpcs[&e.vpc_id].cidr,
+            vpc_cidrs: self.vpc_ipv4_cidrs(&e.vpc_id),
             security_groups: e.security_groups.clone(),
             ips,
             ipv4_prefixes,
@@ -322,7 +326,7 @@ impl World {
         let vpcs: Vec<serde_json::Value> = self
             .vpcs
             .iter()
-            .map(|(id, v)| serde_json::json!({"id": id, "cidr": v.cidr, "security_groups": v.security_groups}))
+            .map(|(id, v)| serde_json::json!({"id": id, "cidr": v.cidr, "cidrs": self.vpc_ipv4_cidrs(id), "security_groups": v.security_groups}))
             .collect();
         let this: &World = self;
         let reservations: Vec<super::ReservationView> = this

@@ -16,7 +16,7 @@ pub(super) async fn wire_gateways(
     igw: &NetNs,
     internet: &NetNs,
     natgw: Option<&NetNs>,
-    vpc_cidr: Ipv4Net,
+    vpc_cidrs: &[Ipv4Net],
 ) -> Result<(), LabError> {
     let mut v = vec![
         "link set lo up".to_owned(),
@@ -76,22 +76,36 @@ pub(super) async fn wire_gateways(
             "link set to-vpc up".into(),
             format!("addr add {NAT_GATEWAY_PUBLIC_IP}/{NAT_PUBLIC_PREFIX} dev to-igw"),
             "link set to-igw up".into(),
-            format!("route add {vpc_cidr} via {VPC_TO_NAT}"),
             format!("route add default via {IGW_NAT_SIDE_IP}"),
         ])
         .await?;
-    }
-    igw.ip_batch(&[format!("route add {vpc_cidr} via {VPC_TO_IGW}")])
+        // Every block of the VPC (a secondary 100.64.0.0/16 too) is VPC-internal to the gateway.
+        nat.ip_batch(
+            &vpc_cidrs
+                .iter()
+                .map(|c| format!("route add {c} via {VPC_TO_NAT}"))
+                .collect::<Vec<_>>(),
+        )
         .await?;
+    }
+    igw.ip_batch(
+        &vpc_cidrs
+            .iter()
+            .map(|c| format!("route add {c} via {VPC_TO_IGW}"))
+            .collect::<Vec<_>>(),
+    )
+    .await?;
     let default_via = if natgw.is_some() {
         NAT_TO_VPC
     } else {
         IGW_TO_VPC
     };
-    vpc.ip_batch(&[
-        // More specific /32 and /28 routes to ENIs win; the rest of the VPC is dropped and counted.
-        format!("route add {vpc_cidr} dev {SINK}"),
-        format!("route add default via {default_via}"),
-    ])
-    .await
+    // More specific /32 and /28 routes to ENIs win; the rest of every VPC block is dropped and
+    // counted.
+    let mut routes: Vec<String> = vpc_cidrs
+        .iter()
+        .map(|c| format!("route add {c} dev {SINK}"))
+        .collect();
+    routes.push(format!("route add default via {default_via}"));
+    vpc.ip_batch(&routes).await
 }

@@ -32,6 +32,14 @@ impl Inner {
         let _one_at_a_time = self.sync_lock.lock().await;
         let state = self.source.fetch().await?;
         let plan = plan::plan(&state, &self.vpc_id)?;
+        if plan.vpc_cidrs != self.vpc_cidrs {
+            // The gateways' routes and the NAT gateway's rule are wired once, at the start.
+            return Err(LabError::CloudState(format!(
+                "VPC {}'s IPv4 blocks changed since the lab started ({:?} → {:?}): associate \
+                 secondary blocks before Lab::start",
+                self.vpc_id, self.vpc_cidrs, plan.vpc_cidrs
+            )));
+        }
         let mut report = SyncReport::default();
         self.remove_stale(&plan, &mut report).await?;
         self.add_nodes(&plan, &mut report).await?;
