@@ -62,6 +62,12 @@ pub struct Metrics {
     pub ipv6_assigned: Gauge,
     /// 1 once the node holds its /80 (ipv6 and dual).
     pub ipv6_prefixes: Gauge,
+    /// Custom networking: 1 while the node's ENIConfig is usable (new ENIs can be created), 0 while
+    /// it is missing, invalid or not known yet. Not set without custom networking.
+    pub pod_network_ready: Gauge,
+    /// Custom networking: times the node's ENIConfig (its name, subnet or groups) changed while the
+    /// daemon ran; each change applies to new ENIs only.
+    pub pod_network_changes: Counter,
     startup_ms: Arc<AtomicU64>,
 }
 
@@ -100,6 +106,8 @@ impl Default for Metrics {
             ]),
             ipv6_assigned: Gauge::default(),
             ipv6_prefixes: Gauge::default(),
+            pod_network_ready: Gauge::default(),
+            pod_network_changes: Counter::default(),
             startup_ms: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -256,6 +264,16 @@ impl Metrics {
             "eniipam_ipv6_prefixes",
             "IPv6 /80 prefixes the node holds for pods (1 with ip_family ipv6 or dual, once taken)",
             self.ipv6_prefixes.clone(),
+        );
+        reg.register(
+            "eniipam_pod_network_ready",
+            "Custom networking: 1 while the node's ENIConfig is usable for new ENIs, 0 while it is missing, invalid or not known yet",
+            self.pod_network_ready.clone(),
+        );
+        reg.register(
+            "eniipam_pod_network_changes",
+            "Custom networking: changes of the node's ENIConfig (name, subnet or security groups) while running; each applies to new ENIs only",
+            self.pod_network_changes.clone(),
         );
     }
 }

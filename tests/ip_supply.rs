@@ -274,3 +274,90 @@ async fn a_fragmented_subnet_still_serves_pods_with_prefix_delegation() {
     d.pool.check_invariants().unwrap();
     d.shutdown().await;
 }
+
+/// The VPC CNI's cluster-scoped subnet tags (`cni.networking.k8s.aws/cluster/<name>`): a subnet
+/// tagged for another cluster is never discovered, however much room it has; one tagged for this
+/// cluster is, like an untagged one. Two clusters in one VPC never share a pod subnet by accident.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subnet_tagged_for_another_cluster_is_not_discovered() {
+    let mock = mock("m5.large").await;
+    let inst = mock.default_instance();
+    let role = ("kubernetes.io/role/cni".to_owned(), "1".to_owned());
+    let ours = mock.with_world(|w, _| {
+        // The other cluster's: the most room, so discovery would pick it first.
+        let theirs: BTreeMap<String, String> = [
+            role.clone(),
+            (
+                "cni.networking.k8s.aws/cluster/another-cluster".to_owned(),
+                "1".to_owned(),
+            ),
+        ]
+        .into();
+        w.create_subnet_with_tags(
+            &inst.vpc_id,
+            "10.0.64.0/20".parse().unwrap(),
+            &inst.availability_zone,
+            &theirs,
+        )
+        .unwrap();
+        let ours: BTreeMap<String, String> = [
+            role.clone(),
+            (
+                format!("cni.networking.k8s.aws/cluster/{CLUSTER}"),
+                "shared".to_owned(),
+            ),
+            (
+                "cni.networking.k8s.aws/cluster/another-cluster".to_owned(),
+                "shared".to_owned(),
+            ),
+        ]
+        .into();
+        let id = w
+            .create_subnet_with_tags(
+                &inst.vpc_id,
+                "10.0.32.0/24".parse().unwrap(),
+                &inst.availability_zone,
+                &ours,
+            )
+            .unwrap();
+        w.occupy_addresses(
+            &inst.subnet_id,
+            &OccupyPattern::Range {
+                cidr: "10.0.0.0/20".parse().unwrap(),
+            },
+        )
+        .unwrap();
+        id
+    });
+    let dir = TempDir::new("cluster-tag");
+    let mut cfg = config(&mock, &dir.0);
+    cfg.use_primary_eni = false;
+    cfg.min_idle = 0;
+    let d = start(cfg).await;
+    let pod_subnets: Vec<&str> = d.node.pod_subnets.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(pod_subnets, [inst.subnet_id.as_str(), ours.as_str()]);
+    let ips = allocate_n(&d, 0..3).await;
+    let subnet: Ipv4Net = "10.0.32.0/24".parse().unwrap();
+    assert!(ips.iter().all(|ip| subnet.contains(ip)), "{ips:?}");
+    d.shutdown().await;
+}
+
+#[test]
+fn cluster_tags_open_a_subnet_only_to_the_clusters_they_name() {
+    use eniipam::daemon::subnet_open_to_cluster as open;
+    let tags = |keys: &[&str]| -> BTreeMap<String, String> {
+        keys.iter()
+            .map(|k| ((*k).to_owned(), "1".to_owned()))
+            .collect()
+    };
+    assert!(open(&tags(&[]), "a"), "untagged: any cluster");
+    assert!(open(&tags(&["kubernetes.io/role/cni"]), ""));
+    let a = "cni.networking.k8s.aws/cluster/a";
+    assert!(open(&tags(&[a]), "a"));
+    assert!(!open(&tags(&[a]), "b"));
+    assert!(
+        !open(&tags(&[a]), ""),
+        "no cluster name: not a named cluster's subnet"
+    );
+    assert!(open(&tags(&[a, "cni.networking.k8s.aws/cluster/b"]), "b"));
+}

@@ -91,6 +91,9 @@ impl DaemonConfig {
         if let Some(v) = get("security_groups") {
             self.security_groups = comma_list(&v).map(str::to_owned).collect();
         }
+        set!(custom_networking, "true or false");
+        set!(eni_config_label, "a label key");
+        set!(eni_config_annotation, "an annotation key");
         set!(ip_family, "ipv4, ipv6 or dual");
         set!(ipv4_egress, "true or false");
         set!(warm_policy, "adaptive or fixed");

@@ -30,6 +30,8 @@ mod validate;
 /// The service account's token and CA bundle, as the kubelet mounts them in every pod.
 pub const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 pub const SERVICE_ACCOUNT_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+/// The VPC CNI's default for both the label and the annotation that name a node's ENIConfig.
+pub const DEFAULT_ENI_CONFIG_KEY: &str = "k8s.amazonaws.com/eniConfig";
 
 /// Where environment variables come from (the process, or a map in tests).
 pub trait Env {
@@ -112,6 +114,20 @@ pub struct DaemonConfig {
     pub subnet_ids: Vec<String>,
     /// Security groups for new ENIs (default: eth0's).
     pub security_groups: Vec<String>,
+    /// Custom networking, as the AWS VPC CNI's `AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`: the node's
+    /// `ENIConfig` (`crd.k8s.amazonaws.com/v1alpha1`, named by `eni_config_annotation` or the value
+    /// of `eni_config_label` on the Node) gives the subnet and security groups of every new ENI, and
+    /// eth0 serves no pods. Needs the API-server connection and `node_name`; IPv4 pools only
+    /// (`ip_family` ipv4 or dual); replaces subnet discovery, so `subnet_ids` must be empty. A
+    /// changed ENIConfig applies to new ENIs only. Default false.
+    pub custom_networking: bool,
+    /// The Node label whose value names the node's ENIConfig (the VPC CNI's `ENI_CONFIG_LABEL_DEF`;
+    /// often `topology.kubernetes.io/zone`, with one ENIConfig per zone named after it). Default
+    /// `k8s.amazonaws.com/eniConfig`.
+    pub eni_config_label: String,
+    /// The Node annotation naming the node's ENIConfig; it wins over the label (the VPC CNI's
+    /// `ENI_CONFIG_ANNOTATION_DEF`). Default `k8s.amazonaws.com/eniConfig`.
+    pub eni_config_annotation: String,
     /// Which addresses pods get: `ipv4` (default: from the ENI pool), `ipv6` (from one /80 the node
     /// takes on eth0 at startup; no IPv4 pool) or `dual` (both). The VPC CNI's `ENABLE_IPV6`.
     pub ip_family: IpFamily,
@@ -254,6 +270,9 @@ impl Default for DaemonConfig {
             subnet_id: None,
             subnet_ids: Vec::new(),
             security_groups: Vec::new(),
+            custom_networking: false,
+            eni_config_label: DEFAULT_ENI_CONFIG_KEY.to_owned(),
+            eni_config_annotation: DEFAULT_ENI_CONFIG_KEY.to_owned(),
             ip_family: IpFamily::Ipv4,
             ipv4_egress: true,
             warm_policy: pool.warm_policy,
@@ -358,6 +377,20 @@ impl DaemonConfig {
             .flatten()
     }
 
+    /// Whether eth0's secondary IPs serve pods: `use_primary_eni`, except with custom networking,
+    /// where eth0 sits in the node's subnet and not the ENIConfig's (as with the VPC CNI).
+    pub fn eth0_serves_pods(&self) -> bool {
+        self.use_primary_eni && !self.custom_networking
+    }
+
+    /// Where the node's ENIConfig is read from, with custom networking on (validation has made sure
+    /// an API server is known).
+    pub fn custom_networking_target(&self) -> Option<ApiServerTarget> {
+        self.custom_networking
+            .then(|| self.api_server_connection())
+            .flatten()
+    }
+
     /// The API server's URL, the token file when it exists (it must for `https`) and the CA bundle
     /// for `https`.
     fn api_server_connection(&self) -> Option<ApiServerTarget> {
@@ -427,7 +460,10 @@ impl DaemonConfig {
             give_back_delay: Duration::from_secs(self.give_back_delay_secs),
             max_ips: self.max_ips,
             max_enis: self.max_enis,
-            use_primary_eni: self.use_primary_eni,
+            // With custom networking eth0 is in the node's subnet, not the ENIConfig's: it serves
+            // no pods (as with the VPC CNI).
+            use_primary_eni: self.eth0_serves_pods(),
+            custom_networking: self.custom_networking,
             prefix_delegation: self.prefix_delegation,
             reuse_cooldown: Duration::from_secs(self.reuse_cooldown_secs),
             ip_stick_time: Duration::from_secs(self.ip_stick_time_secs),

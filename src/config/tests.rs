@@ -214,3 +214,81 @@ fn ipv4_egress_is_on_by_default_and_only_means_something_in_ipv6_mode() {
     let e = DaemonConfig::load(None, &env(&[("ENIIPAM_IPV4_EGRESS", "yes")])).unwrap_err();
     assert!(e.to_string().starts_with("ipv4_egress"), "{e}");
 }
+
+#[test]
+fn custom_networking_reads_like_the_vpc_cni_and_refuses_what_cannot_work() {
+    let c = DaemonConfig::load(None, &env(&[])).unwrap();
+    assert!(!c.custom_networking);
+    assert_eq!(c.eni_config_label, "k8s.amazonaws.com/eniConfig");
+    assert_eq!(c.eni_config_annotation, "k8s.amazonaws.com/eniConfig");
+    assert!(c.eth0_serves_pods() && c.pool_config().use_primary_eni);
+    assert!(c.custom_networking_target().is_none());
+    let on = [
+        ("ENIIPAM_CUSTOM_NETWORKING", "true"),
+        ("ENIIPAM_API_SERVER_URL", "http://127.0.0.1:6443"),
+        ("ENIIPAM_NODE_NAME", "node-a"),
+        ("ENIIPAM_API_SERVER_GC", "false"),
+    ];
+    let c = DaemonConfig::load(
+        None,
+        &env(&[
+            &on[..],
+            &[("ENIIPAM_ENI_CONFIG_LABEL", "topology.kubernetes.io/zone")],
+        ]
+        .concat()),
+    )
+    .unwrap();
+    assert!(c.custom_networking);
+    assert_eq!(c.eni_config_label, "topology.kubernetes.io/zone");
+    // eth0 is in the node's subnet, not the ENIConfig's: it serves no pods.
+    assert!(!c.eth0_serves_pods());
+    let pool = c.pool_config();
+    assert!(!pool.use_primary_eni && pool.custom_networking);
+    let target = c.custom_networking_target().expect("reads the ENIConfig");
+    assert_eq!(target.url, "http://127.0.0.1:6443");
+    // What cannot work is named.
+    for (extra, field, says) in [
+        (
+            ("ENIIPAM_IP_FAMILY", "ipv6"),
+            "custom_networking",
+            "ip_family = ipv6",
+        ),
+        (
+            ("ENIIPAM_SUBNET_IDS", "subnet-0a1b"),
+            "subnet_ids",
+            "ENIConfig chooses",
+        ),
+        (
+            ("ENIIPAM_NODE_NAME", ""),
+            "node_name",
+            "custom_networking is on",
+        ),
+        (
+            ("ENIIPAM_ENI_CONFIG_LABEL", "bad label!"),
+            "eni_config_label",
+            "label key",
+        ),
+        (
+            ("ENIIPAM_ENI_CONFIG_ANNOTATION", "/x"),
+            "eni_config_annotation",
+            "annotation key",
+        ),
+    ] {
+        let mut vars = env(&on);
+        vars.insert(extra.0.to_owned(), extra.1.to_owned());
+        let e = DaemonConfig::load(None, &vars).unwrap_err().to_string();
+        assert!(e.starts_with(field), "{extra:?}: {e}");
+        assert!(e.contains(says), "{extra:?}: {e}");
+    }
+    let e = DaemonConfig::load(None, &env(&[("ENIIPAM_CUSTOM_NETWORKING", "true")]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("custom_networking") && e.contains("no API server"),
+        "{e}"
+    );
+    // Dual stack keeps its IPv4 pool on the ENIConfig's ENIs.
+    let mut vars = env(&on);
+    vars.insert("ENIIPAM_IP_FAMILY".into(), "dual".into());
+    assert!(DaemonConfig::load(None, &vars).unwrap().custom_networking);
+}

@@ -151,6 +151,7 @@ impl DaemonConfig {
             ));
         }
         self.validate_node_status()?;
+        self.validate_custom_networking()?;
         self.validate_host_rules()?;
         if self.shutdown_grace_secs > 600 {
             return Err(invalid("shutdown_grace_secs", "allowed: 0 ..= 600"));
@@ -162,6 +163,56 @@ impl DaemonConfig {
             return Err(invalid(
                 "log_level",
                 format!("{:?} is not a tracing filter", self.log_level),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_custom_networking(&self) -> Result<(), ConfigError> {
+        use crate::reconcile::api_server::node::check_taint_key as check_key;
+        if let Err(problem) = check_key(&self.eni_config_label) {
+            return Err(invalid(
+                "eni_config_label",
+                problem.replace("taint key", "label key"),
+            ));
+        }
+        if let Err(problem) = check_key(&self.eni_config_annotation) {
+            return Err(invalid(
+                "eni_config_annotation",
+                problem.replace("taint key", "annotation key"),
+            ));
+        }
+        if !self.custom_networking {
+            return Ok(());
+        }
+        if self.ip_family == crate::ipv6::IpFamily::Ipv6 {
+            return Err(invalid(
+                "custom_networking",
+                "applies to the IPv4 pool's ENIs, and with ip_family = ipv6 pods take no IPv4 (their \
+                 IPv6 comes from eth0's /80): turn it off, or use ip_family = ipv4 or dual",
+            ));
+        }
+        if !self.subnet_ids.is_empty() {
+            return Err(invalid(
+                "subnet_ids",
+                "set together with custom_networking: the node's ENIConfig chooses the subnet of new \
+                 ENIs, so leave subnet_ids empty (or turn custom_networking off)",
+            ));
+        }
+        if self.api_server_url.is_none() {
+            return Err(invalid(
+                "custom_networking",
+                "true, but no API server is known to read the node's ENIConfig from: not running in a \
+                 pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are unset) and \
+                 api_server_url is unset",
+            ));
+        }
+        if self.node_name.is_empty() {
+            return Err(invalid(
+                "node_name",
+                "empty, but custom_networking is on: set ENIIPAM_NODE_NAME to this node's Kubernetes \
+                 name (the DaemonSet sets it from the downward API, fieldRef spec.nodeName); its label \
+                 or annotation names the ENIConfig",
             ));
         }
         Ok(())

@@ -3,7 +3,7 @@
 //!
 //! Startup order (nothing is served before the rebuild): metrics listener (`/readyz` false) → state
 //! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
-//! the rebuilt state → pool (with the demand it learned before) → host routing and rules (SNAT,
+//! the rebuilt state → the node's ENIConfig (custom networking only) → pool (with the demand it learned before) → host routing and rules (SNAT,
 //! NodePort) → leaked-ENI collector → API-server pod watch and lookahead (when on) → node readiness:
 //! startup taint and condition (when on) → gRPC socket → ready.
 //!
@@ -14,7 +14,8 @@
 //! the gRPC socket last), `startup` (state file, the node's identity and subnets, the rebuild),
 //! `host` (route tables, the pool's readiness gate, SNAT and NodePort rules), `collectors` (leaked
 //! ENIs, pods gone from the API server, the node's startup taint and condition), `demand` (the
-//! learned demand to and from the state file, the lookahead on the pods bound here), `reconciler`
+//! learned demand to and from the state file, the lookahead on the pods bound here), `pod_network`
+//! (custom networking: the node's ENIConfig checked against EC2 and followed), `reconciler`
 //! (the running reconcile), and [`run`]: the
 //! modes of the `eniipamd` binary (serve until a signal, prepare the host, remove the host rules).
 
@@ -23,13 +24,14 @@ mod collectors;
 mod demand;
 mod host;
 mod ipv6;
+mod pod_network;
 mod reconciler;
 pub mod run;
 mod serve;
 mod startup;
 
 pub use clients::CloudClients;
-pub use startup::SUBNET_ROLE_TAG;
+pub use startup::{SUBNET_CLUSTER_TAG_PREFIX, SUBNET_ROLE_TAG, subnet_open_to_cluster};
 
 use collectors::{spawn_api_server_gc, spawn_leak_collector, spawn_node_status};
 use demand::{restore_demand, save_demand, spawn_demand_writer, spawn_lookahead_on};
@@ -184,6 +186,26 @@ impl Daemon {
             Ok::<_, DaemonError>((node, rebuilt, ipv6))
         })
         .await?;
+        // Custom networking: the node's ENIConfig, known (or known missing) before the pool starts.
+        let custom = match config.custom_networking_target() {
+            Some(target) => {
+                let selector = crate::custom_networking::Selector {
+                    label: config.eni_config_label.clone(),
+                    annotation: config.eni_config_annotation.clone(),
+                };
+                let client = api_server::client(&target)?;
+                let (mut rx, watcher) = pod_network::watch(client, &config.node_name, selector);
+                b.background.push(watcher);
+                let first = pod_network::first_answer(&mut rx).await;
+                let resolved = with_purpose(
+                    Purpose::Startup,
+                    pod_network::resolve(&first, clients.cloud.as_ref(), &node),
+                )
+                .await;
+                Some((rx, resolved))
+            }
+            None => None,
+        };
         let pool = Pool::start(
             config.pool_config(),
             clients.cloud.clone(),
@@ -192,6 +214,28 @@ impl Daemon {
             seed,
         )?;
         let _ = b.pool_cell.set(pool.clone());
+        if let Some((rx, resolved)) = custom {
+            let pending = match resolved {
+                Ok(network) => {
+                    pod_network::apply(&pool, &b.metrics, network);
+                    false
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "custom networking: cannot check the node's ENIConfig against EC2 yet; no new ENI until it is");
+                    b.metrics.pod_network_ready.set(0);
+                    true
+                }
+            };
+            b.background.push(pod_network::spawn_follower(
+                rx,
+                pending,
+                pool.clone(),
+                clients.cloud.clone(),
+                node.clone(),
+                b.metrics.clone(),
+                b.cancel.clone(),
+            ));
+        }
         restore_demand(&pool, &store).await;
         b.background.push(spawn_demand_writer(
             pool.clone(),

@@ -130,11 +130,31 @@ pub(super) async fn discover_node(
 
 /// The AWS VPC CNI's subnet tag: `0` excludes a subnet, any other value includes it.
 pub const SUBNET_ROLE_TAG: &str = "kubernetes.io/role/cni";
+/// The AWS VPC CNI's cluster-scoped subnet tags (`cni.networking.k8s.aws/cluster/<cluster name>`,
+/// any value; amazon-vpc-cni-k8s #3647): a subnet carrying one or more of them is discovered only by
+/// the clusters they name, so two clusters in one VPC never share a pod subnet by accident.
+pub const SUBNET_CLUSTER_TAG_PREFIX: &str = "cni.networking.k8s.aws/cluster/";
+
+/// Whether a discovered subnet's cluster tags let `cluster_name` use it: it carries none, or one
+/// naming this cluster. With no cluster name configured, a subnet reserved for named clusters is
+/// not taken either (the daemon cannot tell it is one of them).
+pub fn subnet_open_to_cluster(
+    tags: &std::collections::BTreeMap<String, String>,
+    cluster_name: &str,
+) -> bool {
+    let mut scoped = tags
+        .keys()
+        .filter_map(|k| k.strip_prefix(SUBNET_CLUSTER_TAG_PREFIX))
+        .peekable();
+    scoped.peek().is_none() || (!cluster_name.is_empty() && scoped.any(|c| c == cluster_name))
+}
 
 /// The subnets new ENIs may go to: `subnet_ids` when configured (each must be in the node's VPC and
 /// availability zone: a clear error otherwise); else the VPC's subnets in the node's availability
-/// zone tagged `kubernetes.io/role/cni` (not `0`), plus the node's own subnet unless tagged `0`. When
-/// EC2 cannot list them, the node's own subnet alone.
+/// zone tagged `kubernetes.io/role/cni` (not `0`) and open to this cluster (no
+/// `cni.networking.k8s.aws/cluster/*` tag, or one naming it), plus the node's own subnet unless
+/// tagged `0`. When EC2 cannot list them, the node's own subnet alone. With custom networking, none:
+/// the node's ENIConfig names the subnet (the VPC CNI bypasses discovery then too).
 async fn pod_subnets(
     config: &DaemonConfig,
     clients: &CloudClients,
@@ -142,6 +162,9 @@ async fn pod_subnets(
     own: &str,
 ) -> Result<Vec<crate::cloud::Subnet>, DaemonError> {
     use crate::cloud::SubnetFilter;
+    if config.custom_networking {
+        return Ok(Vec::new());
+    }
     if !config.subnet_ids.is_empty() {
         let found = clients
             .cloud
@@ -192,6 +215,14 @@ async fn pod_subnets(
             Some(_) => true,
             None => s.id == own,
         })
+        // The node's own subnet is the node's launch choice, whatever cluster tags it carries.
+        .filter(|s| {
+            let open = s.id == own || subnet_open_to_cluster(&s.tags, &config.cluster_name);
+            if !open {
+                tracing::info!(subnet = %s.id, cluster = %config.cluster_name, "subnet tagged for other clusters (cni.networking.k8s.aws/cluster/*): not used");
+            }
+            open
+        })
         .collect();
     // The node's own subnet first among equals.
     chosen.sort_by_key(|s| s.id != own);
@@ -222,7 +253,7 @@ pub(super) async fn rebuild(
             state_lost,
             host: &host,
             netns: &netns,
-            use_primary_eni: config.use_primary_eni,
+            use_primary_eni: config.eth0_serves_pods(),
         },
     )
     .await?;

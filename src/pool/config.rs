@@ -72,6 +72,10 @@ pub struct PoolConfig {
     /// eth0's secondary IPs serve pods too, as with the AWS VPC CNI (eth0 itself is never detached,
     /// so only its secondary IPs grow and shrink). Default true.
     pub use_primary_eni: bool,
+    /// Custom networking: the subnet and security groups of new ENIs come from the node's ENIConfig,
+    /// given to the pool by [`super::Pool::set_pod_network`]; until then no ENI is created (the
+    /// node's own subnet is never a fallback). Default false.
+    pub custom_networking: bool,
     /// Slots are `/28` prefixes of 16 addresses instead of single secondary IPs (Nitro instance types
     /// only; the VPC CNI's `ENABLE_PREFIX_DELEGATION`). Counts (`min_idle`, `max_idle`, `max_ips`)
     /// stay in addresses. Default false.
@@ -208,6 +212,7 @@ impl Default for PoolConfig {
             max_concurrent_eni_creates: 4,
             imds_wait: Duration::from_secs(2),
             use_primary_eni: true,
+            custom_networking: false,
             prefix_delegation: false,
             prefix_retry: Duration::from_secs(2 * 60),
             subnet_refresh: Duration::from_secs(30 * 60),

@@ -117,6 +117,10 @@ pub enum PoolError {
     /// The pool is shutting down.
     #[error("the IP pool is shutting down")]
     ShuttingDown,
+    /// Custom networking is on and the node's ENIConfig cannot be used, so no ENI can be created
+    /// for this pod (CNI error 11: the ADD is tried again once the operator fixes the ENIConfig).
+    #[error("no new ENI can be created for pods: {reason}")]
+    NoPodNetwork { reason: String },
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] super::ConfigError),
@@ -134,6 +138,7 @@ impl PoolError {
             | Self::ReleasedWhilePending
             | Self::Abandoned
             | Self::WaitedTooLong { .. }
+            | Self::NoPodNetwork { .. }
             | Self::ShuttingDown => true,
             Self::Cloud(e) => {
                 e.is_retryable()

@@ -30,7 +30,7 @@ use super::types::{
     AssignBatch, AssignOutcome, CreateOutcome, EniCommand, EniHandle, GiveBackOutcome,
     ReleaseOutcome,
 };
-use crate::cloud::lifecycle::{NewEni, SECURITY_GROUPS_TAG, Slots};
+use crate::cloud::lifecycle::{NewEni, Slots};
 use crate::cloud::{ADDRESS_IN_USE, CloudError, Eni, Purpose, SubnetFilter, with_purpose};
 
 /// Extra coalescing before the first ENI creation of a burst (on top of `batch_window`).
@@ -352,22 +352,7 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
             }
         }
         let started = Instant::now();
-        let security_groups = {
-            let st = shared.lock();
-            st.subnets
-                .get(&plan.subnet_id)
-                .and_then(|s| s.subnet.as_ref())
-                .and_then(|s| s.tags.get(SECURITY_GROUPS_TAG))
-                .map(|v| {
-                    v.split(',')
-                        .map(str::trim)
-                        .filter(|g| !g.is_empty())
-                        .map(str::to_owned)
-                        .collect::<Vec<_>>()
-                })
-                .filter(|g| !g.is_empty())
-                .unwrap_or_else(|| st.node.security_groups.clone())
-        };
+        let security_groups = shared.lock().new_eni_security_groups(&plan.subnet_id);
         // With prefix delegation but no `/28` left in the subnet: single addresses packed into its
         // fragmented blocks, not EC2's scattered picks.
         let mut slots = plan.slots.clone();

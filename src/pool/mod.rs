@@ -17,6 +17,8 @@
 //!   create call) when every ENI is full, releases ENIs that hold no IP.
 //! - `state`: the bookkeeping every part reads and writes under one lock, in short critical
 //!   sections that never await; every routing decision is made there.
+//! - [`pod_network`]: where new ENIs go: discovered subnets, or the node's ENIConfig (custom
+//!   networking), changed at run time by [`Pool::set_pod_network`].
 //! - [`slots`]: single IPs or `/28` prefixes, and the dense packing of single addresses.
 //! - [`seed`], [`snapshot`], [`error`], [`config`]: the startup input, the read-only view, the
 //!   typed errors and the configuration.
@@ -53,6 +55,7 @@ mod eni;
 pub mod error;
 pub mod idle;
 mod maintainer;
+pub mod pod_network;
 pub mod seed;
 mod shared;
 pub mod slots;
@@ -64,6 +67,7 @@ pub use capacity::{CapacityTokens, node_capacity};
 pub use config::{ConfigError, PREFIX_ADDRESSES, PoolConfig};
 pub use drift::Forgotten;
 pub use error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
+pub use pod_network::PodNetwork;
 pub use seed::QuarantineSeed;
 pub use seed::{AllocationSeed, EniSeed, IdleSeed, PoolSeed, SeedError};
 pub use shared::{EniProvisioner, EniReadiness, NewEniFacts};
@@ -436,6 +440,21 @@ impl Pool {
     }
 
     /// A read-only view of the pool now.
+    /// Sets what decides the subnet and security groups of new ENIs (custom networking's ENIConfig,
+    /// as the daemon resolved it); returns what it was. ENIs the node has are left as they are. The
+    /// maintainer runs at once: creates that waited on an unusable ENIConfig go ahead, or the
+    /// acquires waiting on them get [`PoolError::NoPodNetwork`].
+    pub fn set_pod_network(&self, network: PodNetwork) -> PodNetwork {
+        let old = self.inner.shared.lock().set_pod_network(network);
+        self.inner.shared.wake.notify_one();
+        old
+    }
+
+    /// What decides the subnet and security groups of new ENIs now.
+    pub fn pod_network(&self) -> PodNetwork {
+        self.inner.shared.lock().pod_network.clone()
+    }
+
     pub fn snapshot(&self) -> PoolSnapshot {
         self.shared().lock().snapshot(Instant::now())
     }

@@ -27,6 +27,10 @@ pub struct MaxPodsArgs {
     /// are no limit and the answer is Kubernetes' cap; dual is bound by its IPv4 like ipv4.
     #[arg(long, value_enum, default_value_t = Family::Ipv4)]
     ip_family: Family,
+    /// The daemon's `custom_networking` (the node's ENIConfig names the pod subnet): eth0 serves no
+    /// pods, so the node has one ENI fewer for them (the VPC CNI's custom-networking figure too).
+    #[arg(long)]
+    custom_networking: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -48,9 +52,26 @@ impl Family {
 
 pub fn run(a: &MaxPodsArgs, as_json: bool) -> Result<(), String> {
     if a.ip_family == Family::Ipv6 {
+        if a.custom_networking {
+            return Err(
+                "--custom-networking applies to IPv4 pods' ENIs: with --ip-family ipv6 pods \
+                        take their addresses from eth0's /80 (use ipv4 or dual)"
+                    .to_owned(),
+            );
+        }
         return run_ipv6(a, as_json);
     }
-    let (limits, source) = resolve(a)?;
+    let (mut limits, source) = resolve(a)?;
+    let enis_total = limits.enis;
+    if a.custom_networking {
+        if limits.enis < 2 {
+            return Err(format!(
+                "{} has {} ENI: with custom networking eth0 serves no pods, so no ENI is left for them",
+                a.instance_type, limits.enis
+            ));
+        }
+        limits.enis -= 1;
+    }
     let mode = if a.prefix_delegation {
         AddressMode::Prefixes
     } else {
@@ -60,7 +81,10 @@ pub fn run(a: &MaxPodsArgs, as_json: bool) -> Result<(), String> {
     let eniipam = eniipam_limits::eniipam_max_pods(&limits, mode);
     let vpc_cni = eniipam_limits::vpc_cni_max_pods(&limits, mode);
     let cap = eniipam_limits::prefix_delegation_cap(limits.vcpus);
-    let expression = eniipam_limits::nodeadm_max_pods_expression(mode, cap);
+    let mut expression = eniipam_limits::nodeadm_max_pods_expression(mode, cap);
+    if a.custom_networking {
+        expression = expression.replace("default_enis", "(default_enis - 1)");
+    }
     if as_json {
         println!(
             "{}",
@@ -69,7 +93,9 @@ pub fn run(a: &MaxPodsArgs, as_json: bool) -> Result<(), String> {
                 "source": source,
                 "ip_family": a.ip_family.as_str(),
                 "mode": mode,
-                "enis": limits.enis,
+                "custom_networking": a.custom_networking,
+                "enis": enis_total,
+                "pod_enis": limits.enis,
                 "ips_per_eni": limits.ipv4_per_eni,
                 "vcpus": limits.vcpus,
                 "pod_ips": pod_ips,
@@ -97,9 +123,14 @@ pub fn run(a: &MaxPodsArgs, as_json: bool) -> Result<(), String> {
         }
     );
     eprintln!(
-        "  eniipam:     {} × ({} − 1){per_slot} = {pod_ips} pod IPs (eth0's included) + 2 host-network pods{}",
+        "  eniipam:     {} × ({} − 1){per_slot} = {pod_ips} pod IPs ({}) + 2 host-network pods{}",
         limits.enis,
         limits.ipv4_per_eni,
+        if a.custom_networking {
+            "custom networking: eth0 serves none"
+        } else {
+            "eth0's included"
+        },
         if eniipam < pod_ips + eniipam_limits::HOST_NETWORK_PODS {
             format!(
                 ", capped at {cap} (Kubernetes' limit EKS applies above 30 vCPUs: 250, else 110)"

@@ -356,3 +356,78 @@ fn max_pods_for_ipv6_is_the_kubernetes_cap_and_dual_is_bound_by_ipv4() {
     assert_eq!(out.status.code(), Some(2), "clap names the valid families");
     assert!(stderr(&out).contains("ipv6"), "{}", stderr(&out));
 }
+
+#[test]
+fn max_pods_with_custom_networking_leaves_eth0_out() {
+    // eth0 serves no pods: one ENI fewer, as the VPC CNI's custom-networking figure.
+    for (t, pd, want) in [
+        ("m5.large", false, "20"),
+        ("c5.4xlarge", false, "205"),
+        ("t3.micro", false, "3"),
+        ("m5.large", true, "110"),
+    ] {
+        let mut args = vec!["max-pods", "--instance-type", t, "--custom-networking"];
+        if pd {
+            args.push("--prefix-delegation");
+        }
+        let out = ctl(&args);
+        assert!(out.status.success(), "{t}: {}", stderr(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            want,
+            "{t} pd={pd}"
+        );
+        assert!(
+            stderr(&out).contains("eth0 serves none"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let out = ctl(&[
+        "--json",
+        "max-pods",
+        "--instance-type",
+        "m5.large",
+        "--custom-networking",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["max_pods"], 20);
+    assert_eq!(v["pod_ips"], 18);
+    assert_eq!(v["enis"], 3);
+    assert_eq!(v["pod_enis"], 2);
+    assert_eq!(v["vpc_cni_max_pods"], 20);
+    assert_eq!(v["custom_networking"], true);
+    assert_eq!(
+        v["nodeadm_max_pods_expression"],
+        "(default_enis - 1) * (ips_per_eni - 1) + 2"
+    );
+    // IPv6 pods take no ENI addresses; a one-ENI type leaves none for pods.
+    let out = ctl(&[
+        "max-pods",
+        "--instance-type",
+        "m5.large",
+        "--custom-networking",
+        "--ip-family",
+        "ipv6",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("--custom-networking"),
+        "{}",
+        stderr(&out)
+    );
+    let out = ctl(&[
+        "max-pods",
+        "--instance-type",
+        "z9.tiny",
+        "--enis",
+        "1",
+        "--ips-per-eni",
+        "4",
+        "--vcpus",
+        "2",
+        "--custom-networking",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no ENI is left"), "{}", stderr(&out));
+}

@@ -44,6 +44,7 @@ use super::config::{PREFIX_ADDRESSES, PoolConfig};
 use super::demand::Demand;
 use super::error::{ExhaustionReason, PoolError};
 use super::idle::{IdleEntry, IdleQueue};
+use super::pod_network::PodNetwork;
 use super::types::{Allocation, AttachmentMeta, EniHandle, EniPhase, Waiter};
 use crate::cloud::{CloudError, Eni, NodeContext, Subnet};
 use crate::model::{AttachmentKey, EniId, PodRef};
@@ -210,6 +211,8 @@ pub(crate) struct PoolState {
     /// The subnets new ENIs may go to (the node's own, or those discovered or configured), in order
     /// of preference when they have as many free addresses.
     pub pod_subnets: Vec<String>,
+    /// What decides the subnet and groups of new ENIs (custom networking's ENIConfig, or discovery).
+    pub pod_network: PodNetwork,
     next_create_id: u64,
     /// EC2 throttled the node's growth calls (create, attach) lately: the account is short of them,
     /// so the round starts no ENI for warm-ups alone (set by the maintainer before each round; see

@@ -128,7 +128,7 @@ impl PoolState {
                 Route::Wait(rx)
             }
             Pick::NeedNewEni => {
-                let subnet = self.node.subnet_id.clone();
+                let subnet = self.pick_subnet(now);
                 if let Some(err) = self.create_blocked(&subnet, now) {
                     self.pending.insert(key, Pending::default());
                     self.wait_or_fail(waiter, err, now);

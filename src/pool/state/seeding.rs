@@ -13,6 +13,7 @@ use crate::pool::capacity::{CapacityTokens, node_capacity};
 use crate::pool::config::PoolConfig;
 use crate::pool::demand::Demand;
 use crate::pool::idle::{IdleQueue, Reservation};
+use crate::pool::pod_network::PodNetwork;
 use crate::pool::seed::{PoolSeed, SeedError};
 use crate::pool::slots::prefix_addresses;
 use crate::pool::types::{AllocationRecord, EniPhase};
@@ -51,6 +52,14 @@ impl PoolState {
                 vec![node.subnet_id.clone()]
             } else {
                 node.pod_subnets.iter().map(|s| s.id.clone()).collect()
+            },
+            pod_network: if config.custom_networking {
+                PodNetwork::Unavailable {
+                    reason: "custom networking is on and the node's ENIConfig is not known yet"
+                        .into(),
+                }
+            } else {
+                PodNetwork::Discovered
             },
             next_create_id: 0,
             growth_contended: false,

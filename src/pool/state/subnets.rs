@@ -3,7 +3,8 @@
 
 use tokio::time::Instant;
 
-use super::{PoolState, PrefixBackoff, SubnetBackoff, SubnetBackoffKind, SubnetRecord};
+use super::{PodNetwork, PoolState, PrefixBackoff, SubnetBackoff, SubnetBackoffKind, SubnetRecord};
+use crate::cloud::lifecycle::SECURITY_GROUPS_TAG;
 use crate::cloud::{CloudError, Subnet};
 use crate::model::EniId;
 use crate::pool::error::{BackoffTarget, ExhaustionReason, PoolError};
@@ -21,8 +22,14 @@ impl PoolState {
         })
     }
 
-    /// Why no ENI may be created in `subnet_id` at `now`, if so.
+    /// Why no ENI may be created in `subnet_id` at `now`, if so: the node's ENIConfig is unusable
+    /// (custom networking), or the subnet backs off.
     pub(super) fn create_blocked(&self, subnet_id: &str, now: Instant) -> Option<PoolError> {
+        if let PodNetwork::Unavailable { reason } = &self.pod_network {
+            return Some(PoolError::NoPodNetwork {
+                reason: reason.clone(),
+            });
+        }
         let b = self.subnets.get(subnet_id)?.backoff.as_ref()?;
         if b.until <= now {
             return None;
@@ -45,7 +52,12 @@ impl PoolState {
     /// Subnets within a quarter of the best count are as good: among them each node takes one by
     /// a hash of its instance id, so nodes that boot together (and read the same counts) spread over
     /// them instead of all draining the same one.
+    ///
+    /// With custom networking, the ENIConfig's subnet, backing off or not (no other is a candidate).
     pub fn pick_subnet(&self, now: Instant) -> String {
+        if let PodNetwork::Custom { subnet, .. } = &self.pod_network {
+            return subnet.id.clone();
+        }
         let candidates: Vec<&String> = self
             .pod_subnets
             .iter()
@@ -181,5 +193,42 @@ impl PoolState {
     pub fn subnet_of(&self, eni: &EniId) -> Option<Subnet> {
         let r = self.enis.get(eni)?;
         self.subnets.get(&r.subnet_id)?.subnet.clone()
+    }
+}
+
+impl PoolState {
+    /// Sets what decides new ENIs' subnet and groups; returns what it was. Custom networking's
+    /// subnet becomes the only pod subnet (its free count learned from EC2's description); the
+    /// ENIs the node has are left as they are: a change applies to new ENIs only.
+    pub fn set_pod_network(&mut self, network: PodNetwork) -> PodNetwork {
+        if let PodNetwork::Custom { subnet, .. } = &network {
+            self.pod_subnets = vec![subnet.id.clone()];
+            self.learn_subnet(subnet.clone());
+        }
+        std::mem::replace(&mut self.pod_network, network)
+    }
+
+    /// The security groups of a new ENI in `subnet_id`: the ENIConfig's with custom networking;
+    /// else the subnet's `eniipam.io/security-groups` tag when it has one, else the node's.
+    pub fn new_eni_security_groups(&self, subnet_id: &str) -> Vec<String> {
+        if let PodNetwork::Custom {
+            security_groups, ..
+        } = &self.pod_network
+        {
+            return security_groups.clone();
+        }
+        self.subnets
+            .get(subnet_id)
+            .and_then(|s| s.subnet.as_ref())
+            .and_then(|s| s.tags.get(SECURITY_GROUPS_TAG))
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|g| !g.is_empty())
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .filter(|g| !g.is_empty())
+            .unwrap_or_else(|| self.node.security_groups.clone())
     }
 }
