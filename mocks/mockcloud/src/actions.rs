@@ -23,6 +23,12 @@ pub const ACTIONS: &[&str] = &[
     "CreateSubnetCidrReservation",
     "GetSubnetCidrReservations",
     "DeleteSubnetCidrReservation",
+    "DescribeSecurityGroups",
+    "CreateSecurityGroup",
+    "AuthorizeSecurityGroupIngress",
+    "RevokeSecurityGroupIngress",
+    "AuthorizeSecurityGroupEgress",
+    "RevokeSecurityGroupEgress",
 ];
 
 /// Whether an action changes anything (what a pool spends) or only reads. EC2's throttling
