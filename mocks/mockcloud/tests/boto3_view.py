@@ -409,7 +409,10 @@ check(
     code_of(ec2.revoke_security_group_ingress, GroupId=db, IpProtocol="udp", FromPort=53, ToPort=53, CidrIp="10.0.0.0/16")
     == "InvalidPermission.NotFound",
 )
-ec2.revoke_security_group_egress(GroupId=app, IpPermissions=[{"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}])
+ec2.revoke_security_group_egress(
+    GroupId=app,
+    IpPermissions=[{"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}], "Ipv6Ranges": [{"CidrIpv6": "::/0"}]}],
+)
 ec2.authorize_security_group_egress(
     GroupId=app, IpPermissions=[{"IpProtocol": "tcp", "FromPort": 5432, "ToPort": 5432, "UserIdGroupPairs": [{"GroupId": db}]}]
 )

@@ -75,6 +75,8 @@ async fn the_default_group_and_a_new_group_are_as_aws_makes_them() {
     let outbound = &d.ip_permissions_egress()[0];
     assert_eq!(outbound.ip_protocol(), Some("-1"));
     assert_eq!(outbound.ip_ranges()[0].cidr_ip(), Some("0.0.0.0/0"));
+    // Every mockcloud VPC has an IPv6 block: AWS adds ::/0 out too.
+    assert_eq!(outbound.ipv6_ranges()[0].cidr_ipv6(), Some("::/0"));
 
     let out = c
         .create_security_group()
@@ -282,13 +284,18 @@ async fn rules_are_authorized_and_revoked_with_ec2s_errors() {
     assert!(p.ip_ranges().is_empty());
     assert_eq!(p.user_id_group_pairs().len(), 1);
 
-    // Egress: revoke the all-traffic rule, allow only tcp 443 out.
+    // Egress: revoke the all-traffic rules (both families), allow only tcp 443 out.
     c.revoke_security_group_egress()
         .group_id(&app)
         .ip_permissions(
             IpPermission::builder()
                 .ip_protocol("-1")
                 .ip_ranges(from_cidr("0.0.0.0/0"))
+                .ipv6_ranges(
+                    aws_sdk_ec2::types::Ipv6Range::builder()
+                        .cidr_ipv6("::/0")
+                        .build(),
+                )
                 .build(),
         )
         .send()

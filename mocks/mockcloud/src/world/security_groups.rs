@@ -3,7 +3,8 @@
 //! destinations that are IPv4/IPv6 CIDRs or groups of the same VPC).
 //!
 //! Each VPC gets AWS's default group on creation (`default`: all traffic in from its own members,
-//! all out to 0.0.0.0/0); a new group allows all traffic out and nothing in. Rules are kept one
+//! all out to 0.0.0.0/0 and ::/0, as AWS adds the IPv6 rule in a VPC with an IPv6 block, which
+//! every mockcloud VPC has); a new group allows all traffic out and nothing in. Rules are kept one
 //! per (protocol, ports, peer), as EC2 counts them against its 60-rules-per-direction quota, and
 //! shown grouped into `IpPermissions` by (protocol, ports), as DescribeSecurityGroups does.
 //! The emulated VPC (`mocks/vpclab`) reads the groups from the state dump and enforces them.
@@ -114,6 +115,14 @@ fn all_traffic(peer: Peer) -> Rule {
     }
 }
 
+/// AWS's egress rules of a new group in a VPC with an IPv6 block: everything, both families.
+fn all_out() -> Vec<Rule> {
+    vec![
+        all_traffic(Peer::Cidr(Ipv4Net::default())),
+        all_traffic(Peer::Cidr6(Ipv6Net::default())),
+    ]
+}
+
 fn group_not_found(id: &str) -> Ec2Error {
     Ec2Error::client(
         "InvalidGroup.NotFound",
@@ -217,7 +226,7 @@ impl World {
             description: "default VPC security group".into(),
             tags: BTreeMap::new(),
             ingress: vec![all_traffic(Peer::Group(id.to_owned()))],
-            egress: vec![all_traffic(Peer::Cidr(Ipv4Net::default()))],
+            egress: all_out(),
         };
         self.groups.insert(id.to_owned(), group);
     }
@@ -301,7 +310,7 @@ impl World {
                 description: description.to_owned(),
                 tags: tags.clone(),
                 ingress: vec![],
-                egress: vec![all_traffic(Peer::Cidr(Ipv4Net::default()))],
+                egress: all_out(),
             },
         );
         Ok(id)
