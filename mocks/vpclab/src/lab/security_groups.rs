@@ -114,6 +114,11 @@ pub(crate) fn desired(
     vpc_id: &str,
     vifs: &BTreeMap<String, String>,
 ) -> SgLoaded {
+    if state.security_groups.is_empty() {
+        // A mockcloud built before security groups: nothing to enforce (every VPC has a default
+        // group once they exist, so an empty list means none are modelled).
+        return SgLoaded::default();
+    }
     let groups: BTreeMap<&str, _> = state
         .security_groups
         .iter()
@@ -351,6 +356,10 @@ mod tests {
         let v4: Vec<String> = v4.iter().map(ToString::to_string).collect();
         assert_eq!(v4, ["10.0.0.4/32", "10.0.0.5/32", "10.0.1.16/28"]);
         assert_eq!(v6.len(), 1);
+        // A dump without groups (an older mockcloud) filters nothing.
+        let mut old = state();
+        old.security_groups.clear();
+        assert_eq!(desired(&old, "vpc-1", &vifs), SgLoaded::default());
         // Another VPC's groups are not this lab's.
         assert!(desired(&state(), "vpc-2", &vifs).vifs["e2"].0.is_empty());
 
