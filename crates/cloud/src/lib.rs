@@ -153,6 +153,16 @@ pub struct Subnet {
     pub ipv6_cidrs: Vec<Ipv6Net>,
 }
 
+/// A security group as DescribeSecurityGroups shows it: the parts eniipam checks before it
+/// creates ENIs with the group (that it exists, in the node's VPC).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecurityGroup {
+    pub id: String,
+    pub vpc_id: String,
+    /// `GroupName` (unique per VPC).
+    pub name: String,
+}
+
 impl Subnet {
     /// The VPC router's address in this subnet ([`vpc_router`]).
     pub fn gateway(&self) -> Ipv4Addr {
@@ -474,6 +484,12 @@ pub trait Cloud: Send + Sync + 'static {
     async fn unassign_ipv6_prefixes(&self, eni: &EniId, prefixes: &[Ipv6Net]) -> CloudResult<()>;
     /// DescribeSubnets with filters (tags included).
     async fn describe_subnets(&self, filter: &SubnetFilter) -> CloudResult<Vec<Subnet>>;
+    /// DescribeSecurityGroups by `GroupId.N`: each group's VPC and name, so that the groups an
+    /// ENIConfig names can be checked to exist in the node's VPC before ENIs are created with
+    /// them. EC2 fails the whole call when one of them does not exist ([`CloudError::NotFound`],
+    /// `InvalidGroup.NotFound`). No ids: no call and no groups (an unfiltered describe would list
+    /// the account's groups from the smaller unfiltered bucket).
+    async fn describe_security_groups(&self, ids: &[String]) -> CloudResult<Vec<SecurityGroup>>;
     /// GetSubnetCidrReservations: the subnet's `prefix`-type reservations (kept for prefixes: single
     /// addresses are never packed into them).
     async fn subnet_prefix_reservations(&self, subnet_id: &str) -> CloudResult<Vec<Ipv4Net>>;

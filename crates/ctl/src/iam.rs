@@ -40,11 +40,13 @@ pub const CREATE_TAG_KEYS: &[&str] = &[
 ];
 
 /// Read-only EC2 actions eniipamd calls (GetSubnetCidrReservations: with prefix delegation, so packed
-/// single addresses stay out of `prefix` reservations).
+/// single addresses stay out of `prefix` reservations; DescribeSecurityGroups: an ENIConfig's groups
+/// are checked to exist in the node's VPC before ENIs are created with them).
 pub const DESCRIBE_ACTIONS: &[&str] = &[
     "ec2:DescribeInstanceTypes",
     "ec2:DescribeInstances",
     "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeSecurityGroups",
     "ec2:DescribeSubnets",
     "ec2:GetSubnetCidrReservations",
 ];

@@ -34,6 +34,8 @@ pub enum Action {
     UnassignIpv6Prefixes,
     /// GetSubnetCidrReservations.
     GetSubnetCidrReservations,
+    /// DescribeSecurityGroups (by id).
+    DescribeSecurityGroups,
     CreateTags,
     /// IMDS `identity()`.
     MetadataIdentity,
@@ -65,6 +67,7 @@ impl Action {
             Self::AssignSpecificIpv6Prefixes => "AssignIpv6Addresses(specific prefix)",
             Self::UnassignIpv6Prefixes => "UnassignIpv6Addresses(prefix)",
             Self::GetSubnetCidrReservations => "GetSubnetCidrReservations",
+            Self::DescribeSecurityGroups => "DescribeSecurityGroups",
             Self::CreateTags => "CreateTags",
             Self::MetadataIdentity => "imds:identity",
             Self::MetadataInterfaces => "imds:interfaces",

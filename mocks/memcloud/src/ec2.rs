@@ -9,7 +9,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use eniipam_api::model::EniId;
 use eniipam_cloud::{
     AttachmentStatus, Cloud, CloudError, CloudResult, CreateEni, Eni, EniAttachment, EniFilter,
-    EniStatus, Instance, InstanceLimits, Subnet, SubnetFilter,
+    EniStatus, Instance, InstanceLimits, SecurityGroup, Subnet, SubnetFilter,
 };
 
 use crate::state::{eni_not_found, rejected, remove_all};
@@ -506,6 +506,28 @@ impl Cloud for MemoryCloud {
             } else {
                 Vec::new()
             })
+        })
+        .await
+    }
+
+    async fn describe_security_groups(&self, ids: &[String]) -> CloudResult<Vec<SecurityGroup>> {
+        let api = Action::DescribeSecurityGroups;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(api, format!("ids={ids:?}"), |st| {
+            ids.iter()
+                .map(|id| {
+                    st.security_groups
+                        .get(id)
+                        .cloned()
+                        .ok_or_else(|| CloudError::NotFound {
+                            api: api.as_str().into(),
+                            code: "InvalidGroup.NotFound".into(),
+                            message: format!("The security group '{id}' does not exist"),
+                        })
+                })
+                .collect()
         })
         .await
     }

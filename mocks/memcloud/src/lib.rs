@@ -101,6 +101,24 @@ impl MemoryCloud {
             latency: HashMap::new(),
             rng: StdRng::seed_from_u64(spec.seed),
             next_id: 0,
+            security_groups: spec
+                .security_groups
+                .iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let name = if i == 0 {
+                        "default".to_owned()
+                    } else {
+                        format!("node-{i}")
+                    };
+                    let g = eniipam_cloud::SecurityGroup {
+                        id: id.clone(),
+                        vpc_id: spec.vpc_id.clone(),
+                        name,
+                    };
+                    (id.clone(), g)
+                })
+                .collect(),
         };
         let id = state.new_eni_id();
         let mac = state.new_mac();
@@ -145,6 +163,17 @@ impl MemoryCloud {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Adds a security group to the account (in any VPC: one of another VPC lets a test see the
+    /// daemon refuse it).
+    pub fn add_security_group(&self, id: &str, vpc_id: &str, name: &str) {
+        let g = eniipam_cloud::SecurityGroup {
+            id: id.to_owned(),
+            vpc_id: vpc_id.to_owned(),
+            name: name.to_owned(),
+        };
+        self.lock().security_groups.insert(id.to_owned(), g);
     }
 
     /// The next `times` calls of `action` fail with `error` (queued after any already injected).

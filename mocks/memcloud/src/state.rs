@@ -167,6 +167,9 @@ pub(crate) struct MemoryState {
     pub(crate) latency: HashMap<Action, Duration>,
     pub(crate) rng: StdRng,
     pub(crate) next_id: u64,
+    /// The account's security groups by id: the node's ([`NodeSpec::security_groups`], in the
+    /// node's VPC) and those [`crate::MemoryCloud::add_security_group`] adds.
+    pub(crate) security_groups: BTreeMap<String, eniipam_cloud::SecurityGroup>,
 }
 
 impl MemoryState {

@@ -338,3 +338,42 @@ async fn a_slash_80_assigned_by_value_comes_back_only_while_free_and_well_formed
         .unwrap_err();
     assert!(matches!(err, CloudError::NoIpv6Cidr { .. }), "{err}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn security_groups_are_described_by_id_and_a_missing_one_fails_the_call() {
+    let (cloud, node) = MemoryCloud::with_node(NodeSpec::default());
+    cloud.add_security_group("sg-0000000000000db00", &node.vpc_id, "db");
+    cloud.add_security_group("sg-0000000000000e1e0", "vpc-0e1e0e1e", "elsewhere");
+    let ids = vec![
+        node.security_groups[0].clone(),
+        "sg-0000000000000db00".to_owned(),
+        "sg-0000000000000e1e0".to_owned(),
+    ];
+    let groups = cloud.describe_security_groups(&ids).await.unwrap();
+    let seen: Vec<(&str, &str, &str)> = groups
+        .iter()
+        .map(|g| (g.id.as_str(), g.vpc_id.as_str(), g.name.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (ids[0].as_str(), node.vpc_id.as_str(), "default"),
+            ("sg-0000000000000db00", node.vpc_id.as_str(), "db"),
+            ("sg-0000000000000e1e0", "vpc-0e1e0e1e", "elsewhere"),
+        ]
+    );
+    let err = cloud
+        .describe_security_groups(&["sg-0000000000000dead".to_owned()])
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    assert!(err.to_string().contains("sg-0000000000000dead"), "{err}");
+    assert!(
+        cloud
+            .describe_security_groups(&[])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(cloud.call_count(Action::DescribeSecurityGroups), 2);
+}

@@ -24,6 +24,12 @@ pub const ACTIONS: &[&str] = &[
     "GetSubnetCidrReservations",
     "DeleteSubnetCidrReservation",
     "AssociateVpcCidrBlock",
+    "DescribeSecurityGroups",
+    "CreateSecurityGroup",
+    "AuthorizeSecurityGroupIngress",
+    "RevokeSecurityGroupIngress",
+    "AuthorizeSecurityGroupEgress",
+    "RevokeSecurityGroupEgress",
 ];
 
 /// Whether an action changes anything (what a pool spends) or only reads. EC2's throttling

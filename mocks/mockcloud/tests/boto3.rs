@@ -2,8 +2,10 @@
 //! /28 with no free /28 block, a Xen instance, a multi-card instance) and runs `boto3_view.py`,
 //! which checks prefixes, reservations, subnet filters, network cards, instance types, IPv6 (the
 //! subnet's /64, Assign/UnassignIpv6Addresses, the ENI's IPv6 fields and filter), AssociateVpcCidrBlock
-//! (a secondary block, a restricted range, an overlap), and an
-//! `UnauthorizedOperation` from IAM as botocore parses them. Skipped, saying so, when `python3` cannot import boto3
+//! (a secondary block, a restricted range, an overlap), an `UnauthorizedOperation` from IAM, and
+//! security groups (create, authorize/revoke ingress and egress in both parameter forms, describe
+//! with pagination, EC2's error codes) as botocore parses them. Skipped, saying so, when `python3`
+//! cannot import boto3
 //! (`pip install boto3==1.43.11`).
 
 use std::collections::BTreeMap;

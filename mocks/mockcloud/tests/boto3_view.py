@@ -387,5 +387,73 @@ check(
     == "InvalidVpcID.NotFound",
 )
 
+# --- security groups ------------------------------------------------------------------------------
+vpc = ENV["VPC_ID"]
+default = ec2.describe_security_groups(
+    Filters=[{"Name": "vpc-id", "Values": [vpc]}, {"Name": "group-name", "Values": ["default"]}]
+)["SecurityGroups"]
+check("sg: the VPC's default group", len(default) == 1 and default[0]["GroupName"] == "default")
+check(
+    "sg: default lets its members in",
+    default[0]["IpPermissions"][0]["IpProtocol"] == "-1"
+    and default[0]["IpPermissions"][0]["UserIdGroupPairs"][0]["GroupId"] == default[0]["GroupId"],
+)
+made = ec2.create_security_group(
+    VpcId=vpc,
+    GroupName="boto3-db",
+    Description="db tier",
+    TagSpecifications=[{"ResourceType": "security-group", "Tags": [{"Key": "team", "Value": "db"}]}],
+)
+db = made["GroupId"]
+check("sg: create answers GroupId and tags", db.startswith("sg-") and made.get("Tags") == [{"Key": "team", "Value": "db"}])
+app = ec2.create_security_group(VpcId=vpc, GroupName="boto3-app", Description="app tier")["GroupId"]
+ec2.authorize_security_group_ingress(
+    GroupId=db,
+    IpPermissions=[
+        {"IpProtocol": "tcp", "FromPort": 5432, "ToPort": 5432, "UserIdGroupPairs": [{"GroupId": app}]},
+        {"IpProtocol": "tcp", "FromPort": 5432, "ToPort": 5432, "IpRanges": [{"CidrIp": "10.0.9.0/24"}]},
+    ],
+)
+ec2.authorize_security_group_ingress(GroupId=db, IpProtocol="udp", FromPort=53, ToPort=53, CidrIp="10.0.0.0/16")
+shown = ec2.describe_security_groups(GroupIds=[db])["SecurityGroups"][0]
+tcp = [p for p in shown["IpPermissions"] if p["IpProtocol"] == "tcp"][0]
+check("sg: rules grouped by protocol and ports", tcp["FromPort"] == 5432 and tcp["ToPort"] == 5432)
+check("sg: group pair", [g["GroupId"] for g in tcp["UserIdGroupPairs"]] == [app])
+check("sg: ip range", [r["CidrIp"] for r in tcp["IpRanges"]] == ["10.0.9.0/24"])
+check("sg: the flat CidrIp form", any(p["IpProtocol"] == "udp" and p["FromPort"] == 53 for p in shown["IpPermissions"]))
+check("sg: new group egress all", shown["IpPermissionsEgress"][0]["IpRanges"][0]["CidrIp"] == "0.0.0.0/0")
+check(
+    "sg: duplicate rule",
+    code_of(ec2.authorize_security_group_ingress, GroupId=db, IpProtocol="udp", FromPort=53, ToPort=53, CidrIp="10.0.0.0/16")
+    == "InvalidPermission.Duplicate",
+)
+ec2.revoke_security_group_ingress(GroupId=db, IpProtocol="udp", FromPort=53, ToPort=53, CidrIp="10.0.0.0/16")
+check(
+    "sg: revoke a missing rule",
+    code_of(ec2.revoke_security_group_ingress, GroupId=db, IpProtocol="udp", FromPort=53, ToPort=53, CidrIp="10.0.0.0/16")
+    == "InvalidPermission.NotFound",
+)
+ec2.revoke_security_group_egress(
+    GroupId=app,
+    IpPermissions=[{"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}], "Ipv6Ranges": [{"CidrIpv6": "::/0"}]}],
+)
+ec2.authorize_security_group_egress(
+    GroupId=app, IpPermissions=[{"IpProtocol": "tcp", "FromPort": 5432, "ToPort": 5432, "UserIdGroupPairs": [{"GroupId": db}]}]
+)
+out = ec2.describe_security_groups(GroupIds=[app])["SecurityGroups"][0]["IpPermissionsEgress"]
+check("sg: egress replaced", [(p["IpProtocol"], p["FromPort"]) for p in out] == [("tcp", 5432)])
+check("sg: duplicate name", code_of(ec2.create_security_group, VpcId=vpc, GroupName="boto3-db", Description="x") == "InvalidGroup.Duplicate")
+check("sg: unknown id", code_of(ec2.describe_security_groups, GroupIds=["sg-0123456789abcdef0"]) == "InvalidGroup.NotFound")
+check("sg: malformed id", code_of(ec2.describe_security_groups, GroupIds=["sg-zz"]) == "InvalidGroupId.Malformed")
+check(
+    "sg: ids with MaxResults",
+    code_of(ec2.describe_security_groups, GroupIds=[db], MaxResults=5) == "InvalidParameterCombination",
+)
+page = ec2.describe_security_groups(MaxResults=5)
+check("sg: a page of at most 5", len(page["SecurityGroups"]) <= 5)
+pages = ec2.get_paginator("describe_security_groups").paginate(PaginationConfig={"PageSize": 5})
+names = [g["GroupName"] for p in pages for g in p["SecurityGroups"]]
+check("sg: the paginator sees every group", {"default", "boto3-db", "boto3-app"} <= set(names))
+
 print(f"boto3 view: {passed} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)

@@ -191,6 +191,8 @@ struct Applied {
     public: BTreeSet<Ipv4Addr>,
     /// What the source/destination check was last loaded with: veth → addresses.
     srcdst: BTreeMap<String, nft::Held>,
+    /// What the security-group table was last loaded with (`None`: not yet).
+    sg: Option<security_groups::SgLoaded>,
     next_node: u32,
     next_link: u32,
     next_extra: u32,
@@ -316,6 +318,7 @@ mod extras;
 mod gateways;
 mod ipv6;
 mod observe;
+mod security_groups;
 mod sync;
 
 pub use ipv6::{INTERNET_SERVER_V6, POD_GATEWAY_V6, Pod6, VPC_ROUTER_V6};

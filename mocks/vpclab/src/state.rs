@@ -68,6 +68,40 @@ pub struct CloudState {
     pub subnets: Vec<SubnetState>,
     pub instances: Vec<InstanceState>,
     pub network_interfaces: Vec<EniState>,
+    /// Security groups with their rules (absent in mockcloud builds without them: no filtering).
+    #[serde(default)]
+    pub security_groups: Vec<SecurityGroupState>,
+}
+
+/// A security group as the dump shows it: its rules grouped into EC2's `IpPermissions`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct SecurityGroupState {
+    pub id: String,
+    pub vpc_id: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub ingress: Vec<PermissionState>,
+    #[serde(default)]
+    pub egress: Vec<PermissionState>,
+}
+
+/// One `IpPermissions` entry: a protocol (`tcp`, `udp`, `icmp`, `icmpv6`, `-1` or a number), a
+/// port range (for ICMP: type and code, -1 any), and its peers.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct PermissionState {
+    pub ip_protocol: String,
+    #[serde(default)]
+    pub from_port: Option<i32>,
+    #[serde(default)]
+    pub to_port: Option<i32>,
+    #[serde(default)]
+    pub ip_ranges: Vec<Ipv4Net>,
+    #[serde(default)]
+    pub ipv6_ranges: Vec<Ipv6Net>,
+    /// Referenced groups (their members' addresses).
+    #[serde(default)]
+    pub groups: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -136,6 +170,9 @@ pub struct EniState {
     /// Delegated IPv6 /80 prefixes.
     #[serde(default)]
     pub ipv6_prefixes: Vec<Ipv6Net>,
+    /// The ENI's security groups (absent in older mockcloud builds).
+    #[serde(default)]
+    pub security_groups: Vec<String>,
     pub attachment: Option<AttachmentState>,
 }
 

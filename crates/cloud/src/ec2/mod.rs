@@ -8,7 +8,8 @@
 //! Parts: this file (the client and the [`Cloud`] calls), [`classify`] (SDK errors → [`CloudError`],
 //! once, by EC2 error code and HTTP status), [`convert`] (SDK types ⇄ domain types), `config`
 //! ([`Ec2Config`] and building the client), `mutate` (the one loop every mutating call runs in),
-//! `ipv6` (AssignIpv6Addresses / UnassignIpv6Addresses for the node's `/80`).
+//! `ipv6` (AssignIpv6Addresses / UnassignIpv6Addresses for the node's `/80`), `groups`
+//! (DescribeSecurityGroups).
 //!
 //! Calls that EC2 cannot make idempotent themselves are made safe after ambiguous failures
 //! (timeouts and 5xx, where the request may have taken effect), all in `mutate`:
@@ -32,6 +33,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 mod classify;
 mod config;
 mod convert;
+mod groups;
 mod holdings;
 mod ipv6;
 mod mutate;
@@ -47,7 +49,7 @@ use super::calls::CallStats;
 use super::limiter::{CallClass, Limiter};
 use super::{
     Cloud, CloudError, CloudResult, CreateEni, Eni, EniFilter, Instance, InstanceLimits, Metadata,
-    Subnet, SubnetFilter,
+    SecurityGroup, Subnet, SubnetFilter,
 };
 use eniipam_api::model::EniId;
 
@@ -211,6 +213,10 @@ impl Cloud for Ec2Cloud {
                 message: format!("{subnet_id} not in the reply"),
             })?;
         subnet_from_sdk(API, s)
+    }
+
+    async fn describe_security_groups(&self, ids: &[String]) -> CloudResult<Vec<SecurityGroup>> {
+        self.security_groups(ids).await
     }
 
     async fn subnet_prefix_reservations(&self, subnet_id: &str) -> CloudResult<Vec<Ipv4Net>> {

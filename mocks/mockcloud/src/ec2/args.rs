@@ -8,7 +8,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::error::{Ec2Error, Ec2Result};
 use crate::query::Params;
-use crate::world::{AssignArgs, CreateEniArgs, Ipv6Args, ModifyArgs, PrefixArgs};
+use crate::world::{AssignArgs, CreateEniArgs, IpPermission, Ipv6Args, ModifyArgs, PrefixArgs};
 
 pub(super) fn ip_list(p: &Params, prefix: &str) -> Ec2Result<Vec<Ipv4Addr>> {
     p.list(prefix)
@@ -226,5 +226,103 @@ pub(super) fn ipv6_request(p: &Params) -> Ec2Result<Ipv6Args> {
             "Specify only one of Ipv6AddressCount, Ipv6Addresses, Ipv6PrefixCount and Ipv6Prefixes (got {})",
             given.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
         ))),
+    }
+}
+
+fn parse_port(p: &Params, key: &str) -> Ec2Result<Option<i32>> {
+    p.parsed(key, "an integer port (or -1 for ICMP)")
+}
+
+fn malformed_cidr(s: &str) -> Ec2Error {
+    Ec2Error::client(
+        "InvalidParameterValue",
+        format!("CIDR block {s} is malformed"),
+    )
+}
+
+fn cidr4(s: &str) -> Ec2Result<Ipv4Net> {
+    match s.parse::<Ipv4Net>() {
+        Ok(n) if n == n.trunc() => Ok(n),
+        _ => Err(malformed_cidr(s)),
+    }
+}
+
+fn cidr6(s: &str) -> Ec2Result<Ipv6Net> {
+    match s.parse::<Ipv6Net>() {
+        Ok(n) if n == n.trunc() => Ok(n),
+        _ => Err(malformed_cidr(s)),
+    }
+}
+
+/// One `IpPermissions.N` entry, or the flat `IpProtocol`/`FromPort`/`ToPort`/`CidrIp` form of
+/// Authorize/Revoke. CIDRs must be canonical (`10.0.0.0/16`, not `10.0.0.1/16`).
+fn permission(p: &Params, what: &str) -> Ec2Result<IpPermission> {
+    let protocol = p
+        .get("IpProtocol")
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| Ec2Error::missing(&format!("{what}IpProtocol")))?;
+    let mut ip_ranges = Vec::new();
+    for r in p.structs("IpRanges") {
+        ip_ranges.push(cidr4(r.req("CidrIp")?)?);
+    }
+    let mut ipv6_ranges = Vec::new();
+    for r in p.structs("Ipv6Ranges") {
+        ipv6_ranges.push(cidr6(r.req("CidrIpv6")?)?);
+    }
+    let mut groups = Vec::new();
+    for g in p.structs("Groups") {
+        match g.get("GroupId").filter(|v| !v.is_empty()) {
+            Some(id) => groups.push(id.to_owned()),
+            None => {
+                return Err(Ec2Error::client(
+                    "InvalidParameterValue",
+                    "A UserIdGroupPair of a VPC security group must name its GroupId (GroupName is EC2-Classic and default-VPC only)",
+                ));
+            }
+        }
+    }
+    if !p.list("PrefixListIds").is_empty() || !p.structs("PrefixListIds").is_empty() {
+        return Err(Ec2Error::client(
+            "InvalidParameterValue",
+            "mockcloud models no managed prefix lists: PrefixListIds are not supported",
+        ));
+    }
+    Ok(IpPermission {
+        ip_protocol: protocol.to_owned(),
+        from_port: parse_port(p, "FromPort")?,
+        to_port: parse_port(p, "ToPort")?,
+        ip_ranges,
+        ipv6_ranges,
+        groups,
+    })
+}
+
+/// The permissions of Authorize/Revoke SecurityGroupIngress/Egress: `IpPermissions.N`, or (ingress
+/// only, as EC2 has it) the flat `IpProtocol` + ports + `CidrIp`; both at once is EC2's error.
+pub(super) fn permissions(p: &Params) -> Ec2Result<Vec<IpPermission>> {
+    let structured: Vec<IpPermission> = p
+        .structs("IpPermissions")
+        .iter()
+        .map(|s| permission(s, "IpPermissions.N."))
+        .collect::<Ec2Result<_>>()?;
+    let flat = ["IpProtocol", "FromPort", "ToPort", "CidrIp"]
+        .iter()
+        .any(|k| p.get(k).is_some());
+    if p.get("SourceSecurityGroupName").is_some() {
+        return Err(Ec2Error::client(
+            "InvalidParameterValue",
+            "SourceSecurityGroupName is EC2-Classic and default-VPC only: name the source group in IpPermissions.N.Groups.N.GroupId",
+        ));
+    }
+    match (structured.is_empty(), flat) {
+        (false, true) => Err(Ec2Error::combination(
+            "The parameter IpPermissions cannot be used with the parameters IpProtocol, FromPort, ToPort or CidrIp",
+        )),
+        (true, true) => {
+            let mut one = permission(p, "")?;
+            one.ip_ranges = vec![cidr4(p.req("CidrIp")?)?];
+            Ok(vec![one])
+        }
+        (_, false) => Ok(structured),
     }
 }

@@ -17,7 +17,7 @@ use crate::Inner;
 use crate::error::{Ec2Error, Ec2Result};
 use crate::query::Params;
 use crate::traffic::Admission;
-use crate::world::{ReservationType, World};
+use crate::world::{Direction, ReservationType, World};
 use crate::xml::{self, Xml};
 
 pub(crate) mod args;
@@ -27,7 +27,9 @@ use args::{
     AssignRequest, assign_request, create_eni_args, ip_list, ipv6_list, ipv6_prefix_list,
     ipv6_request, modify_args, prefix_list,
 };
-use render::{eni_xml, instance_type_xml, instance_xml, reservation_xml, subnet_xml};
+use render::{
+    eni_xml, instance_type_xml, instance_xml, reservation_xml, security_group_xml, subnet_xml,
+};
 
 /// API version the SDK speaks.
 pub const API_VERSION: &str = "2016-11-15";
@@ -152,6 +154,22 @@ fn unfiltered(p: &Params) -> bool {
             || k == "NextToken"
             || k.split('.').next().is_some_and(|head| head.ends_with("Id"))
     })
+}
+
+/// The group an Authorize/Revoke call changes: `GroupId` (a `GroupName` alone addresses the
+/// default VPC, which mockcloud's account does not have: EC2's answer then).
+pub(crate) fn security_group_target(p: &Params) -> Ec2Result<&str> {
+    match (
+        p.get("GroupId").filter(|v| !v.is_empty()),
+        p.get("GroupName"),
+    ) {
+        (Some(id), _) => Ok(id),
+        (None, Some(name)) if !name.is_empty() => Err(Ec2Error::client(
+            "InvalidGroup.NotFound",
+            format!("The security group '{name}' does not exist in default VPC 'none'"),
+        )),
+        _ => Err(Ec2Error::missing("GroupId")),
+    }
 }
 
 /// Pagination over a described list: `MaxResults` (5..=1000) and an opaque `NextToken`.
@@ -415,6 +433,56 @@ fn perform(
                 .close("cidrBlockState")
                 .close("cidrBlockAssociation");
             x.leaf("vpcId", &a.vpc_id);
+        }
+        "DescribeSecurityGroups" => {
+            let ids = p.list("GroupId");
+            if !ids.is_empty() && p.get("MaxResults").is_some() {
+                return Err(Ec2Error::combination(
+                    "The parameter groupIds cannot be used with the parameter maxResults",
+                ));
+            }
+            let all = w.describe_security_groups(&ids, &p.list("GroupName"), &p.filters()?)?;
+            let (page, next) = paginate(all, p, false)?;
+            x.set("securityGroupInfo", page, |x, g| {
+                security_group_xml(x, &g, &owner, &w.arn("security-group", &g.id))
+            });
+            if let Some(n) = next {
+                x.leaf("nextToken", n);
+            }
+        }
+        "CreateSecurityGroup" => {
+            let tags = args::tag_specs(p, "security-group")?;
+            let id = w.create_security_group_named(
+                p.get("VpcId"),
+                p.req("GroupName")?,
+                p.req("GroupDescription")?,
+                &tags,
+            )?;
+            x.leaf("groupId", &id)
+                .leaf("securityGroupArn", w.arn("security-group", &id));
+            x.set("tagSet", &tags, |x, (k, v)| {
+                x.leaf("key", k).leaf("value", v);
+            });
+        }
+        "AuthorizeSecurityGroupIngress"
+        | "RevokeSecurityGroupIngress"
+        | "AuthorizeSecurityGroupEgress"
+        | "RevokeSecurityGroupEgress" => {
+            let group = security_group_target(p)?;
+            let direction = if action.ends_with("Ingress") {
+                Direction::Ingress
+            } else {
+                Direction::Egress
+            };
+            if direction == Direction::Egress && p.get("CidrIp").is_some() {
+                return Err(Ec2Error::client(
+                    "InvalidParameterValue",
+                    "The flat CidrIp/IpProtocol form is for ingress only: name egress rules in IpPermissions.N",
+                ));
+            }
+            let perms = args::permissions(p)?;
+            w.change_rules(group, direction, &perms, action.starts_with("Authorize"))?;
+            x.leaf("return", true);
         }
         other => {
             return Err(Ec2Error::client(

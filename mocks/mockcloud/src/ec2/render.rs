@@ -1,11 +1,14 @@
 //! EC2's XML for the world's views: network interfaces (with `ipv4PrefixSet` and the attachment's
 //! `networkCardIndex`), instances, instance types (`hypervisor`, `bareMetal`, `vCpuInfo`,
-//! `networkInfo.networkCards`), subnets (with `tagSet`) and subnet CIDR reservations.
+//! `networkInfo.networkCards`), subnets (with `tagSet`), subnet CIDR reservations and security
+//! groups (with their `ipPermissions` / `ipPermissionsEgress`).
 
 use std::collections::BTreeMap;
 
 use crate::catalog::InstanceType;
-use crate::world::{EniView, InstanceView, ReservationView, SubnetView};
+use crate::world::{
+    EniView, InstanceView, IpPermission, ReservationView, SecurityGroupView, SubnetView,
+};
 use crate::xml::Xml;
 
 fn groups_xml(x: &mut Xml, groups: &[String]) {
@@ -166,4 +169,36 @@ pub(super) fn reservation_xml(x: &mut Xml, r: &ReservationView) {
         .leaf("ownerId", &r.owner_id)
         .leaf("description", &r.description);
     tags_xml(x, &r.tags);
+}
+
+fn permissions_xml(x: &mut Xml, tag: &str, perms: &[IpPermission], owner: &str) {
+    x.set(tag, perms, |x, p| {
+        x.leaf("ipProtocol", &p.ip_protocol);
+        if let (Some(f), Some(t)) = (p.from_port, p.to_port) {
+            x.leaf("fromPort", f).leaf("toPort", t);
+        }
+        x.set("groups", &p.groups, |x, g| {
+            x.leaf("userId", owner).leaf("groupId", g);
+        });
+        x.set("ipRanges", &p.ip_ranges, |x, c| {
+            x.leaf("cidrIp", c);
+        });
+        x.set("ipv6Ranges", &p.ipv6_ranges, |x, c| {
+            x.leaf("cidrIpv6", c);
+        });
+        x.open("prefixListIds").close("prefixListIds");
+    });
+}
+
+/// One `securityGroupInfo` item.
+pub(super) fn security_group_xml(x: &mut Xml, g: &SecurityGroupView, owner: &str, arn: &str) {
+    x.leaf("ownerId", owner)
+        .leaf("groupId", &g.id)
+        .leaf("groupName", &g.name)
+        .leaf("groupDescription", &g.description)
+        .leaf("vpcId", &g.vpc_id)
+        .leaf("securityGroupArn", arn);
+    permissions_xml(x, "ipPermissions", &g.ingress, owner);
+    permissions_xml(x, "ipPermissionsEgress", &g.egress, owner);
+    tags_xml(x, &g.tags);
 }

@@ -211,6 +211,28 @@ pub fn requests(
             let vpc = w.iam_vpc(p.req("VpcId")?)?;
             out.push(on(action, &vpc, region));
         }
+        "CreateSecurityGroup" => {
+            let created = w.arn("security-group", "*");
+            let tags = tag_specs(p, "security-group")?;
+            let mut new =
+                AuthRequest::new(action, &created, region).with_request_tags(&some(tags.clone()));
+            if let Some(vpc) = p.get("VpcId").filter(|v| !v.is_empty()) {
+                let vpc = w.iam_vpc(vpc)?;
+                new.context.set("ec2:Vpc", vpc.arn.clone());
+                out.push(new);
+                out.push(on(action, &vpc, region));
+            } else {
+                out.push(new);
+            }
+            out.extend(tag_on_create(&created, action, &tags, region));
+        }
+        "AuthorizeSecurityGroupIngress"
+        | "RevokeSecurityGroupIngress"
+        | "AuthorizeSecurityGroupEgress"
+        | "RevokeSecurityGroupEgress" => {
+            let group = crate::ec2::security_group_target(p)?;
+            out.push(on(action, &w.iam_group(group)?, region));
+        }
         // Anything else is answered by the endpoint (InvalidAction) before it gets here.
         other => out.push(AuthRequest::new(other, "*", region)),
     }

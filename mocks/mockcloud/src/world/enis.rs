@@ -120,14 +120,7 @@ impl World {
         let (vpc_id, az) = (subnet.vpc_id.clone(), subnet.az.clone());
         let (auto_free, auto_blocks) = (subnet.auto_free(), subnet.auto_block_count());
         let sgs = if args.security_groups.is_empty() {
-            vec![
-                self.vpcs[&vpc_id]
-                    .security_groups
-                    .iter()
-                    .next()
-                    .cloned()
-                    .unwrap_or_default(),
-            ]
+            vec![self.default_group(&vpc_id).unwrap_or_default()]
         } else {
             args.security_groups.clone()
         };

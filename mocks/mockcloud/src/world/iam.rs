@@ -51,9 +51,10 @@ impl World {
     /// A security group of `vpc_id` (EC2's `InvalidGroup.NotFound` when it is not that VPC's).
     pub fn iam_security_group(&self, vpc_id: &str, id: &str) -> Ec2Result<IamFacts> {
         self.check_groups(vpc_id, &[id.to_owned()])?;
+        let (_, tags) = self.group_vpc_and_tags(id)?;
         Ok(IamFacts {
             arn: self.arn("security-group", id),
-            tags: BTreeMap::new(),
+            tags,
             keys: vec![
                 ("ec2:Vpc".into(), self.arn("vpc", vpc_id)),
                 ("ec2:SecurityGroupID".into(), id.to_owned()),
@@ -63,9 +64,31 @@ impl World {
 
     /// The VPC's default security group (what CreateNetworkInterface uses when given none).
     pub fn iam_default_group(&self, vpc_id: &str) -> Option<String> {
-        self.vpcs
-            .get(vpc_id)
-            .and_then(|v| v.security_groups.iter().next().cloned())
+        self.default_group(vpc_id)
+    }
+
+    /// A security group wherever it is (Authorize/Revoke on it name no VPC).
+    pub fn iam_group(&self, id: &str) -> Ec2Result<IamFacts> {
+        let (vpc_id, _) = self.group_vpc_and_tags(id)?;
+        self.iam_security_group(&vpc_id, id)
+    }
+
+    /// A VPC as a resource of CreateSecurityGroup (mockcloud's VPCs carry no tags).
+    pub fn iam_vpc(&self, id: &str) -> Ec2Result<IamFacts> {
+        if !well_formed(id, "vpc") {
+            return Err(malformed("InvalidVpcID.Malformed", "vpc", id));
+        }
+        if !self.vpcs.contains_key(id) {
+            return Err(super::not_found("InvalidVpcID.NotFound", "vpc", id));
+        }
+        Ok(IamFacts {
+            arn: self.arn("vpc", id),
+            tags: BTreeMap::new(),
+            keys: vec![
+                ("ec2:Vpc".into(), self.arn("vpc", id)),
+                ("ec2:VpcID".into(), id.to_owned()),
+            ],
+        })
     }
 
     pub fn iam_instance(&self, id: &str) -> Ec2Result<IamFacts> {
@@ -118,6 +141,9 @@ impl World {
         if id.starts_with("subnet-") {
             return self.iam_subnet(id);
         }
+        if id.starts_with("sg-") {
+            return self.iam_group(id);
+        }
         if id.starts_with("scr-") {
             let subnet = self.reservation_subnet(id)?;
             let s = &self.subnets[&subnet];
@@ -133,7 +159,7 @@ impl World {
         Err(Ec2Error::client(
             "InvalidID",
             format!(
-                "The ID '{id}' is not valid (mockcloud tags network interfaces, subnets and subnet CIDR reservations)"
+                "The ID '{id}' is not valid (mockcloud tags network interfaces, subnets, security groups and subnet CIDR reservations)"
             ),
         ))
     }

@@ -32,14 +32,7 @@ impl World {
             .ok_or_else(|| not_found("InvalidSubnetID.NotFound", "subnet", subnet_id))?;
         let (vpc_id, az) = (subnet.vpc_id.clone(), subnet.az.clone());
         let sgs = if security_groups.is_empty() {
-            vec![
-                self.vpcs[&vpc_id]
-                    .security_groups
-                    .iter()
-                    .next()
-                    .cloned()
-                    .unwrap_or_default(),
-            ]
+            vec![self.default_group(&vpc_id).unwrap_or_default()]
         } else {
             security_groups.to_vec()
         };

@@ -11,6 +11,7 @@
 //! - [`instances`]: launch, terminate, the instance-type catalog, time passing (`settle`);
 //! - [`enis`]: ENI lifecycle (create, attach on a network card, detach, delete, modify, describe);
 //! - [`assign`]: secondary IPs and /28 prefixes on an ENI;
+//! - [`security_groups`]: groups with their ingress/egress rules, DescribeSecurityGroups;
 //! - [`ipv6`]: the VPC's /56 and the subnets' /64s, IPv6 addresses and /80 prefixes on an ENI;
 //! - [`views`]: what Describe calls, IMDS and the control API show;
 //! - [`vpc_cidrs`]: a VPC's secondary IPv4 blocks (AssociateVpcCidrBlock) and EC2's rules on them.
@@ -31,6 +32,7 @@ mod enis;
 mod iam;
 mod instances;
 mod ipv6;
+mod security_groups;
 mod subnets;
 #[cfg(test)]
 mod tests;
@@ -40,6 +42,9 @@ mod vpc_cidrs;
 pub use addresses::{OccupyPattern, ReservationType, SubnetUsage};
 pub use iam::IamFacts;
 pub use ipv6::{IPV6_PREFIX_LEN, Ipv6Args, Ipv6Assigned};
+pub use security_groups::{
+    Direction, GROUPS_PER_INTERFACE, IpPermission, Peer, RULES_PER_DIRECTION, SecurityGroupView,
+};
 pub use subnets::ReservationView;
 pub use views::{AttachmentView, EniView, ImdsEni, ImdsInstance, InstanceView, SubnetView};
 pub use vpc_cidrs::{VPC_IPV4_CIDR_LIMIT, VpcCidrAssociation};
@@ -205,6 +210,8 @@ pub struct World {
     subnets: BTreeMap<String, Subnet>,
     instances: BTreeMap<String, Instance>,
     enis: BTreeMap<String, Eni>,
+    /// Security groups by id, with their rules ([`security_groups`]).
+    groups: BTreeMap<String, security_groups::SecurityGroup>,
     client_tokens: HashMap<String, (String, EniView)>,
     /// Drives EC2's random choice of free addresses and /28 blocks.
     rng: Rng,
@@ -325,6 +332,7 @@ impl World {
             subnets: BTreeMap::new(),
             instances: BTreeMap::new(),
             enis: BTreeMap::new(),
+            groups: BTreeMap::new(),
             client_tokens: HashMap::new(),
             rng: Rng::new(DEFAULT_ALLOCATION_SEED),
         }
@@ -381,6 +389,15 @@ impl World {
     }
 
     fn check_groups(&self, vpc_id: &str, groups: &[String]) -> Ec2Result<()> {
+        if groups.len() > GROUPS_PER_INTERFACE {
+            return Err(Ec2Error::client(
+                "SecurityGroupsPerInterfaceLimitExceeded",
+                format!(
+                    "The maximum number of security groups per interface has been reached ({} given, the limit is {GROUPS_PER_INTERFACE}).",
+                    groups.len()
+                ),
+            ));
+        }
         for g in groups {
             if !well_formed(g, "sg") {
                 return Err(malformed("InvalidGroupId.Malformed", "sg", g));

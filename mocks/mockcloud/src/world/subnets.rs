@@ -46,21 +46,24 @@ impl World {
                 security_groups: [sg.clone()].into(),
             },
         );
+        self.add_default_group(&id, &sg);
         Ok((id, sg))
     }
 
-    /// Adds a security group to a VPC.
+    /// Adds a security group to a VPC under a generated name (`mockcloud-N`), with EC2's rules
+    /// for a new group: all egress, no ingress.
     pub fn create_security_group(&mut self, vpc_id: &str) -> Ec2Result<String> {
         if !self.vpcs.contains_key(vpc_id) {
             return Err(not_found("InvalidVpcID.NotFound", "vpc", vpc_id));
         }
-        let sg = self.new_id("sg");
-        self.vpcs
-            .get_mut(vpc_id)
-            .expect("checked")
-            .security_groups
-            .insert(sg.clone());
-        Ok(sg)
+        let n = self.vpcs[vpc_id].security_groups.len();
+        let name = format!("mockcloud-{n}-{}", self.next_id);
+        self.create_security_group_named(
+            Some(vpc_id),
+            &name,
+            "created through mockcloud's control API",
+            &BTreeMap::new(),
+        )
     }
 
     pub fn create_subnet(&mut self, vpc_id: &str, cidr: Ipv4Net, az: &str) -> Ec2Result<String> {
@@ -300,6 +303,9 @@ impl World {
             self.subnet_ref(id)?;
             return Ok(&mut self.subnets.get_mut(id).expect("checked").tags);
         }
+        if id.starts_with("sg-") {
+            return self.group_tags_mut(id);
+        }
         if id.starts_with("scr-") {
             let subnet = self.reservation_subnet(id)?;
             let s = self.subnets.get_mut(&subnet).expect("found");
@@ -308,7 +314,7 @@ impl World {
         Err(Ec2Error::client(
             "InvalidID",
             format!(
-                "The ID '{id}' is not valid (mockcloud tags network interfaces, subnets and subnet CIDR reservations)"
+                "The ID '{id}' is not valid (mockcloud tags network interfaces, subnets, security groups and subnet CIDR reservations)"
             ),
         ))
     }

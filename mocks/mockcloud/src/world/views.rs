@@ -340,8 +340,10 @@ impl World {
             .collect();
         let assigned_ips: usize = self.enis.values().map(|e| 1 + e.secondaries.len()).sum();
         let assigned_prefixes: usize = self.enis.values().map(|e| e.prefixes.len()).sum();
+        let security_groups = self.security_group_views();
         serde_json::json!({
             "vpcs": vpcs, "subnets": subnets, "instances": instances, "network_interfaces": enis,
+            "security_groups": security_groups,
             "subnet_cidr_reservations": reservations,
             "assigned_ips": assigned_ips, "assigned_prefixes": assigned_prefixes,
         })

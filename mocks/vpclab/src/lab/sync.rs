@@ -1,5 +1,6 @@
 //! [`super::Lab::sync`]'s steps: read mockcloud, plan, and apply the difference to nodes, ENI
-//! links, routes (both families), the source/destination check, the subnet routers, the IGW's
+//! links, routes (both families), the source/destination check, the security groups, the subnet
+//! routers, the IGW's
 //! public set and the nodes' eth0 IPv6 addresses.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,7 +52,9 @@ impl Inner {
         let vpc_side = async {
             self.apply_routes(&mut report).await?;
             self.apply_routes_v6(&mut report).await?;
-            self.apply_srcdst().await
+            self.apply_srcdst().await?;
+            // A new ENI's groups apply before its node sees the device, as EC2's do.
+            self.apply_security_groups(&state).await
         }
         .await;
         self.plug_links(staged).await?;
