@@ -12,17 +12,20 @@
 //! | custom pod → internet by the IGW: SNAT to A's primary IP | `internet_strict_rp_filter` | `internet_loose_rp_filter` |
 //! | custom pod → internet by a NAT gateway | `nat_gateway_strict_rp_filter` | `nat_gateway_loose_rp_filter` |
 //!
-//! Node A's configuration is [`custom_networking`]: what custom networking is expressible as today
-//! (`use_primary_eni = false`, `subnet_ids`, `security_groups`); an ENIConfig mode that ends in
-//! the same settings can take its place there. Needs what `tests/datapath.rs` needs.
+//! Node A runs in custom networking ([`start_custom`]): its ENIConfig, named after its zone as the
+//! VPC CNI's users name them, comes from the API-server double through a port forward into the node,
+//! as a cluster migrating from aws-node has it. Needs what `tests/datapath.rs` needs.
 
 mod bins;
 mod datapath_support;
 
 use datapath_support::*;
+use std::net::SocketAddr;
+
+use eniipam_kubeapi::{Crd, FakeApiServer, eniconfig_json};
 use ipnet::Ipv4Net;
 use mockcloud::{LaunchedInstance, MockCloud};
-use vpclab::{Egress, INTERNET_SERVER, NAT_GATEWAY_PUBLIC_IP};
+use vpclab::{Egress, INTERNET_SERVER, NAT_GATEWAY_PUBLIC_IP, PortForward};
 
 /// The VPC's secondary block and the pod subnet in it.
 const POD_BLOCK: &str = "100.64.0.0/16";
@@ -62,22 +65,68 @@ async fn custom_cluster(
     Some((c, subnet, sg))
 }
 
-/// Node A's daemon configuration for custom networking: no pods on eth0, pod ENIs in `subnet`
-/// with `sg`.
-fn custom_networking(subnet: &str, sg: &str) -> Vec<(String, String)> {
-    vec![
-        ("ENIIPAM_USE_PRIMARY_ENI".into(), "false".into()),
-        ("ENIIPAM_SUBNET_IDS".into(), subnet.into()),
-        ("ENIIPAM_SECURITY_GROUPS".into(), sg.into()),
-    ]
+/// Node A's `eniipamd` in custom networking, as a cluster migrating from aws-node runs it: the
+/// ENIConfig named after the zone (`spec.subnet` the pod subnet, `spec.securityGroups` `sg`) served by
+/// the API-server double, reached from inside node A through a port forward; the node labelled with
+/// its zone.
+struct CustomDaemon {
+    daemon: Daemon,
+    _api: FakeApiServer,
+    _forward: PortForward,
 }
 
-async fn start_custom(c: &Cluster, config: &[(String, String)]) -> Daemon {
-    let env: Vec<(&str, &str)> = config
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    Daemon::start(c, &c.a.instance_id, Placement::SecondaryEni, &env).await
+impl std::ops::Deref for CustomDaemon {
+    type Target = Daemon;
+    fn deref(&self) -> &Daemon {
+        &self.daemon
+    }
+}
+
+impl std::ops::DerefMut for CustomDaemon {
+    fn deref_mut(&mut self) -> &mut Daemon {
+        &mut self.daemon
+    }
+}
+
+const NODE_A: &str = "node-a";
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+async fn start_custom(c: &Cluster, subnet: &str, sg: &str) -> CustomDaemon {
+    let api = FakeApiServer::start().await;
+    api.install_crd(Crd::eniconfig());
+    api.add_node(NODE_A, &[]);
+    api.set_node_label(NODE_A, ZONE_LABEL, Some(&c.a.availability_zone));
+    api.put_object(
+        &Crd::eniconfig(),
+        eniconfig_json(&c.a.availability_zone, subnet, Some(&[sg])),
+    );
+    let target: SocketAddr = api
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the API server's address");
+    let forward = PortForward::start(
+        &c.node_ns(&c.a.instance_id),
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        target,
+    )
+    .await
+    .expect("API server port forward");
+    let url = format!("http://{}", forward.listen_addr());
+    let env = [
+        ("ENIIPAM_CUSTOM_NETWORKING", "true"),
+        ("ENIIPAM_ENI_CONFIG_LABEL", ZONE_LABEL),
+        ("ENIIPAM_API_SERVER_URL", url.as_str()),
+        ("ENIIPAM_API_SERVER_GC", "false"),
+        ("ENIIPAM_NODE_CONDITION", "false"),
+        ("ENIIPAM_NODE_NAME", NODE_A),
+    ];
+    let daemon = Daemon::start(c, &c.a.instance_id, Placement::SecondaryEni, &env).await;
+    CustomDaemon {
+        daemon,
+        _api: api,
+        _forward: forward,
+    }
 }
 
 /// The pod is in the pod block, on a secondary ENI of the pod subnet, and node A's eth0 holds no
@@ -132,7 +181,7 @@ async fn across_nodes(test: &str, rp_filter: RpFilter) {
     else {
         return;
     };
-    let da = start_custom(&c, &custom_networking(&subnet, &sg)).await;
+    let da = start_custom(&c, &subnet, &sg).await;
     let db = Daemon::start(&c, &c.b.instance_id, Placement::Eth0, &[]).await;
     let pa = da.add_pod(&c, "custom-a", PodOptions::default()).await;
     let pb = db.add_pod(&c, "plain-b", PodOptions::default()).await;
@@ -171,7 +220,7 @@ async fn same_node(test: &str, rp_filter: RpFilter) {
     else {
         return;
     };
-    let d = start_custom(&c, &custom_networking(&subnet, &sg)).await;
+    let d = start_custom(&c, &subnet, &sg).await;
     let p1 = d.add_pod(&c, "custom-1", PodOptions::default()).await;
     let p2 = d.add_pod(&c, "custom-2", PodOptions::default()).await;
     assert_custom(&c, &subnet, &p1);
@@ -199,7 +248,7 @@ async fn internet(test: &str, rp_filter: RpFilter) {
     else {
         return;
     };
-    let d = start_custom(&c, &custom_networking(&subnet, &sg)).await;
+    let d = start_custom(&c, &subnet, &sg).await;
     let p = d.add_pod(&c, "egress", PodOptions::default()).await;
     assert_custom(&c, &subnet, &p);
     let _internet = serve(c.lab.internet());
@@ -216,7 +265,7 @@ async fn nat_gateway(test: &str, rp_filter: RpFilter) {
     let Some((c, subnet, sg)) = custom_cluster(test, Egress::NatGateway, rp_filter).await else {
         return;
     };
-    let d = start_custom(&c, &custom_networking(&subnet, &sg)).await;
+    let d = start_custom(&c, &subnet, &sg).await;
     let p = d.add_pod(&c, "egress", PodOptions::default()).await;
     assert_custom(&c, &subnet, &p);
     let _internet = serve(c.lab.internet());
@@ -245,7 +294,7 @@ async fn snat_excludes_every_vpc_block() {
     else {
         return;
     };
-    let d = start_custom(&c, &custom_networking(&subnet, &sg)).await;
+    let d = start_custom(&c, &subnet, &sg).await;
     let rules = d.rules().await.expect("host rules");
     for block in ["10.0.0.0/16", POD_BLOCK] {
         assert!(rules.contains(block), "{block} missing from:\n{rules}");

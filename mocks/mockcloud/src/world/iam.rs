@@ -73,7 +73,8 @@ impl World {
         self.iam_security_group(&vpc_id, id)
     }
 
-    /// A VPC as a resource of CreateSecurityGroup (mockcloud's VPCs carry no tags).
+    /// A VPC as a resource (CreateSecurityGroup, AssociateVpcCidrBlock): `ec2:Vpc`, `ec2:VpcID`,
+    /// `ec2:Tenancy` (mockcloud's VPCs carry no tags and have default tenancy).
     pub fn iam_vpc(&self, id: &str) -> Ec2Result<IamFacts> {
         if !well_formed(id, "vpc") {
             return Err(malformed("InvalidVpcID.Malformed", "vpc", id));
@@ -87,6 +88,7 @@ impl World {
             keys: vec![
                 ("ec2:Vpc".into(), self.arn("vpc", id)),
                 ("ec2:VpcID".into(), id.to_owned()),
+                ("ec2:Tenancy".into(), "default".into()),
             ],
         })
     }

@@ -158,19 +158,6 @@ impl World {
             cidr,
         })
     }
-
-    /// The VPC as IAM sees it (`AssociateVpcCidrBlock`'s resource): `ec2:VpcID`, `ec2:Tenancy`.
-    pub fn iam_vpc(&self, vpc_id: &str) -> Ec2Result<IamFacts> {
-        self.vpc_checked(vpc_id)?;
-        Ok(IamFacts {
-            arn: self.arn("vpc", vpc_id),
-            tags: Default::default(),
-            keys: vec![
-                ("ec2:VpcID".into(), vpc_id.to_owned()),
-                ("ec2:Tenancy".into(), "default".into()),
-            ],
-        })
-    }
 }
 
 #[cfg(test)]
