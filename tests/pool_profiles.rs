@@ -352,3 +352,67 @@ async fn a_pool_restarted_from_the_rebuilt_seed_knows_its_enis_profiles() {
     assert_eq!(pool.profile_capacity()["db"].enis, 1);
     pool.check_invariants().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn sticky_and_preferred_ips_stay_within_their_network() {
+    let n = start(quiet_config(), NodeSpec::default()).await;
+    n.pool
+        .set_profiles(profiles(&n, &[("db", "sg-db", None)]).await);
+    let sticky = |k: usize, network: Option<&str>, prefer: Option<std::net::Ipv4Addr>| Acquire {
+        key: key(k),
+        pod: pod(0),
+        prefer,
+        sticky_key: Some("default/web-0".into()),
+        meta: AttachmentMeta::default(),
+        wait: None,
+        network: network.map(str::to_owned),
+    };
+    let db = n
+        .pool
+        .acquire_with(sticky(0, Some("db"), None))
+        .await
+        .unwrap();
+    n.pool.release(&key(0), true).unwrap();
+    // The same StatefulSet pod, now without a profile: its reservation is on `db`'s ENI, so it is
+    // not given; a preferred IP of `db`'s is refused as another network's.
+    let r = n.pool.acquire_with(sticky(1, None, Some(db.ip))).await;
+    match r {
+        Err(PoolError::PreferredUnavailable { ip, reason }) => {
+            assert_eq!(ip, db.ip);
+            assert_eq!(reason, eniipam::pool::PreferUnavailable::OtherNetwork);
+        }
+        other => panic!("expected PreferredUnavailable, got {other:?}"),
+    }
+    let d = n.pool.acquire_with(sticky(2, None, None)).await.unwrap();
+    assert_ne!(d.ip, db.ip);
+    assert_ne!(d.eni, db.eni);
+    n.pool.release(&key(2), false).unwrap();
+    // Back in `db`: its reservation serves it.
+    let again = n
+        .pool
+        .acquire_with(sticky(3, Some("db"), None))
+        .await
+        .unwrap();
+    assert_eq!(again.ip, db.ip);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_one_profile_gets_its_enis_in_parallel_within_max_enis() {
+    let n = start(quiet_config(), NodeSpec::default()).await;
+    n.pool
+        .set_profiles(profiles(&n, &[("db", "sg-db", Some(2))]).await);
+    // 12 pods: more than one ENI's 9 slots, so two `db` ENIs; the 19th could have none.
+    let got = futures::future::join_all((0..12).map(|i| acquire_in(&n.pool, i, Some("db")))).await;
+    assert!(got.iter().all(Result::is_ok), "{got:?}");
+    let enis: std::collections::BTreeSet<_> = got
+        .iter()
+        .map(|a| a.as_ref().unwrap().eni.clone())
+        .collect();
+    assert_eq!(enis.len(), 2);
+    let creates = n.cloud.calls_of(Action::CreateNetworkInterface);
+    assert_eq!(creates.len(), 2, "{creates:?}");
+    assert!(creates.iter().all(|c| c.args.contains("groups=sg-db ")));
+    assert_eq!(n.pool.profile_capacity()["db"], cap(2, 12, 0, 6));
+    n.pool.check_invariants().unwrap();
+}
