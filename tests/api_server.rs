@@ -126,6 +126,7 @@ impl Fixture {
                         netns: netns.into(),
                     },
                     wait: None,
+                    network: None,
                 },
                 require_preferred: false,
                 prefer6: None,

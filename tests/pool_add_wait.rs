@@ -172,6 +172,7 @@ async fn the_callers_own_budget_shortens_the_wait() {
             sticky_key: None,
             meta: AttachmentMeta::default(),
             wait: Some(Duration::from_secs(5)),
+            network: None,
         })
         .await;
     assert_gave_up(&result);

@@ -88,7 +88,7 @@ impl Batch {
         let enqueued = match cmd {
             EniCommand::Assign(w) => {
                 let at = w.enqueued_at;
-                self.assign.pods.push(w);
+                self.assign.pods.push(*w);
                 at
             }
             EniCommand::Warm {

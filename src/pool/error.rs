@@ -35,6 +35,28 @@ pub enum ExhaustionReason {
 }
 
 /// What is backing off after failures.
+/// Why a network profile cannot serve a pod ([`PoolError::ProfileUnavailable`]).
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ProfileUnavailableReason {
+    #[error("this node does not serve it")]
+    Unknown,
+    #[error("its {enis} ENIs are full and it may have at most {max_enis}")]
+    MaxEnis { enis: u32, max_enis: u32 },
+    #[error(
+        "its {enis} ENIs are full and the node has no ENI slot left (at most {max_enis} interfaces)"
+    )]
+    NoEniSlot { enis: u32, max_enis: u32 },
+    #[error("{0}")]
+    Exhausted(Box<PoolError>),
+}
+
+impl ProfileUnavailableReason {
+    /// Only an unknown profile is final; the rest is a matter of capacity.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, Self::Unknown)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackoffTarget {
     /// One ENI's assign/unassign calls.
@@ -70,6 +92,8 @@ pub enum PreferUnavailable {
     /// The pool does not hold it.
     #[error("it is not in this node's pool")]
     NotInPool,
+    #[error("it belongs to another network (profile) than the pod's")]
+    OtherNetwork,
 }
 
 /// Everything an acquire (or the pool's start) can fail with.
@@ -121,6 +145,14 @@ pub enum PoolError {
     /// for this pod (CNI error 11: the ADD is tried again once the operator fixes the ENIConfig).
     #[error("no new ENI can be created for pods: {reason}")]
     NoPodNetwork { reason: String },
+    /// A pod's network profile cannot serve it: the node does not serve the profile (not
+    /// retryable: retrying here cannot help), or the profile's ENIs are full and it may not have
+    /// another (retryable: an IP may free up).
+    #[error("network profile {profile} cannot serve this pod: {reason}")]
+    ProfileUnavailable {
+        profile: String,
+        reason: ProfileUnavailableReason,
+    },
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] super::ConfigError),
@@ -140,6 +172,7 @@ impl PoolError {
             | Self::WaitedTooLong { .. }
             | Self::NoPodNetwork { .. }
             | Self::ShuttingDown => true,
+            Self::ProfileUnavailable { reason, .. } => reason.is_retryable(),
             Self::Cloud(e) => {
                 e.is_retryable()
                     || e.is_capacity()

@@ -171,6 +171,22 @@ impl IdleQueue {
         self.remove(ip)
     }
 
+    /// [`Self::pop_oldest`] among the IPs of the ENIs `on` accepts (a network profile's, or the
+    /// default network's): the queue is shared, the order kept within the part.
+    pub fn pop_oldest_on(
+        &mut self,
+        now: Instant,
+        on: impl Fn(&EniId) -> bool,
+    ) -> Option<IdleEntry> {
+        let ip = self
+            .order
+            .iter()
+            .take_while(|(at, _, _)| *at <= now)
+            .map(|(_, _, ip)| *ip)
+            .find(|ip| self.entries.get(ip).is_some_and(|e| on(&e.eni)))?;
+        self.remove(ip)
+    }
+
     /// Takes an IP reserved for `key` (and still reserved at `now`): `prefer` if it is one of them,
     /// else the one idle the longest.
     pub fn pop_for_key(
@@ -179,12 +195,25 @@ impl IdleQueue {
         now: Instant,
         prefer: Option<Ipv4Addr>,
     ) -> Option<IdleEntry> {
+        self.pop_for_key_on(key, now, prefer, |_| true)
+    }
+
+    /// [`Self::pop_for_key`] among the IPs of the ENIs `on` accepts.
+    pub fn pop_for_key_on(
+        &mut self,
+        key: &str,
+        now: Instant,
+        prefer: Option<Ipv4Addr>,
+        on: impl Fn(&EniId) -> bool,
+    ) -> Option<IdleEntry> {
         let set = self.by_key.get(key)?;
         let live = |ip: &Ipv4Addr| {
-            self.entries
-                .get(ip)
-                .and_then(|e| e.reserved_at(now))
-                .is_some_and(|r| r.key == key)
+            self.entries.get(ip).is_some_and(|e| on(&e.eni))
+                && self
+                    .entries
+                    .get(ip)
+                    .and_then(|e| e.reserved_at(now))
+                    .is_some_and(|r| r.key == key)
         };
         let ip = prefer
             .filter(|p| set.iter().any(|(_, _, ip)| ip == p) && live(p))

@@ -192,9 +192,11 @@ fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> 
     for (eni, handle, waiter) in plan.reroutes {
         let shared = shared.clone();
         tasks.push(tokio::spawn(async move {
-            if let Err(EniCommand::Assign(w)) = handle.send(EniCommand::Assign(waiter)).await {
+            if let Err(EniCommand::Assign(w)) =
+                handle.send(EniCommand::Assign(Box::new(waiter))).await
+            {
                 let batch = AssignBatch {
-                    pods: vec![w],
+                    pods: vec![*w],
                     warm: 0,
                 };
                 let not_sent = AssignOutcome::NotSent(PoolError::ShuttingDown);
@@ -330,7 +332,8 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
         subnet = %plan.subnet_id,
         device_index = plan.device_index,
         slots = ?plan.slots,
-        pods = plan.waiters.len()
+        pods = plan.waiters.len(),
+        network = plan.network.as_deref().unwrap_or("default")
     );
     async move {
         let Ok(_permit) = permits.acquire_owned().await else {
@@ -352,7 +355,10 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
             }
         }
         let started = Instant::now();
-        let security_groups = shared.lock().new_eni_security_groups(&plan.subnet_id);
+        let security_groups = match &plan.security_groups {
+            Some(groups) => groups.clone(),
+            None => shared.lock().new_eni_security_groups(&plan.subnet_id),
+        };
         // With prefix delegation but no `/28` left in the subnet: single addresses packed into its
         // fragmented blocks, not EC2's scattered picks.
         let mut slots = plan.slots.clone();
@@ -383,6 +389,7 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
             security_groups,
             slots,
             device_index: plan.device_index,
+            network: plan.network.clone(),
         };
         let mut result = shared.provisioner.create_and_attach(&new).await;
         if let (Err(CloudError::Rejected { code, .. }), Slots::Addresses(addresses)) =

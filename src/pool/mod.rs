@@ -19,6 +19,8 @@
 //!   sections that never await; every routing decision is made there.
 //! - [`pod_network`]: where new ENIs go: discovered subnets, or the node's ENIConfig (custom
 //!   networking), changed at run time by [`Pool::set_pod_network`].
+//! - [`profiles`]: network profiles (a subnet and security groups per workload): ENIs per
+//!   profile, no IP of one handed to another, set by [`Pool::set_profiles`].
 //! - [`slots`]: single IPs or `/28` prefixes, and the dense packing of single addresses.
 //! - [`seed`], [`snapshot`], [`error`], [`config`]: the startup input, the read-only view, the
 //!   typed errors and the configuration.
@@ -32,6 +34,7 @@
 //! Time is tokio's (`tokio::time::Instant`, `sleep`, `interval`) everywhere, so
 //! `tokio::time::pause` drives every timer in tests.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -56,6 +59,7 @@ pub mod error;
 pub mod idle;
 mod maintainer;
 pub mod pod_network;
+pub mod profiles;
 pub mod seed;
 mod shared;
 pub mod slots;
@@ -66,8 +70,11 @@ mod types;
 pub use capacity::{CapacityTokens, node_capacity};
 pub use config::{ConfigError, PREFIX_ADDRESSES, PoolConfig};
 pub use drift::Forgotten;
-pub use error::{BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable};
+pub use error::{
+    BackoffTarget, ExhaustionReason, PoolError, PreferUnavailable, ProfileUnavailableReason,
+};
 pub use pod_network::PodNetwork;
+pub use profiles::{ProfileCapacity, ProfileName, ProfileNetwork};
 pub use seed::QuarantineSeed;
 pub use seed::{AllocationSeed, EniSeed, IdleSeed, PoolSeed, SeedError};
 pub use shared::{EniProvisioner, EniReadiness, NewEniFacts};
@@ -268,6 +275,7 @@ impl Pool {
             sticky_key,
             meta: AttachmentMeta::default(),
             wait: None,
+            network: None,
         })
         .await
     }
@@ -314,13 +322,13 @@ impl Pool {
                         key: waiter.req.key.clone(),
                         armed: true,
                     };
-                    let sent = handle.send(EniCommand::Assign(waiter)).await;
+                    let sent = handle.send(EniCommand::Assign(Box::new(waiter))).await;
                     guard.armed = false;
                     if let Err(EniCommand::Assign(w)) = sent {
                         let _ = shared.lock().settle_assign(
                             &eni,
                             AssignBatch {
-                                pods: vec![w],
+                                pods: vec![*w],
                                 warm: 0,
                             },
                             AssignOutcome::NotSent(PoolError::ShuttingDown),
@@ -439,7 +447,6 @@ impl Pool {
         self.shared().wake.notify_one();
     }
 
-    /// A read-only view of the pool now.
     /// Sets what decides the subnet and security groups of new ENIs (custom networking's ENIConfig,
     /// as the daemon resolved it); returns what it was. ENIs the node has are left as they are. The
     /// maintainer runs at once: creates that waited on an unusable ENIConfig go ahead, or the
@@ -455,6 +462,22 @@ impl Pool {
         self.inner.shared.lock().pod_network.clone()
     }
 
+    /// The profiles the node serves now ([`profiles`]). A profile that disappears stops getting new
+    /// ENIs and its acquires fail with [`PoolError::ProfileUnavailable`] (its ENIs keep their pods
+    /// and are given back once empty); a changed one applies to new ENIs only. The maintainer runs
+    /// at once: waiters of a removed profile are answered.
+    pub fn set_profiles(&self, profiles: BTreeMap<ProfileName, ProfileNetwork>) {
+        self.shared().lock().set_profiles(profiles);
+        self.shared().wake.notify_one();
+    }
+
+    /// Per profile the node serves: its ENIs, assigned and idle IPs, and free slots (see
+    /// [`ProfileCapacity::free`]): what the node advertises as the profile's extended resource.
+    pub fn profile_capacity(&self) -> BTreeMap<ProfileName, ProfileCapacity> {
+        self.shared().lock().profile_capacity(Instant::now())
+    }
+
+    /// A read-only view of the pool now.
     pub fn snapshot(&self) -> PoolSnapshot {
         self.shared().lock().snapshot(Instant::now())
     }

@@ -30,6 +30,9 @@ pub struct EniSeed {
     pub managed: bool,
     /// EC2's description of the ENI, when the caller has it (saves a describe before a delete).
     pub eni: Option<Eni>,
+    /// The network profile it was created for (its `eniipam.io/network` tag,
+    /// [`crate::pool::profiles::profile_of`]); `None`: the default pod network.
+    pub profile: Option<String>,
 }
 
 impl EniSeed {
@@ -46,6 +49,7 @@ impl EniSeed {
             prefixes: md.ipv4_prefixes.clone(),
             managed,
             eni: None,
+            profile: None,
         }
     }
 }

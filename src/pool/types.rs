@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tracing::Span;
 
 use super::error::PoolError;
+use super::profiles::ProfileName;
 use crate::cloud::{CloudError, Eni, Subnet};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
@@ -44,6 +45,9 @@ pub struct Acquire {
     /// before it fails: the caller's deadline, less a margin for its own answer. `None`: the pool's
     /// `add_wait`. Either way at most `add_wait` ([`crate::pool::PoolConfig::add_wait`] says why).
     pub wait: Option<Duration>,
+    /// The network profile the pod selected ([`crate::pool::profiles`]): its IP comes only from an
+    /// ENI of that profile. `None`: the node's default pod network.
+    pub network: Option<ProfileName>,
 }
 
 /// What an acquire returns: everything the RPC layer needs to reply and the CNI plugin to wire the pod.
@@ -61,6 +65,8 @@ pub struct Allocation {
     pub subnet_cidr: Ipv4Net,
     /// The VPC router of the subnet ([`crate::cloud::Subnet::gateway`]).
     pub gateway: Ipv4Addr,
+    /// The network profile of the IP's ENI (`None`: the default pod network).
+    pub network: Option<ProfileName>,
 }
 
 /// What a release did.
@@ -83,6 +89,8 @@ pub(crate) struct AllocationRecord {
     pub sticky_key: Option<String>,
     pub meta: AttachmentMeta,
     pub since: Instant,
+    /// The profile the attachment asked for (its ENI's, always: see `check_invariants`).
+    pub network: Option<ProfileName>,
 }
 
 /// An allocation as it was before a release, so the release can be undone when recording it fails.
@@ -184,8 +192,8 @@ pub(crate) struct Waiter {
 
 /// What an ENI actor is asked to do.
 pub(crate) enum EniCommand {
-    /// One IP for a pod.
-    Assign(Waiter),
+    /// One IP for a pod (boxed: a waiter is large, and the channel holds every command's size).
+    Assign(Box<Waiter>),
     /// `count` IPs for the idle pool.
     Warm {
         count: u32,

@@ -218,6 +218,9 @@ pub fn merge(
             prefixes: e.ipv4_prefixes.clone(),
             managed,
             eni: Some(e.clone()),
+            // The profile the ENI was created for, from its tag: its IPs keep serving that
+            // profile's pods only.
+            profile: crate::pool::profiles::profile_of(e),
         });
         stored_enis.push(StoredEni {
             eni_id: e.id.to_string(),

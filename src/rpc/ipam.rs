@@ -165,6 +165,7 @@ impl IpamService {
                     netns: r.netns,
                 },
                 wait,
+                network: None,
             },
             require_preferred: r.require_preferred,
             prefer6,

@@ -100,7 +100,13 @@ pub struct NewEni {
     pub security_groups: Vec<String>,
     pub slots: Slots,
     pub device_index: u32,
+    /// The network profile the ENI serves (tagged [`NETWORK_TAG`], so a restart knows it); `None`
+    /// for the node's default pod network.
+    pub network: Option<String>,
 }
+
+/// The tag naming the network profile an ENI was created for (absent: the default pod network).
+pub const NETWORK_TAG: &str = "eniipam.io/network";
 
 /// Security groups for new ENIs in a subnet that names its own (tag `eniipam.io/security-groups`,
 /// comma-separated): used instead of the node's.
@@ -195,6 +201,7 @@ impl EniLifecycle {
             security_groups: self.node.security_groups.clone(),
             slots: Slots::Ips(secondary_ip_count),
             device_index,
+            network: None,
         })
         .await
     }
@@ -214,7 +221,13 @@ impl EniLifecycle {
             security_groups: new.security_groups.clone(),
             description: eni_description(&self.node.instance_id),
             secondary_ip_count,
-            tags: eni_tags(&self.node, SystemTime::now()),
+            tags: {
+                let mut tags = eni_tags(&self.node, SystemTime::now());
+                if let Some(network) = &new.network {
+                    tags.insert(NETWORK_TAG.to_owned(), network.clone());
+                }
+                tags
+            },
             client_token: uuid::Uuid::new_v4().to_string(),
         };
         let device_index = new.device_index;

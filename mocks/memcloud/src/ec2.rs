@@ -116,8 +116,9 @@ impl Cloud for MemoryCloud {
     async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni> {
         let api = Action::CreateNetworkInterface;
         let args = format!(
-            "subnet={} secondary_ip_count={} prefix_count={} private_ips={:?} client_token={} tags={:?}",
+            "subnet={} groups={} secondary_ip_count={} prefix_count={} private_ips={:?} client_token={} tags={:?}",
             req.subnet_id,
+            req.security_groups.join(","),
             req.secondary_ip_count,
             req.prefix_count,
             req.private_ips,

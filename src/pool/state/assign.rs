@@ -78,7 +78,8 @@ impl PoolState {
         } else {
             (levels.low, levels.fill)
         };
-        if have >= below {
+        if have >= below || self.is_profile_eni(eni) {
+            // (A profile's ENI carries no warm-ups: the levels are the default network's.)
             return 0;
         }
         let want = target.saturating_sub(have);

@@ -78,6 +78,7 @@ impl PoolState {
                 primary_ip: eni.primary_ip,
                 role: EniRole::Pods,
                 serves: true,
+                profile: c.profile.clone(),
                 prefixes,
                 ips: ips.iter().copied().collect(),
                 inflight: 0,

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::{EniRecord, EniRole, PoolState, SubnetRecord};
 use crate::cloud::{Eni, Subnet};
 use crate::model::EniId;
+use crate::pool::profiles::profile_of;
 use crate::pool::{Allocation, AllocationSeed, EniPhase, Forgotten};
 
 impl PoolState {
@@ -153,6 +154,7 @@ impl PoolState {
                 primary_ip: eni.primary_ip,
                 role,
                 serves: managed,
+                profile: profile_of(eni),
                 prefixes: if managed && fits {
                     eni.ipv4_prefixes.iter().copied().collect()
                 } else {
@@ -190,11 +192,13 @@ impl PoolState {
             return None;
         }
         let q = self.quarantined.remove(&held.ip)?;
+        let network = self.enis.get(&q.eni).and_then(|r| r.profile.clone());
         Some(self.record(
             held.attachment,
             held.pod,
             held.sticky_key,
             held.meta,
+            network,
             held.ip,
             q.eni,
             now,

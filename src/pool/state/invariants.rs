@@ -1,7 +1,9 @@
 //! The token accounting check: every token is held by exactly one IP or request, and every IP the
-//! pool holds is on one of its ENIs.
+//! pool holds is on one of its ENIs; and the network profiles' separation.
 
 use std::collections::HashSet;
+
+use tokio::time::Instant;
 
 use super::PoolState;
 
@@ -60,6 +62,60 @@ impl PoolState {
         if on_enis != held {
             return Err(format!(
                 "ENIs hold {on_enis} IPs, the pool accounts for {held}"
+            ));
+        }
+        self.check_profiles()
+    }
+
+    /// Network profiles: every allocation's IP is on an ENI of the allocation's profile (no IP of
+    /// one network handed to a pod of another), and the default network's warm level counts no
+    /// idle IP of a profile's ENI (nor does a profile's acquire wait for its warm-ups).
+    fn check_profiles(&self) -> Result<(), String> {
+        for (key, a) in &self.allocations {
+            let Some(r) = self.enis.get(&a.eni) else {
+                return Err(format!(
+                    "{key} holds {} on {}, an ENI the pool does not know",
+                    a.ip, a.eni
+                ));
+            };
+            if r.profile != a.network || !r.ips.contains(&a.ip) {
+                return Err(format!(
+                    "{key} (network {}) holds {} on {} (network {}{})",
+                    a.network.as_deref().unwrap_or("default"),
+                    a.ip,
+                    a.eni,
+                    r.profile.as_deref().unwrap_or("default"),
+                    if r.ips.contains(&a.ip) {
+                        ""
+                    } else {
+                        ", which does not hold it"
+                    }
+                ));
+            }
+        }
+        let now = Instant::now();
+        let counted = self.warm_on_hand(now) - self.warming;
+        let default_idle = self
+            .idle
+            .iter()
+            .filter(|e| e.reserved_at(now).is_none())
+            .filter(|e| self.enis.get(&e.eni).is_some_and(|r| r.profile.is_none()))
+            .count() as u32;
+        if counted != default_idle {
+            let of_profiles = self
+                .idle
+                .iter()
+                .filter(|e| self.enis.get(&e.eni).is_some_and(|r| r.profile.is_some()))
+                .count();
+            return Err(format!(
+                "the default network's warm level counts {counted} idle IPs, its ENIs have {default_idle} \
+                 unreserved ({of_profiles} idle IPs are on profiles' ENIs)"
+            ));
+        }
+        if let Some(w) = self.warm_waiters.iter().find(|w| w.req.network.is_some()) {
+            return Err(format!(
+                "{} of profile {:?} waits for the default network's warm-ups",
+                w.req.key, w.req.network
             ));
         }
         Ok(())

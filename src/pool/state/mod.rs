@@ -16,6 +16,8 @@
 //! - [`give_back`]: an actor's give-back of idle IPs and release of its ENI, settled;
 //! - [`create`]: settling an ENI creation the maintainer ran;
 //! - [`round`]: the maintainer's plan for one round;
+//! - [`profiles`]: network profiles: which ENIs and idle IPs a profile's acquire may use, its
+//!   ENI creations, its capacity;
 //! - [`subnets`]: which subnet a new ENI goes to, and the subnets' back-offs;
 //! - [`invariants`]: the token accounting check;
 //! - [`drift`]: what the running reconcile changes when the pool and EC2 (or the host) disagree.
@@ -25,6 +27,7 @@ mod create;
 mod drift;
 mod give_back;
 mod invariants;
+mod profiles;
 mod release;
 mod round;
 mod routing;
@@ -45,6 +48,7 @@ use super::demand::Demand;
 use super::error::{ExhaustionReason, PoolError};
 use super::idle::{IdleEntry, IdleQueue};
 use super::pod_network::PodNetwork;
+use super::profiles::{ProfileName, ProfileNetwork};
 use super::types::{Allocation, AttachmentMeta, EniHandle, EniPhase, Waiter};
 use crate::cloud::{CloudError, Eni, NodeContext, Subnet};
 use crate::model::{AttachmentKey, EniId, PodRef};
@@ -72,6 +76,9 @@ pub(crate) struct EniRecord {
     pub role: EniRole,
     /// Its addresses serve pods: a [`EniRole::Pods`] ENI, or eth0 with `use_primary_eni`.
     pub serves: bool,
+    /// The network profile it was created for: its IPs go to that profile's pods only. `None`:
+    /// the default pod network.
+    pub profile: Option<ProfileName>,
     /// Pod addresses the pool holds on this ENI (secondary IPs, and every address of its prefixes):
     /// idle, assigned, being released, quarantined or held back.
     pub ips: BTreeSet<Ipv4Addr>,
@@ -134,6 +141,8 @@ impl SubnetRecord {
 pub(crate) struct CreatingEni {
     pub device_index: u32,
     pub subnet_id: String,
+    /// The profile it is created for (`None`: the default pod network).
+    pub profile: Option<ProfileName>,
     /// IPs in the create call: pods + warm.
     pub count: u32,
     pub warm: u32,
@@ -213,6 +222,8 @@ pub(crate) struct PoolState {
     pub pod_subnets: Vec<String>,
     /// What decides the subnet and groups of new ENIs (custom networking's ENIConfig, or discovery).
     pub pod_network: PodNetwork,
+    /// The network profiles the node serves ([`crate::pool::profiles`]).
+    pub profiles: BTreeMap<ProfileName, ProfileNetwork>,
     next_create_id: u64,
     /// EC2 throttled the node's growth calls (create, attach) lately: the account is short of them,
     /// so the round starts no ENI for warm-ups alone (set by the maintainer before each round; see
@@ -239,10 +250,11 @@ impl PoolState {
         self.per_eni.saturating_sub(r.slots_used() + inflight_slots)
     }
 
-    /// Warm IPs the node has or has coming: idle ones no reservation holds, and warm-ups in flight.
-    /// What the warm levels are compared with.
+    /// Warm IPs the node has or has coming: idle ones of the default network's ENIs no reservation
+    /// holds, and warm-ups in flight. What the warm levels are compared with (a profile keeps no
+    /// warm IPs: its idle ones are not the default network's).
     fn warm_on_hand(&self, now: Instant) -> u32 {
-        self.idle.unreserved(now) + self.warming
+        self.default_idle_unreserved(now) + self.warming
     }
 
     /// Addresses `r` can still take.
@@ -283,6 +295,7 @@ impl PoolState {
             subnet_id: eni.map(|e| e.subnet_id.clone()).unwrap_or_default(),
             subnet_cidr: subnet.map_or_else(|| Ipv4Net::from(rec.ip), |s| s.cidr),
             gateway: subnet.map_or(Ipv4Addr::UNSPECIFIED, Subnet::gateway),
+            network: rec.network.clone(),
         }
     }
 
@@ -294,6 +307,7 @@ impl PoolState {
         pod: PodRef,
         sticky_key: Option<String>,
         meta: AttachmentMeta,
+        network: Option<ProfileName>,
         ip: Ipv4Addr,
         eni: EniId,
         now: Instant,
@@ -305,6 +319,7 @@ impl PoolState {
             sticky_key,
             meta,
             since: now,
+            network,
         };
         let alloc = self.allocation_of(&key, &rec);
         self.assigned.insert(ip, key.clone());

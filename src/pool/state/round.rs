@@ -27,6 +27,11 @@ pub(crate) struct CreatePlan {
     pub waiters: Vec<Waiter>,
     /// The subnet's CIDR is not known yet: describe it first.
     pub describe_subnet: bool,
+    /// The network profile it is created for (tagged so), `None` for the default network.
+    pub network: Option<String>,
+    /// The profile's security groups; `None`: the default network's
+    /// ([`PoolState::new_eni_security_groups`]).
+    pub security_groups: Option<Vec<String>>,
 }
 
 /// What one maintainer round does.
@@ -152,8 +157,10 @@ impl PoolState {
 
         // 0. Acquires waiting for warm IPs in flight: served as those land; once nothing is
         //    warming, they take a token freed meanwhile (and go the way of a new IP) or fail.
+        // (Warm waiters are the default network's: a profile's acquire never waits for warm-ups.)
+        let default_enis = self.enis_of(None);
         for w in std::mem::take(&mut self.warm_waiters) {
-            if let Some(entry) = self.idle.pop_oldest(now) {
+            if let Some(entry) = self.idle.pop_oldest_on(now, |e| default_enis.contains(e)) {
                 // The idle IP holds the token; the waiter held none.
                 self.fulfil(w, entry.ip, entry.eni, now);
             } else if self.warming as usize > self.warm_waiters.len() {
@@ -171,15 +178,26 @@ impl PoolState {
         //    and the actor sends them in one call). Those still blocked by a back-off wait on,
         //    outside the count of waiters that need a new ENI (step 3), since the ENI they wait
         //    for has room.
+        //    A waiter of a profile takes only its profile's IPs and ENIs; one of a profile the node
+        //    no longer serves is answered.
         let mut blocked: Vec<Waiter> = Vec::new();
         for w in std::mem::take(&mut self.create_waiters) {
-            if let Some(entry) = self.idle.pop_oldest(now) {
+            let network = w.req.network.clone();
+            if let Some(p) = &network
+                && !self.profiles.contains_key(p)
+            {
+                self.capacity.give_back(1);
+                self.fail_waiter(w, Self::unknown_profile(p));
+                continue;
+            }
+            let mine = self.enis_of(network.as_ref());
+            if let Some(entry) = self.idle.pop_oldest_on(now, |e| mine.contains(e)) {
                 // The idle IP already holds a token; the waiter's goes back.
                 self.capacity.give_back(1);
                 self.fulfil(w, entry.ip, entry.eni, now);
                 continue;
             }
-            match self.pick_eni(now) {
+            match self.pick_eni(now, network.as_ref()) {
                 Pick::Eni(id) => {
                     let r = self.enis.get_mut(&id).expect("picked ENI exists");
                     r.inflight += 1;
@@ -209,10 +227,9 @@ impl PoolState {
         // coming: that is demand, not a bet. No ENI is created instead either, while one has room.
         let hold_warm_ups = self.assign_contended && self.demand.announced_waiting(now) == 0;
         if hold_warm_ups
-            && self
-                .enis
-                .values()
-                .any(|r| r.serves && r.handle.is_some() && self.eni_room(r) > 0)
+            && self.enis.values().any(|r| {
+                r.serves && r.profile.is_none() && r.handle.is_some() && self.eni_room(r) > 0
+            })
         {
             deficit = 0;
         }
@@ -222,6 +239,7 @@ impl PoolState {
                 .values()
                 .filter(|r| {
                     r.serves
+                        && r.profile.is_none()
                         && r.handle.is_some()
                         && r.phase.accepts_work(now)
                         && self.subnet_exhausted(&r.subnet_id, now).is_none()
@@ -253,6 +271,12 @@ impl PoolState {
         //    created in parallel (up to `max_concurrent_eni_creates`), so a burst needing k ENIs
         //    waits for one create+attach chain, not k in a row; the warm deficit alone never
         //    starts a second create in a subnet.
+        //    Profiles' waiters get ENIs of their profile's (after the default network's).
+        let (profile_waiters, default_waiters): (Vec<Waiter>, Vec<Waiter>) =
+            std::mem::take(&mut self.create_waiters)
+                .into_iter()
+                .partition(|w| w.req.network.is_some());
+        self.create_waiters = default_waiters.into();
         let subnet_id = self.pick_subnet(now);
         // While the subnet has no free /28, a new ENI comes with single addresses, one per slot.
         let per_eni_addresses = if self.prefixes_blocked(&subnet_id, now) {
@@ -262,6 +286,7 @@ impl PoolState {
         };
         let blocked_for_ip = self.enis.values().any(|r| {
             r.serves
+                && r.profile.is_none()
                 && self.eni_room(r) > 0
                 && !r.phase.accepts_work(now)
                 && r.phase != EniPhase::Draining
@@ -276,12 +301,15 @@ impl PoolState {
         let mut room_coming: u32 = self
             .creating
             .values()
-            .filter(|c| c.subnet_id == subnet_id)
+            .filter(|c| c.subnet_id == subnet_id && c.profile.is_none())
             .map(|c| per_eni_addresses.saturating_sub(c.count))
             .sum::<u32>()
             + warm_coming;
         loop {
-            let creating_here = self.creating.values().any(|c| c.subnet_id == subnet_id);
+            let creating_here = self
+                .creating
+                .values()
+                .any(|c| c.subnet_id == subnet_id && c.profile.is_none());
             let uncovered = (self.create_waiters.len() as u32).saturating_sub(room_coming);
             // Under account contention (EC2 throttled the node's creates or attaches lately) no
             // ENI is started for warm-ups alone: its create, attach and modify would spend tokens
@@ -371,6 +399,7 @@ impl PoolState {
                 CreatingEni {
                     device_index,
                     subnet_id: subnet_id.clone(),
+                    profile: None,
                     count,
                     warm,
                     started: now,
@@ -387,8 +416,12 @@ impl PoolState {
                 slots,
                 waiters,
                 describe_subnet,
+                network: None,
+                security_groups: None,
             });
         }
+
+        self.plan_profile_creates(profile_waiters, &mut plan, now);
 
         // The waiters blocked by a back-off stay in line, ahead of the rest.
         for w in blocked.into_iter().rev() {
@@ -401,14 +434,22 @@ impl PoolState {
         // IPs still cooling are on their way back into service (at a high churn a steady
         // rate × cooldown of them): they do not count toward the give-back level, or each released
         // IP would go back to EC2 as it cooled and each new pod would pay an assign for another.
+        // The levels are the default network's: a profile's idle IPs count for none of them.
         let spare = self
-            .idle
-            .unreserved(now)
-            .saturating_sub(self.idle.cooling(now));
-        if quiet && spare > levels.keep {
-            let excess = (spare - levels.down_to.min(levels.keep)) as usize;
-            let candidates: Vec<(Ipv4Addr, EniId)> = self
-                .idle
+            .default_idle_unreserved(now)
+            .saturating_sub(self.default_idle_cooling(now));
+        let excess = if quiet && spare > levels.keep {
+            (spare - levels.down_to.min(levels.keep)) as usize
+        } else {
+            0
+        };
+        // A profile keeps no warm IPs: its idle ones go back, whatever the levels, once idle for
+        // `give_back_delay` (past cooldown, unreserved) — the hold the adaptive policy gives a
+        // burst's leftovers, so a profile's churning pods reuse their IPs rather than pay an
+        // unassign and an assign each.
+        let profile_hold = self.config.give_back_delay.max(self.config.reuse_cooldown);
+        let candidates: Vec<(Ipv4Addr, EniId, bool)> =
+            self.idle
                 .give_back_candidates(now)
                 .into_iter()
                 .filter(|e| {
@@ -416,16 +457,31 @@ impl PoolState {
                         .get(&e.eni)
                         .is_some_and(|r| r.handle.is_some() && r.phase.accepts_work(now))
                 })
-                .map(|e| (e.ip, e.eni.clone()))
+                .map(|e| (e.ip, e.eni.clone(), self.is_profile_eni(&e.eni)))
+                .filter(|(_, _, profile)| !profile)
+                .chain(
+                    self.idle
+                        .give_back_candidates(now)
+                        .into_iter()
+                        .filter(|e| {
+                            self.is_profile_eni(&e.eni)
+                                && now.saturating_duration_since(e.idle_since) >= profile_hold
+                                && self.enis.get(&e.eni).is_some_and(|r| {
+                                    r.handle.is_some() && r.phase.accepts_work(now)
+                                })
+                        })
+                        .map(|e| (e.ip, e.eni.clone(), true)),
+                )
                 .collect();
+        if excess > 0 || candidates.iter().any(|(_, _, profile)| *profile) {
             // Single addresses go one by one; a prefix only whole, when all 16 of its addresses are
             // among the candidates (idle, past cooldown, unreserved), longest idle first.
-            let eligible: BTreeSet<Ipv4Addr> = candidates.iter().map(|(ip, _)| *ip).collect();
+            let eligible: BTreeSet<Ipv4Addr> = candidates.iter().map(|(ip, _, _)| *ip).collect();
             let mut per_eni: BTreeMap<EniId, (Vec<Ipv4Addr>, Vec<Ipv4Net>)> = BTreeMap::new();
             let mut left = excess;
             let mut taken: BTreeSet<Ipv4Addr> = BTreeSet::new();
-            for (ip, eni) in &candidates {
-                if left == 0 || taken.contains(ip) {
+            for (ip, eni, profile) in &candidates {
+                if (left == 0 && !profile) || taken.contains(ip) {
                     continue;
                 }
                 let r = &self.enis[eni];
@@ -433,14 +489,20 @@ impl PoolState {
                     None => {
                         taken.insert(*ip);
                         per_eni.entry(eni.clone()).or_default().0.push(*ip);
-                        left -= 1;
+                        if !profile {
+                            left -= 1;
+                        }
                     }
                     Some(prefix) => {
                         let all: Vec<Ipv4Addr> = prefix_addresses(*prefix).collect();
-                        if left < all.len() || !all.iter().all(|a| eligible.contains(a)) {
+                        if (!profile && left < all.len())
+                            || !all.iter().all(|a| eligible.contains(a))
+                        {
                             continue;
                         }
-                        left -= all.len();
+                        if !profile {
+                            left -= all.len();
+                        }
                         taken.extend(all.iter().copied());
                         let entry = per_eni.entry(eni.clone()).or_default();
                         entry.0.extend(all);

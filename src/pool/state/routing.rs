@@ -12,6 +12,7 @@ use crate::cloud::CloudError;
 use crate::model::{AttachmentKey, EniId};
 use crate::pool::error::{BackoffTarget, PoolError, PreferUnavailable};
 use crate::pool::idle::{IdleEntry, IdleRefusal, Reservation};
+use crate::pool::profiles::ProfileName;
 use crate::pool::types::{Acquire, Allocation, EniPhase, Waiter};
 
 impl PoolState {
@@ -22,6 +23,7 @@ impl PoolState {
             req.pod,
             req.sticky_key,
             req.meta,
+            req.network,
             entry.ip,
             entry.eni,
             now,
@@ -44,13 +46,29 @@ impl PoolState {
         }
         // A new pod start (not a retry of an attachment held or in flight): the demand learns it,
         // unless it counted the pod when the API server showed it bound here.
+        if let Some(p) = &req.network
+            && !self.profiles.contains_key(p)
+        {
+            return Route::Done(Err(Self::unknown_profile(p)));
+        }
         self.demand.record_pod_start(&req.pod, now);
+        // Only the idle IPs of the ENIs of the acquire's network (its profile's, or the default
+        // network's): the queue is shared, its order kept within each.
+        let mine = self.enis_of(req.network.as_ref());
         if let Some(key) = req.sticky_key.as_deref()
-            && let Some(entry) = self.idle.pop_for_key(key, now, req.prefer)
+            && let Some(entry) = self
+                .idle
+                .pop_for_key_on(key, now, req.prefer, |e| mine.contains(e))
         {
             return Route::Done(Ok(self.record_idle(entry, req, now)));
         }
         if let Some(ip) = req.prefer {
+            if self.idle.get(ip).is_some_and(|e| !mine.contains(&e.eni)) {
+                return Route::Done(Err(PoolError::PreferredUnavailable {
+                    ip,
+                    reason: PreferUnavailable::OtherNetwork,
+                }));
+            }
             return match self.idle.take_if_free(ip, now, req.sticky_key.as_deref()) {
                 Ok(entry) => Route::Done(Ok(self.record_idle(entry, req, now))),
                 Err(refusal) => {
@@ -71,7 +89,7 @@ impl PoolState {
                 }
             };
         }
-        if let Some(entry) = self.idle.pop_oldest(now) {
+        if let Some(entry) = self.idle.pop_oldest_on(now, |e| mine.contains(e)) {
             return Route::Done(Ok(self.record_idle(entry, req, now)));
         }
         self.route_new_ip(req, now, span)
@@ -83,7 +101,9 @@ impl PoolState {
         // the account's scarcest, queued behind the one in flight anyway). Otherwise: every token
         // taken, some by warm-ups still in flight: this acquire takes one of those IPs when it
         // lands instead of failing while the node still has room for it.
-        let unclaimed_warm = self.warming as usize > self.warm_waiters.len();
+        // Warm-ups are the default network's: a profile's acquire takes a token of its own.
+        let unclaimed_warm =
+            req.network.is_none() && self.warming as usize > self.warm_waiters.len();
         let has_token = !unclaimed_warm && self.capacity.try_take(1);
         if !has_token && !unclaimed_warm {
             return Route::Done(Err(self.capacity_reached(now)));
@@ -107,7 +127,8 @@ impl PoolState {
             self.warm_waiters.push_back(waiter);
             return Route::Wait(rx);
         }
-        match self.pick_eni(now) {
+        let network = waiter.req.network.clone();
+        match self.pick_eni(now, network.as_ref()) {
             Pick::Eni(id) => {
                 let rec = self.enis.get_mut(&id).expect("picked ENI exists");
                 rec.inflight += 1;
@@ -125,6 +146,16 @@ impl PoolState {
                 // in line, or is answered with the error at once when waiting cannot help.
                 self.pending.insert(key, Pending::default());
                 self.wait_or_fail(waiter, err, now);
+                Route::Wait(rx)
+            }
+            Pick::NeedNewEni if network.is_some() => {
+                // The profile's ENIs are full: a new one for it, when it may have one.
+                let profile = network.expect("matched");
+                self.pending.insert(key, Pending::default());
+                match self.profile_may_grow(&profile, now) {
+                    Ok(_) => self.create_waiters.push_back(waiter),
+                    Err(err) => self.wait_or_fail(waiter, err, now),
+                }
                 Route::Wait(rx)
             }
             Pick::NeedNewEni => {
@@ -148,10 +179,15 @@ impl PoolState {
         }
     }
 
-    /// The ENI a new IP should come from: the lowest device index with room that takes work.
-    pub(super) fn pick_eni(&self, now: Instant) -> Pick {
+    /// The ENI a new IP for `network` (a profile, or the default network) should come from: of its
+    /// ENIs, the lowest device index with room that takes work.
+    pub(super) fn pick_eni(&self, now: Instant, network: Option<&ProfileName>) -> Pick {
         let mut blocked = None;
-        let mut pods: Vec<&EniRecord> = self.enis.values().filter(|r| r.serves).collect();
+        let mut pods: Vec<&EniRecord> = self
+            .enis
+            .values()
+            .filter(|r| r.serves && r.profile.as_ref() == network)
+            .collect();
         pods.sort_by_key(|r| r.device_index);
         for r in pods {
             if self.eni_room_now(r, now) == 0 || r.phase == EniPhase::Draining || r.handle.is_none()
@@ -286,7 +322,16 @@ impl PoolState {
             enqueued_at,
             ..
         } = waiter;
-        let alloc = self.record(req.key, req.pod, req.sticky_key, req.meta, ip, eni, now);
+        let alloc = self.record(
+            req.key,
+            req.pod,
+            req.sticky_key,
+            req.meta,
+            req.network,
+            ip,
+            eni,
+            now,
+        );
         tracing::debug!(
             parent: &span,
             %ip,

@@ -14,6 +14,7 @@ use crate::pool::config::PoolConfig;
 use crate::pool::demand::Demand;
 use crate::pool::idle::{IdleQueue, Reservation};
 use crate::pool::pod_network::PodNetwork;
+use crate::pool::profiles::profile_of;
 use crate::pool::seed::{PoolSeed, SeedError};
 use crate::pool::slots::prefix_addresses;
 use crate::pool::types::{AllocationRecord, EniPhase};
@@ -61,6 +62,7 @@ impl PoolState {
             } else {
                 PodNetwork::Discovered
             },
+            profiles: BTreeMap::new(),
             next_create_id: 0,
             growth_contended: false,
             assign_contended: false,
@@ -134,6 +136,7 @@ impl PoolState {
                     primary_ip: e.primary_ip,
                     role,
                     serves,
+                    profile: e.profile.or_else(|| e.eni.as_ref().and_then(profile_of)),
                     ips,
                     prefixes,
                     inflight: 0,
@@ -178,6 +181,7 @@ impl PoolState {
                 });
             }
             st.assigned.insert(a.ip, a.attachment.clone());
+            let network = st.enis.get(&eni).and_then(|r| r.profile.clone());
             st.allocations.insert(
                 a.attachment,
                 AllocationRecord {
@@ -187,6 +191,7 @@ impl PoolState {
                     sticky_key: a.sticky_key,
                     meta: a.meta,
                     since: now,
+                    network,
                 },
             );
         }

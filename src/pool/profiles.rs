@@ -1,0 +1,49 @@
+//! Network profiles: security groups per workload without trunking. A profile is a name with a
+//! subnet and a set of security groups; a pod that selects one gets its IP only from an ENI created
+//! for that profile (in its subnet, with its groups, tagged [`NETWORK_TAG`] so a restart knows it).
+//! Pods without a profile use the node's default pod network ([`super::PodNetwork`]).
+//!
+//! ENIs are a scarce per-node resource, shared by the default network and every profile (device
+//! indexes and capacity tokens alike): a profile keeps no warm IPs beyond what an acquire brings
+//! (the warm levels are the default network's), its idle IPs go back to EC2 once cooled, and its
+//! empty ENIs are released. What each profile could still take is [`ProfileCapacity::free`], which
+//! the daemon advertises as an extended resource so the scheduler places pods only where a slot is.
+//!
+//! The daemon sets the profiles the node serves with [`super::Pool::set_profiles`] and reads the
+//! numbers with [`super::Pool::profile_capacity`].
+
+use crate::cloud::{Eni, Subnet};
+
+pub use crate::cloud::lifecycle::NETWORK_TAG;
+
+/// A profile's name (the `eniipam.io/network` annotation's value).
+pub type ProfileName = String;
+
+/// What the daemon resolved for one profile (subnet described by EC2, groups checked).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProfileNetwork {
+    pub subnet: Subnet,
+    pub security_groups: Vec<String>,
+    /// At most this many ENIs of the node serve the profile (`None`: as many as the node has free).
+    pub max_enis: Option<u32>,
+}
+
+/// One profile's use of the node, and what it could still take.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProfileCapacity {
+    /// ENIs of the profile (attached, and being created).
+    pub enis: u32,
+    /// IPs of its ENIs held by pods.
+    pub assigned: u32,
+    /// IPs of its ENIs idle (cooling, or waiting to go back to EC2).
+    pub idle: u32,
+    /// Pods it can still take now: its idle IPs past cooldown, plus the room on its ENIs and what
+    /// new ENIs could add (free device indexes × addresses per ENI, within `max_enis`), within the
+    /// node's free capacity tokens. 0 for a profile the node no longer serves.
+    pub free: u32,
+}
+
+/// The profile `eni` was created for, from its [`NETWORK_TAG`].
+pub fn profile_of(eni: &Eni) -> Option<ProfileName> {
+    eni.tags.get(NETWORK_TAG).filter(|v| !v.is_empty()).cloned()
+}
