@@ -153,3 +153,55 @@ pub fn spawn(client: kube::Client) -> (notify::Receiver<Profiles>, JoinHandle<()
     });
     (rx, task)
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn ns(name: &str, label: &str) -> Namespace {
+        Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([("l".into(), label.into())])),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        }
+    }
+
+    /// What a change is: a change of what is kept, not of the object (so a relabelled namespace
+    /// or a re-list that finds the same publishes nothing).
+    #[test]
+    fn only_changes_of_what_is_kept_count() {
+        let keep = |n: &Namespace| n.metadata.labels.as_ref().map(|l| l["l"].len());
+        let mut v: View<Option<usize>> = View::new();
+        assert!(!v.apply(Event::Init, keep));
+        assert!(!v.apply(Event::InitApply(ns("a", "x")), keep));
+        assert!(v.apply(Event::InitDone, keep), "the first list completes");
+        assert!(
+            !v.apply(Event::Apply(ns("a", "y")), keep),
+            "same length kept"
+        );
+        assert!(v.apply(Event::Apply(ns("a", "yy")), keep));
+        assert!(v.apply(Event::Apply(ns("b", "x")), keep), "a new object");
+        assert!(!v.apply(Event::Init, keep));
+        assert!(!v.apply(Event::InitApply(ns("a", "zz")), keep));
+        assert!(!v.apply(Event::InitApply(ns("b", "z")), keep));
+        assert!(
+            !v.apply(Event::InitDone, keep),
+            "a re-list that finds the same"
+        );
+        assert!(!v.apply(Event::Init, keep));
+        assert!(!v.apply(Event::InitApply(ns("b", "z")), keep));
+        assert!(
+            v.apply(Event::InitDone, keep),
+            "a deleted while not watched"
+        );
+        assert_eq!(v.objects.keys().collect::<Vec<_>>(), ["b"]);
+        assert!(v.apply(Event::Delete(ns("b", "z")), keep));
+        assert!(!v.apply(Event::Delete(ns("b", "z")), keep));
+    }
+}

@@ -87,8 +87,8 @@ pub struct BoundPod {
     pub phase: PodPhase,
     /// `metadata.deletionTimestamp` is set: terminating, still running until the kubelet stops it.
     pub deleting: bool,
-    /// The pod's `eniipam.io/network` annotation as written ([`crate::network_profiles::ANNOTATION`]) (`Some("")`: explicitly the default
-    /// network), which wins over its namespace's (`network_profiles::pod_profile`).
+    /// The pod's [`crate::network_profiles::ANNOTATION`] as written (`Some("")`: explicitly the
+    /// default network), which wins over its namespace's (`network_profiles::pod_profile`).
     pub network: Option<String>,
 }
 
