@@ -160,7 +160,76 @@ else
   ok "$DEPLOY: the socket variable is ENIIPAM_SOCKET_PATH everywhere"
 fi
 
-# 7. Shell scripts.
+# 7. The NetworkProfile CRD's schema refuses what eniipamd refuses (src/network_profiles/profile.rs):
+#    sample objects, good and bad, against its openAPIV3Schema. JSON Schema has no CEL and no
+#    x-kubernetes-list-type, so the schema's known extensions are translated (set -> uniqueItems, the
+#    two CEL rules -> their JSON Schema equivalents); an unknown CEL rule fails the check.
+if out="$("$VENV/bin/python" - "$DEPLOY/networkprofile-crd.yaml" 2>&1 <<'PY'
+import copy, sys, yaml, jsonschema
+crd = yaml.safe_load(open(sys.argv[1]))
+schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+KNOWN = {
+    "size(self.metadata.name) <= 55": lambda s: s["properties"]["metadata"].update(
+        {"properties": {"name": {"type": "string", "maxLength": 55}}}),
+    "self.all(k, size(k) >= 1 && size(k) <= 128)": lambda s: s.update(
+        {"propertyNames": {"minLength": 1, "maxLength": 128}}),
+}
+def translate(s):
+    if isinstance(s, dict):
+        for rule in s.pop("x-kubernetes-validations", []):
+            if rule["rule"] not in KNOWN:
+                sys.exit(f"unknown CEL rule {rule['rule']!r}: translate it here")
+            KNOWN[rule["rule"]](s)
+        if s.pop("x-kubernetes-list-type", None) == "set":
+            s["uniqueItems"] = True
+        for v in list(s.values()):
+            translate(v)
+    elif isinstance(s, list):
+        for v in s:
+            translate(v)
+translate(schema)
+sg = ["sg-0123abcd"]
+def obj(spec, name="db"):
+    return {"apiVersion": "eniipam.io/v1alpha1", "kind": "NetworkProfile", "metadata": {"name": name}, "spec": spec}
+good = [
+    obj({"subnet": "subnet-0a1b2c3d4e5f60718", "securityGroups": ["sg-0123abcd", "sg-4567ef01"], "maxEnisPerNode": 2}),
+    obj({"subnetSelector": {"tags": {"tier": "db"}}, "securityGroups": sg}),
+    obj({"subnet": "subnet-0123abcd", "securityGroups": sg}, name="a" * 55),
+]
+bad = {
+    "no spec": {"apiVersion": "eniipam.io/v1alpha1", "kind": "NetworkProfile", "metadata": {"name": "db"}},
+    "no subnet": obj({"securityGroups": sg}),
+    "both": obj({"subnet": "subnet-0123abcd", "subnetSelector": {"tags": {"a": "b"}}, "securityGroups": sg}),
+    "bad subnet": obj({"subnet": "subnet-xyz", "securityGroups": sg}),
+    "no tags": obj({"subnetSelector": {}, "securityGroups": sg}),
+    "empty tags": obj({"subnetSelector": {"tags": {}}, "securityGroups": sg}),
+    "tag not a string": obj({"subnetSelector": {"tags": {"tier": 1}}, "securityGroups": sg}),
+    "long tag key": obj({"subnetSelector": {"tags": {"k" * 129: "v"}}, "securityGroups": sg}),
+    "no groups": obj({"subnet": "subnet-0123abcd"}),
+    "empty groups": obj({"subnet": "subnet-0123abcd", "securityGroups": []}),
+    "six groups": obj({"subnet": "subnet-0123abcd", "securityGroups": [f"sg-0000000{i}" for i in range(1, 7)]}),
+    "bad group": obj({"subnet": "subnet-0123abcd", "securityGroups": ["default"]}),
+    "group twice": obj({"subnet": "subnet-0123abcd", "securityGroups": sg * 2}),
+    "maxEnis 0": obj({"subnet": "subnet-0123abcd", "securityGroups": sg, "maxEnisPerNode": 0}),
+    "maxEnis string": obj({"subnet": "subnet-0123abcd", "securityGroups": sg, "maxEnisPerNode": "2"}),
+    "long name": obj({"subnet": "subnet-0123abcd", "securityGroups": sg}, name="a" * 56),
+}
+v = jsonschema.Draft7Validator(schema)
+for o in good:
+    errs = list(v.iter_errors(o))
+    if errs:
+        sys.exit(f"refuses a good profile {o['spec']}: {errs[0].message}")
+for why, o in bad.items():
+    if v.is_valid(o):
+        sys.exit(f"accepts a bad profile ({why}): {o.get('spec')}")
+PY
+)"; then
+  ok "$DEPLOY/networkprofile-crd.yaml (its schema refuses what eniipamd refuses)"
+else
+  fail "$DEPLOY/networkprofile-crd.yaml" "$out"
+fi
+
+# 8. Shell scripts.
 for f in "$DEPLOY"/*.sh; do
   if out="$(sh -n "$f" 2>&1)"; then
     ok "$f (sh -n)"

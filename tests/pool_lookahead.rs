@@ -25,6 +25,7 @@ fn bound(n: usize) -> BoundPod {
         host_network: false,
         phase: PodPhase::Pending,
         deleting: false,
+        network: None,
     }
 }
 

@@ -53,6 +53,16 @@ impl Crd {
         )
     }
 
+    /// eniipam's `NetworkProfile` (`eniipam.io/v1alpha1`, cluster-scoped).
+    pub fn network_profile() -> Self {
+        Self::cluster_scoped(
+            "eniipam.io",
+            "v1alpha1",
+            "NetworkProfile",
+            "networkprofiles",
+        )
+    }
+
     /// `<plural>.<group>`: the CRD's name, and the resource as RBAC names it.
     pub fn key(&self) -> String {
         format!("{}.{}", self.plural, self.group)
@@ -162,7 +172,9 @@ impl FakeApiServer {
     }
 }
 
-fn change(
+/// Records a change of a stored object (custom, or a namespace): the next resourceVersion, the
+/// store updated, and the change published.
+pub(crate) fn change(
     inner: &Inner,
     w: &mut World,
     key: (String, String, String),

@@ -21,6 +21,10 @@
 //!   it does not support. A patch carrying `metadata.resourceVersion` that is not the node's current
 //!   one gets 409 `Conflict` (the server's optimistic concurrency); every change bumps it.
 //!
+//! Namespaces ([`namespaces`]):
+//! - `GET /api/v1/namespaces` (optionally `fieldSelector=metadata.name=<n>`): list and watch as for
+//!   pods, so a daemon sees namespace annotations change.
+//!
 //! Custom resources ([`custom`]), generic over group, version and plural, cluster-scoped or
 //! namespaced, once a test installs the CRD ([`Crd`]); a resource that is not installed answers 404
 //! as a server without the CRD does:
@@ -29,7 +33,7 @@
 //!   (`fieldSelector=metadata.name=<n>` honoured).
 //! - `GET /apis/<group>/<version>/[namespaces/<ns>/]<plural>/<name>`: the object, or a 404 Status.
 //!
-//! Every change to pods, nodes and custom objects bumps the one resourceVersion counter, joins the
+//! Every change to pods, nodes, namespaces and custom objects bumps the one resourceVersion counter, joins the
 //! one history (compacted together) and reaches the open watches of its resource.
 //!
 //! Every request: an optional bearer token (anything else gets a 401 Status); every request's path
@@ -42,6 +46,7 @@
 //! port.
 
 pub mod custom;
+pub mod namespaces;
 pub mod nodes;
 pub mod pods;
 mod stream;
@@ -62,6 +67,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
 pub use custom::{Crd, eniconfig_json};
+pub use namespaces::namespace_json;
 pub use nodes::node_json;
 pub use pods::pod_json;
 
@@ -202,6 +208,7 @@ impl FakeApiServer {
             .route("/api/v1/pods", get(pods::list_or_watch))
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(pods::get_pod))
             .route("/api/v1/nodes", get(nodes::list_or_watch))
+            .route("/api/v1/namespaces", get(namespaces::list_or_watch))
             .route("/apis/{*path}", get(custom::serve))
             .route(
                 "/api/v1/nodes/{name}",

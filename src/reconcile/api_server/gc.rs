@@ -318,6 +318,7 @@ mod tests {
             host_network: false,
             phase,
             deleting: false,
+            network: None,
         }
     }
 

@@ -87,6 +87,9 @@ pub struct BoundPod {
     pub phase: PodPhase,
     /// `metadata.deletionTimestamp` is set: terminating, still running until the kubelet stops it.
     pub deleting: bool,
+    /// The pod's [`crate::network_profiles::ANNOTATION`] as written (`Some("")`: explicitly the
+    /// default network), which wins over its namespace's (`network_profiles::pod_profile`).
+    pub network: Option<String>,
 }
 
 impl BoundPod {
@@ -112,6 +115,11 @@ impl BoundPod {
                 .unwrap_or(false),
             phase: PodPhase::parse(pod.status.as_ref().and_then(|s| s.phase.as_deref())),
             deleting: meta.deletion_timestamp.is_some(),
+            network: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::network_profiles::ANNOTATION))
+                .cloned(),
         })
     }
 
@@ -425,6 +433,7 @@ mod tests {
             host_network: false,
             phase,
             deleting: false,
+            network: None,
         }
     }
 

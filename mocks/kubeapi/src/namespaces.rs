@@ -1,0 +1,125 @@
+//! Namespaces: list and watch (all of them, or one by `metadata.name`), and what tests do to them
+//! (create, annotate, delete). Stored with the custom objects (key `namespaces`, cluster-scoped), so
+//! they share the one history, the resourceVersion counter and the watch machinery.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use crate::custom::change;
+use crate::stream::{self as watch, Kind};
+use crate::{FakeApiServer, Inner, authorized, status_response};
+
+/// The change log's key of namespaces (also their RBAC resource name).
+const RESOURCE: &str = "namespaces";
+
+fn kind() -> Kind {
+    Kind {
+        resource: RESOURCE.into(),
+        api_version: "v1".into(),
+        kind: "Namespace".into(),
+    }
+}
+
+fn key(name: &str) -> (String, String, String) {
+    (RESOURCE.into(), String::new(), name.into())
+}
+
+/// A namespace as the API server stores it: `annotations` as given, `status.phase` `Active`.
+pub fn namespace_json(name: &str, annotations: &[(&str, &str)]) -> Value {
+    let annotations: serde_json::Map<String, Value> = annotations
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    json!({
+        "metadata": {"name": name, "uid": format!("uid-ns-{name}"), "annotations": annotations},
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
+    })
+}
+
+impl FakeApiServer {
+    /// Creates (or replaces) a namespace with these annotations: `ADDED` or `MODIFIED`.
+    pub fn put_namespace(&self, name: &str, annotations: &[(&str, &str)]) {
+        let mut w = self.inner.world.lock().unwrap();
+        let k = key(name);
+        let verb = if w.objects.contains_key(&k) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        change(
+            &self.inner,
+            &mut w,
+            k,
+            verb,
+            namespace_json(name, annotations),
+        );
+    }
+
+    /// Sets (`Some`) or removes (`None`) one annotation of an existing namespace, as
+    /// `kubectl annotate` does; an update that changes nothing is no change (no event).
+    pub fn set_namespace_annotation(&self, name: &str, annotation: &str, value: Option<&str>) {
+        let mut w = self.inner.world.lock().unwrap();
+        let k = key(name);
+        let mut ns = w.objects.get(&k).cloned().expect("no such namespace");
+        let before = ns.clone();
+        let map = &mut ns["metadata"]["annotations"];
+        if !map.is_object() {
+            *map = json!({});
+        }
+        let map = map.as_object_mut().unwrap();
+        match value {
+            Some(v) => map.insert(annotation.to_owned(), json!(v)),
+            None => map.remove(annotation),
+        };
+        if ns != before {
+            change(&self.inner, &mut w, k, "MODIFIED", ns);
+        }
+    }
+
+    /// Deletes a namespace (watches see its last state). False if absent.
+    pub fn delete_namespace(&self, name: &str) -> bool {
+        let mut w = self.inner.world.lock().unwrap();
+        let k = key(name);
+        let Some(ns) = w.objects.get(&k).cloned() else {
+            return false;
+        };
+        change(&self.inner, &mut w, k, "DELETED", ns);
+        true
+    }
+}
+
+pub(crate) async fn list_or_watch(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    if !authorized(&inner, &headers) {
+        return status_response(401, "Unauthorized", "Unauthorized".into());
+    }
+    let name = match watch::name_selector(&q) {
+        Ok(n) => n,
+        Err(r) => return *r,
+    };
+    let what = kind();
+    let watching = watch::is_watch(&q);
+    if let Some(r) = watch::forbidden(&inner, &what, if watching { "watch" } else { "list" }) {
+        return r;
+    }
+    let wanted = move |o: &Value| name.as_ref().is_none_or(|n| o["metadata"]["name"] == **n);
+    if watching {
+        return watch::watch(inner, what, &q, wanted);
+    }
+    watch::list(&inner, &what, |w| {
+        w.objects
+            .iter()
+            .filter(|((r, _, _), o)| r == RESOURCE && wanted(o))
+            .map(|(_, o)| o.clone())
+            .collect()
+    })
+}

@@ -1,0 +1,32 @@
+//! Network profiles, the Kubernetes half (issue 27, item 2): security groups per workload without
+//! trunking. A `NetworkProfile` (our small cluster-scoped CRD, `deploy/networkprofile-crd.yaml`)
+//! names a subnet (or a tag selector for the node's zone) and the security groups its pods' ENIs
+//! carry; a pod selects one by the annotation `eniipam.io/network: <name>`, on itself or on its
+//! namespace (the pod's wins; an empty value means the default network). The node advertises each
+//! profile's free slots as the extended resource `eniipam.io/network-<name>`, so the scheduler
+//! places a pod that requests one only where a slot exists.
+//!
+//! What this module gives the daemon, which wires it to the pool (ENIs per profile, their capacity):
+//!
+//! - [`profile`]: the `NetworkProfile` type and its validation into a [`ProfileSpec`], each refusal
+//!   naming the object and the field.
+//! - [`watch`]: [`spawn`], the profiles published as [`Profiles`] on a `tokio::sync::watch` channel
+//!   whenever they change.
+//! - [`select`]: which profile a pod selects ([`pod_profile`]) and the namespaces' annotations
+//!   ([`Namespaces`], [`spawn_namespaces`]).
+//! - [`resources`]: the node's extended resources ([`Advertiser`], [`resources::spawn`]), and why
+//!   they are patched as they are.
+//!
+//! Why ENIs and not branch ENIs: trunking (what the VPC CNI's security groups for pods use) is not a
+//! public EC2 API. An ENI already carries security groups, so a profile is a set of ENIs; since a
+//! node has few ENI slots, capacity is per profile, and the scheduler must see it.
+
+pub mod profile;
+pub mod resources;
+pub mod select;
+pub mod watch;
+
+pub use profile::{NetworkProfile, ProfileSpec, SubnetChoice};
+pub use resources::{Advertiser, RESOURCE_PREFIX, resource_name};
+pub use select::{ANNOTATION, Namespaces, pod_profile, spawn_namespaces};
+pub use watch::{Profiles, spawn};
