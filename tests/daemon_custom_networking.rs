@@ -150,10 +150,15 @@ async fn the_zones_eniconfig_puts_pods_in_its_subnet_and_a_change_applies_to_new
     let block_a: Ipv4Net = "100.64.0.0/19".parse().unwrap();
     let mut first = Vec::new();
     for i in 0..9 {
-        let ip = allocate(&d, i).await.unwrap_or_else(|e| panic!("pod {i}: {e}"));
+        let ip = allocate(&d, i)
+            .await
+            .unwrap_or_else(|e| panic!("pod {i}: {e}"));
         assert!(block_a.contains(&ip), "{ip}");
         let (subnet, groups, index) = eni_of(&mock, ip);
-        assert_eq!((subnet.as_str(), groups, index > 0), (w.subnet_a.as_str(), vec![w.sg_a.clone()], true));
+        assert_eq!(
+            (subnet.as_str(), groups, index > 0),
+            (w.subnet_a.as_str(), vec![w.sg_a.clone()], true)
+        );
         first.push(ip);
     }
     let eth0 = mock
@@ -163,7 +168,11 @@ async fn the_zones_eniconfig_puts_pods_in_its_subnet_and_a_change_applies_to_new
         .into_iter()
         .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
         .unwrap();
-    assert!(eth0.secondary_ips.is_empty(), "eth0 serves no pods: {:?}", eth0.secondary_ips);
+    assert!(
+        eth0.secondary_ips.is_empty(),
+        "eth0 serves no pods: {:?}",
+        eth0.secondary_ips
+    );
     let m = metrics(&d).await;
     assert_eq!(metric(&m, "eniipam_pod_network_ready"), Some(1.0), "{m}");
     assert_eq!(metric(&m, "eniipam_pod_network_changes_total"), Some(0.0));
@@ -185,11 +194,18 @@ async fn the_zones_eniconfig_puts_pods_in_its_subnet_and_a_change_applies_to_new
     }
     // The first ENI is full: the next pod's ENI follows the ENIConfig.
     let ip = allocate(&d, 9).await.unwrap();
-    assert!("100.64.32.0/19".parse::<Ipv4Net>().unwrap().contains(&ip), "{ip}");
+    assert!(
+        "100.64.32.0/19".parse::<Ipv4Net>().unwrap().contains(&ip),
+        "{ip}"
+    );
     let (subnet, groups, _) = eni_of(&mock, ip);
     assert_eq!((subnet, groups), (w.subnet_b.clone(), vec![w.sg_b.clone()]));
     let m = metrics(&d).await;
-    assert_eq!(metric(&m, "eniipam_pod_network_changes_total"), Some(1.0), "{m}");
+    assert_eq!(
+        metric(&m, "eniipam_pod_network_changes_total"),
+        Some(1.0),
+        "{m}"
+    );
 
     // The node relabelled to a name no ENIConfig has: no ENI can be made, the ENIs there still serve.
     api.set_node_label(NODE, ZONE_LABEL, Some("us-east-1z"));
@@ -220,11 +236,16 @@ async fn no_usable_eniconfig_creates_no_eni_and_the_add_says_why_until_it_is_fix
     let e = allocate(&d, 0).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
     assert!(
-        e.message().contains(&format!("ENIConfig \"{}\"", w.zone)) && e.message().contains("exists"),
+        e.message().contains(&format!("ENIConfig \"{}\"", w.zone))
+            && e.message().contains("exists"),
         "{e}"
     );
     assert_eq!(creates(), 0);
-    assert_eq!(mock.network_interfaces().len(), 1, "nothing in the node's subnet either");
+    assert_eq!(
+        mock.network_interfaces().len(),
+        1,
+        "nothing in the node's subnet either"
+    );
     // An ENIConfig whose subnet is in another zone: refused, naming both zones.
     api.put_object(&crd, eniconfig_json(&w.zone, &w.other_zone, None));
     until("the other-zone ENIConfig is judged", || {
@@ -232,7 +253,27 @@ async fn no_usable_eniconfig_creates_no_eni_and_the_add_says_why_until_it_is_fix
     })
     .await;
     let e = allocate(&d, 1).await.unwrap_err();
-    assert!(e.message().contains(&w.other_zone) && e.message().contains(&w.zone), "{e}");
+    assert!(
+        e.message().contains(&w.other_zone) && e.message().contains(&w.zone),
+        "{e}"
+    );
+    assert_eq!(mock.network_interfaces().len(), 1);
+    // A group EC2 does not have: named, nothing created.
+    api.put_object(
+        &crd,
+        eniconfig_json(&w.zone, &w.subnet_a, Some(&["sg-0123456789abcdef0"])),
+    );
+    until("the unknown group is judged", || {
+        matches!(&d.pool.pod_network(), PodNetwork::Unavailable { reason } if reason.contains("sg-0123456789abcdef0"))
+    })
+    .await;
+    assert!(
+        allocate(&d, 3)
+            .await
+            .unwrap_err()
+            .message()
+            .contains("sg-0123456789abcdef0")
+    );
     assert_eq!(mock.network_interfaces().len(), 1);
     // A malformed one: the field is named.
     api.put_object(&crd, eniconfig_json(&w.zone, "subnet-nothex!", None));
@@ -242,7 +283,10 @@ async fn no_usable_eniconfig_creates_no_eni_and_the_add_says_why_until_it_is_fix
     .await;
     // Fixed, with no groups listed: eth0's groups, as with the VPC CNI.
     api.put_object(&crd, eniconfig_json(&w.zone, &w.subnet_a, None));
-    until("the fixed ENIConfig reaches the pool", || custom_subnet(&d).is_some()).await;
+    until("the fixed ENIConfig reaches the pool", || {
+        custom_subnet(&d).is_some()
+    })
+    .await;
     let ip = allocate(&d, 2).await.expect("served once fixed");
     let (subnet, groups, _) = eni_of(&mock, ip);
     assert_eq!(subnet, w.subnet_a);

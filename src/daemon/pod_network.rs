@@ -6,7 +6,8 @@
 //! (its seed never falls back to the node's own subnet) and gets the resolved setting before anything
 //! is served. Then a follower applies every change:
 //! - a usable ENIConfig: its subnet must exist in the node's VPC and availability zone, and its
-//!   security groups in the node's VPC (none named: eth0's, as the VPC CNI does);
+//!   security groups in the node's VPC (one DescribeSecurityGroups; none named: eth0's, as the VPC
+//!   CNI does);
 //! - anything else (the node names no ENIConfig, names one that does not exist, one that is invalid,
 //!   or whose subnet or groups EC2 does not know): no new ENI, and every ADD that needs one fails with
 //!   a CNI error naming the reason; ENIs the node has keep serving.
@@ -128,6 +129,26 @@ pub(super) async fn resolve(
     let security_groups = if ready.security_groups.is_empty() {
         node.security_groups.clone()
     } else {
+        // Checked now, so a typo is named here and not by every CreateNetworkInterface.
+        let groups = match cloud.describe_security_groups(&ready.security_groups).await {
+            Ok(groups) => groups,
+            Err(e) if e.is_retryable() || matches!(e, CloudError::RetriesExhausted { .. }) => {
+                return Err(e);
+            }
+            Err(e) => {
+                return unavailable(format!(
+                    "ENIConfig {:?} names security groups {} that EC2 does not show: {e}",
+                    ready.eni_config,
+                    ready.security_groups.join(",")
+                ));
+            }
+        };
+        if let Some(g) = groups.iter().find(|g| g.vpc_id != node.vpc_id) {
+            return unavailable(format!(
+                "ENIConfig {:?} names security group {} of {}, but this node's VPC is {}",
+                ready.eni_config, g.id, g.vpc_id, node.vpc_id
+            ));
+        }
         ready.security_groups.clone()
     };
     Ok(PodNetwork::Custom {

@@ -16,7 +16,6 @@
 use ipnet::Ipv4Net;
 use serde::Serialize;
 
-use super::iam::IamFacts;
 use super::{Ec2Error, Ec2Result, World, malformed, not_found, well_formed};
 
 /// EC2's default quota of IPv4 CIDR blocks per VPC (the primary and four secondaries).
