@@ -8,11 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use tokio::time::Instant;
 
 use super::round::{CreatePlan, RoundPlan};
-use super::{CreatingEni, PoolState, SubnetBackoffKind};
+use super::{CreatingEni, PoolState};
 use crate::cloud::lifecycle::Slots;
 use crate::model::EniId;
 use crate::pool::config::PREFIX_ADDRESSES;
-use crate::pool::error::{BackoffTarget, PoolError, ProfileUnavailableReason};
+use crate::pool::error::{PoolError, ProfileUnavailableReason};
 use crate::pool::profiles::{ProfileCapacity, ProfileName, ProfileNetwork};
 use crate::pool::types::Waiter;
 
@@ -116,24 +116,6 @@ impl PoolState {
             };
         }
         Ok(true)
-    }
-
-    /// The back-off of `subnet_id` at `now`, if any (exhausted, or creations failing).
-    fn subnet_backing_off(&self, subnet_id: &str, now: Instant) -> Option<PoolError> {
-        let b = self.subnets.get(subnet_id)?.backoff.as_ref()?;
-        if b.until <= now {
-            return None;
-        }
-        Some(match b.kind {
-            SubnetBackoffKind::Exhausted => self.subnet_exhausted(subnet_id, now)?,
-            SubnetBackoffKind::CreateFailing => PoolError::BackingOff {
-                target: BackoffTarget::EniCreation {
-                    subnet_id: subnet_id.to_owned(),
-                },
-                retry_after: b.until - now,
-                last_error: Box::new(b.error.clone()),
-            },
-        })
     }
 
     /// Sets the profiles the node serves. Their subnets are learned (EC2 described them); ENIs of a

@@ -30,6 +30,12 @@ impl PoolState {
                 reason: reason.clone(),
             });
         }
+        self.subnet_backing_off(subnet_id, now)
+    }
+
+    /// The back-off of `subnet_id` at `now`, if any (exhausted, or creations failing): what blocks
+    /// a create there for any network (the default one and every profile).
+    pub(super) fn subnet_backing_off(&self, subnet_id: &str, now: Instant) -> Option<PoolError> {
         let b = self.subnets.get(subnet_id)?.backoff.as_ref()?;
         if b.until <= now {
             return None;
