@@ -344,7 +344,7 @@ mod tests {
             }
         }
         let all = actions(&v);
-        assert_eq!(all.len(), 15, "{all:?}");
+        assert_eq!(all.len(), 16, "{all:?}");
         assert!(all.iter().all(|a| a.starts_with("ec2:")));
     }
 
