@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::custom::change;
 use crate::stream::{self as watch, Kind};
-use crate::{FakeApiServer, Inner, authorized, status_response};
+use crate::{FakeApiServer, Inner};
 
 /// The change log's key of namespaces (also their RBAC resource name).
 const RESOURCE: &str = "namespaces";
@@ -99,26 +99,10 @@ pub(crate) async fn list_or_watch(
     headers: HeaderMap,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
-    if !authorized(&inner, &headers) {
-        return status_response(401, "Unauthorized", "Unauthorized".into());
-    }
-    let name = match watch::name_selector(&q) {
-        Ok(n) => n,
-        Err(r) => return *r,
-    };
-    let what = kind();
-    let watching = watch::is_watch(&q);
-    if let Some(r) = watch::forbidden(&inner, &what, if watching { "watch" } else { "list" }) {
-        return r;
-    }
-    let wanted = move |o: &Value| name.as_ref().is_none_or(|n| o["metadata"]["name"] == **n);
-    if watching {
-        return watch::watch(inner, what, &q, wanted);
-    }
-    watch::list(&inner, &what, |w| {
+    watch::cluster_list_or_watch(inner, &headers, &q, kind(), |w| {
         w.objects
             .iter()
-            .filter(|((r, _, _), o)| r == RESOURCE && wanted(o))
+            .filter(|((r, _, _), _)| r == RESOURCE)
             .map(|(_, o)| o.clone())
             .collect()
     })

@@ -196,27 +196,8 @@ pub(crate) async fn list_or_watch(
     headers: HeaderMap,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
-    if !authorized(&inner, &headers) {
-        return status_response(401, "Unauthorized", "Unauthorized".into());
-    }
-    let name = match watch::name_selector(&q) {
-        Ok(n) => n,
-        Err(r) => return *r,
-    };
-    let what = node_kind();
-    let watching = watch::is_watch(&q);
-    if let Some(r) = watch::forbidden(&inner, &what, if watching { "watch" } else { "list" }) {
-        return r;
-    }
-    let wanted = move |n: &Value| {
-        name.as_ref()
-            .is_none_or(|want| n["metadata"]["name"] == **want)
-    };
-    if watching {
-        return watch::watch(inner, what, &q, wanted);
-    }
-    watch::list(&inner, &what, |w| {
-        w.nodes.values().filter(|n| wanted(n)).cloned().collect()
+    watch::cluster_list_or_watch(inner, &headers, &q, node_kind(), |w| {
+        w.nodes.values().cloned().collect()
     })
 }
 

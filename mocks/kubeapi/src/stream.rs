@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -195,6 +196,36 @@ pub(crate) fn watch(
         .header("content-type", "application/json")
         .body(body)
         .unwrap()
+}
+
+/// A list or watch of the cluster-scoped `what` (nodes, namespaces): the bearer token, then
+/// `fieldSelector=metadata.name=<n>` narrowing it to one object (as kube-rs watches one node), the
+/// injected RBAC refusal, then [`watch`] or a [`list`] of `all(world)`.
+pub(crate) fn cluster_list_or_watch(
+    inner: Arc<Inner>,
+    headers: &HeaderMap,
+    q: &BTreeMap<String, String>,
+    what: Kind,
+    all: impl Fn(&crate::World) -> Vec<Value>,
+) -> Response {
+    if !crate::authorized(&inner, headers) {
+        return status_response(401, "Unauthorized", "Unauthorized".into());
+    }
+    let name = match name_selector(q) {
+        Ok(n) => n,
+        Err(r) => return *r,
+    };
+    let watching = is_watch(q);
+    if let Some(r) = forbidden(&inner, &what, if watching { "watch" } else { "list" }) {
+        return r;
+    }
+    let wanted = move |o: &Value| name.as_ref().is_none_or(|n| o["metadata"]["name"] == **n);
+    if watching {
+        return watch(inner, what, q, wanted);
+    }
+    list(&inner, &what, |w| {
+        all(w).into_iter().filter(|o| wanted(o)).collect()
+    })
 }
 
 /// The name of `fieldSelector=metadata.name=<n>`, `None` without a field selector; any other
