@@ -410,3 +410,48 @@ async fn a_pod_naming_a_profile_that_cannot_serve_it_gets_error_11_naming_it_unt
     d.pool.check_invariants().unwrap();
     d.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_each_enis_profile_and_its_pods() {
+    let (mock, api, w, _dir, cfg) = setup("np-restart", true).await;
+    let crd = Crd::network_profile();
+    api.put_object(
+        &crd,
+        profile(
+            "db",
+            json!({"subnet": w.subnet_db, "securityGroups": [w.sg_db]}),
+        ),
+    );
+    let d = start(cfg.clone()).await;
+    api.put_pod(pod("default", "db-0", Some("db")));
+    api.put_pod(pod("default", "plain-0", None));
+    let db0 = add(&d, "default", "db-0").await.expect("db-0");
+    let plain = add(&d, "default", "plain-0").await.expect("plain-0");
+    let db_eni = eni_of(&mock, db0);
+    d.shutdown().await;
+
+    // The rebuild learns the profile from the ENI's tag: the pods keep their IPs, and the ENI
+    // still serves db only.
+    let d = start(cfg).await;
+    let key = |c: &str| eniipam::model::AttachmentKey::new(c, "eth0");
+    assert_eq!(d.pool.allocation(&key("c-db-0")).map(|a| a.ip), Some(db0));
+    assert_eq!(
+        d.pool.allocation(&key("c-plain-0")).map(|a| a.ip),
+        Some(plain)
+    );
+    let snap = d.pool.snapshot();
+    let eni = snap
+        .enis
+        .iter()
+        .find(|e| e.ips.iter().any(|i| i.ip == db0))
+        .expect("db's ENI");
+    assert_eq!(eni.network.as_deref(), Some("db"));
+    api.put_pod(pod("default", "db-1", Some("db")));
+    api.put_pod(pod("default", "plain-1", None));
+    let db1 = add(&d, "default", "db-1").await.expect("db-1");
+    assert_eq!(eni_of(&mock, db1), db_eni, "db's next pod: the same ENI");
+    let plain1 = add(&d, "default", "plain-1").await.expect("plain-1");
+    assert_eq!(eni_of(&mock, plain1).2, None, "never a profile's ENI");
+    d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+}
