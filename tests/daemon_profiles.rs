@@ -455,3 +455,50 @@ async fn a_restart_keeps_each_enis_profile_and_its_pods() {
     d.pool.check_invariants().unwrap();
     d.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profiles_changed_groups_reach_the_enis_of_its_running_pods() {
+    let (mock, api, w, _dir, cfg) = setup("np-groups", true).await;
+    let crd = Crd::network_profile();
+    api.put_object(
+        &crd,
+        profile(
+            "db",
+            json!({"subnet": w.subnet_db, "securityGroups": [w.sg_db]}),
+        ),
+    );
+    let d = start(cfg).await;
+    api.put_pod(pod("default", "db-0", Some("db")));
+    let ip = add(&d, "default", "db-0").await.expect("db-0");
+    assert_eq!(eni_of(&mock, ip).1, vec![w.sg_db.clone()]);
+    // The operator swaps db's groups: the running pod's ENI follows (the shipped IAM policy allows
+    // setting groups of the VPC on the cluster's ENIs).
+    api.put_object(
+        &crd,
+        profile(
+            "db",
+            json!({"subnet": w.subnet_db, "securityGroups": [w.sg_app, w.sg_other]}),
+        ),
+    );
+    until("the ENI carries the new groups", || {
+        let mut groups = eni_of(&mock, ip).1;
+        groups.sort();
+        let mut want = vec![w.sg_app.clone(), w.sg_other.clone()];
+        want.sort();
+        groups == want
+    })
+    .await;
+    assert_eq!(
+        d.pool
+            .allocation(&eniipam::model::AttachmentKey::new("c-db-0", "eth0"))
+            .map(|a| a.ip),
+        Some(ip),
+        "the pod keeps its IP"
+    );
+    // The next ENI of db is created with them too; the pool's rules still hold.
+    api.put_pod(pod("default", "db-1", Some("db")));
+    let ip1 = add(&d, "default", "db-1").await.expect("db-1");
+    assert_eq!(eni_of(&mock, ip1).2.as_deref(), Some("db"));
+    d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+}

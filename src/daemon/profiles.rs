@@ -13,6 +13,10 @@
 //!   the reason names it. EC2 failing transiently keeps each profile's previous answer and tries
 //!   again with back-off; the set is checked again every [`RECHECK`] too (a tag-selected subnet
 //!   may have been replaced, a group deleted).
+//! - **Groups follow the profile**: after each check, every ENI tagged with a usable profile whose
+//!   groups differ from the profile's is brought to them (ModifyNetworkInterfaceAttribute), so a
+//!   profile's changed groups reach its running pods, not only its next ENIs (a changed subnet
+//!   cannot: it applies to new ENIs).
 //! - **Selecting**: on a new ADD the pod's annotation comes from the daemon's pod watch (the pod is
 //!   bound before the runtime makes its sandbox), else from one GET of the pod; its namespace's from
 //!   the namespace watch, else one GET. A pod naming a profile that does not exist, is invalid or is
@@ -39,8 +43,12 @@ use crate::model::PodRef;
 use crate::network_profiles::{
     self as np, ANNOTATION, Namespaces, ProfileSpec, Profiles, SubnetChoice,
 };
+use crate::pool::profiles::NETWORK_TAG;
 use crate::pool::{Pool, PoolError, ProfileName, ProfileNetwork, ProfileUnavailableReason};
 use crate::reconcile::api_server::PodWatch;
+
+/// After ENIs were brought to their profile's groups, the next check comes this soon.
+const SETTLE: Duration = Duration::from_secs(30);
 
 /// The profiles are checked against EC2 again this often, changed or not.
 pub(super) const RECHECK: Duration = Duration::from_secs(600);
@@ -230,11 +238,19 @@ fn spawn_checker(
         loop {
             let now = rx.borrow_and_update().clone();
             let previous = judged.read().unwrap_or_else(|e| e.into_inner()).clone();
-            let wait = match judge(&now, cloud.as_ref(), &node).await {
+            let checked = match judge(&now, cloud.as_ref(), &node).await {
                 Ok(fresh) => {
-                    apply(&pool, &metrics, &judged, &previous, fresh);
+                    apply(&pool, &metrics, &judged, &previous, fresh.clone());
+                    sync_groups(&fresh, cloud.as_ref(), &node).await
+                }
+                Err(e) => Err(e),
+            };
+            let wait = match checked {
+                Ok(changed) => {
                     pause = RETRY.0;
-                    RECHECK
+                    // An ENI whose create was in flight when the groups changed got the old ones:
+                    // look again soon.
+                    if changed > 0 { SETTLE } else { RECHECK }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?pause,
@@ -390,6 +406,54 @@ async fn judge(
         out.profiles.insert(name.clone(), verdict);
     }
     Ok(out)
+}
+
+/// Brings every ENI of a usable profile to exactly the profile's groups (one DescribeInstances of
+/// the node; one ModifyNetworkInterfaceAttribute per ENI that differs): a profile is the groups its
+/// pods get, so changing them must reach the pods already running, not only new ENIs. How many
+/// ENIs were changed; `Err` when EC2 failed transiently (the next try comes after back-off).
+async fn sync_groups(
+    judged: &Judged,
+    cloud: &dyn Cloud,
+    node: &NodeContext,
+) -> Result<usize, CloudError> {
+    if !judged.profiles.values().any(Result::is_ok) {
+        return Ok(0);
+    }
+    let instance = cloud.describe_instance(&node.instance_id).await?;
+    let mut changed = 0;
+    for eni in &instance.enis {
+        let Some(profile) = eni.tags.get(NETWORK_TAG) else {
+            continue;
+        };
+        let Some(Ok(net)) = judged.profiles.get(profile) else {
+            continue;
+        };
+        let has: BTreeSet<&String> = eni.security_groups.iter().collect();
+        let wants: BTreeSet<&String> = net.security_groups.iter().collect();
+        if has == wants {
+            continue;
+        }
+        match cloud
+            .set_security_groups(&eni.id, &net.security_groups)
+            .await
+        {
+            Ok(()) => {
+                changed += 1;
+                tracing::warn!(eni = %eni.id, %profile, from = ?eni.security_groups,
+                    to = ?net.security_groups,
+                    "network profile's security groups changed: its ENI (and the pods on it) now carries the new ones");
+            }
+            Err(e) if e.is_retryable() || matches!(e, CloudError::RetriesExhausted { .. }) => {
+                return Err(e);
+            }
+            Err(e) => {
+                tracing::error!(eni = %eni.id, %profile, error = %e,
+                    "cannot bring the ENI to its network profile's security groups");
+            }
+        }
+    }
+    Ok(changed)
 }
 
 /// The subnets of the node's VPC and zone (one DescribeSubnets).

@@ -240,6 +240,12 @@ pub fn policy(cluster: &str, vpc_id: &str, partition: Partition) -> Result<Polic
                 Some(in_vpc.clone()),
             ),
             allow(
+                "SetThisVpcsGroupsOnEnis",
+                json!("ec2:ModifyNetworkInterfaceAttribute"),
+                json!(format!("arn:{p}:ec2:*:*:security-group/*")),
+                Some(in_vpc.clone()),
+            ),
+            allow(
                 "TagEniOnlyWhileCreatingIt",
                 json!("ec2:CreateTags"),
                 json!(eni),
