@@ -17,7 +17,6 @@ mod daemon_support;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::time::Duration;
 
 use daemon_support::*;
 use eniipam::config::DaemonConfig;
@@ -81,6 +80,14 @@ fn profile(name: &str, spec: Value) -> Value {
     json!({"metadata": {"name": name}, "spec": spec})
 }
 
+/// `db`: its subnet by id, its one group.
+fn db_profile(w: &World) -> Value {
+    profile(
+        "db",
+        json!({"subnet": w.subnet_db, "securityGroups": [w.sg_db]}),
+    )
+}
+
 /// A pod bound to the node, with the profile annotation when given.
 fn pod(ns: &str, name: &str, network: Option<&str>) -> Value {
     let mut p = eniipam_kubeapi::pod_json(ns, name, &format!("uid-{name}"), NODE, "Pending");
@@ -130,15 +137,6 @@ async fn add(d: &DaemonHandle, ns: &str, name: &str) -> Result<Ipv4Addr, tonic::
         .map(|r| r.into_inner().ip.parse().unwrap())
 }
 
-/// `cond`, polled every 50 ms, or a panic naming `what` after 20 s.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// `(subnet, groups, profile tag)` of the ENI holding `ip` in EC2.
 fn eni_of(mock: &MockCloud, ip: Ipv4Addr) -> (String, Vec<String>, Option<String>) {
     let e = mock
@@ -159,21 +157,6 @@ fn advertised(api: &FakeApiServer, profile: &str) -> (Option<String>, Option<Str
     let key = format!("eniipam.io/network-{profile}");
     let get = |map: &str| node["status"][map][&key].as_str().map(str::to_owned);
     (get("capacity"), get("allocatable"))
-}
-
-fn metric(body: &str, line_start: &str) -> Option<f64> {
-    body.lines()
-        .find(|l| l.starts_with(line_start) && l[line_start.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
-async fn metrics(d: &DaemonHandle) -> String {
-    reqwest::get(format!("http://{}/metrics", d.metrics_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,26 +229,26 @@ async fn profile_pods_get_ips_only_from_their_profiles_enis_and_the_node_adverti
     assert_eq!(db_enis[0].subnet_id, w.subnet_db);
 
     // m5.large: 10 addresses per ENI, 9 for pods; db may have one ENI: 8 slots left after db-0.
-    until("db's free slots reach the node", || {
+    wait_until("db's free slots reach the node", || {
         advertised(&api, "db") == (Some("8".into()), Some("8".into()))
     })
     .await;
     assert!(advertised(&api, "app").0.is_some());
-    let m = metrics(&d).await;
+    let m = scrape(&d).await;
     assert_eq!(
-        metric(&m, "eniipam_network_profile_enis{profile=\"db\"}"),
+        sample(&m, "eniipam_network_profile_enis{profile=\"db\"}"),
         Some(1.0),
         "{m}"
     );
     assert_eq!(
-        metric(
+        sample(
             &m,
             "eniipam_network_profile_assigned_ip_addresses{profile=\"db\"}"
         ),
         Some(1.0)
     );
     assert_eq!(
-        metric(&m, "eniipam_network_profile_usable{profile=\"app\"}"),
+        sample(&m, "eniipam_network_profile_usable{profile=\"app\"}"),
         Some(1.0)
     );
 
@@ -276,7 +259,7 @@ async fn profile_pods_get_ips_only_from_their_profiles_enis_and_the_node_adverti
         let ip = add(&d, "default", &name).await.expect("db fits");
         assert_eq!(eni_of(&mock, ip).2.as_deref(), Some("db"));
     }
-    until("db's free slots drop to 0", || {
+    wait_until("db's free slots drop to 0", || {
         advertised(&api, "db") == (Some("0".into()), Some("0".into()))
     })
     .await;
@@ -287,9 +270,9 @@ async fn profile_pods_get_ips_only_from_their_profiles_enis_and_the_node_adverti
         e.message().contains("network profile db") && e.message().contains("at most 1"),
         "{e}"
     );
-    let m = metrics(&d).await;
+    let m = scrape(&d).await;
     assert_eq!(
-        metric(&m, "eniipam_network_profile_free_slots{profile=\"db\"}"),
+        sample(&m, "eniipam_network_profile_free_slots{profile=\"db\"}"),
         Some(0.0),
         "{m}"
     );
@@ -299,7 +282,7 @@ async fn profile_pods_get_ips_only_from_their_profiles_enis_and_the_node_adverti
     d.pool.check_invariants().unwrap();
     // The profile deleted: its slots are no longer advertised, and its pods keep their IPs.
     api.delete_object(&crd, None, "db");
-    until("db's resource leaves the node", || {
+    wait_until("db's resource leaves the node", || {
         advertised(&api, "db").0.is_none()
     })
     .await;
@@ -360,16 +343,16 @@ async fn a_pod_naming_a_profile_that_cannot_serve_it_gets_error_11_naming_it_unt
     }
     assert_eq!(enis(), before, "nothing created for a refused profile");
     // What cannot serve here is advertised as 0 (the scheduler sends its pods elsewhere).
-    until("the unusable profiles are advertised as 0", || {
+    wait_until("the unusable profiles are advertised as 0", || {
         ["bad", "far", "ghost"]
             .iter()
             .all(|p| advertised(&api, p).1.as_deref() == Some("0"))
             && advertised(&api, "ok").1.is_some_and(|n| n != "0")
     })
     .await;
-    let m = metrics(&d).await;
+    let m = scrape(&d).await;
     assert_eq!(
-        metric(&m, "eniipam_network_profile_usable{profile=\"far\"}"),
+        sample(&m, "eniipam_network_profile_usable{profile=\"far\"}"),
         Some(0.0),
         "{m}"
     );
@@ -393,7 +376,7 @@ async fn a_pod_naming_a_profile_that_cannot_serve_it_gets_error_11_naming_it_unt
             json!({"subnet": w.subnet_db, "securityGroups": [w.sg_db]}),
         ),
     );
-    until("the fixed profiles are usable", || {
+    wait_until("the fixed profiles are usable", || {
         advertised(&api, "nope").1.is_some_and(|n| n != "0")
             && advertised(&api, "ghost").1.is_some_and(|n| n != "0")
     })
@@ -415,13 +398,7 @@ async fn a_pod_naming_a_profile_that_cannot_serve_it_gets_error_11_naming_it_unt
 async fn a_restart_keeps_each_enis_profile_and_its_pods() {
     let (mock, api, w, _dir, cfg) = setup("np-restart", true).await;
     let crd = Crd::network_profile();
-    api.put_object(
-        &crd,
-        profile(
-            "db",
-            json!({"subnet": w.subnet_db, "securityGroups": [w.sg_db]}),
-        ),
-    );
+    api.put_object(&crd, db_profile(&w));
     let d = start(cfg.clone()).await;
     api.put_pod(pod("default", "db-0", Some("db")));
     api.put_pod(pod("default", "plain-0", None));
@@ -460,13 +437,7 @@ async fn a_restart_keeps_each_enis_profile_and_its_pods() {
 async fn a_profiles_changed_groups_reach_the_enis_of_its_running_pods() {
     let (mock, api, w, _dir, cfg) = setup("np-groups", true).await;
     let crd = Crd::network_profile();
-    api.put_object(
-        &crd,
-        profile(
-            "db",
-            json!({"subnet": w.subnet_db, "securityGroups": [w.sg_db]}),
-        ),
-    );
+    api.put_object(&crd, db_profile(&w));
     let d = start(cfg).await;
     api.put_pod(pod("default", "db-0", Some("db")));
     let ip = add(&d, "default", "db-0").await.expect("db-0");
@@ -480,7 +451,7 @@ async fn a_profiles_changed_groups_reach_the_enis_of_its_running_pods() {
             json!({"subnet": w.subnet_db, "securityGroups": [w.sg_app, w.sg_other]}),
         ),
     );
-    until("the ENI carries the new groups", || {
+    wait_until("the ENI carries the new groups", || {
         let mut groups = eni_of(&mock, ip).1;
         groups.sort();
         let mut want = vec![w.sg_app.clone(), w.sg_other.clone()];
