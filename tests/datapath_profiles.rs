@@ -205,7 +205,10 @@ async fn across_nodes(test: &str, rp_filter: RpFilter) {
     // no profile → db: no rule lets the default group in.
     dropped(&plain.ns, db_pod.ip, ECHO_PORT).await;
     let at_db = c.lab.sg_drops(&db_pod.eni).await.expect("db's counter");
-    assert!(at_db > 0, "the no-profile pod's SYNs are not counted at db's ENI");
+    assert!(
+        at_db > 0,
+        "the no-profile pod's SYNs are not counted at db's ENI"
+    );
 
     // db → app: TCP has no rule in app (dropped at app's ENI), ICMP echo has one.
     dropped(&db_pod.ns, app.ip, ECHO_PORT).await;
@@ -237,10 +240,7 @@ async fn revoke(test: &str, rp_filter: RpFilter) {
     assert_on_network(&c, &db_pod, Some("db"), &[&net.db_sg], &net.db_subnet);
     let _s_db = serve(&db_pod.ns);
     assert_eq!(
-        reaches(&app.ns, db_pod.ip, ECHO_PORT)
-            .await
-            .server_saw
-            .ip(),
+        reaches(&app.ns, db_pod.ip, ECHO_PORT).await.server_saw.ip(),
         app.ip
     );
     assert_eq!(c.lab.sg_drops(&db_pod.eni).await.expect("db's counter"), 0);

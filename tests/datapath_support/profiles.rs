@@ -12,7 +12,7 @@ use eniipam_kubeapi::{FakeApiServer, pod_json};
 use serde_json::json;
 use vpclab::PortForward;
 
-use super::{CniPod, Cluster, Daemon, Placement, PodOptions};
+use super::{Cluster, CniPod, Daemon, Placement, PodOptions};
 
 /// The annotation (on a pod or its namespace) that selects a profile.
 pub const NETWORK_ANNOTATION: &str = "eniipam.io/network";
@@ -92,7 +92,13 @@ impl ProfileDaemon {
         name: &str,
         annotation: Option<&str>,
     ) -> CniPod {
-        let mut pod = pod_json(namespace, name, &format!("uid-{name}"), &self.node, "Pending");
+        let mut pod = pod_json(
+            namespace,
+            name,
+            &format!("uid-{name}"),
+            &self.node,
+            "Pending",
+        );
         if let Some(profile) = annotation {
             pod["metadata"]["annotations"] = json!({ NETWORK_ANNOTATION: profile });
         }
