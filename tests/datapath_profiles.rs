@@ -21,7 +21,7 @@
 //! | db pod (A) → app pod (B), TCP | denied (no TCP rule in `app`); app's ENI counts the drops | `across_nodes_strict_rp_filter` | `across_nodes_loose_rp_filter` |
 //! | db pod (A) → app pod (B), ICMP echo | allowed (`app` lets `db`'s members ping) | `across_nodes_strict_rp_filter` | `across_nodes_loose_rp_filter` |
 //! | each pod's ENI in EC2 | db's carries exactly `db`, tagged `eniipam.io/network=db`, in db's subnet; app's exactly `app`, tagged `app`, in the selected subnet; the no-profile pod is on eth0 (default group, untagged) | `across_nodes_strict_rp_filter` | `across_nodes_loose_rp_filter` |
-//! | revoke `db`'s rule in EC2: app pod (B) → db pod (A) | allowed before, denied for new connections after; db's ENI counts the drops | `revoke_strict_rp_filter` | `revoke_loose_rp_filter` |
+//! | revoke `db`'s rule in EC2: app pod (B) → db pod (A) | allowed before, denied for new connections after (db's ENI counts the drops), allowed again once the rule is authorized again | `revoke_strict_rp_filter` | `revoke_loose_rp_filter` |
 //! | same node: app pod and no-profile pod (A) → db pod (A) | both allowed: traffic between pods of one node is routed by the node and never crosses the VPC fabric, so security groups do not apply to it (in AWS as in vpclab); no packet reaches the VPC router, db's ENI drops nothing | `same_node_strict_rp_filter` | `same_node_loose_rp_filter` |
 //!
 //! The same-node cell is the limit operators must know: a profile's groups filter what comes from
@@ -258,9 +258,28 @@ async fn revoke(test: &str, rp_filter: RpFilter) {
         .expect("revoke db's rule");
     c.lab.sync().await.expect("lab sync");
     dropped(&app.ns, db_pod.ip, ECHO_PORT).await;
+    let after = c.lab.sg_drops(&db_pod.eni).await.expect("db's counter");
     assert!(
-        c.lab.sg_drops(&db_pod.eni).await.expect("db's counter") > 0,
+        after > 0,
         "the revoked connection's SYNs are not counted at db's ENI"
+    );
+
+    // Authorizing it again lets new connections in again.
+    c.mock
+        .with_world(|w, _| {
+            w.change_rules(
+                &net.db_sg,
+                Direction::Ingress,
+                &[db_rule(&net.app_sg)],
+                true,
+            )
+        })
+        .expect("authorize db's rule again");
+    c.lab.sync().await.expect("lab sync");
+    reaches(&app.ns, db_pod.ip, ECHO_PORT).await;
+    assert_eq!(
+        c.lab.sg_drops(&db_pod.eni).await.expect("db's counter"),
+        after
     );
     c.assert_no_drops().await;
 }
