@@ -11,16 +11,17 @@
 //!
 //! Every pod exists in the API server, bound to its node, before its CNI ADD: the db pod selects
 //! `db` by its own annotation, app pods select `app` by their namespace's (`shop`), the no-profile
-//! pod has neither. Every cell runs under strict and loose `rp_filter`, asserts the outcome and the
-//! lab's counters (security-group drops per ENI, and 0 source/destination-check drops).
+//! pod has neither, and the opted-out pod (in `shop`) says `eniipam.io/network: ""` itself. Every
+//! cell runs under strict and loose `rp_filter`, asserts the outcome and the lab's counters
+//! (security-group drops per ENI, and 0 source/destination-check drops).
 //!
 //! | cell | outcome | strict | loose |
 //! | --- | --- | --- | --- |
 //! | app pod (B) → db pod (A), TCP | allowed; the server sees the app pod's IP; db's ENI drops nothing. The reply passes app's ENI although `app` allows no TCP in: groups are stateful | `across_nodes_strict_rp_filter` | `across_nodes_loose_rp_filter` |
-//! | no-profile pod (B) → db pod (A), TCP | denied; db's ENI counts the drops | `across_nodes_strict_rp_filter` | `across_nodes_loose_rp_filter` |
+//! | no-profile pod (B) → db pod (A), TCP; likewise a pod of `shop` that opts out with an empty annotation | denied; db's ENI counts the drops | `across_nodes_strict_rp_filter` | `across_nodes_loose_rp_filter` |
 //! | db pod (A) → app pod (B), TCP | denied (no TCP rule in `app`); app's ENI counts the drops | `across_nodes_strict_rp_filter` | `across_nodes_loose_rp_filter` |
 //! | db pod (A) → app pod (B), ICMP echo | allowed (`app` lets `db`'s members ping) | `across_nodes_strict_rp_filter` | `across_nodes_loose_rp_filter` |
-//! | each pod's ENI in EC2 | db's carries exactly `db`, tagged `eniipam.io/network=db`, in db's subnet; app's exactly `app`, tagged `app`, in the selected subnet; the no-profile pod is on eth0 (default group, untagged) | `across_nodes_strict_rp_filter` | `across_nodes_loose_rp_filter` |
+//! | each pod's ENI in EC2 | db's carries exactly `db`, tagged `eniipam.io/network=db`, in db's subnet; app's exactly `app`, tagged `app`, in the selected subnet; the no-profile and opted-out pods are on eth0 (default group, untagged) | `across_nodes_strict_rp_filter` | `across_nodes_loose_rp_filter` |
 //! | revoke `db`'s rule in EC2: app pod (B) → db pod (A) | allowed before, denied for new connections after (db's ENI counts the drops), allowed again once the rule is authorized again | `revoke_strict_rp_filter` | `revoke_loose_rp_filter` |
 //! | same node: app pod and no-profile pod (A) → db pod (A) | both allowed: traffic between pods of one node is routed by the node and never crosses the VPC fabric, so security groups do not apply to it (in AWS as in vpclab); no packet reaches the VPC router, db's ENI drops nothing | `same_node_strict_rp_filter` | `same_node_loose_rp_filter` |
 //!
@@ -184,12 +185,16 @@ async fn across_nodes(test: &str, rp_filter: RpFilter) {
     let db_pod = on_a.add_pod(&c, &api, "default", "db-0", Some("db")).await;
     let app = on_b.add_pod(&c, &api, SHOP, "app-0", None).await;
     let plain = on_b.add_pod(&c, &api, "default", "plain-0", None).await;
+    // In `shop` but opted out by its own empty annotation: the default network.
+    let opted_out = on_b.add_pod(&c, &api, SHOP, "opted-out", Some("")).await;
 
     // Each pod's ENI, as EC2 describes it.
     assert_on_network(&c, &db_pod, Some("db"), &[&net.db_sg], &net.db_subnet);
     assert_on_network(&c, &app, Some("app"), &[&net.app_sg], &net.app_subnet);
     plain.assert_placed(Placement::Eth0);
     assert_on_network(&c, &plain, None, &[&net.default_sg], &c.b.subnet_id);
+    opted_out.assert_placed(Placement::Eth0);
+    assert_on_network(&c, &opted_out, None, &[&net.default_sg], &c.b.subnet_id);
     db_pod.assert_placed(Placement::SecondaryEni);
     app.assert_placed(Placement::SecondaryEni);
 
@@ -209,6 +214,13 @@ async fn across_nodes(test: &str, rp_filter: RpFilter) {
         at_db > 0,
         "the no-profile pod's SYNs are not counted at db's ENI"
     );
+    dropped(&opted_out.ns, db_pod.ip, ECHO_PORT).await;
+    let at_db2 = c.lab.sg_drops(&db_pod.eni).await.expect("db's counter");
+    assert!(
+        at_db2 > at_db,
+        "the opted-out pod's SYNs are not counted at db's ENI"
+    );
+    let at_db = at_db2;
 
     // db → app: TCP has no rule in app (dropped at app's ENI), ICMP echo has one.
     dropped(&db_pod.ns, app.ip, ECHO_PORT).await;
