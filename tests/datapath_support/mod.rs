@@ -34,6 +34,7 @@ const CLUSTER: &str = "datapath";
 pub const ECHO_PORT: u16 = 7000;
 
 pub mod egress;
+pub mod profiles;
 pub mod v6;
 /// The NodePort the emulated kube-proxy DNATs.
 pub const NODE_PORT: u16 = 30080;
@@ -533,7 +534,18 @@ impl Daemon {
 
     /// Runs the plugin chain's ADD for a new pod and waits until the node can route it.
     pub async fn add_pod(&self, cluster: &Cluster, name: &str, opts: PodOptions) -> CniPod {
-        let pod = self.add_pod_now(cluster, name, opts).await;
+        self.add_pod_in(cluster, "default", name, opts).await
+    }
+
+    /// [`Daemon::add_pod`] for a pod of Kubernetes namespace `namespace` (`K8S_POD_NAMESPACE`).
+    pub async fn add_pod_in(
+        &self,
+        cluster: &Cluster,
+        namespace: &str,
+        name: &str,
+        opts: PodOptions,
+    ) -> CniPod {
+        let pod = self.add_pod_now_in(cluster, namespace, name, opts).await;
         // The lab routes the new address to its ENI (the follower does too, every 200 ms); the
         // daemon's ENI table is in place before the ADD returns (the pool's readiness gate), this
         // only double-checks it.
@@ -547,6 +559,16 @@ impl Daemon {
     /// Runs the plugin chain's ADD for a new pod and returns as soon as the chain has answered:
     /// no waiting for the lab or the node, as a container starts right after its sandbox's ADD.
     pub async fn add_pod_now(&self, cluster: &Cluster, name: &str, opts: PodOptions) -> CniPod {
+        self.add_pod_now_in(cluster, "default", name, opts).await
+    }
+
+    async fn add_pod_now_in(
+        &self,
+        cluster: &Cluster,
+        namespace: &str,
+        name: &str,
+        opts: PodOptions,
+    ) -> CniPod {
         let ns = cluster
             .lab
             .add_namespace("pod")
@@ -555,6 +577,7 @@ impl Daemon {
         let container_id = format!("{name}-{:08x}", rand::random::<u32>());
         let mut pod = CniPod {
             name: name.to_owned(),
+            namespace: namespace.to_owned(),
             container_id,
             ns,
             ip: Ipv4Addr::UNSPECIFIED,
@@ -675,8 +698,8 @@ impl Daemon {
             .env(
                 "CNI_ARGS",
                 format!(
-                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID=uid-{}",
-                    pod.name, pod.container_id, pod.name
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID=uid-{}",
+                    pod.namespace, pod.name, pod.container_id, pod.name
                 ),
             )
             .stdin(Stdio::piped())
@@ -771,6 +794,8 @@ pub struct PodOptions {
 #[derive(Clone, Debug)]
 pub struct CniPod {
     pub name: String,
+    /// Its Kubernetes namespace (`K8S_POD_NAMESPACE`).
+    pub namespace: String,
     pub container_id: String,
     pub ns: NetNs,
     pub ip: Ipv4Addr,

@@ -89,6 +89,7 @@ impl CniPod6 {
     fn as_cni_pod(&self) -> CniPod {
         CniPod {
             name: self.name.clone(),
+            namespace: "default".into(),
             container_id: self.container_id.clone(),
             ns: self.ns.clone(),
             ip: self.ip4.unwrap_or(Ipv4Addr::UNSPECIFIED),
@@ -165,6 +166,7 @@ impl Daemon {
             .expect("pod namespace");
         let mut pod = CniPod {
             name: name.to_owned(),
+            namespace: "default".into(),
             container_id: format!("{name}-{:08x}", rand::random::<u32>()),
             ns,
             ip: Ipv4Addr::UNSPECIFIED,
