@@ -176,7 +176,12 @@ impl Lab {
         .expect("node links");
         run(
             &[
-                "ip", "netns", "exec", &lab.node, "sh", "-c",
+                "ip",
+                "netns",
+                "exec",
+                &lab.node,
+                "sh",
+                "-c",
                 "echo 1 > /proc/sys/net/ipv4/ip_forward",
             ],
             None,
@@ -225,7 +230,10 @@ impl Lab {
                 let mut fds: Vec<PollFd<'_>> = tcp
                     .iter()
                     .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
-                    .chain(udp.iter().map(|u| PollFd::new(u.as_fd(), PollFlags::POLLIN)))
+                    .chain(
+                        udp.iter()
+                            .map(|u| PollFd::new(u.as_fd(), PollFlags::POLLIN)),
+                    )
                     .collect();
                 if poll(&mut fds, 20u16).unwrap_or(0) == 0 {
                     continue;
@@ -258,7 +266,11 @@ impl Lab {
             })
             .collect();
         let ruleset = render(&pods).expect("render");
-        assert!(ruleset.not_enforced.is_empty(), "{:?}", ruleset.not_enforced);
+        assert!(
+            ruleset.not_enforced.is_empty(),
+            "{:?}",
+            ruleset.not_enforced
+        );
         let (node, script) = (self.node.clone(), ruleset.script.clone());
         std::thread::spawn(move || {
             enter(&node);
@@ -426,12 +438,16 @@ fn ingress_cases_agree_with_the_model() {
     // Only x/b (and x/a itself) reach x/a.
     let denied = lab.case(
         "allow from a pod selector",
-        &[from(json!([{"podSelector": {"matchLabels": {"pod": "b"}}}]))],
+        &[from(
+            json!([{"podSelector": {"matchLabels": {"pod": "b"}}}]),
+        )],
     );
     assert_eq!(denied, 7 * 4);
     let denied = lab.case(
         "allow from a namespace selector",
-        &[from(json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]))],
+        &[from(
+            json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]),
+        )],
     );
     assert_eq!(denied, 5 * 4);
     lab.case(
@@ -452,7 +468,9 @@ fn ingress_cases_agree_with_the_model() {
     assert_eq!(denied, 3 * 3 + 5 * 4);
     lab.case(
         "a named port, UDP",
-        &[from_y_on(json!([{"port": "serve-80-udp", "protocol": "UDP"}]))],
+        &[from_y_on(
+            json!([{"port": "serve-80-udp", "protocol": "UDP"}]),
+        )],
     );
     lab.case(
         "a port range (endPort) and a whole protocol, stacked",
@@ -467,7 +485,9 @@ fn ingress_cases_agree_with_the_model() {
     );
     lab.case(
         "ingress ipBlock with except",
-        &[from(json!([{"ipBlock": {"cidr": "10.1.1.0/24", "except": ["10.1.1.11/32"]}}]))],
+        &[from(
+            json!([{"ipBlock": {"cidr": "10.1.1.0/24", "except": ["10.1.1.11/32"]}}]),
+        )],
     );
 }
 
@@ -504,7 +524,9 @@ fn egress_cases_agree_with_the_model() {
     // To y's /24 except y/b: x/a reaches y/a and y/c (and itself).
     let denied = lab.case(
         "egress ipBlock with except",
-        &[egress(json!([{"ipBlock": {"cidr": "10.1.1.0/24", "except": ["10.1.1.11/32"]}}]))],
+        &[egress(
+            json!([{"ipBlock": {"cidr": "10.1.1.0/24", "except": ["10.1.1.11/32"]}}]),
+        )],
     );
     assert_eq!(denied, ROW - 3 * 4);
     lab.case(
@@ -532,7 +554,11 @@ fn egress_cases_agree_with_the_model() {
     lab.case(
         "the client's egress denies what the server's ingress allows",
         &[
-            policy("x", "client", json!({"podSelector": pod_a(), "policyTypes": ["Egress"]})),
+            policy(
+                "x",
+                "client",
+                json!({"podSelector": pod_a(), "policyTypes": ["Egress"]}),
+            ),
             policy(
                 "y",
                 "server",

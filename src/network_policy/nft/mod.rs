@@ -30,14 +30,20 @@
 //! unless a rule allows every peer. Not yet enforced anywhere: the daemon neither watches
 //! NetworkPolicy, Pod and Namespace objects nor loads this ruleset; `tests/network_policy_nft.rs`
 //! loads it into network namespaces and checks the kernel's verdicts against the model's.
+//!
+//! `text` holds the pieces: names and comments made safe for `nft`, address and port ranges cut
+//! (an `except`) and merged (an interval set refuses overlapping elements).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 
 use super::compile::{Compiled, Direction, Peers, Ports, Protocol, Rule};
+
+mod text;
+use text::{comment, ident, is_ifname, merge, proto, range, subtract};
 
 /// The table's name (family `inet`).
 pub const TABLE: &str = "eniipam_policy";
@@ -184,7 +190,14 @@ impl Body {
         let _ = writeln!(self.sets, "  }}");
     }
 
-    fn chain(&mut self, pod: &LocalPod, dir: Dir, chain: &str, policies: &[String], rules: &[Rule]) {
+    fn chain(
+        &mut self,
+        pod: &LocalPod,
+        dir: Dir,
+        chain: &str,
+        policies: &[String],
+        rules: &[Rule],
+    ) {
         let mut lines = Vec::new();
         for (j, rule) in rules.iter().enumerate() {
             let what = format!(
@@ -325,149 +338,5 @@ impl Body {
     }
 }
 
-fn proto(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-        Protocol::Sctp => "sctp",
-    }
-}
-
-/// Linux interface names: 1-15 bytes, no `/`, whitespace, quotes or wildcard.
-fn is_ifname(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 15
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@' | b':'))
-}
-
-/// A veth name as part of a chain or set name (which take `[A-Za-z0-9_]` safely).
-fn ident(veth: &str) -> String {
-    veth.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
-}
-
-/// A comment `nft` takes: at most 128 bytes, no quotes, backslashes or control characters
-/// (Kubernetes names have none; a long one is cut, since a comment only informs).
-fn comment(text: &str) -> String {
-    let mut s: String = text
-        .chars()
-        .map(|c| {
-            if c == '"' || c == '\\' || c.is_control() {
-                '_'
-            } else {
-                c
-            }
-        })
-        .collect();
-    if s.len() > 128 {
-        let mut cut = 125;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push_str("...");
-    }
-    s
-}
-
-/// `whole` less every range of `holes` (inclusive ranges of addresses).
-fn subtract(whole: (u32, u32), holes: impl Iterator<Item = (u32, u32)>) -> Vec<(u32, u32)> {
-    let mut left = vec![whole];
-    for (lo, hi) in holes {
-        left = left
-            .into_iter()
-            .flat_map(|(a, b)| {
-                if hi < a || lo > b {
-                    return vec![(a, b)];
-                }
-                let mut parts = Vec::new();
-                if lo > a {
-                    parts.push((a, lo - 1));
-                }
-                if hi < b {
-                    parts.push((hi + 1, b));
-                }
-                parts
-            })
-            .collect();
-    }
-    left
-}
-
-/// Sorted, overlapping and adjacent ranges joined: an interval set refuses overlaps.
-fn merge(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
-    ranges.sort_unstable();
-    let mut out: Vec<(u32, u32)> = Vec::new();
-    for (a, b) in ranges {
-        match out.last_mut() {
-            Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
-            _ => out.push((a, b)),
-        }
-    }
-    out
-}
-
-fn range((a, b): (u32, u32)) -> String {
-    if a == b {
-        Ipv4Addr::from(a).to_string()
-    } else {
-        format!("{}-{}", Ipv4Addr::from(a), Ipv4Addr::from(b))
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_except_is_cut_out_of_its_cidr_and_overlaps_merge() {
-        let ip = |s: &str| u32::from(s.parse::<Ipv4Addr>().unwrap());
-        let left = subtract(
-            (ip("10.1.1.0"), ip("10.1.1.255")),
-            [(ip("10.1.1.11"), ip("10.1.1.11"))].into_iter(),
-        );
-        let shown: Vec<String> = merge(left).into_iter().map(range).collect();
-        assert_eq!(shown, ["10.1.1.0-10.1.1.10", "10.1.1.12-10.1.1.255"]);
-        // A pod inside the block, and the excepted address allowed by another peer.
-        let joined = merge(vec![
-            (ip("10.1.1.0"), ip("10.1.1.10")),
-            (ip("10.1.1.5"), ip("10.1.1.5")),
-            (ip("10.1.1.11"), ip("10.1.1.11")),
-            (ip("10.1.1.12"), ip("10.1.1.255")),
-        ]);
-        assert_eq!(joined, [(ip("10.1.1.0"), ip("10.1.1.255"))]);
-    }
-
-    #[test]
-    fn bad_and_shared_veths_are_named() {
-        let open = Compiled {
-            ingress: Direction::Open,
-            egress: Direction::Open,
-            problems: vec![],
-        };
-        let pod = |name: &str, veth: &str| LocalPod {
-            name: name.into(),
-            veth: veth.into(),
-            compiled: open.clone(),
-        };
-        assert_eq!(
-            render(&[pod("x/a", "eni\"; flush ruleset")]),
-            Err(RenderError::BadVeth {
-                pod: "x/a".into(),
-                veth: "eni\"; flush ruleset".into()
-            })
-        );
-        let err = render(&[pod("x/a", "eni1.a"), pod("x/b", "eni1_a")]).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "pods x/a and x/b both name host veth \"eni1_a\""
-        );
-        // Open pods: the base chain alone, replies accepted.
-        let r = render(&[pod("x/a", "eni1")]).unwrap();
-        assert!(r.script.contains("ct state established,related accept"));
-        assert!(!r.script.contains("jump"), "{}", r.script);
-    }
-}
+mod tests;
