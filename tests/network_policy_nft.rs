@@ -13,403 +13,22 @@
 //! Needs root, `ip` and `nft`; skipped with a notice otherwise, a failure under `CI=true`.
 //! Namespaces are deleted on drop, also when a case fails.
 
+#[path = "network_policy_support/mod.rs"]
+mod support;
+
 use std::collections::BTreeMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::AsFd;
-use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, mpsc};
-use std::time::Duration;
+use std::net::{IpAddr, Ipv4Addr};
 
-use eniipam::host::Nft;
 use eniipam::network_policy::nft::{LocalPod, render};
-use eniipam::network_policy::{Cluster, NamedPort, PodView, Protocol, compile, connection_allowed};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use nix::poll::{PollFd, PollFlags, poll};
-use nix::sched::CloneFlags;
+use eniipam::network_policy::{Cluster, NamedPort, PodView, Protocol, compile};
 use serde_json::{Value, json};
-
-const NAMESPACES: [&str; 3] = ["x", "y", "z"];
-const PODS: [&str; 3] = ["a", "b", "c"];
-const PORTS: [u16; 2] = [80, 81];
-/// How long a probe waits: a dropped SYN or datagram is a denial after this.
-const PROBE_WAIT: Duration = Duration::from_millis(1500);
-
-static COUNTER: AtomicUsize = AtomicUsize::new(0);
-
-fn ip_of(ns: &str, pod: &str) -> Ipv4Addr {
-    let n = NAMESPACES.iter().position(|x| *x == ns).unwrap() as u8;
-    let p = PODS.iter().position(|x| *x == pod).unwrap() as u8;
-    Ipv4Addr::new(10, 1, n, 10 + p)
-}
-
-fn world(policies: &[Value]) -> Cluster {
-    let mut c = Cluster::default();
-    for ns in NAMESPACES {
-        c.namespaces.insert(
-            ns.into(),
-            BTreeMap::from([
-                ("ns".to_owned(), ns.to_owned()),
-                ("kubernetes.io/metadata.name".to_owned(), ns.to_owned()),
-            ]),
-        );
-        for pod in PODS {
-            let mut ports = Vec::new();
-            for port in PORTS {
-                for (protocol, p) in [(Protocol::Tcp, "tcp"), (Protocol::Udp, "udp")] {
-                    ports.push(NamedPort {
-                        name: format!("serve-{port}-{p}"),
-                        protocol,
-                        port,
-                    });
-                }
-            }
-            c.pods.push(PodView {
-                namespace: ns.into(),
-                name: pod.into(),
-                labels: BTreeMap::from([("pod".to_owned(), pod.to_owned())]),
-                ips: vec![IpAddr::V4(ip_of(ns, pod))],
-                host_network: false,
-                ports,
-            });
-        }
-    }
-    c.policies = policies
-        .iter()
-        .map(|p| serde_json::from_value::<NetworkPolicy>(p.clone()).expect("a NetworkPolicy"))
-        .collect();
-    c
-}
-
-fn policy(ns: &str, name: &str, spec: Value) -> Value {
-    json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-           "metadata": {"namespace": ns, "name": name}, "spec": spec})
-}
-
-fn veth(ns: &str, pod: &str) -> String {
-    format!("eni{ns}{pod}")
-}
-
-fn run(args: &[&str], stdin: Option<&str>) -> Result<String, String> {
-    let mut child = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{}: {e}", args[0]))?;
-    let mut pipe = child.stdin.take().expect("stdin");
-    if let Some(input) = stdin {
-        pipe.write_all(input.as_bytes()).expect("stdin");
-    }
-    drop(pipe);
-    let out = child.wait_with_output().expect("wait");
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Enters the namespace at `/run/netns/<name>` on the current thread.
-fn enter(name: &str) {
-    let f = std::fs::File::open(format!("/run/netns/{name}")).expect("netns file");
-    nix::sched::setns(&f, CloneFlags::CLONE_NEWNET).expect("setns");
-}
-
-/// The node namespace and the nine pod namespaces, with their servers; all deleted on drop.
-struct Lab {
-    node: String,
-    /// `ns/pod` → its namespace's name.
-    pods: BTreeMap<String, String>,
-    stop: Arc<AtomicBool>,
-    servers: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Lab {
-    fn new(test: &str) -> Option<Lab> {
-        for tool in ["ip", "nft"] {
-            if run(&["which", tool], None).is_err() {
-                mockcloud::ci::skip(test, &format!("`{tool}` is not installed"));
-                return None;
-            }
-        }
-        let base = format!(
-            "eniipam-npn-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
-        let node = format!("{base}-node");
-        if let Err(e) = run(&["ip", "netns", "add", &node], None) {
-            mockcloud::ci::skip(test, &format!("cannot create network namespaces: {e}"));
-            return None;
-        }
-        let mut lab = Lab {
-            node,
-            pods: BTreeMap::new(),
-            stop: Arc::new(AtomicBool::new(false)),
-            servers: Vec::new(),
-        };
-        let mut node_batch = vec!["link set lo up".to_owned()];
-        for ns in NAMESPACES {
-            for pod in PODS {
-                let name = format!("{base}-{ns}{pod}");
-                run(&["ip", "netns", "add", &name], None).expect("pod netns");
-                lab.pods.insert(format!("{ns}/{pod}"), name.clone());
-                let v = veth(ns, pod);
-                node_batch.extend([
-                    format!("link add {v} type veth peer name eth0 netns {name}"),
-                    format!("addr add 169.254.1.1/32 dev {v}"),
-                    format!("link set {v} up"),
-                    format!("route add {}/32 dev {v} scope link", ip_of(ns, pod)),
-                ]);
-            }
-        }
-        run(
-            &["ip", "-n", &lab.node, "-batch", "-"],
-            Some(&node_batch.join("\n")),
-        )
-        .expect("node links");
-        run(
-            &[
-                "ip",
-                "netns",
-                "exec",
-                &lab.node,
-                "sh",
-                "-c",
-                "echo 1 > /proc/sys/net/ipv4/ip_forward",
-            ],
-            None,
-        )
-        .expect("ip_forward");
-        for ns in NAMESPACES {
-            for pod in PODS {
-                let name = lab.pods[&format!("{ns}/{pod}")].clone();
-                let batch = [
-                    "link set lo up".to_owned(),
-                    format!("addr add {}/32 dev eth0", ip_of(ns, pod)),
-                    "link set eth0 up".to_owned(),
-                    "route add 169.254.1.1 dev eth0 scope link".to_owned(),
-                    "route add default via 169.254.1.1 dev eth0".to_owned(),
-                ];
-                run(&["ip", "-n", &name, "-batch", "-"], Some(&batch.join("\n")))
-                    .expect("pod links");
-                lab.serve(&name);
-            }
-        }
-        Some(lab)
-    }
-
-    /// TCP and UDP on 80 and 81 inside pod namespace `name`, until the lab is dropped.
-    fn serve(&mut self, name: &str) {
-        let (name, stop) = (name.to_owned(), self.stop.clone());
-        let (tx, rx) = mpsc::channel();
-        self.servers.push(std::thread::spawn(move || {
-            enter(&name);
-            let tcp: Vec<TcpListener> = PORTS
-                .iter()
-                .map(|p| TcpListener::bind(("0.0.0.0", *p)).expect("tcp bind"))
-                .collect();
-            let udp: Vec<UdpSocket> = PORTS
-                .iter()
-                .map(|p| UdpSocket::bind(("0.0.0.0", *p)).expect("udp bind"))
-                .collect();
-            for l in &tcp {
-                l.set_nonblocking(true).unwrap();
-            }
-            for u in &udp {
-                u.set_nonblocking(true).unwrap();
-            }
-            tx.send(()).unwrap();
-            while !stop.load(Ordering::Acquire) {
-                let mut fds: Vec<PollFd<'_>> = tcp
-                    .iter()
-                    .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
-                    .chain(
-                        udp.iter()
-                            .map(|u| PollFd::new(u.as_fd(), PollFlags::POLLIN)),
-                    )
-                    .collect();
-                if poll(&mut fds, 20u16).unwrap_or(0) == 0 {
-                    continue;
-                }
-                for l in &tcp {
-                    while let Ok((mut conn, _)) = l.accept() {
-                        let _ = conn.write_all(b"ok\n");
-                    }
-                }
-                let mut buf = [0u8; 64];
-                for u in &udp {
-                    while let Ok((n, from)) = u.recv_from(&mut buf) {
-                        let _ = u.send_to(&buf[..n], from);
-                    }
-                }
-            }
-        }));
-        rx.recv().expect("the server started");
-    }
-
-    /// Loads the ruleset for `cluster`'s policies into the node, with the daemon's `Nft`.
-    fn apply(&self, cluster: &Cluster) -> String {
-        let pods: Vec<LocalPod> = cluster
-            .pods
-            .iter()
-            .map(|p| LocalPod {
-                name: format!("{}/{}", p.namespace, p.name),
-                veth: veth(&p.namespace, &p.name),
-                compiled: compile(cluster, p),
-            })
-            .collect();
-        let ruleset = render(&pods).expect("render");
-        assert!(
-            ruleset.not_enforced.is_empty(),
-            "{:?}",
-            ruleset.not_enforced
-        );
-        let (node, script) = (self.node.clone(), ruleset.script.clone());
-        std::thread::spawn(move || {
-            enter(&node);
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime")
-                .block_on(Nft::default().apply(&script))
-        })
-        .join()
-        .expect("the nft thread")
-        .unwrap_or_else(|e| panic!("loading the ruleset: {e}\n{}", ruleset.script));
-        ruleset.script
-    }
-
-    /// Every cell: client → server, protocol, port → connected.
-    fn probe_all(&self) -> BTreeMap<(String, String, Protocol, u16), bool> {
-        let mut clients = Vec::new();
-        for (client, name) in &self.pods {
-            let (client, name) = (client.clone(), name.clone());
-            clients.push(std::thread::spawn(move || {
-                enter(&name);
-                // Threads spawned here share this thread's namespace.
-                let mut probes = Vec::new();
-                for ns in NAMESPACES {
-                    for pod in PODS {
-                        for protocol in [Protocol::Tcp, Protocol::Udp] {
-                            for port in PORTS {
-                                let to = SocketAddr::from((ip_of(ns, pod), port));
-                                let key = (client.clone(), format!("{ns}/{pod}"), protocol, port);
-                                probes.push(std::thread::spawn(move || (key, probe(protocol, to))));
-                            }
-                        }
-                    }
-                }
-                probes
-                    .into_iter()
-                    .map(|p| p.join().expect("probe"))
-                    .collect::<Vec<_>>()
-            }));
-        }
-        clients
-            .into_iter()
-            .flat_map(|c| c.join().expect("client"))
-            .collect()
-    }
-
-    /// Probes everything and compares with the model: the cells that differ, and how many cells
-    /// the kernel denied.
-    fn disagreements(&self, cluster: &Cluster) -> (Vec<String>, usize) {
-        let pod = |key: &str| {
-            let (ns, name) = key.split_once('/').unwrap();
-            cluster
-                .pods
-                .iter()
-                .find(|p| p.namespace == ns && p.name == name)
-                .unwrap()
-        };
-        let mut wrong = Vec::new();
-        let mut denied = 0;
-        for ((c, s, protocol, port), got) in self.probe_all() {
-            denied += usize::from(!got);
-            let want = c == s || connection_allowed(cluster, pod(&c), pod(&s), protocol, port);
-            if got != want {
-                wrong.push(format!(
-                    "{c} → {s} {protocol:?}/{port}: kernel {}, model {}",
-                    verb(got),
-                    verb(want)
-                ));
-            }
-        }
-        (wrong, denied)
-    }
-
-    /// Applies `policies`, probes, and fails naming every cell where kernel and model differ;
-    /// returns how many of the 324 cells were denied.
-    fn case(&self, name: &str, policies: &[Value]) -> usize {
-        let cluster = world(policies);
-        for p in &cluster.pods {
-            let problems = compile(&cluster, p).problems;
-            assert!(problems.is_empty(), "{name}: {problems:?}");
-        }
-        let script = self.apply(&cluster);
-        let (wrong, denied) = self.disagreements(&cluster);
-        assert!(
-            wrong.is_empty(),
-            "{name}: {} cells differ:\n{}\nruleset:\n{script}",
-            wrong.len(),
-            wrong.join("\n")
-        );
-        denied
-    }
-}
-
-fn verb(allowed: bool) -> &'static str {
-    if allowed { "connects" } else { "is denied" }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        for s in self.servers.drain(..) {
-            let _ = s.join();
-        }
-        for name in self.pods.values().chain([&self.node]) {
-            let _ = run(&["ip", "netns", "del", name], None);
-        }
-    }
-}
-
-/// One connection attempt: a TCP handshake and the server's line, or a UDP datagram echoed back.
-fn probe(protocol: Protocol, to: SocketAddr) -> bool {
-    match protocol {
-        Protocol::Tcp => TcpStream::connect_timeout(&to, PROBE_WAIT).is_ok_and(|mut s| {
-            s.set_read_timeout(Some(PROBE_WAIT)).unwrap();
-            let mut line = [0u8; 3];
-            s.read_exact(&mut line).is_ok() && &line == b"ok\n"
-        }),
-        Protocol::Udp => {
-            let s = UdpSocket::bind("0.0.0.0:0").expect("udp client");
-            s.set_read_timeout(Some(PROBE_WAIT)).unwrap();
-            s.connect(to).expect("udp connect");
-            let _ = s.send(b"probe");
-            let mut buf = [0u8; 16];
-            match s.recv(&mut buf) {
-                Ok(n) => &buf[..n] == b"probe",
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => false,
-                Err(_) => false,
-            }
-        }
-        Protocol::Sctp => unreachable!("SCTP is not probed here"),
-    }
-}
+use support::{Lab, policy, run};
 
 fn pod_a() -> Value {
     json!({"matchLabels": {"pod": "a"}})
 }
 
-/// Every pod of `ns` as a client: 9 servers × 2 protocols × 2 ports each.
+/// One client's row of the matrix: 9 servers × 2 protocols × 2 ports.
 const ROW: usize = 9 * 2 * 2;
 
 #[test]
@@ -614,4 +233,111 @@ fn a_changed_policy_re_rendered_and_re_applied_takes_effect() {
     assert_eq!(first - second, 3 * 4);
     // Every policy removed: everything connects again.
     assert_eq!(lab.case("then no policy", &[]), 0);
+}
+
+/// A full node: 110 local pods in `x`, each isolated both ways by one of 10 policies that select
+/// peers among 1,000 pods of `y`; the ruleset loads in one transaction, holds a chain per pod and
+/// direction, and loads again over itself (the replace a policy change does). Prints the figures.
+#[test]
+#[allow(clippy::disallowed_types)] // wall clock on purpose: the figure is real work
+fn a_node_of_110_isolated_pods_loads_in_one_transaction() {
+    let Some(lab) = Lab::new("a_node_of_110_isolated_pods_loads_in_one_transaction") else {
+        return;
+    };
+    let mut c = Cluster::default();
+    for ns in ["x", "y"] {
+        c.namespaces.insert(
+            ns.into(),
+            BTreeMap::from([("kubernetes.io/metadata.name".to_owned(), ns.to_owned())]),
+        );
+    }
+    let pod = |ns: &str, i: u32, ip: Ipv4Addr| PodView {
+        namespace: ns.into(),
+        name: format!("p{i}"),
+        labels: BTreeMap::from([("app".to_owned(), format!("app{}", i % 10))]),
+        ips: vec![IpAddr::V4(ip)],
+        host_network: false,
+        ports: vec![NamedPort {
+            name: "dns".into(),
+            protocol: Protocol::Udp,
+            port: 5353,
+        }],
+    };
+    for i in 0..110 {
+        c.pods.push(pod("x", i, Ipv4Addr::from(0x0a02_0000 + i)));
+    }
+    for i in 0..1000 {
+        c.pods.push(pod("y", i, Ipv4Addr::from(0x0a03_0000 + i)));
+    }
+    for k in 0..10 {
+        let app = json!({"matchLabels": {"app": format!("app{k}")}});
+        let from_y = json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}, "podSelector": app}]);
+        c.policies.push(
+            serde_json::from_value(policy(
+                "x",
+                &format!("p{k}"),
+                json!({"podSelector": app, "policyTypes": ["Ingress", "Egress"],
+                       "ingress": [{"from": from_y, "ports": [{"port": 8080, "endPort": 8090}]}],
+                       "egress": [{"to": from_y, "ports": [{"port": "dns", "protocol": "UDP"}]},
+                                  {"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.2.0.0/16"]}}]}]}),
+            ))
+            .expect("a NetworkPolicy"),
+        );
+    }
+    let start = std::time::Instant::now();
+    let local: Vec<LocalPod> = c
+        .pods
+        .iter()
+        .filter(|p| p.namespace == "x")
+        .map(|p| LocalPod {
+            name: format!("x/{}", p.name),
+            veth: format!(
+                "eni{:011x}",
+                u32::from(match p.ips[0] {
+                    IpAddr::V4(a) => a,
+                    IpAddr::V6(_) => unreachable!(),
+                })
+            ),
+            compiled: compile(&c, p),
+        })
+        .collect();
+    let compiled = start.elapsed();
+    let start = std::time::Instant::now();
+    let ruleset = render(&local).expect("render");
+    let rendered = start.elapsed();
+    let first = lab.load(&ruleset.script);
+    let again = lab.load(&ruleset.script);
+    let listing = run(
+        &[
+            "ip",
+            "netns",
+            "exec",
+            &lab.node,
+            "nft",
+            "list",
+            "table",
+            "inet",
+            "eniipam_policy",
+        ],
+        None,
+    )
+    .expect("nft list");
+    let chains = |prefix: &str| {
+        listing
+            .lines()
+            .filter(|l| l.trim_start().starts_with(prefix))
+            .count()
+    };
+    assert_eq!((chains("chain in_"), chains("chain eg_")), (110, 110));
+    // Each pod's ingress peers: the 100 pods of y with its app label.
+    assert_eq!(listing.matches("ip saddr @in_").count(), 110);
+    let rules = listing
+        .lines()
+        .filter(|l| l.contains(" comment ") && !l.trim_start().starts_with("comment"))
+        .count();
+    println!(
+        "110 isolated pods, 10 policies, 1,000 peer pods: compile {compiled:?}, render {rendered:?}, \
+         first load {first:?}, replace {again:?}; {} script bytes, {rules} rules",
+        ruleset.script.len()
+    );
 }
