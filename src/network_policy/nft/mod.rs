@@ -6,9 +6,9 @@
 //! - a base chain `forward` (filter hook, policy accept) accepts `ct state established,related`
 //!   first: replies and ICMP errors of an allowed connection follow it, whatever the policies say
 //!   of the reverse direction. (A connection already open when a policy changes keeps flowing:
-//!   the new rules judge new connections only, as conntrack-based enforcers do.) Then, per pod with an isolated direction, `iifname <veth>` jumps to
-//!   its egress chain and `oifname <veth>` to its ingress chain. An open direction has no chain
-//!   and no jump;
+//!   the new rules judge new connections only, as conntrack-based enforcers do.) Then, per pod
+//!   with an isolated direction, `iifname <veth>` jumps to its egress chain and `oifname <veth>`
+//!   to its ingress chain. An open direction has no chain and no jump;
 //! - an isolated direction's chain holds one rule per way a policy rule can match (a whole
 //!   protocol, numbered ports and ranges, egress named ports per peer) and ends in `drop`. A
 //!   matching rule `return`s rather than `accept`s: an accept inside a jumped-to chain would end
