@@ -5,12 +5,16 @@
 //! - [`selector`]: label selectors (`matchLabels`, `matchExpressions`).
 //! - [`compile`]: a pod's ingress and egress ([`compile()`], [`Compiled`]) and the verdict on one
 //!   connection ([`connection_allowed`]); the semantics are in its docs.
+//! - [`nft`]: the compiled policies of a node's pods rendered into the nftables ruleset that
+//!   enforces them (table `inet eniipam_policy`, IPv4), loaded as one transaction.
 //!
-//! Not wired yet: the daemon does not watch policies nor program rules (see the issue). The
+//! Not wired yet: the daemon does not watch policies nor load the ruleset (see the issue). The
 //! upstream network-policy e2e cases are reproduced against this model in
-//! `tests/network_policy_cases.rs`.
+//! `tests/network_policy_cases.rs`, and against the kernel (model and nftables agreeing on every
+//! probe) in `tests/network_policy_nft.rs`.
 
 pub mod compile;
+pub mod nft;
 pub mod selector;
 
 pub use compile::{

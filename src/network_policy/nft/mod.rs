@@ -1,0 +1,343 @@
+//! The compiled policies of a node's pods, rendered into the nftables ruleset that enforces them
+//! (issue 28, the kernel half): one table of its own, `inet eniipam_policy`, so the SNAT/NodePort
+//! keeper (table `ip eniipam`) never fights it, loaded whole as one transaction.
+//!
+//! The ruleset, for the local pods, each known by its host veth:
+//! - a base chain `forward` (filter hook, policy accept) accepts `ct state established,related`
+//!   first: replies and ICMP errors of an allowed connection follow it, whatever the policies say
+//!   of the reverse direction. (A connection already open when a policy changes keeps flowing:
+//!   the new rules judge new connections only, as conntrack-based enforcers do.) Then, per pod
+//!   with an isolated direction, `iifname <veth>` jumps to its egress chain and `oifname <veth>`
+//!   to its ingress chain. An open direction has no chain and no jump;
+//! - an isolated direction's chain holds one rule per way a policy rule can match (a whole
+//!   protocol, numbered ports and ranges, egress named ports per peer) and ends in `drop`. A
+//!   matching rule `return`s rather than `accept`s: an accept inside a jumped-to chain would end
+//!   the base chain, and a pod-to-pod packet must still meet the server's ingress chain after the
+//!   client's egress chain said yes (a connection needs both, as the model says);
+//! - peers and ports live in named sets, so they can later be updated in place: the peer
+//!   addresses of a rule (selected pods and `ipBlock`s, an `except` already cut out of its CIDR)
+//!   are one interval set of `ipv4_addr`; ports and ranges an interval set of
+//!   `inet_proto . inet_service`; egress named ports, resolved on each peer pod, a set of
+//!   `ipv4_addr . inet_proto . inet_service`;
+//! - every chain, jump and rule carries a comment naming the pod or the policy rule
+//!   (`x/p ingress[0]`), for `nft list` and `eniipamctl policy` later.
+//!
+//! [`Ruleset::script`] makes the kernel's table exactly this one in one `nft -f -` transaction
+//! (declare, delete, define): it is loaded through `host::Nft::apply`, the same `nft` binary and
+//! transaction the SNAT keeper uses, so no packet sees a half-built table.
+//!
+//! IPv4 only: IPv6 peer addresses and blocks are left out of the sets (named in
+//! [`Ruleset::not_enforced`]); an isolated pod's IPv6 traffic therefore meets the chain's `drop`
+//! unless a rule allows every peer. Not yet enforced anywhere: the daemon neither watches
+//! NetworkPolicy, Pod and Namespace objects nor loads this ruleset; `tests/network_policy_nft.rs`
+//! loads it into network namespaces and checks the kernel's verdicts against the model's.
+//!
+//! `text` holds the pieces: names and comments made safe for `nft`, address and port ranges cut
+//! (an `except`) and merged (an interval set refuses overlapping elements).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::compile::{Compiled, Direction, Peers, Ports, Protocol, Rule};
+
+mod text;
+use text::{comment, ident, is_ifname, merge, proto, range, subtract};
+
+/// The table's name (family `inet`).
+pub const TABLE: &str = "eniipam_policy";
+
+/// One pod on this node: its name (`namespace/name`, for comments), its host veth and its policy.
+#[derive(Clone, Debug)]
+pub struct LocalPod {
+    pub name: String,
+    pub veth: String,
+    pub compiled: Compiled,
+}
+
+/// What [`render`] made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ruleset {
+    /// The whole `nft -f` script: replaces table `inet eniipam_policy` atomically.
+    pub script: String,
+    /// Parts of the policies this ruleset cannot enforce (IPv6 peers), each naming the pod and rule.
+    pub not_enforced: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RenderError {
+    #[error("pod {pod}: host veth {veth:?} is not an interface name (1-15 of [A-Za-z0-9._@:-])")]
+    BadVeth { pod: String, veth: String },
+    #[error("pods {first} and {second} both name host veth {veth:?}")]
+    SharedVeth {
+        veth: String,
+        first: String,
+        second: String,
+    },
+}
+
+/// Renders the ruleset enforcing `pods`' policies (see the module docs).
+pub fn render(pods: &[LocalPod]) -> Result<Ruleset, RenderError> {
+    let mut seen: BTreeMap<String, &LocalPod> = BTreeMap::new();
+    for pod in pods {
+        if !is_ifname(&pod.veth) {
+            return Err(RenderError::BadVeth {
+                pod: pod.name.clone(),
+                veth: pod.veth.clone(),
+            });
+        }
+        // Chain names keep [A-Za-z0-9_] of the veth: two veths must not meet there either.
+        if let Some(first) = seen.insert(ident(&pod.veth), pod) {
+            return Err(RenderError::SharedVeth {
+                veth: pod.veth.clone(),
+                first: first.name.clone(),
+                second: pod.name.clone(),
+            });
+        }
+    }
+    let mut out = Body::default();
+    let mut jumps = Vec::new();
+    for pod in pods {
+        for (dir, compiled, hook) in [
+            (Dir::Egress, &pod.compiled.egress, "iifname"),
+            (Dir::Ingress, &pod.compiled.ingress, "oifname"),
+        ] {
+            let Direction::Isolated { policies, rules } = compiled else {
+                continue;
+            };
+            let chain = format!("{}_{}", dir.short(), ident(&pod.veth));
+            out.chain(pod, dir, &chain, policies, rules);
+            jumps.push(format!(
+                "{hook} \"{}\" jump {chain} comment \"{}\"",
+                pod.veth,
+                comment(&format!("{} {}", pod.name, dir.word()))
+            ));
+        }
+    }
+    let mut s = String::new();
+    let _ = writeln!(s, "table inet {TABLE} {{}}");
+    let _ = writeln!(s, "delete table inet {TABLE}");
+    let _ = writeln!(s, "table inet {TABLE} {{");
+    s.push_str(&out.sets);
+    let _ = writeln!(s, "  chain forward {{");
+    let _ = writeln!(
+        s,
+        "    type filter hook forward priority filter; policy accept;"
+    );
+    let _ = writeln!(
+        s,
+        "    ct state established,related accept comment \"replies of allowed connections\""
+    );
+    for j in jumps {
+        let _ = writeln!(s, "    {j}");
+    }
+    let _ = writeln!(s, "  }}");
+    s.push_str(&out.chains);
+    let _ = writeln!(s, "}}");
+    Ok(Ruleset {
+        script: s,
+        not_enforced: out.not_enforced,
+    })
+}
+
+#[derive(Clone, Copy)]
+enum Dir {
+    Ingress,
+    Egress,
+}
+
+impl Dir {
+    fn word(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Egress => "egress",
+        }
+    }
+    fn short(self) -> &'static str {
+        match self {
+            Self::Ingress => "in",
+            Self::Egress => "eg",
+        }
+    }
+    /// The peer's address: where the packet comes from (ingress) or goes to (egress).
+    fn peer(self) -> &'static str {
+        match self {
+            Self::Ingress => "ip saddr",
+            Self::Egress => "ip daddr",
+        }
+    }
+}
+
+/// The sets and the chains of the table, as they are rendered.
+#[derive(Default)]
+struct Body {
+    sets: String,
+    chains: String,
+    not_enforced: Vec<String>,
+}
+
+impl Body {
+    fn set(&mut self, name: &str, kind: &str, interval: bool, elements: &[String]) {
+        let _ = writeln!(self.sets, "  set {name} {{");
+        let _ = writeln!(self.sets, "    type {kind};");
+        if interval {
+            let _ = writeln!(self.sets, "    flags interval;");
+        }
+        if !elements.is_empty() {
+            let _ = writeln!(self.sets, "    elements = {{ {} }}", elements.join(", "));
+        }
+        let _ = writeln!(self.sets, "  }}");
+    }
+
+    fn chain(
+        &mut self,
+        pod: &LocalPod,
+        dir: Dir,
+        chain: &str,
+        policies: &[String],
+        rules: &[Rule],
+    ) {
+        let mut lines = Vec::new();
+        for (j, rule) in rules.iter().enumerate() {
+            let what = format!(
+                "{} {}[{}]",
+                rule.source.policy,
+                dir.word(),
+                rule.source.index
+            );
+            let note = comment(&what);
+            let peer = match &rule.peers {
+                Peers::Any => String::new(),
+                Peers::Listed { pods, blocks } => {
+                    let mut v4 = Vec::new();
+                    let mut v6 = 0;
+                    for ip in pods {
+                        match ip {
+                            IpAddr::V4(a) => v4.push((u32::from(*a), u32::from(*a))),
+                            IpAddr::V6(_) => v6 += 1,
+                        }
+                    }
+                    for b in blocks {
+                        match b.cidr {
+                            IpNet::V4(net) => v4.extend(subtract(
+                                (u32::from(net.network()), u32::from(net.broadcast())),
+                                b.except.iter().filter_map(|e| match e {
+                                    IpNet::V4(e) => {
+                                        Some((u32::from(e.network()), u32::from(e.broadcast())))
+                                    }
+                                    IpNet::V6(_) => None,
+                                }),
+                            )),
+                            IpNet::V6(_) => v6 += 1,
+                        }
+                    }
+                    if v6 > 0 {
+                        self.not_enforced.push(format!(
+                            "pod {}: {what}: {v6} IPv6 peer address(es) or block(s) (IPv4 only)",
+                            pod.name
+                        ));
+                    }
+                    let name = format!("{chain}_r{j}_peers");
+                    let elements: Vec<String> = merge(v4).into_iter().map(range).collect();
+                    self.set(&name, "ipv4_addr", true, &elements);
+                    format!("{} @{name} ", dir.peer())
+                }
+            };
+            match &rule.ports {
+                Ports::Any => lines.push(format!("{peer}return comment \"{note}\"")),
+                Ports::Listed {
+                    ranges,
+                    protocols,
+                    per_peer,
+                } => {
+                    if !protocols.is_empty() {
+                        let list: Vec<&str> = protocols.iter().map(|p| proto(*p)).collect();
+                        lines.push(format!(
+                            "{peer}meta l4proto {{ {} }} return comment \"{note}\"",
+                            list.join(", ")
+                        ));
+                    }
+                    if !ranges.is_empty() {
+                        let mut by_proto: BTreeMap<Protocol, Vec<(u32, u32)>> = BTreeMap::new();
+                        for r in ranges {
+                            by_proto
+                                .entry(r.protocol)
+                                .or_default()
+                                .push((u32::from(r.first), u32::from(r.last)));
+                        }
+                        let elements: Vec<String> = by_proto
+                            .into_iter()
+                            .flat_map(|(p, rs)| {
+                                merge(rs).into_iter().map(move |(a, b)| {
+                                    if a == b {
+                                        format!("{} . {a}", proto(p))
+                                    } else {
+                                        format!("{} . {a}-{b}", proto(p))
+                                    }
+                                })
+                            })
+                            .collect();
+                        let name = format!("{chain}_r{j}_ports");
+                        self.set(&name, "inet_proto . inet_service", true, &elements);
+                        lines.push(format!(
+                            "{peer}meta l4proto . th dport @{name} return comment \"{note}\""
+                        ));
+                    }
+                    let named: BTreeSet<String> = per_peer
+                        .iter()
+                        .filter_map(|(ip, p, port)| match ip {
+                            IpAddr::V4(a) => Some(format!("{a} . {} . {port}", proto(*p))),
+                            IpAddr::V6(_) => None,
+                        })
+                        .collect();
+                    if named.len() < per_peer.len() {
+                        self.not_enforced.push(format!(
+                            "pod {}: {what}: named ports of IPv6 peers (IPv4 only)",
+                            pod.name
+                        ));
+                    }
+                    if !named.is_empty() {
+                        let name = format!("{chain}_r{j}_named");
+                        let elements: Vec<String> = named.into_iter().collect();
+                        self.set(
+                            &name,
+                            "ipv4_addr . inet_proto . inet_service",
+                            false,
+                            &elements,
+                        );
+                        lines.push(format!(
+                            "{peer}{} . meta l4proto . th dport @{name} return comment \"{note}\"",
+                            dir.peer()
+                        ));
+                    }
+                }
+            }
+        }
+        let _ = writeln!(self.chains, "  chain {chain} {{");
+        let _ = writeln!(
+            self.chains,
+            "    comment \"{}\"",
+            comment(&format!(
+                "{} {} ({}), isolated by {}",
+                pod.name,
+                dir.word(),
+                pod.veth,
+                policies.join(", ")
+            ))
+        );
+        for l in lines {
+            let _ = writeln!(self.chains, "    {l}");
+        }
+        let _ = writeln!(
+            self.chains,
+            "    drop comment \"{}\"",
+            comment(&format!("{} {}: no rule allows it", pod.name, dir.word()))
+        );
+        let _ = writeln!(self.chains, "  }}");
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,407 @@
+//! Test support for `tests/network_policy_nft.rs`: upstream's world (namespaces `x`, `y`, `z`,
+//! pods `a`, `b`, `c`) as network namespaces on host veths of a node namespace, TCP and UDP
+//! servers on 80 and 81 in every pod, the ruleset loaded with the daemon's `Nft`, and the probe
+//! matrix compared with the model cell by cell. Everything it makes is deleted on drop.
+
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use eniipam::host::Nft;
+use eniipam::network_policy::nft::{LocalPod, render};
+use eniipam::network_policy::{Cluster, NamedPort, PodView, Protocol, compile, connection_allowed};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use nix::poll::{PollFd, PollFlags, poll};
+use nix::sched::CloneFlags;
+use serde_json::{Value, json};
+
+pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
+pub const PODS: [&str; 3] = ["a", "b", "c"];
+pub const PORTS: [u16; 2] = [80, 81];
+/// How long a probe waits: a dropped SYN or datagram is a denial after this.
+pub const PROBE_WAIT: Duration = Duration::from_millis(1500);
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+pub fn ip_of(ns: &str, pod: &str) -> Ipv4Addr {
+    let n = NAMESPACES.iter().position(|x| *x == ns).unwrap() as u8;
+    let p = PODS.iter().position(|x| *x == pod).unwrap() as u8;
+    Ipv4Addr::new(10, 1, n, 10 + p)
+}
+
+pub fn world(policies: &[Value]) -> Cluster {
+    let mut c = Cluster::default();
+    for ns in NAMESPACES {
+        c.namespaces.insert(
+            ns.into(),
+            BTreeMap::from([
+                ("ns".to_owned(), ns.to_owned()),
+                ("kubernetes.io/metadata.name".to_owned(), ns.to_owned()),
+            ]),
+        );
+        for pod in PODS {
+            let mut ports = Vec::new();
+            for port in PORTS {
+                for (protocol, p) in [(Protocol::Tcp, "tcp"), (Protocol::Udp, "udp")] {
+                    ports.push(NamedPort {
+                        name: format!("serve-{port}-{p}"),
+                        protocol,
+                        port,
+                    });
+                }
+            }
+            c.pods.push(PodView {
+                namespace: ns.into(),
+                name: pod.into(),
+                labels: BTreeMap::from([("pod".to_owned(), pod.to_owned())]),
+                ips: vec![IpAddr::V4(ip_of(ns, pod))],
+                host_network: false,
+                ports,
+            });
+        }
+    }
+    c.policies = policies
+        .iter()
+        .map(|p| serde_json::from_value::<NetworkPolicy>(p.clone()).expect("a NetworkPolicy"))
+        .collect();
+    c
+}
+
+pub fn policy(ns: &str, name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+           "metadata": {"namespace": ns, "name": name}, "spec": spec})
+}
+
+pub fn veth(ns: &str, pod: &str) -> String {
+    format!("eni{ns}{pod}")
+}
+
+pub fn run(args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+    let mut child = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", args[0]))?;
+    let mut pipe = child.stdin.take().expect("stdin");
+    if let Some(input) = stdin {
+        pipe.write_all(input.as_bytes()).expect("stdin");
+    }
+    drop(pipe);
+    let out = child.wait_with_output().expect("wait");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Enters the namespace at `/run/netns/<name>` on the current thread.
+pub fn enter(name: &str) {
+    let f = std::fs::File::open(format!("/run/netns/{name}")).expect("netns file");
+    nix::sched::setns(&f, CloneFlags::CLONE_NEWNET).expect("setns");
+}
+
+/// The node namespace and the nine pod namespaces, with their servers; all deleted on drop.
+pub struct Lab {
+    pub node: String,
+    /// `ns/pod` → its namespace's name.
+    pods: BTreeMap<String, String>,
+    stop: Arc<AtomicBool>,
+    servers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Lab {
+    pub fn new(test: &str) -> Option<Lab> {
+        for tool in ["ip", "nft"] {
+            if run(&["which", tool], None).is_err() {
+                mockcloud::ci::skip(test, &format!("`{tool}` is not installed"));
+                return None;
+            }
+        }
+        let base = format!(
+            "eniipam-npn-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let node = format!("{base}-node");
+        if let Err(e) = run(&["ip", "netns", "add", &node], None) {
+            mockcloud::ci::skip(test, &format!("cannot create network namespaces: {e}"));
+            return None;
+        }
+        let mut lab = Lab {
+            node,
+            pods: BTreeMap::new(),
+            stop: Arc::new(AtomicBool::new(false)),
+            servers: Vec::new(),
+        };
+        let mut node_batch = vec!["link set lo up".to_owned()];
+        for ns in NAMESPACES {
+            for pod in PODS {
+                let name = format!("{base}-{ns}{pod}");
+                run(&["ip", "netns", "add", &name], None).expect("pod netns");
+                lab.pods.insert(format!("{ns}/{pod}"), name.clone());
+                let v = veth(ns, pod);
+                node_batch.extend([
+                    format!("link add {v} type veth peer name eth0 netns {name}"),
+                    format!("addr add 169.254.1.1/32 dev {v}"),
+                    format!("link set {v} up"),
+                    format!("route add {}/32 dev {v} scope link", ip_of(ns, pod)),
+                ]);
+            }
+        }
+        run(
+            &["ip", "-n", &lab.node, "-batch", "-"],
+            Some(&node_batch.join("\n")),
+        )
+        .expect("node links");
+        run(
+            &[
+                "ip",
+                "netns",
+                "exec",
+                &lab.node,
+                "sh",
+                "-c",
+                "echo 1 > /proc/sys/net/ipv4/ip_forward",
+            ],
+            None,
+        )
+        .expect("ip_forward");
+        for ns in NAMESPACES {
+            for pod in PODS {
+                let name = lab.pods[&format!("{ns}/{pod}")].clone();
+                let batch = [
+                    "link set lo up".to_owned(),
+                    format!("addr add {}/32 dev eth0", ip_of(ns, pod)),
+                    "link set eth0 up".to_owned(),
+                    "route add 169.254.1.1 dev eth0 scope link".to_owned(),
+                    "route add default via 169.254.1.1 dev eth0".to_owned(),
+                ];
+                run(&["ip", "-n", &name, "-batch", "-"], Some(&batch.join("\n")))
+                    .expect("pod links");
+                lab.serve(&name);
+            }
+        }
+        Some(lab)
+    }
+
+    /// TCP and UDP on 80 and 81 inside pod namespace `name`, until the lab is dropped.
+    fn serve(&mut self, name: &str) {
+        let (name, stop) = (name.to_owned(), self.stop.clone());
+        let (tx, rx) = mpsc::channel();
+        self.servers.push(std::thread::spawn(move || {
+            enter(&name);
+            let tcp: Vec<TcpListener> = PORTS
+                .iter()
+                .map(|p| TcpListener::bind(("0.0.0.0", *p)).expect("tcp bind"))
+                .collect();
+            let udp: Vec<UdpSocket> = PORTS
+                .iter()
+                .map(|p| UdpSocket::bind(("0.0.0.0", *p)).expect("udp bind"))
+                .collect();
+            for l in &tcp {
+                l.set_nonblocking(true).unwrap();
+            }
+            for u in &udp {
+                u.set_nonblocking(true).unwrap();
+            }
+            tx.send(()).unwrap();
+            while !stop.load(Ordering::Acquire) {
+                let mut fds: Vec<PollFd<'_>> = tcp
+                    .iter()
+                    .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
+                    .chain(
+                        udp.iter()
+                            .map(|u| PollFd::new(u.as_fd(), PollFlags::POLLIN)),
+                    )
+                    .collect();
+                if poll(&mut fds, 20u16).unwrap_or(0) == 0 {
+                    continue;
+                }
+                for l in &tcp {
+                    while let Ok((mut conn, _)) = l.accept() {
+                        let _ = conn.write_all(b"ok\n");
+                    }
+                }
+                let mut buf = [0u8; 64];
+                for u in &udp {
+                    while let Ok((n, from)) = u.recv_from(&mut buf) {
+                        let _ = u.send_to(&buf[..n], from);
+                    }
+                }
+            }
+        }));
+        rx.recv().expect("the server started");
+    }
+
+    /// Loads the ruleset for `cluster`'s policies into the node, with the daemon's `Nft`.
+    pub fn apply(&self, cluster: &Cluster) -> String {
+        let pods: Vec<LocalPod> = cluster
+            .pods
+            .iter()
+            .map(|p| LocalPod {
+                name: format!("{}/{}", p.namespace, p.name),
+                veth: veth(&p.namespace, &p.name),
+                compiled: compile(cluster, p),
+            })
+            .collect();
+        let ruleset = render(&pods).expect("render");
+        assert!(
+            ruleset.not_enforced.is_empty(),
+            "{:?}",
+            ruleset.not_enforced
+        );
+        self.load(&ruleset.script);
+        ruleset.script
+    }
+
+    /// Loads a script into the node with the daemon's `Nft` (one transaction); how long it took.
+    /// Wall-clock time on purpose: the figure is the kernel's and `nft`'s real work, which no
+    /// paused clock can see.
+    #[allow(clippy::disallowed_types)]
+    pub fn load(&self, script: &str) -> Duration {
+        let (node, owned) = (self.node.clone(), script.to_owned());
+        let (took, loaded) = std::thread::spawn(move || {
+            enter(&node);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let start = std::time::Instant::now();
+            let loaded = rt.block_on(Nft::default().apply(&owned));
+            (start.elapsed(), loaded)
+        })
+        .join()
+        .expect("the nft thread");
+        loaded.unwrap_or_else(|e| panic!("loading the ruleset: {e}\n{script}"));
+        took
+    }
+
+    /// Every cell: client → server, protocol, port → connected.
+    fn probe_all(&self) -> BTreeMap<(String, String, Protocol, u16), bool> {
+        let mut clients = Vec::new();
+        for (client, name) in &self.pods {
+            let (client, name) = (client.clone(), name.clone());
+            clients.push(std::thread::spawn(move || {
+                enter(&name);
+                // Threads spawned here share this thread's namespace.
+                let mut probes = Vec::new();
+                for ns in NAMESPACES {
+                    for pod in PODS {
+                        for protocol in [Protocol::Tcp, Protocol::Udp] {
+                            for port in PORTS {
+                                let to = SocketAddr::from((ip_of(ns, pod), port));
+                                let key = (client.clone(), format!("{ns}/{pod}"), protocol, port);
+                                probes.push(std::thread::spawn(move || (key, probe(protocol, to))));
+                            }
+                        }
+                    }
+                }
+                probes
+                    .into_iter()
+                    .map(|p| p.join().expect("probe"))
+                    .collect::<Vec<_>>()
+            }));
+        }
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().expect("client"))
+            .collect()
+    }
+
+    /// Probes everything and compares with the model: the cells that differ, and how many cells
+    /// the kernel denied.
+    fn disagreements(&self, cluster: &Cluster) -> (Vec<String>, usize) {
+        let pod = |key: &str| {
+            let (ns, name) = key.split_once('/').unwrap();
+            cluster
+                .pods
+                .iter()
+                .find(|p| p.namespace == ns && p.name == name)
+                .unwrap()
+        };
+        let mut wrong = Vec::new();
+        let mut denied = 0;
+        for ((c, s, protocol, port), got) in self.probe_all() {
+            denied += usize::from(!got);
+            let want = c == s || connection_allowed(cluster, pod(&c), pod(&s), protocol, port);
+            if got != want {
+                wrong.push(format!(
+                    "{c} → {s} {protocol:?}/{port}: kernel {}, model {}",
+                    verb(got),
+                    verb(want)
+                ));
+            }
+        }
+        (wrong, denied)
+    }
+
+    /// Applies `policies`, probes, and fails naming every cell where kernel and model differ;
+    /// returns how many of the 324 cells were denied.
+    pub fn case(&self, name: &str, policies: &[Value]) -> usize {
+        let cluster = world(policies);
+        for p in &cluster.pods {
+            let problems = compile(&cluster, p).problems;
+            assert!(problems.is_empty(), "{name}: {problems:?}");
+        }
+        let script = self.apply(&cluster);
+        let (wrong, denied) = self.disagreements(&cluster);
+        assert!(
+            wrong.is_empty(),
+            "{name}: {} cells differ:\n{}\nruleset:\n{script}",
+            wrong.len(),
+            wrong.join("\n")
+        );
+        denied
+    }
+}
+
+pub fn verb(allowed: bool) -> &'static str {
+    if allowed { "connects" } else { "is denied" }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for s in self.servers.drain(..) {
+            let _ = s.join();
+        }
+        for name in self.pods.values().chain([&self.node]) {
+            let _ = run(&["ip", "netns", "del", name], None);
+        }
+    }
+}
+
+/// One connection attempt: a TCP handshake and the server's line, or a UDP datagram echoed back.
+pub fn probe(protocol: Protocol, to: SocketAddr) -> bool {
+    match protocol {
+        Protocol::Tcp => TcpStream::connect_timeout(&to, PROBE_WAIT).is_ok_and(|mut s| {
+            s.set_read_timeout(Some(PROBE_WAIT)).unwrap();
+            let mut line = [0u8; 3];
+            s.read_exact(&mut line).is_ok() && &line == b"ok\n"
+        }),
+        Protocol::Udp => {
+            let s = UdpSocket::bind("0.0.0.0:0").expect("udp client");
+            s.set_read_timeout(Some(PROBE_WAIT)).unwrap();
+            s.connect(to).expect("udp connect");
+            let _ = s.send(b"probe");
+            let mut buf = [0u8; 16];
+            match s.recv(&mut buf) {
+                Ok(n) => &buf[..n] == b"probe",
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => false,
+                Err(_) => false,
+            }
+        }
+        Protocol::Sctp => unreachable!("SCTP is not probed here"),
+    }
+}
