@@ -134,8 +134,8 @@ async fn fault_soak_keeps_every_invariant_with_network_profiles() {
         .filter(|k| k.applies(soak::IpFamily::Ipv4))
         .collect();
     // Every scheduled kind once, and room for the ENIConfig to change a few times.
-    let steps = (soak::faults::first_cycle_steps(&enabled) + 12)
-        .max(soak::profiles::SWITCH_EVERY * 4 + 1);
+    let steps =
+        (soak::faults::first_cycle_steps(&enabled) + 12).max(soak::profiles::SWITCH_EVERY * 4 + 1);
     let cfg = soak::SoakConfig::new(
         SEED,
         soak::Budget::Steps(steps),
@@ -164,7 +164,10 @@ async fn fault_soak_keeps_every_invariant_with_network_profiles() {
         "little churn\n{summary}"
     );
     assert!(c.kills >= 2, "few SIGKILLs\n{summary}");
-    assert!(c.eniconfig_switches >= 4, "few ENIConfig changes\n{summary}");
+    assert!(
+        c.eniconfig_switches >= 4,
+        "few ENIConfig changes\n{summary}"
+    );
     // Pods of each profile were placed, not only refused, and so were default-network pods.
     for net in ["db", "app", "default"] {
         assert!(

@@ -227,7 +227,7 @@ impl Soak {
         let kill = planned.contains(&FaultKind::Kill);
         if let Some(c) = self.cluster.as_mut()
             && step > 0
-            && step % super::profiles::SWITCH_EVERY == 0
+            && step.is_multiple_of(super::profiles::SWITCH_EVERY)
         {
             let now = c.switch();
             self.counts.eniconfig_switches += 1;
@@ -371,7 +371,10 @@ impl Soak {
                     .get(eni)
                     .and_then(|m| m.network.clone())
                     .unwrap_or_else(|| "default".into());
-                self.network_enis.entry(net).or_default().insert(eni.clone());
+                self.network_enis
+                    .entry(net)
+                    .or_default()
+                    .insert(eni.clone());
             }
             self.counts.network_enis = self
                 .network_enis

@@ -376,7 +376,10 @@ impl Soak {
         if self.cluster.is_none() {
             return;
         }
-        let profile = self.model.profile_of(&self.model.atts[key]).map(str::to_owned);
+        let profile = self
+            .model
+            .profile_of(&self.model.atts[key])
+            .map(str::to_owned);
         *self
             .counts
             .network_adds_ok

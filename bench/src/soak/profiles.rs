@@ -180,8 +180,14 @@ pub async fn setup(mock: &MockCloud) -> anyhow::Result<ProfileCluster> {
     api.set_node_label(NODE, ENICONFIG_KEY, Some(ENICONFIGS[0]));
     let eniconfig = Crd::eniconfig();
     api.install_crd(eniconfig.clone());
-    api.put_object(&eniconfig, eniconfig_json(ENICONFIGS[0], &cfg_a, Some(&[&g_a])));
-    api.put_object(&eniconfig, eniconfig_json(ENICONFIGS[1], &cfg_b, Some(&[&g_b])));
+    api.put_object(
+        &eniconfig,
+        eniconfig_json(ENICONFIGS[0], &cfg_a, Some(&[&g_a])),
+    );
+    api.put_object(
+        &eniconfig,
+        eniconfig_json(ENICONFIGS[1], &cfg_b, Some(&[&g_b])),
+    );
     let profile = Crd::network_profile();
     api.install_crd(profile.clone());
     api.put_object(
