@@ -18,6 +18,12 @@
 //! that do not apply are left out: the out-of-band unassign and detach take secondary IPv4s and ENIs,
 //! which an ipv6 node does not have.
 //!
+//! Run a fourth time in the network-profiles mode (issue 27, IPv4): custom networking with the node's
+//! ENIConfig switched every few steps, profiles `db` and `app` from an API-server double, pods of
+//! both and of the default network; the checker adds the profiles' invariants (every IP on an ENI of
+//! its pod's network with exactly its groups, eth0 serving none, no IP ever crossing networks,
+//! refusals only as CNI error 11 naming the profile, both profiles advertised on the node).
+//!
 //! Needs root (it mounts tmpfs and creates network namespaces) and the plugin binary built next to
 //! the test executable (`cargo build --workspace --bins`; `cargo test --workspace` does it).
 

@@ -21,7 +21,9 @@
 //! undoing faults), [`faults`] (the kinds and the seeded schedule), [`witnesses`] (one observation
 //! of the daemon, the store, EC2 and the host), [`checker`] (the invariants, held against an
 //! observation), [`model`] (the runtime's truth), [`runtime`] (the plugin binary as libcni runs it),
-//! [`daemon`] (the eniipamd subprocess), [`host`] (the temporary node: state tmpfs, cache, namespaces).
+//! [`daemon`] (the eniipamd subprocess), [`host`] (the temporary node: state tmpfs, cache, namespaces),
+//! [`profiles`] and [`checker_profiles`] (the network-profiles mode, issue 27: custom networking with
+//! ENIConfig changes and two network profiles served by an API-server double, and its invariants).
 //! Besides the checker's kinds, the driver reports `del-failed` (a DEL answered an error),
 //! `daemon-exited` (eniipamd ended by itself) and `daemon-down` (not ready within a minute).
 //!

@@ -484,3 +484,17 @@ impl Soak {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::names;
+
+    #[test]
+    fn a_refusal_names_a_profile_as_a_word() {
+        let e = "code 11 eniipamd: Resource exhausted: network profile db cannot serve this pod: its 1 ENIs are full";
+        assert!(names(e, "db"));
+        assert!(!names(e, "app"));
+        assert!(!names("network profile dbx cannot serve this pod", "db"));
+        assert!(names("network profile \"team.a-1\" cannot", "team.a-1"));
+    }
+}
