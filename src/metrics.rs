@@ -15,6 +15,20 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+/// The label of per-profile metrics: a NetworkProfile's name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProfileLabel {
+    pub profile: String,
+}
+
+impl ProfileLabel {
+    pub fn of(profile: &str) -> Self {
+        Self {
+            profile: profile.to_owned(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
     outcome: String,
@@ -68,6 +82,9 @@ pub struct Metrics {
     /// Custom networking: times the node's ENIConfig (its name, subnet or groups) changed while the
     /// daemon ran; each change applies to new ENIs only.
     pub pod_network_changes: Counter,
+    /// Network profiles: 1 while a profile is usable on this node (a valid NetworkProfile whose subnet
+    /// and groups EC2 accepts here), 0 while not; a profile that is gone has no series.
+    pub network_profile_usable: Family<ProfileLabel, Gauge>,
     startup_ms: Arc<AtomicU64>,
 }
 
@@ -107,6 +124,7 @@ impl Default for Metrics {
             ipv6_assigned: Gauge::default(),
             ipv6_prefixes: Gauge::default(),
             pod_network_ready: Gauge::default(),
+            network_profile_usable: Family::default(),
             pod_network_changes: Counter::default(),
             startup_ms: Arc::new(AtomicU64::new(0)),
         }
@@ -274,6 +292,11 @@ impl Metrics {
             "eniipam_pod_network_changes",
             "Custom networking: changes of the node's ENIConfig (name, subnet or security groups) while running; each applies to new ENIs only",
             self.pod_network_changes.clone(),
+        );
+        reg.register(
+            "eniipam_network_profile_usable",
+            "Network profiles: 1 while the profile is usable on this node (valid, its subnet and security groups accepted by EC2 here), 0 while not",
+            self.network_profile_usable.clone(),
         );
     }
 }

@@ -5,6 +5,7 @@
 //! Metric names follow the AWS VPC CNI's where one measures the same thing, with `eniipam_` for
 //! `awscni_` (mapping in `docs/metrics.md`), so existing dashboards port by a prefix change.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 use crate::cloud::calls::{CallStats, HISTOGRAM_BOUNDS_SECONDS};
 use crate::cloud::leak::LeakCollector;
 use crate::config::LogFormat;
-use crate::metrics::Metrics;
-use crate::pool::Pool;
+use crate::metrics::{Metrics, ProfileLabel};
+use crate::pool::{Pool, ProfileCapacity, ProfileName};
 
 /// Sets up tracing: JSON lines or human text, filtered by `level` (e.g. `info`, `eniipam=debug`).
 pub fn init_logging(format: LogFormat, level: &str) {
@@ -200,6 +201,7 @@ pub fn render(s: &Sources) -> String {
             "Requests queued on each ENI's ipBacklog",
             backlog,
         );
+        register_profiles(&mut reg, &pool.profile_capacity());
     }
     if let Some(leak) = s.leak.get() {
         let t = leak.totals();
@@ -223,6 +225,45 @@ pub fn render(s: &Sources) -> String {
     render_calls(&mut out, &s.calls);
     out.push_str("# EOF\n");
     out
+}
+
+/// Network profiles: each profile's use of the node, labelled `profile` (none without profiles).
+fn register_profiles(reg: &mut Registry, caps: &BTreeMap<ProfileName, ProfileCapacity>) {
+    if caps.is_empty() {
+        return;
+    }
+    type Gauged = (&'static str, &'static str, fn(&ProfileCapacity) -> u32);
+    let families: [Gauged; 4] = [
+        (
+            "eniipam_network_profile_enis",
+            "ENIs of the profile (attached and being created)",
+            |c| c.enis,
+        ),
+        (
+            "eniipam_network_profile_assigned_ip_addresses",
+            "IPs of the profile's ENIs held by its pods",
+            |c| c.assigned,
+        ),
+        (
+            "eniipam_network_profile_idle_ip_addresses",
+            "IPs of the profile's ENIs idle (cooling, or waiting to go back to EC2)",
+            |c| c.idle,
+        ),
+        (
+            "eniipam_network_profile_free_slots",
+            "Pods of the profile the node can still take (what it advertises as eniipam.io/network-<profile>)",
+            |c| c.free,
+        ),
+    ];
+    for (name, help, value) in families {
+        let family: Family<ProfileLabel, Gauge> = Family::default();
+        for (p, c) in caps {
+            family
+                .get_or_create(&ProfileLabel::of(p))
+                .set(i64::from(value(c)));
+        }
+        reg.register(name, help, family);
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

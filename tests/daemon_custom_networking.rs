@@ -14,7 +14,6 @@
 mod daemon_support;
 
 use std::net::Ipv4Addr;
-use std::time::Duration;
 
 use daemon_support::*;
 use eniipam::config::DaemonConfig;
@@ -94,15 +93,6 @@ async fn allocate(d: &DaemonHandle, i: usize) -> Result<Ipv4Addr, tonic::Status>
         .map(|r| r.into_inner().ip.parse().unwrap())
 }
 
-/// `cond`, polled every 50 ms, or a panic naming `what` after 20 s.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn custom_subnet(d: &DaemonHandle) -> Option<String> {
     match d.pool.pod_network() {
         PodNetwork::Custom { subnet, .. } => Some(subnet.id),
@@ -120,21 +110,6 @@ fn eni_of(mock: &MockCloud, ip: Ipv4Addr) -> (String, Vec<String>, u32) {
         .unwrap_or_else(|| panic!("{ip} is on none of the node's ENIs"));
     let index = e.attachment.as_ref().map_or(u32::MAX, |a| a.device_index);
     (e.subnet_id.clone(), e.security_groups.clone(), index)
-}
-
-fn metric(body: &str, name: &str) -> Option<f64> {
-    body.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
-async fn metrics(d: &DaemonHandle) -> String {
-    reqwest::get(format!("http://{}/metrics", d.metrics_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,13 +148,13 @@ async fn the_zones_eniconfig_puts_pods_in_its_subnet_and_a_change_applies_to_new
         "eth0 serves no pods: {:?}",
         eth0.secondary_ips
     );
-    let m = metrics(&d).await;
-    assert_eq!(metric(&m, "eniipam_pod_network_ready"), Some(1.0), "{m}");
-    assert_eq!(metric(&m, "eniipam_pod_network_changes_total"), Some(0.0));
+    let m = scrape(&d).await;
+    assert_eq!(sample(&m, "eniipam_pod_network_ready"), Some(1.0), "{m}");
+    assert_eq!(sample(&m, "eniipam_pod_network_changes_total"), Some(0.0));
 
     // The ENIConfig changes: subnet and groups.
     api.put_object(&crd, eniconfig_json(&w.zone, &w.subnet_b, Some(&[&w.sg_b])));
-    until("the change reaches the pool", || {
+    wait_until("the change reaches the pool", || {
         custom_subnet(&d).as_deref() == Some(w.subnet_b.as_str())
     })
     .await;
@@ -200,23 +175,23 @@ async fn the_zones_eniconfig_puts_pods_in_its_subnet_and_a_change_applies_to_new
     );
     let (subnet, groups, _) = eni_of(&mock, ip);
     assert_eq!((subnet, groups), (w.subnet_b.clone(), vec![w.sg_b.clone()]));
-    let m = metrics(&d).await;
+    let m = scrape(&d).await;
     assert_eq!(
-        metric(&m, "eniipam_pod_network_changes_total"),
+        sample(&m, "eniipam_pod_network_changes_total"),
         Some(1.0),
         "{m}"
     );
 
     // The node relabelled to a name no ENIConfig has: no ENI can be made, the ENIs there still serve.
     api.set_node_label(NODE, ZONE_LABEL, Some("us-east-1z"));
-    until("the missing ENIConfig reaches the pool", || {
+    wait_until("the missing ENIConfig reaches the pool", || {
         matches!(d.pool.pod_network(), PodNetwork::Unavailable { .. })
     })
     .await;
     let ip = allocate(&d, 10).await.expect("the second ENI has room");
     assert_eq!(eni_of(&mock, ip).0, w.subnet_b);
-    let m = metrics(&d).await;
-    assert_eq!(metric(&m, "eniipam_pod_network_ready"), Some(0.0), "{m}");
+    let m = scrape(&d).await;
+    assert_eq!(sample(&m, "eniipam_pod_network_ready"), Some(0.0), "{m}");
     d.pool.check_invariants().unwrap();
     d.shutdown().await;
 }
@@ -248,7 +223,7 @@ async fn no_usable_eniconfig_creates_no_eni_and_the_add_says_why_until_it_is_fix
     );
     // An ENIConfig whose subnet is in another zone: refused, naming both zones.
     api.put_object(&crd, eniconfig_json(&w.zone, &w.other_zone, None));
-    until("the other-zone ENIConfig is judged", || {
+    wait_until("the other-zone ENIConfig is judged", || {
         matches!(&d.pool.pod_network(), PodNetwork::Unavailable { reason } if reason.contains("us-east-1f"))
     })
     .await;
@@ -263,7 +238,7 @@ async fn no_usable_eniconfig_creates_no_eni_and_the_add_says_why_until_it_is_fix
         &crd,
         eniconfig_json(&w.zone, &w.subnet_a, Some(&["sg-0123456789abcdef0"])),
     );
-    until("the unknown group is judged", || {
+    wait_until("the unknown group is judged", || {
         matches!(&d.pool.pod_network(), PodNetwork::Unavailable { reason } if reason.contains("sg-0123456789abcdef0"))
     })
     .await;
@@ -277,13 +252,13 @@ async fn no_usable_eniconfig_creates_no_eni_and_the_add_says_why_until_it_is_fix
     assert_eq!(mock.network_interfaces().len(), 1);
     // A malformed one: the field is named.
     api.put_object(&crd, eniconfig_json(&w.zone, "subnet-nothex!", None));
-    until("the invalid ENIConfig is judged", || {
+    wait_until("the invalid ENIConfig is judged", || {
         matches!(&d.pool.pod_network(), PodNetwork::Unavailable { reason } if reason.contains("spec.subnet"))
     })
     .await;
     // Fixed, with no groups listed: eth0's groups, as with the VPC CNI.
     api.put_object(&crd, eniconfig_json(&w.zone, &w.subnet_a, None));
-    until("the fixed ENIConfig reaches the pool", || {
+    wait_until("the fixed ENIConfig reaches the pool", || {
         custom_subnet(&d).is_some()
     })
     .await;

@@ -196,6 +196,7 @@ fn the_policy_tag_keys_are_the_daemons() {
         tags::INSTANCE_ID,
         tags::CREATED_AT,
         tags::AWS_VPC_CNI_NO_MANAGE,
+        eniipam::cloud::lifecycle::NETWORK_TAG,
     ]
     .into_iter()
     .map(str::to_owned)

@@ -94,6 +94,7 @@ impl DaemonConfig {
         set!(custom_networking, "true or false");
         set!(eni_config_label, "a label key");
         set!(eni_config_annotation, "an annotation key");
+        set!(network_profiles, "true or false");
         set!(ip_family, "ipv4, ipv6 or dual");
         set!(ipv4_egress, "true or false");
         set!(warm_policy, "adaptive or fixed");

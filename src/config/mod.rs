@@ -128,6 +128,13 @@ pub struct DaemonConfig {
     /// The Node annotation naming the node's ENIConfig; it wins over the label (the VPC CNI's
     /// `ENI_CONFIG_ANNOTATION_DEF`). Default `k8s.amazonaws.com/eniConfig`.
     pub eni_config_annotation: String,
+    /// Network profiles (`docs/network-profiles.md`): security groups per workload without trunking.
+    /// A pod whose annotation `eniipam.io/network` (on itself, else on its namespace) names a
+    /// `NetworkProfile` (`eniipam.io/v1alpha1`) gets its IP only from an ENI created for that profile,
+    /// in its subnet and with exactly its groups; each profile's free slots are advertised on the
+    /// node as the extended resource `eniipam.io/network-<name>`. Needs the API-server connection
+    /// and `node_name`; IPv4 pools only. Default false.
+    pub network_profiles: bool,
     /// Which addresses pods get: `ipv4` (default: from the ENI pool), `ipv6` (from one /80 the node
     /// takes on eth0 at startup; no IPv4 pool) or `dual` (both). The VPC CNI's `ENABLE_IPV6`.
     pub ip_family: IpFamily,
@@ -271,6 +278,7 @@ impl Default for DaemonConfig {
             subnet_ids: Vec::new(),
             security_groups: Vec::new(),
             custom_networking: false,
+            network_profiles: false,
             eni_config_label: DEFAULT_ENI_CONFIG_KEY.to_owned(),
             eni_config_annotation: DEFAULT_ENI_CONFIG_KEY.to_owned(),
             ip_family: IpFamily::Ipv4,
@@ -387,6 +395,15 @@ impl DaemonConfig {
     /// an API server is known).
     pub fn custom_networking_target(&self) -> Option<ApiServerTarget> {
         self.custom_networking
+            .then(|| self.api_server_connection())
+            .flatten()
+    }
+
+    /// Where the cluster's network profiles, namespaces and this node's pods are read from (and the
+    /// node's extended resources written), with network profiles on (validation has made sure an
+    /// API server is known).
+    pub fn network_profiles_target(&self) -> Option<ApiServerTarget> {
+        self.network_profiles
             .then(|| self.api_server_connection())
             .flatten()
     }

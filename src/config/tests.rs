@@ -292,3 +292,55 @@ fn custom_networking_reads_like_the_vpc_cni_and_refuses_what_cannot_work() {
     vars.insert("ENIIPAM_IP_FAMILY".into(), "dual".into());
     assert!(DaemonConfig::load(None, &vars).unwrap().custom_networking);
 }
+
+#[test]
+fn network_profiles_need_the_api_server_and_the_node_name_and_an_ipv4_pool() {
+    let c = DaemonConfig::load(None, &env(&[])).unwrap();
+    assert!(!c.network_profiles && c.network_profiles_target().is_none());
+    let on = [
+        ("ENIIPAM_NETWORK_PROFILES", "true"),
+        ("ENIIPAM_API_SERVER_URL", "http://127.0.0.1:6443"),
+        ("ENIIPAM_NODE_NAME", "node-a"),
+        ("ENIIPAM_API_SERVER_GC", "false"),
+    ];
+    let c = DaemonConfig::load(None, &env(&on)).unwrap();
+    assert!(c.network_profiles);
+    let target = c.network_profiles_target().expect("reads the profiles");
+    assert_eq!(target.url, "http://127.0.0.1:6443");
+    for (extra, field, says) in [
+        (
+            ("ENIIPAM_IP_FAMILY", "ipv6"),
+            "network_profiles",
+            "ip_family = ipv6",
+        ),
+        (
+            ("ENIIPAM_NODE_NAME", ""),
+            "node_name",
+            "network_profiles is on",
+        ),
+        (
+            ("ENIIPAM_NETWORK_PROFILES", "yes"),
+            "network_profiles",
+            "true or false",
+        ),
+    ] {
+        let mut vars = env(&on);
+        vars.insert(extra.0.to_owned(), extra.1.to_owned());
+        let e = DaemonConfig::load(None, &vars).unwrap_err().to_string();
+        assert!(e.contains(field), "{extra:?}: {e}");
+        assert!(e.contains(says), "{extra:?}: {e}");
+    }
+    let e = DaemonConfig::load(None, &env(&[("ENIIPAM_NETWORK_PROFILES", "true")]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("network_profiles") && e.contains("no API server"),
+        "{e}"
+    );
+    // Profiles and custom networking combine, and dual stack keeps its IPv4 pool.
+    let mut vars = env(&on);
+    vars.insert("ENIIPAM_CUSTOM_NETWORKING".into(), "true".into());
+    vars.insert("ENIIPAM_IP_FAMILY".into(), "dual".into());
+    let c = DaemonConfig::load(None, &vars).unwrap();
+    assert!(c.network_profiles && c.custom_networking);
+}

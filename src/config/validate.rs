@@ -152,6 +152,7 @@ impl DaemonConfig {
         }
         self.validate_node_status()?;
         self.validate_custom_networking()?;
+        self.validate_network_profiles()?;
         self.validate_host_rules()?;
         if self.shutdown_grace_secs > 600 {
             return Err(invalid("shutdown_grace_secs", "allowed: 0 ..= 600"));
@@ -213,6 +214,36 @@ impl DaemonConfig {
                 "empty, but custom_networking is on: set ENIIPAM_NODE_NAME to this node's Kubernetes \
                  name (the DaemonSet sets it from the downward API, fieldRef spec.nodeName); its label \
                  or annotation names the ENIConfig",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_network_profiles(&self) -> Result<(), ConfigError> {
+        if !self.network_profiles {
+            return Ok(());
+        }
+        if self.ip_family == crate::ipv6::IpFamily::Ipv6 {
+            return Err(invalid(
+                "network_profiles",
+                "put pods on ENIs of the IPv4 pool, and with ip_family = ipv6 pods take no IPv4 \
+                 (their IPv6 comes from eth0's /80): turn it off, or use ip_family = ipv4 or dual",
+            ));
+        }
+        if self.api_server_url.is_none() {
+            return Err(invalid(
+                "network_profiles",
+                "true, but no API server is known to read the NetworkProfiles and the pods' \
+                 annotations from: not running in a pod (KUBERNETES_SERVICE_HOST and \
+                 KUBERNETES_SERVICE_PORT are unset) and api_server_url is unset",
+            ));
+        }
+        if self.node_name.is_empty() {
+            return Err(invalid(
+                "node_name",
+                "empty, but network_profiles is on: set ENIIPAM_NODE_NAME to this node's Kubernetes \
+                 name (the DaemonSet sets it from the downward API, fieldRef spec.nodeName); the \
+                 node advertises each profile's free slots on itself",
             ));
         }
         Ok(())

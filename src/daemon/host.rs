@@ -150,6 +150,7 @@ mod tests {
             phase: EniPhaseSnapshot::Serving,
             in_flight: 0,
             ips: Vec::new(),
+            network: None,
         };
         let route = eni_route(&snap(EniRole::Pods, 2, Some("10.1.2.0/24")), Some(9001)).unwrap();
         assert_eq!(

@@ -4,7 +4,8 @@
 //! Startup order (nothing is served before the rebuild): metrics listener (`/readyz` false) → state
 //! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
 //! the rebuilt state → the node's ENIConfig (custom networking only) → pool (with the demand it learned before) → host routing and rules (SNAT,
-//! NodePort) → leaked-ENI collector → API-server pod watch and lookahead (when on) → node readiness:
+//! NodePort) → leaked-ENI collector → API-server pod watch → network profiles (when on: their first
+//! check against EC2) → lookahead (when on) → node readiness:
 //! startup taint and condition (when on) → gRPC socket → ready.
 //!
 //! Shutdown in three steps: stop accepting, let in-flight requests finish within the grace period, then
@@ -15,7 +16,9 @@
 //! `host` (route tables, the pool's readiness gate, SNAT and NodePort rules), `collectors` (leaked
 //! ENIs, pods gone from the API server, the node's startup taint and condition), `demand` (the
 //! learned demand to and from the state file, the lookahead on the pods bound here), `pod_network`
-//! (custom networking: the node's ENIConfig checked against EC2 and followed), `reconciler`
+//! (custom networking: the node's ENIConfig checked against EC2 and followed), `profiles`
+//! (network profiles: checked against EC2, handed to the pool, selected on ADD, advertised on the
+//! node), `reconciler`
 //! (the running reconcile), and [`run`]: the
 //! modes of the `eniipamd` binary (serve until a signal, prepare the host, remove the host rules).
 
@@ -25,6 +28,7 @@ mod demand;
 mod host;
 mod ipv6;
 mod pod_network;
+mod profiles;
 mod reconciler;
 pub mod run;
 mod serve;
@@ -254,6 +258,7 @@ impl Daemon {
         if !config.cluster_name.is_empty() {
             spawn_leak_collector(&config, &clients, &node, &mut b);
         }
+        let api_server = spawn_api_server_gc(&config, &mut b)?;
         let ipam = Ipam::with_family(
             pool.clone(),
             ipv6,
@@ -262,7 +267,19 @@ impl Daemon {
             vpc_cidrs,
             b.metrics.clone(),
         );
-        let api_server = spawn_api_server_gc(&config, &mut b)?;
+        if let Some(target) = config.network_profiles_target() {
+            let selector = profiles::start(
+                api_server::client(&target)?,
+                &config.node_name,
+                api_server.as_ref().map(|a| a.watch().clone()),
+                (pool.clone(), clients.cloud.clone(), node.clone()),
+                b.metrics.clone(),
+                b.cancel.clone(),
+                &mut b.background,
+            );
+            selector.first_answer().await;
+            ipam.set_profile_selector(selector);
+        }
         // The lookahead warms IPv4 for pods bound here: none with ip_family = ipv6.
         if let Some(a) = api_server.as_ref().filter(|_| config.ip_family.has_ipv4()) {
             b.background

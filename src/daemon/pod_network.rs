@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cloud::{Cloud, CloudError, NodeContext, SubnetFilter};
+use crate::cloud::{Cloud, CloudError, NodeContext, Subnet, SubnetFilter};
 use crate::custom_networking::{self as cn, NodeNetwork};
 use crate::metrics::Metrics;
 use crate::pool::{PodNetwork, Pool};
@@ -89,65 +89,17 @@ pub(super) async fn resolve(
         }
         NodeNetwork::Ready(ready) => ready,
     };
-    let filter = SubnetFilter {
-        ids: vec![ready.subnet_id.clone()],
-        ..SubnetFilter::default()
+    let who = format!("ENIConfig {:?}", ready.eni_config);
+    let subnet = match subnet_for_node(cloud, node, &ready.subnet_id, &who).await? {
+        Ok(subnet) => subnet,
+        Err(why) => return unavailable(why),
     };
-    let subnet = match cloud.describe_subnets(&filter).await {
-        Ok(found) => found.into_iter().find(|s| s.id == ready.subnet_id),
-        Err(e) if e.is_retryable() || matches!(e, CloudError::RetriesExhausted { .. }) => {
-            return Err(e);
-        }
-        Err(CloudError::NotFound { .. }) => None,
-        Err(CloudError::Rejected { code, .. }) if code.contains("NotFound") => None,
-        Err(e) => {
-            return unavailable(format!(
-                "ENIConfig {:?}: EC2 refused to describe its subnet {}: {e}",
-                ready.eni_config, ready.subnet_id
-            ));
-        }
-    };
-    let Some(subnet) = subnet else {
-        return unavailable(format!(
-            "ENIConfig {:?} names subnet {}, which EC2 does not know",
-            ready.eni_config, ready.subnet_id
-        ));
-    };
-    if subnet.vpc_id != node.vpc_id || subnet.availability_zone != node.availability_zone {
-        return unavailable(format!(
-            "ENIConfig {:?} names subnet {} in {} ({}), but this node is in {} ({}): an ENI can \
-             only use a subnet of the instance's own availability zone and VPC (one ENIConfig per \
-             zone, named by the node's zone label, is the usual layout)",
-            ready.eni_config,
-            subnet.id,
-            subnet.availability_zone,
-            subnet.vpc_id,
-            node.availability_zone,
-            node.vpc_id
-        ));
-    }
     let security_groups = if ready.security_groups.is_empty() {
         node.security_groups.clone()
     } else {
         // Checked now, so a typo is named here and not by every CreateNetworkInterface.
-        let groups = match cloud.describe_security_groups(&ready.security_groups).await {
-            Ok(groups) => groups,
-            Err(e) if e.is_retryable() || matches!(e, CloudError::RetriesExhausted { .. }) => {
-                return Err(e);
-            }
-            Err(e) => {
-                return unavailable(format!(
-                    "ENIConfig {:?} names security groups {} that EC2 does not show: {e}",
-                    ready.eni_config,
-                    ready.security_groups.join(",")
-                ));
-            }
-        };
-        if let Some(g) = groups.iter().find(|g| g.vpc_id != node.vpc_id) {
-            return unavailable(format!(
-                "ENIConfig {:?} names security group {} of {}, but this node's VPC is {}",
-                ready.eni_config, g.id, g.vpc_id, node.vpc_id
-            ));
+        if let Err(why) = groups_for_node(cloud, node, &ready.security_groups, &who).await? {
+            return unavailable(why);
         }
         ready.security_groups.clone()
     };
@@ -156,6 +108,117 @@ pub(super) async fn resolve(
         subnet,
         security_groups,
     })
+}
+
+/// Whether EC2 failed transiently (throttled, unreachable, out of retries): try again later.
+fn transient(e: &CloudError) -> bool {
+    e.is_retryable() || matches!(e, CloudError::RetriesExhausted { .. })
+}
+
+/// Subnet `id` as EC2 describes it, if new ENIs of this node may use it: it exists, in the node's
+/// VPC and availability zone. `Ok(Err(why))` names `who` (the object that chose it) and what is
+/// wrong; `Err` only when EC2 failed transiently.
+pub(super) async fn subnet_for_node(
+    cloud: &dyn Cloud,
+    node: &NodeContext,
+    id: &str,
+    who: &str,
+) -> Result<Result<Subnet, String>, CloudError> {
+    let filter = SubnetFilter {
+        ids: vec![id.to_owned()],
+        ..SubnetFilter::default()
+    };
+    let subnet = match cloud.describe_subnets(&filter).await {
+        Ok(found) => found.into_iter().find(|s| s.id == id),
+        Err(e) if transient(&e) => return Err(e),
+        Err(CloudError::NotFound { .. }) => None,
+        Err(CloudError::Rejected { code, .. }) if code.contains("NotFound") => None,
+        Err(e) => {
+            return Ok(Err(format!(
+                "{who}: EC2 refused to describe its subnet {id}: {e}"
+            )));
+        }
+    };
+    let Some(subnet) = subnet else {
+        return Ok(Err(format!(
+            "{who} names subnet {id}, which EC2 does not know"
+        )));
+    };
+    Ok(in_node_zone(subnet, node, who))
+}
+
+/// `subnet` if it is in the node's VPC and availability zone, else why not.
+fn in_node_zone(subnet: Subnet, node: &NodeContext, who: &str) -> Result<Subnet, String> {
+    if subnet.vpc_id != node.vpc_id || subnet.availability_zone != node.availability_zone {
+        return Err(format!(
+            "{who} names subnet {} in {} ({}), but this node is in {} ({}): an ENI can only use a \
+             subnet of the instance's own availability zone and VPC (one object per zone is the \
+             usual layout)",
+            subnet.id, subnet.availability_zone, subnet.vpc_id, node.availability_zone, node.vpc_id
+        ));
+    }
+    Ok(subnet)
+}
+
+/// Of `zone` (the subnets of the node's VPC and zone), the one that carries every one of `tags`
+/// (several: the one with the most free addresses, then the lowest id, so every node of the zone
+/// agrees while they are equal); else why none, naming `who`.
+pub(super) fn subnet_by_tags(
+    zone: &[Subnet],
+    node: &NodeContext,
+    tags: &std::collections::BTreeMap<String, String>,
+    who: &str,
+) -> Result<Subnet, String> {
+    let best = zone
+        .iter()
+        .filter(|s| s.vpc_id == node.vpc_id && s.availability_zone == node.availability_zone)
+        .filter(|s| tags.iter().all(|(k, v)| s.tags.get(k) == Some(v)))
+        .max_by(|a, b| {
+            a.available_ips
+                .cmp(&b.available_ips)
+                .then_with(|| b.id.cmp(&a.id))
+        });
+    best.cloned().ok_or_else(|| {
+        let wanted: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!(
+            "{who}: no subnet of {} in {} carries the tags {}",
+            node.availability_zone,
+            node.vpc_id,
+            wanted.join(",")
+        )
+    })
+}
+
+/// `Ok(Ok(()))` when every one of `groups` exists in the node's VPC (one DescribeSecurityGroups),
+/// else why not, naming `who`; `Err` only when EC2 failed transiently.
+pub(super) async fn groups_for_node(
+    cloud: &dyn Cloud,
+    node: &NodeContext,
+    groups: &[String],
+    who: &str,
+) -> Result<Result<(), String>, CloudError> {
+    let found = match cloud.describe_security_groups(groups).await {
+        Ok(found) => found,
+        Err(e) if transient(&e) => return Err(e),
+        Err(e) => {
+            return Ok(Err(format!(
+                "{who} names security groups {} that EC2 does not show: {e}",
+                groups.join(",")
+            )));
+        }
+    };
+    if let Some(missing) = groups.iter().find(|g| !found.iter().any(|f| &f.id == *g)) {
+        return Ok(Err(format!(
+            "{who} names security group {missing}, which EC2 does not show"
+        )));
+    }
+    if let Some(g) = found.iter().find(|g| g.vpc_id != node.vpc_id) {
+        return Ok(Err(format!(
+            "{who} names security group {} of {}, but this node's VPC is {}",
+            g.id, g.vpc_id, node.vpc_id
+        )));
+    }
+    Ok(Ok(()))
 }
 
 /// Hands `new` to the pool, logs and counts what changed.

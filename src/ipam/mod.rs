@@ -26,9 +26,9 @@ use tokio::sync::OwnedMutexGuard;
 use crate::clock::{to_unix_ms, unix_ms_now};
 use crate::ipv6::{IpFamily, Ipv6Error, Ipv6Pool};
 use crate::metrics::Metrics;
-use crate::model::AttachmentKey;
+use crate::model::{AttachmentKey, PodRef};
 use crate::pool::snapshot::IpState;
-use crate::pool::{Acquire, Allocation, Pool, PoolError, PoolSnapshot};
+use crate::pool::{Acquire, Allocation, Pool, PoolError, PoolSnapshot, ProfileName};
 use crate::store::{Store, StoreError};
 
 mod drift;
@@ -57,6 +57,20 @@ pub enum IpamError {
         "cannot record the release durably ({0}); the running reconcile will repair the state file"
     )]
     Unrecorded(#[source] StoreError),
+    /// Network profiles: the pod's profile could not be learnt (the API server did not answer);
+    /// nothing was allocated, and the runtime's next try asks again.
+    #[error("cannot learn the pod's network profile: {0}")]
+    PodProfile(String),
+}
+
+/// How the service learns, on a new ADD, which network profile the pod selects (network profiles
+/// on: the daemon answers from the API server, `crate::daemon`'s `profiles`).
+#[async_trait::async_trait]
+pub trait ProfileSelector: Send + Sync {
+    /// The profile `pod` selects (`None`: the node's default pod network), or why the pod cannot be
+    /// served: a profile that does not exist or cannot be used here is
+    /// [`PoolError::ProfileUnavailable`], naming it and why.
+    async fn select(&self, pod: &PodRef) -> Result<Option<ProfileName>, IpamError>;
 }
 
 /// One allocation request, as the service sees it: the pool's request as it goes down to the ENI
@@ -138,6 +152,8 @@ struct Inner {
     vpc_cidrs: Vec<Ipv4Net>,
     metrics: Metrics,
     locks: AttachmentLocks,
+    /// Set once, when network profiles are on.
+    profiles: std::sync::OnceLock<Arc<dyn ProfileSelector>>,
 }
 
 impl Ipam {
@@ -176,8 +192,15 @@ impl Ipam {
                 vpc_cidrs,
                 metrics,
                 locks: AttachmentLocks::default(),
+                profiles: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Network profiles on: every new ADD asks `selector` for the pod's profile (once; later calls
+    /// are ignored).
+    pub fn set_profile_selector(&self, selector: Arc<dyn ProfileSelector>) {
+        let _ = self.inner.profiles.set(selector);
     }
 
     /// The pool.
@@ -261,9 +284,19 @@ impl Ipam {
         let pool = &self.inner.pool;
         // A repeated ADD finds its allocation in place; only a new one is undone if the record fails.
         let existed = pool.allocation(key).is_some();
+        // A new ADD learns the pod's profile; a repeated one keeps what it has (so it is answered even
+        // while the API server is away).
+        let mut network = req.acquire.network.clone();
+        if !existed
+            && network.is_none()
+            && let Some(selector) = self.inner.profiles.get()
+        {
+            network = selector.select(&req.acquire.pod).await?;
+        }
         let acquire = |prefer| {
             pool.acquire_with(Acquire {
                 prefer,
+                network: network.clone(),
                 ..req.acquire.clone()
             })
         };

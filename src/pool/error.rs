@@ -48,6 +48,11 @@ pub enum ProfileUnavailableReason {
     NoEniSlot { enis: u32, max_enis: u32 },
     #[error("{0}")]
     Exhausted(Box<PoolError>),
+    /// The daemon cannot use the profile (no such NetworkProfile, an invalid one, or one whose
+    /// subnet or groups EC2 refuses for this node): why, naming the object and the field. Retryable:
+    /// once the operator fixes the object, the runtime's next try works.
+    #[error("{0}")]
+    NotUsable(String),
 }
 
 impl ProfileUnavailableReason {

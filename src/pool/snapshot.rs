@@ -105,6 +105,8 @@ pub struct EniSnapshot {
     pub in_flight: u32,
     /// Its pod IPs, ascending.
     pub ips: Vec<IpSnapshot>,
+    /// The network profile it serves (`None`: the default pod network).
+    pub network: Option<String>,
 }
 
 /// An ENI's phase.
@@ -237,6 +239,7 @@ impl PoolState {
                     },
                     in_flight: r.inflight,
                     ips,
+                    network: r.profile.clone(),
                 }
             })
             .collect();

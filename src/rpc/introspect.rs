@@ -37,6 +37,7 @@ fn eni_info(e: &crate::pool::snapshot::EniSnapshot) -> pb::EniInfo {
         backlog: e.in_flight,
         prefixes: e.prefixes.iter().map(ToString::to_string).collect(),
         serves_pods: e.serves_pods,
+        network: e.network.clone().unwrap_or_default(),
     }
 }
 

@@ -85,6 +85,9 @@ pub fn ipam_status(e: &IpamError) -> Status {
         IpamError::Ipv6(Ipv6Error::NoPrefix) => {
             status_with_reason(Code::Unavailable, e.to_string(), pb::ErrorReason::NotReady)
         }
+        IpamError::PodProfile(_) => {
+            status_with_reason(Code::Unavailable, e.to_string(), pb::ErrorReason::Exhausted)
+        }
         IpamError::Record(_) | IpamError::Unrecorded(_) => {
             status_with_reason(Code::Internal, e.to_string(), pb::ErrorReason::Internal)
         }

@@ -187,3 +187,30 @@ impl Drop for SmallDisk {
             .status();
     }
 }
+
+/// `cond`, polled every 50 ms, or a panic naming `what` after 20 s.
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The value of the sample whose line starts with `series` (a name, with its labels if any) in
+/// OpenMetrics text.
+pub fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// The daemon's `/metrics` text.
+pub async fn scrape(d: &DaemonHandle) -> String {
+    reqwest::get(format!("http://{}/metrics", d.metrics_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}

@@ -441,6 +441,9 @@ pub trait Cloud: Send + Sync + 'static {
     ) -> CloudResult<String>;
     /// ModifyNetworkInterfaceAttribute: DeleteOnTermination=true for the attachment.
     async fn set_delete_on_termination(&self, eni: &EniId, attachment_id: &str) -> CloudResult<()>;
+    /// ModifyNetworkInterfaceAttribute: the ENI's security groups become exactly `groups` (1 to 5,
+    /// in the ENI's VPC). A network profile whose groups changed brings its ENIs to the new set.
+    async fn set_security_groups(&self, eni: &EniId, groups: &[String]) -> CloudResult<()>;
     /// DetachNetworkInterface.
     async fn detach_eni(&self, attachment_id: &str, force: bool) -> CloudResult<()>;
     /// DeleteNetworkInterface.

@@ -35,6 +35,8 @@ pub const CREATE_TAG_KEYS: &[&str] = &[
     CLUSTER_TAG,
     "eniipam.io/instance-id",
     CREATED_AT_TAG,
+    // The network profile an ENI serves (network profiles only; a restart learns it from the tag).
+    "eniipam.io/network",
     // So that an aws-node still running on the node never adopts our ENIs (during a migration).
     "node.k8s.amazonaws.com/no_manage",
 ];
@@ -235,6 +237,12 @@ pub fn policy(cluster: &str, vpc_id: &str, partition: Partition) -> Result<Polic
                     format!("arn:{p}:ec2:*:*:subnet/*"),
                     format!("arn:{p}:ec2:*:*:security-group/*"),
                 ]),
+                Some(in_vpc.clone()),
+            ),
+            allow(
+                "SetThisVpcsGroupsOnEnis",
+                json!("ec2:ModifyNetworkInterfaceAttribute"),
+                json!(format!("arn:{p}:ec2:*:*:security-group/*")),
                 Some(in_vpc.clone()),
             ),
             allow(

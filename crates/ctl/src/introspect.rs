@@ -207,7 +207,8 @@ fn eni_json(e: &pb::EniInfo) -> serde_json::Value {
     json!({"eni_id": e.eni_id, "mac": e.mac, "device_index": e.device_index, "subnet_id": e.subnet_id,
            "subnet_cidr": e.subnet_cidr, "primary_ip": e.primary_ip, "idle": e.idle, "assigned": e.assigned,
            "cooling": e.cooling, "sticky": e.sticky, "state": e.state, "backlog": e.backlog,
-           "prefixes": e.prefixes, "serves_pods": e.serves_pods})
+           "prefixes": e.prefixes, "serves_pods": e.serves_pods,
+           "network": (!e.network.is_empty()).then_some(&e.network)})
 }
 
 fn pool_json(p: &pb::PoolReply) -> serde_json::Value {
@@ -239,10 +240,12 @@ fn print_enis(enis: &[pb::EniInfo]) {
         "STATE"
     );
     for e in enis {
-        let state = if e.serves_pods {
-            e.state.clone()
-        } else {
+        let state = if !e.serves_pods {
             format!("{} (no pods)", e.state)
+        } else if !e.network.is_empty() {
+            format!("{} (profile {})", e.state, e.network)
+        } else {
+            e.state.clone()
         };
         println!(
             "{:<4} {:<21} {:<26} {:<18} {:>5} {:>8} {:>7} {:>6} {:>8} {:<12}",

@@ -209,6 +209,7 @@ impl FakeApiServer {
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(pods::get_pod))
             .route("/api/v1/nodes", get(nodes::list_or_watch))
             .route("/api/v1/namespaces", get(namespaces::list_or_watch))
+            .route("/api/v1/namespaces/{name}", get(namespaces::get_namespace))
             .route("/apis/{*path}", get(custom::serve))
             .route(
                 "/api/v1/nodes/{name}",

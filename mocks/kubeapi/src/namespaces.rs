@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::custom::change;
@@ -106,4 +106,25 @@ pub(crate) async fn list_or_watch(
             .map(|(_, o)| o.clone())
             .collect()
     })
+}
+
+/// `GET /api/v1/namespaces/{name}`: one namespace (404 when it does not exist; 403 when RBAC forbids
+/// `get namespaces`).
+pub(crate) async fn get_namespace(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    if !crate::authorized(&inner, &headers) {
+        return crate::status_response(401, "Unauthorized", "Unauthorized".into());
+    }
+    if let Some(r) = watch::forbidden(&inner, &kind(), "get") {
+        return r;
+    }
+    inner.counts.lock().unwrap().gets += 1;
+    let w = inner.world.lock().unwrap();
+    match w.objects.get(&key(&name)) {
+        Some(ns) => axum::Json(kind().stamp(ns.clone())).into_response(),
+        None => crate::status_response(404, "NotFound", format!("namespaces \"{name}\" not found")),
+    }
 }

@@ -300,6 +300,34 @@ impl Cloud for MemoryCloud {
         .await
     }
 
+    async fn set_security_groups(&self, eni: &EniId, groups: &[String]) -> CloudResult<()> {
+        let api = Action::ModifyNetworkInterfaceAttribute;
+        let args = format!("eni={eni} groups={groups:?}");
+        self.call(api, args, |st| {
+            if groups.is_empty() || groups.len() > 5 {
+                return Err(CloudError::Rejected {
+                    api: api.as_str().into(),
+                    code: if groups.is_empty() {
+                        "MissingParameter".into()
+                    } else {
+                        "SecurityGroupsPerInterfaceLimitExceeded".into()
+                    },
+                    message: format!("{} security groups: an ENI carries 1 to 5", groups.len()),
+                });
+            }
+            if let Some(g) = groups.iter().find(|g| !st.security_groups.contains_key(*g)) {
+                return Err(CloudError::NotFound {
+                    api: api.as_str().into(),
+                    code: "InvalidGroup.NotFound".into(),
+                    message: format!("The security group '{g}' does not exist"),
+                });
+            }
+            st.eni_mut(api.as_str(), eni)?.security_groups = groups.to_vec();
+            Ok(())
+        })
+        .await
+    }
+
     async fn detach_eni(&self, attachment_id: &str, force: bool) -> CloudResult<()> {
         let api = Action::DetachNetworkInterface;
         let args = format!("attachment={attachment_id} force={force}");

@@ -103,6 +103,7 @@ fn pool_eni(eni: &str, ips: Vec<IpSnapshot>) -> EniSnapshot {
         phase: EniPhaseSnapshot::Serving,
         in_flight: 0,
         ips,
+        network: None,
     }
 }
 

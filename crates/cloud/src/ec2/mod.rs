@@ -407,6 +407,22 @@ impl Cloud for Ec2Cloud {
         mutate(&self.limiter, API, send, Verify::nothing()).await
     }
 
+    async fn set_security_groups(&self, eni: &EniId, groups: &[String]) -> CloudResult<()> {
+        const API: &str = "ModifyNetworkInterfaceAttribute";
+        let send = || async {
+            self.client
+                .modify_network_interface_attribute()
+                .network_interface_id(eni.as_str())
+                .set_groups(Some(groups.to_vec()))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| classify(API, e))
+        };
+        // Idempotent: a retry after an ambiguous failure sets the same groups again.
+        mutate(&self.limiter, API, send, Verify::nothing()).await
+    }
+
     async fn detach_eni(&self, attachment_id: &str, force: bool) -> CloudResult<()> {
         const API: &str = "DetachNetworkInterface";
         let send = || async {
