@@ -187,6 +187,16 @@ async fn fault_soak_keeps_every_invariant_with_network_profiles() {
             c.network_enis
         );
     }
+    // Pods naming a profile no NetworkProfile defines were refused, each with error 11 naming it.
+    assert!(
+        c.profile_refusals
+            .get(soak::profiles::MISSING)
+            .copied()
+            .unwrap_or(0)
+            >= 1,
+        "no refusal of a missing profile: {:?}\n{summary}",
+        c.profile_refusals
+    );
     assert!(c.checks >= steps / 2, "few checks\n{summary}");
     assert!(
         out.violations.is_empty(),

@@ -27,7 +27,7 @@ pub struct SoakArgs {
 const DESCRIBED_PER_KIND: usize = 3;
 
 /// Every violation kind the checker knows, so a clean run shows its zeros.
-const KINDS: [&str; 27] = [
+const KINDS: [&str; 28] = [
     "duplicate-ip",
     "detached-eni-serving",
     "eni-unknown-to-pool",
@@ -54,6 +54,7 @@ const KINDS: [&str; 27] = [
     "profile-ip-crossed",
     "profile-refusal",
     "eth0-serving",
+    "eni-network-disagree",
     "profile-not-advertised",
 ];
 
@@ -166,6 +167,12 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
                 *c.network_enis.get(net).unwrap_or(&0) as f64,
             ));
         }
+        let refused = c.profile_refusals.get(soak::profiles::MISSING);
+        rows.push(info(
+            "ADD of a pod naming the missing profile `ghost` refused (error 11 naming it)",
+            Unit::Count,
+            refused.copied().unwrap_or(0) as f64,
+        ));
         for p in ["db", "app"] {
             rows.push(info(
                 &format!("ADD of a `{p}` pod refused (error 11 naming it)"),
@@ -293,12 +300,12 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
         ]
         .into_iter()
         .chain(args.network_profiles.then(|| format!(
-            "network profiles (issue 27): custom networking (eth0 serves no pods) with two ENIConfigs in the VPC's secondary block 100.64.0.0/16, the node's switched every {} steps (its annotation set, then removed back to its label's); NetworkProfiles `db` (a named subnet, two security groups, maxEnisPerNode {}) and `app` (a subnet selected by tag, one group), from an API-server double (node, CRDs, objects, namespaces, pods); each new pod put there bound to the node before its ADD and deleted when it ends: pod annotated `db` (28 %), in namespace `apps` annotated `app` (30 %), in `apps` but annotated `db` (7 %), no annotation (23 %), in `apps` opting out with an empty annotation (12 %); at most {} live pods; the API-server pod GC off (the runtime's DEL and GC end pods)",
+            "network profiles (issue 27): custom networking (eth0 serves no pods) with two ENIConfigs in the VPC's secondary block 100.64.0.0/16, the node's switched every {} steps (its annotation set, then removed back to its label's); NetworkProfiles `db` (a named subnet, two security groups, maxEnisPerNode {}) and `app` (a subnet selected by tag, one group), from an API-server double (node, CRDs, objects, namespaces, pods); each new pod put there bound to the node before its ADD and deleted when it ends: pod annotated `db` (28 %), in namespace `apps` annotated `app` (30 %), in `apps` but annotated `db` (7 %), no annotation (21 %), in `apps` opting out with an empty annotation (11 %), annotated with `ghost`, a profile no NetworkProfile defines (3 %: every ADD must be refused with CNI error 11 naming it); at most {} live pods; the API-server pod GC off (the runtime's DEL and GC end pods)",
             soak::profiles::SWITCH_EVERY,
             soak::profiles::DB_MAX_ENIS,
             soak::PROFILES_TARGET_POD_COUNT,
         )))
-        .chain(args.network_profiles.then(|| "the profiles' invariants after every step: every IP a pod holds is on an ENI of its network per EC2 (a profile's: tagged with it, in its subnet, exactly its groups; the default network's: untagged, an ENIConfig's subnet with exactly its groups); eth0 serves no pod; at every ADD: no IP of one network ever handed to a pod of another over the run (each network has its own subnets), a refusal for a profile is CNI error 11 naming the pod's own profile and never reaches a default-network pod; at the end the node advertises both profiles' free slots".to_owned()))
+        .chain(args.network_profiles.then(|| "the profiles' invariants after every step: every IP a pod holds is on an ENI of its network per EC2 (a profile's: tagged with it, in its subnet, exactly its groups; the default network's: untagged, an ENIConfig's subnet with exactly its groups); the pool's network of each ENI is EC2's tag; eth0 serves no pod; at every ADD: no IP of one network ever handed to a pod of another over the run (each network has its own subnets), a refusal for a profile is CNI error 11 naming the pod's own profile and never reaches a default-network pod; at the end the node advertises both profiles' free slots".to_owned()))
         .collect(),
         rows,
         notes,

@@ -6,6 +6,8 @@
 //!   be in its subnet and be tagged `eniipam.io/network=<profile>`; for a pod of the default network,
 //!   the ENI must carry no such tag and be in the subnet of one of the ENIConfigs with exactly its
 //!   groups (the node's ENIConfig changes during the run, and old ENIs keep serving).
+//! - `eni-network-disagree`: the pool says an ENI serves one network (`EniInfo.network`, empty for
+//!   the default network) and EC2's `eniipam.io/network` tag another (after settling).
 //! - `eth0-serving`: custom networking is on, so eth0 (device 0) serves no pod: the pool shows no IP
 //!   on it, and no IP a pod holds is on it in EC2.
 //!
@@ -89,6 +91,27 @@ pub fn evaluate(
                     meta.network
                 ),
                 settle: false,
+            });
+        }
+    }
+
+    // The pool's word on each ENI's network against EC2's tag.
+    for e in obs.pool.enis.iter().filter(|e| e.device_index > 0) {
+        let Some(meta) = obs.ec2.eni_meta.get(&e.eni_id) else {
+            continue;
+        };
+        let pool = Some(e.network.as_str()).filter(|n| !n.is_empty());
+        if pool != meta.network.as_deref() {
+            found.push(Found {
+                kind: "eni-network-disagree",
+                subject: e.eni_id.clone(),
+                text: format!(
+                    "the pool serves {} for {}, EC2 tags it eniipam.io/network={:?}",
+                    e.eni_id,
+                    pool.map_or("the default network".to_owned(), |p| format!("profile {p}")),
+                    meta.network
+                ),
+                settle: true,
             });
         }
     }

@@ -385,6 +385,20 @@ impl Soak {
             .network_adds_ok
             .entry(profile.clone().unwrap_or_else(|| "default".into()))
             .or_insert(0) += 1;
+        if profile.as_deref() == Some(super::profiles::MISSING) {
+            self.violation(
+                step,
+                "profile-refusal",
+                format!("{}/{}", key.0, key.1),
+                format!(
+                    "ADD gave {}/{} {ip:?}, though its pod names the profile {}, which no \
+                     NetworkProfile defines: it must be refused with CNI error 11 naming it",
+                    key.0,
+                    key.1,
+                    super::profiles::MISSING
+                ),
+            );
+        }
         let Some(ip) = ip else { return };
         let (first, first_key) = self
             .model
@@ -454,6 +468,22 @@ impl Soak {
                     }
                 ),
             ),
+            // The missing profile's refusal, in whatever words: error 11, naming it.
+            Some(p) if p == super::profiles::MISSING && names(e, p) => {
+                if code11 {
+                    *self.counts.profile_refusals.entry(p.into()).or_insert(0) += 1;
+                } else {
+                    self.violation(
+                        step,
+                        "profile-refusal",
+                        subject.clone(),
+                        format!(
+                            "{subject}, whose pod names the missing profile {p}, was refused not as \
+                             CNI error 11: {e}"
+                        ),
+                    );
+                }
+            }
             Some(p) => {
                 *self.counts.profile_other_failures.entry(p.into()).or_insert(0) += 1;
                 self.note(format!("a {p} pod's ADD failed otherwise: {e}"));

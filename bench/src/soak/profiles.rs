@@ -81,7 +81,13 @@ pub enum Choice {
     None,
     /// In `apps`, the pod annotated with an empty value: the default network.
     OptOut,
+    /// In the plain namespace, the pod annotated with a profile no NetworkProfile defines
+    /// ([`MISSING`]): every ADD is refused with CNI error 11 naming it.
+    Missing,
 }
+
+/// The profile the [`Choice::Missing`] pods name, which does not exist.
+pub const MISSING: &str = "ghost";
 
 impl Choice {
     pub fn draw(rng: &mut rand::rngs::StdRng) -> Self {
@@ -89,14 +95,15 @@ impl Choice {
             x if x < 0.28 => Self::PodDb,
             x if x < 0.58 => Self::NamespaceApp,
             x if x < 0.65 => Self::PodOverridesNamespace,
-            x if x < 0.88 => Self::None,
-            _ => Self::OptOut,
+            x if x < 0.86 => Self::None,
+            x if x < 0.97 => Self::OptOut,
+            _ => Self::Missing,
         }
     }
 
     pub fn namespace(self) -> &'static str {
         match self {
-            Self::PodDb | Self::None => PLAIN_NAMESPACE,
+            Self::PodDb | Self::None | Self::Missing => PLAIN_NAMESPACE,
             Self::NamespaceApp | Self::PodOverridesNamespace | Self::OptOut => APP_NAMESPACE,
         }
     }
@@ -106,6 +113,7 @@ impl Choice {
         match self {
             Self::PodDb | Self::PodOverridesNamespace => Some("db"),
             Self::OptOut => Some(""),
+            Self::Missing => Some(MISSING),
             Self::NamespaceApp | Self::None => None,
         }
     }
@@ -115,6 +123,7 @@ impl Choice {
         match self {
             Self::PodDb | Self::PodOverridesNamespace => Some("db"),
             Self::NamespaceApp => Some("app"),
+            Self::Missing => Some(MISSING),
             Self::None | Self::OptOut => None,
         }
     }
