@@ -18,6 +18,12 @@
 //! that do not apply are left out: the out-of-band unassign and detach take secondary IPv4s and ENIs,
 //! which an ipv6 node does not have.
 //!
+//! Run a fourth time in the network-profiles mode (issue 27, IPv4): custom networking with the node's
+//! ENIConfig switched every few steps, profiles `db` and `app` from an API-server double, pods of
+//! both and of the default network; the checker adds the profiles' invariants (every IP on an ENI of
+//! its pod's network with exactly its groups, eth0 serving none, no IP ever crossing networks,
+//! refusals only as CNI error 11 naming the profile, both profiles advertised on the node).
+//!
 //! Needs root (it mounts tmpfs and creates network namespaces) and the plugin binary built next to
 //! the test executable (`cargo build --workspace --bins`; `cargo test --workspace` does it).
 
@@ -117,6 +123,85 @@ async fn fault_soak(family: soak::IpFamily) {
         out.violations.is_empty(),
         "{} invariant violations (seed {SEED}; reproduce the long way with \
          `cargo run --release -p eniipam-bench -- soak --soak-steps {steps} --seed {SEED} --ip-family {family}`):\n{summary}",
+        out.violations.len()
+    );
+}
+
+/// Issue 27: the soak with custom networking, two network profiles and ENIConfig changes
+/// (`eniipam-bench soak --network-profiles`, IPv4): every fault of the schedule, pods of `db`,
+/// `app` and the default network put in the API-server double before their ADD, and the profiles'
+/// invariants (each IP on an ENI of its pod's network with exactly its groups, eth0 serving none,
+/// no IP ever crossing networks, refusals only as error 11 naming the profile) after every step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_soak_keeps_every_invariant_with_network_profiles() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let enabled: std::collections::BTreeSet<FaultKind> = FaultKind::ALL
+        .into_iter()
+        .filter(|k| k.applies(soak::IpFamily::Ipv4))
+        .collect();
+    // Every scheduled kind once, and room for the ENIConfig to change a few times.
+    let steps =
+        (soak::faults::first_cycle_steps(&enabled) + 12).max(soak::profiles::SWITCH_EVERY * 4 + 1);
+    let cfg = soak::SoakConfig::new(
+        SEED,
+        soak::Budget::Steps(steps),
+        PathBuf::from(env!("CARGO_BIN_EXE_eniipamd")),
+        bins::target_bin("eniipam"),
+    )
+    .with_network_profiles();
+    let cfg = soak::SoakConfig {
+        faults: enabled.clone(),
+        progress: true,
+        ..cfg
+    };
+    let out = soak::run(cfg).await.expect("the soak ran");
+    let summary = out.summary(5);
+    println!("{summary}");
+
+    let c = &out.counts;
+    for k in &enabled {
+        assert!(
+            c.faults.get(k.name()).copied().unwrap_or(0) > 0,
+            "fault {k} was never injected\n{summary}"
+        );
+    }
+    assert!(
+        c.adds_ok >= 50 && c.dels_ok >= 30,
+        "little churn\n{summary}"
+    );
+    assert!(c.kills >= 2, "few SIGKILLs\n{summary}");
+    assert!(
+        c.eniconfig_switches >= 4,
+        "few ENIConfig changes\n{summary}"
+    );
+    // Pods of each profile were placed, not only refused, and so were default-network pods.
+    for net in ["db", "app", "default"] {
+        assert!(
+            c.network_adds_ok.get(net).copied().unwrap_or(0) >= 10,
+            "few {net} pods placed: {:?}\n{summary}",
+            c.network_adds_ok
+        );
+        assert!(
+            c.network_enis.get(net).copied().unwrap_or(0) >= 1,
+            "no ENI of {net} seen: {:?}\n{summary}",
+            c.network_enis
+        );
+    }
+    // Pods naming a profile no NetworkProfile defines were refused, each with error 11 naming it.
+    assert!(
+        c.profile_refusals
+            .get(soak::profiles::MISSING)
+            .copied()
+            .unwrap_or(0)
+            >= 1,
+        "no refusal of a missing profile: {:?}\n{summary}",
+        c.profile_refusals
+    );
+    assert!(c.checks >= steps / 2, "few checks\n{summary}");
+    assert!(
+        out.violations.is_empty(),
+        "{} invariant violations (seed {SEED}; reproduce the long way with \
+         `cargo run --release -p eniipam-bench -- soak --soak-steps {steps} --seed {SEED} --network-profiles`):\n{summary}",
         out.violations.len()
     );
 }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p eniipam-bench -- <ipam|wiring|grpc|cold-burst|startup|memory|fleet|all>... [--runs N] [--out DIR]
-//! cargo run --release -p eniipam-bench -- soak [--minutes 30] [--seed N] [--soak-steps N] [--soak-faults LIST] [--ip-family ipv4|ipv6|dual]
+//! cargo run --release -p eniipam-bench -- soak [--minutes 30] [--seed N] [--soak-steps N] [--soak-faults LIST] [--ip-family ipv4|ipv6|dual] [--network-profiles]
 //! ```
 //!
 //! `soak` is the fault soak with its invariant checker (issue 13): it reports violations, not
@@ -131,6 +131,12 @@ struct Args {
     /// Scenario `soak`: keep eniipamd's log in this file (default: with the temporary directory).
     #[arg(long)]
     soak_log: Option<PathBuf>,
+    /// Scenario `soak`: the network-profiles mode (IPv4; issue 27): custom networking with two
+    /// ENIConfigs switched every few steps, network profiles `db` and `app`, pods of both and of the
+    /// default network, served by an API-server double; the checker adds the profiles' invariants.
+    /// Results go to `bench/results/soak-profiles` unless `--out` says otherwise.
+    #[arg(long)]
+    network_profiles: bool,
 }
 
 fn parse_faults(s: &str) -> Result<std::collections::BTreeSet<soak::faults::FaultKind>, String> {
@@ -183,7 +189,9 @@ fn run(args: Args) -> anyhow::Result<bool> {
         v
     };
     let out = args.out.clone().unwrap_or_else(|| {
-        if chosen == [Scenario::Soak] {
+        if chosen == [Scenario::Soak] && args.network_profiles {
+            PathBuf::from("bench/results/soak-profiles")
+        } else if chosen == [Scenario::Soak] {
             PathBuf::from("bench/results/soak")
         } else {
             PathBuf::from("bench/results")
@@ -213,6 +221,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
             faults: args.soak_faults.clone(),
             ip_family: args.ip_family,
             log: args.soak_log.clone(),
+            network_profiles: args.network_profiles,
         },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

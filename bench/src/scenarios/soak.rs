@@ -19,13 +19,15 @@ pub struct SoakArgs {
     pub faults: std::collections::BTreeSet<FaultKind>,
     pub ip_family: soak::IpFamily,
     pub log: Option<std::path::PathBuf>,
+    /// The network-profiles mode (`--network-profiles`).
+    pub network_profiles: bool,
 }
 
 /// Violations described in the report, per kind.
 const DESCRIBED_PER_KIND: usize = 3;
 
 /// Every violation kind the checker knows, so a clean run shows its zeros.
-const KINDS: [&str; 22] = [
+const KINDS: [&str; 28] = [
     "duplicate-ip",
     "detached-eni-serving",
     "eni-unknown-to-pool",
@@ -48,6 +50,12 @@ const KINDS: [&str; 22] = [
     "ipv6-outside-prefix",
     "live-lost-ipv6",
     "dual-half",
+    "profile-groups",
+    "profile-ip-crossed",
+    "profile-refusal",
+    "eth0-serving",
+    "eni-network-disagree",
+    "profile-not-advertised",
 ];
 
 pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
@@ -66,6 +74,9 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
         support::sibling("eniipamd")?,
         support::sibling("eniipam")?,
     );
+    if args.network_profiles {
+        cfg = cfg.with_network_profiles();
+    }
     cfg.networks = args.networks;
     cfg.faults = args.faults.clone();
     cfg.ip_family = args.ip_family;
@@ -138,6 +149,43 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
             *c.faults.get(k.name()).unwrap_or(&0) as f64,
         ));
     }
+    if args.network_profiles {
+        rows.push(info(
+            "changes of the node's ENIConfig",
+            Unit::Count,
+            c.eniconfig_switches as f64,
+        ));
+        for net in ["db", "app", "default"] {
+            rows.push(info(
+                &format!("ADD ok, network `{net}`"),
+                Unit::Count,
+                *c.network_adds_ok.get(net).unwrap_or(&0) as f64,
+            ));
+            rows.push(info(
+                &format!("distinct ENIs serving `{net}`"),
+                Unit::Count,
+                *c.network_enis.get(net).unwrap_or(&0) as f64,
+            ));
+        }
+        let refused = c.profile_refusals.get(soak::profiles::MISSING);
+        rows.push(info(
+            "ADD of a pod naming the missing profile `ghost` refused (error 11 naming it)",
+            Unit::Count,
+            refused.copied().unwrap_or(0) as f64,
+        ));
+        for p in ["db", "app"] {
+            rows.push(info(
+                &format!("ADD of a `{p}` pod refused (error 11 naming it)"),
+                Unit::Count,
+                *c.profile_refusals.get(p).unwrap_or(&0) as f64,
+            ));
+            rows.push(info(
+                &format!("ADD of a `{p}` pod failed otherwise"),
+                Unit::Count,
+                *c.profile_other_failures.get(p).unwrap_or(&0) as f64,
+            ));
+        }
+    }
     let by_kind = out.by_kind();
     let mut kinds: Vec<&str> = KINDS.to_vec();
     for k in by_kind.keys() {
@@ -196,6 +244,11 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
         soak::IpFamily::Ipv4 => String::new(),
         f => format!(" --ip-family {f}"),
     };
+    let mode = if args.network_profiles {
+        " --network-profiles"
+    } else {
+        ""
+    };
     let length = match args.steps {
         Some(n) => format!("--soak-steps {n}"),
         None => format!("--minutes {}", args.minutes),
@@ -212,7 +265,7 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
             args.seed
         ),
         reproduce: format!(
-            "cargo run --release -p eniipam-bench -- soak {length} --seed {} --soak-networks {}{family}{faults}",
+            "cargo run --release -p eniipam-bench -- soak {length} --seed {} --soak-networks {}{family}{mode}{faults}",
             args.seed, args.networks
         ),
         setup: vec![
@@ -244,7 +297,16 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
                 soak::faults::DEATH_CHANCE * 100.0
             ),
             format!("capacity {} pod IPs", out.capacity),
-        ],
+        ]
+        .into_iter()
+        .chain(args.network_profiles.then(|| format!(
+            "network profiles (issue 27): custom networking (eth0 serves no pods) with two ENIConfigs in the VPC's secondary block 100.64.0.0/16, the node's switched every {} steps (its annotation set, then removed back to its label's); NetworkProfiles `db` (a named subnet, two security groups, maxEnisPerNode {}) and `app` (a subnet selected by tag, one group), from an API-server double (node, CRDs, objects, namespaces, pods); each new pod put there bound to the node before its ADD and deleted when it ends: pod annotated `db` (28 %), in namespace `apps` annotated `app` (30 %), in `apps` but annotated `db` (7 %), no annotation (21 %), in `apps` opting out with an empty annotation (11 %), annotated with `ghost`, a profile no NetworkProfile defines (3 %: every ADD must be refused with CNI error 11 naming it); at most {} live pods; the API-server pod GC off (the runtime's DEL and GC end pods)",
+            soak::profiles::SWITCH_EVERY,
+            soak::profiles::DB_MAX_ENIS,
+            soak::PROFILES_TARGET_POD_COUNT,
+        )))
+        .chain(args.network_profiles.then(|| "the profiles' invariants after every step: every IP a pod holds is on an ENI of its network per EC2 (a profile's: tagged with it, in its subnet, exactly its groups; the default network's: untagged, an ENIConfig's subnet with exactly its groups); the pool's network of each ENI is EC2's tag; eth0 serves no pod; at every ADD: no IP of one network ever handed to a pod of another over the run (each network has its own subnets), a refusal for a profile is CNI error 11 naming the pod's own profile and never reaches a default-network pod; at the end the node advertises both profiles' free slots".to_owned()))
+        .collect(),
         rows,
         notes,
         plot_unit: "",

@@ -22,7 +22,8 @@
 //! - `host-cache`: the plugin's result cache misses a live attachment or keeps a deleted one (both
 //!   families).
 //!
-//! The IPv6 invariants (ip_family ipv6 and dual) are [`super::checker6`]'s.
+//! The IPv6 invariants (ip_family ipv6 and dual) are [`super::checker6`]'s, the network profiles'
+//! (the network-profiles mode) [`super::checker_profiles`]'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -86,6 +87,8 @@ pub struct Rules {
     pub grace: Duration,
     pub network_names: Vec<String>,
     pub family: super::IpFamily,
+    /// The network-profiles mode's subnets and groups (`None`: not that mode).
+    pub profiles: Option<super::profiles::ProfileWorld>,
 }
 
 /// Holds `obs` against `model`.
@@ -488,6 +491,9 @@ pub fn evaluate(
         .map(|a| a.key.clone())
         .collect();
     super::checker6::evaluate(obs, model, &mut state.v6, rules, &ipv4_taken, &mut ev.found);
+    if let Some(world) = &rules.profiles {
+        super::checker_profiles::evaluate(obs, model, world, grace, eni_of, &mut ev.found);
+    }
     ev
 }
 

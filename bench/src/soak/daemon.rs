@@ -25,6 +25,9 @@ pub struct DaemonKnobs {
     pub log_level: String,
     /// Set from [`super::SoakConfig::ip_family`] when the run starts.
     pub ip_family: super::IpFamily,
+    /// More `ENIIPAM_*` variables (the network-profiles mode's API server, custom networking and
+    /// profiles), set when the run starts.
+    pub extra_env: Vec<(String, String)>,
 }
 
 impl Default for DaemonKnobs {
@@ -37,6 +40,7 @@ impl Default for DaemonKnobs {
             max_idle: 6,
             log_level: "info".into(),
             ip_family: super::IpFamily::Ipv4,
+            extra_env: Vec::new(),
         }
     }
 }
@@ -109,6 +113,7 @@ impl DaemonProc {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
+        .chain(knobs.extra_env.iter().cloned())
         .collect();
         Self {
             binary: binary.to_owned(),

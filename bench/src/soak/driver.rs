@@ -45,6 +45,10 @@ pub(super) struct Soak {
     pub(super) last_oob: Option<Instant>,
     pub(super) grace: Duration,
     pub(super) iam: super::iam::IamState,
+    /// The network-profiles mode's API-server double and world (`None`: not that mode).
+    pub(super) cluster: Option<super::profiles::ProfileCluster>,
+    /// Network-profiles mode: the ENIs EC2 showed attached, per network tag (`default` untagged).
+    pub(super) network_enis: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Soak {
@@ -61,6 +65,9 @@ impl Soak {
         self.capacity = pool.capacity;
         let per_pod = if self.cfg.networks == 2 { 1.2 } else { 1.0 };
         self.target_pods = ((pool.capacity as f64 * 0.55) / per_pod).max(4.0) as usize;
+        if self.cluster.is_some() {
+            self.target_pods = self.target_pods.min(super::PROFILES_TARGET_POD_COUNT);
+        }
         if self.cfg.progress {
             eprintln!(
                 "soak: seed {}, {} ({} pod IPs), {} network(s), target {} live pods, faults: {}",
@@ -218,6 +225,15 @@ impl Soak {
         self.ensure_up(step).await?;
         let planned = faults::planned(self.cfg.seed, step, &self.cfg.faults);
         let kill = planned.contains(&FaultKind::Kill);
+        if let Some(c) = self.cluster.as_mut()
+            && step > 0
+            && step.is_multiple_of(super::profiles::SWITCH_EVERY)
+        {
+            let now = c.switch();
+            self.counts.eniconfig_switches += 1;
+            self.recent
+                .push_back((step, format!("the node's ENIConfig switched to {now}")));
+        }
         for k in planned.iter().filter(|k| **k != FaultKind::Kill) {
             self.apply_fault(step, *k).await?;
         }
@@ -316,6 +332,7 @@ impl Soak {
             grace: self.grace,
             network_names: self.network_names.clone(),
             family: self.cfg.ip_family,
+            profiles: self.cluster.as_ref().map(|c| c.world.clone()),
         };
         let witnesses = Witnesses {
             channel,
@@ -345,6 +362,25 @@ impl Soak {
                         .map(|(ip, _)| *ip),
                 );
             }
+        }
+        if self.cluster.is_some() {
+            for eni in obs.ec2.secondary_enis.keys() {
+                let net = obs
+                    .ec2
+                    .eni_meta
+                    .get(eni)
+                    .and_then(|m| m.network.clone())
+                    .unwrap_or_else(|| "default".into());
+                self.network_enis
+                    .entry(net)
+                    .or_default()
+                    .insert(eni.clone());
+            }
+            self.counts.network_enis = self
+                .network_enis
+                .iter()
+                .map(|(k, v)| (k.clone(), v.len()))
+                .collect();
         }
         let mut ev = checker::evaluate(&obs, &self.model, &mut self.checker, &rules);
         // Findings that may be a moment between two writes count only if they persist.
@@ -381,6 +417,40 @@ impl Soak {
             .collect();
         for f in found {
             self.violation(step, f.kind, f.subject, f.text);
+        }
+    }
+
+    /// Network-profiles mode: the node advertises each profile's free slots as an extended
+    /// resource (`eniipam.io/network-<profile>`, a count) in its capacity.
+    fn check_advertised(&mut self, step: u64) {
+        let Some(c) = &self.cluster else { return };
+        let advertised = match c.advertised() {
+            Ok(a) => a,
+            Err(e) => {
+                self.violation(
+                    step,
+                    "profile-not-advertised",
+                    "node".into(),
+                    format!("{e:#}"),
+                );
+                return;
+            }
+        };
+        let profiles: Vec<String> = c.world.profiles.keys().cloned().collect();
+        for p in profiles {
+            let name = format!("eniipam.io/network-{p}");
+            match advertised.get(&name) {
+                Some(v) if v.parse::<u32>().is_ok() => {}
+                other => self.violation(
+                    step,
+                    "profile-not-advertised",
+                    p.clone(),
+                    format!(
+                        "at the end the node's capacity has {name} = {other:?}, not a count of \
+                         free slots (all: {advertised:?})"
+                    ),
+                ),
+            }
         }
     }
 
@@ -443,6 +513,7 @@ impl Soak {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         self.check(step, true).await;
+        self.check_advertised(step);
         if self.cfg.progress {
             eprintln!(
                 "soak: finished after {step} steps: {} live pods, {} violations",

@@ -21,7 +21,9 @@
 //! undoing faults), [`faults`] (the kinds and the seeded schedule), [`witnesses`] (one observation
 //! of the daemon, the store, EC2 and the host), [`checker`] (the invariants, held against an
 //! observation), [`model`] (the runtime's truth), [`runtime`] (the plugin binary as libcni runs it),
-//! [`daemon`] (the eniipamd subprocess), [`host`] (the temporary node: state tmpfs, cache, namespaces).
+//! [`daemon`] (the eniipamd subprocess), [`host`] (the temporary node: state tmpfs, cache, namespaces),
+//! [`profiles`] and [`checker_profiles`] (the network-profiles mode, issue 27: custom networking with
+//! ENIConfig changes and two network profiles served by an API-server double, and its invariants).
 //! Besides the checker's kinds, the driver reports `del-failed` (a DEL answered an error),
 //! `daemon-exited` (eniipamd ended by itself) and `daemon-down` (not ready within a minute).
 //!
@@ -30,11 +32,13 @@
 
 pub mod checker;
 pub mod checker6;
+pub mod checker_profiles;
 pub mod daemon;
 pub mod faults;
 pub mod host;
 pub mod iam;
 pub mod model;
+pub mod profiles;
 pub mod runtime;
 pub mod witnesses;
 
@@ -136,6 +140,9 @@ pub struct SoakConfig {
     pub log_file: Option<PathBuf>,
     /// Print progress and each violation on stderr as found.
     pub progress: bool,
+    /// The network-profiles mode ([`profiles`]; IPv4 only): custom networking with two ENIConfigs
+    /// switched during the run, two network profiles, an API-server double.
+    pub network_profiles: bool,
 }
 
 impl SoakConfig {
@@ -152,9 +159,23 @@ impl SoakConfig {
             knobs: DaemonKnobs::default(),
             log_file: None,
             progress: false,
+            network_profiles: false,
         }
     }
+
+    /// The network-profiles mode, on a node with room for both profiles and the default network
+    /// (8 ENIs of 30 addresses; eth0 serves no pods).
+    pub fn with_network_profiles(mut self) -> Self {
+        self.network_profiles = true;
+        self.instance_type = PROFILES_INSTANCE.into();
+        self
+    }
 }
+
+/// The node of the network-profiles mode.
+pub const PROFILES_INSTANCE: &str = "c5.4xlarge";
+/// Live pods the network-profiles mode aims at (its node's capacity would ask for ~100).
+pub const PROFILES_TARGET_POD_COUNT: usize = 44;
 
 /// What happened, by the numbers.
 #[derive(Clone, Debug, Default)]
@@ -183,6 +204,17 @@ pub struct Counts {
     /// IAM: revocations of an action, and the calls EC2 refused for the revoked action.
     pub iam_revocations: u64,
     pub iam_refused: u64,
+    /// Network-profiles mode: ADDs that succeeded per network (`db`, `app`, `default`).
+    pub network_adds_ok: BTreeMap<String, u64>,
+    /// Network-profiles mode: ADDs of a profile's pods refused with CNI error 11 naming the profile.
+    pub profile_refusals: BTreeMap<String, u64>,
+    /// Network-profiles mode: ADDs of a profile's pods that failed otherwise (daemon killed,
+    /// unreachable, EC2 faults), per profile.
+    pub profile_other_failures: BTreeMap<String, u64>,
+    /// Network-profiles mode: changes of the node's ENIConfig.
+    pub eniconfig_switches: u64,
+    /// Network-profiles mode: distinct ENIs EC2 showed serving each network over the run.
+    pub network_enis: BTreeMap<String, usize>,
 }
 
 /// One broken invariant.
@@ -282,6 +314,18 @@ impl SoakOutcome {
              revoked action (a refusal of anything else is an iam-denied violation)",
             c.iam_revocations, c.iam_refused
         );
+        if !c.network_adds_ok.is_empty() || c.eniconfig_switches > 0 {
+            let _ = writeln!(
+                s,
+                "network profiles: ADDs ok per network {:?}; ENIs per network {:?}; refusals naming the \
+                 profile {:?}; other failures of profile pods {:?}; {} ENIConfig changes",
+                c.network_adds_ok,
+                c.network_enis,
+                c.profile_refusals,
+                c.profile_other_failures,
+                c.eniconfig_switches
+            );
+        }
         let kinds = self.by_kind();
         if kinds.is_empty() {
             let _ = writeln!(s, "violations: none");
@@ -359,6 +403,11 @@ pub async fn run(mut cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         .collect();
     cfg.faults.retain(|k| k.applies(family));
     cfg.knobs.ip_family = family;
+    anyhow::ensure!(
+        !cfg.network_profiles || family == IpFamily::Ipv4,
+        "the network-profiles mode is IPv4 only (the daemon refuses network_profiles with ip_family \
+         ipv6), not {family}"
+    );
     let started = Instant::now();
     let host = Host::new(&format!("s{}-{family}", cfg.seed))?;
     let mock = MockCloud::start_seeded(
@@ -377,6 +426,13 @@ pub async fn run(mut cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         .enforce_shipped_policy(iam::CLUSTER)
         .context("mockcloud has no default world")?;
     let instance_id = mock.default_instance().instance_id;
+    let cluster = if cfg.network_profiles {
+        let c = profiles::setup(&mock).await?;
+        cfg.knobs.extra_env.extend(c.daemon_env());
+        Some(c)
+    } else {
+        None
+    };
     let log = cfg
         .log_file
         .clone()
@@ -436,6 +492,8 @@ pub async fn run(mut cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         last_oob: None,
         grace,
         iam: iam::IamState::new(shipped),
+        cluster,
+        network_enis: BTreeMap::new(),
     };
     let result = soak.drive(started).await;
     soak.counts.iam_revocations = soak.iam.revocations;

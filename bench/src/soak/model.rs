@@ -92,6 +92,10 @@ pub struct Pod {
     pub container_id: String,
     pub name: String,
     pub uid: String,
+    /// Its namespace (in the API server, in the network-profiles mode; always in CNI_ARGS).
+    pub namespace: String,
+    /// How it chose its network, in the network-profiles mode (`None` otherwise).
+    pub choice: Option<super::profiles::Choice>,
     pub rack: usize,
     pub netns: PathBuf,
     /// Keys of its attachments, in ADD order.
@@ -136,6 +140,10 @@ pub struct Model {
     /// The soak unassigned the node's /80 from eth0 (`oob-prefix-unassign`): when, and
     /// which /80.
     pub prefix_taken: Vec<(u64, Instant, ipnet::Ipv6Net)>,
+    /// Network-profiles mode: every IPv4 an ADD handed out, the network of the pod it went to first
+    /// (its profile, `None` for the default network) and that attachment: no IP of one network
+    /// ever goes to a pod of another (each network has its own subnets).
+    pub ip_network: BTreeMap<Ipv4Addr, (Option<String>, Key)>,
 }
 
 impl Model {
@@ -174,6 +182,11 @@ impl Model {
 
     pub fn live(&self) -> impl Iterator<Item = &Attachment> {
         self.atts.values().filter(|a| a.is_live())
+    }
+
+    /// The profile of `a`'s pod (`None`: the default network, or not the network-profiles mode).
+    pub fn profile_of(&self, a: &Attachment) -> Option<&'static str> {
+        self.pods[a.pod].choice.and_then(|c| c.profile())
     }
 
     pub fn live_pods(&self) -> usize {

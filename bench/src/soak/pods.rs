@@ -14,6 +14,12 @@ use super::model::{AttState, Attachment, Key, Pod, PodPhase};
 use super::runtime::{Addrs, PodArgs, Runtime};
 use super::{IFNAMES, NETWORKS};
 
+/// Whether the error text names `profile` as a word (`db`, not `dbx`).
+fn names(text: &str, profile: &str) -> bool {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '.'))
+        .any(|w| w == profile)
+}
+
 /// A job of one step's batch, run concurrently with the others.
 pub(super) enum Job {
     /// ADD to each network in order; on a failure DEL what was added (the sandbox fails).
@@ -89,6 +95,7 @@ impl Soak {
         let p = &self.model.pods[pod];
         PodArgs {
             container_id: p.container_id.clone(),
+            namespace: p.namespace.clone(),
             name: p.name.clone(),
             uid: p.uid.clone(),
             netns: p.netns.clone(),
@@ -122,7 +129,7 @@ impl Soak {
             if dies {
                 let netns = self.model.pods[i].netns.clone();
                 self.host.delete_netns(&netns)?;
-                self.model.pods[i].phase = PodPhase::Ended;
+                self.end_pod(i);
                 let late = rng.random_bool(0.5).then(|| step + rng.random_range(2..=8));
                 for (k, _) in &keys {
                     let a = self.model.atts.get_mut(k).expect("listed");
@@ -201,6 +208,10 @@ impl Soak {
             let netns = self.host.netns_path(rack, &container_id);
             self.host.create_netns(&netns)?;
             let pod = self.model.pods.len();
+            let choice = self
+                .cluster
+                .is_some()
+                .then(|| super::profiles::Choice::draw(rng));
             let mut plan = Vec::new();
             for (slot, net) in nets.iter().enumerate() {
                 let key = (container_id.clone(), IFNAMES[slot].to_owned());
@@ -225,9 +236,20 @@ impl Soak {
                 );
                 plan.push((key, *net));
             }
+            let (name, uid) = (
+                format!("pod-{step}-{j}"),
+                format!("uid-{step}-{j}-{}", self.cfg.seed),
+            );
+            let namespace = choice.map_or(super::profiles::PLAIN_NAMESPACE, |c| c.namespace());
+            // The kubelet runs a sandbox only for a pod the API server has bound to the node.
+            if let (Some(c), Some(choice)) = (&self.cluster, choice) {
+                c.put_pod(choice, &name, &uid);
+            }
             self.model.pods.push(Pod {
-                name: format!("pod-{step}-{j}"),
-                uid: format!("uid-{step}-{j}-{}", self.cfg.seed),
+                name,
+                uid,
+                namespace: namespace.to_owned(),
+                choice,
                 container_id,
                 rack,
                 netns,
@@ -279,6 +301,7 @@ impl Soak {
                     match r {
                         Ok((addrs, at)) => {
                             self.counts.adds_ok += 1;
+                            self.added_on_network(step, k, addrs.v4);
                             self.ips_seen.extend(addrs.v4);
                             if let Some(v6) = addrs.v6 {
                                 self.given_v6(step, v6, k);
@@ -293,6 +316,7 @@ impl Soak {
                             self.counts.adds_failed += 1;
                             let code = e.split(' ').take(2).collect::<Vec<_>>().join(" ");
                             *self.counts.add_errors.entry(code).or_insert(0) += 1;
+                            self.add_failed_on_network(step, k, e);
                             self.model.atts.get_mut(k).expect("known").state = AttState::AddFailed;
                         }
                     }
@@ -317,7 +341,7 @@ impl Soak {
                     }
                     let netns = self.model.pods[pod].netns.clone();
                     self.host.delete_netns(&netns)?;
-                    self.model.pods[pod].phase = PodPhase::Ended;
+                    self.end_pod(pod);
                 }
             }
             JobResult::Deleted { pod, dels, end_pod } => {
@@ -327,13 +351,144 @@ impl Soak {
                 if end_pod {
                     let netns = self.model.pods[pod].netns.clone();
                     self.host.delete_netns(&netns)?;
-                    self.model.pods[pod].phase = PodPhase::Ended;
+                    self.end_pod(pod);
                 }
             }
         }
         self.counts.distinct_ips = self.ips_seen.len();
         self.counts.distinct_ipv6 = self.model.v6_given.len();
         Ok(())
+    }
+
+    /// The pod ended: its netns is gone; in the network-profiles mode it goes from the API server.
+    fn end_pod(&mut self, pod: usize) {
+        let p = &mut self.model.pods[pod];
+        p.phase = PodPhase::Ended;
+        if let Some(c) = &self.cluster {
+            c.delete_pod(&p.namespace, &p.name);
+        }
+    }
+
+    /// Network-profiles mode: an ADD gave `key` the IPv4 `ip`. No IP of one network (a profile, or
+    /// the default network) ever goes to a pod of another, over the whole run, restarts and a lost
+    /// state file included: each network has its own subnets, so EC2 never moves an address across.
+    fn added_on_network(&mut self, step: u64, key: &Key, ip: Option<std::net::Ipv4Addr>) {
+        if self.cluster.is_none() {
+            return;
+        }
+        let profile = self
+            .model
+            .profile_of(&self.model.atts[key])
+            .map(str::to_owned);
+        *self
+            .counts
+            .network_adds_ok
+            .entry(profile.clone().unwrap_or_else(|| "default".into()))
+            .or_insert(0) += 1;
+        if profile.as_deref() == Some(super::profiles::MISSING) {
+            self.violation(
+                step,
+                "profile-refusal",
+                format!("{}/{}", key.0, key.1),
+                format!(
+                    "ADD gave {}/{} {ip:?}, though its pod names the profile {}, which no \
+                     NetworkProfile defines: it must be refused with CNI error 11 naming it",
+                    key.0,
+                    key.1,
+                    super::profiles::MISSING
+                ),
+            );
+        }
+        let Some(ip) = ip else { return };
+        let (first, first_key) = self
+            .model
+            .ip_network
+            .entry(ip)
+            .or_insert_with(|| (profile.clone(), key.clone()))
+            .clone();
+        if first != profile {
+            let name = |p: &Option<String>| {
+                p.as_deref()
+                    .map_or("the default network".to_owned(), |p| format!("profile {p}"))
+            };
+            self.violation(
+                step,
+                "profile-ip-crossed",
+                format!("{ip} {}/{}", key.0, key.1),
+                format!(
+                    "ADD gave {}/{} (a pod of {}) the IP {ip}, which {}/{} (a pod of {}) had before: \
+                     no IP of one network is ever handed to a pod of another",
+                    key.0,
+                    key.1,
+                    name(&profile),
+                    first_key.0,
+                    first_key.1,
+                    name(&first)
+                ),
+            );
+        }
+    }
+
+    /// Network-profiles mode: an ADD of `key` failed with `e` (`code N message`). A refusal for a
+    /// profile (the daemon's `network profile <name> cannot serve this pod: ...`) is CNI error 11,
+    /// names the pod's own profile, and never comes to a pod of the default network; the rest
+    /// (daemon killed or unreachable, EC2 failing) is counted.
+    fn add_failed_on_network(&mut self, step: u64, key: &Key, e: &str) {
+        if self.cluster.is_none() {
+            return;
+        }
+        let profile = self.model.profile_of(&self.model.atts[key]);
+        let refusal = e.contains("network profile");
+        let code11 = e.starts_with("code 11 ");
+        let subject = format!("{}/{}", key.0, key.1);
+        match profile {
+            None if refusal => self.violation(
+                step,
+                "profile-refusal",
+                subject.clone(),
+                format!(
+                    "{subject}, a pod of the default network, was refused for a network profile: {e}"
+                ),
+            ),
+            None => {}
+            Some(p) if refusal && code11 && names(e, p) => {
+                *self.counts.profile_refusals.entry(p.into()).or_insert(0) += 1;
+            }
+            Some(p) if refusal => self.violation(
+                step,
+                "profile-refusal",
+                subject.clone(),
+                format!(
+                    "{subject}, a pod of profile {p}, was refused{}{}: {e}",
+                    if code11 { "" } else { " not as CNI error 11" },
+                    if names(e, p) {
+                        ""
+                    } else {
+                        ", the message not naming its profile"
+                    }
+                ),
+            ),
+            // The missing profile's refusal, in whatever words: error 11, naming it.
+            Some(p) if p == super::profiles::MISSING && names(e, p) => {
+                if code11 {
+                    *self.counts.profile_refusals.entry(p.into()).or_insert(0) += 1;
+                } else {
+                    self.violation(
+                        step,
+                        "profile-refusal",
+                        subject.clone(),
+                        format!(
+                            "{subject}, whose pod names the missing profile {p}, was refused not as \
+                             CNI error 11: {e}"
+                        ),
+                    );
+                }
+            }
+            Some(p) => {
+                *self.counts.profile_other_failures.entry(p.into()).or_insert(0) += 1;
+                self.note(format!("a {p} pod's ADD failed otherwise: {e}"));
+            }
+        }
     }
 
     /// An ADD gave `key` the IPv6 `ip`: the /80's contract is that no other attachment ever had it.
@@ -357,5 +512,19 @@ impl Soak {
                 ),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names;
+
+    #[test]
+    fn a_refusal_names_a_profile_as_a_word() {
+        let e = "code 11 eniipamd: Resource exhausted: network profile db cannot serve this pod: its 1 ENIs are full";
+        assert!(names(e, "db"));
+        assert!(!names(e, "app"));
+        assert!(!names("network profile dbx cannot serve this pod", "db"));
+        assert!(names("network profile \"team.a-1\" cannot", "team.a-1"));
     }
 }

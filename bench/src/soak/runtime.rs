@@ -67,6 +67,7 @@ impl Exec {
 #[derive(Clone, Debug)]
 pub struct PodArgs {
     pub container_id: String,
+    pub namespace: String,
     pub name: String,
     pub uid: String,
     pub netns: PathBuf,
@@ -146,8 +147,8 @@ impl Runtime {
             (
                 "CNI_ARGS",
                 format!(
-                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=soak;K8S_POD_NAME={};K8S_POD_UID={}",
-                    pod.name, pod.uid
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_UID={}",
+                    pod.namespace, pod.name, pod.uid
                 ),
             ),
         ]

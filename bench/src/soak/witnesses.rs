@@ -32,6 +32,20 @@ pub struct Ec2View {
     pub all_ip_eni: BTreeMap<Ipv4Addr, String>,
     /// The /80s on the instance's eth0 (device 0).
     pub eth0_prefixes6: Vec<ipnet::Ipv6Net>,
+    /// The instance's eth0 (device 0) and its secondary IPs.
+    pub eth0: Option<(String, Vec<Ipv4Addr>)>,
+    /// Every ENI in the account: its subnet, groups and network tag.
+    pub eni_meta: BTreeMap<String, EniMeta>,
+}
+
+/// What EC2 says an ENI is made of (the network-profiles mode's checks).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EniMeta {
+    pub subnet: String,
+    /// Sorted.
+    pub groups: Vec<String>,
+    /// Its `eniipam.io/network` tag (the profile it was created for), if any.
+    pub network: Option<String>,
 }
 
 impl Ec2View {
@@ -51,6 +65,7 @@ impl Ec2View {
             }
             if att.device_index == 0 {
                 v.eth0_prefixes6.extend(e.ipv6_prefixes.iter().copied());
+                v.eth0 = Some((e.id.clone(), e.secondary_ips.clone()));
             }
             if att.device_index > 0 {
                 v.secondary_enis
@@ -61,6 +76,20 @@ impl Ec2View {
             for ip in &e.secondary_ips {
                 v.all_ip_eni.insert(*ip, e.id.clone());
             }
+            let mut groups = e.security_groups.clone();
+            groups.sort();
+            v.eni_meta.insert(
+                e.id.clone(),
+                EniMeta {
+                    subnet: e.subnet_id.clone(),
+                    groups,
+                    network: e
+                        .tags
+                        .get(super::profiles::NETWORK_TAG)
+                        .filter(|t| !t.is_empty())
+                        .cloned(),
+                },
+            );
         }
         Ok(v)
     }
