@@ -11,69 +11,14 @@
 //! This proves the model (selectors, ports, named ports, ranges, ipBlock, policy types, stacking).
 //! The same cases run against nftables in network namespaces once enforcement lands.
 
+#[path = "network_policy_support/mod.rs"]
+mod support;
+
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
 
-use eniipam::network_policy::{Cluster, NamedPort, PodView, Protocol, compile, connection_allowed};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use eniipam::network_policy::{Cluster, Protocol, compile, connection_allowed};
 use serde_json::{Value, json};
-
-const NAMESPACES: [&str; 3] = ["x", "y", "z"];
-const PODS: [&str; 3] = ["a", "b", "c"];
-
-fn ip_of(ns: &str, pod: &str) -> IpAddr {
-    let n = NAMESPACES.iter().position(|x| *x == ns).unwrap() as u8;
-    let p = PODS.iter().position(|x| *x == pod).unwrap() as u8;
-    IpAddr::V4(Ipv4Addr::new(10, 1, n, 10 + p))
-}
-
-fn world(policies: &[Value]) -> Cluster {
-    let mut c = Cluster::default();
-    for ns in NAMESPACES {
-        c.namespaces.insert(
-            ns.into(),
-            BTreeMap::from([
-                ("ns".to_owned(), ns.to_owned()),
-                ("kubernetes.io/metadata.name".to_owned(), ns.to_owned()),
-            ]),
-        );
-        for pod in PODS {
-            let mut ports = Vec::new();
-            for port in [80u16, 81] {
-                for (protocol, p) in [
-                    (Protocol::Tcp, "tcp"),
-                    (Protocol::Udp, "udp"),
-                    (Protocol::Sctp, "sctp"),
-                ] {
-                    ports.push(NamedPort {
-                        name: format!("serve-{port}-{p}"),
-                        protocol,
-                        port,
-                    });
-                }
-            }
-            c.pods.push(PodView {
-                namespace: ns.into(),
-                name: pod.into(),
-                labels: BTreeMap::from([("pod".to_owned(), pod.to_owned())]),
-                ips: vec![ip_of(ns, pod)],
-                host_network: false,
-                ports,
-            });
-        }
-    }
-    c.policies = policies
-        .iter()
-        .map(|p| serde_json::from_value::<NetworkPolicy>(p.clone()).expect("a NetworkPolicy"))
-        .collect();
-    c
-}
-
-/// A NetworkPolicy in `ns`.
-fn policy(ns: &str, name: &str, spec: Value) -> Value {
-    json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-           "metadata": {"namespace": ns, "name": name}, "spec": spec})
-}
+use support::{NAMESPACES, PODS, ip_of, policy, world};
 
 /// The expected matrix: client `ns/pod` → server `ns/pod` → allowed.
 struct Reach(BTreeMap<(String, String), bool>);

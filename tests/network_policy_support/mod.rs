@@ -2,6 +2,11 @@
 //! pods `a`, `b`, `c`) as network namespaces on host veths of a node namespace, TCP and UDP
 //! servers on 80 and 81 in every pod, the ruleset loaded with the daemon's `Nft`, and the probe
 //! matrix compared with the model cell by cell. Everything it makes is deleted on drop.
+//!
+//! The world as the model sees it ([`world`], [`policy`], [`ip_of`]) also serves
+//! `tests/network_policy_cases.rs`, which checks the model alone.
+
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
@@ -47,7 +52,12 @@ pub fn world(policies: &[Value]) -> Cluster {
         for pod in PODS {
             let mut ports = Vec::new();
             for port in PORTS {
-                for (protocol, p) in [(Protocol::Tcp, "tcp"), (Protocol::Udp, "udp")] {
+                // Upstream's names: SCTP too (the model's cases probe it; no socket serves it here).
+                for (protocol, p) in [
+                    (Protocol::Tcp, "tcp"),
+                    (Protocol::Udp, "udp"),
+                    (Protocol::Sctp, "sctp"),
+                ] {
                     ports.push(NamedPort {
                         name: format!("serve-{port}-{p}"),
                         protocol,
