@@ -17,6 +17,7 @@
 //! as a cluster migrating from aws-node has it. Needs what `tests/datapath.rs` needs.
 
 mod bins;
+#[macro_use]
 mod datapath_support;
 
 use datapath_support::*;
@@ -155,20 +156,6 @@ fn assert_custom(c: &Cluster, subnet: &str, p: &CniPod) {
         eth0.secondary_ips,
         eth0.ipv4_prefixes
     );
-}
-
-macro_rules! both_rp_filters {
-    ($case:ident: $strict:ident, $loose:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $strict() {
-            $case(stringify!($strict), RpFilter::Strict).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $loose() {
-            $case(stringify!($loose), RpFilter::Loose).await;
-        }
-    };
 }
 
 both_rp_filters!(across_nodes: across_nodes_strict_rp_filter, across_nodes_loose_rp_filter);

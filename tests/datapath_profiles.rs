@@ -30,6 +30,7 @@
 //! `tests/datapath.rs` needs.
 
 mod bins;
+#[macro_use]
 mod datapath_support;
 
 use std::collections::BTreeMap;
@@ -158,20 +159,6 @@ async fn pings(from: &NetNs, to: std::net::Ipv4Addr) {
         .unwrap_or_else(|e| panic!("{} ping {to}: {e}", from.name()));
 }
 
-macro_rules! both_rp_filters {
-    ($case:ident: $strict:ident, $loose:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $strict() {
-            $case(stringify!($strict), RpFilter::Strict).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $loose() {
-            $case(stringify!($loose), RpFilter::Loose).await;
-        }
-    };
-}
-
 both_rp_filters!(across_nodes: across_nodes_strict_rp_filter, across_nodes_loose_rp_filter);
 both_rp_filters!(revoke: revoke_strict_rp_filter, revoke_loose_rp_filter);
 both_rp_filters!(same_node: same_node_strict_rp_filter, same_node_loose_rp_filter);
@@ -241,6 +228,21 @@ async fn across_nodes(test: &str, rp_filter: RpFilter) {
     c.assert_no_drops().await;
 }
 
+/// Authorizes (`true`) or revokes db's only ingress rule in mockcloud, and lets the lab follow.
+async fn set_db_rule(c: &Cluster, net: &Net, authorized: bool) {
+    c.mock
+        .with_world(|w, _| {
+            w.change_rules(
+                &net.db_sg,
+                Direction::Ingress,
+                &[db_rule(&net.app_sg)],
+                authorized,
+            )
+        })
+        .unwrap_or_else(|e| panic!("setting db's rule to {authorized}: {e:?}"));
+    c.lab.sync().await.expect("lab sync");
+}
+
 async fn revoke(test: &str, rp_filter: RpFilter) {
     let Some((c, net, api)) = profiles_cluster(test, rp_filter).await else {
         return;
@@ -258,17 +260,7 @@ async fn revoke(test: &str, rp_filter: RpFilter) {
     assert_eq!(c.lab.sg_drops(&db_pod.eni).await.expect("db's counter"), 0);
 
     // RevokeSecurityGroupIngress on db's only rule: new connections from app are dropped.
-    c.mock
-        .with_world(|w, _| {
-            w.change_rules(
-                &net.db_sg,
-                Direction::Ingress,
-                &[db_rule(&net.app_sg)],
-                false,
-            )
-        })
-        .expect("revoke db's rule");
-    c.lab.sync().await.expect("lab sync");
+    set_db_rule(&c, &net, false).await;
     dropped(&app.ns, db_pod.ip, ECHO_PORT).await;
     let after = c.lab.sg_drops(&db_pod.eni).await.expect("db's counter");
     assert!(
@@ -277,17 +269,7 @@ async fn revoke(test: &str, rp_filter: RpFilter) {
     );
 
     // Authorizing it again lets new connections in again.
-    c.mock
-        .with_world(|w, _| {
-            w.change_rules(
-                &net.db_sg,
-                Direction::Ingress,
-                &[db_rule(&net.app_sg)],
-                true,
-            )
-        })
-        .expect("authorize db's rule again");
-    c.lab.sync().await.expect("lab sync");
+    set_db_rule(&c, &net, true).await;
     reaches(&app.ns, db_pod.ip, ECHO_PORT).await;
     assert_eq!(
         c.lab.sg_drops(&db_pod.eni).await.expect("db's counter"),

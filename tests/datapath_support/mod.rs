@@ -33,6 +33,22 @@ const CLUSTER: &str = "datapath";
 /// Where pods' echo servers listen.
 pub const ECHO_PORT: u16 = 7000;
 
+/// Two tests of `$case(test_name, rp_filter)`: one under strict `rp_filter`, one under loose.
+#[allow(unused_macros)]
+macro_rules! both_rp_filters {
+    ($case:ident: $strict:ident, $loose:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $strict() {
+            $case(stringify!($strict), RpFilter::Strict).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $loose() {
+            $case(stringify!($loose), RpFilter::Loose).await;
+        }
+    };
+}
+
 mod daemon;
 pub mod egress;
 pub mod profiles;
