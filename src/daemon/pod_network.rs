@@ -110,11 +110,6 @@ pub(super) async fn resolve(
     })
 }
 
-/// Whether EC2 failed transiently (throttled, unreachable, out of retries): try again later.
-fn transient(e: &CloudError) -> bool {
-    e.is_retryable() || matches!(e, CloudError::RetriesExhausted { .. })
-}
-
 /// Subnet `id` as EC2 describes it, if new ENIs of this node may use it: it exists, in the node's
 /// VPC and availability zone. `Ok(Err(why))` names `who` (the object that chose it) and what is
 /// wrong; `Err` only when EC2 failed transiently.
@@ -130,7 +125,7 @@ pub(super) async fn subnet_for_node(
     };
     let subnet = match cloud.describe_subnets(&filter).await {
         Ok(found) => found.into_iter().find(|s| s.id == id),
-        Err(e) if transient(&e) => return Err(e),
+        Err(e) if e.is_transient() => return Err(e),
         Err(CloudError::NotFound { .. }) => None,
         Err(CloudError::Rejected { code, .. }) if code.contains("NotFound") => None,
         Err(e) => {
@@ -199,7 +194,7 @@ pub(super) async fn groups_for_node(
 ) -> Result<Result<(), String>, CloudError> {
     let found = match cloud.describe_security_groups(groups).await {
         Ok(found) => found,
-        Err(e) if transient(&e) => return Err(e),
+        Err(e) if e.is_transient() => return Err(e),
         Err(e) => {
             return Ok(Err(format!(
                 "{who} names security groups {} that EC2 does not show: {e}",

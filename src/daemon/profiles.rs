@@ -444,7 +444,7 @@ async fn sync_groups(
                     to = ?net.security_groups,
                     "network profile's security groups changed: its ENI (and the pods on it) now carries the new ones");
             }
-            Err(e) if e.is_retryable() || matches!(e, CloudError::RetriesExhausted { .. }) => {
+            Err(e) if e.is_transient() => {
                 return Err(e);
             }
             Err(e) => {

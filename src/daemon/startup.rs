@@ -8,7 +8,7 @@ use ipnet::Ipv4Net;
 
 use super::{CloudClients, DaemonError};
 use crate::cloud::backoff::BackoffPolicy;
-use crate::cloud::{CloudError, Eni, NodeContext};
+use crate::cloud::{Eni, NodeContext};
 use crate::config::DaemonConfig;
 use crate::metrics::Metrics;
 use crate::pool::PoolSeed;
@@ -25,7 +25,7 @@ const STARTUP_RETRY_CAP: Duration = Duration::from_secs(30);
 /// Whether a startup step failed only because EC2 (or IMDS) was slow: throttled, or a transient
 /// failure, after the limiter's own retries.
 fn ec2_was_slow(err: &DaemonError) -> bool {
-    matches!(err, DaemonError::Cloud(e) if e.is_retryable() || matches!(e, CloudError::RetriesExhausted { .. }))
+    matches!(err, DaemonError::Cloud(e) if e.is_transient())
 }
 
 /// Runs a startup step (node discovery, the rebuild) until it succeeds, trying it again after the

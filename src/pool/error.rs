@@ -178,11 +178,7 @@ impl PoolError {
             | Self::NoPodNetwork { .. }
             | Self::ShuttingDown => true,
             Self::ProfileUnavailable { reason, .. } => reason.is_retryable(),
-            Self::Cloud(e) => {
-                e.is_retryable()
-                    || e.is_capacity()
-                    || matches!(e, CloudError::RetriesExhausted { .. })
-            }
+            Self::Cloud(e) => e.is_transient() || e.is_capacity(),
             Self::PreferredUnavailable { .. } | Self::Config(_) | Self::Seed(_) => false,
         }
     }
@@ -192,12 +188,9 @@ impl PoolError {
     /// or not), or the ENI (or ENI creation) serving it backs off after such a failure. Not for
     /// capacity, permissions, rejections or a vanished ENI: waiting would not change those.
     pub fn is_worth_waiting(&self) -> bool {
-        fn transient(e: &CloudError) -> bool {
-            e.is_retryable() || matches!(e, CloudError::RetriesExhausted { .. })
-        }
         match self {
-            Self::BackingOff { last_error, .. } => transient(last_error),
-            Self::Cloud(e) => transient(e),
+            Self::BackingOff { last_error, .. } => last_error.is_transient(),
+            Self::Cloud(e) => e.is_transient(),
             _ => false,
         }
     }

@@ -387,6 +387,12 @@ impl CloudError {
         matches!(self, Self::Throttled { .. } | Self::Transient { .. })
     }
 
+    /// EC2 was only slow: throttled or a transient failure, on this attempt or on the last of the
+    /// attempts whose retries ran out. Trying again later can succeed; the caller keeps what it had.
+    pub fn is_transient(&self) -> bool {
+        self.is_retryable() || matches!(self, Self::RetriesExhausted { .. })
+    }
+
     /// EC2 throttled the call: this attempt, or the last of the attempts whose retries ran out.
     pub fn is_throttle(&self) -> bool {
         matches!(
