@@ -154,6 +154,24 @@ pub fn route_table(device_index: u32) -> Option<u32> {
     (device_index > 0).then(|| device_index + 1)
 }
 
+/// The host veth name: `prefix` + the first 11 hex digits of SHA-1 over `namespace/name` (plus
+/// `/ifname` for interfaces other than `eth0`, so a pod with several eniipam interfaces gets distinct
+/// names). Without a pod identity the container id stands in for `namespace/name`. At most 15 bytes
+/// for prefixes of up to 4.
+pub fn host_veth_name(prefix: &str, pod: Option<&PodRef>, key: &AttachmentKey) -> String {
+    let mut seed = match pod {
+        Some(pod) => pod.sticky_key(),
+        None => key.container_id.clone(),
+    };
+    if key.ifname != "eth0" {
+        seed.push('/');
+        seed.push_str(&key.ifname);
+    }
+    let digest = Sha1::digest(seed.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}{}", &hex[..11])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,22 +198,4 @@ mod tests {
         assert!("i-0123abcd".parse::<EniId>().is_err());
         assert!("eni-0123abcd0".parse::<EniId>().is_err());
     }
-}
-
-/// The host veth name: `prefix` + the first 11 hex digits of SHA-1 over `namespace/name` (plus
-/// `/ifname` for interfaces other than `eth0`, so a pod with several eniipam interfaces gets distinct
-/// names). Without a pod identity the container id stands in for `namespace/name`. At most 15 bytes
-/// for prefixes of up to 4.
-pub fn host_veth_name(prefix: &str, pod: Option<&PodRef>, key: &AttachmentKey) -> String {
-    let mut seed = match pod {
-        Some(pod) => pod.sticky_key(),
-        None => key.container_id.clone(),
-    };
-    if key.ifname != "eth0" {
-        seed.push('/');
-        seed.push_str(&key.ifname);
-    }
-    let digest = Sha1::digest(seed.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}{}", &hex[..11])
 }
