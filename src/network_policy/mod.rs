@@ -19,5 +19,5 @@ pub mod selector;
 
 pub use compile::{
     Cluster, Compiled, Direction, IpBlock, NamedPort, Peers, PodView, Ports, Protocol, Rule,
-    RuleSource, Verdict, compile, connection_allowed,
+    RuleSource, Verdict, compile, compile_all, connection_allowed,
 };
