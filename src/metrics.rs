@@ -85,6 +85,8 @@ pub struct Metrics {
     /// Network profiles: 1 while a profile is usable on this node (a valid NetworkProfile whose subnet
     /// and groups EC2 accepts here), 0 while not; a profile that is gone has no series.
     pub network_profile_usable: Family<ProfileLabel, Gauge>,
+    /// NetworkPolicy enforcement (`eniipam_network_policy_*`).
+    pub network_policy: crate::network_policy::metrics::PolicyMetrics,
     startup_ms: Arc<AtomicU64>,
 }
 
@@ -126,6 +128,7 @@ impl Default for Metrics {
             pod_network_ready: Gauge::default(),
             network_profile_usable: Family::default(),
             pod_network_changes: Counter::default(),
+            network_policy: Default::default(),
             startup_ms: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -298,5 +301,6 @@ impl Metrics {
             "Network profiles: 1 while the profile is usable on this node (valid, its subnet and security groups accepted by EC2 here), 0 while not",
             self.network_profile_usable.clone(),
         );
+        self.network_policy.register(reg);
     }
 }

@@ -135,6 +135,19 @@ impl DaemonConfig {
                 }
             };
         }
+        if let Some(v) = get("network_policy") {
+            self.network_policy = match v.trim() {
+                "" | "auto" => None,
+                "true" => Some(true),
+                "false" => Some(false),
+                _ => {
+                    return Err(invalid(
+                        "network_policy",
+                        format!("{v:?} is not true, false or auto"),
+                    ));
+                }
+            };
+        }
         set_opt!(api_server_url, "a URL");
         set!(api_server_token_file, "a path");
         set!(api_server_ca_file, "a path");

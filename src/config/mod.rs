@@ -135,6 +135,14 @@ pub struct DaemonConfig {
     /// node as the extended resource `eniipam.io/network-<name>`. Needs the API-server connection
     /// and `node_name`; IPv4 pools only. Default false.
     pub network_profiles: bool,
+    /// Kubernetes NetworkPolicy enforcement (`docs/network-policy.md`): this node's pods get the
+    /// ingress and egress the cluster's NetworkPolicies allow, in nftables (table
+    /// `inet eniipam_policy`, keyed by each pod's host veth), in force before a pod's ADD returns.
+    /// Unset (`auto`): on when an API server is known (as for `api_server_gc`), `manage_eni_routes`
+    /// is on and `ip_family` is not `ipv6`; `true`: the same, required (an error otherwise);
+    /// `false`: off, for clusters whose NetworkPolicy is enforced by Calico or Cilium, and a table
+    /// an earlier run left is deleted.
+    pub network_policy: Option<bool>,
     /// Which addresses pods get: `ipv4` (default: from the ENI pool), `ipv6` (from one /80 the node
     /// takes on eth0 at startup; no IPv4 pool) or `dual` (both). The VPC CNI's `ENABLE_IPV6`.
     pub ip_family: IpFamily,
@@ -279,6 +287,7 @@ impl Default for DaemonConfig {
             security_groups: Vec::new(),
             custom_networking: false,
             network_profiles: false,
+            network_policy: None,
             eni_config_label: DEFAULT_ENI_CONFIG_KEY.to_owned(),
             eni_config_annotation: DEFAULT_ENI_CONFIG_KEY.to_owned(),
             ip_family: IpFamily::Ipv4,
@@ -404,6 +413,24 @@ impl DaemonConfig {
     /// API server is known).
     pub fn network_profiles_target(&self) -> Option<ApiServerTarget> {
         self.network_profiles
+            .then(|| self.api_server_connection())
+            .flatten()
+    }
+
+    /// Whether NetworkPolicy is enforced here (`network_policy`; see its docs for `auto`).
+    pub fn network_policy_enabled(&self) -> bool {
+        self.network_policy.unwrap_or_else(|| {
+            self.manage_eni_routes
+                && self.ip_family != crate::ipv6::IpFamily::Ipv6
+                && self.api_server_url.as_deref().is_some_and(|url| {
+                    !url.starts_with("https://") || self.api_server_token_file.exists()
+                })
+        })
+    }
+
+    /// Where NetworkPolicies, pods and namespaces are read from, with enforcement on.
+    pub fn network_policy_target(&self) -> Option<ApiServerTarget> {
+        self.network_policy_enabled()
             .then(|| self.api_server_connection())
             .flatten()
     }

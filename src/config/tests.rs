@@ -344,3 +344,58 @@ fn network_profiles_need_the_api_server_and_the_node_name_and_an_ipv4_pool() {
     let c = DaemonConfig::load(None, &vars).unwrap();
     assert!(c.network_profiles && c.custom_networking);
 }
+
+#[test]
+fn network_policy_is_on_where_it_can_be_unless_turned_off() {
+    let c = DaemonConfig::load(None, &env(&[])).unwrap();
+    assert!(
+        !c.network_policy_enabled(),
+        "no API server: nothing to read"
+    );
+    let api = [
+        ("ENIIPAM_API_SERVER_URL", "http://127.0.0.1:6443"),
+        ("ENIIPAM_NODE_NAME", "node-a"),
+    ];
+    let c = DaemonConfig::load(None, &env(&api)).unwrap();
+    assert!(c.network_policy_enabled(), "auto: on");
+    assert_eq!(
+        c.network_policy_target().unwrap().url,
+        "http://127.0.0.1:6443"
+    );
+    for (knob, value) in [
+        ("ENIIPAM_NETWORK_POLICY", "false"),
+        ("ENIIPAM_MANAGE_ENI_ROUTES", "false"),
+        ("ENIIPAM_IP_FAMILY", "ipv6"),
+    ] {
+        let mut vars = env(&api);
+        vars.insert(knob.into(), value.into());
+        let c = DaemonConfig::load(None, &vars).unwrap();
+        assert!(!c.network_policy_enabled(), "auto with {knob}={value}: off");
+        assert!(c.network_policy_target().is_none());
+    }
+    let mut vars = env(&api);
+    vars.insert("ENIIPAM_IP_FAMILY".into(), "dual".into());
+    assert!(
+        DaemonConfig::load(None, &vars)
+            .unwrap()
+            .network_policy_enabled()
+    );
+    // Required where it cannot be: an error naming the knob and why.
+    for (extra, says) in [
+        (("ENIIPAM_IP_FAMILY", "ipv6"), "IPv4 only"),
+        (("ENIIPAM_MANAGE_ENI_ROUTES", "false"), "manage_eni_routes"),
+        (("ENIIPAM_API_SERVER_URL", ""), "no API server"),
+        (("ENIIPAM_NETWORK_POLICY", "yes"), "true, false or auto"),
+    ] {
+        let mut vars = env(&api);
+        vars.insert("ENIIPAM_NETWORK_POLICY".into(), "true".into());
+        if extra.0 == "ENIIPAM_API_SERVER_URL" {
+            vars.remove(extra.0);
+        } else {
+            vars.insert(extra.0.into(), extra.1.into());
+        }
+        let e = DaemonConfig::load(None, &vars).unwrap_err().to_string();
+        assert!(e.starts_with("network_policy"), "{extra:?}: {e}");
+        assert!(e.contains(says), "{extra:?}: {e}");
+    }
+}

@@ -153,6 +153,7 @@ impl DaemonConfig {
         self.validate_node_status()?;
         self.validate_custom_networking()?;
         self.validate_network_profiles()?;
+        self.validate_network_policy()?;
         self.validate_host_rules()?;
         if self.shutdown_grace_secs > 600 {
             return Err(invalid("shutdown_grace_secs", "allowed: 0 ..= 600"));
@@ -244,6 +245,36 @@ impl DaemonConfig {
                 "empty, but network_profiles is on: set ENIIPAM_NODE_NAME to this node's Kubernetes \
                  name (the DaemonSet sets it from the downward API, fieldRef spec.nodeName); the \
                  node advertises each profile's free slots on itself",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_network_policy(&self) -> Result<(), ConfigError> {
+        if self.network_policy != Some(true) {
+            return Ok(());
+        }
+        if self.ip_family == crate::ipv6::IpFamily::Ipv6 {
+            return Err(invalid(
+                "network_policy",
+                "true, but enforcement is IPv4 only and with ip_family = ipv6 pods have no IPv4: \
+                 set it to false (or auto), or use ip_family = ipv4 or dual",
+            ));
+        }
+        if !self.manage_eni_routes {
+            return Err(invalid(
+                "network_policy",
+                "true, but manage_eni_routes is false: the daemon does not own the host's rules, \
+                 so it cannot put the policy table in the kernel; turn manage_eni_routes on, or set \
+                 network_policy = false",
+            ));
+        }
+        if self.api_server_url.is_none() {
+            return Err(invalid(
+                "network_policy",
+                "true, but no API server is known to read NetworkPolicies, pods and namespaces \
+                 from: not running in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT \
+                 are unset) and api_server_url is unset",
             ));
         }
         Ok(())

@@ -5,7 +5,8 @@
 //! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
 //! the rebuilt state → the node's ENIConfig (custom networking only) → pool (with the demand it learned before) → host routing and rules (SNAT,
 //! NodePort) → leaked-ENI collector → API-server pod watch → network profiles (when on: their first
-//! check against EC2) → lookahead (when on) → node readiness:
+//! check against EC2) → NetworkPolicy enforcement (when on: its watches and sync task; off: its
+//! table deleted) → lookahead (when on) → node readiness:
 //! startup taint and condition (when on) → gRPC socket → ready.
 //!
 //! Shutdown in three steps: stop accepting, let in-flight requests finish within the grace period, then
@@ -18,7 +19,8 @@
 //! learned demand to and from the state file, the lookahead on the pods bound here), `pod_network`
 //! (custom networking: the node's ENIConfig checked against EC2 and followed), `profiles`
 //! (network profiles: checked against EC2, handed to the pool, selected on ADD, advertised on the
-//! node), `reconciler`
+//! node), `network_policy` (NetworkPolicy: the cluster watched, the node's pods' rules kept in the
+//! kernel, a new pod's rules in force before its ADD returns), `reconciler`
 //! (the running reconcile), and [`run`]: the
 //! modes of the `eniipamd` binary (serve until a signal, prepare the host, remove the host rules).
 
@@ -27,6 +29,7 @@ mod collectors;
 mod demand;
 mod host;
 mod ipv6;
+mod network_policy;
 mod pod_network;
 mod profiles;
 mod reconciler;
@@ -279,6 +282,18 @@ impl Daemon {
             );
             selector.first_answer().await;
             ipam.set_profile_selector(selector);
+        }
+        if let Some(target) = config.network_policy_target() {
+            ipam.set_policy_gate(network_policy::start(
+                api_server::client(&target)?,
+                pool.clone(),
+                config.veth_prefix.clone(),
+                b.metrics.clone(),
+                b.cancel.clone(),
+                &mut b.background,
+            ));
+        } else if config.manage_eni_routes {
+            network_policy::remove_table().await;
         }
         // The lookahead warms IPv4 for pods bound here: none with ip_family = ipv6.
         if let Some(a) = api_server.as_ref().filter(|_| config.ip_family.has_ipv4()) {

@@ -196,8 +196,14 @@ impl std::fmt::Display for HostRulesRemoved {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "host rules removed (nftables table ip {TABLE}: {}; fwmark rules: {})",
+            "host rules removed (nftables table ip {TABLE}: {}; table inet {}: {}; fwmark rules: {})",
             if self.0.table { "deleted" } else { "absent" },
+            crate::network_policy::nft::TABLE,
+            if self.0.policy_table {
+                "deleted"
+            } else {
+                "absent"
+            },
             self.0.fwmark_rules
         )
     }

@@ -61,6 +61,11 @@ pub enum IpamError {
     /// nothing was allocated, and the runtime's next try asks again.
     #[error("cannot learn the pod's network profile: {0}")]
     PodProfile(String),
+    /// NetworkPolicy enforcement: the new pod's rules could not be put in force before its ADD
+    /// is answered (the policies are not listed yet, the pod is unknown, `nft` failed); the
+    /// addresses went back, and the runtime's next try asks again.
+    #[error("network policy: {0}")]
+    Policy(String),
 }
 
 /// How the service learns, on a new ADD, which network profile the pod selects (network profiles
@@ -71,6 +76,20 @@ pub trait ProfileSelector: Send + Sync {
     /// served: a profile that does not exist or cannot be used here is
     /// [`PoolError::ProfileUnavailable`], naming it and why.
     async fn select(&self, pod: &PodRef) -> Result<Option<ProfileName>, IpamError>;
+}
+
+/// NetworkPolicy enforcement (the daemon's `network_policy`, `crate::daemon`'s `network_policy`):
+/// a new pod's rules are in force before its ADD is answered, so its first packet already meets
+/// them.
+#[async_trait::async_trait]
+pub trait PolicyGate: Send + Sync {
+    /// Returns once the rules of `pod` (its IP just allocated here) are in the kernel; an error
+    /// fails the ADD, and the allocation is undone.
+    async fn admit(&self, pod: &PodRef) -> Result<(), IpamError>;
+    /// An attachment was released: its pod's rules go at the next sync (not waited for).
+    fn released(&self);
+    /// What applies to pod `namespace/name` on this node now, for `eniipamctl policy`.
+    async fn explain(&self, namespace: &str, name: &str) -> crate::network_policy::Explanation;
 }
 
 /// One allocation request, as the service sees it: the pool's request as it goes down to the ENI
@@ -154,6 +173,8 @@ struct Inner {
     locks: AttachmentLocks,
     /// Set once, when network profiles are on.
     profiles: std::sync::OnceLock<Arc<dyn ProfileSelector>>,
+    /// Set once, when NetworkPolicy enforcement is on.
+    policy: std::sync::OnceLock<Arc<dyn PolicyGate>>,
 }
 
 impl Ipam {
@@ -193,6 +214,7 @@ impl Ipam {
                 metrics,
                 locks: AttachmentLocks::default(),
                 profiles: std::sync::OnceLock::new(),
+                policy: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -201,6 +223,17 @@ impl Ipam {
     /// are ignored).
     pub fn set_profile_selector(&self, selector: Arc<dyn ProfileSelector>) {
         let _ = self.inner.profiles.set(selector);
+    }
+
+    /// NetworkPolicy enforcement on: every new ADD waits for its pod's rules (once; later calls
+    /// are ignored).
+    pub fn set_policy_gate(&self, gate: Arc<dyn PolicyGate>) {
+        let _ = self.inner.policy.set(gate);
+    }
+
+    /// The NetworkPolicy gate, when enforcement is on.
+    pub fn policy_gate(&self) -> Option<&Arc<dyn PolicyGate>> {
+        self.inner.policy.get()
     }
 
     /// The pool.
@@ -264,6 +297,18 @@ impl Ipam {
                     return Err(e);
                 }
             }
+        }
+        // A new pod's rules are in force before it is answered; if they cannot be, it gets
+        // nothing.
+        if let (Some(gate), Some((_, true))) = (self.inner.policy.get(), &v4)
+            && let Err(e) = gate.admit(&req.acquire.pod).await
+        {
+            self.release_v4(key, false).await.ok();
+            if let Some(p) = &self.inner.ipv6 {
+                self.release_v6(p, key, false).await.ok();
+            }
+            gate.released();
+            return Err(e);
         }
         let allocation = v4.map(|(a, _)| a);
         Ok(Allocated {
@@ -337,6 +382,9 @@ impl Ipam {
         sticky: bool,
     ) -> Result<Option<Released>, IpamError> {
         let _serial = self.inner.locks.lock(key).await;
+        if let Some(gate) = self.inner.policy.get() {
+            gate.released();
+        }
         let mut released = Released {
             ip: None,
             ipv6: None,

@@ -14,10 +14,15 @@
 //! probe) in `tests/network_policy_nft.rs`.
 
 pub mod compile;
+pub mod enforce;
+pub mod explain;
+pub mod metrics;
 pub mod nft;
 pub mod selector;
+pub mod watch;
 
 pub use compile::{
     Cluster, Compiled, Direction, IpBlock, NamedPort, Peers, PodView, Ports, Protocol, Rule,
     RuleSource, Verdict, compile, compile_all, connection_allowed,
 };
+pub use explain::{DirectionCounts, Explanation};

@@ -19,7 +19,8 @@ use tokio::task::JoinHandle;
 
 use super::profile::{NetworkProfile, ProfileSpec};
 
-/// What one list + watch says: `T` (what is kept of each object) by object name.
+/// What one list + watch says: `T` (what is kept of each object) by object name
+/// (`namespace/name` for namespaced objects).
 pub(crate) struct View<T> {
     pub objects: BTreeMap<String, T>,
     /// Objects of a list in progress (between `Init` and `InitDone`).
@@ -43,10 +44,20 @@ impl<T: PartialEq> View<T> {
         }
     }
 
+    /// The key of `object`: its name, or `namespace/name` for a namespaced object.
+    pub fn key_of<K: kube::Resource>(object: &K) -> String {
+        let meta = object.meta();
+        let name = meta.name.clone().unwrap_or_default();
+        match &meta.namespace {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name,
+        }
+    }
+
     /// Applies one event, keeping `keep(object)` of each; true when the view changed (or the first
     /// list completed).
     pub fn apply<K: kube::Resource>(&mut self, event: Event<K>, keep: impl Fn(&K) -> T) -> bool {
-        let name = |o: &K| o.meta().name.clone().unwrap_or_default();
+        let name = |o: &K| Self::key_of(o);
         match event {
             Event::Init => {
                 self.listing = Some(BTreeMap::new());

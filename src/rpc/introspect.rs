@@ -41,6 +41,54 @@ fn eni_info(e: &crate::pool::snapshot::EniSnapshot) -> pb::EniInfo {
     }
 }
 
+/// The reply of `eniipamctl policy`.
+fn policy_reply(e: crate::network_policy::Explanation) -> pb::PolicyReply {
+    use crate::network_policy::Direction;
+    use crate::network_policy::explain::{peers_text, ports_text};
+    let direction = |word: &str, d: &Direction, allowed: u64, denied: u64| match d {
+        Direction::Open => pb::PolicyDirection::default(),
+        Direction::Isolated { policies, rules } => pb::PolicyDirection {
+            isolated: true,
+            policies: policies.clone(),
+            rules: rules
+                .iter()
+                .map(|r| pb::PolicyRule {
+                    source: format!("{} {word}[{}]", r.source.policy, r.source.index),
+                    peers: peers_text(&r.peers),
+                    ports: ports_text(&r.ports),
+                })
+                .collect(),
+            allowed,
+            denied,
+        },
+    };
+    let c = e.counts;
+    let mut reply = pb::PolicyReply {
+        enforcing: e.enforcing,
+        not_enforced: e.not_enforced,
+        last_error: e.last_error.unwrap_or_default(),
+        ..pb::PolicyReply::default()
+    };
+    if let Some(pod) = e.pod {
+        reply.local = true;
+        reply.veth = pod.veth;
+        reply.ingress = Some(direction(
+            "ingress",
+            &pod.compiled.ingress,
+            c.ingress_allowed,
+            c.ingress_denied,
+        ));
+        reply.egress = Some(direction(
+            "egress",
+            &pod.compiled.egress,
+            c.egress_allowed,
+            c.egress_denied,
+        ));
+        reply.problems = pod.compiled.problems;
+    }
+    reply
+}
+
 /// Puts each IPv6 address the /80's book holds on its attachment's row: a dual-stack pod's IPv4 row
 /// gains it, an IPv6-only pod gets a row of its own (no IPv4; its ENI is the /80's). The book is
 /// the daemon's live view, written under the same lock as the durable record the answer waited for.
@@ -230,6 +278,24 @@ impl pb::introspect_server::Introspect for IntrospectService {
         Ok(Response::new(pb::ReleaseQuarantinedReply {
             released: released.iter().map(|ip| ip.to_string()).collect(),
         }))
+    }
+
+    async fn policy(
+        &self,
+        request: Request<pb::PolicyRequest>,
+    ) -> Result<Response<pb::PolicyReply>, Status> {
+        let r = request.into_inner();
+        if r.namespace.is_empty() || r.name.is_empty() {
+            return Err(Status::invalid_argument(
+                "a pod is named by its namespace and name, both non-empty",
+            ));
+        }
+        let Some(gate) = self.ipam.policy_gate() else {
+            return Ok(Response::new(pb::PolicyReply::default()));
+        };
+        Ok(Response::new(policy_reply(
+            gate.explain(&r.namespace, &r.name).await,
+        )))
     }
 
     async fn enis(&self, _: Request<pb::EnisRequest>) -> Result<Response<pb::EnisReply>, Status> {

@@ -88,6 +88,10 @@ pub fn ipam_status(e: &IpamError) -> Status {
         IpamError::PodProfile(_) => {
             status_with_reason(Code::Unavailable, e.to_string(), pb::ErrorReason::Exhausted)
         }
+        // Retryable: the kubelet's next sandbox try finds the rules' cause gone or fixed.
+        IpamError::Policy(_) => {
+            status_with_reason(Code::Unavailable, e.to_string(), pb::ErrorReason::NotReady)
+        }
         IpamError::Record(_) | IpamError::Unrecorded(_) => {
             status_with_reason(Code::Internal, e.to_string(), pb::ErrorReason::Internal)
         }

@@ -13,8 +13,8 @@ pub mod cache;
 pub mod model;
 
 pub use model::{
-    AttachmentKey, EniId, InvalidAttachment, Ip, MalformedEniId, PodRef, validate_container_id,
-    validate_ifname,
+    AttachmentKey, EniId, InvalidAttachment, Ip, MalformedEniId, PodRef, host_veth_name,
+    validate_container_id, validate_ifname,
 };
 
 /// Generated protobuf types, clients and servers.

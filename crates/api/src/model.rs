@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::net::Ipv4Addr;
+
+use sha1::{Digest, Sha1};
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -178,4 +180,22 @@ mod tests {
         assert!("i-0123abcd".parse::<EniId>().is_err());
         assert!("eni-0123abcd0".parse::<EniId>().is_err());
     }
+}
+
+/// The host veth name: `prefix` + the first 11 hex digits of SHA-1 over `namespace/name` (plus
+/// `/ifname` for interfaces other than `eth0`, so a pod with several eniipam interfaces gets distinct
+/// names). Without a pod identity the container id stands in for `namespace/name`. At most 15 bytes
+/// for prefixes of up to 4.
+pub fn host_veth_name(prefix: &str, pod: Option<&PodRef>, key: &AttachmentKey) -> String {
+    let mut seed = match pod {
+        Some(pod) => pod.sticky_key(),
+        None => key.container_id.clone(),
+    };
+    if key.ifname != "eth0" {
+        seed.push('/');
+        seed.push_str(&key.ifname);
+    }
+    let digest = Sha1::digest(seed.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}{}", &hex[..11])
 }

@@ -26,7 +26,7 @@ async fn connect(socket: &Path) -> Result<Channel, String> {
 }
 
 /// A client of eniipamd's Introspect service.
-async fn introspect(
+pub(crate) async fn introspect(
     socket: &Path,
 ) -> Result<pb::introspect_client::IntrospectClient<Channel>, String> {
     Ok(pb::introspect_client::IntrospectClient::new(
@@ -34,7 +34,7 @@ async fn introspect(
     ))
 }
 
-fn status_err(s: tonic::Status) -> String {
+pub(crate) fn status_err(s: tonic::Status) -> String {
     format!("eniipamd answered {:?}: {}", s.code(), s.message())
 }
 

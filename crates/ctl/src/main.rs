@@ -12,6 +12,7 @@ mod iam;
 mod install;
 mod introspect;
 mod max_pods;
+mod policy;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -56,6 +57,12 @@ enum Command {
     /// holds them (docs/operations.md).
     #[command(subcommand)]
     Quarantine(QuarantineCommand),
+    /// What NetworkPolicy says of a pod of this node and why: the policies isolating each
+    /// direction, the rules allowing peers and ports, the connections allowed and denied.
+    Policy {
+        /// The pod, as <namespace>/<name> (a bare name: namespace default).
+        pod: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -84,6 +91,7 @@ async fn main() -> ExitCode {
         Command::UninstallCni(a) => install::uninstall(a),
         Command::MaxPods(a) => max_pods::run(a, args.json),
         Command::IamPolicy(a) => iam::run(a),
+        Command::Policy { pod } => policy::run(&args.socket, pod, args.json).await,
         Command::Quarantine(QuarantineCommand::Release { all, ips }) => {
             introspect::release_quarantined(&args.socket, *all, ips, args.json).await
         }

@@ -63,6 +63,17 @@ impl Crd {
         )
     }
 
+    /// Kubernetes' `NetworkPolicy` (`networking.k8s.io/v1`, namespaced): built in, not a CRD, so
+    /// the double serves it from the start.
+    pub fn network_policy() -> Self {
+        Self::namespaced(
+            "networking.k8s.io",
+            "v1",
+            "NetworkPolicy",
+            "networkpolicies",
+        )
+    }
+
     /// `<plural>.<group>`: the CRD's name, and the resource as RBAC names it.
     pub fn key(&self) -> String {
         format!("{}.{}", self.plural, self.group)
@@ -109,6 +120,17 @@ fn place(crd: &Crd, object: &Value) -> (String, String) {
 }
 
 impl FakeApiServer {
+    /// Creates or replaces a NetworkPolicy (`metadata.namespace` and `metadata.name` set), as
+    /// `kubectl apply` does.
+    pub fn put_network_policy(&self, policy: Value) {
+        self.put_object(&Crd::network_policy(), policy);
+    }
+
+    /// Deletes a NetworkPolicy; false when there was none.
+    pub fn delete_network_policy(&self, namespace: &str, name: &str) -> bool {
+        self.delete_object(&Crd::network_policy(), Some(namespace), name)
+    }
+
     /// Serves `crd`'s objects from now on (none yet), as `kubectl apply -f <crd>.yaml` does.
     pub fn install_crd(&self, crd: Crd) {
         let mut w = self.inner.world.lock().unwrap();

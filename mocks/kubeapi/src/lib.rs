@@ -1,8 +1,9 @@
 //! A Kubernetes API server double on loopback, for the requests eniipamd makes as kube-rs makes them.
 //!
 //! Pods ([`pods`]):
-//! - `GET /api/v1/pods?fieldSelector=spec.nodeName=<n>` (list): a `PodList` with the current
-//!   `metadata.resourceVersion`; items without `apiVersion`/`kind`, as the real server sends them.
+//! - `GET /api/v1/pods?fieldSelector=spec.nodeName=<n>` (list; without the selector, every pod of
+//!   the cluster): a `PodList` with the current `metadata.resourceVersion`; items without
+//!   `apiVersion`/`kind`, as the real server sends them.
 //! - `GET /api/v1/pods?watch=true&resourceVersion=<rv>&timeoutSeconds=<s>&allowWatchBookmarks=true`:
 //!   a chunked stream of JSON lines `{"type":"ADDED|MODIFIED|DELETED|BOOKMARK","object":...}` for every
 //!   change after `rv`, ended by the server after `timeoutSeconds`; an `rv` older than the compaction
@@ -32,6 +33,10 @@
 //!   `/apis/<group>/<version>/namespaces/<ns>/<plural>`: list and watch as for pods
 //!   (`fieldSelector=metadata.name=<n>` honoured).
 //! - `GET /apis/<group>/<version>/[namespaces/<ns>/]<plural>/<name>`: the object, or a 404 Status.
+//!
+//! NetworkPolicies (`networking.k8s.io/v1`, namespaced) are served as a custom resource that is
+//! always installed, as the real server always serves them ([`custom::Crd::network_policy`],
+//! [`FakeApiServer::put_network_policy`]).
 //!
 //! Every change to pods, nodes, namespaces and custom objects bumps the one resourceVersion counter, joins the
 //! one history (compacted together) and reaches the open watches of its resource.
@@ -181,6 +186,7 @@ impl FakeApiServer {
             addr,
             serving: Mutex::new(None),
         };
+        s.install_crd(custom::Crd::network_policy());
         s.serve(listener);
         s
     }

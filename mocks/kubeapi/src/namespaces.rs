@@ -29,14 +29,30 @@ fn key(name: &str) -> (String, String, String) {
     (RESOURCE.into(), String::new(), name.into())
 }
 
-/// A namespace as the API server stores it: `annotations` as given, `status.phase` `Active`.
+/// A namespace as the API server stores it: `annotations` as given, the label
+/// `kubernetes.io/metadata.name` the server sets on every namespace, `status.phase` `Active`.
 pub fn namespace_json(name: &str, annotations: &[(&str, &str)]) -> Value {
-    let annotations: serde_json::Map<String, Value> = annotations
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), json!(v)))
-        .collect();
+    namespace_with_labels(name, &[], annotations)
+}
+
+/// [`namespace_json`] with `labels` too (`kubernetes.io/metadata.name` is always the name: the
+/// server overwrites it).
+pub fn namespace_with_labels(
+    name: &str,
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> Value {
+    let map = |pairs: &[(&str, &str)]| -> serde_json::Map<String, Value> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect()
+    };
+    let mut labels = map(labels);
+    labels.insert("kubernetes.io/metadata.name".into(), json!(name));
     json!({
-        "metadata": {"name": name, "uid": format!("uid-ns-{name}"), "annotations": annotations},
+        "metadata": {"name": name, "uid": format!("uid-ns-{name}"), "labels": labels,
+            "annotations": map(annotations)},
         "spec": {"finalizers": ["kubernetes"]},
         "status": {"phase": "Active"},
     })
@@ -58,6 +74,24 @@ impl FakeApiServer {
             k,
             verb,
             namespace_json(name, annotations),
+        );
+    }
+
+    /// Creates (or replaces) a namespace with these labels and no annotations.
+    pub fn put_namespace_labels(&self, name: &str, labels: &[(&str, &str)]) {
+        let mut w = self.inner.world.lock().unwrap();
+        let k = key(name);
+        let verb = if w.objects.contains_key(&k) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        change(
+            &self.inner,
+            &mut w,
+            k,
+            verb,
+            namespace_with_labels(name, labels, &[]),
         );
     }
 

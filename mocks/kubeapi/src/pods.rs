@@ -151,15 +151,17 @@ impl FakeApiServer {
     }
 }
 
-/// The node of `fieldSelector=spec.nodeName=<n>`; anything else is refused (the double is strict).
-fn node_selector(q: &BTreeMap<String, String>) -> Result<String, String> {
+/// The node of `fieldSelector=spec.nodeName=<n>`, or `None` without a field selector (every
+/// pod of the cluster, as a NetworkPolicy enforcer lists them); any other selector is refused (the
+/// double is strict).
+fn node_selector(q: &BTreeMap<String, String>) -> Result<Option<String>, String> {
     match q.get("fieldSelector").map(String::as_str) {
         Some(sel) => sel
             .strip_prefix("spec.nodeName=")
             .filter(|n| !n.is_empty() && !n.contains(','))
-            .map(str::to_owned)
+            .map(|n| Some(n.to_owned()))
             .ok_or_else(|| format!("unsupported field selector {sel:?}")),
-        None => Err("this double only serves node-scoped pod lists".into()),
+        None => Ok(None),
     }
 }
 
@@ -188,15 +190,12 @@ pub(crate) async fn list_or_watch(
     if let Some(r) = watch::forbidden(&inner, &what, if watching { "watch" } else { "list" }) {
         return r;
     }
+    let wanted = move |p: &Value| node.as_deref().is_none_or(|n| node_of(p) == n);
     if watching {
-        return watch::watch(inner, what, &q, move |p| node_of(p) == node);
+        return watch::watch(inner, what, &q, wanted);
     }
     watch::list(&inner, &what, |w| {
-        w.pods
-            .values()
-            .filter(|p| node_of(p) == node)
-            .cloned()
-            .collect()
+        w.pods.values().filter(|p| wanted(p)).cloned().collect()
     })
 }
 

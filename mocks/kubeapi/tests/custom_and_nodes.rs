@@ -373,3 +373,66 @@ async fn one_node_is_watched_by_name_and_its_label_and_annotation_changes_are_se
     let all = nodes.list(&ListParams::default()).await.unwrap();
     assert_eq!(all.items.len(), 1, "node-b is left");
 }
+
+/// What a NetworkPolicy enforcer lists and watches: every pod of the cluster (no field selector),
+/// every namespace with the `kubernetes.io/metadata.name` label the server sets, and
+/// NetworkPolicies, served without any CRD installed (they are built in).
+#[tokio::test]
+async fn network_policies_and_every_pod_of_the_cluster_are_served() {
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+    let api = FakeApiServer::start().await;
+    let c = client(&api).await;
+    api.add_pod("x", "a", "u1", "node-1");
+    api.add_pod("y", "b", "u2", "node-2");
+    api.put_namespace_labels("x", &[("team", "blue")]);
+    api.put_network_policy(json!({
+        "metadata": {"namespace": "x", "name": "deny"},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+    }));
+
+    let pods: Api<Pod> = Api::all(c.clone());
+    let mut names: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| p.metadata.name.unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a", "b"], "both nodes' pods");
+    let ns: Api<Namespace> = Api::all(c.clone());
+    let x = ns
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let labels = x.metadata.labels.unwrap();
+    assert_eq!(labels["team"], "blue");
+    assert_eq!(labels["kubernetes.io/metadata.name"], "x");
+
+    let policies: Api<NetworkPolicy> = Api::all(c.clone());
+    let mut events = watcher::watcher(policies.clone(), watcher::Config::default()).boxed();
+    let mut listed = Vec::new();
+    loop {
+        match next(&mut events).await.unwrap() {
+            Event::InitApply(p) => listed.push(p.metadata.name.unwrap()),
+            Event::InitDone => break,
+            _ => {}
+        }
+    }
+    assert_eq!(listed, ["deny"]);
+    assert!(api.delete_network_policy("x", "deny"));
+    loop {
+        if let Event::Delete(p) = next(&mut events).await.unwrap() {
+            assert_eq!(p.metadata.name.as_deref(), Some("deny"));
+            break;
+        }
+    }
+    let inx: Api<NetworkPolicy> = Api::namespaced(c, "x");
+    let err = inx.get("deny").await.unwrap_err();
+    assert_eq!(code(&err), Some(404));
+}

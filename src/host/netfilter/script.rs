@@ -12,6 +12,8 @@ use super::NftError;
 pub enum Family {
     /// `ip`: IPv4.
     Ip,
+    /// `inet`: IPv4 and IPv6 (the NetworkPolicy table, `crate::network_policy::nft`).
+    Inet,
 }
 
 impl Family {
@@ -19,6 +21,7 @@ impl Family {
     pub fn keyword(self) -> &'static str {
         match self {
             Self::Ip => "ip",
+            Self::Inet => "inet",
         }
     }
 }

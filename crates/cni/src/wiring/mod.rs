@@ -38,13 +38,11 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use eniipam_api::cache::HostVeth;
-use eniipam_api::{AttachmentKey, PodRef};
 use eniipam_netlink::{
     MAIN_TABLE, Netlink, NetnsFile, PolicyRule, RuleSelector, TableRoute, parse_mac,
 };
 use netlink_packet_route::link::{InfoData, InfoVeth};
 use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVeth};
-use sha1::{Digest, Sha1};
 
 mod egress;
 mod gateway;
@@ -62,23 +60,7 @@ pub const TO_POD_RULE_PRIORITY: u32 = 512;
 /// Priority of `from <pod ip> lookup <eni table>`.
 pub const FROM_POD_RULE_PRIORITY: u32 = 1536;
 
-/// The host veth name: `prefix` + the first 11 hex digits of SHA-1 over `namespace/name` (plus
-/// `/ifname` for interfaces other than `eth0`, so a pod with several eniipam interfaces gets distinct
-/// names). Without a pod identity the container id stands in for `namespace/name`. At most 15 bytes
-/// for prefixes of up to 4.
-pub fn host_veth_name(prefix: &str, pod: Option<&PodRef>, key: &AttachmentKey) -> String {
-    let mut seed = match pod {
-        Some(pod) => pod.sticky_key(),
-        None => key.container_id.clone(),
-    };
-    if key.ifname != "eth0" {
-        seed.push('/');
-        seed.push_str(&key.ifname);
-    }
-    let digest = Sha1::digest(seed.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}{}", &hex[..11])
-}
+pub use eniipam_api::host_veth_name;
 
 /// Why plumbing failed.
 #[derive(Debug, thiserror::Error)]
@@ -449,7 +431,9 @@ pub async fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use eniipam_api::{AttachmentKey, PodRef};
     use eniipam_netlink::format_mac;
+    use sha1::{Digest, Sha1};
 
     #[test]
     fn host_veth_names_fit_and_are_stable() {

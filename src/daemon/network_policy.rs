@@ -1,0 +1,375 @@
+//! NetworkPolicy in the daemon (`network_policy`, on by default where it can be): the cluster's
+//! NetworkPolicies, pods and namespaces watched ([`ClusterWatch`]), this node's pods taken from the
+//! pool, and the kernel's table `inet eniipam_policy` kept enforcing what the policies say of them
+//! ([`Engine`]).
+//!
+//! - **Syncing**: one task. Every change of the watched objects (or a pod ADDed or DELeted here)
+//!   bumps a generation; the task takes the newest, compiles the node's pods and sends the kernel
+//!   one transaction (the whole table the first time, in-place updates after), so a burst of
+//!   changes costs one sync. The time from a change to its rules being in force is
+//!   `eniipam_network_policy_sync_seconds`. A failed sync is retried with back-off; every
+//!   [`RELOAD`] the whole table is loaded again (someone may have flushed it).
+//! - **A new pod starts with its rules in force**: its ADD ([`PolicyGate::admit`]) waits until a
+//!   sync that includes it has reached the kernel, before the plugin even creates the veth the
+//!   rules match; if that cannot happen within [`ADMIT_TIMEOUT`] (policies not listed yet, the pod
+//!   unknown to the API server, `nft` failing) the ADD fails and its IP goes back: a pod never runs
+//!   unfiltered while its policies say otherwise.
+//! - **Off** (`network_policy = false`): the table is deleted at startup, so turning enforcement
+//!   off stops it.
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::host::Nft;
+use crate::ipam::{IpamError, PolicyGate};
+use crate::metrics::Metrics;
+use crate::model::PodRef;
+use crate::network_policy::enforce::{Engine, LocalAttachment, SyncKind, SyncReport};
+use crate::network_policy::watch::{ClusterWatch, pod_view};
+use crate::network_policy::{DirectionCounts, Explanation};
+use crate::pool::Pool;
+use crate::pool::snapshot::IpState;
+
+/// How long a new pod's ADD waits for its rules.
+const ADMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long an ADD waits for the API server when the pod watch does not know the pod.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The whole table is loaded again this often.
+const RELOAD: Duration = Duration::from_secs(600);
+
+/// The sync is re-run this often even without a change (the pool's pods may have changed by a
+/// path that does not tell the gate: the running reconcile's releases).
+const RESYNC: Duration = Duration::from_secs(30);
+
+/// Back-off of a failed sync: doubling from the first, up to the last.
+const RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(30));
+
+/// The kernel's counters are read this often for the verdict metrics.
+const COUNTERS_EVERY: Duration = Duration::from_secs(15);
+
+/// What the last sync left, for `eniipamctl policy`.
+#[derive(Default)]
+struct Status {
+    last: Option<SyncReport>,
+    error: Option<String>,
+}
+
+/// The last sync that reached the kernel (its generation), or its error.
+#[derive(Clone, Debug, Default)]
+struct Applied {
+    generation: u64,
+    error: Option<String>,
+}
+
+/// The gate the IPAM service asks on ADD, and what `eniipamctl policy` reads.
+pub(super) struct Enforcer {
+    watch: ClusterWatch,
+    client: kube::Client,
+    applied: watch::Receiver<Applied>,
+    status: Arc<Mutex<Status>>,
+}
+
+/// This node's pod attachments, from the pool, each with its host veth.
+fn local_attachments(pool: &Pool, veth_prefix: &str) -> Vec<LocalAttachment> {
+    let snapshot = pool.snapshot();
+    let mut out = Vec::new();
+    for eni in &snapshot.enis {
+        for ip in &eni.ips {
+            if let IpState::Assigned {
+                attachment, pod, ..
+            } = &ip.state
+            {
+                if pod.namespace.is_empty() || pod.name.is_empty() {
+                    // No pod identity: not a Kubernetes pod, no policy selects it.
+                    continue;
+                }
+                out.push(LocalAttachment {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    veth: eniipam_api::host_veth_name(veth_prefix, Some(pod), attachment),
+                    ips: vec![IpAddr::V4(ip.ip)],
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.veth.cmp(&b.veth));
+    out
+}
+
+/// Starts enforcement: the watches, the sync task and the verdict counters' reader. The gate is
+/// returned for the IPAM service.
+pub(super) fn start(
+    client: kube::Client,
+    pool: Pool,
+    veth_prefix: String,
+    metrics: Metrics,
+    cancel: CancellationToken,
+    background: &mut Vec<JoinHandle<()>>,
+) -> Arc<Enforcer> {
+    let (cluster, watches) = ClusterWatch::spawn(client.clone());
+    background.extend(watches);
+    let (tx, rx) = watch::channel(Applied::default());
+    let status = Arc::new(Mutex::new(Status::default()));
+    background.push(tokio::spawn(sync_loop(
+        cluster.clone(),
+        (pool, veth_prefix),
+        tx,
+        status.clone(),
+        metrics.clone(),
+        cancel.clone(),
+    )));
+    background.push(tokio::spawn(count_verdicts(metrics, cancel)));
+    Arc::new(Enforcer {
+        watch: cluster,
+        client,
+        applied: rx,
+        status,
+    })
+}
+
+/// Enforcement off: a table an earlier run left is deleted.
+pub(super) async fn remove_table() {
+    match Engine::new(Nft::default()).remove().await {
+        Ok(true) => tracing::info!(
+            "network policy: enforcement is off (network_policy = false); deleted the table an earlier run left"
+        ),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "network policy: cannot delete table inet eniipam_policy")
+        }
+    }
+}
+
+async fn sync_loop(
+    cluster: ClusterWatch,
+    (pool, veth_prefix): (Pool, String),
+    applied: watch::Sender<Applied>,
+    status: Arc<Mutex<Status>>,
+    metrics: Metrics,
+    cancel: CancellationToken,
+) {
+    let mut engine = Engine::new(Nft::default());
+    let mut changes = cluster.subscribe();
+    let mut failures = 0u32;
+    let mut last_full = tokio::time::Instant::now();
+    loop {
+        let wait = if failures > 0 {
+            (RETRY.0 * 2u32.saturating_pow(failures - 1)).min(RETRY.1)
+        } else {
+            RESYNC
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = changes.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(wait) => {}
+        }
+        changes.borrow_and_update();
+        if !cluster.synced() {
+            continue;
+        }
+        if last_full.elapsed() >= RELOAD {
+            engine.forget();
+            last_full = tokio::time::Instant::now();
+        }
+        let (generation, since) = cluster.take_pending();
+        let local = local_attachments(&pool, &veth_prefix);
+        let snapshot = cluster.cluster();
+        let policies = snapshot.policies.len();
+        match engine.sync(&snapshot, &local).await {
+            Ok(report) => {
+                failures = 0;
+                metrics.network_policy.synced(&report, policies, since);
+                if report.kind != SyncKind::Unchanged {
+                    tracing::debug!(kind = report.kind.as_str(), rules = report.rules,
+                        elements = report.elements, bytes = report.script_bytes,
+                        compile = ?report.compile, render = ?report.render, load = ?report.load,
+                        "network policy: rules in force");
+                }
+                let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
+                s.last = Some(report);
+                s.error = None;
+                drop(s);
+                applied.send_replace(Applied {
+                    generation,
+                    error: None,
+                });
+            }
+            Err(e) => {
+                failures += 1;
+                metrics.network_policy.sync_failed();
+                tracing::warn!(error = %e, failures, "network policy: the rules could not be put in force; retrying");
+                status.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e.to_string());
+                applied.send_replace(Applied {
+                    generation,
+                    error: Some(e.to_string()),
+                });
+                // The changes not in force are still pending.
+                cluster.restore_pending(since);
+            }
+        }
+    }
+}
+
+/// Reads the kernel's per-chain counters into the verdict metrics.
+async fn count_verdicts(metrics: Metrics, cancel: CancellationToken) {
+    let nft = Nft::default();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(COUNTERS_EVERY) => {}
+        }
+        if let Some(totals) = read_counters(&nft).await {
+            metrics.network_policy.verdicts(totals);
+        }
+    }
+}
+
+/// The kernel's counters summed over the node's pods; `None` when they cannot be read.
+async fn read_counters(nft: &Nft) -> Option<DirectionCounts> {
+    let readings = per_pod_counters(nft).await?;
+    let mut t = DirectionCounts::default();
+    for (_, c) in readings {
+        t.ingress_allowed += c.ingress_allowed;
+        t.ingress_denied += c.ingress_denied;
+        t.egress_allowed += c.egress_allowed;
+        t.egress_denied += c.egress_denied;
+    }
+    Some(t)
+}
+
+/// The kernel's counters per host veth.
+async fn per_pod_counters(nft: &Nft) -> Option<Vec<(String, DirectionCounts)>> {
+    let json = nft
+        .run(
+            &[
+                "-j",
+                "list",
+                "counters",
+                "table",
+                "inet",
+                crate::network_policy::nft::TABLE,
+            ],
+            None,
+        )
+        .await
+        .ok()?;
+    crate::network_policy::enforce::counters_by_veth(&json).ok()
+}
+
+impl Enforcer {
+    /// Waits until the cluster's three lists have completed once, until `deadline`.
+    async fn synced_by(&self, deadline: tokio::time::Instant) -> bool {
+        let mut changes = self.watch.subscribe();
+        loop {
+            if self.watch.synced() {
+                return true;
+            }
+            // The lists' completion is a change; a missed one is caught by the poll.
+            let tick = tokio::time::sleep(Duration::from_millis(50));
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return self.watch.synced(),
+                _ = changes.changed() => {}
+                _ = tick => {}
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl PolicyGate for Enforcer {
+    async fn admit(&self, pod: &PodRef) -> Result<(), IpamError> {
+        let deadline = tokio::time::Instant::now() + ADMIT_TIMEOUT;
+        if pod.namespace.is_empty() || pod.name.is_empty() {
+            // Not a Kubernetes pod (no K8S_POD_* arguments): no policy can select it.
+            return Ok(());
+        }
+        if !self.synced_by(deadline).await {
+            return Err(IpamError::Policy(format!(
+                "the cluster's NetworkPolicies, pods and namespaces are not listed yet (within {ADMIT_TIMEOUT:?}); is the API server reachable, and may the daemon list them (deploy/rbac.yaml)?"
+            )));
+        }
+        if self.watch.pod(&pod.namespace, &pod.name).is_none() {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+            match tokio::time::timeout(LOOKUP_TIMEOUT, api.get_opt(&pod.name)).await {
+                Ok(Ok(Some(p))) => self.watch.remember(pod_view(&p)),
+                Ok(Ok(None)) => {
+                    return Err(IpamError::Policy(format!(
+                        "pod {}/{} is not known to the API server, so the policies that select it cannot be known",
+                        pod.namespace, pod.name
+                    )));
+                }
+                Ok(Err(e)) => {
+                    return Err(IpamError::Policy(format!(
+                        "cannot read pod {}/{} from the API server: {e}",
+                        pod.namespace, pod.name
+                    )));
+                }
+                Err(_) => {
+                    return Err(IpamError::Policy(format!(
+                        "the API server did not answer for pod {}/{} within {LOOKUP_TIMEOUT:?}",
+                        pod.namespace, pod.name
+                    )));
+                }
+            }
+        }
+        let wanted = self.watch.touch();
+        let mut applied = self.applied.clone();
+        let result =
+            tokio::time::timeout_at(deadline, applied.wait_for(|a| a.generation >= wanted)).await;
+        match result {
+            Ok(Ok(a)) if a.generation >= wanted && a.error.is_none() => Ok(()),
+            Ok(Ok(a)) => Err(IpamError::Policy(format!(
+                "the rules could not be put in force: {}",
+                a.error.clone().unwrap_or_default()
+            ))),
+            Ok(Err(_)) => Err(IpamError::Policy("the enforcer stopped".into())),
+            Err(_) => Err(IpamError::Policy(format!(
+                "the rules were not in force within {ADMIT_TIMEOUT:?}"
+            ))),
+        }
+    }
+
+    fn released(&self) {
+        self.watch.touch();
+    }
+
+    async fn explain(&self, namespace: &str, name: &str) -> Explanation {
+        let mut e = {
+            let s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            let full = format!("{namespace}/{name}");
+            let prefix = format!("pod {full}:");
+            Explanation {
+                enforcing: true,
+                pod: s
+                    .last
+                    .as_ref()
+                    .and_then(|r| r.pods.iter().find(|p| p.name == full).cloned()),
+                not_enforced: s
+                    .last
+                    .iter()
+                    .flat_map(|r| r.not_enforced.iter())
+                    .filter(|n| n.starts_with(&prefix))
+                    .cloned()
+                    .collect(),
+                last_error: s.error.clone(),
+                counts: DirectionCounts::default(),
+            }
+        };
+        if let Some(veth) = e.pod.as_ref().map(|p| p.veth.clone())
+            && let Some(readings) = per_pod_counters(&Nft::default()).await
+            && let Some((_, c)) = readings.into_iter().find(|(v, _)| *v == veth)
+        {
+            e.counts = c;
+        }
+        e
+    }
+}

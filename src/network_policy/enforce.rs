@@ -1,0 +1,231 @@
+//! The enforcer's engine: the node's local pods compiled against the cluster and the kernel's table
+//! `inet eniipam_policy` made to match, in one `nft -f` transaction per sync.
+//!
+//! The first sync (and any sync after a failed one) loads the whole table; later ones send only
+//! what changed since the last table the kernel accepted ([`nft::Ruleset::update_script`]): peer
+//! addresses added and removed in place, changed chains refilled. A pod on this node is known by
+//! its host veth ([`LocalAttachment`]); a local pod the cluster view does not know (deleted from the
+//! API server while its sandbox is still here) is isolated both ways with no rule: it is denied
+//! rather than guessed at.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::compile::{Cluster, Compiled, Direction, PodView, compile};
+use super::nft::{self, LocalPod, RenderError, Ruleset};
+use crate::host::{Nft, NftError};
+
+/// A pod attachment on this node, as the pool knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalAttachment {
+    pub namespace: String,
+    pub name: String,
+    /// Its host veth (`eniipam_api::host_veth_name`).
+    pub veth: String,
+    /// The addresses the pool gave it (the API server may not show them yet).
+    pub ips: Vec<IpAddr>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnforceError {
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    #[error("loading the NetworkPolicy rules: {0}")]
+    Load(#[source] NftError),
+}
+
+/// How a sync reached the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncKind {
+    /// The whole table was loaded.
+    Full,
+    /// Only the changes were sent.
+    Update,
+    /// The kernel already held this table.
+    Unchanged,
+}
+
+impl SyncKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Update => "update",
+            Self::Unchanged => "unchanged",
+        }
+    }
+}
+
+/// What one sync did.
+#[derive(Clone, Debug)]
+pub struct SyncReport {
+    pub kind: SyncKind,
+    /// Each local pod (`namespace/name`), its veth and what applies to it.
+    pub pods: Vec<LocalPod>,
+    pub rules: usize,
+    pub elements: usize,
+    /// Bytes of the transaction sent.
+    pub script_bytes: usize,
+    pub not_enforced: Vec<String>,
+    pub compile: Duration,
+    pub render: Duration,
+    pub load: Duration,
+}
+
+/// The engine: the `nft` binary and the table the kernel holds.
+pub struct Engine {
+    nft: Nft,
+    applied: Option<Ruleset>,
+}
+
+impl Engine {
+    pub fn new(nft: Nft) -> Self {
+        Self { nft, applied: None }
+    }
+
+    /// Compiles `local` against `cluster` and makes the kernel's table enforce it.
+    pub async fn sync(
+        &mut self,
+        cluster: &Cluster,
+        local: &[LocalAttachment],
+    ) -> Result<SyncReport, EnforceError> {
+        let started = Instant::now();
+        let pods = local_pods(cluster, local);
+        let compiled = started.elapsed();
+        let ruleset = nft::render(&pods)?;
+        let rendered = started.elapsed();
+        let (kind, script) = match &self.applied {
+            Some(applied) => {
+                let update = ruleset.update_script(applied);
+                if update.is_empty() {
+                    (SyncKind::Unchanged, update)
+                } else {
+                    (SyncKind::Update, update)
+                }
+            }
+            None => (SyncKind::Full, ruleset.script()),
+        };
+        if kind != SyncKind::Unchanged {
+            // Until it is known again, the kernel's table is taken to be anything: the next sync
+            // loads it whole.
+            let applied = self.applied.take();
+            if let Err(e) = self.nft.apply(&script).await {
+                if kind == SyncKind::Full {
+                    return Err(EnforceError::Load(e));
+                }
+                tracing::warn!(error = %e, "network policy: an in-place update failed; loading the whole table");
+                drop(applied);
+                self.nft
+                    .apply(&ruleset.script())
+                    .await
+                    .map_err(EnforceError::Load)?;
+            }
+        }
+        let report = SyncReport {
+            kind,
+            rules: ruleset.rule_count(),
+            elements: ruleset.element_count(),
+            script_bytes: script.len(),
+            not_enforced: ruleset.not_enforced.clone(),
+            compile: compiled,
+            render: rendered - compiled,
+            load: started.elapsed() - rendered,
+            pods,
+        };
+        self.applied = Some(ruleset);
+        Ok(report)
+    }
+
+    /// Forgets what the kernel holds: the next sync loads the whole table.
+    pub fn forget(&mut self) {
+        self.applied = None;
+    }
+
+    /// Deletes the table (enforcement off); true when there was one.
+    pub async fn remove(&mut self) -> Result<bool, NftError> {
+        self.applied = None;
+        self.nft
+            .delete_table(crate::host::netfilter::Family::Inet, nft::TABLE)
+            .await
+    }
+}
+
+/// The local pods compiled: each attachment's pod from the cluster view, with the pool's
+/// addresses added to what the API server shows.
+pub fn local_pods(cluster: &Cluster, local: &[LocalAttachment]) -> Vec<LocalPod> {
+    local
+        .iter()
+        .map(|a| {
+            let known = cluster
+                .pods
+                .iter()
+                .find(|p| p.namespace == a.namespace && p.name == a.name);
+            let compiled = match known {
+                Some(p) => {
+                    let mut pod: PodView = p.clone();
+                    for ip in &a.ips {
+                        if !pod.ips.contains(ip) {
+                            pod.ips.push(*ip);
+                        }
+                    }
+                    compile(cluster, &pod)
+                }
+                None => unknown_pod(),
+            };
+            LocalPod {
+                name: format!("{}/{}", a.namespace, a.name),
+                veth: a.veth.clone(),
+                compiled,
+            }
+        })
+        .collect()
+}
+
+/// A local pod the API server does not know: denied both ways.
+fn unknown_pod() -> Compiled {
+    let why = "(the pod is unknown to the API server)".to_owned();
+    let closed = || Direction::Isolated {
+        policies: vec![why.clone()],
+        rules: Vec::new(),
+    };
+    Compiled {
+        ingress: closed(),
+        egress: closed(),
+        problems: vec![format!(
+            "{why}: isolated both ways until the API server shows it"
+        )],
+    }
+}
+
+// TEMPORARY until the nft helper's structured Ruleset lands: full replace every time.
+trait Shim {
+    fn script(&self) -> String;
+    fn update_script(&self, applied: &Ruleset) -> String;
+    fn rule_count(&self) -> usize;
+    fn element_count(&self) -> usize;
+}
+
+impl Shim for Ruleset {
+    fn script(&self) -> String {
+        self.script.clone()
+    }
+    fn update_script(&self, applied: &Ruleset) -> String {
+        if applied == self {
+            String::new()
+        } else {
+            self.script.clone()
+        }
+    }
+    fn rule_count(&self) -> usize {
+        0
+    }
+    fn element_count(&self) -> usize {
+        0
+    }
+}
+
+/// TEMPORARY until the nft helper's counters land.
+pub fn counters_by_veth(_json: &str) -> Result<Vec<(String, super::DirectionCounts)>, String> {
+    Ok(Vec::new())
+}

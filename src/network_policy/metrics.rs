@@ -1,0 +1,200 @@
+//! The enforcer's metrics (`eniipam_network_policy_*`, listed in `docs/metrics.md`): the policies,
+//! the node's isolated pods, the size of the rules in the kernel, how long a change takes to be in
+//! force, and the connections the rules allowed and denied.
+
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+use super::compile::Direction;
+use super::enforce::SyncReport;
+use super::explain::DirectionCounts;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    pub direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabel {
+    pub direction: &'static str,
+    pub verdict: &'static str,
+}
+
+/// The enforcer's metrics. Cloning is cheap (shared).
+#[derive(Clone)]
+pub struct PolicyMetrics {
+    policies: Gauge,
+    isolated_pods: Family<DirectionLabel, Gauge>,
+    rules: Gauge,
+    set_elements: Gauge,
+    sync_seconds: Histogram,
+    syncs: Family<KindLabel, Counter>,
+    connections: Family<VerdictLabel, Counter>,
+    /// The kernel's totals last read (the counters restart when a table is loaded whole).
+    last_counts: Arc<Mutex<DirectionCounts>>,
+}
+
+impl Default for PolicyMetrics {
+    fn default() -> Self {
+        Self {
+            policies: Gauge::default(),
+            isolated_pods: Family::default(),
+            rules: Gauge::default(),
+            set_elements: Gauge::default(),
+            sync_seconds: Histogram::new([
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+            syncs: Family::default(),
+            connections: Family::default(),
+            last_counts: Arc::default(),
+        }
+    }
+}
+
+impl PolicyMetrics {
+    /// A sync reached the kernel: `policies` in the cluster; `since`, when the oldest change it
+    /// put in force happened.
+    pub fn synced(&self, report: &SyncReport, policies: usize, since: Option<Instant>) {
+        self.policies.set(policies as i64);
+        self.rules.set(report.rules as i64);
+        self.set_elements.set(report.elements as i64);
+        let isolated = |f: fn(&super::nft::LocalPod) -> &Direction| {
+            report
+                .pods
+                .iter()
+                .filter(|p| matches!(f(p), Direction::Isolated { .. }))
+                .count() as i64
+        };
+        self.isolated_pods
+            .get_or_create(&DirectionLabel {
+                direction: "ingress",
+            })
+            .set(isolated(|p| &p.compiled.ingress));
+        self.isolated_pods
+            .get_or_create(&DirectionLabel {
+                direction: "egress",
+            })
+            .set(isolated(|p| &p.compiled.egress));
+        self.syncs
+            .get_or_create(&KindLabel {
+                kind: report.kind.as_str(),
+            })
+            .inc();
+        if let Some(t) = since {
+            self.sync_seconds.observe(t.elapsed().as_secs_f64());
+        }
+    }
+
+    /// A sync failed.
+    pub fn sync_failed(&self) {
+        self.syncs
+            .get_or_create(&KindLabel { kind: "failed" })
+            .inc();
+    }
+
+    /// The kernel's counters summed over the node's pods: what grew since the last reading is
+    /// added (a total that shrank restarted with a reloaded table or a gone pod: counted from 0).
+    pub fn verdicts(&self, now: DirectionCounts) {
+        let mut last = self.last_counts.lock().unwrap_or_else(|p| p.into_inner());
+        for (direction, verdict, new, old) in [
+            (
+                "ingress",
+                "allowed",
+                now.ingress_allowed,
+                last.ingress_allowed,
+            ),
+            ("ingress", "denied", now.ingress_denied, last.ingress_denied),
+            ("egress", "allowed", now.egress_allowed, last.egress_allowed),
+            ("egress", "denied", now.egress_denied, last.egress_denied),
+        ] {
+            let grown = if new >= old { new - old } else { new };
+            self.connections
+                .get_or_create(&VerdictLabel { direction, verdict })
+                .inc_by(grown);
+        }
+        *last = now;
+    }
+
+    pub fn register(&self, reg: &mut Registry) {
+        reg.register(
+            "eniipam_network_policy_policies",
+            "NetworkPolicies in the cluster, as the enforcer's watch sees them",
+            self.policies.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_isolated_pods",
+            "Pods of this node isolated by some NetworkPolicy, by direction",
+            self.isolated_pods.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_rules",
+            "Rules in the kernel's table inet eniipam_policy",
+            self.rules.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_set_elements",
+            "Elements (addresses, ranges, ports) in the table's sets",
+            self.set_elements.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_sync_seconds",
+            "Time from a change (a NetworkPolicy, pod or namespace, or a pod ADDed here) to its rules in force",
+            self.sync_seconds.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_syncs",
+            "Syncs of the table by kind: full (loaded whole), update (in place), unchanged, failed",
+            self.syncs.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_connections",
+            "New connections of this node's isolated pods the rules allowed or denied, by direction",
+            self.connections.clone(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdict_counters_only_grow_across_a_reloaded_table() {
+        let m = PolicyMetrics::default();
+        let denied = || {
+            m.connections
+                .get_or_create(&VerdictLabel {
+                    direction: "ingress",
+                    verdict: "denied",
+                })
+                .get()
+        };
+        m.verdicts(DirectionCounts {
+            ingress_denied: 5,
+            ..DirectionCounts::default()
+        });
+        m.verdicts(DirectionCounts {
+            ingress_denied: 7,
+            ..DirectionCounts::default()
+        });
+        assert_eq!(denied(), 7);
+        // The table was loaded whole: the kernel counts from 0 again.
+        m.verdicts(DirectionCounts {
+            ingress_denied: 2,
+            ..DirectionCounts::default()
+        });
+        assert_eq!(denied(), 9);
+    }
+}
