@@ -16,7 +16,12 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use eniipam::network_policy::{Cluster, Protocol, compile, connection_allowed};
+use eniipam::network_policy::{
+    Cluster, NamedPort, PodView, Protocol, compile, compile_all, connection_allowed,
+};
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use support::{NAMESPACES, PODS, ip_of, policy, world};
 
@@ -550,4 +555,171 @@ fn a_bad_part_of_a_policy_is_named_and_allows_nothing() {
     let want = Reach::allowed().ingress("x/a", false);
     let wrong = probe(&cluster, TCP, 80, &want);
     assert!(wrong.is_empty(), "{wrong:?}");
+}
+
+/// A random cluster: 4 namespaces (one without a Namespace object), 30 pods (some on the host
+/// network, some without an address, some with an IPv6 one too), 10 policies mixing every kind
+/// of peer and port, a few of them malformed as the API server would have refused.
+fn random_cluster(seed: u64) -> Cluster {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut c = Cluster::default();
+    let namespaces = ["n0", "n1", "n2", "n3"];
+    for ns in &namespaces[..3] {
+        let team = if rng.random_bool(0.5) { "red" } else { "blue" };
+        c.namespaces.insert(
+            (*ns).into(),
+            BTreeMap::from([
+                ("kubernetes.io/metadata.name".to_owned(), (*ns).to_owned()),
+                ("team".to_owned(), team.to_owned()),
+            ]),
+        );
+    }
+    for i in 0..30u8 {
+        let mut labels = BTreeMap::from([(
+            "app".to_owned(),
+            ["a", "b", "c"][rng.random_range(0..3)].to_owned(),
+        )]);
+        if rng.random_bool(0.5) {
+            labels.insert("tier".into(), ["web", "db"][rng.random_range(0..2)].into());
+        }
+        let mut ips = Vec::new();
+        if !rng.random_bool(0.1) {
+            ips.push(format!("10.0.{}.{}", i % 3, 10 + i).parse().unwrap());
+            if rng.random_bool(0.2) {
+                ips.push(format!("fd00::{i}").parse().unwrap());
+            }
+        }
+        let mut ports = Vec::new();
+        if rng.random_bool(0.6) {
+            ports.push(NamedPort {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: if rng.random_bool(0.5) { 80 } else { 8080 },
+            });
+        }
+        if rng.random_bool(0.4) {
+            ports.push(NamedPort {
+                name: "dns".into(),
+                protocol: Protocol::Udp,
+                port: 53,
+            });
+        }
+        c.pods.push(PodView {
+            namespace: namespaces[rng.random_range(0..4)].into(),
+            name: format!("p{i}"),
+            labels,
+            ips,
+            host_network: rng.random_bool(0.1),
+            ports,
+        });
+    }
+    let selector = |rng: &mut StdRng| -> Value {
+        match rng.random_range(0..8) {
+            0 => json!({}),
+            1 | 2 => {
+                let app = ["a", "b", "c"][rng.random_range(0..3)];
+                json!({"matchLabels": {"app": app}})
+            }
+            3 => {
+                json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["web"]}]})
+            }
+            4 => {
+                json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["a"]}, {"key": "tier", "operator": "Exists"}]})
+            }
+            5 => {
+                json!({"matchLabels": {"app": "b"}, "matchExpressions": [{"key": "tier", "operator": "Equals", "values": ["db"]}]})
+            }
+            6 => json!({"matchExpressions": [{"key": "tier", "operator": "In"}]}),
+            _ => json!({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}),
+        }
+    };
+    let ns_selector = |rng: &mut StdRng| -> Value {
+        match rng.random_range(0..5) {
+            0 => json!({}),
+            1 => json!({"matchLabels": {"team": "red"}}),
+            2 => json!({"matchLabels": {"kubernetes.io/metadata.name": "n1"}}),
+            3 => {
+                json!({"matchExpressions": [{"key": "team", "operator": "Exists", "values": ["x"]}]})
+            }
+            _ => {
+                json!({"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["blue"]}]})
+            }
+        }
+    };
+    let peers = |rng: &mut StdRng| -> Value {
+        let n = rng.random_range(0..3);
+        let list: Vec<Value> = (0..n)
+            .map(|_| match rng.random_range(0..6) {
+                0 => json!({"podSelector": selector(rng)}),
+                1 => json!({"namespaceSelector": ns_selector(rng)}),
+                2 | 3 => {
+                    json!({"namespaceSelector": ns_selector(rng), "podSelector": selector(rng)})
+                }
+                4 => json!({"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.0.1.0/24"]}}),
+                _ => json!({"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.1.0.0/24"]}}),
+            })
+            .collect();
+        json!(list)
+    };
+    let ports = |rng: &mut StdRng| -> Value {
+        let n = rng.random_range(0..3);
+        let list: Vec<Value> = (0..n)
+            .map(|_| match rng.random_range(0..8) {
+                0 => json!({"port": 80}),
+                1 => json!({"port": 80, "endPort": 90}),
+                2 | 3 => json!({"port": "http"}),
+                4 => json!({"port": "dns", "protocol": "UDP"}),
+                5 => json!({"protocol": "SCTP"}),
+                6 => json!({"protocol": "ICMP"}),
+                _ => json!({"port": "http", "endPort": 90}),
+            })
+            .collect();
+        json!(list)
+    };
+    for k in 0..10 {
+        let mut spec = serde_json::Map::new();
+        spec.insert("podSelector".into(), selector(&mut rng));
+        match rng.random_range(0..4) {
+            0 => {}
+            1 => {
+                let _ = spec.insert("policyTypes".into(), json!(["Ingress"]));
+            }
+            2 => {
+                let _ = spec.insert("policyTypes".into(), json!(["Egress"]));
+            }
+            _ => {
+                let _ = spec.insert("policyTypes".into(), json!(["Ingress", "Egress"]));
+            }
+        }
+        for (field, peer_field) in [("ingress", "from"), ("egress", "to")] {
+            if rng.random_bool(0.7) {
+                let rules: Vec<Value> = (0..rng.random_range(0..3))
+                    .map(|_| json!({peer_field: peers(&mut rng), "ports": ports(&mut rng)}))
+                    .collect();
+                spec.insert(field.into(), json!(rules));
+            }
+        }
+        c.policies.push(
+            serde_json::from_value(policy(
+                namespaces[rng.random_range(0..4)],
+                &format!("q{k}"),
+                Value::Object(spec),
+            ))
+            .expect("a NetworkPolicy"),
+        );
+    }
+    c
+}
+
+proptest! {
+    /// `compile_all` shares work between pods; `compile`, pod by pod, is the reference.
+    #[test]
+    fn compile_all_equals_compile_pod_by_pod(seed in any::<u64>()) {
+        let c = random_cluster(seed);
+        let pods: Vec<&PodView> = c.pods.iter().collect();
+        let all = compile_all(&c, &pods);
+        for (pod, got) in pods.iter().zip(&all) {
+            prop_assert_eq!(got, &compile(&c, pod), "pod {}/{}", pod.namespace, pod.name);
+        }
+    }
 }

@@ -19,10 +19,10 @@ mod support;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
-use eniipam::network_policy::nft::{LocalPod, render};
+use eniipam::network_policy::nft::{CounterVerdict, LocalPod, PolicyType, render};
 use eniipam::network_policy::{Cluster, NamedPort, PodView, Protocol, compile};
 use serde_json::{Value, json};
-use support::{Lab, policy, run};
+use support::{Lab, policy, ruleset, run, world};
 
 fn pod_a() -> Value {
     json!({"matchLabels": {"pod": "a"}})
@@ -235,6 +235,220 @@ fn a_changed_policy_re_rendered_and_re_applied_takes_effect() {
     assert_eq!(lab.case("then no policy", &[]), 0);
 }
 
+/// Which pods are the node's in an update case.
+#[derive(Clone, Copy, Debug)]
+enum Local {
+    All,
+    X,
+}
+
+impl Local {
+    fn keeps(self, p: &PodView) -> bool {
+        match self {
+            Self::All => true,
+            Self::X => p.namespace == "x",
+        }
+    }
+}
+
+/// For each pair A → B: A loaded whole, then B's `update_script(&A)`; the kernel's table must
+/// list as B loaded whole does, and every probe must agree with the model of B.
+#[test]
+fn updates_in_place_equal_a_fresh_load() {
+    let Some(lab) = Lab::new("updates_in_place_equal_a_fresh_load") else {
+        return;
+    };
+    let from = |peers: Value, ports: Value| {
+        policy(
+            "x",
+            "p",
+            json!({"podSelector": pod_a(), "ingress": [{"from": peers, "ports": ports}]}),
+        )
+    };
+    let from_y = || {
+        from(
+            json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]),
+            json!([{"port": 80}]),
+        )
+    };
+    let from_y_z = from(
+        json!([{"namespaceSelector": {"matchExpressions": [{"key": "ns", "operator": "In", "values": ["y", "z"]}]}}]),
+        json!([{"port": 80}]),
+    );
+    let deny_all = || {
+        policy(
+            "x",
+            "deny",
+            json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
+        )
+    };
+    let y_egress = || {
+        policy(
+            "y",
+            "out",
+            json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": [{"ipBlock": {"cidr": "10.1.0.0/24", "except": ["10.1.0.11/32"]}}]}]}),
+        )
+    };
+    let block = |except: &str| {
+        policy(
+            "x",
+            "p",
+            json!({"podSelector": pod_a(), "policyTypes": ["Egress"], "egress": [{"to": [{"ipBlock": {"cidr": "10.1.1.0/24", "except": [except]}}]}]}),
+        )
+    };
+    // A state: the policies, and which pods are the node's.
+    type State = (Vec<Value>, Local);
+    let cases: Vec<(&str, State, State)> = vec![
+        (
+            "pods added",
+            (vec![from_y(), y_egress()], Local::X),
+            (vec![from_y(), y_egress()], Local::All),
+        ),
+        (
+            "pods removed",
+            (vec![from_y(), y_egress()], Local::All),
+            (vec![from_y(), y_egress()], Local::X),
+        ),
+        (
+            "peers added",
+            (vec![from_y()], Local::All),
+            (vec![from_y_z.clone()], Local::All),
+        ),
+        (
+            "peers removed",
+            (vec![from_y_z], Local::All),
+            (vec![from_y()], Local::All),
+        ),
+        (
+            "an except moved inside a block",
+            (vec![block("10.1.1.11/32")], Local::All),
+            (vec![block("10.1.1.8/30")], Local::All),
+        ),
+        (
+            "a policy's ports changed",
+            (vec![from_y()], Local::All),
+            (
+                vec![from(
+                    json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]),
+                    json!([{"port": 81}, {"protocol": "UDP"}]),
+                )],
+                Local::All,
+            ),
+        ),
+        (
+            "a pod isolated",
+            (vec![], Local::All),
+            (vec![from_y()], Local::All),
+        ),
+        (
+            "a pod opened",
+            (vec![from_y(), deny_all()], Local::All),
+            (vec![deny_all()], Local::All),
+        ),
+        (
+            "everything removed",
+            (vec![from_y(), deny_all(), y_egress()], Local::All),
+            (vec![], Local::All),
+        ),
+        (
+            "everything added",
+            (vec![], Local::All),
+            (vec![from_y(), deny_all(), y_egress()], Local::All),
+        ),
+    ];
+    for (name, (a, a_local), (b, b_local)) in cases {
+        let (a, b) = (world(&a), world(&b));
+        let (ra, rb) = (
+            ruleset(&a, |p| a_local.keeps(p)),
+            ruleset(&b, |p| b_local.keeps(p)),
+        );
+        lab.load(&rb.script());
+        let fresh = lab.listing();
+        lab.load(&ra.script());
+        let update = rb.update_script(&ra);
+        assert!(!update.is_empty(), "{name}: no update");
+        if name.starts_with("peers") || name.starts_with("an except") {
+            assert!(
+                update
+                    .lines()
+                    .all(|l| l.starts_with("add element ") || l.starts_with("delete element ")),
+                "{name}: more than elements:\n{update}"
+            );
+        }
+        lab.load(&update);
+        assert_eq!(
+            lab.listing(),
+            fresh,
+            "{name}: the update lists otherwise:\n{update}"
+        );
+        lab.check(name, &b, &|p| b_local.keeps(p), &update);
+    }
+}
+
+/// Each isolated direction counts what it allows and denies; an update that keeps the chain
+/// keeps its counts.
+#[test]
+fn verdict_counters_count_allowed_and_denied_connections() {
+    let Some(lab) = Lab::new("verdict_counters_count_allowed_and_denied_connections") else {
+        return;
+    };
+    let only_from = |pod: &str| {
+        world(&[policy(
+            "x",
+            "p",
+            json!({"podSelector": pod_a(), "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": pod}}}], "ports": [{"port": 80}]}]}),
+        )])
+    };
+    let first = ruleset(&only_from("b"), |_| true);
+    lab.load(&first.script());
+    let count = |verdict| {
+        lab.counters()
+            .into_iter()
+            .find(|c| {
+                c.veth == "enixa" && c.direction == PolicyType::Ingress && c.verdict == verdict
+            })
+            .map(|c| c.packets)
+            .expect("x/a's ingress counter")
+    };
+    assert_eq!(
+        (
+            count(CounterVerdict::Allowed),
+            count(CounterVerdict::Denied)
+        ),
+        (0, 0)
+    );
+    assert!(lab.probe_one("x/b", ("x", "a"), Protocol::Tcp, 80));
+    assert_eq!(
+        (
+            count(CounterVerdict::Allowed),
+            count(CounterVerdict::Denied)
+        ),
+        (1, 0)
+    );
+    assert!(!lab.probe_one("x/c", ("x", "a"), Protocol::Tcp, 80));
+    let denied = count(CounterVerdict::Denied);
+    assert!(denied >= 1, "a denied SYN (and its retransmissions) counts");
+    assert_eq!(count(CounterVerdict::Allowed), 1);
+    // Only x/a's ingress is isolated: no other pod has counters.
+    assert!(
+        lab.counters().iter().all(|c| c.pod == "x/a"),
+        "{:?}",
+        lab.counters()
+    );
+    // The peer changes in place (x/c instead of x/b): the chain stays, and so do its counts.
+    let second = ruleset(&only_from("c"), |_| true);
+    lab.load(&second.update_script(&first));
+    assert_eq!(
+        (
+            count(CounterVerdict::Allowed),
+            count(CounterVerdict::Denied)
+        ),
+        (1, denied)
+    );
+    assert!(lab.probe_one("x/c", ("x", "a"), Protocol::Tcp, 80));
+    assert_eq!(count(CounterVerdict::Allowed), 2);
+}
+
 /// A full node: 110 local pods in `x`, each isolated both ways by one of 10 policies that select
 /// peers among 1,000 pods of `y`; the ruleset loads in one transaction, holds a chain per pod and
 /// direction, and loads again over itself (the replace a policy change does). Prints the figures.
@@ -305,8 +519,9 @@ fn a_node_of_110_isolated_pods_loads_in_one_transaction() {
     let start = std::time::Instant::now();
     let ruleset = render(&local).expect("render");
     let rendered = start.elapsed();
-    let first = lab.load(&ruleset.script);
-    let again = lab.load(&ruleset.script);
+    let script = ruleset.script();
+    let first = lab.load(&script);
+    let again = lab.load(&script);
     let listing = run(
         &[
             "ip",
@@ -338,6 +553,6 @@ fn a_node_of_110_isolated_pods_loads_in_one_transaction() {
     println!(
         "110 isolated pods, 10 policies, 1,000 peer pods: compile {compiled:?}, render {rendered:?}, \
          first load {first:?}, replace {again:?}; {} script bytes, {rules} rules",
-        ruleset.script.len()
+        script.len()
     );
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::compile::{Cluster, Compiled, Direction, PodView, compile};
+use super::compile::{Cluster, Compiled, Direction, PodView, compile_all};
 use super::nft::{self, LocalPod, RenderError, Ruleset};
 use crate::host::{Nft, NftError};
 
@@ -152,32 +152,37 @@ impl Engine {
 }
 
 /// The local pods compiled: each attachment's pod from the cluster view, with the pool's
-/// addresses added to what the API server shows.
+/// addresses added to what the API server shows; all of them in one [`compile_all`], which
+/// evaluates each policy once for the node rather than once per pod.
 pub fn local_pods(cluster: &Cluster, local: &[LocalAttachment]) -> Vec<LocalPod> {
-    local
+    let known: Vec<Option<PodView>> = local
         .iter()
         .map(|a| {
-            let known = cluster
+            let p = cluster
                 .pods
                 .iter()
-                .find(|p| p.namespace == a.namespace && p.name == a.name);
-            let compiled = match known {
-                Some(p) => {
-                    let mut pod: PodView = p.clone();
-                    for ip in &a.ips {
-                        if !pod.ips.contains(ip) {
-                            pod.ips.push(*ip);
-                        }
-                    }
-                    compile(cluster, &pod)
+                .find(|p| p.namespace == a.namespace && p.name == a.name)?;
+            let mut pod: PodView = p.clone();
+            for ip in &a.ips {
+                if !pod.ips.contains(ip) {
+                    pod.ips.push(*ip);
                 }
-                None => unknown_pod(),
-            };
-            LocalPod {
-                name: format!("{}/{}", a.namespace, a.name),
-                veth: a.veth.clone(),
-                compiled,
             }
+            Some(pod)
+        })
+        .collect();
+    let views: Vec<&PodView> = known.iter().flatten().collect();
+    let mut compiled = compile_all(cluster, &views).into_iter();
+    local
+        .iter()
+        .zip(&known)
+        .map(|(a, pod)| LocalPod {
+            name: format!("{}/{}", a.namespace, a.name),
+            veth: a.veth.clone(),
+            compiled: match pod {
+                Some(_) => compiled.next().expect("one compiled pod per known pod"),
+                None => unknown_pod(),
+            },
         })
         .collect()
 }
@@ -198,34 +203,20 @@ fn unknown_pod() -> Compiled {
     }
 }
 
-// TEMPORARY until the nft helper's structured Ruleset lands: full replace every time.
-trait Shim {
-    fn script(&self) -> String;
-    fn update_script(&self, applied: &Ruleset) -> String;
-    fn rule_count(&self) -> usize;
-    fn element_count(&self) -> usize;
-}
-
-impl Shim for Ruleset {
-    fn script(&self) -> String {
-        self.script.clone()
+/// The table's verdict counters (`nft -j list counters table inet eniipam_policy`) summed per
+/// veth, in veth order.
+pub fn counters_by_veth(json: &str) -> Result<Vec<(String, super::DirectionCounts)>, String> {
+    let mut by_veth: std::collections::BTreeMap<String, super::DirectionCounts> =
+        std::collections::BTreeMap::new();
+    for c in nft::parse_counters(json)? {
+        let counts = by_veth.entry(c.veth).or_default();
+        let slot = match (c.direction, c.verdict) {
+            (nft::PolicyType::Ingress, nft::CounterVerdict::Allowed) => &mut counts.ingress_allowed,
+            (nft::PolicyType::Ingress, nft::CounterVerdict::Denied) => &mut counts.ingress_denied,
+            (nft::PolicyType::Egress, nft::CounterVerdict::Allowed) => &mut counts.egress_allowed,
+            (nft::PolicyType::Egress, nft::CounterVerdict::Denied) => &mut counts.egress_denied,
+        };
+        *slot += c.packets;
     }
-    fn update_script(&self, applied: &Ruleset) -> String {
-        if applied == self {
-            String::new()
-        } else {
-            self.script.clone()
-        }
-    }
-    fn rule_count(&self) -> usize {
-        0
-    }
-    fn element_count(&self) -> usize {
-        0
-    }
-}
-
-/// TEMPORARY until the nft helper's counters land.
-pub fn counters_by_veth(_json: &str) -> Result<Vec<(String, super::DirectionCounts)>, String> {
-    Ok(Vec::new())
+    Ok(by_veth.into_iter().collect())
 }

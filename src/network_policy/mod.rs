@@ -23,6 +23,6 @@ pub mod watch;
 
 pub use compile::{
     Cluster, Compiled, Direction, IpBlock, NamedPort, Peers, PodView, Ports, Protocol, Rule,
-    RuleSource, Verdict, compile, connection_allowed,
+    RuleSource, Verdict, compile, compile_all, connection_allowed,
 };
 pub use explain::{DirectionCounts, Explanation};

@@ -56,6 +56,20 @@ pub fn matches(
     Ok(true)
 }
 
+/// Fails when `matches(sel, labels)` could, for some labels: an expression the API server would
+/// have refused. (Whether an expression is malformed does not depend on the labels; whether
+/// `matches` reaches it does.) A selector that passes never fails to match.
+pub fn check(sel: &LabelSelector) -> Result<(), SelectorError> {
+    for e in sel.match_expressions.iter().flatten() {
+        let alone = LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![e.clone()]),
+        };
+        matches(&alone, &BTreeMap::new())?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;

@@ -18,7 +18,7 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use eniipam::host::Nft;
-use eniipam::network_policy::nft::{LocalPod, render};
+use eniipam::network_policy::nft::{LocalPod, Ruleset, render};
 use eniipam::network_policy::{Cluster, NamedPort, PodView, Protocol, compile, connection_allowed};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use nix::poll::{PollFd, PollFlags, poll};
@@ -256,25 +256,131 @@ impl Lab {
 
     /// Loads the ruleset for `cluster`'s policies into the node, with the daemon's `Nft`.
     pub fn apply(&self, cluster: &Cluster) -> String {
-        let pods: Vec<LocalPod> = cluster
-            .pods
-            .iter()
-            .map(|p| LocalPod {
-                name: format!("{}/{}", p.namespace, p.name),
-                veth: veth(&p.namespace, &p.name),
-                compiled: compile(cluster, p),
-            })
-            .collect();
-        let ruleset = render(&pods).expect("render");
-        assert!(
-            ruleset.not_enforced.is_empty(),
-            "{:?}",
-            ruleset.not_enforced
-        );
-        self.load(&ruleset.script);
-        ruleset.script
+        let script = ruleset(cluster, |_| true).script();
+        self.load(&script);
+        script
     }
 
+    /// The table as the kernel lists it (`nft -j`), with what depends on the history of the
+    /// table left out: handles, counter values, the order of objects and of set elements. The
+    /// order of rules in a chain is kept.
+    pub fn listing(&self) -> Value {
+        let text = run(
+            &[
+                "ip",
+                "netns",
+                "exec",
+                &self.node,
+                "nft",
+                "-j",
+                "list",
+                "table",
+                "inet",
+                "eniipam_policy",
+            ],
+            None,
+        )
+        .expect("nft list");
+        let doc: Value = serde_json::from_str(&text).expect("nft -j");
+        let mut seq: BTreeMap<String, usize> = BTreeMap::new();
+        let mut items: Vec<(String, Value)> = Vec::new();
+        for item in doc["nftables"].as_array().expect("nftables").iter() {
+            let Some((kind, body)) = item.as_object().and_then(|o| o.iter().next()) else {
+                continue;
+            };
+            if kind == "metainfo" {
+                continue;
+            }
+            let mut body = body.clone();
+            let o = body.as_object_mut().expect("an object");
+            o.remove("handle");
+            if kind == "counter" {
+                o.remove("packets");
+                o.remove("bytes");
+            }
+            if let Some(Value::Array(elems)) = o.get_mut("elem") {
+                elems.sort_by_key(|e| e.to_string());
+            }
+            let key = if kind == "rule" {
+                let chain = o["chain"].as_str().unwrap_or_default().to_owned();
+                let n = seq.entry(chain.clone()).or_default();
+                *n += 1;
+                format!("rule {chain} {:06}", *n)
+            } else {
+                format!(
+                    "{kind} {}",
+                    o.get("name").and_then(Value::as_str).unwrap_or_default()
+                )
+            };
+            items.push((key, json!({ kind: body })));
+        }
+        items.sort_by(|a, b| a.0.cmp(&b.0));
+        Value::Array(items.into_iter().map(|(_, v)| v).collect())
+    }
+
+    /// The table's counters, read with `nft -j list counters`.
+    pub fn counters(&self) -> Vec<eniipam::network_policy::nft::CounterReading> {
+        let text = run(
+            &[
+                "ip",
+                "netns",
+                "exec",
+                &self.node,
+                "nft",
+                "-j",
+                "list",
+                "counters",
+                "table",
+                "inet",
+                "eniipam_policy",
+            ],
+            None,
+        )
+        .expect("nft list counters");
+        eniipam::network_policy::nft::parse_counters(&text).expect("counters")
+    }
+
+    /// One probe from inside `client`'s namespace (`ns/pod`) to `server`'s address.
+    pub fn probe_one(
+        &self,
+        client: &str,
+        server: (&str, &str),
+        protocol: Protocol,
+        port: u16,
+    ) -> bool {
+        let name = self.pods[client].clone();
+        let to = SocketAddr::from((ip_of(server.0, server.1), port));
+        std::thread::spawn(move || {
+            enter(&name);
+            probe(protocol, to)
+        })
+        .join()
+        .expect("probe")
+    }
+}
+
+/// The ruleset of `cluster`'s policies for the pods `local` keeps (the node's), each on its veth.
+pub fn ruleset(cluster: &Cluster, local: impl Fn(&PodView) -> bool) -> Ruleset {
+    let pods: Vec<LocalPod> = cluster
+        .pods
+        .iter()
+        .filter(|p| local(p))
+        .map(|p| LocalPod {
+            name: format!("{}/{}", p.namespace, p.name),
+            veth: veth(&p.namespace, &p.name),
+            compiled: compile(cluster, p),
+        })
+        .collect();
+    let ruleset = render(&pods).expect("render");
+    assert!(
+        ruleset.not_enforced.is_empty(),
+        "{:?}",
+        ruleset.not_enforced
+    );
+    ruleset
+}
+
+impl Lab {
     /// Loads a script into the node with the daemon's `Nft` (one transaction); how long it took.
     /// Wall-clock time on purpose: the figure is the kernel's and `nft`'s real work, which no
     /// paused clock can see.
@@ -329,9 +435,14 @@ impl Lab {
             .collect()
     }
 
-    /// Probes everything and compares with the model: the cells that differ, and how many cells
-    /// the kernel denied.
-    fn disagreements(&self, cluster: &Cluster) -> (Vec<String>, usize) {
+    /// Probes everything and compares with the model, its verdicts enforced on the pods `local`
+    /// keeps (the others are on other nodes here: nothing enforces their policies): the cells
+    /// that differ, and how many cells the kernel denied.
+    fn disagreements(
+        &self,
+        cluster: &Cluster,
+        local: &dyn Fn(&PodView) -> bool,
+    ) -> (Vec<String>, usize) {
         let pod = |key: &str| {
             let (ns, name) = key.split_once('/').unwrap();
             cluster
@@ -344,7 +455,30 @@ impl Lab {
         let mut denied = 0;
         for ((c, s, protocol, port), got) in self.probe_all() {
             denied += usize::from(!got);
-            let want = c == s || connection_allowed(cluster, pod(&c), pod(&s), protocol, port);
+            let (client, server) = (pod(&c), pod(&s));
+            let want = c == s
+                || if local(client) && local(server) {
+                    connection_allowed(cluster, client, server, protocol, port)
+                } else {
+                    (!local(client)
+                        || compile(cluster, client)
+                            .egress
+                            .verdict(
+                                IpAddr::V4(ip_of(&server.namespace, &server.name)),
+                                protocol,
+                                port,
+                            )
+                            .is_allowed())
+                        && (!local(server)
+                            || compile(cluster, server)
+                                .ingress
+                                .verdict(
+                                    IpAddr::V4(ip_of(&client.namespace, &client.name)),
+                                    protocol,
+                                    port,
+                                )
+                                .is_allowed())
+                };
             if got != want {
                 wrong.push(format!(
                     "{c} → {s} {protocol:?}/{port}: kernel {}, model {}",
@@ -365,7 +499,20 @@ impl Lab {
             assert!(problems.is_empty(), "{name}: {problems:?}");
         }
         let script = self.apply(&cluster);
-        let (wrong, denied) = self.disagreements(&cluster);
+        self.check(name, &cluster, &|_| true, &script)
+    }
+
+    /// Probes everything and fails naming every cell where the kernel differs from the model
+    /// enforced on the pods `local` keeps; returns how many cells were denied. `script` is shown
+    /// on failure.
+    pub fn check(
+        &self,
+        name: &str,
+        cluster: &Cluster,
+        local: &dyn Fn(&PodView) -> bool,
+        script: &str,
+    ) -> usize {
+        let (wrong, denied) = self.disagreements(cluster, local);
         assert!(
             wrong.is_empty(),
             "{name}: {} cells differ:\n{}\nruleset:\n{script}",

@@ -13,7 +13,9 @@
 //!   protocol, numbered ports and ranges, egress named ports per peer) and ends in `drop`. A
 //!   matching rule `return`s rather than `accept`s: an accept inside a jumped-to chain would end
 //!   the base chain, and a pod-to-pod packet must still meet the server's ingress chain after the
-//!   client's egress chain said yes (a connection needs both, as the model says);
+//!   client's egress chain said yes (a connection needs both, as the model says). Each verdict
+//!   counts in the chain's named counters, `<chain>_allowed` and `<chain>_denied` (new
+//!   connections only; read back with [`parse_counters`]);
 //! - peers and ports live in named sets, so they can later be updated in place: the peer
 //!   addresses of a rule (selected pods and `ipBlock`s, an `except` already cut out of its CIDR)
 //!   are one interval set of `ipv4_addr`; ports and ranges an interval set of
@@ -22,9 +24,13 @@
 //! - every chain, jump and rule carries a comment naming the pod or the policy rule
 //!   (`x/p ingress[0]`), for `nft list` and `eniipamctl policy` later.
 //!
+//! [`render`] makes a [`Ruleset`]: the table's sets, counters and chains by name. Its
 //! [`Ruleset::script`] makes the kernel's table exactly this one in one `nft -f -` transaction
-//! (declare, delete, define): it is loaded through `host::Nft::apply`, the same `nft` binary and
-//! transaction the SNAT keeper uses, so no packet sees a half-built table.
+//! (declare, delete, define); [`Ruleset::update_script`] takes the kernel there from the ruleset
+//! last loaded, also in one transaction, changing set elements in place and refilling only the
+//! chains that changed (a peer pod coming or going is an `add element`/`delete element`). Either
+//! is loaded through `host::Nft::apply`, the same `nft` binary and transaction the SNAT keeper
+//! uses, so no packet sees a half-built table.
 //!
 //! IPv4 only: IPv6 peer addresses and blocks are left out of the sets (named in
 //! [`Ruleset::not_enforced`]); an isolated pod's IPv6 traffic therefore meets the chain's `drop`
@@ -32,19 +38,22 @@
 //! NetworkPolicy, Pod and Namespace objects nor loads this ruleset; `tests/network_policy_nft.rs`
 //! loads it into network namespaces and checks the kernel's verdicts against the model's.
 //!
-//! `text` holds the pieces: names and comments made safe for `nft`, address and port ranges cut
+//! `update` writes the scripts, `counters` reads the counters back, and `text` holds the pieces: names and comments made safe for `nft`, address and port ranges cut
 //! (an `except`) and merged (an interval set refuses overlapping elements).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 
 use super::compile::{Compiled, Direction, Peers, Ports, Protocol, Rule};
 
+mod counters;
 mod text;
+mod update;
+pub use counters::{CounterReading, CounterVerdict, parse_counters};
 use text::{comment, ident, is_ifname, merge, proto, range, subtract};
+pub use update::Changes;
 
 /// The table's name (family `inet`).
 pub const TABLE: &str = "eniipam_policy";
@@ -57,13 +66,38 @@ pub struct LocalPod {
     pub compiled: Compiled,
 }
 
-/// What [`render`] made.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What [`render`] made: the table's objects by name, so that two rulesets can be compared and
+/// the kernel taken from one to the other in place ([`Ruleset::update_script`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ruleset {
-    /// The whole `nft -f` script: replaces table `inet eniipam_policy` atomically.
-    pub script: String,
+    /// The named sets of peers and ports.
+    pub sets: BTreeMap<String, Set>,
+    /// The named counters, two per chain (`<chain>_allowed`, `<chain>_denied`): name → comment.
+    pub counters: BTreeMap<String, String>,
+    /// The chains of isolated directions (the base chain `forward` is not one of them).
+    pub chains: BTreeMap<String, Chain>,
+    /// The base chain's jumps, in order (after its `ct state established,related accept`).
+    pub jumps: Vec<String>,
     /// Parts of the policies this ruleset cannot enforce (IPv6 peers), each naming the pod and rule.
     pub not_enforced: Vec<String>,
+}
+
+/// A named set: its type, whether it holds ranges, and its elements as `nft` spells them (ranges
+/// already merged, so an element's text is its identity in the kernel).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Set {
+    pub kind: String,
+    pub interval: bool,
+    pub elements: Vec<String>,
+}
+
+/// A regular chain: its comment, its rules in order (each as `nft add rule` takes it), and the
+/// sets and counters those rules use (which cannot be deleted while a rule refers to them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    pub comment: String,
+    pub rules: Vec<String>,
+    pub uses: BTreeSet<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -97,64 +131,43 @@ pub fn render(pods: &[LocalPod]) -> Result<Ruleset, RenderError> {
             });
         }
     }
-    let mut out = Body::default();
-    let mut jumps = Vec::new();
+    let mut out = Ruleset::default();
     for pod in pods {
         for (dir, compiled, hook) in [
-            (Dir::Egress, &pod.compiled.egress, "iifname"),
-            (Dir::Ingress, &pod.compiled.ingress, "oifname"),
+            (PolicyType::Egress, &pod.compiled.egress, "iifname"),
+            (PolicyType::Ingress, &pod.compiled.ingress, "oifname"),
         ] {
             let Direction::Isolated { policies, rules } = compiled else {
                 continue;
             };
             let chain = format!("{}_{}", dir.short(), ident(&pod.veth));
             out.chain(pod, dir, &chain, policies, rules);
-            jumps.push(format!(
+            out.jumps.push(format!(
                 "{hook} \"{}\" jump {chain} comment \"{}\"",
                 pod.veth,
                 comment(&format!("{} {}", pod.name, dir.word()))
             ));
         }
     }
-    let mut s = String::new();
-    let _ = writeln!(s, "table inet {TABLE} {{}}");
-    let _ = writeln!(s, "delete table inet {TABLE}");
-    let _ = writeln!(s, "table inet {TABLE} {{");
-    s.push_str(&out.sets);
-    let _ = writeln!(s, "  chain forward {{");
-    let _ = writeln!(
-        s,
-        "    type filter hook forward priority filter; policy accept;"
-    );
-    let _ = writeln!(
-        s,
-        "    ct state established,related accept comment \"replies of allowed connections\""
-    );
-    for j in jumps {
-        let _ = writeln!(s, "    {j}");
-    }
-    let _ = writeln!(s, "  }}");
-    s.push_str(&out.chains);
-    let _ = writeln!(s, "}}");
-    Ok(Ruleset {
-        script: s,
-        not_enforced: out.not_enforced,
-    })
+    Ok(out)
 }
 
-#[derive(Clone, Copy)]
-enum Dir {
+/// A direction of a pod's traffic, as `spec.policyTypes` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PolicyType {
     Ingress,
     Egress,
 }
 
-impl Dir {
-    fn word(self) -> &'static str {
+impl PolicyType {
+    /// `ingress` or `egress`.
+    pub fn word(self) -> &'static str {
         match self {
             Self::Ingress => "ingress",
             Self::Egress => "egress",
         }
     }
+    /// The prefix of its chains' names.
     fn short(self) -> &'static str {
         match self {
             Self::Ingress => "in",
@@ -170,35 +183,31 @@ impl Dir {
     }
 }
 
-/// The sets and the chains of the table, as they are rendered.
-#[derive(Default)]
-struct Body {
-    sets: String,
-    chains: String,
-    not_enforced: Vec<String>,
-}
-
-impl Body {
-    fn set(&mut self, name: &str, kind: &str, interval: bool, elements: &[String]) {
-        let _ = writeln!(self.sets, "  set {name} {{");
-        let _ = writeln!(self.sets, "    type {kind};");
-        if interval {
-            let _ = writeln!(self.sets, "    flags interval;");
-        }
-        if !elements.is_empty() {
-            let _ = writeln!(self.sets, "    elements = {{ {} }}", elements.join(", "));
-        }
-        let _ = writeln!(self.sets, "  }}");
+impl Ruleset {
+    fn set(&mut self, name: &str, kind: &str, interval: bool, elements: Vec<String>) {
+        self.sets.insert(
+            name.to_owned(),
+            Set {
+                kind: kind.to_owned(),
+                interval,
+                elements,
+            },
+        );
     }
 
     fn chain(
         &mut self,
         pod: &LocalPod,
-        dir: Dir,
+        dir: PolicyType,
         chain: &str,
         policies: &[String],
         rules: &[Rule],
     ) {
+        let (allowed, denied) = (format!("{chain}_allowed"), format!("{chain}_denied"));
+        // Every verdict of the chain counts in its two counters (new connections only: replies
+        // and established flows were accepted before the jump).
+        let count = format!("counter name \"{allowed}\" ");
+        let mut uses = BTreeSet::from([allowed.clone(), denied.clone()]);
         let mut lines = Vec::new();
         for (j, rule) in rules.iter().enumerate() {
             let what = format!(
@@ -241,12 +250,13 @@ impl Body {
                     }
                     let name = format!("{chain}_r{j}_peers");
                     let elements: Vec<String> = merge(v4).into_iter().map(range).collect();
-                    self.set(&name, "ipv4_addr", true, &elements);
+                    self.set(&name, "ipv4_addr", true, elements);
+                    uses.insert(name.clone());
                     format!("{} @{name} ", dir.peer())
                 }
             };
             match &rule.ports {
-                Ports::Any => lines.push(format!("{peer}return comment \"{note}\"")),
+                Ports::Any => lines.push(format!("{peer}{count}return comment \"{note}\"")),
                 Ports::Listed {
                     ranges,
                     protocols,
@@ -255,7 +265,7 @@ impl Body {
                     if !protocols.is_empty() {
                         let list: Vec<&str> = protocols.iter().map(|p| proto(*p)).collect();
                         lines.push(format!(
-                            "{peer}meta l4proto {{ {} }} return comment \"{note}\"",
+                            "{peer}meta l4proto {{ {} }} {count}return comment \"{note}\"",
                             list.join(", ")
                         ));
                     }
@@ -280,9 +290,10 @@ impl Body {
                             })
                             .collect();
                         let name = format!("{chain}_r{j}_ports");
-                        self.set(&name, "inet_proto . inet_service", true, &elements);
+                        self.set(&name, "inet_proto . inet_service", true, elements);
+                        uses.insert(name.clone());
                         lines.push(format!(
-                            "{peer}meta l4proto . th dport @{name} return comment \"{note}\""
+                            "{peer}meta l4proto . th dport @{name} {count}return comment \"{note}\""
                         ));
                     }
                     let named: BTreeSet<String> = per_peer
@@ -305,37 +316,41 @@ impl Body {
                             &name,
                             "ipv4_addr . inet_proto . inet_service",
                             false,
-                            &elements,
+                            elements,
                         );
+                        uses.insert(name.clone());
                         lines.push(format!(
-                            "{peer}{} . meta l4proto . th dport @{name} return comment \"{note}\"",
+                            "{peer}{} . meta l4proto . th dport @{name} {count}return comment \"{note}\"",
                             dir.peer()
                         ));
                     }
                 }
             }
         }
-        let _ = writeln!(self.chains, "  chain {chain} {{");
-        let _ = writeln!(
-            self.chains,
-            "    comment \"{}\"",
+        lines.push(format!(
+            "counter name \"{denied}\" drop comment \"{}\"",
             comment(&format!(
-                "{} {} ({}), isolated by {}",
+                "{} {}: no rule of {} allows it",
                 pod.name,
                 dir.word(),
-                pod.veth,
                 policies.join(", ")
             ))
+        ));
+        // The veth leads the counters' comment: a comment longer than `nft` takes is cut at its
+        // end, and `parse_counters` reads the veth back from it.
+        let about = comment(&format!("{} {} {}", pod.veth, pod.name, dir.word()));
+        self.counters.insert(allowed, about.clone());
+        self.counters.insert(denied, about);
+        self.chains.insert(
+            chain.to_owned(),
+            Chain {
+                // Fixed for the chain's life (an `add chain` does not change a comment): the
+                // policies that isolate it are named on its `drop`.
+                comment: comment(&format!("{} {} ({})", pod.name, dir.word(), pod.veth)),
+                rules: lines,
+                uses,
+            },
         );
-        for l in lines {
-            let _ = writeln!(self.chains, "    {l}");
-        }
-        let _ = writeln!(
-            self.chains,
-            "    drop comment \"{}\"",
-            comment(&format!("{} {}: no rule allows it", pod.name, dir.word()))
-        );
-        let _ = writeln!(self.chains, "  }}");
     }
 }
 

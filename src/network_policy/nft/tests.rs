@@ -49,8 +49,8 @@ fn bad_and_shared_veths_are_named() {
     );
     // Open pods: the base chain alone, replies accepted.
     let r = render(&[pod("x/a", "eni1")]).unwrap();
-    assert!(r.script.contains("ct state established,related accept"));
-    assert!(!r.script.contains("jump"), "{}", r.script);
+    assert!(r.script().contains("ct state established,related accept"));
+    assert!(!r.script().contains("jump"), "{}", r.script());
 }
 
 #[test]
@@ -135,6 +135,18 @@ table inet eniipam_policy {
     flags interval;
     elements = { tcp . 80-90 }
   }
+  counter eg_eni0a1b2c3d4e5_allowed {
+    comment "eni0a1b2c3d4e5 x/a egress"
+  }
+  counter eg_eni0a1b2c3d4e5_denied {
+    comment "eni0a1b2c3d4e5 x/a egress"
+  }
+  counter in_eni0a1b2c3d4e5_allowed {
+    comment "eni0a1b2c3d4e5 x/a ingress"
+  }
+  counter in_eni0a1b2c3d4e5_denied {
+    comment "eni0a1b2c3d4e5 x/a ingress"
+  }
   chain forward {
     type filter hook forward priority filter; policy accept;
     ct state established,related accept comment "replies of allowed connections"
@@ -142,20 +154,20 @@ table inet eniipam_policy {
     oifname "eni0a1b2c3d4e5" jump in_eni0a1b2c3d4e5 comment "x/a ingress"
   }
   chain eg_eni0a1b2c3d4e5 {
-    comment "x/a egress (eni0a1b2c3d4e5), isolated by x/q, x/r"
-    ip daddr . meta l4proto . th dport @eg_eni0a1b2c3d4e5_r0_named return comment "x/q egress[0]"
-    return comment "x/r egress[2]"
-    drop comment "x/a egress: no rule allows it"
+    comment "x/a egress (eni0a1b2c3d4e5)"
+    ip daddr . meta l4proto . th dport @eg_eni0a1b2c3d4e5_r0_named counter name "eg_eni0a1b2c3d4e5_allowed" return comment "x/q egress[0]"
+    counter name "eg_eni0a1b2c3d4e5_allowed" return comment "x/r egress[2]"
+    counter name "eg_eni0a1b2c3d4e5_denied" drop comment "x/a egress: no rule of x/q, x/r allows it"
   }
   chain in_eni0a1b2c3d4e5 {
-    comment "x/a ingress (eni0a1b2c3d4e5), isolated by x/p"
-    ip saddr @in_eni0a1b2c3d4e5_r0_peers meta l4proto { udp } return comment "x/p ingress[0]"
-    ip saddr @in_eni0a1b2c3d4e5_r0_peers meta l4proto . th dport @in_eni0a1b2c3d4e5_r0_ports return comment "x/p ingress[0]"
-    drop comment "x/a ingress: no rule allows it"
+    comment "x/a ingress (eni0a1b2c3d4e5)"
+    ip saddr @in_eni0a1b2c3d4e5_r0_peers meta l4proto { udp } counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
+    ip saddr @in_eni0a1b2c3d4e5_r0_peers meta l4proto . th dport @in_eni0a1b2c3d4e5_r0_ports counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
+    counter name "in_eni0a1b2c3d4e5_denied" drop comment "x/a ingress: no rule of x/p allows it"
   }
 }
 "#;
-    assert_eq!(r.script, want, "{}", r.script);
+    assert_eq!(r.script(), want, "{}", r.script());
 }
 
 #[test]
@@ -193,9 +205,161 @@ fn ipv6_peers_are_named_as_not_enforced() {
     );
     // The set is declared empty: the rule matches no IPv4 peer, as the policy says.
     assert!(
-        r.script
+        r.script()
             .contains("set in_eni1_r0_peers {\n    type ipv4_addr;\n    flags interval;\n  }"),
         "{}",
-        r.script
+        r.script()
     );
+}
+
+/// Pod x/a on veth `eni1`, its ingress open to `peers` on TCP 80.
+fn from_peers(peers: &[&str]) -> LocalPod {
+    use crate::network_policy::compile::{PortRange, RuleSource};
+    LocalPod {
+        name: "x/a".into(),
+        veth: "eni1".into(),
+        compiled: Compiled {
+            ingress: Direction::Isolated {
+                policies: vec!["x/p".into()],
+                rules: vec![Rule {
+                    source: RuleSource {
+                        policy: "x/p".into(),
+                        index: 0,
+                    },
+                    peers: Peers::Listed {
+                        pods: peers.iter().map(|p| p.parse().unwrap()).collect(),
+                        blocks: vec![],
+                    },
+                    ports: Ports::Listed {
+                        ranges: vec![PortRange {
+                            protocol: Protocol::Tcp,
+                            first: 80,
+                            last: 80,
+                        }],
+                        protocols: BTreeSet::new(),
+                        per_peer: BTreeSet::new(),
+                    },
+                }],
+            },
+            egress: Direction::Open,
+            problems: vec![],
+        },
+    }
+}
+
+#[test]
+fn a_peer_change_updates_set_elements_in_place() {
+    let a = render(&[from_peers(&["10.1.0.11", "10.1.0.12", "10.1.0.30"])]).unwrap();
+    let b = render(&[from_peers(&[
+        "10.1.0.12",
+        "10.1.0.13",
+        "10.1.0.30",
+        "10.1.0.40",
+    ])])
+    .unwrap();
+    // The merged ranges are the elements: one that changes is deleted, its successor added.
+    assert_eq!(
+        b.update_script(&a),
+        "delete element inet eniipam_policy in_eni1_r0_peers { 10.1.0.11-10.1.0.12 }\n\
+         add element inet eniipam_policy in_eni1_r0_peers { 10.1.0.12-10.1.0.13, 10.1.0.40 }\n"
+    );
+    assert_eq!(
+        b.changes_from(&a),
+        Changes {
+            sets: 1,
+            elements_added: 2,
+            elements_deleted: 1,
+            chains: 0,
+            forward: false
+        }
+    );
+    assert_eq!(b.update_script(&b), "");
+    assert_eq!((b.rule_count(), b.element_count()), (4, 4));
+}
+
+#[test]
+fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
+    let a = render(&[from_peers(&["10.1.0.11"])]).unwrap();
+    let none = render(&[]).unwrap();
+    let gone = none.update_script(&a);
+    let at = |script: &str, what: &str| {
+        script
+            .find(what)
+            .unwrap_or_else(|| panic!("no {what:?} in:\n{script}"))
+    };
+    // Everything removed: the base chain's jump goes first, then the chain, then what it used.
+    assert!(
+        at(&gone, "flush chain inet eniipam_policy forward")
+            < at(&gone, "flush chain inet eniipam_policy in_eni1")
+    );
+    assert!(
+        at(&gone, "flush chain inet eniipam_policy in_eni1")
+            < at(&gone, "delete chain inet eniipam_policy in_eni1")
+    );
+    assert!(
+        at(&gone, "delete chain inet eniipam_policy in_eni1")
+            < at(&gone, "delete set inet eniipam_policy in_eni1_r0_peers")
+    );
+    assert!(
+        at(&gone, "delete chain") < at(&gone, "delete counter inet eniipam_policy in_eni1_denied")
+    );
+    assert!(gone.ends_with(
+        "add rule inet eniipam_policy forward ct state established,related accept comment \"replies of allowed connections\"\n"
+    ));
+    // And back: sets and counters before the chain that uses them, the chain before its jump.
+    let back = a.update_script(&none);
+    assert!(
+        at(&back, "add set inet eniipam_policy in_eni1_r0_peers")
+            < at(&back, "add rule inet eniipam_policy in_eni1 ")
+    );
+    assert!(
+        at(&back, "add counter inet eniipam_policy in_eni1_allowed")
+            < at(&back, "add rule inet eniipam_policy in_eni1 ")
+    );
+    assert!(at(&back, "add chain inet eniipam_policy in_eni1") < at(&back, "jump in_eni1"));
+    // A set whose type changed is deleted and declared anew, its chain flushed first and refilled.
+    let mut retyped = a.clone();
+    retyped.sets.get_mut("in_eni1_r0_peers").unwrap().interval = false;
+    let u = a.update_script(&retyped);
+    assert!(
+        at(&u, "flush chain inet eniipam_policy in_eni1")
+            < at(&u, "delete set inet eniipam_policy in_eni1_r0_peers")
+    );
+    assert!(at(&u, "delete set") < at(&u, "add set inet eniipam_policy in_eni1_r0_peers"));
+    assert!(at(&u, "add set") < at(&u, "add rule inet eniipam_policy in_eni1 "));
+    assert!(!u.contains("forward"), "{u}");
+}
+
+#[test]
+fn counters_are_read_back_by_veth_direction_and_verdict() {
+    let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
+        {"counter": {"family": "inet", "name": "in_eni1_allowed", "table": "eniipam_policy", "handle": 3, "comment": "eni1 x/a ingress", "packets": 2, "bytes": 120}},
+        {"counter": {"family": "inet", "name": "eg_eni1_denied", "table": "eniipam_policy", "handle": 4, "comment": "eni1 x/a egress", "packets": 1, "bytes": 60}},
+        {"counter": {"family": "ip", "name": "other_denied", "table": "eniipam", "handle": 5, "packets": 9, "bytes": 9}}]}"#;
+    let got = parse_counters(json).unwrap();
+    assert_eq!(
+        got,
+        [
+            CounterReading {
+                chain: "in_eni1".into(),
+                veth: "eni1".into(),
+                pod: "x/a".into(),
+                direction: PolicyType::Ingress,
+                verdict: CounterVerdict::Allowed,
+                packets: 2,
+                bytes: 120
+            },
+            CounterReading {
+                chain: "eg_eni1".into(),
+                veth: "eni1".into(),
+                pod: "x/a".into(),
+                direction: PolicyType::Egress,
+                verdict: CounterVerdict::Denied,
+                packets: 1,
+                bytes: 60
+            }
+        ]
+    );
+    assert!(parse_counters("[").unwrap_err().contains("not JSON"));
+    assert!(parse_counters("{}").is_err());
 }
