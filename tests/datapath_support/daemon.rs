@@ -190,6 +190,21 @@ impl Daemon {
         }
     }
 
+    /// Kills it with SIGKILL, as a crash or an OOM kill does (nothing is cleaned up: what it put
+    /// in the kernel stays), and waits for it; [`Daemon::start_again`] starts it again.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// Starts it again after [`Daemon::kill`] or [`Daemon::stop`], with the same variables, and
+    /// waits until it serves.
+    pub async fn start_again(&mut self) {
+        self.spawn().await;
+    }
+
     /// Starts it again after [`Daemon::stop`], with `changes` applied to its variables.
     pub async fn restart_with(&mut self, changes: &[(&str, &str)]) {
         self.stop().await;
