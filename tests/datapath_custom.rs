@@ -72,8 +72,23 @@ async fn custom_cluster(
 /// its zone.
 struct CustomDaemon {
     daemon: Daemon,
-    _api: FakeApiServer,
+    api: FakeApiServer,
     _forward: PortForward,
+}
+
+impl CustomDaemon {
+    /// Puts the pod in the API server, bound to node A (the kubelet only runs the ADD of a pod the
+    /// API server has; the daemon's NetworkPolicy gate reads its labels), then runs its CNI ADD.
+    async fn add_pod(&self, c: &Cluster, name: &str, opts: PodOptions) -> CniPod {
+        self.api.put_pod(eniipam_kubeapi::pod_json(
+            "default",
+            name,
+            &format!("uid-{name}"),
+            NODE_A,
+            "Pending",
+        ));
+        self.daemon.add_pod(c, name, opts).await
+    }
 }
 
 impl std::ops::Deref for CustomDaemon {
@@ -125,7 +140,7 @@ async fn start_custom(c: &Cluster, subnet: &str, sg: &str) -> CustomDaemon {
     let daemon = Daemon::start(c, &c.a.instance_id, Placement::SecondaryEni, &env).await;
     CustomDaemon {
         daemon,
-        _api: api,
+        api,
         _forward: forward,
     }
 }

@@ -43,6 +43,9 @@ const ADMIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an ADD waits for the API server when the pod watch does not know the pod.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How often an ADD asks again for a pod the API server does not know yet.
+const LOOKUP_RETRY: Duration = Duration::from_millis(500);
+
 /// The whole table is loaded again this often.
 const RELOAD: Duration = Duration::from_secs(600);
 
@@ -284,6 +287,45 @@ impl Enforcer {
     }
 }
 
+impl Enforcer {
+    /// Makes sure the watch knows `pod` (its labels decide which policies select it): the pod
+    /// watch, else a GET, asked again until `deadline` while the API server says it has no such
+    /// pod (a pod the watch has not delivered yet, a static pod's mirror not created yet).
+    async fn learn_pod(
+        &self,
+        pod: &PodRef,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), IpamError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let what = format!("{}/{}", pod.namespace, pod.name);
+        loop {
+            if self.watch.pod(&pod.namespace, &pod.name).is_some() {
+                return Ok(());
+            }
+            let answer = tokio::time::timeout(LOOKUP_TIMEOUT, api.get_opt(&pod.name)).await;
+            let why = match answer {
+                Ok(Ok(Some(p))) => {
+                    self.watch.remember(pod_view(&p));
+                    return Ok(());
+                }
+                Ok(Ok(None)) => format!(
+                    "pod {what} is not known to the API server, so the policies that select it cannot be known"
+                ),
+                Ok(Err(e)) => format!("cannot read pod {what} from the API server: {e}"),
+                Err(_) => {
+                    format!(
+                        "the API server did not answer for pod {what} within {LOOKUP_TIMEOUT:?}"
+                    )
+                }
+            };
+            if tokio::time::Instant::now() + LOOKUP_RETRY >= deadline {
+                return Err(IpamError::Policy(why));
+            }
+            tokio::time::sleep(LOOKUP_RETRY).await;
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl PolicyGate for Enforcer {
     async fn admit(&self, pod: &PodRef) -> Result<(), IpamError> {
@@ -297,30 +339,7 @@ impl PolicyGate for Enforcer {
                 "the cluster's NetworkPolicies, pods and namespaces are not listed yet (within {ADMIT_TIMEOUT:?}); is the API server reachable, and may the daemon list them (deploy/rbac.yaml)?"
             )));
         }
-        if self.watch.pod(&pod.namespace, &pod.name).is_none() {
-            let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-            match tokio::time::timeout(LOOKUP_TIMEOUT, api.get_opt(&pod.name)).await {
-                Ok(Ok(Some(p))) => self.watch.remember(pod_view(&p)),
-                Ok(Ok(None)) => {
-                    return Err(IpamError::Policy(format!(
-                        "pod {}/{} is not known to the API server, so the policies that select it cannot be known",
-                        pod.namespace, pod.name
-                    )));
-                }
-                Ok(Err(e)) => {
-                    return Err(IpamError::Policy(format!(
-                        "cannot read pod {}/{} from the API server: {e}",
-                        pod.namespace, pod.name
-                    )));
-                }
-                Err(_) => {
-                    return Err(IpamError::Policy(format!(
-                        "the API server did not answer for pod {}/{} within {LOOKUP_TIMEOUT:?}",
-                        pod.namespace, pod.name
-                    )));
-                }
-            }
-        }
+        self.learn_pod(pod, deadline).await?;
         let wanted = self.watch.touch();
         let mut applied = self.applied.clone();
         let result =
