@@ -7,8 +7,8 @@
 //! `status.podIPs` after it. Upstream's world: namespaces `x`, `y`, `z` (labelled `ns=<name>`), pods
 //! `a`, `b`, `c` in each, every pod serving TCP and UDP on 80 and 81.
 //!
-//! - **Topologies.** One node: the nine pods on node A (secondary ENIs). Two nodes: pods `a` and
-//!   `c` on node A (secondary ENIs), pods `b` on node B (eth0), so every case has cells that cross
+//! - **Topologies.** One node: the nine pods on node A (secondary ENIs). Two nodes: pods `a` on
+//!   node A (secondary ENIs), pods `b` and `c` on node B (eth0), so every case has cells that cross
 //!   the VPC, allowed and denied (checked per case).
 //! - **Cases.** Every shared upstream case (`tests/netpol_cases`, the policies whose expected
 //!   matrices `tests/network_policy_cases.rs` holds) in turn: the previous case's policies are
@@ -130,7 +130,7 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
     for ns in NAMESPACES {
         for name in PODS {
             let d = match &on_b {
-                Some(b) if name == "b" => b,
+                Some(b) if name != "a" => b,
                 _ => &on_a,
             };
             let pod = d.add_pod(&c, &api, ns, name, None).await;
@@ -307,6 +307,7 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
     let ze = on_a.add_pod(&c, &api, "z", "e", Some(xd.cni.ip)).await;
     assert_eq!(ze.cni.ip, xd.cni.ip, "z/e did not get x/d's address");
     servers.push(serve_ports(&ze.cni.ns).await);
+    c.lab.sync().await.expect("lab sync");
     let mut with_e = pods.clone();
     with_e.insert(ze.key.clone(), ze.clone());
     let stale: Vec<Cell> = PROTOCOLS
