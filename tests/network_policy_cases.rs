@@ -8,13 +8,17 @@
 //! built as upstream builds it: start from "all allowed", then state what the policies change. A
 //! pod reaching itself never leaves its namespace and is always allowed.
 //!
-//! This proves the model (selectors, ports, named ports, ranges, ipBlock, policy types, stacking).
-//! The same cases run against nftables in network namespaces once enforcement lands.
+//! The cases' policies are shared ([`netpol_cases`]); their expected matrices are here, keyed by
+//! case name. This proves the model (selectors, ports, named ports, ranges, ipBlock, policy types,
+//! stacking); `tests/datapath_policy.rs` runs the same policies through the real daemon and plugin
+//! and holds the kernel to the model.
 
+#[path = "netpol_cases/mod.rs"]
+mod netpol_cases;
 #[path = "network_policy_support/mod.rs"]
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use eniipam::network_policy::{
     Cluster, NamedPort, PodView, Protocol, compile, compile_all, connection_allowed,
@@ -26,6 +30,7 @@ use serde_json::{Value, json};
 use support::{NAMESPACES, PODS, ip_of, policy, world};
 
 /// The expected matrix: client `ns/pod` → server `ns/pod` → allowed.
+#[derive(Clone)]
 struct Reach(BTreeMap<(String, String), bool>);
 
 fn all() -> Vec<String> {
@@ -96,446 +101,198 @@ fn probe(cluster: &Cluster, protocol: Protocol, port: u16, want: &Reach) -> Vec<
     wrong
 }
 
-/// Runs one case: the policies, then each (protocol, port, expected matrix).
-fn case(name: &str, policies: &[Value], probes: &[(Protocol, u16, &Reach)]) {
-    let cluster = world(policies);
-    for pod in &cluster.pods {
-        let problems = compile(&cluster, pod).problems;
-        assert!(problems.is_empty(), "{name}: {problems:?}");
-    }
-    let wrong: Vec<String> = probes
-        .iter()
-        .flat_map(|(pr, port, want)| probe(&cluster, *pr, *port, want))
-        .collect();
-    assert!(wrong.is_empty(), "{name}:\n{}", wrong.join("\n"));
-}
+/// The case whose policy has parts the compiler refuses ([`a_bad_part_of_a_policy_is_named_and_allows_nothing`]).
+const BAD: &str = "a bad part of a policy is named and allows nothing";
 
 const TCP: Protocol = Protocol::Tcp;
 const UDP: Protocol = Protocol::Udp;
 const SCTP: Protocol = Protocol::Sctp;
 
-fn pod_a() -> Value {
-    json!({"matchLabels": {"pod": "a"}})
-}
-
-#[test]
-fn default_deny_ingress_and_default_deny_all() {
-    let deny_in = policy(
-        "x",
-        "deny-ingress",
-        json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
-    );
-    let want = Reach::allowed().ingress_ns("x", false);
-    case(
-        "should support a 'default-deny-ingress' policy",
-        &[deny_in],
-        &[(TCP, 80, &want), (UDP, 81, &want)],
-    );
-    let deny_all = policy(
-        "x",
-        "deny-all",
-        json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
-    );
-    let mut want = Reach::allowed().ingress_ns("x", false);
+/// Every pod of namespace `ns` as a client, denied everything.
+fn egress_ns_denied(mut want: Reach, ns: &str) -> Reach {
     for p in PODS {
-        want = want.egress(&format!("x/{p}"), false);
+        want = want.egress(&format!("{ns}/{p}"), false);
     }
-    case(
-        "should support a 'default-deny-all' policy",
-        &[deny_all],
-        &[(TCP, 80, &want), (SCTP, 81, &want)],
-    );
+    want
 }
 
-#[test]
-fn allow_all_and_stacked_allow_all_take_precedence() {
-    let allow_all = policy(
-        "x",
-        "allow-all",
-        json!({"podSelector": {}, "ingress": [{}]}),
-    );
-    case(
-        "should support allow-all policy",
-        std::slice::from_ref(&allow_all),
-        &[(TCP, 80, &Reach::allowed())],
-    );
-    let only_80 = policy(
-        "x",
-        "allow-80",
-        json!({"podSelector": pod_a(), "ingress": [{"ports": [{"port": 80}]}]}),
-    );
-    let want81 = Reach::allowed().ingress("x/a", false);
-    case(
-        "ingress on 80 only",
-        std::slice::from_ref(&only_80),
-        &[(TCP, 80, &Reach::allowed()), (TCP, 81, &want81)],
-    );
-    case(
-        "should enforce multiple ingress policies with ingress allow-all policy taking precedence",
-        &[only_80, allow_all],
-        &[(TCP, 80, &Reach::allowed()), (TCP, 81, &Reach::allowed())],
-    );
-    let egress_80 = policy(
-        "x",
-        "egress-80",
-        json!({"podSelector": pod_a(), "egress": [{"ports": [{"port": 80}]}], "policyTypes": ["Egress"]}),
-    );
-    let egress_all = policy(
-        "x",
-        "egress-all",
-        json!({"podSelector": pod_a(), "egress": [{}], "policyTypes": ["Egress"]}),
-    );
-    case(
-        "egress on 80 only",
-        std::slice::from_ref(&egress_80),
-        &[
-            (TCP, 80, &Reach::allowed()),
-            (TCP, 81, &Reach::allowed().egress("x/a", false)),
+/// The pods of `ns` as clients of `server`, allowed.
+fn from_ns(mut want: Reach, ns: &str, server: &str) -> Reach {
+    for p in PODS {
+        want = want.set(&format!("{ns}/{p}"), server, true);
+    }
+    want
+}
+
+/// What each shared case ([`netpol_cases::cases`]) must give: (protocol, port, who reaches whom).
+fn expected(name: &str) -> Vec<(Protocol, u16, Reach)> {
+    let all = Reach::allowed;
+    // x/a takes nothing, or only namespace y.
+    let nobody = || all().ingress("x/a", false);
+    let only_y = || from_ns(nobody(), "y", "x/a");
+    let only_xb = || nobody().set("x/b", "x/a", true);
+    // x/a sends nothing.
+    let mute = || all().egress("x/a", false);
+    match name {
+        "should support a 'default-deny-ingress' policy" => {
+            let want = all().ingress_ns("x", false);
+            vec![(TCP, 80, want.clone()), (UDP, 81, want)]
+        }
+        "should support a 'default-deny-all' policy" => {
+            let want = egress_ns_denied(all().ingress_ns("x", false), "x");
+            vec![(TCP, 80, want.clone()), (SCTP, 81, want)]
+        }
+        "should support allow-all policy" => vec![(TCP, 80, all())],
+        "ingress on 80 only" => vec![(TCP, 80, all()), (TCP, 81, nobody())],
+        "should enforce multiple ingress policies with ingress allow-all policy taking precedence" =>
+        {
+            vec![(TCP, 80, all()), (TCP, 81, all())]
+        }
+        "egress on 80 only" => vec![(TCP, 80, all()), (TCP, 81, mute())],
+        "should enforce multiple egress policies with egress allow-all policy taking precedence" => {
+            vec![(TCP, 81, all())]
+        }
+        "should enforce policy to allow traffic from pods within server namespace based on PodSelector"
+        | "should enforce policy based on PodSelector with MatchExpressions" => {
+            vec![(TCP, 80, only_xb())]
+        }
+        "should enforce policy to allow ingress traffic from pods in all namespaces" => {
+            vec![(TCP, 80, all())]
+        }
+        "should enforce policy to allow traffic only from a different namespace, based on NamespaceSelector"
+        | "should enforce policy based on NamespaceSelector with MatchExpressions"
+        | "should enforce policy to allow traffic based on NamespaceSelector with MatchLabels using default ns label" =>
+        {
+            vec![(TCP, 80, only_y())]
+        }
+        // Pod b of x, OR any pod outside x.
+        "should enforce policy based on PodSelector or NamespaceSelector" => {
+            vec![(TCP, 80, from_ns(from_ns(only_xb(), "y", "x/a"), "z", "x/a"))]
+        }
+        // Pod b of the namespaces other than x (one peer, both selectors).
+        "should enforce policy based on PodSelector and NamespaceSelector" => vec![(
+            TCP,
+            80,
+            nobody().set("y/b", "x/a", true).set("z/b", "x/a", true),
+        )],
+        "should enforce policy based on Multiple PodSelectors and NamespaceSelectors" => {
+            let mut want = nobody();
+            for client in ["y/b", "z/b", "y/c", "z/c"] {
+                want = want.set(client, "x/a", true);
+            }
+            vec![(TCP, 80, want)]
+        }
+        "should enforce policy based on any PodSelectors" => {
+            vec![(TCP, 80, only_xb().set("x/c", "x/a", true))]
+        }
+        "should enforce policy to allow traffic only from a pod in a different namespace based on PodSelector and NamespaceSelector" =>
+        {
+            vec![(TCP, 80, nobody().set("y/a", "x/a", true))]
+        }
+        "should enforce policy based on Ports" => vec![(TCP, 80, nobody()), (TCP, 81, only_y())],
+        "should allow ingress access from namespace on one named port" => vec![
+            (TCP, 80, only_y()),
+            (TCP, 81, nobody()),
+            (UDP, 80, nobody()),
         ],
-    );
-    case(
-        "should enforce multiple egress policies with egress allow-all policy taking precedence",
-        &[egress_80, egress_all],
-        &[(TCP, 81, &Reach::allowed())],
-    );
+        "should enforce policy based on a port range (endPort)" => vec![
+            (TCP, 80, only_y()),
+            (TCP, 81, only_y()),
+            (UDP, 80, nobody()),
+        ],
+        // Two policies stacked: 80 from y, 81 from y.
+        "should enforce multiple, stacked policies with overlapping podSelectors" => {
+            vec![(TCP, 80, only_y()), (TCP, 81, only_y())]
+        }
+        "should enforce ingress policy allowing any port traffic to a server on a specific protocol" =>
+        {
+            vec![(TCP, 80, all()), (TCP, 81, all()), (UDP, 80, nobody())]
+        }
+        "should not allow access by TCP when a policy specifies only UDP" => {
+            vec![(UDP, 81, all()), (TCP, 81, nobody())]
+        }
+        "should not mistakenly treat 'protocol: SCTP' as 'protocol: TCP'" => {
+            vec![(SCTP, 80, all()), (TCP, 80, nobody())]
+        }
+        // Egress on one named port: x/a reaches everyone on 80, nobody on 81.
+        "should allow egress access on one named port" => vec![(TCP, 80, all()), (TCP, 81, mute())],
+        "should deny egress from pods based on PodSelector" => vec![(TCP, 80, mute())],
+        "should deny egress from all pods in a namespace" => {
+            vec![(TCP, 80, egress_ns_denied(all(), "x"))]
+        }
+        // To y/a only, by pod and namespace selectors.
+        "should enforce egress policy allowing traffic to a server in a different namespace based on PodSelector and NamespaceSelector" =>
+        {
+            vec![(TCP, 80, mute().set("x/a", "y/a", true))]
+        }
+        // To y/b's address by an ipBlock /32.
+        "should allow egress access to server in CIDR block" => {
+            vec![(TCP, 80, mute().set("x/a", "y/b", true))]
+        }
+        // To all of y's /24 except y/b.
+        "should enforce except clause while egress access to server in CIDR block" => vec![(
+            TCP,
+            80,
+            mute().set("x/a", "y/a", true).set("x/a", "y/c", true),
+        )],
+        // A second policy allowing the excepted /32: allowed (policies add up).
+        "should ensure an IP overlapping both IPBlock.CIDR and IPBlock.Except is allowed" => {
+            let mut want = mute();
+            for p in PODS {
+                want = want.set("x/a", &format!("y/{p}"), true);
+            }
+            vec![(TCP, 80, want)]
+        }
+        // The client's egress denies what the server's ingress allows: denied.
+        "should support denying of egress traffic on the client side (even if the server explicitly allows this traffic)" =>
+        {
+            vec![(TCP, 80, mute())]
+        }
+        // Ingress and egress controlled independently: x/a takes ingress only from x/b and sends
+        // only to y.
+        "should work with Ingress, Egress specified together" => {
+            let mut want = only_xb().egress("x/a", false);
+            for p in PODS {
+                want = want.set("x/a", &format!("y/{p}"), true);
+            }
+            vec![(TCP, 80, want)]
+        }
+        // x/a is isolated, and the broken rules allow nobody.
+        BAD => vec![(TCP, 80, nobody())],
+        _ => panic!("no expected matrices for the shared case {name:?}"),
+    }
 }
 
+/// Every shared case gives its expected matrices in the model, and compiles without problems
+/// (but [`BAD`]).
 #[test]
-fn pod_and_namespace_selectors() {
-    let from = |peers: Value| {
-        policy(
-            "x",
-            "p",
-            json!({"podSelector": pod_a(), "ingress": [{"from": peers}]}),
-        )
-    };
-    // Only x/b reaches x/a.
-    let want = Reach::allowed()
-        .ingress("x/a", false)
-        .set("x/b", "x/a", true);
-    case(
-        "should enforce policy to allow traffic from pods within server namespace based on PodSelector",
-        &[from(
-            json!([{"podSelector": {"matchLabels": {"pod": "b"}}}]),
-        )],
-        &[(TCP, 80, &want)],
-    );
-    case(
-        "should enforce policy based on PodSelector with MatchExpressions",
-        &[from(
-            json!([{"podSelector": {"matchExpressions": [{"key": "pod", "operator": "In", "values": ["b"]}]}}]),
-        )],
-        &[(TCP, 80, &want)],
-    );
-    // Every pod of every namespace.
-    case(
-        "should enforce policy to allow ingress traffic from pods in all namespaces",
-        &[from(json!([{"namespaceSelector": {}}]))],
-        &[(TCP, 80, &Reach::allowed())],
-    );
-    // Only the pods of y reach x/a.
-    let mut want_y = Reach::allowed().ingress("x/a", false);
-    for p in PODS {
-        want_y = want_y.set(&format!("y/{p}"), "x/a", true);
-    }
-    case(
-        "should enforce policy to allow traffic only from a different namespace, based on NamespaceSelector",
-        &[from(
-            json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]),
-        )],
-        &[(TCP, 80, &want_y)],
-    );
-    case(
-        "should enforce policy based on NamespaceSelector with MatchExpressions",
-        &[from(
-            json!([{"namespaceSelector": {"matchExpressions": [{"key": "ns", "operator": "In", "values": ["y"]}]}}]),
-        )],
-        &[(TCP, 80, &want_y)],
-    );
-    case(
-        "should enforce policy to allow traffic based on NamespaceSelector with MatchLabels using default ns label",
-        &[from(
-            json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}}]),
-        )],
-        &[(TCP, 80, &want_y)],
-    );
-    // Pod b of x, OR any pod outside x.
-    let mut want_or = Reach::allowed()
-        .ingress("x/a", false)
-        .set("x/b", "x/a", true);
-    for ns in ["y", "z"] {
-        for p in PODS {
-            want_or = want_or.set(&format!("{ns}/{p}"), "x/a", true);
+fn every_upstream_case_gives_its_expected_matrices() {
+    let cases = netpol_cases::cases(ip_of);
+    let names: BTreeSet<&str> = cases.iter().map(|c| c.name).collect();
+    assert_eq!(names.len(), cases.len(), "two shared cases share a name");
+    let mut wrong = Vec::new();
+    for case in &cases {
+        let cluster = world(&case.policies);
+        if case.name != BAD {
+            for pod in &cluster.pods {
+                let problems = compile(&cluster, pod).problems;
+                assert!(problems.is_empty(), "{}: {problems:?}", case.name);
+            }
+        }
+        for (protocol, port, want) in expected(case.name) {
+            wrong.extend(
+                probe(&cluster, protocol, port, &want)
+                    .into_iter()
+                    .map(|w| format!("{}: {w}", case.name)),
+            );
         }
     }
-    case(
-        "should enforce policy based on PodSelector or NamespaceSelector",
-        &[from(json!([
-            {"podSelector": {"matchLabels": {"pod": "b"}}},
-            {"namespaceSelector": {"matchExpressions": [{"key": "ns", "operator": "NotIn", "values": ["x"]}]}}
-        ]))],
-        &[(TCP, 80, &want_or)],
-    );
-    // Pod b of the namespaces other than x (one peer, both selectors).
-    let want_and = Reach::allowed()
-        .ingress("x/a", false)
-        .set("y/b", "x/a", true)
-        .set("z/b", "x/a", true);
-    case(
-        "should enforce policy based on PodSelector and NamespaceSelector",
-        &[from(json!([{
-            "podSelector": {"matchLabels": {"pod": "b"}},
-            "namespaceSelector": {"matchExpressions": [{"key": "ns", "operator": "NotIn", "values": ["x"]}]}
-        }]))],
-        &[(TCP, 80, &want_and)],
-    );
-    let want_multi = want_and.set("y/c", "x/a", true).set("z/c", "x/a", true);
-    case(
-        "should enforce policy based on Multiple PodSelectors and NamespaceSelectors",
-        &[from(json!([{
-            "podSelector": {"matchExpressions": [{"key": "pod", "operator": "In", "values": ["b", "c"]}]},
-            "namespaceSelector": {"matchExpressions": [{"key": "ns", "operator": "NotIn", "values": ["x"]}]}
-        }]))],
-        &[(TCP, 80, &want_multi)],
-    );
-    let want_any = Reach::allowed()
-        .ingress("x/a", false)
-        .set("x/b", "x/a", true)
-        .set("x/c", "x/a", true);
-    case(
-        "should enforce policy based on any PodSelectors",
-        &[from(json!([
-            {"podSelector": {"matchLabels": {"pod": "b"}}},
-            {"podSelector": {"matchLabels": {"pod": "c"}}}
-        ]))],
-        &[(TCP, 80, &want_any)],
-    );
-    let want_ya = Reach::allowed()
-        .ingress("x/a", false)
-        .set("y/a", "x/a", true);
-    case(
-        "should enforce policy to allow traffic only from a pod in a different namespace based on PodSelector and NamespaceSelector",
-        &[from(
-            json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}, "podSelector": pod_a()}]),
-        )],
-        &[(TCP, 80, &want_ya)],
-    );
-}
-
-#[test]
-fn ports_named_ports_ranges_and_protocols() {
-    let from_y_on = |ports: Value| {
-        policy(
-            "x",
-            "p",
-            json!({"podSelector": pod_a(), "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}], "ports": ports}]}),
-        )
-    };
-    let mut only_y = Reach::allowed().ingress("x/a", false);
-    for p in PODS {
-        only_y = only_y.set(&format!("y/{p}"), "x/a", true);
-    }
-    let nobody = Reach::allowed().ingress("x/a", false);
-    case(
-        "should enforce policy based on Ports",
-        &[from_y_on(json!([{"port": 81}]))],
-        &[(TCP, 80, &nobody), (TCP, 81, &only_y)],
-    );
-    case(
-        "should allow ingress access from namespace on one named port",
-        &[from_y_on(json!([{"port": "serve-80-tcp"}]))],
-        &[(TCP, 80, &only_y), (TCP, 81, &nobody), (UDP, 80, &nobody)],
-    );
-    case(
-        "should enforce policy based on a port range (endPort)",
-        &[from_y_on(json!([{"port": 80, "endPort": 81}]))],
-        &[(TCP, 80, &only_y), (TCP, 81, &only_y), (UDP, 80, &nobody)],
-    );
-    // Two policies stacked: 80 from y, 81 from y.
-    case(
-        "should enforce multiple, stacked policies with overlapping podSelectors",
-        &[
-            from_y_on(json!([{"port": 80}])),
-            policy(
-                "x",
-                "q",
-                json!({"podSelector": pod_a(), "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}], "ports": [{"port": 81}]}]}),
-            ),
-        ],
-        &[(TCP, 80, &only_y), (TCP, 81, &only_y)],
-    );
-    let proto = |p: &str| {
-        policy(
-            "x",
-            "p",
-            json!({"podSelector": pod_a(), "ingress": [{"ports": [{"protocol": p}]}]}),
-        )
-    };
-    case(
-        "should enforce ingress policy allowing any port traffic to a server on a specific protocol",
-        &[proto("TCP")],
-        &[
-            (TCP, 80, &Reach::allowed()),
-            (TCP, 81, &Reach::allowed()),
-            (UDP, 80, &nobody),
-        ],
-    );
-    case(
-        "should not allow access by TCP when a policy specifies only UDP",
-        &[proto("UDP")],
-        &[(UDP, 81, &Reach::allowed()), (TCP, 81, &nobody)],
-    );
-    case(
-        "should not mistakenly treat 'protocol: SCTP' as 'protocol: TCP'",
-        &[proto("SCTP")],
-        &[(SCTP, 80, &Reach::allowed()), (TCP, 80, &nobody)],
-    );
-    // Egress on one named port: x/a reaches everyone on 80, nobody on 81.
-    let egress_named = policy(
-        "x",
-        "p",
-        json!({"podSelector": pod_a(), "policyTypes": ["Egress"], "egress": [{"ports": [{"port": "serve-80-tcp"}]}]}),
-    );
-    case(
-        "should allow egress access on one named port",
-        &[egress_named],
-        &[
-            (TCP, 80, &Reach::allowed()),
-            (TCP, 81, &Reach::allowed().egress("x/a", false)),
-        ],
-    );
-}
-
-#[test]
-fn egress_ip_blocks_and_both_directions() {
-    let egress = |to: Value| {
-        policy(
-            "x",
-            "p",
-            json!({"podSelector": pod_a(), "policyTypes": ["Egress"], "egress": [{"to": to}]}),
-        )
-    };
-    // Deny all egress from x/a.
-    case(
-        "should deny egress from pods based on PodSelector",
-        &[policy(
-            "x",
-            "p",
-            json!({"podSelector": pod_a(), "policyTypes": ["Egress"]}),
-        )],
-        &[(TCP, 80, &Reach::allowed().egress("x/a", false))],
-    );
-    let mut want = Reach::allowed();
-    for p in PODS {
-        want = want.egress(&format!("x/{p}"), false);
-    }
-    case(
-        "should deny egress from all pods in a namespace",
-        &[policy(
-            "x",
-            "p",
-            json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": []}),
-        )],
-        &[(TCP, 80, &want)],
-    );
-    // To y/a only, by pod and namespace selectors.
-    let to_ya = Reach::allowed()
-        .egress("x/a", false)
-        .set("x/a", "y/a", true);
-    case(
-        "should enforce egress policy allowing traffic to a server in a different namespace based on PodSelector and NamespaceSelector",
-        &[egress(
-            json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}, "podSelector": pod_a()}]),
-        )],
-        &[(TCP, 80, &to_ya)],
-    );
-    // To y/b's address by an ipBlock /32.
-    let yb = ip_of("y", "b");
-    let to_yb = Reach::allowed()
-        .egress("x/a", false)
-        .set("x/a", "y/b", true);
-    case(
-        "should allow egress access to server in CIDR block",
-        &[egress(json!([{"ipBlock": {"cidr": format!("{yb}/32")}}]))],
-        &[(TCP, 80, &to_yb)],
-    );
-    // To all of y's /24 except y/b.
-    let mut to_y_but_b = Reach::allowed().egress("x/a", false);
-    for p in ["a", "c"] {
-        to_y_but_b = to_y_but_b.set("x/a", &format!("y/{p}"), true);
-    }
-    case(
-        "should enforce except clause while egress access to server in CIDR block",
-        &[egress(
-            json!([{"ipBlock": {"cidr": "10.1.1.0/24", "except": [format!("{yb}/32")]}}]),
-        )],
-        &[(TCP, 80, &to_y_but_b)],
-    );
-    // A second policy allowing the excepted /32: allowed (policies add up).
-    case(
-        "should ensure an IP overlapping both IPBlock.CIDR and IPBlock.Except is allowed",
-        &[
-            egress(json!([{"ipBlock": {"cidr": "10.1.1.0/24", "except": [format!("{yb}/32")]}}])),
-            policy(
-                "x",
-                "q",
-                json!({"podSelector": pod_a(), "policyTypes": ["Egress"], "egress": [{"to": [{"ipBlock": {"cidr": format!("{yb}/32")}}]}]}),
-            ),
-        ],
-        &[(TCP, 80, &to_y_but_b.set("x/a", "y/b", true))],
-    );
-    // The client's egress denies what the server's ingress allows: denied.
-    case(
-        "should support denying of egress traffic on the client side (even if the server explicitly allows this traffic)",
-        &[
-            policy(
-                "x",
-                "client",
-                json!({"podSelector": pod_a(), "policyTypes": ["Egress"]}),
-            ),
-            policy(
-                "y",
-                "server",
-                json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {}}]}]}),
-            ),
-        ],
-        &[(TCP, 80, &Reach::allowed().egress("x/a", false))],
-    );
-    // Ingress and egress controlled independently: x/a takes ingress only from x/b and sends only
-    // to y.
-    let both = policy(
-        "x",
-        "p",
-        json!({"podSelector": pod_a(), "policyTypes": ["Ingress", "Egress"],
-               "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}],
-               "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]}),
-    );
-    let mut want = Reach::allowed()
-        .ingress("x/a", false)
-        .set("x/b", "x/a", true)
-        .egress("x/a", false);
-    for p in PODS {
-        want = want.set("x/a", &format!("y/{p}"), true);
-    }
-    case(
-        "should work with Ingress, Egress specified together",
-        &[both],
-        &[(TCP, 80, &want)],
-    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
 fn a_bad_part_of_a_policy_is_named_and_allows_nothing() {
-    let cluster = world(&[policy(
-        "x",
-        "bad",
-        json!({"podSelector": pod_a(), "ingress": [
-            {"from": [{"ipBlock": {"cidr": "10.1.1.0/33"}}]},
-            {"ports": [{"port": 70000}]},
-            {"ports": [{"port": "serve-80-tcp", "endPort": 81}]},
-            {"from": [{"podSelector": {"matchExpressions": [{"key": "pod", "operator": "Near", "values": ["b"]}]}}]}
-        ]}),
-    )]);
+    let cluster = world(&netpol_cases::case_named(ip_of, BAD).policies);
     let xa = cluster
         .pods
         .iter()
@@ -551,10 +308,6 @@ fn a_bad_part_of_a_policy_is_named_and_allows_nothing() {
     ] {
         assert!(problems.contains(says), "{says}\n{problems}");
     }
-    // x/a is isolated, and the broken rules allow nobody.
-    let want = Reach::allowed().ingress("x/a", false);
-    let wrong = probe(&cluster, TCP, 80, &want);
-    assert!(wrong.is_empty(), "{wrong:?}");
 }
 
 /// A random cluster: 4 namespaces (one without a Namespace object), 30 pods (some on the host

@@ -51,6 +51,7 @@ macro_rules! both_rp_filters {
 
 mod daemon;
 pub mod egress;
+pub mod policy;
 pub mod profiles;
 pub mod v6;
 /// The NodePort the emulated kube-proxy DNATs.

@@ -1,0 +1,369 @@
+//! NetworkPolicy through the real daemon and plugin (issue 28, "Done when": every reproduced
+//! upstream case passes, on one node and across nodes, under strict and loose `rp_filter`).
+//!
+//! Each node of the emulated VPC runs the real `eniipamd` with `ENIIPAM_NETWORK_POLICY=true`,
+//! watching NetworkPolicies, pods and namespaces in the API-server double; pods are made by the real
+//! plugin, exist in the double (labels, upstream's named ports) before their ADD and get their
+//! `status.podIPs` after it. Upstream's world: namespaces `x`, `y`, `z` (labelled `ns=<name>`), pods
+//! `a`, `b`, `c` in each, every pod serving TCP and UDP on 80 and 81.
+//!
+//! - **Topologies.** One node: the nine pods on node A (secondary ENIs). Two nodes: pods `a` on
+//!   node A (secondary ENIs), pods `b` and `c` on node B (eth0), so every case has cells that cross
+//!   the VPC, allowed and denied (checked per case).
+//! - **Cases.** Every shared upstream case (`tests/netpol_cases`, the policies whose expected
+//!   matrices `tests/network_policy_cases.rs` holds) in turn: the previous case's policies are
+//!   deleted and the case's put in the API server, then the full matrix (9 × 9 pods, TCP and UDP,
+//!   80 and 81: 324 cells) is probed until every cell is what the model's `connection_allowed`
+//!   says, for at most [`IN_FORCE_WITHIN`]; the last round's differing cells are printed. The rounds
+//!   each case took are printed, not asserted.
+//! - **A new pod is filtered from its first packet.** With `x` taking ingress only from pods `b`, a
+//!   new pod `x/d` is ADDed: when the plugin returns, its host veth already has chains in
+//!   `table inet eniipam_policy`, and the first probes from `y/a` are dropped while those from `x/b`
+//!   connect.
+//! - **`eniipamctl policy x/a`** names the isolating policy and its rule (with `x/b`'s address), and
+//!   its denied counter grows with a denied probe.
+//! - **A deleted pod's address reused:** with `y/a` taking ingress only from `x/d`, `x/d` is deleted
+//!   and its address given to a new `z/e`; right after the ADD, `z/e` cannot reach `y/a` (no stale
+//!   peer) and `y/b` reaches `z/e` (no stale chain), and the whole matrix agrees with the model.
+//! - **Enforcement off:** the daemons restarted with `ENIIPAM_NETWORK_POLICY=false` delete the table,
+//!   and every cell connects although the policies are still in the API server.
+//!
+//! SCTP is not probed: the lab's kernel may lack the protocol in a namespace (`socket(…,
+//! IPPROTO_SCTP)` fails with `EPROTONOSUPPORT` on the CI image's); the model's and the nft tests
+//! cover SCTP's rendering, and the SCTP case here still proves TCP and UDP are denied. Needs what
+//! `tests/datapath.rs` needs.
+
+mod bins;
+#[macro_use]
+mod datapath_support;
+#[path = "netpol_cases/mod.rs"]
+mod netpol_cases;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use datapath_support::policy::*;
+use datapath_support::*;
+use eniipam::network_policy::Protocol;
+use eniipam_kubeapi::FakeApiServer;
+use netpol_cases::policy;
+use serde_json::{Value, json};
+use vpclab::Egress;
+
+const NODE_A: &str = "node-a";
+const NODE_B: &str = "node-b";
+const NAMESPACES: [&str; 3] = ["x", "y", "z"];
+const PODS: [&str; 3] = ["a", "b", "c"];
+/// How long the daemons may take to put a change in force before the matrix must agree.
+const IN_FORCE_WITHIN: Duration = Duration::from_secs(15);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Topology {
+    OneNode,
+    TwoNodes,
+}
+
+both_rp_filters!(one_node: one_node_strict_rp_filter, one_node_loose_rp_filter);
+both_rp_filters!(two_nodes: two_nodes_strict_rp_filter, two_nodes_loose_rp_filter);
+
+async fn one_node(test: &str, rp_filter: RpFilter) {
+    policies_in_force(test, rp_filter, Topology::OneNode).await;
+}
+
+async fn two_nodes(test: &str, rp_filter: RpFilter) {
+    policies_in_force(test, rp_filter, Topology::TwoNodes).await;
+}
+
+/// The policies in the API server: `policies` put, the others of `applied` deleted.
+fn set_policies(api: &FakeApiServer, applied: &mut Vec<(String, String)>, policies: &[Value]) {
+    let key = |p: &Value| {
+        (
+            p["metadata"]["namespace"].as_str().unwrap().to_owned(),
+            p["metadata"]["name"].as_str().unwrap().to_owned(),
+        )
+    };
+    let wanted: Vec<(String, String)> = policies.iter().map(key).collect();
+    for (ns, name) in applied.iter().filter(|k| !wanted.contains(k)) {
+        assert!(api.delete_network_policy(ns, name), "{ns}/{name} was put");
+    }
+    for p in policies {
+        api.put_network_policy(p.clone());
+    }
+    *applied = wanted;
+}
+
+/// In the two-node topology, a case's cells that cross the VPC include allowed ones and, when the
+/// case denies anything, denied ones.
+fn assert_crosses_nodes(
+    case: &str,
+    pods: &BTreeMap<String, PolicyPod>,
+    want: &BTreeMap<Cell, bool>,
+) {
+    let across = |allowed: bool| {
+        want.iter()
+            .filter(|(c, w)| **w == allowed && pods[&c.client].node != pods[&c.server].node)
+            .count()
+    };
+    assert!(across(true) > 0, "{case}: no allowed cell crosses nodes");
+    if want.values().any(|w| !w) {
+        assert!(across(false) > 0, "{case}: no denied cell crosses nodes");
+    }
+}
+
+async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) {
+    let Some(c) = Cluster::start_with(test, Egress::InternetGateway, rp_filter).await else {
+        return;
+    };
+    let api = FakeApiServer::start().await;
+    for ns in NAMESPACES {
+        api.put_namespace_labels(ns, &[("ns", ns)]);
+    }
+    let mut on_a =
+        PolicyDaemon::start(&c, &api, &c.a.instance_id, NODE_A, Placement::SecondaryEni).await;
+    let mut on_b = match topology {
+        Topology::OneNode => None,
+        Topology::TwoNodes => {
+            Some(PolicyDaemon::start(&c, &api, &c.b.instance_id, NODE_B, Placement::Eth0).await)
+        }
+    };
+    let mut pods = BTreeMap::new();
+    for ns in NAMESPACES {
+        for name in PODS {
+            let d = match &on_b {
+                Some(b) if name != "a" => b,
+                _ => &on_a,
+            };
+            let pod = d.add_pod(&c, &api, ns, name, None).await;
+            pods.insert(pod.key.clone(), pod);
+        }
+    }
+    c.lab.sync().await.expect("lab sync");
+    let mut servers = Vec::new();
+    for pod in pods.values() {
+        servers.push(serve_ports(&pod.cni.ns).await);
+    }
+    let logs = |daemons: [Option<&PolicyDaemon>; 2]| {
+        daemons
+            .into_iter()
+            .flatten()
+            .map(|d| format!("{} daemon:\n{}", d.node, d.tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let cells = all_cells(&pods);
+    let open = expected(&model(&pods, &[]), &cells);
+    until_matrix("no policy", &pods, &cells, &open, IN_FORCE_WITHIN, || {
+        logs([Some(&on_a), on_b.as_ref()])
+    })
+    .await;
+
+    // Every shared case, in turn.
+    let started = tokio::time::Instant::now();
+    let mut applied = Vec::new();
+    let cases = netpol_cases::cases(|ns, p| pods[&format!("{ns}/{p}")].cni.ip);
+    for case in &cases {
+        set_policies(&api, &mut applied, &case.policies);
+        let want = expected(&model(&pods, &case.policies), &cells);
+        if topology == Topology::TwoNodes {
+            assert_crosses_nodes(case.name, &pods, &want);
+        }
+        let denied = want.values().filter(|w| !**w).count();
+        let rounds = until_matrix(case.name, &pods, &cells, &want, IN_FORCE_WITHIN, || {
+            logs([Some(&on_a), on_b.as_ref()])
+        })
+        .await;
+        eprintln!(
+            "{test}: {}: {denied} of {} cells denied, in force after {rounds} round(s)",
+            case.name,
+            cells.len()
+        );
+    }
+    eprintln!(
+        "{test}: {} cases in {:.1} s",
+        cases.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    // A new pod's rules are in force before its ADD returns.
+    let gate = policy(
+        "x",
+        "gate",
+        json!({"podSelector": {}, "policyTypes": ["Ingress"],
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
+    );
+    set_policies(&api, &mut applied, std::slice::from_ref(&gate));
+    let want = expected(&model(&pods, std::slice::from_ref(&gate)), &cells);
+    until_matrix("gate", &pods, &cells, &want, IN_FORCE_WITHIN, || {
+        logs([Some(&on_a), on_b.as_ref()])
+    })
+    .await;
+    let xd = on_a.add_pod(&c, &api, "x", "d", None).await;
+    let veth = host_veth(&xd.cni);
+    let table = on_a
+        .policy_table()
+        .await
+        .expect("table inet eniipam_policy");
+    assert!(
+        table.contains(&veth),
+        "x/d's ADD returned before its veth {veth} had chains:\n{table}"
+    );
+    servers.push(serve_ports(&xd.cni.ns).await);
+    // The fabric learns the new address (EC2 knew it before the ADD returned).
+    c.lab.sync().await.expect("lab sync");
+    let mut with_d = pods.clone();
+    with_d.insert(xd.key.clone(), xd.clone());
+    let first: Vec<Cell> = ["x/b", "y/a"]
+        .into_iter()
+        .flat_map(|client| {
+            PROTOCOLS.map(|protocol| Cell {
+                client: client.to_owned(),
+                server: "x/d".to_owned(),
+                protocol,
+                port: 80,
+            })
+        })
+        .collect();
+    let got = probe_cells(&with_d, &first, PROBE_WAIT).await;
+    let want = expected(&model(&with_d, std::slice::from_ref(&gate)), &first);
+    assert_eq!(
+        want.values().filter(|w| **w).count(),
+        2,
+        "x/b is allowed, y/a is not"
+    );
+    let wrong = differences(&with_d, &got, &want);
+    assert!(
+        wrong.is_empty(),
+        "x/d's first packets, right after its ADD:\n{}",
+        wrong.join("\n")
+    );
+
+    // What eniipamctl says of x/a, and its denied counter.
+    let xa = on_a.ctl_policy("x/a");
+    let ingress = &xa["ingress"];
+    assert_eq!(ingress["isolated"], true, "{xa}");
+    assert!(
+        ingress["policies"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p == "x/gate")),
+        "{xa}"
+    );
+    let xb_ip = pods["x/b"].cni.ip.to_string();
+    assert!(
+        ingress["rules"]
+            .as_array()
+            .is_some_and(|rules| rules.iter().any(|r| {
+                r["source"].as_str().is_some_and(|s| s.contains("x/gate"))
+                    && r["peers"]
+                        .as_array()
+                        .is_some_and(|p| p.iter().any(|p| p == xb_ip.as_str()))
+            })),
+        "no rule of x/gate lets x/b ({xb_ip}) in: {xa}"
+    );
+    let denied_before = ingress["denied"].as_u64().expect("a denied count");
+    let to_xa = [Cell {
+        client: "y/a".to_owned(),
+        server: "x/a".to_owned(),
+        protocol: Protocol::Tcp,
+        port: 80,
+    }];
+    let got = probe_cells(&pods, &to_xa, PROBE_WAIT).await;
+    assert_eq!(got.values().next(), Some(&false), "y/a → x/a connected");
+    let xa = on_a.ctl_policy("x/a");
+    assert!(
+        xa["ingress"]["denied"].as_u64().expect("a denied count") > denied_before,
+        "the denied probe was not counted (before: {denied_before}): {xa}"
+    );
+
+    // x/d's address, reused by a pod of z once x/d is gone: no stale verdict either way.
+    let only_d = policy(
+        "y",
+        "only-d",
+        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Ingress"],
+               "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "x"}},
+                                      "podSelector": {"matchLabels": {"pod": "d"}}}]}]}),
+    );
+    let reuse_policies = [gate.clone(), only_d];
+    set_policies(&api, &mut applied, &reuse_policies);
+    let cells_d = all_cells(&with_d);
+    let want = expected(&model(&with_d, &reuse_policies), &cells_d);
+    assert_eq!(
+        want.iter()
+            .filter(|(c, w)| c.server == "y/a" && **w && c.client != "y/a")
+            .count(),
+        PROTOCOLS.len() * PORTS.len(),
+        "only x/d reaches y/a"
+    );
+    until_matrix(
+        "only x/d reaches y/a",
+        &with_d,
+        &cells_d,
+        &want,
+        IN_FORCE_WITHIN,
+        || logs([Some(&on_a), on_b.as_ref()]),
+    )
+    .await;
+    on_a.delete_pod(&api, &xd).await;
+    servers.pop();
+    let ze = on_a.add_pod(&c, &api, "z", "e", Some(xd.cni.ip)).await;
+    assert_eq!(ze.cni.ip, xd.cni.ip, "z/e did not get x/d's address");
+    servers.push(serve_ports(&ze.cni.ns).await);
+    c.lab.sync().await.expect("lab sync");
+    let mut with_e = pods.clone();
+    with_e.insert(ze.key.clone(), ze.clone());
+    let stale: Vec<Cell> = PROTOCOLS
+        .into_iter()
+        .flat_map(|protocol| {
+            [("z/e", "y/a"), ("y/b", "z/e")].map(|(client, server)| Cell {
+                client: client.to_owned(),
+                server: server.to_owned(),
+                protocol,
+                port: 80,
+            })
+        })
+        .collect();
+    let want = expected(&model(&with_e, &reuse_policies), &stale);
+    assert!(
+        want.iter().all(|(c, w)| *w == (c.server == "z/e")),
+        "z/e is denied y/a, y/b reaches z/e"
+    );
+    let got = probe_cells(&with_e, &stale, PROBE_WAIT).await;
+    let wrong = differences(&with_e, &got, &want);
+    assert!(
+        wrong.is_empty(),
+        "x/d's address reused by z/e, right after its ADD:\n{}",
+        wrong.join("\n")
+    );
+    let cells_e = all_cells(&with_e);
+    let want = expected(&model(&with_e, &reuse_policies), &cells_e);
+    until_matrix(
+        "x/d's address reused by z/e",
+        &with_e,
+        &cells_e,
+        &want,
+        IN_FORCE_WITHIN,
+        || logs([Some(&on_a), on_b.as_ref()]),
+    )
+    .await;
+
+    // Enforcement off: the table goes, everything connects although the policies stay.
+    for d in [Some(&mut on_a), on_b.as_mut()].into_iter().flatten() {
+        d.restart_with(&[("ENIIPAM_NETWORK_POLICY", "false")]).await;
+        assert_eq!(
+            d.policy_table().await,
+            None,
+            "{}: the table outlived enforcement",
+            d.node
+        );
+    }
+    let open = expected(&model(&with_e, &[]), &cells_e);
+    until_matrix(
+        "enforcement off",
+        &with_e,
+        &cells_e,
+        &open,
+        IN_FORCE_WITHIN,
+        || logs([Some(&on_a), on_b.as_ref()]),
+    )
+    .await;
+    c.assert_no_drops().await;
+}
