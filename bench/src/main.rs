@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p eniipam-bench -- <ipam|wiring|grpc|cold-burst|startup|memory|fleet|all>... [--runs N] [--out DIR]
+//! cargo run --release -p eniipam-bench -- netpol
 //! cargo run --release -p eniipam-bench -- soak [--minutes 30] [--seed N] [--soak-steps N] [--soak-faults LIST] [--ip-family ipv4|ipv6|dual] [--network-profiles]
 //! ```
 //!
@@ -49,6 +50,9 @@ enum Scenario {
     All,
     /// The fault soak with the invariant checker (issue 13; not in `all`): `--minutes`, `--seed`.
     Soak,
+    /// NetworkPolicy at scale (issue 28; not in `all`): change-to-enforced latency, rule count,
+    /// memory, a packet's cost; in network namespaces (root).
+    Netpol,
 }
 
 impl Scenario {
@@ -193,6 +197,8 @@ fn run(args: Args) -> anyhow::Result<bool> {
             PathBuf::from("bench/results/soak-profiles")
         } else if chosen == [Scenario::Soak] {
             PathBuf::from("bench/results/soak")
+        } else if chosen == [Scenario::Netpol] {
+            PathBuf::from("bench/results/netpol")
         } else {
             PathBuf::from("bench/results")
         }
@@ -248,6 +254,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
                 Scenario::Fleet => scenarios::fleet::run(&ctx.fleet).await,
                 Scenario::Fragmentation => scenarios::fragmentation::run(&ctx).await,
                 Scenario::Soak => scenarios::soak::run(&ctx.soak).await,
+                Scenario::Netpol => scenarios::netpol::run(&ctx).await,
                 Scenario::All => unreachable!("expanded above"),
             }
         });

@@ -6,6 +6,7 @@ pub mod fragmentation;
 pub mod grpc;
 pub mod ipam;
 pub mod memory;
+pub mod netpol;
 pub mod soak;
 pub mod startup;
 pub mod wiring;
