@@ -21,10 +21,11 @@
 //! | 5 | `rpc` | the tonic services on the unix socket: protobuf ⇄ domain |
 //! | 6 | `reconcile` | the startup rebuild, the running reconcile, pods gone from the API server |
 //! | 7 | `ipam` | allocate / release / check / GC with the durable record (invariant 5) |
-//! | 8 | `pool`, `ipv6`, `host` | the IP pool (capacity, idle queue, one actor per ENI, maintainer); the node's IPv6 /80 and its address book; the node's own networking (ENI route tables, SNAT and NodePort rules, `--prepare-host`) |
-//! | 9 | `cloud`, `store`, `custom_networking`, `network_profiles`, `network_policy` | the `Cloud` (EC2) and `Metadata` (IMDSv2) seams, limits, retries, ENI lifecycle; SQLite state (WAL), one owner thread; the node's ENIConfig from the API server; network profiles, the pod's choice and the node's extended resources; Kubernetes NetworkPolicy compiled per pod (the model; not enforced yet) |
-//! | 10 | `metrics`, `clock` | the metric families the request path records; tokio time and unix milliseconds |
-//! | 11 | `model` | `eniipam-api`'s model types (IPs, ENI ids, attachment keys, pods) |
+//! | 8 | `network_policy` | Kubernetes NetworkPolicy: the cluster's policies, pods and namespaces watched, each local pod compiled into the nftables table `inet eniipam_policy` and kept in the kernel (the engine runs `host`'s `nft`) |
+//! | 9 | `pool`, `ipv6`, `host` | the IP pool (capacity, idle queue, one actor per ENI, maintainer); the node's IPv6 /80 and its address book; the node's own networking (ENI route tables, SNAT and NodePort rules, `--prepare-host`) |
+//! | 10 | `cloud`, `store`, `custom_networking`, `network_profiles` | the `Cloud` (EC2) and `Metadata` (IMDSv2) seams, limits, retries, ENI lifecycle; SQLite state (WAL), one owner thread; the node's ENIConfig from the API server; network profiles, the pod's choice and the node's extended resources |
+//! | 11 | `metrics`, `clock` | the metric families the request path records; tokio time and unix milliseconds |
+//! | 12 | `model` | `eniipam-api`'s model types (IPs, ENI ids, attachment keys, pods) |
 //! <!-- /module-map -->
 //!
 //! Where to look: the pool in [`pool`] (the ENI actor in `pool::eni`), the state file in [`store`], the

@@ -21,7 +21,6 @@ mod bins;
 mod datapath_support;
 
 use datapath_support::*;
-use std::net::SocketAddr;
 
 use eniipam_kubeapi::{Crd, FakeApiServer, eniconfig_json};
 use ipnet::Ipv4Net;
@@ -110,25 +109,12 @@ const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 async fn start_custom(c: &Cluster, subnet: &str, sg: &str) -> CustomDaemon {
     let api = FakeApiServer::start().await;
     api.install_crd(Crd::eniconfig());
-    api.add_node(NODE_A, &[]);
+    let (forward, url) = forward_api(c, &api, &c.a.instance_id, NODE_A).await;
     api.set_node_label(NODE_A, ZONE_LABEL, Some(&c.a.availability_zone));
     api.put_object(
         &Crd::eniconfig(),
         eniconfig_json(&c.a.availability_zone, subnet, Some(&[sg])),
     );
-    let target: SocketAddr = api
-        .url()
-        .trim_start_matches("http://")
-        .parse()
-        .expect("the API server's address");
-    let forward = PortForward::start(
-        &c.node_ns(&c.a.instance_id),
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        target,
-    )
-    .await
-    .expect("API server port forward");
-    let url = format!("http://{}", forward.listen_addr());
     let env = [
         ("ENIIPAM_CUSTOM_NETWORKING", "true"),
         ("ENIIPAM_ENI_CONFIG_LABEL", ZONE_LABEL),

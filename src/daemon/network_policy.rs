@@ -30,8 +30,11 @@ use tokio_util::sync::CancellationToken;
 use crate::host::Nft;
 use crate::ipam::{IpamError, PolicyGate};
 use crate::metrics::Metrics;
+use crate::metrics::network_policy::{Synced, VerdictCounts};
 use crate::model::PodRef;
+use crate::network_policy::Direction;
 use crate::network_policy::enforce::{Engine, LocalAttachment, SyncKind, SyncReport};
+use crate::network_policy::nft::LocalPod;
 use crate::network_policy::watch::{ClusterWatch, pod_view};
 use crate::network_policy::{DirectionCounts, Explanation};
 use crate::pool::Pool;
@@ -190,7 +193,24 @@ async fn sync_loop(
         match engine.sync(&snapshot, &local).await {
             Ok(report) => {
                 failures = 0;
-                metrics.network_policy.synced(&report, policies, since);
+                let isolated = |f: fn(&LocalPod) -> &Direction| {
+                    report
+                        .pods
+                        .iter()
+                        .filter(|p| matches!(f(p), Direction::Isolated { .. }))
+                        .count()
+                };
+                metrics.network_policy.synced(Synced {
+                    kind: report.kind.as_str(),
+                    policies,
+                    rules: report.rules,
+                    elements: report.elements,
+                    isolated: (
+                        isolated(|p| &p.compiled.ingress),
+                        isolated(|p| &p.compiled.egress),
+                    ),
+                    since,
+                });
                 if report.kind != SyncKind::Unchanged {
                     tracing::debug!(kind = report.kind.as_str(), rules = report.rules,
                         elements = report.elements, bytes = report.script_bytes,
@@ -231,7 +251,12 @@ async fn count_verdicts(metrics: Metrics, cancel: CancellationToken) {
             _ = tokio::time::sleep(COUNTERS_EVERY) => {}
         }
         if let Some(totals) = read_counters(&nft).await {
-            metrics.network_policy.verdicts(totals);
+            metrics.network_policy.verdicts(VerdictCounts {
+                ingress_allowed: totals.ingress_allowed,
+                ingress_denied: totals.ingress_denied,
+                egress_allowed: totals.egress_allowed,
+                egress_denied: totals.egress_denied,
+            });
         }
     }
 }

@@ -188,36 +188,38 @@ pub async fn prepare_host(file: Option<&Path>, env: &dyn Env) -> Result<HostPrep
     step.await.map_err(ModeError::Prepare)
 }
 
-/// What `--uninstall-host-rules` removed.
+/// What `--uninstall-host-rules` removed: the host rules, and whether the NetworkPolicy table
+/// `inet eniipam_policy` was there and is gone.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostRulesRemoved(pub crate::host::rules::Uninstalled);
+pub struct HostRulesRemoved(pub crate::host::rules::Uninstalled, pub bool);
 
 impl std::fmt::Display for HostRulesRemoved {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let gone = |b: bool| if b { "deleted" } else { "absent" };
         write!(
             f,
             "host rules removed (nftables table ip {TABLE}: {}; table inet {}: {}; fwmark rules: {})",
-            if self.0.table { "deleted" } else { "absent" },
+            gone(self.0.table),
             crate::network_policy::nft::TABLE,
-            if self.0.policy_table {
-                "deleted"
-            } else {
-                "absent"
-            },
+            gone(self.1),
             self.0.fwmark_rules
         )
     }
 }
 
-/// `--uninstall-host-rules`: removes the nftables table `ip eniipam` and the `fwmark` rule of the
-/// configured `connmark`.
+/// `--uninstall-host-rules`: removes the nftables tables `ip eniipam` and `inet eniipam_policy`
+/// and the `fwmark` rule of the configured `connmark`.
 pub async fn uninstall_host_rules(
     file: Option<&Path>,
     env: &dyn Env,
 ) -> Result<HostRulesRemoved, ModeError> {
     let config = DaemonConfig::load(file, env)?;
+    let policy = crate::network_policy::enforce::Engine::new(crate::host::Nft::default())
+        .remove()
+        .await
+        .map_err(|e| ModeError::Uninstall(e.into()))?;
     prepare::uninstall_host_rules(config.connmark)
         .await
-        .map(HostRulesRemoved)
+        .map(|removed| HostRulesRemoved(removed, policy))
         .map_err(ModeError::Uninstall)
 }

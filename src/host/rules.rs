@@ -163,8 +163,6 @@ pub enum RulesError {
 pub struct Uninstalled {
     /// The `ip eniipam` table was there and is gone.
     pub table: bool,
-    /// The NetworkPolicy table `inet eniipam_policy` was there and is gone.
-    pub policy_table: bool,
     /// `fwmark` rules removed.
     pub fwmark_rules: usize,
 }
@@ -258,10 +256,6 @@ impl HostRules {
     /// `rp_filter` stays loose: the previous value is not known, and loose is what EKS nodes run.
     pub async fn uninstall(&self, connmark: u32) -> Result<Uninstalled, RulesError> {
         let table = self.nft.delete_table(Family::Ip, TABLE).await?;
-        let policy_table = self
-            .nft
-            .delete_table(Family::Inet, crate::network_policy::nft::TABLE)
-            .await?;
         let rule = nodeport::fwmark_rule(connmark);
         let fwmark_rules = self
             .nl
@@ -269,7 +263,6 @@ impl HostRules {
             .await?;
         Ok(Uninstalled {
             table,
-            policy_table,
             fwmark_rules,
         })
     }

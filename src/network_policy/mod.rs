@@ -1,22 +1,23 @@
-//! Kubernetes NetworkPolicy (issue 28), the model half: which connections the cluster's policies
-//! allow for a pod, compiled into sets of peer addresses and ports per direction (what the node's
-//! nftables sets will hold), each allowed connection traced to the policy rule that allows it.
+//! Kubernetes NetworkPolicy (issue 28, `docs/network-policy.md`): which connections the cluster's
+//! policies allow for this node's pods, and the nftables table that enforces it.
 //!
 //! - [`selector`]: label selectors (`matchLabels`, `matchExpressions`).
-//! - [`compile`]: a pod's ingress and egress ([`compile()`], [`Compiled`]) and the verdict on one
-//!   connection ([`connection_allowed`]); the semantics are in its docs.
-//! - [`nft`]: the compiled policies of a node's pods rendered into the nftables ruleset that
-//!   enforces them (table `inet eniipam_policy`, IPv4), loaded as one transaction.
+//! - [`compile`]: a pod's ingress and egress ([`compile()`], [`compile_all`] for the node's pods
+//!   together, [`Compiled`]) and the verdict on one connection ([`connection_allowed`]); the
+//!   semantics are in its docs.
+//! - [`nft`]: the compiled policies of a node's pods rendered into table `inet eniipam_policy`
+//!   (IPv4), loaded whole or updated in place, and its verdict counters.
+//! - [`watch`]: the cluster's NetworkPolicies, pods and namespaces, listed and watched.
+//! - [`enforce`]: the engine, keeping the kernel's table in step with the cluster and the node's
+//!   pods (through `host`'s `nft`).
+//! - [`explain`]: what `eniipamctl policy <pod>` shows.
 //!
-//! Not wired yet: the daemon does not watch policies nor load the ruleset (see the issue). The
-//! upstream network-policy e2e cases are reproduced against this model in
-//! `tests/network_policy_cases.rs`, and against the kernel (model and nftables agreeing on every
-//! probe) in `tests/network_policy_nft.rs`.
+//! The daemon's half (the sync task, a new pod's rules in force before its ADD returns) is
+//! `crate::daemon`'s `network_policy`; the metrics are `crate::metrics::network_policy`.
 
 pub mod compile;
 pub mod enforce;
 pub mod explain;
-pub mod metrics;
 pub mod nft;
 pub mod selector;
 pub mod watch;

@@ -312,6 +312,32 @@ impl FlowProbe {
 
 pub use daemon::Daemon;
 
+/// Registers node `node` in the API-server double `api` and forwards the double into the node's
+/// namespace (nothing there reaches the machine's loopback otherwise): the forward, kept as long as
+/// the node's daemon runs, and the URL that daemon is given (`ENIIPAM_API_SERVER_URL`).
+pub async fn forward_api(
+    c: &Cluster,
+    api: &eniipam_kubeapi::FakeApiServer,
+    instance_id: &str,
+    node: &str,
+) -> (PortForward, String) {
+    api.add_node(node, &[]);
+    let target: SocketAddr = api
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the API server's address");
+    let forward = PortForward::start(
+        &c.node_ns(instance_id),
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        target,
+    )
+    .await
+    .expect("API server port forward");
+    let url = format!("http://{}", forward.listen_addr());
+    (forward, url)
+}
+
 /// What a pod asks for.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PodOptions {

@@ -106,20 +106,7 @@ impl PolicyDaemon {
         node: &str,
         placement: Placement,
     ) -> PolicyDaemon {
-        api.add_node(node, &[]);
-        let target: SocketAddr = api
-            .url()
-            .trim_start_matches("http://")
-            .parse()
-            .expect("the API server's address");
-        let forward = PortForward::start(
-            &c.node_ns(instance_id),
-            SocketAddr::from(([127, 0, 0, 1], 0)),
-            target,
-        )
-        .await
-        .expect("API server port forward");
-        let url = format!("http://{}", forward.listen_addr());
+        let (forward, url) = super::forward_api(c, api, instance_id, node).await;
         let env = [
             ("ENIIPAM_NETWORK_POLICY", "true"),
             ("ENIIPAM_API_SERVER_URL", url.as_str()),

@@ -5,7 +5,6 @@
 //! double, with their `eniipam.io/network` annotation, before their CNI ADD, as the kubelet only
 //! runs the ADD for a pod the API server has bound to the node.
 
-use std::net::SocketAddr;
 use std::ops::{Deref, DerefMut};
 
 use eniipam_kubeapi::{FakeApiServer, pod_json};
@@ -52,20 +51,7 @@ impl ProfileDaemon {
         node: &str,
         placement: Placement,
     ) -> ProfileDaemon {
-        api.add_node(node, &[]);
-        let target: SocketAddr = api
-            .url()
-            .trim_start_matches("http://")
-            .parse()
-            .expect("the API server's address");
-        let forward = PortForward::start(
-            &c.node_ns(instance_id),
-            SocketAddr::from(([127, 0, 0, 1], 0)),
-            target,
-        )
-        .await
-        .expect("API server port forward");
-        let url = format!("http://{}", forward.listen_addr());
+        let (forward, url) = super::forward_api(c, api, instance_id, node).await;
         let env = [
             ("ENIIPAM_NETWORK_PROFILES", "true"),
             ("ENIIPAM_API_SERVER_URL", url.as_str()),

@@ -1,6 +1,8 @@
-//! The enforcer's metrics (`eniipam_network_policy_*`, listed in `docs/metrics.md`): the policies,
-//! the node's isolated pods, the size of the rules in the kernel, how long a change takes to be in
-//! force, and the connections the rules allowed and denied.
+//! NetworkPolicy enforcement's metrics (`eniipam_network_policy_*`, listed in `docs/metrics.md`):
+//! the policies, the node's isolated pods, the size of the rules in the kernel, how long a change
+//! takes to be in force, and the connections the rules allowed and denied. The daemon records them
+//! from each sync (`crate::daemon`'s `network_policy`); plain numbers in, so this layer knows
+//! nothing of the enforcer.
 
 use std::sync::{Arc, Mutex};
 
@@ -12,9 +14,29 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use super::compile::Direction;
-use super::enforce::SyncReport;
-use super::explain::DirectionCounts;
+/// New connections of the node's isolated pods the kernel counted, by direction and verdict.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VerdictCounts {
+    pub ingress_allowed: u64,
+    pub ingress_denied: u64,
+    pub egress_allowed: u64,
+    pub egress_denied: u64,
+}
+
+/// What one sync put in the kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct Synced {
+    /// `full`, `update` or `unchanged`.
+    pub kind: &'static str,
+    /// NetworkPolicies in the cluster.
+    pub policies: usize,
+    pub rules: usize,
+    pub elements: usize,
+    /// The node's pods isolated for ingress and for egress.
+    pub isolated: (usize, usize),
+    /// When the oldest change this sync put in force happened.
+    pub since: Option<Instant>,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirectionLabel {
@@ -43,7 +65,7 @@ pub struct PolicyMetrics {
     syncs: Family<KindLabel, Counter>,
     connections: Family<VerdictLabel, Counter>,
     /// The kernel's totals last read (the counters restart when a table is loaded whole).
-    last_counts: Arc<Mutex<DirectionCounts>>,
+    last_counts: Arc<Mutex<VerdictCounts>>,
 }
 
 impl Default for PolicyMetrics {
@@ -64,35 +86,23 @@ impl Default for PolicyMetrics {
 }
 
 impl PolicyMetrics {
-    /// A sync reached the kernel: `policies` in the cluster; `since`, when the oldest change it
-    /// put in force happened.
-    pub fn synced(&self, report: &SyncReport, policies: usize, since: Option<Instant>) {
-        self.policies.set(policies as i64);
-        self.rules.set(report.rules as i64);
-        self.set_elements.set(report.elements as i64);
-        let isolated = |f: fn(&super::nft::LocalPod) -> &Direction| {
-            report
-                .pods
-                .iter()
-                .filter(|p| matches!(f(p), Direction::Isolated { .. }))
-                .count() as i64
-        };
+    /// A sync reached the kernel.
+    pub fn synced(&self, s: Synced) {
+        self.policies.set(s.policies as i64);
+        self.rules.set(s.rules as i64);
+        self.set_elements.set(s.elements as i64);
         self.isolated_pods
             .get_or_create(&DirectionLabel {
                 direction: "ingress",
             })
-            .set(isolated(|p| &p.compiled.ingress));
+            .set(s.isolated.0 as i64);
         self.isolated_pods
             .get_or_create(&DirectionLabel {
                 direction: "egress",
             })
-            .set(isolated(|p| &p.compiled.egress));
-        self.syncs
-            .get_or_create(&KindLabel {
-                kind: report.kind.as_str(),
-            })
-            .inc();
-        if let Some(t) = since {
+            .set(s.isolated.1 as i64);
+        self.syncs.get_or_create(&KindLabel { kind: s.kind }).inc();
+        if let Some(t) = s.since {
             self.sync_seconds.observe(t.elapsed().as_secs_f64());
         }
     }
@@ -106,7 +116,7 @@ impl PolicyMetrics {
 
     /// The kernel's counters summed over the node's pods: what grew since the last reading is
     /// added (a total that shrank restarted with a reloaded table or a gone pod: counted from 0).
-    pub fn verdicts(&self, now: DirectionCounts) {
+    pub fn verdicts(&self, now: VerdictCounts) {
         let mut last = self.last_counts.lock().unwrap_or_else(|p| p.into_inner());
         for (direction, verdict, new, old) in [
             (
@@ -181,19 +191,19 @@ mod tests {
                 })
                 .get()
         };
-        m.verdicts(DirectionCounts {
+        m.verdicts(VerdictCounts {
             ingress_denied: 5,
-            ..DirectionCounts::default()
+            ..VerdictCounts::default()
         });
-        m.verdicts(DirectionCounts {
+        m.verdicts(VerdictCounts {
             ingress_denied: 7,
-            ..DirectionCounts::default()
+            ..VerdictCounts::default()
         });
         assert_eq!(denied(), 7);
         // The table was loaded whole: the kernel counts from 0 again.
-        m.verdicts(DirectionCounts {
+        m.verdicts(VerdictCounts {
             ingress_denied: 2,
-            ..DirectionCounts::default()
+            ..VerdictCounts::default()
         });
         assert_eq!(denied(), 9);
     }

@@ -5,6 +5,8 @@
 //! Metric names follow the AWS VPC CNI's where one measures the same thing, with `eniipam_` for
 //! `awscni_` (mapping in `docs/metrics.md`), so existing dashboards port by a prefix change.
 
+pub mod network_policy;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -86,7 +88,7 @@ pub struct Metrics {
     /// and groups EC2 accepts here), 0 while not; a profile that is gone has no series.
     pub network_profile_usable: Family<ProfileLabel, Gauge>,
     /// NetworkPolicy enforcement (`eniipam_network_policy_*`).
-    pub network_policy: crate::network_policy::metrics::PolicyMetrics,
+    pub network_policy: network_policy::PolicyMetrics,
     startup_ms: Arc<AtomicU64>,
 }
 
