@@ -43,7 +43,8 @@ use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use datapath_support::{Cluster, PodOptions, RpFilter};
+use datapath_support::policy::{PolicyDaemon, serve_ports};
+use datapath_support::{Cluster, Placement, PodOptions, RpFilter};
 use eniipam::network_policy::{Direction, Protocol, compile, connection_allowed};
 use eniipam_kubeapi::FakeApiServer;
 use ipnet::Ipv4Net;
@@ -54,7 +55,7 @@ use rand::{Rng, SeedableRng};
 use soak_policy_support::world::{
     LivePod, NAMESPACES, World, namespace_labels, pod_labels, pod_object, random_policy,
 };
-use soak_policy_support::{Cell, PolicyDaemon, Servers, probe_cells};
+use soak_policy_support::{Cell, probe_cells};
 use vpclab::Egress;
 
 const TEST: &str = "policies_under_churn";
@@ -133,7 +134,7 @@ async fn policies_under_churn() {
     }
     let mut daemons = Vec::new();
     for (instance, node) in [&c.a.instance_id, &c.b.instance_id].into_iter().zip(NODES) {
-        daemons.push(PolicyDaemon::start(&c, &api, instance, node).await);
+        daemons.push(PolicyDaemon::start(&c, &api, instance, node, Placement::Eth0).await);
     }
     let vpc = Ipv4Net::new(c.a.private_ip, 16).expect("a prefix").trunc();
     let mut soak = Soak {
@@ -239,7 +240,7 @@ impl Soak {
         if self.gone_ips.remove(&cni.ip) {
             self.tally.reused_ips += 1;
         }
-        let servers = Servers::start(&cni.ns);
+        let servers = serve_ports(&cni.ns).await;
         self.world.pods.push(LivePod {
             cni,
             node,

@@ -33,7 +33,7 @@ use crate::metrics::Metrics;
 use crate::metrics::network_policy::{Synced, VerdictCounts};
 use crate::model::PodRef;
 use crate::network_policy::Direction;
-use crate::network_policy::enforce::{Engine, LocalAttachment, SyncKind, SyncReport};
+use crate::network_policy::enforce::{Engine, LocalAttachment, Round, SyncKind, SyncReport};
 use crate::network_policy::nft::LocalPod;
 use crate::network_policy::watch::{ClusterWatch, pod_view};
 use crate::network_policy::{DirectionCounts, Explanation};
@@ -186,11 +186,15 @@ async fn sync_loop(
             engine.forget();
             last_full = tokio::time::Instant::now();
         }
-        let (generation, since) = cluster.take_pending();
         let local = local_attachments(&pool, &veth_prefix);
-        let snapshot = cluster.cluster();
-        let policies = snapshot.policies.len();
-        match engine.sync(&snapshot, &local).await {
+        let Round {
+            generation,
+            since,
+            policies,
+            result,
+            ..
+        } = engine.sync_watched(&cluster, &local).await;
+        match result {
             Ok(report) => {
                 failures = 0;
                 let isolated = |f: fn(&LocalPod) -> &Direction| {

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use super::compile::{Cluster, Compiled, Direction, PodView, compile_all};
 use super::nft::{self, LocalPod, RenderError, Ruleset};
+use super::watch::ClusterWatch;
 use crate::host::{Nft, NftError};
 
 /// A pod attachment on this node, as the pool knows it.
@@ -71,6 +72,20 @@ pub struct SyncReport {
     pub compile: Duration,
     pub render: Duration,
     pub load: Duration,
+}
+
+/// One sync of the watched cluster ([`Engine::sync_watched`]).
+#[derive(Debug)]
+pub struct Round {
+    /// The watch's generation this sync took (in force when `result` is `Ok`).
+    pub generation: u64,
+    /// When the oldest change it took was seen by the watch.
+    pub since: Option<Instant>,
+    /// NetworkPolicies in the cluster it took.
+    pub policies: usize,
+    /// The time taken to copy the cluster out of the watch.
+    pub snapshot: Duration,
+    pub result: Result<SyncReport, EnforceError>,
 }
 
 /// The engine: the `nft` binary and the table the kernel holds.
@@ -135,6 +150,23 @@ impl Engine {
         };
         self.applied = Some(ruleset);
         Ok(report)
+    }
+
+    /// One sync as the daemon runs it: the changes `watch` has seen taken, the cluster as it now
+    /// stands, and [`Self::sync`] of `local` against it. A failed round's changes are still the
+    /// caller's to put back ([`ClusterWatch::restore_pending`]).
+    pub async fn sync_watched(&mut self, watch: &ClusterWatch, local: &[LocalAttachment]) -> Round {
+        let (generation, since) = watch.take_pending();
+        let started = Instant::now();
+        let cluster = watch.cluster();
+        let snapshot = started.elapsed();
+        Round {
+            generation,
+            since,
+            policies: cluster.policies.len(),
+            snapshot,
+            result: self.sync(&cluster, local).await,
+        }
     }
 
     /// Forgets what the kernel holds: the next sync loads the whole table.

@@ -160,6 +160,24 @@ impl PolicyDaemon {
         api.delete_pod(&pod.cni.namespace, &pod.cni.name);
     }
 
+    /// The chains of the node's table `inet eniipam_policy` (none when there is no table).
+    pub async fn chains(&self) -> std::collections::BTreeSet<String> {
+        let Ok(json) = self
+            .ns
+            .nft_json(&["list", "table", "inet", "eniipam_policy"])
+            .await
+        else {
+            return Default::default();
+        };
+        json["nftables"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|item| item["chain"]["name"].as_str())
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// `nft list table inet eniipam_policy` in the node (`None`: no table).
     pub async fn policy_table(&self) -> Option<String> {
         self.ns

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use crate::datapath_support::CniPod;
 
-use super::Servers;
+use crate::datapath_support::policy::Servers;
 
 /// The Kubernetes namespaces pods and policies live in.
 pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];

@@ -61,24 +61,15 @@ pub fn namespace_with_labels(
 impl FakeApiServer {
     /// Creates (or replaces) a namespace with these annotations: `ADDED` or `MODIFIED`.
     pub fn put_namespace(&self, name: &str, annotations: &[(&str, &str)]) {
-        let mut w = self.inner.world.lock().unwrap();
-        let k = key(name);
-        let verb = if w.objects.contains_key(&k) {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        change(
-            &self.inner,
-            &mut w,
-            k,
-            verb,
-            namespace_json(name, annotations),
-        );
+        self.put_namespace_object(name, namespace_json(name, annotations));
     }
 
     /// Creates (or replaces) a namespace with these labels and no annotations.
     pub fn put_namespace_labels(&self, name: &str, labels: &[(&str, &str)]) {
+        self.put_namespace_object(name, namespace_with_labels(name, labels, &[]));
+    }
+
+    fn put_namespace_object(&self, name: &str, object: Value) {
         let mut w = self.inner.world.lock().unwrap();
         let k = key(name);
         let verb = if w.objects.contains_key(&k) {
@@ -86,13 +77,7 @@ impl FakeApiServer {
         } else {
             "ADDED"
         };
-        change(
-            &self.inner,
-            &mut w,
-            k,
-            verb,
-            namespace_with_labels(name, labels, &[]),
-        );
+        change(&self.inner, &mut w, k, verb, object);
     }
 
     /// Sets (`Some`) or removes (`None`) one annotation of an existing namespace, as

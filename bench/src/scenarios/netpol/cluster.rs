@@ -1,5 +1,6 @@
 //! The generated cluster: 50 namespaces of 100 pods (5,000), 20 policies each (1,000), a node
-//! with 110 of the pods; and the changes the scenario times, each a new cluster state.
+//! with 110 of the pods; and the changes the scenario times, each a new cluster state and the
+//! object written to the API server ([`Change`]).
 //!
 //! Pod addresses are every other address of 10.64.0.0/16, so a peer set of N pods holds N
 //! elements (no two pods' addresses merge into one range): the sets are as large as the pods
@@ -10,8 +11,11 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
+use anyhow::Context;
+
 use eniipam::network_policy::enforce::LocalAttachment;
 use eniipam::network_policy::{Cluster, NamedPort, PodView, Protocol};
+use eniipam_kubeapi::{FakeApiServer, pod_json};
 use serde_json::{Value, json};
 
 pub const NAMESPACES: usize = 50;
@@ -97,6 +101,69 @@ pub fn policy_of(n: usize, k: usize, version: u16) -> Value {
     policy(&ns, &name, spec)
 }
 
+/// The node's name in the API server (its pods' `spec.nodeName`).
+pub const NODE: &str = "bench-node";
+
+/// A pod as the API server holds it: labels, container ports and `status.podIP(s)` from `p`.
+pub fn pod_object(p: &PodView, node: &str) -> Value {
+    let mut o = pod_json(
+        &p.namespace,
+        &p.name,
+        &format!("uid-{}-{}", p.namespace, p.name),
+        node,
+        "Running",
+    );
+    o["metadata"]["labels"] = json!(p.labels);
+    o["spec"]["containers"][0]["ports"] = p
+        .ports
+        .iter()
+        .map(|n| json!({"name": n.name, "containerPort": n.port, "protocol": n.protocol.as_str()}))
+        .collect();
+    let ips: Vec<String> = p.ips.iter().map(ToString::to_string).collect();
+    o["status"]["podIP"] = json!(ips.first());
+    o["status"]["podIPs"] = ips.iter().map(|ip| json!({"ip": ip})).collect();
+    o
+}
+
+/// One change of the cluster, as written to the API server.
+pub enum Change {
+    PutPod(Value),
+    DeletePod { namespace: String, name: String },
+    PutPolicy(Value),
+    DeletePolicy { namespace: String, name: String },
+}
+
+impl Change {
+    pub fn apply(&self, api: &FakeApiServer) -> anyhow::Result<()> {
+        let done = match self {
+            Change::PutPod(pod) => {
+                api.put_pod(pod.clone());
+                true
+            }
+            Change::DeletePod { namespace, name } => api.delete_pod(namespace, name),
+            Change::PutPolicy(policy) => {
+                api.put_network_policy(policy.clone());
+                true
+            }
+            Change::DeletePolicy { namespace, name } => api.delete_network_policy(namespace, name),
+        };
+        anyhow::ensure!(done, "the API server has no such object to delete");
+        Ok(())
+    }
+
+    fn delete_pod(p: &PodView) -> Self {
+        Change::DeletePod {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+        }
+    }
+}
+
+fn policy_key(p: &Value) -> (String, String) {
+    let key = |k: &str| p["metadata"][k].as_str().unwrap_or_default().to_owned();
+    (key("namespace"), key("name"))
+}
+
 /// The cluster and the node's pods (indices into `cluster.pods`).
 pub struct World {
     pub cluster: Cluster,
@@ -160,6 +227,30 @@ impl World {
         Ok(Self { cluster, local })
     }
 
+    /// Writes the whole cluster to the API server: namespaces, pods (the local ones bound to
+    /// [`NODE`]), policies.
+    pub fn load(&self, api: &FakeApiServer) -> anyhow::Result<()> {
+        for (name, labels) in &self.cluster.namespaces {
+            let labels: Vec<(&str, &str)> = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            api.put_namespace_labels(name, &labels);
+        }
+        for (i, p) in self.cluster.pods.iter().enumerate() {
+            let node = if self.local.contains(&i) {
+                NODE
+            } else {
+                "other"
+            };
+            api.put_pod(pod_object(p, node));
+        }
+        for p in &self.cluster.policies {
+            api.put_network_policy(serde_json::to_value(p)?);
+        }
+        Ok(())
+    }
+
     /// The node's pods as the daemon's pool knows them.
     pub fn attachments(&self) -> Vec<LocalAttachment> {
         self.local
@@ -177,31 +268,36 @@ impl World {
     }
 
     /// A remote pod that many local pods' peer sets name (tier `api`, every egress `http` rule).
-    pub fn add_remote(&mut self, serial: usize) {
+    pub fn add_remote(&mut self, serial: usize) -> Change {
         let i = NAMESPACES * PODS_PER_NAMESPACE + serial;
-        self.cluster.pods.push(pod(
+        let p = pod(
             &ns_name(serial % NAMESPACES),
             format!("extra{serial}"),
             pod_ip(i),
             serial % 20,
             "api",
-        ));
+        );
+        let change = Change::PutPod(pod_object(&p, "other"));
+        self.cluster.pods.push(p);
+        change
     }
 
     /// Removes the last pod added (a remote one).
-    pub fn remove_last_pod(&mut self) {
-        self.cluster.pods.pop();
+    pub fn remove_last_pod(&mut self) -> anyhow::Result<Change> {
+        let p = self.cluster.pods.pop().context("no pod to remove")?;
+        Ok(Change::delete_pod(&p))
     }
 
     /// Changes the ports of policy `k` of namespace `n` (its rules' sets and chains change).
-    pub fn change_policy(&mut self, n: usize, k: usize, version: u16) -> anyhow::Result<()> {
+    pub fn change_policy(&mut self, n: usize, k: usize, version: u16) -> anyhow::Result<Change> {
         let at = n * POLICIES_PER_NAMESPACE + k - usize::from(n > 0);
-        self.cluster.policies[at] = serde_json::from_value(policy_of(n, k, version))?;
-        Ok(())
+        let p = policy_of(n, k, version);
+        self.cluster.policies[at] = serde_json::from_value(p.clone())?;
+        Ok(Change::PutPolicy(p))
     }
 
     /// Adds a policy isolating local pods of namespace `n` (a new rule in their chains).
-    pub fn add_policy(&mut self, n: usize, serial: usize) -> anyhow::Result<()> {
+    pub fn add_policy(&mut self, n: usize, serial: usize) -> anyhow::Result<Change> {
         let p = policy(
             &ns_name(n),
             &format!("added{serial}"),
@@ -209,33 +305,39 @@ impl World {
                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": format!("app{}", serial % 20)}}}],
                                 "ports": [{"port": 7000 + (serial % 1000) as u16}]}]}),
         );
-        self.cluster.policies.push(serde_json::from_value(p)?);
-        Ok(())
+        self.cluster
+            .policies
+            .push(serde_json::from_value(p.clone())?);
+        Ok(Change::PutPolicy(p))
     }
 
     /// Removes the last policy added.
-    pub fn remove_last_policy(&mut self) {
-        self.cluster.policies.pop();
+    pub fn remove_last_policy(&mut self) -> anyhow::Result<Change> {
+        let p = self.cluster.policies.pop().context("no policy to remove")?;
+        let (namespace, name) = policy_key(&serde_json::to_value(&p)?);
+        Ok(Change::DeletePolicy { namespace, name })
     }
 
     /// A new local pod in namespace `n` (new chains, sets and jumps).
-    pub fn add_local(&mut self, serial: usize) {
+    pub fn add_local(&mut self, serial: usize) -> Change {
         let i = NAMESPACES * PODS_PER_NAMESPACE + 10_000 + serial;
-        self.local.push(self.cluster.pods.len());
-        self.cluster.pods.push(pod(
+        let p = pod(
             &ns_name(serial % NAMESPACES),
             format!("new{serial}"),
             pod_ip(i),
             serial % 20,
             ["web", "api", "db"][serial % 3],
-        ));
+        );
+        let change = Change::PutPod(pod_object(&p, NODE));
+        self.local.push(self.cluster.pods.len());
+        self.cluster.pods.push(p);
+        change
     }
 
     /// Removes the last local pod added.
-    pub fn remove_last_local(&mut self) {
-        if let Some(i) = self.local.pop() {
-            self.cluster.pods.remove(i);
-        }
+    pub fn remove_last_local(&mut self) -> anyhow::Result<Change> {
+        let i = self.local.pop().context("no local pod to remove")?;
+        Ok(Change::delete_pod(&self.cluster.pods.remove(i)))
     }
 }
 
