@@ -139,10 +139,9 @@ fn sync(node: &mut Node, world: &World, change: Option<Change>) -> anyhow::Resul
     if let Some(change) = change {
         change.apply(&node.api)?;
         node.rt
-            .block_on(tokio::time::timeout(
-                DELIVERY_TIMEOUT,
-                seen.wait_for(|g| *g > before),
-            ))
+            .block_on(async {
+                tokio::time::timeout(DELIVERY_TIMEOUT, seen.wait_for(|g| *g > before)).await
+            })
             .context("the change did not reach the watch")??;
     }
     let delivered = t.elapsed();
@@ -224,6 +223,10 @@ fn measure() -> anyhow::Result<ScenarioReport> {
                 let before = rss_kib()?;
                 let first = sync(&mut node, &world, None)?;
                 let after = rss_kib()?;
+                eprintln!(
+                    "netpol: first load: {:.1} ms (copy {:.1}, compile {:.1}, render {:.1}, load {:.1})",
+                    first.total, first.snapshot, first.compile, first.render, first.load
+                );
                 ensure!(
                     first.kind == SyncKind::Full,
                     "the first sync loads the whole table"
@@ -283,9 +286,17 @@ fn changes(node: &mut Node, world: &mut World) -> anyhow::Result<Vec<Kind>> {
             );
             steps.push(step);
         }
+        let p50 = |f: fn(&Steps) -> f64| {
+            percentile(&steps.iter().map(f).collect::<Vec<_>>(), 50.0).unwrap_or(0.0)
+        };
         eprintln!(
-            "netpol: {name}: p50 {:.1} ms",
-            percentile(&steps.iter().map(Steps::total).collect::<Vec<_>>(), 50.0).unwrap_or(0.0)
+            "netpol: {name}: p50 {:.1} ms (watch {:.1}, copy {:.1}, compile {:.1}, render {:.1}, load {:.1})",
+            p50(Steps::total),
+            p50(|s| s.watch),
+            p50(|s| s.snapshot),
+            p50(|s| s.compile),
+            p50(|s| s.render),
+            p50(|s| s.load),
         );
         kinds.push(Kind { name, steps });
         anyhow::Ok(())
@@ -298,9 +309,14 @@ fn changes(node: &mut Node, world: &mut World) -> anyhow::Result<Vec<Kind>> {
         }
     })?;
     timed("policy's ports changed", &mut |w, s| {
-        // Shapes 4 (every pod of the namespace) and 1 (one app): local pods' chains change.
-        let k = if s % 2 == 0 { 4 } else { 1 };
-        w.change_policy(s % NAMESPACES, k, 1 + (s % 7) as u16)
+        // Shapes 4 (every pod of a namespace) and 0 (tier `db`, which local pods of namespaces
+        // 0..8 have): local pods' chains change.
+        let (n, k) = if s % 2 == 0 {
+            (s % NAMESPACES, 4)
+        } else {
+            (s % 8, 0)
+        };
+        w.change_policy(n, k, 1 + (s % 7) as u16)
     })?;
     timed("policy added or removed", &mut |w, s| {
         if s % 2 == 0 {

@@ -16,9 +16,12 @@
 //!   client's egress chain said yes (a connection needs both, as the model says). Each verdict
 //!   counts in the chain's named counters, `<chain>_allowed` and `<chain>_denied` (new
 //!   connections only; read back with [`parse_counters`]);
-//! - peers and ports live in named sets, so they can later be updated in place: the peer
-//!   addresses of a rule (selected pods and `ipBlock`s, an `except` already cut out of its CIDR)
-//!   are one interval set of `ipv4_addr`; ports and ranges an interval set of
+//! - peers and ports live in named sets, so they can later be updated in place: the addresses of
+//!   a rule's selected pods are a set of `ipv4_addr` (`_pods`), its `ipBlock`s (an `except`
+//!   already cut out of the CIDR) an interval set of `ipv4_addr` (`_blocks`), each matched by a
+//!   line of its own (the pods' set is not an interval set: `nft` reads every interval set's
+//!   elements back before it changes one, which at thousands of peer pods costs seconds per
+//!   change); ports and ranges an interval set of
 //!   `inet_proto . inet_service`; egress named ports, resolved on each peer pod, a set of
 //!   `ipv4_addr . inet_proto . inet_service`;
 //! - every chain, jump and rule carries a comment naming the pod or the policy rule
@@ -34,9 +37,9 @@
 //!
 //! IPv4 only: IPv6 peer addresses and blocks are left out of the sets (named in
 //! [`Ruleset::not_enforced`]); an isolated pod's IPv6 traffic therefore meets the chain's `drop`
-//! unless a rule allows every peer. Not yet enforced anywhere: the daemon neither watches
-//! NetworkPolicy, Pod and Namespace objects nor loads this ruleset; `tests/network_policy_nft.rs`
-//! loads it into network namespaces and checks the kernel's verdicts against the model's.
+//! unless a rule allows every peer. The daemon loads it through `super::enforce`;
+//! `tests/network_policy_nft.rs` loads it into network namespaces and checks the kernel's verdicts
+//! against the model's.
 //!
 //! `update` writes the scripts, `counters` reads the counters back, and `text` holds the pieces: names and comments made safe for `nft`, address and port ranges cut
 //! (an `except`) and merged (an interval set refuses overlapping elements).
@@ -217,14 +220,17 @@ impl Ruleset {
                 rule.source.index
             );
             let note = comment(&what);
-            let peer = match &rule.peers {
-                Peers::Any => String::new(),
+            // Each way a peer can match is a prefix of the rule's lines: none (every peer), the
+            // pods' addresses, the blocks' ranges.
+            let peers: Vec<String> = match &rule.peers {
+                Peers::Any => vec![String::new()],
                 Peers::Listed { pods, blocks } => {
+                    let mut addresses = Vec::new();
                     let mut v4 = Vec::new();
                     let mut v6 = 0;
                     for ip in pods {
                         match ip {
-                            IpAddr::V4(a) => v4.push((u32::from(*a), u32::from(*a))),
+                            IpAddr::V4(a) => addresses.push(a.to_string()),
                             IpAddr::V6(_) => v6 += 1,
                         }
                     }
@@ -248,15 +254,33 @@ impl Ruleset {
                             pod.name
                         ));
                     }
-                    let name = format!("{chain}_r{j}_peers");
-                    let elements: Vec<String> = merge(v4).into_iter().map(range).collect();
-                    self.set(&name, "ipv4_addr", true, elements);
-                    uses.insert(name.clone());
-                    format!("{} @{name} ", dir.peer())
+                    let mut prefixes = Vec::new();
+                    // Pods' addresses: a plain set, not an interval one. `nft` reads every
+                    // interval set's elements back from the kernel before it changes one, so
+                    // thousands of peer pods there would make each `add element` cost seconds.
+                    // A rule whose selectors match no pod keeps its (empty) set, so a pod that
+                    // comes is an element added, not a chain refilled.
+                    if !addresses.is_empty() || blocks.is_empty() {
+                        let name = format!("{chain}_r{j}_pods");
+                        self.set(&name, "ipv4_addr", false, addresses);
+                        uses.insert(name.clone());
+                        prefixes.push(format!("{} @{name} ", dir.peer()));
+                    }
+                    // `ipBlock`s, their `except`s cut out: few ranges, an interval set.
+                    if !blocks.is_empty() {
+                        let name = format!("{chain}_r{j}_blocks");
+                        let elements: Vec<String> = merge(v4).into_iter().map(range).collect();
+                        self.set(&name, "ipv4_addr", true, elements);
+                        uses.insert(name.clone());
+                        prefixes.push(format!("{} @{name} ", dir.peer()));
+                    }
+                    prefixes
                 }
             };
+            // Each way the ports can match, as the middle of a line.
+            let mut port_matches = Vec::new();
             match &rule.ports {
-                Ports::Any => lines.push(format!("{peer}{count}return comment \"{note}\"")),
+                Ports::Any => port_matches.push(String::new()),
                 Ports::Listed {
                     ranges,
                     protocols,
@@ -264,10 +288,7 @@ impl Ruleset {
                 } => {
                     if !protocols.is_empty() {
                         let list: Vec<&str> = protocols.iter().map(|p| proto(*p)).collect();
-                        lines.push(format!(
-                            "{peer}meta l4proto {{ {} }} {count}return comment \"{note}\"",
-                            list.join(", ")
-                        ));
+                        port_matches.push(format!("meta l4proto {{ {} }} ", list.join(", ")));
                     }
                     if !ranges.is_empty() {
                         let mut by_proto: BTreeMap<Protocol, Vec<(u32, u32)>> = BTreeMap::new();
@@ -292,9 +313,7 @@ impl Ruleset {
                         let name = format!("{chain}_r{j}_ports");
                         self.set(&name, "inet_proto . inet_service", true, elements);
                         uses.insert(name.clone());
-                        lines.push(format!(
-                            "{peer}meta l4proto . th dport @{name} {count}return comment \"{note}\""
-                        ));
+                        port_matches.push(format!("meta l4proto . th dport @{name} "));
                     }
                     let named: BTreeSet<String> = per_peer
                         .iter()
@@ -319,11 +338,16 @@ impl Ruleset {
                             elements,
                         );
                         uses.insert(name.clone());
-                        lines.push(format!(
-                            "{peer}{} . meta l4proto . th dport @{name} {count}return comment \"{note}\"",
+                        port_matches.push(format!(
+                            "{} . meta l4proto . th dport @{name} ",
                             dir.peer()
                         ));
                     }
+                }
+            }
+            for peer in &peers {
+                for ports in &port_matches {
+                    lines.push(format!("{peer}{ports}{count}return comment \"{note}\""));
                 }
             }
         }

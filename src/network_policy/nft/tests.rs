@@ -125,10 +125,14 @@ table inet eniipam_policy {
     type ipv4_addr . inet_proto . inet_service;
     elements = { 10.1.2.10 . udp . 53 }
   }
-  set in_eni0a1b2c3d4e5_r0_peers {
+  set in_eni0a1b2c3d4e5_r0_blocks {
     type ipv4_addr;
     flags interval;
-    elements = { 10.1.0.11, 10.1.1.0-10.1.1.7, 10.1.1.11, 10.1.1.16-10.1.1.255 }
+    elements = { 10.1.1.0-10.1.1.7, 10.1.1.16-10.1.1.255 }
+  }
+  set in_eni0a1b2c3d4e5_r0_pods {
+    type ipv4_addr;
+    elements = { 10.1.0.11, 10.1.1.11 }
   }
   set in_eni0a1b2c3d4e5_r0_ports {
     type inet_proto . inet_service;
@@ -161,8 +165,10 @@ table inet eniipam_policy {
   }
   chain in_eni0a1b2c3d4e5 {
     comment "x/a ingress (eni0a1b2c3d4e5)"
-    ip saddr @in_eni0a1b2c3d4e5_r0_peers meta l4proto { udp } counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
-    ip saddr @in_eni0a1b2c3d4e5_r0_peers meta l4proto . th dport @in_eni0a1b2c3d4e5_r0_ports counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
+    ip saddr @in_eni0a1b2c3d4e5_r0_pods meta l4proto { udp } counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
+    ip saddr @in_eni0a1b2c3d4e5_r0_pods meta l4proto . th dport @in_eni0a1b2c3d4e5_r0_ports counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
+    ip saddr @in_eni0a1b2c3d4e5_r0_blocks meta l4proto { udp } counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
+    ip saddr @in_eni0a1b2c3d4e5_r0_blocks meta l4proto . th dport @in_eni0a1b2c3d4e5_r0_ports counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
     counter name "in_eni0a1b2c3d4e5_denied" drop comment "x/a ingress: no rule of x/p allows it"
   }
 }
@@ -203,10 +209,12 @@ fn ipv6_peers_are_named_as_not_enforced() {
         r.not_enforced,
         ["pod x/a: x/p ingress[1]: 1 IPv6 peer address(es) or block(s) (IPv4 only)"]
     );
-    // The set is declared empty: the rule matches no IPv4 peer, as the policy says.
+    // The blocks' set is declared empty (and there is no pods' set, the rule naming only a
+    // block): the rule matches no IPv4 peer, as the policy says.
+    assert!(!r.script().contains("in_eni1_r0_pods"), "{}", r.script());
     assert!(
         r.script()
-            .contains("set in_eni1_r0_peers {\n    type ipv4_addr;\n    flags interval;\n  }"),
+            .contains("set in_eni1_r0_blocks {\n    type ipv4_addr;\n    flags interval;\n  }"),
         "{}",
         r.script()
     );
@@ -257,11 +265,11 @@ fn a_peer_change_updates_set_elements_in_place() {
         "10.1.0.40",
     ])])
     .unwrap();
-    // The merged ranges are the elements: one that changes is deleted, its successor added.
+    // The pods' addresses are the elements: a pod gone is deleted, a new one added.
     assert_eq!(
         b.update_script(&a),
-        "delete element inet eniipam_policy in_eni1_r0_peers { 10.1.0.11-10.1.0.12 }\n\
-         add element inet eniipam_policy in_eni1_r0_peers { 10.1.0.12-10.1.0.13, 10.1.0.40 }\n"
+        "delete element inet eniipam_policy in_eni1_r0_pods { 10.1.0.11 }\n\
+         add element inet eniipam_policy in_eni1_r0_pods { 10.1.0.13, 10.1.0.40 }\n"
     );
     assert_eq!(
         b.changes_from(&a),
@@ -274,7 +282,7 @@ fn a_peer_change_updates_set_elements_in_place() {
         }
     );
     assert_eq!(b.update_script(&b), "");
-    assert_eq!((b.rule_count(), b.element_count()), (4, 4));
+    assert_eq!((b.rule_count(), b.element_count()), (4, 5));
 }
 
 #[test]
@@ -298,7 +306,7 @@ fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
     );
     assert!(
         at(&gone, "delete chain inet eniipam_policy in_eni1")
-            < at(&gone, "delete set inet eniipam_policy in_eni1_r0_peers")
+            < at(&gone, "delete set inet eniipam_policy in_eni1_r0_pods")
     );
     assert!(
         at(&gone, "delete chain") < at(&gone, "delete counter inet eniipam_policy in_eni1_denied")
@@ -309,7 +317,7 @@ fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
     // And back: sets and counters before the chain that uses them, the chain before its jump.
     let back = a.update_script(&none);
     assert!(
-        at(&back, "add set inet eniipam_policy in_eni1_r0_peers")
+        at(&back, "add set inet eniipam_policy in_eni1_r0_pods")
             < at(&back, "add rule inet eniipam_policy in_eni1 ")
     );
     assert!(
@@ -319,13 +327,13 @@ fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
     assert!(at(&back, "add chain inet eniipam_policy in_eni1") < at(&back, "jump in_eni1"));
     // A set whose type changed is deleted and declared anew, its chain flushed first and refilled.
     let mut retyped = a.clone();
-    retyped.sets.get_mut("in_eni1_r0_peers").unwrap().interval = false;
+    retyped.sets.get_mut("in_eni1_r0_pods").unwrap().interval = true;
     let u = a.update_script(&retyped);
     assert!(
         at(&u, "flush chain inet eniipam_policy in_eni1")
-            < at(&u, "delete set inet eniipam_policy in_eni1_r0_peers")
+            < at(&u, "delete set inet eniipam_policy in_eni1_r0_pods")
     );
-    assert!(at(&u, "delete set") < at(&u, "add set inet eniipam_policy in_eni1_r0_peers"));
+    assert!(at(&u, "delete set") < at(&u, "add set inet eniipam_policy in_eni1_r0_pods"));
     assert!(at(&u, "add set") < at(&u, "add rule inet eniipam_policy in_eni1 "));
     assert!(!u.contains("forward"), "{u}");
 }
