@@ -87,7 +87,7 @@ struct Args {
     runs: u32,
     /// Where report.md and latency.png go.
     /// (Default `bench/results`; `bench/results/soak` when `soak` is the only scenario, so a soak
-    /// never overwrites the benchmark's report.)
+    /// never overwrites the benchmark's report, and `bench/results/netpol` for `netpol` alone.)
     #[arg(long)]
     out: Option<PathBuf>,
     /// Scenario `fleet`: how many nodes.

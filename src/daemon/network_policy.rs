@@ -186,14 +186,15 @@ async fn sync_loop(
             engine.forget();
             last_full = tokio::time::Instant::now();
         }
-        let local = local_attachments(&pool, &veth_prefix);
         let Round {
             generation,
             since,
             policies,
             result,
             ..
-        } = engine.sync_watched(&cluster, &local).await;
+        } = engine
+            .sync_watched(&cluster, || local_attachments(&pool, &veth_prefix))
+            .await;
         match result {
             Ok(report) => {
                 failures = 0;

@@ -152,11 +152,19 @@ impl Engine {
         Ok(report)
     }
 
-    /// One sync as the daemon runs it: the changes `watch` has seen taken, the cluster as it now
-    /// stands, and [`Self::sync`] of `local` against it. A failed round's changes are still the
-    /// caller's to put back ([`ClusterWatch::restore_pending`]).
-    pub async fn sync_watched(&mut self, watch: &ClusterWatch, local: &[LocalAttachment]) -> Round {
+    /// One sync as the daemon runs it: the changes `watch` has seen taken, then the node's pods
+    /// read (`local`) and the cluster as it now stands, and [`Self::sync`] of the one against the
+    /// other. The pods are read after the changes are taken: a pod whose ADD bumped the
+    /// generation ([`ClusterWatch::touch`]) before it was taken is in them, so a round that
+    /// reports that generation in force has the pod's rules in the kernel. A failed round's
+    /// changes are still the caller's to put back ([`ClusterWatch::restore_pending`]).
+    pub async fn sync_watched(
+        &mut self,
+        watch: &ClusterWatch,
+        local: impl FnOnce() -> Vec<LocalAttachment>,
+    ) -> Round {
         let (generation, since) = watch.take_pending();
+        let local = local();
         let started = Instant::now();
         let cluster = watch.cluster();
         let snapshot = started.elapsed();
@@ -165,7 +173,7 @@ impl Engine {
             since,
             policies: cluster.policies.len(),
             snapshot,
-            result: self.sync(&cluster, local).await,
+            result: self.sync(&cluster, &local).await,
         }
     }
 

@@ -145,12 +145,12 @@ fn sync(node: &mut Node, world: &World, change: Option<Change>) -> anyhow::Resul
             .context("the change did not reach the watch")??;
     }
     let delivered = t.elapsed();
-    let local = world.attachments();
     let Round {
         result, snapshot, ..
-    } = node
-        .rt
-        .block_on(node.engine.sync_watched(&node.watch, &local));
+    } = node.rt.block_on(
+        node.engine
+            .sync_watched(&node.watch, || world.attachments()),
+    );
     let report = result?;
     let total = t.elapsed();
     Ok(Steps {
@@ -560,8 +560,8 @@ fn report(world: &World, m: &Measured, t: &Traffic) -> ScenarioReport {
              cluster copied out of the watch, compile_all over the {} local pods, render, update_script against \
              what is loaded, `nft -f` of the difference in one transaction), from threads in the node's network \
              namespace. The double runs in the same process, on the same two cores. Every timed change of the \
-             first four kinds was an in-place update (checked). Not included: the daemon's pool read for its \
-             local pods (a lock and a copy of ~110 entries).",
+             first four kinds was an in-place update (checked). The node's pods are the scenario's list where \
+             the daemon reads its pool (a lock and a copy of ~110 entries).",
             world.local.len()
         ),
         format!(

@@ -338,10 +338,8 @@ impl Ruleset {
                             elements,
                         );
                         uses.insert(name.clone());
-                        port_matches.push(format!(
-                            "{} . meta l4proto . th dport @{name} ",
-                            dir.peer()
-                        ));
+                        port_matches
+                            .push(format!("{} . meta l4proto . th dport @{name} ", dir.peer()));
                     }
                 }
             }
