@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{
-    Cluster, Compiled, Direction, Peers, PodView, Ports, Rule, RuleSource, Target, ip_block, peers,
-    policy_name, ports, types,
+    Cluster, Compiled, Gathered, Peers, PodView, Ports, Rule, RuleSource, Target, compiled,
+    ip_block, peers, policy_name, ports, types,
 };
 use crate::network_policy::selector::{check, matches};
 
@@ -50,8 +50,8 @@ pub fn compile_all(cluster: &Cluster, pods: &[&PodView]) -> Vec<Compiled> {
     pods.iter()
         .map(|pod| {
             let mut problems = Vec::new();
-            let mut ingress: Option<(Vec<String>, Vec<Rule>)> = None;
-            let mut egress: Option<(Vec<String>, Vec<Rule>)> = None;
+            let mut ingress: Gathered = None;
+            let mut egress: Gathered = None;
             for &i in policies_of
                 .get(pod.namespace.as_str())
                 .into_iter()
@@ -119,15 +119,7 @@ pub fn compile_all(cluster: &Cluster, pods: &[&PodView]) -> Vec<Compiled> {
                     }
                 }
             }
-            let direction = |d: Option<(Vec<String>, Vec<Rule>)>| match d {
-                None => Direction::Open,
-                Some((policies, rules)) => Direction::Isolated { policies, rules },
-            };
-            Compiled {
-                ingress: direction(ingress),
-                egress: direction(egress),
-                problems,
-            }
+            compiled(ingress, egress, problems)
         })
         .collect()
 }

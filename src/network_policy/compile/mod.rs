@@ -258,8 +258,8 @@ fn types(p: &NetworkPolicy) -> (bool, bool) {
 /// Compiles what the policies of `cluster` say of `pod`.
 pub fn compile(cluster: &Cluster, pod: &PodView) -> Compiled {
     let mut problems = Vec::new();
-    let mut ingress: Option<(Vec<String>, Vec<Rule>)> = None;
-    let mut egress: Option<(Vec<String>, Vec<Rule>)> = None;
+    let mut ingress: Gathered = None;
+    let mut egress: Gathered = None;
     for p in &cluster.policies {
         if p.metadata.namespace.as_deref() != Some(pod.namespace.as_str()) {
             continue;
@@ -323,7 +323,14 @@ pub fn compile(cluster: &Cluster, pod: &PodView) -> Compiled {
             }
         }
     }
-    let direction = |d: Option<(Vec<String>, Vec<Rule>)>| match d {
+    compiled(ingress, egress, problems)
+}
+
+/// A pod's directions as compiled: `None` is open, `Some` the isolating policies and their rules.
+type Gathered = Option<(Vec<String>, Vec<Rule>)>;
+
+fn compiled(ingress: Gathered, egress: Gathered, problems: Vec<String>) -> Compiled {
+    let direction = |d: Gathered| match d {
         None => Direction::Open,
         Some((policies, rules)) => Direction::Isolated { policies, rules },
     };
