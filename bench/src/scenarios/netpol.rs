@@ -460,31 +460,19 @@ fn report(world: &World, m: &Measured, t: &Traffic) -> ScenarioReport {
             samples: total,
         });
     }
-    rows.push(Row::single(
-        "first load, whole table: cluster copied out of the watch",
-        Unit::Ms,
-        m.first.snapshot,
-    ));
-    rows.push(Row::single(
-        "first load, whole table: compile",
-        Unit::Ms,
-        m.first.compile,
-    ));
-    rows.push(Row::single(
-        "first load, whole table: render",
-        Unit::Ms,
-        m.first.render,
-    ));
-    rows.push(Row::single(
-        "first load, whole table: nft load",
-        Unit::Ms,
-        m.first.load,
-    ));
-    rows.push(Row::single(
-        "first load, whole table: total",
-        Unit::Ms,
-        m.first.total,
-    ));
+    for (part, value) in [
+        ("cluster copied out of the watch", m.first.snapshot),
+        ("compile", m.first.compile),
+        ("render", m.first.render),
+        ("nft load", m.first.load),
+        ("total", m.first.total),
+    ] {
+        rows.push(Row::single(
+            format!("first load, whole table: {part}"),
+            Unit::Ms,
+            value,
+        ));
+    }
     rows.push(Row::single(
         "rules (all chains)",
         Unit::Count,

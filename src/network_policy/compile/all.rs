@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{
     Cluster, Compiled, Gathered, Peers, PodView, Ports, Rule, RuleSource, Target, compiled,
-    ip_block, peers, policy_name, ports, types,
+    ip_block, peers, ports, selecting, types,
 };
 use crate::network_policy::selector::{check, matches};
 
@@ -58,19 +58,9 @@ pub fn compile_all(cluster: &Cluster, pods: &[&PodView]) -> Vec<Compiled> {
                 .flatten()
             {
                 let p = &cluster.policies[i];
-                let Some(spec) = p.spec.as_ref() else {
+                let Some((name, spec)) = selecting(p, pod, &mut problems) else {
                     continue;
                 };
-                let name = policy_name(p);
-                let every = LabelSelector::default();
-                match matches(spec.pod_selector.as_ref().unwrap_or(&every), &pod.labels) {
-                    Ok(true) => {}
-                    Ok(false) => continue,
-                    Err(e) => {
-                        problems.push(format!("NetworkPolicy {name}: spec.podSelector: {e}"));
-                        continue;
-                    }
-                }
                 let ev = evaluated[i].get_or_init(|| index.evaluate(p, &name));
                 let (is_ingress, is_egress) = types(p);
                 if is_ingress {

@@ -27,7 +27,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -255,6 +257,26 @@ fn types(p: &NetworkPolicy) -> (bool, bool) {
     }
 }
 
+/// Policy `p`'s name and spec when its `spec.podSelector` selects `pod`; a selector the API server
+/// would have refused is named in `problems` and selects nothing.
+fn selecting<'p>(
+    p: &'p NetworkPolicy,
+    pod: &PodView,
+    problems: &mut Vec<String>,
+) -> Option<(String, &'p NetworkPolicySpec)> {
+    let spec = p.spec.as_ref()?;
+    let name = policy_name(p);
+    let every = LabelSelector::default();
+    match matches(spec.pod_selector.as_ref().unwrap_or(&every), &pod.labels) {
+        Ok(true) => Some((name, spec)),
+        Ok(false) => None,
+        Err(e) => {
+            problems.push(format!("NetworkPolicy {name}: spec.podSelector: {e}"));
+            None
+        }
+    }
+}
+
 /// Compiles what the policies of `cluster` say of `pod`.
 pub fn compile(cluster: &Cluster, pod: &PodView) -> Compiled {
     let mut problems = Vec::new();
@@ -264,19 +286,9 @@ pub fn compile(cluster: &Cluster, pod: &PodView) -> Compiled {
         if p.metadata.namespace.as_deref() != Some(pod.namespace.as_str()) {
             continue;
         }
-        let name = policy_name(p);
-        let Some(spec) = p.spec.as_ref() else {
+        let Some((name, spec)) = selecting(p, pod, &mut problems) else {
             continue;
         };
-        let every = LabelSelector::default();
-        match matches(spec.pod_selector.as_ref().unwrap_or(&every), &pod.labels) {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => {
-                problems.push(format!("NetworkPolicy {name}: spec.podSelector: {e}"));
-                continue;
-            }
-        }
         let (is_ingress, is_egress) = types(p);
         if is_ingress {
             let (policies, rules) = ingress.get_or_insert_with(Default::default);
