@@ -29,11 +29,12 @@ use eniipam::reconcile::api_server::{self, ApiServerTarget};
 use eniipam_kubeapi::FakeApiServer;
 
 use crate::Ctx;
-use crate::report::{Anchor, Row, ScenarioReport, Series, Target, Unit};
+use crate::report::ScenarioReport;
 use crate::stats::{ms, percentile};
 
 mod cluster;
 mod lab;
+mod report;
 
 use cluster::{BENCH_NS, CLIENT_IP, Change, LOCAL_PODS, NAMESPACES, SERVER_IP, World, veth_of};
 use lab::{Lab, enter};
@@ -268,7 +269,7 @@ fn measure() -> anyhow::Result<ScenarioReport> {
     );
 
     let traffic = packet_cost(&lab, &server_veth, &measured.script)?;
-    Ok(report(&world, &measured, &traffic))
+    Ok(report::report(&world, &measured, &traffic))
 }
 
 /// The kinds of change, [`CHANGES`] of each, each one [`sync`]ed.
@@ -403,191 +404,4 @@ fn packet_cost(lab: &Lab, server_veth: &str, script: &str) -> anyhow::Result<Tra
         );
     }
     Ok(t)
-}
-
-fn median(xs: &[f64]) -> f64 {
-    crate::stats::median(xs).unwrap_or(0.0)
-}
-
-fn report(world: &World, m: &Measured, t: &Traffic) -> ScenarioReport {
-    let none = || Anchor::None("no published figure (see notes)".into());
-    let mut rows = Vec::new();
-    let mut series = Vec::new();
-    let mut verdicts = Vec::new();
-    for k in &m.kinds {
-        let total: Vec<f64> = k.steps.iter().map(Steps::total).collect();
-        let p = |xs: &[f64], q| percentile(xs, q).unwrap_or(0.0);
-        let p99 = p(&total, 99.0);
-        rows.push(
-            Row::single(
-                format!("{}: change → in force, p50", k.name),
-                Unit::Ms,
-                p(&total, 50.0),
-            )
-            .anchor(none()),
-        );
-        rows.push(
-            Row::single(format!("{}: change → in force, p99", k.name), Unit::Ms, p99)
-                .anchor(none())
-                .target(Target::AtMost(TARGET_MS)),
-        );
-        let part = |f: fn(&Steps) -> f64| k.steps.iter().map(f).collect::<Vec<f64>>();
-        for (label, xs) in [
-            ("API server → watch", part(|s| s.watch)),
-            ("cluster copied out of the watch", part(|s| s.snapshot)),
-            ("compile", part(|s| s.compile)),
-            ("render", part(|s| s.render)),
-            ("diff + nft load", part(|s| s.load)),
-        ] {
-            rows.push(Row::single(
-                format!(
-                    "{}: {label}, p50 (p99 {})",
-                    k.name,
-                    Unit::Ms.format(p(&xs, 99.0))
-                ),
-                Unit::Ms,
-                p(&xs, 50.0),
-            ));
-        }
-        verdicts.push(format!(
-            "{}: p99 {} — {}",
-            k.name,
-            Unit::Ms.format(p99),
-            if p99 <= TARGET_MS { "PASS" } else { "MISS" }
-        ));
-        series.push(Series {
-            label: k.name.into(),
-            samples: total,
-        });
-    }
-    for (part, value) in [
-        ("cluster copied out of the watch", m.first.snapshot),
-        ("compile", m.first.compile),
-        ("render", m.first.render),
-        ("nft load", m.first.load),
-        ("total", m.first.total),
-    ] {
-        rows.push(Row::single(
-            format!("first load, whole table: {part}"),
-            Unit::Ms,
-            value,
-        ));
-    }
-    rows.push(Row::single(
-        "rules (all chains)",
-        Unit::Count,
-        m.rules as f64,
-    ));
-    rows.push(Row::single(
-        "set elements (all sets)",
-        Unit::Count,
-        m.elements as f64,
-    ));
-    rows.push(Row::single(
-        "whole-table script, KiB",
-        Unit::Count,
-        m.script.len() as f64 / 1024.0,
-    ));
-    rows.push(Row::single(
-        "kernel's table as `nft list` prints it, KiB",
-        Unit::Count,
-        m.listing_bytes as f64 / 1024.0,
-    ));
-    rows.push(Row::single(
-        "resident set grown by the compiled state",
-        Unit::MiB,
-        m.rss_delta_mib,
-    ));
-    let gbit = |xs: &[f64]| median(xs) * 8e-9;
-    let (off, on) = (gbit(&t.bytes_off), gbit(&t.bytes_on));
-    rows.push(Row::single(
-        "TCP throughput without the table, Gbit/s",
-        Unit::Ratio,
-        off,
-    ));
-    rows.push(
-        Row::single("TCP throughput with the table, Gbit/s", Unit::Ratio, on).anchor(
-            Anchor::Measured {
-                name: "without the table".into(),
-                value: off,
-            },
-        ),
-    );
-    let (coff, con) = (median(&t.conns_off), median(&t.conns_on));
-    rows.push(Row::single(
-        "new TCP connections without the table",
-        Unit::PerSec,
-        coff,
-    ));
-    rows.push(
-        Row::single("new TCP connections with the table", Unit::PerSec, con).anchor(
-            Anchor::Measured {
-                name: "without the table".into(),
-                value: coff,
-            },
-        ),
-    );
-    let pass = m.kinds.iter().all(|k| {
-        percentile(&k.steps.iter().map(Steps::total).collect::<Vec<_>>(), 99.0).unwrap_or(f64::MAX)
-            <= TARGET_MS
-    });
-    let mut notes = vec![
-        format!(
-            "Issue 28's target, p99 ≤ 1 s from a change to rules in force: {}. {}.",
-            if pass { "PASS" } else { "MISS" },
-            verdicts.join("; ")
-        ),
-        "Anchor: no figure found. shared/reference/ (the VPC CNI, terway and Cilium notes) publishes none for policy \
-         enforcement latency, rule counts or per-packet cost; the VPC CNI's network policy agent (eBPF), Calico and \
-         Cilium publish none comparable either, so every row stands alone."
-            .into(),
-        format!(
-            "Each change is timed from its write to the API-server double (which holds every object of the \
-             cluster) to `nft` returning, on the daemon's path: kube-rs's list+watch into the daemon's \
-             `ClusterWatch`, then one `enforce::Engine::sync_watched` as the daemon's sync task runs it (the \
-             cluster copied out of the watch, compile_all over the {} local pods, render, update_script against \
-             what is loaded, `nft -f` of the difference in one transaction), from threads in the node's network \
-             namespace. The double runs in the same process, on the same two cores. Every timed change of the \
-             first four kinds was an in-place update (checked). The node's pods are the scenario's list where \
-             the daemon reads its pool (a lock and a copy of ~110 entries).",
-            world.local.len()
-        ),
-        format!(
-            "Packet cost: {} rounds of {TRAFFIC_SECS} s each side, alternating without/with the table; medians. \
-             The server's `allowed` counter counted {} new connections during the rounds with the table (the \
-             connections went through its chain).",
-            TRAFFIC_ROUNDS, t.counted_allowed
-        ),
-        "Memory: the kernel's memory for one table cannot be read from user space; its size is given as `nft list` \
-         prints it. The resident-set figure is this process's growth over the first compile and render (allocator \
-         reuse can make it an underestimate)."
-            .into(),
-    ];
-    notes.push(format!(
-        "Throughput {off:.2} → {on:.2} Gbit/s (×{:.2}); connections {coff:.0} → {con:.0}/s (×{:.2}).",
-        if off > 0.0 { on / off } else { 0.0 },
-        if coff > 0.0 { con / coff } else { 0.0 }
-    ));
-    ScenarioReport {
-        id: "netpol",
-        title: format!(
-            "NetworkPolicy at scale: {} pods, {} policies, {} local pods",
-            world.cluster.pods.len(),
-            world.cluster.policies.len(),
-            world.local.len()
-        ),
-        reproduce: "cargo run --release -p eniipam-bench -- netpol".into(),
-        setup: vec![
-            "50 namespaces of 100 pods, 20 policies each in five shapes (see bench/src/scenarios/netpol/cluster.rs); \
-             peer sets as large as the pods they name (addresses never merge into ranges)"
-                .into(),
-            format!(
-                "{CHANGES} changes of each kind, each timed from its write to the API-server double to `nft` returning"
-            ),
-        ],
-        rows,
-        notes,
-        plot_unit: "ms from a change to rules in force",
-        series,
-    }
 }
