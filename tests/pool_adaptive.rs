@@ -11,7 +11,7 @@ use crate::pool_support::memory_cloud::{Action, NodeSpec};
 use eniipam::config::DaemonConfig;
 use eniipam::pool::PoolConfig;
 use eniipam::pool::config::WarmPolicy;
-use pool_support::{acquire_many, key, start};
+use pool_support::{acquire_many, key, pod, start};
 use tokio::time::advance;
 
 /// The shipped warm knobs on a node whose eth0 serves pods (m5.large-like: 9 pod IPs per ENI).
@@ -214,5 +214,64 @@ async fn ips_still_cooling_do_not_push_warm_ones_back_to_ec2() {
     n.pool.maintain_now().await.unwrap();
     assert_eq!(n.pool.snapshot().idle, 4);
     assert!(n.cloud.call_count(Action::UnassignPrivateIpAddresses) >= 1);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_remembered_burst_tops_up_eni_room_but_starts_no_eni_before_its_pods_need_one() {
+    let n = start(adaptive(), NodeSpec::default()).await;
+    n.pool.maintain_now().await.unwrap();
+    // The first burst: 20 pods, more than eth0 and one more ENI hold (9 each).
+    for r in acquire_many(&n.pool, 0..20).await {
+        r.unwrap();
+    }
+    n.pool.maintain_now().await.unwrap();
+    for i in 0..20 {
+        n.pool.release(&key(i), false).unwrap();
+    }
+    // An hour of quiet: the leftovers go back, and the ENIs left empty with them.
+    for _ in 0..7 {
+        advance(Duration::from_secs(10 * 60)).await;
+        n.pool.maintain_now().await.unwrap();
+    }
+    let s = n.pool.snapshot();
+    assert_eq!(
+        (s.enis.len(), s.idle),
+        (2, 3),
+        "eth0 and one pod ENI kept, the other released: {s:?}"
+    );
+    let creates = n.cloud.call_count(Action::CreateNetworkInterface);
+
+    // The same scale-up again, its first four pods: a burst, and the node remembers the last one
+    // (20). Its warm level expects it, but an ENI is not started for what is only remembered.
+    for i in 100..104 {
+        n.pool.acquire(key(i), pod(i), None, None).await.unwrap();
+        advance(Duration::from_millis(200)).await;
+    }
+    n.pool.maintain_now().await.unwrap();
+    let s = n.pool.snapshot();
+    assert_eq!(
+        s.warm_target, 16,
+        "the remembered burst sets the level: {s:?}"
+    );
+    assert_eq!(
+        n.cloud.call_count(Action::CreateNetworkInterface),
+        creates,
+        "no ENI started for warm-ups the node only remembers"
+    );
+    assert_eq!(s.idle, 14, "the ENIs' room topped up instead: {s:?}");
+
+    // The rest of the burst: the pods beyond the room get one create, and the remembered
+    // warm-ups ride along in it.
+    for r in acquire_many(&n.pool, 104..120).await {
+        r.unwrap();
+    }
+    n.pool.maintain_now().await.unwrap();
+    let s = n.pool.snapshot();
+    assert_eq!(
+        n.cloud.call_count(Action::CreateNetworkInterface),
+        creates + 1
+    );
+    assert_eq!((s.enis.len(), s.assigned), (3, 20), "{s:?}");
     n.pool.check_invariants().unwrap();
 }

@@ -235,6 +235,14 @@ impl Demand {
             .filter(|b| now.duration_since(b.last) <= BURST_MEMORY)
     }
 
+    /// Whether the ongoing burst's warm level comes from memory: the burst before it was larger
+    /// than what this one has brought so far, so the levels expect what has not started yet.
+    pub fn remembered_burst_ahead(&self, now: Instant) -> bool {
+        self.ongoing_burst(now)
+            .zip(self.previous_burst(now))
+            .is_some_and(|(b, p)| p.starts > b.starts)
+    }
+
     /// Starts within the last minute.
     pub fn starts_last_minute(&self, now: Instant) -> u32 {
         self.recent

@@ -316,8 +316,15 @@ impl PoolState {
             // of buckets that pods, here or on other nodes, are waiting on. Warm-ups still ride
             // along in a create that carries waiters (they cost no extra call), and top-ups on
             // ENIs with room go on (step 2).
-            let for_deficit =
-                deficit > 0 && !blocked_for_ip && !creating_here && !self.growth_contended;
+            // Nor for the part of a burst only remembered (the last burst was larger than this
+            // one so far): at a fleet's repeated scale-up every node would start one at once, on
+            // buckets its pods' own creates need. The remembered warm-ups ride along in the
+            // pods' create instead, when they come.
+            let for_deficit = deficit > 0
+                && !blocked_for_ip
+                && !creating_here
+                && !self.growth_contended
+                && !self.demand.remembered_burst_ahead(now);
             if uncovered == 0 && !for_deficit {
                 break;
             }
