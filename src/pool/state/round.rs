@@ -11,7 +11,7 @@ use super::{CreatingEni, EniRole, Pick, PoolState};
 use crate::cloud::Eni;
 use crate::cloud::lifecycle::Slots;
 use crate::model::EniId;
-use crate::pool::config::PREFIX_ADDRESSES;
+use crate::pool::config::{PREFIX_ADDRESSES, WarmPolicy};
 use crate::pool::demand::{self, NodeLoad, WarmLevels};
 use crate::pool::error::PoolError;
 use crate::pool::slots::prefix_addresses;
@@ -316,15 +316,18 @@ impl PoolState {
             // of buckets that pods, here or on other nodes, are waiting on. Warm-ups still ride
             // along in a create that carries waiters (they cost no extra call), and top-ups on
             // ENIs with room go on (step 2).
-            // Nor for the part of a burst only remembered (the last burst was larger than this
-            // one so far): at a fleet's repeated scale-up every node would start one at once, on
-            // buckets its pods' own creates need. The remembered warm-ups ride along in the
-            // pods' create instead, when they come.
+            // Nor, with the adaptive policy, for the part of a burst only remembered (the last
+            // burst was larger than this one so far): at a fleet's repeated scale-up every node
+            // would start one at once, on buckets its pods' own creates need. The remembered
+            // warm-ups ride along in the pods' create instead, when they come. (A fixed policy's
+            // levels are the operator's, and kept.)
+            let remembered = self.config.warm_policy == WarmPolicy::Adaptive
+                && self.demand.remembered_burst_ahead(now);
             let for_deficit = deficit > 0
                 && !blocked_for_ip
                 && !creating_here
                 && !self.growth_contended
-                && !self.demand.remembered_burst_ahead(now);
+                && !remembered;
             if uncovered == 0 && !for_deficit {
                 break;
             }
