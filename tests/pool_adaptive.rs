@@ -218,7 +218,7 @@ async fn ips_still_cooling_do_not_push_warm_ones_back_to_ec2() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_remembered_burst_tops_up_eni_room_but_starts_no_eni_before_its_pods_need_one() {
+async fn leftovers_leave_the_pod_enis_first_and_a_remembered_burst_starts_no_eni_before_its_pods() {
     let n = start(adaptive(), NodeSpec::default()).await;
     n.pool.maintain_now().await.unwrap();
     // The first burst: 20 pods, more than eth0 and one more ENI hold (9 each).
@@ -229,7 +229,8 @@ async fn a_remembered_burst_tops_up_eni_room_but_starts_no_eni_before_its_pods_n
     for i in 0..20 {
         n.pool.release(&key(i), false).unwrap();
     }
-    // An hour of quiet: the leftovers go back, and the ENIs left empty with them.
+    // An hour of quiet: the leftovers go back, the pod ENIs' first (no pod uses them), and the
+    // emptied ENIs are released; the warm IPs stay on eth0.
     for _ in 0..7 {
         advance(Duration::from_secs(10 * 60)).await;
         n.pool.maintain_now().await.unwrap();
@@ -237,9 +238,10 @@ async fn a_remembered_burst_tops_up_eni_room_but_starts_no_eni_before_its_pods_n
     let s = n.pool.snapshot();
     assert_eq!(
         (s.enis.len(), s.idle),
-        (2, 3),
-        "eth0 and one pod ENI kept, the other released: {s:?}"
+        (1, 3),
+        "eth0 kept with the warm IPs, the pod ENIs released: {s:?}"
     );
+    assert_eq!(n.cloud.call_count(Action::DeleteNetworkInterface), 2);
     let creates = n.cloud.call_count(Action::CreateNetworkInterface);
 
     // The same scale-up again, its first four pods: a burst, and the node remembers the last one
@@ -259,10 +261,10 @@ async fn a_remembered_burst_tops_up_eni_room_but_starts_no_eni_before_its_pods_n
         creates,
         "no ENI started for warm-ups the node only remembers"
     );
-    assert_eq!(s.idle, 14, "the ENIs' room topped up instead: {s:?}");
+    assert_eq!(s.idle, 5, "eth0's room topped up instead: {s:?}");
 
-    // The rest of the burst: the pods beyond the room get one create, and the remembered
-    // warm-ups ride along in it.
+    // The rest of the burst: the pods beyond the room get their creates (two ENIs of 9), and the
+    // remembered warm-ups ride along in them.
     for r in acquire_many(&n.pool, 104..120).await {
         r.unwrap();
     }
@@ -270,7 +272,7 @@ async fn a_remembered_burst_tops_up_eni_room_but_starts_no_eni_before_its_pods_n
     let s = n.pool.snapshot();
     assert_eq!(
         n.cloud.call_count(Action::CreateNetworkInterface),
-        creates + 1
+        creates + 2
     );
     assert_eq!((s.enis.len(), s.assigned), (3, 20), "{s:?}");
     n.pool.check_invariants().unwrap();

@@ -458,7 +458,7 @@ impl PoolState {
         // burst's leftovers, so a profile's churning pods reuse their IPs rather than pay an
         // unassign and an assign each.
         let profile_hold = self.config.give_back_delay.max(self.config.reuse_cooldown);
-        let candidates: Vec<(Ipv4Addr, EniId, bool)> =
+        let mut candidates: Vec<(Ipv4Addr, EniId, bool)> =
             self.idle
                 .give_back_candidates(now)
                 .into_iter()
@@ -483,6 +483,26 @@ impl PoolState {
                         .map(|e| (e.ip, e.eni.clone(), true)),
                 )
                 .collect();
+        // The IPs of pod ENIs no pod uses go back first, the last-attached ENI first (otherwise
+        // longest idle first): the node keeps its warm IPs where its pods are, eth0 before all, and
+        // the emptied ENI is released (step 5). A node that keeps a second ENI for a few idle IPs
+        // would need an assign on each ENI for its next burst, both on the account's one assign
+        // bucket, where a released ENI's place is taken by a create whose buckets are others.
+        if excess > 0 {
+            let pods_on: BTreeSet<&EniId> = self
+                .enis
+                .values()
+                .filter(|r| r.ips.iter().any(|ip| self.assigned.contains_key(ip)))
+                .map(|r| &r.id)
+                .collect();
+            let drain_order = |eni: &EniId| match self.enis.get(eni) {
+                Some(r) if r.role == EniRole::Pods && !pods_on.contains(eni) => {
+                    (0, std::cmp::Reverse(r.device_index))
+                }
+                _ => (1, std::cmp::Reverse(0)),
+            };
+            candidates.sort_by_key(|(_, eni, _)| drain_order(eni));
+        }
         if excess > 0 || candidates.iter().any(|(_, _, profile)| *profile) {
             // Single addresses go one by one; a prefix only whole, when all 16 of its addresses are
             // among the candidates (idle, past cooldown, unreserved), longest idle first.
