@@ -505,7 +505,7 @@ impl PoolState {
         }
         if excess > 0 || candidates.iter().any(|(_, _, profile)| *profile) {
             // Single addresses go one by one; a prefix only whole, when all 16 of its addresses are
-            // among the candidates (idle, past cooldown, unreserved), longest idle first.
+            // among the candidates (idle, past cooldown, unreserved), in the order above.
             let eligible: BTreeSet<Ipv4Addr> = candidates.iter().map(|(ip, _, _)| *ip).collect();
             let mut per_eni: BTreeMap<EniId, (Vec<Ipv4Addr>, Vec<Ipv4Net>)> = BTreeMap::new();
             let mut left = excess;

@@ -100,35 +100,27 @@ pub(super) fn report(world: &World, m: &Measured, t: &Traffic) -> ScenarioReport
         Unit::MiB,
         m.rss_delta_mib,
     ));
+    // A packet's cost: each figure without the table, then with it against that as its anchor.
+    let mut without_and_with = |what: &str, suffix: &str, unit: Unit, off: f64, on: f64| {
+        rows.push(Row::single(
+            format!("{what} without the table{suffix}"),
+            unit,
+            off,
+        ));
+        rows.push(
+            Row::single(format!("{what} with the table{suffix}"), unit, on).anchor(
+                Anchor::Measured {
+                    name: "without the table".into(),
+                    value: off,
+                },
+            ),
+        );
+    };
     let gbit = |xs: &[f64]| median(xs) * 8e-9;
     let (off, on) = (gbit(&t.bytes_off), gbit(&t.bytes_on));
-    rows.push(Row::single(
-        "TCP throughput without the table, Gbit/s",
-        Unit::Ratio,
-        off,
-    ));
-    rows.push(
-        Row::single("TCP throughput with the table, Gbit/s", Unit::Ratio, on).anchor(
-            Anchor::Measured {
-                name: "without the table".into(),
-                value: off,
-            },
-        ),
-    );
+    without_and_with("TCP throughput", ", Gbit/s", Unit::Ratio, off, on);
     let (coff, con) = (median(&t.conns_off), median(&t.conns_on));
-    rows.push(Row::single(
-        "new TCP connections without the table",
-        Unit::PerSec,
-        coff,
-    ));
-    rows.push(
-        Row::single("new TCP connections with the table", Unit::PerSec, con).anchor(
-            Anchor::Measured {
-                name: "without the table".into(),
-                value: coff,
-            },
-        ),
-    );
+    without_and_with("new TCP connections", "", Unit::PerSec, coff, con);
     let pass = m.kinds.iter().all(|k| {
         percentile(&k.steps.iter().map(Steps::total).collect::<Vec<_>>(), 99.0).unwrap_or(f64::MAX)
             <= TARGET_MS
