@@ -277,3 +277,62 @@ async fn leftovers_leave_the_pod_enis_first_and_a_remembered_burst_starts_no_eni
     assert_eq!((s.enis.len(), s.assigned), (3, 20), "{s:?}");
     n.pool.check_invariants().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_give_back_waits_for_an_unused_pod_eni_that_backs_off_rather_than_take_eth0s_ips() {
+    let n = start(adaptive(), NodeSpec::default()).await;
+    n.pool.maintain_now().await.unwrap();
+    for r in acquire_many(&n.pool, 0..20).await {
+        r.unwrap();
+    }
+    n.pool.maintain_now().await.unwrap();
+    let eth0 = n.pool.snapshot().enis[0].id.clone();
+    let on_eth0 = |n: &pool_support::Node| {
+        n.cloud
+            .calls_of(Action::UnassignPrivateIpAddresses)
+            .iter()
+            .filter(|c| c.args.contains(&format!("eni={eth0} ")))
+            .count()
+    };
+    // EC2 throttles every give-back; the pods leave. The leftovers beyond the last burst's level go
+    // back from the pod ENIs (no pod uses them), which are throttled and back off.
+    n.cloud.fail_rate(
+        Action::UnassignPrivateIpAddresses,
+        1.0,
+        eniipam::cloud::CloudError::Throttled {
+            api: "UnassignPrivateIpAddresses".into(),
+            code: "RequestLimitExceeded".into(),
+        },
+    );
+    for i in 0..20 {
+        n.pool.release(&key(i), false).unwrap();
+    }
+    // Past the released IPs' cooldown.
+    advance(Duration::from_secs(61)).await;
+    n.pool.maintain_now().await.unwrap_or_default();
+    assert!(
+        n.cloud.call_count(Action::UnassignPrivateIpAddresses) >= 1,
+        "a give-back was tried"
+    );
+    assert_eq!(on_eth0(&n), 0, "the unused pod ENIs' IPs go first");
+    // Rounds while they back off: eth0's IPs do not go instead.
+    for _ in 0..5 {
+        advance(Duration::from_millis(500)).await;
+        n.pool.maintain_now().await.unwrap_or_default();
+    }
+    assert_eq!(
+        on_eth0(&n),
+        0,
+        "no give-back on eth0 while the pod ENIs back off"
+    );
+    // EC2 answers again: the pod ENIs empty and are released, eth0 keeps the warm IPs.
+    n.cloud.clear_faults();
+    for _ in 0..13 {
+        advance(Duration::from_secs(60)).await;
+        n.pool.maintain_now().await.unwrap_or_default();
+    }
+    let s = n.pool.snapshot();
+    assert_eq!((s.enis.len(), s.enis[0].id.clone()), (1, eth0), "{s:?}");
+    assert_eq!(n.cloud.call_count(Action::DeleteNetworkInterface), 2);
+    n.pool.check_invariants().unwrap();
+}

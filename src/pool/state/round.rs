@@ -453,6 +453,33 @@ impl PoolState {
         } else {
             0
         };
+        // Pod ENIs no pod uses: their idle IPs go back first (below).
+        let pods_on: BTreeSet<&EniId> = self
+            .enis
+            .values()
+            .filter(|r| r.ips.iter().any(|ip| self.assigned.contains_key(ip)))
+            .map(|r| &r.id)
+            .collect();
+        let unused_pod_eni = |eni: &EniId| {
+            self.enis
+                .get(eni)
+                .is_some_and(|r| r.role == EniRole::Pods && !pods_on.contains(eni))
+        };
+        // While such an ENI backs off (its last give-back was throttled, say), the give-back waits
+        // for it: taking eth0's IPs instead would leave the node its second ENI for its next burst.
+        let excess = if excess > 0
+            && self.idle.give_back_candidates(now).into_iter().any(|e| {
+                unused_pod_eni(&e.eni)
+                    && !self.is_profile_eni(&e.eni)
+                    && self
+                        .enis
+                        .get(&e.eni)
+                        .is_some_and(|r| r.handle.is_some() && r.phase.retry_in(now).is_some())
+            }) {
+            0
+        } else {
+            excess
+        };
         // A profile keeps no warm IPs: its idle ones go back, whatever the levels, once idle for
         // `give_back_delay` (past cooldown, unreserved) — the hold the adaptive policy gives a
         // burst's leftovers, so a profile's churning pods reuse their IPs rather than pay an
@@ -489,16 +516,8 @@ impl PoolState {
         // would need an assign on each ENI for its next burst, both on the account's one assign
         // bucket, where a released ENI's place is taken by a create whose buckets are others.
         if excess > 0 {
-            let pods_on: BTreeSet<&EniId> = self
-                .enis
-                .values()
-                .filter(|r| r.ips.iter().any(|ip| self.assigned.contains_key(ip)))
-                .map(|r| &r.id)
-                .collect();
             let drain_order = |eni: &EniId| match self.enis.get(eni) {
-                Some(r) if r.role == EniRole::Pods && !pods_on.contains(eni) => {
-                    (0, std::cmp::Reverse(r.device_index))
-                }
+                Some(r) if unused_pod_eni(eni) => (0, std::cmp::Reverse(r.device_index)),
                 _ => (1, std::cmp::Reverse(0)),
             };
             candidates.sort_by_key(|(_, eni, _)| drain_order(eni));
