@@ -105,6 +105,11 @@ struct Args {
     /// warm-ip, warm-prefix (the last three: the AWS VPC CNI's, emulated).
     #[arg(long, default_value = "all", value_parser = scenarios::fleet::parse_policies)]
     fleet_policies: std::collections::BTreeSet<scenarios::fleet::Policy>,
+    /// Scenario `fleet`: `on` feeds each daemon's lookahead the pods bound to its node, from their
+    /// binding, a kubelet's lead before their ADD (as eniipamd's pod watch does); `off` leaves the
+    /// pool to learn of a pod at its ADD (a daemon without API-server access).
+    #[arg(long, default_value = "on", value_parser = scenarios::fleet::parse_on_off)]
+    fleet_lookahead: bool,
     /// Do not build eniipam/eniipamd first (use the binaries already next to this one).
     #[arg(long)]
     no_build: bool,
@@ -211,6 +216,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
             patterns: args.fleet_patterns.clone(),
             policies: args.fleet_policies.clone(),
             seed: args.seed.unwrap_or(scenarios::fleet::DEFAULT_SEED),
+            lookahead: args.fleet_lookahead,
             out: out.clone(),
             out_given: args.out.clone(),
         },

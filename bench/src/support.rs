@@ -245,15 +245,23 @@ pub async fn client(socket: &Path) -> anyhow::Result<IpamClient<Channel>> {
     ))
 }
 
+/// The namespace of every pod the benchmarks start.
+pub const POD_NAMESPACE: &str = "bench";
+
+/// The UID of the benchmarks' pod `name`.
+pub fn pod_uid(name: &str) -> String {
+    format!("uid-{name}")
+}
+
 pub fn alloc_req(container: &str) -> pb::AllocateRequest {
     pb::AllocateRequest {
         api_version: API_VERSION,
         container_id: container.into(),
         ifname: "eth0".into(),
         pod: Some(pb::Pod {
-            namespace: "bench".into(),
+            namespace: POD_NAMESPACE.into(),
             name: container.into(),
-            uid: format!("uid-{container}"),
+            uid: pod_uid(container),
         }),
         network: "bench".into(),
         ..Default::default()

@@ -17,15 +17,13 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use eniipam::pool::snapshot::PoolSnapshot;
-use eniipam_api::pb::ipam_client::IpamClient;
 use mockcloud::{ActionClass, LatencyProfile, MockCloud, Throttling};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use super::boot::{self, Launched, Node, warm_target};
 use super::bound::{NodeStart, fleet_min_calls};
-use super::pods::{Drive, Recorder, running_name, spawn_drivers, spawn_node_driver};
+use super::pods::{Drive, NodeIo, Recorder, running_name, spawn_drivers, spawn_node_driver};
 use super::policy::Policy;
 use super::traffic::{KUBELET_READY, Life, Pattern, Plan};
 use crate::support::TempDir;
@@ -49,6 +47,8 @@ pub struct PairSpec {
     pub nodes: usize,
     pub pods_per_node: u32,
     pub seed: u64,
+    /// Each daemon's lookahead sees the pods bound to its node before their ADDs.
+    pub lookahead: bool,
 }
 
 impl PairSpec {
@@ -249,7 +249,7 @@ fn spawn_node_boot(
     let (launched, fleet, d) = (launched.clone(), fleet.clone(), drive.clone());
     let launch = plan.launches[i];
     let pods: Vec<_> = plan.pods.iter().filter(|p| p.node == i).copied().collect();
-    let prefix = spec.policy.prefix();
+    let (prefix, lookahead) = (spec.policy.prefix(), spec.lookahead);
     let h = tokio::spawn(async move {
         tokio::time::sleep_until(d.t0 + launch).await;
         let node = match async { boot::start(launched.config(i)?).await }.await {
@@ -260,7 +260,10 @@ fn spawn_node_boot(
                 return;
             }
         };
-        let client = node.client.clone();
+        let io = NodeIo {
+            client: node.client.clone(),
+            lookahead: lookahead.then(|| node.handle.pool.clone()),
+        };
         let empty = NodeStart::empty(&node.handle.pool.snapshot(), slots_per_eni, prefix);
         fleet.with(|s| {
             s[i].start = Some(empty);
@@ -275,7 +278,7 @@ fn spawn_node_boot(
                 .map(|n| standing(&n.handle.pool.snapshot()));
             s[i].ready_s = Some((ready - d.t0).as_secs_f64());
         });
-        spawn_node_driver(i, pods, client, ready, &d);
+        spawn_node_driver(i, pods, io, ready, &d);
     });
     drive.tasks.lock().expect("tasks").push(h.abort_handle());
 }
@@ -350,14 +353,18 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
             spawn_node_boot(i, &launched, &fleet, &plan, &drive, &spec, slots_per_eni);
         }
     } else {
-        let clients: Vec<IpamClient<Channel>> = fleet.with(|s| {
+        let nodes: Vec<NodeIo> = fleet.with(|s| {
             s.iter()
-                .filter_map(|s| s.node.as_ref().map(|n| n.client.clone()))
+                .filter_map(|s| s.node.as_ref())
+                .map(|n| NodeIo {
+                    client: n.client.clone(),
+                    lookahead: spec.lookahead.then(|| n.handle.pool.clone()),
+                })
                 .collect()
         });
         for (i, p) in plan.prepopulated.iter().enumerate() {
             let Life::Until(at) = p.life else { continue };
-            let mut c = clients[p.node].clone();
+            let mut c = nodes[p.node].client.clone();
             let rec = rec.clone();
             let name = running_name(p.node, i);
             let h = tokio::spawn(async move {
@@ -366,7 +373,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
             });
             tasks.lock().expect("tasks").push(h.abort_handle());
         }
-        spawn_drivers(&plan, &clients, &drive);
+        spawn_drivers(&plan, &nodes, &drive);
     }
 
     // Sample every second until the window is over and every pod has been resolved.

@@ -75,10 +75,21 @@ pub struct FleetArgs {
     pub patterns: BTreeSet<Pattern>,
     pub policies: BTreeSet<Policy>,
     pub seed: u64,
+    /// Each daemon's lookahead is fed the pods bound to its node (`--fleet-lookahead`).
+    pub lookahead: bool,
     /// Where `fleet.md` and the plots go.
     pub out: PathBuf,
     /// `--out` as given, for the reproduce line.
     pub out_given: Option<PathBuf>,
+}
+
+/// `--fleet-lookahead`: `on` or `off`.
+pub fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("{other:?}: on or off")),
+    }
 }
 
 /// `--fleet-patterns`: `all` or a comma list.
@@ -128,6 +139,9 @@ impl FleetArgs {
             spelled(&self.policies, &Policy::ALL),
             self.seed
         );
+        if !self.lookahead {
+            s.push_str(" --fleet-lookahead off");
+        }
         if let Some(out) = &self.out_given {
             let _ = write!(s, " --out {}", out.display());
         }
@@ -146,6 +160,7 @@ pub async fn run(args: &FleetArgs) -> anyhow::Result<ScenarioReport> {
                 nodes: args.nodes,
                 pods_per_node: args.pods_per_node,
                 seed: args.seed,
+                lookahead: args.lookahead,
             })
         })
         .collect();

@@ -11,12 +11,23 @@
 //! call ([`eniipam_cni::netconf::DEFAULT_TIMEOUT_MS`]), so the plugin's deadline is the one that
 //! binds: each attempt is one gRPC Allocate with that deadline, sent as the gRPC timeout header so
 //! the daemon can see how long its caller waits.
+//!
+//! A pod's sandbox is not created the instant the scheduler binds it: the kubelet's pod watch sees
+//! the binding, the pod worker waits for its volumes (at least the projected service-account token,
+//! mounted by the volume manager's reconciler, which polls every 100 ms), then calls
+//! `RunPodSandbox`. [`BIND_TO_ADD`] is that lead. eniipamd's own pod watch sees the binding as soon
+//! as the kubelet's does, and its lookahead announces the pod to the pool
+//! ([`eniipam::pool::Pool::announce_bound_pods`]) before its ADD. [`BoundView`] is that watch's view
+//! as the lookahead feeds it to the pool: every pod bound to the node and not deleted, re-announced at
+//! each change (the watch itself, against an API server, is tested in `tests/`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use eniipam::model::PodRef;
+use eniipam::pool::Pool;
 use eniipam_api::pb::ipam_client::IpamClient;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -31,6 +42,21 @@ use crate::support;
 pub const KUBELET_BACKOFF: Duration = Duration::from_secs(10);
 /// The jitter on it (`workerBackOffPeriodJitterFactor`): `wait.Jitter(d, f)` waits d + U[0, f·d).
 pub const KUBELET_JITTER: f64 = 0.5;
+
+/// From the scheduler's binding to the CNI ADD, drawn uniformly in this range per pod. Measured in
+/// kubelet logs: 389 ms from "Receiving a new pod" to "Creating sandbox for pod" (kubernetes#66672);
+/// 3 ms from the binding to the kubelet's `SyncLoop ADD`, then 185 ms to the service-account
+/// volume's mount starting (kubernetes#103578); 100 ms of it the volume manager's poll between
+/// attach and mount (kubernetes#136839). The runtime then creates the network namespace and runs the
+/// plugin. 0.2–0.6 s, a figure from those.
+pub const BIND_TO_ADD: (Duration, Duration) =
+    (Duration::from_millis(200), Duration::from_millis(600));
+
+/// One pod's lead from binding to ADD, drawn from `rng`.
+pub fn bind_to_add(rng: &mut impl Rng) -> Duration {
+    let (lo, hi) = BIND_TO_ADD;
+    lo + (hi - lo).mul_f64(rng.random::<f64>())
+}
 
 /// How long the kubelet waits before it retries a failed sandbox: `wait.Jitter(KUBELET_BACKOFF,
 /// KUBELET_JITTER)`, drawn from `rng`.
@@ -75,40 +101,57 @@ pub struct Drive {
     pub seed: u64,
 }
 
+/// One node's daemon as the pods reach it: its gRPC client, and its pool when the lookahead is on
+/// (the daemon watches the pods bound to its node).
+#[derive(Clone)]
+pub struct NodeIo {
+    pub client: IpamClient<Channel>,
+    pub lookahead: Option<Pool>,
+}
+
 /// One task per node that starts its pods at their instants from the pattern's start, each pod a
 /// task of its own.
-pub fn spawn_drivers(plan: &Plan, clients: &[IpamClient<Channel>], drive: &Drive) {
+pub fn spawn_drivers(plan: &Plan, nodes: &[NodeIo], drive: &Drive) {
     let mut by_node: BTreeMap<usize, Vec<PodPlan>> = BTreeMap::new();
     for p in &plan.pods {
         by_node.entry(p.node).or_default().push(*p);
     }
     for (node, pods) in by_node {
-        spawn_node_driver(node, pods, clients[node].clone(), drive.t0, drive);
+        spawn_node_driver(node, pods, nodes[node].clone(), drive.t0, drive);
     }
 }
 
-/// The task that starts `node`'s pods, each at `origin` + its `start` (the pattern's start, or in
-/// node-boot the node's Ready).
+/// The task that binds `node`'s pods, each at `origin` + its `start` (the pattern's start, or in
+/// node-boot the node's Ready); each pod's ADD follows [`bind_to_add`] later.
 pub fn spawn_node_driver(
     node: usize,
     pods: Vec<PodPlan>,
-    client: IpamClient<Channel>,
+    io: NodeIo,
     origin: Instant,
     drive: &Drive,
 ) {
     let d = drive.clone();
+    let view = io.lookahead.map(BoundView::new);
     let h = tokio::spawn(async move {
         for (i, p) in pods.into_iter().enumerate() {
             tokio::time::sleep_until(origin + p.start).await;
+            let name = format!("pod-{node}-{i}");
+            // Its own stream: a pod's lead and retries do not depend on the order pods run in.
+            let mut rng = StdRng::seed_from_u64(
+                d.seed ^ ((node as u64) << 32 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            );
+            let lead = bind_to_add(&mut rng);
+            if let Some(v) = &view {
+                v.bind(&name);
+            }
             let pod = Pod {
-                name: format!("pod-{node}-{i}"),
+                name,
                 plan: p,
-                client: client.clone(),
+                client: io.client.clone(),
                 rec: d.rec.clone(),
-                // Its own stream: a pod's retries do not depend on the order pods run in.
-                rng: StdRng::seed_from_u64(
-                    d.seed ^ ((node as u64) << 32 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                ),
+                rng,
+                lead,
+                view: view.clone(),
             };
             let h = tokio::spawn(pod.run(d.t0, d.deadline));
             d.tasks.lock().expect("tasks").push(h.abort_handle());
@@ -125,6 +168,55 @@ struct Pod {
     rec: Arc<Recorder>,
     /// Draws the kubelet's retry delays.
     rng: StdRng,
+    /// From its binding to its ADD's first attempt.
+    lead: Duration,
+    /// The node's bound pods as its daemon's lookahead sees them (`None`: the lookahead is off).
+    view: Option<BoundView>,
+}
+
+/// The pods bound to one node and not deleted, as eniipamd's pod watch shows them: each change is
+/// announced to the pool, as the lookahead does (`reconcile::api_server::lookahead`).
+#[derive(Clone)]
+pub struct BoundView {
+    pool: Pool,
+    pods: Arc<Mutex<BTreeMap<String, PodRef>>>,
+}
+
+impl BoundView {
+    fn new(pool: Pool) -> Self {
+        Self {
+            pool,
+            pods: Arc::default(),
+        }
+    }
+
+    /// The scheduler bound the pod `name` here.
+    fn bind(&self, name: &str) {
+        let pod = PodRef {
+            namespace: support::POD_NAMESPACE.into(),
+            name: name.into(),
+            uid: support::pod_uid(name),
+        };
+        self.change(|pods| {
+            pods.insert(name.to_owned(), pod);
+        });
+    }
+
+    /// The pod `name` is being deleted (before its DEL).
+    fn delete(&self, name: &str) {
+        self.change(|pods| {
+            pods.remove(name);
+        });
+    }
+
+    fn change(&self, f: impl FnOnce(&mut BTreeMap<String, PodRef>)) {
+        let view: Vec<PodRef> = {
+            let mut pods = self.pods.lock().expect("bound pods");
+            f(&mut pods);
+            pods.values().cloned().collect()
+        };
+        self.pool.announce_bound_pods(&view);
+    }
 }
 
 impl Pod {
@@ -132,6 +224,7 @@ impl Pod {
     /// fails, as kubelet does, until it has an IP or the pattern's deadline passes; then, if it has
     /// a lifetime, DEL when that ends.
     async fn run(mut self, t0: Instant, deadline: Instant) {
+        tokio::time::sleep(self.lead).await;
         let started = Instant::now();
         let add = async {
             let per_attempt = add_deadline();
@@ -168,6 +261,9 @@ impl Pod {
             Life::Until(at) => t0 + at,
         };
         tokio::time::sleep_until(release_at).await;
+        if let Some(v) = &self.view {
+            v.delete(&self.name);
+        }
         self.rec.release(&mut self.client, &self.name).await;
     }
 }
@@ -272,6 +368,17 @@ mod tests {
             add_deadline(),
             Duration::from_millis(eniipam_cni::netconf::DEFAULT_TIMEOUT_MS)
         );
+    }
+
+    #[test]
+    fn a_pods_add_follows_its_binding_by_a_fifth_to_three_fifths_of_a_second() {
+        let mut rng = StdRng::seed_from_u64(25);
+        let leads: Vec<f64> = (0..10_000)
+            .map(|_| bind_to_add(&mut rng).as_secs_f64())
+            .collect();
+        assert!(leads.iter().all(|l| (0.2..0.6).contains(l)));
+        let mean = leads.iter().sum::<f64>() / leads.len() as f64;
+        assert!((0.39..0.41).contains(&mean), "{mean}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use super::boot::SETTLE_HOLD;
 use super::bound::account_bound;
 use super::harness::{INSTANCE, PairResult};
 use super::pareto::{dominance, sentence};
-use super::pods::{KUBELET_BACKOFF, KUBELET_JITTER, add_deadline};
+use super::pods::{BIND_TO_ADD, KUBELET_BACKOFF, KUBELET_JITTER, add_deadline};
 use super::tenant::buckets_left;
 use super::{FleetArgs, Pattern, Policy, p, pod_ips_per_eni, spelled};
 use crate::report::{Anchor, Row, ScenarioReport, Series, Target, Unit};
@@ -282,6 +282,20 @@ pub fn setup(args: &FleetArgs) -> Vec<String> {
             args.seed
         ),
     ];
+    let (lo, hi) = BIND_TO_ADD;
+    lines.push(if args.lookahead {
+        format!(
+            "a pod's ADD comes U[{} s, {} s) after the scheduler binds it (the kubelet's watch, volume mounts, the sandbox; `pods::BIND_TO_ADD`); the lookahead is on: from the binding each daemon's pool is told the pods bound to its node and not deleted (`Pool::announce_bound_pods`, as eniipamd's pod watch feeds it), so it sees a pod before its ADD",
+            lo.as_secs_f64(),
+            hi.as_secs_f64()
+        )
+    } else {
+        format!(
+            "a pod's ADD comes U[{} s, {} s) after the scheduler binds it (`pods::BIND_TO_ADD`); the lookahead is off (`--fleet-lookahead off`): a pool learns of a pod at its ADD",
+            lo.as_secs_f64(),
+            hi.as_secs_f64()
+        )
+    });
     for pattern in &args.patterns {
         lines.push(pattern.describe(args.pods_per_node));
     }
