@@ -8,7 +8,8 @@
 //! Parts: this file (the client and the [`Cloud`] calls), [`classify`] (SDK errors → [`CloudError`],
 //! once, by EC2 error code and HTTP status), [`convert`] (SDK types ⇄ domain types), `config`
 //! ([`Ec2Config`] and building the client), `mutate` (the one loop every mutating call runs in),
-//! `ipv6` (AssignIpv6Addresses / UnassignIpv6Addresses for the node's `/80`), `groups`
+//! `ipv6` (AssignIpv6Addresses / UnassignIpv6Addresses for the node's `/80`), `describe` (the
+//! describes of instances, instance types, subnets, subnet reservations and ENIs), `groups`
 //! (DescribeSecurityGroups).
 //!
 //! Calls that EC2 cannot make idempotent themselves are made safe after ambiguous failures
@@ -25,14 +26,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_ec2::Client;
-use aws_sdk_ec2::types::{
-    Filter, InstanceType, NetworkInterfaceAttachmentChanges, ResourceType, TagSpecification,
-};
+use aws_sdk_ec2::types::{NetworkInterfaceAttachmentChanges, ResourceType, TagSpecification};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 mod classify;
 mod config;
 mod convert;
+mod describe;
 mod groups;
 mod holdings;
 mod ipv6;
@@ -46,9 +46,9 @@ pub use mutate::AMBIGUOUS_IMDS_WAIT;
 use mutate::{InstanceView, Verify, mutate};
 
 use super::calls::CallStats;
-use super::limiter::{CallClass, Limiter};
+use super::limiter::Limiter;
 use super::{
-    Cloud, CloudError, CloudResult, CreateEni, Eni, EniFilter, Instance, InstanceLimits, Metadata,
+    Cloud, CloudResult, CreateEni, Eni, EniFilter, Instance, InstanceLimits, Metadata,
     SecurityGroup, Subnet, SubnetFilter,
 };
 use eniipam_api::model::EniId;
@@ -118,101 +118,15 @@ impl Ec2Cloud {
 #[async_trait]
 impl Cloud for Ec2Cloud {
     async fn describe_instance(&self, instance_id: &str) -> CloudResult<Instance> {
-        const API: &str = "DescribeInstances";
-        let out = self
-            .limiter
-            .call(API, CallClass::Describe, || async {
-                self.client
-                    .describe_instances()
-                    .instance_ids(instance_id)
-                    .send()
-                    .await
-                    .map_err(|e| classify(API, e))
-            })
-            .await?;
-        let inst = out
-            .reservations()
-            .iter()
-            .flat_map(|r| r.instances())
-            .find(|i| i.instance_id() == Some(instance_id))
-            .ok_or_else(|| CloudError::NotFound {
-                api: API.into(),
-                code: "InvalidInstanceID.NotFound".into(),
-                message: format!("{instance_id} not in the reply"),
-            })?;
-        // DescribeInstances lists interfaces without tags; the pool needs the tags (ownership), so
-        // the ENIs come from DescribeNetworkInterfaces.
-        let mut enis = self
-            .describe_enis(&EniFilter {
-                attached_to: Some(instance_id.to_owned()),
-                ..Default::default()
-            })
-            .await?;
-        enis.sort_by_key(|e| e.attachment.as_ref().map(|a| a.device_index));
-        Ok(Instance {
-            id: instance_id.to_owned(),
-            instance_type: inst
-                .instance_type()
-                .map(|t| t.as_str().to_owned())
-                .unwrap_or_default(),
-            availability_zone: inst
-                .placement()
-                .and_then(|p| p.availability_zone())
-                .unwrap_or_default()
-                .to_owned(),
-            vpc_id: inst.vpc_id().unwrap_or_default().to_owned(),
-            subnet_id: inst.subnet_id().unwrap_or_default().to_owned(),
-            enis,
-        })
+        self.instance(instance_id).await
     }
 
     async fn instance_limits(&self, instance_type: &str) -> CloudResult<InstanceLimits> {
-        const API: &str = "DescribeInstanceTypes";
-        let out = self
-            .limiter
-            .call(API, CallClass::Describe, || async {
-                self.client
-                    .describe_instance_types()
-                    .instance_types(InstanceType::from(instance_type))
-                    .send()
-                    .await
-                    .map_err(|e| classify(API, e))
-            })
-            .await?;
-        let info = out
-            .instance_types()
-            .first()
-            .ok_or_else(|| CloudError::NotFound {
-                api: API.into(),
-                code: "InvalidInstanceType.NotFound".into(),
-                message: format!("no limits for instance type {instance_type}"),
-            })?;
-        limits_from_sdk(API, instance_type, info)
+        self.limits(instance_type).await
     }
 
     async fn describe_subnet(&self, subnet_id: &str) -> CloudResult<Subnet> {
-        const API: &str = "DescribeSubnets";
-        let out = self
-            .limiter
-            .call(API, CallClass::Describe, || async {
-                self.client
-                    .describe_subnets()
-                    .subnet_ids(subnet_id)
-                    .send()
-                    .await
-                    .map_err(|e| classify(API, e))
-            })
-            .await?;
-        let s = out
-            .subnets()
-            .iter()
-            .find(|s| s.subnet_id() == Some(subnet_id))
-            .ok_or_else(|| CloudError::NotFound {
-                api: API.into(),
-                code: "InvalidSubnetID.NotFound".into(),
-                message: format!("{subnet_id} not in the reply"),
-            })?;
-        subnet_from_sdk(API, s)
+        self.subnet(subnet_id).await
     }
 
     async fn describe_security_groups(&self, ids: &[String]) -> CloudResult<Vec<SecurityGroup>> {
@@ -220,87 +134,15 @@ impl Cloud for Ec2Cloud {
     }
 
     async fn subnet_prefix_reservations(&self, subnet_id: &str) -> CloudResult<Vec<Ipv4Net>> {
-        const API: &str = "GetSubnetCidrReservations";
-        let out = self
-            .limiter
-            .call(API, CallClass::Describe, || async {
-                self.client
-                    .get_subnet_cidr_reservations()
-                    .subnet_id(subnet_id)
-                    .send()
-                    .await
-                    .map_err(|e| classify(API, e))
-            })
-            .await?;
-        out.subnet_ipv4_cidr_reservations()
-            .iter()
-            .filter(|r| r.reservation_type().map(|t| t.as_str()) == Some("prefix"))
-            .filter_map(|r| r.cidr())
-            .map(|c| parse_prefix(API, c))
-            .collect()
+        self.prefix_reservations(subnet_id).await
     }
 
     async fn describe_subnets(&self, filter: &SubnetFilter) -> CloudResult<Vec<Subnet>> {
-        const API: &str = "DescribeSubnets";
-        let one = |name: &str, value: &str| Filter::builder().name(name).values(value).build();
-        let mut sdk_filters = Vec::new();
-        if let Some(v) = &filter.vpc_id {
-            sdk_filters.push(one("vpc-id", v));
-        }
-        if let Some(az) = &filter.availability_zone {
-            sdk_filters.push(one("availability-zone", az));
-        }
-        let out = self
-            .limiter
-            .call(API, CallClass::Describe, || async {
-                self.client
-                    .describe_subnets()
-                    .set_subnet_ids((!filter.ids.is_empty()).then(|| filter.ids.clone()))
-                    .set_filters((!sdk_filters.is_empty()).then(|| sdk_filters.clone()))
-                    .send()
-                    .await
-                    .map_err(|e| classify(API, e))
-            })
-            .await?;
-        out.subnets()
-            .iter()
-            .map(|s| subnet_from_sdk(API, s))
-            .collect()
+        self.subnets(filter).await
     }
 
     async fn describe_enis(&self, filter: &EniFilter) -> CloudResult<Vec<Eni>> {
-        const API: &str = "DescribeNetworkInterfaces";
-        let sdk_filters = filters(filter);
-        let ids: Vec<String> = filter.ids.iter().map(|i| i.as_str().to_owned()).collect();
-        let mut enis = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let page = self
-                .limiter
-                .call(API, CallClass::Describe, || {
-                    let mut req = self
-                        .client
-                        .describe_network_interfaces()
-                        .set_filters((!sdk_filters.is_empty()).then(|| sdk_filters.clone()))
-                        .set_next_token(token.clone());
-                    // EC2 refuses MaxResults together with explicit ids (ids are not paginated).
-                    if ids.is_empty() {
-                        req = req.max_results(self.page_size);
-                    } else {
-                        req = req.set_network_interface_ids(Some(ids.clone()));
-                    }
-                    async move { req.send().await.map_err(|e| classify(API, e)) }
-                })
-                .await?;
-            for ni in page.network_interfaces() {
-                enis.push(eni_from_sdk(API, ni)?);
-            }
-            match page.next_token() {
-                Some(t) if !t.is_empty() => token = Some(t.to_owned()),
-                _ => break,
-            }
-        }
-        Ok(enis)
+        self.enis(filter).await
     }
 
     async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni> {
