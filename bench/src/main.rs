@@ -108,7 +108,7 @@ struct Args {
     /// Scenario `fleet`: `on` feeds each daemon's lookahead the pods bound to its node, from their
     /// binding, a kubelet's lead before their ADD (as eniipamd's pod watch does); `off` leaves the
     /// pool to learn of a pod at its ADD (a daemon without API-server access).
-    #[arg(long, default_value = "on", value_parser = scenarios::fleet::parse_on_off)]
+    #[arg(long, default_value = "on", action = clap::ArgAction::Set, value_parser = scenarios::fleet::parse_on_off)]
     fleet_lookahead: bool,
     /// Do not build eniipam/eniipamd first (use the binaries already next to this one).
     #[arg(long)]
