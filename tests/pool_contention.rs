@@ -5,8 +5,8 @@
 //! still goes (with the warm-ups riding along at no extra call), and warm-ups start ENIs again once
 //! the minute has passed. Likewise, once EC2 has throttled its assigns, warm-ups make no assign of
 //! their own: they ride along in the pods' calls, which bring the node's warm-ups with them anyway
-//! (an assign carrying pods tops the node up to its fill level at no extra call). In-memory cloud,
-//! paused clock.
+//! (an assign carrying pods tops the node up to its fill level at no extra call), and so do the IPs
+//! of pods bound here that have not ADDed yet (the lookahead). In-memory cloud, paused clock.
 
 mod pool_support;
 
@@ -241,5 +241,48 @@ async fn a_warm_up_ec2_throttled_backs_off_no_eni_and_a_pod_after_it_is_served_a
     tokio::time::sleep(Duration::from_secs(20)).await;
     let _ = n.pool.maintain_now().await;
     assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 2);
+    n.pool.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_assign_contention_pods_bound_here_wait_for_their_adds_and_one_call_serves_them() {
+    // ENIs of 49 pod IPs: room to spare after every call below.
+    let (_, spec) = roomy();
+    let n = start_with_enis(adaptive(), spec, &[0]).await;
+    n.cloud.fail_next(
+        Action::AssignPrivateIpAddresses,
+        1,
+        throttled("AssignPrivateIpAddresses"),
+    );
+    n.pool.acquire(key(0), pod(0), None, None).await.unwrap();
+    let idle = n.pool.snapshot().idle_eligible as usize;
+    let took = acquire_many(&n.pool, 1..1 + idle).await;
+    assert!(took.iter().all(Result::is_ok), "{took:?}");
+    let before = n.cloud.call_count(Action::AssignPrivateIpAddresses);
+
+    // Ten pods bound here (the lookahead), their ADDs not come yet, within the minute after the
+    // throttle: their IPs wait for the pods' own call, as a warm-up's would. A call of their own
+    // would spend a token of the account's assign bucket that pods are waiting on, and carry only
+    // the pods bound so far; at a fleet's scale-up that made every node's first assign a small one.
+    let bound: Vec<_> = (100..110).map(pod).collect();
+    let seen = n.pool.announce_bound_pods(&bound);
+    assert_eq!((seen.new, seen.waiting), (10, 10));
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _ = n.pool.maintain_now().await;
+    }
+    assert_eq!(
+        n.cloud.call_count(Action::AssignPrivateIpAddresses),
+        before,
+        "no call for pods only bound, under contention"
+    );
+
+    // Their ADDs: one call serves them all.
+    let served = acquire_many(&n.pool, 100..110).await;
+    assert!(served.iter().all(Result::is_ok), "{served:?}");
+    assert_eq!(
+        n.cloud.call_count(Action::AssignPrivateIpAddresses),
+        before + 1
+    );
     n.pool.check_invariants().unwrap();
 }

@@ -3,7 +3,9 @@
 //! The daemon's API-server watch knows the pods the scheduler bound here. The kubelet creates a
 //! pod's sandbox (and so calls the CNI ADD) after it has seen the pod, pulled nothing yet but mounted
 //! its volumes: seconds later, or longer. Counting the pod as demand when it is bound lets one
-//! batched assign serve a whole ReplicaSet's pods before their ADDs arrive.
+//! batched assign serve a whole ReplicaSet's pods before their ADDs arrive. Under contention on
+//! assigns (EC2 throttled one lately) the pool makes no call for them alone: their IPs ride in the
+//! pods' own calls (`PoolState::plan_round`, step 2).
 //!
 //! The set is replaced whole at every change of the watch's view, so a pod deleted, finished or
 //! host-network simply drops out. A pod counts as waiting for [`ANNOUNCED_FOR`] at most: a pod

@@ -223,9 +223,12 @@ impl PoolState {
         // Under contention on assigns (EC2 throttled one from this node within the minute) a
         // warm-up alone is not worth a call: its tokens are ones pods, here or on other nodes, are
         // waiting on. The warm-ups then ride along in the pods' own calls
-        // (`PoolState::plan_assign`), unless pods bound here and not yet ADDed are known to be
-        // coming: that is demand, not a bet. No ENI is created instead either, while one has room.
-        let hold_warm_ups = self.assign_contended && self.demand.announced_waiting(now) == 0;
+        // (`PoolState::plan_assign`). So do the IPs of pods bound here and not yet ADDed (the
+        // lookahead): their ADDs follow within a second or so, and a call of their own would carry
+        // only the pods bound so far, then the later ones need another. At a 500-node scale-up
+        // that made the first assign of many nodes a small one, and p99 went from 95 s to 118 s.
+        // No ENI is created instead either, while one has room.
+        let hold_warm_ups = self.assign_contended;
         if hold_warm_ups
             && self.enis.values().any(|r| {
                 r.serves && r.profile.is_none() && r.handle.is_some() && self.eni_room(r) > 0
