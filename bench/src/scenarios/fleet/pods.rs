@@ -19,7 +19,7 @@
 //! as the kubelet's does, and its lookahead announces the pod to the pool
 //! ([`eniipam::pool::Pool::announce_bound_pods`]) before its ADD. [`BoundView`] is that watch's view
 //! as the lookahead feeds it to the pool: every pod bound to the node and not deleted, re-announced at
-//! each change (the watch itself, against an API server, is tested in `tests/`).
+//! each change (the watch itself, against an API server, is tested in `tests/api_server_lookahead.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
