@@ -126,9 +126,12 @@ async fn a_pods_assign_brings_the_warm_ups_along_in_the_same_call() {
     n.pool.check_invariants().unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn after_a_throttled_assign_warm_ups_wait_for_pods_or_a_quiet_minute() {
-    // ENIs of 49 pod IPs: room to spare after every call below.
+/// An adaptive node on an ENI of 49 pod IPs (room to spare after every call of the tests), whose
+/// first pod's assign EC2 throttled; the pod waited out the back-off and its second call brought the
+/// warm-ups (under contention up to the give-back level, 16 during a burst). Then pods took every
+/// idle IP: the node is below its low mark, with nobody waiting. Returns the node and the number of
+/// pods it serves (keys `0..n`).
+async fn contended_with_nothing_idle() -> (Node, usize) {
     let (_, spec) = roomy();
     let n = start_with_enis(adaptive(), spec, &[0]).await;
     n.cloud.fail_next(
@@ -136,18 +139,20 @@ async fn after_a_throttled_assign_warm_ups_wait_for_pods_or_a_quiet_minute() {
         1,
         throttled("AssignPrivateIpAddresses"),
     );
-    // The pod waits out the back-off; its second call brings the warm-ups, under contention up to
-    // the give-back level (16 during a burst).
     n.pool.acquire(key(0), pod(0), None, None).await.unwrap();
     assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 2);
-    let idle = n.pool.snapshot().idle_eligible;
+    let idle = n.pool.snapshot().idle_eligible as usize;
     assert!(idle >= 2, "warm-ups rode along: {idle} idle");
-
-    // Pods take every idle IP: the node is below its low mark, with nobody waiting. Within the
-    // minute after the throttle no call is made for warm-ups alone.
-    let took = acquire_many(&n.pool, 1..1 + idle as usize).await;
+    let took = acquire_many(&n.pool, 1..1 + idle).await;
     assert!(took.iter().all(Result::is_ok), "{took:?}");
     assert_eq!(n.pool.snapshot().idle_eligible, 0);
+    (n, 1 + idle)
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_throttled_assign_warm_ups_wait_for_pods_or_a_quiet_minute() {
+    // Within the minute after the throttle no call is made for warm-ups alone.
+    let (n, next) = contended_with_nothing_idle().await;
     tokio::time::sleep(Duration::from_secs(20)).await;
     let _ = n.pool.maintain_now().await;
     assert_eq!(
@@ -162,7 +167,6 @@ async fn after_a_throttled_assign_warm_ups_wait_for_pods_or_a_quiet_minute() {
     );
 
     // A pod now: its call brings the warm-ups along.
-    let next = 1 + idle as usize;
     n.pool
         .acquire(key(next), pod(next), None, None)
         .await
@@ -246,18 +250,7 @@ async fn a_warm_up_ec2_throttled_backs_off_no_eni_and_a_pod_after_it_is_served_a
 
 #[tokio::test(start_paused = true)]
 async fn under_assign_contention_pods_bound_here_wait_for_their_adds_and_one_call_serves_them() {
-    // ENIs of 49 pod IPs: room to spare after every call below.
-    let (_, spec) = roomy();
-    let n = start_with_enis(adaptive(), spec, &[0]).await;
-    n.cloud.fail_next(
-        Action::AssignPrivateIpAddresses,
-        1,
-        throttled("AssignPrivateIpAddresses"),
-    );
-    n.pool.acquire(key(0), pod(0), None, None).await.unwrap();
-    let idle = n.pool.snapshot().idle_eligible as usize;
-    let took = acquire_many(&n.pool, 1..1 + idle).await;
-    assert!(took.iter().all(Result::is_ok), "{took:?}");
+    let (n, _) = contended_with_nothing_idle().await;
     let before = n.cloud.call_count(Action::AssignPrivateIpAddresses);
 
     // Ten pods bound here (the lookahead), their ADDs not come yet, within the minute after the
