@@ -289,3 +289,50 @@ async fn a_caller_that_goes_away_while_waiting_gives_its_token_back() {
     assert_eq!(n.pool.snapshot().tokens_used, 0);
     n.pool.check_invariants().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_ip_is_still_on_the_way_is_answered_by_its_budget_and_the_ip_is_kept() {
+    let config = PoolConfig {
+        add_wait: Duration::from_secs(10),
+        ..quiet_config()
+    };
+    let n = start_with_enis(config, NodeSpec::default(), &[0]).await;
+    // EC2 takes 30 s to answer the assign: no throttle, no back-off, the call is just on the wire
+    // (a limiter retrying it, an ENI's create and attach, look the same from the waiter).
+    n.cloud
+        .set_latency(Action::AssignPrivateIpAddresses, Duration::from_secs(30));
+    let started = Instant::now();
+    let r = n.pool.acquire(key(0), pod(0), None, None).await;
+    let waited = started.elapsed();
+    match &r {
+        Err(e @ PoolError::WaitedTooLong { last_error, .. }) => {
+            assert!(e.is_retryable(), "CNI error 11: {e}");
+            assert_eq!(**last_error, PoolError::StillComing, "{e}");
+            assert!(e.to_string().contains("still on the way"), "{e}");
+        }
+        other => panic!("expected WaitedTooLong, got {other:?}"),
+    }
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
+        "answered by its budget, not at the caller's deadline: {waited:?}"
+    );
+
+    // The assign lands later: its IP is the pool's, idle, not lost; the pod's retry is served
+    // without another call.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let _ = n.pool.maintain_now().await;
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 1);
+    let again = n.pool.acquire(key(0), pod(0), None, None).await.unwrap();
+    assert_eq!(n.cloud.call_count(Action::AssignPrivateIpAddresses), 1);
+    let snap = n.pool.snapshot();
+    assert_eq!(snap.assigned, 1);
+    assert!(
+        snap.pod_enis()
+            .next()
+            .unwrap()
+            .ips
+            .iter()
+            .any(|s| s.ip == again.ip)
+    );
+    n.pool.check_invariants().unwrap();
+}

@@ -177,8 +177,9 @@ pub struct DaemonConfig {
     pub reuse_cooldown_secs: u64,
     /// Seconds a sticky IP stays reserved for its StatefulSet pod.
     pub ip_stick_time_secs: u64,
-    /// Seconds an ADD may wait for EC2 (throttled, or backing off) before it fails; the plugin's own
-    /// timeout shortens it per request. Default 60; 0 fails at once. See `PoolConfig::add_wait`.
+    /// Seconds an ADD may wait for EC2 (throttled, backing off, or its IP still on the way) before it
+    /// fails; the plugin's own timeout shortens it per request. Default 100; 0 fails at once when EC2
+    /// is slow. See `PoolConfig::add_wait`.
     pub add_wait_secs: u64,
     /// Seconds a subnet EC2 called full (or at a limit) is left alone before it is tried again.
     pub subnet_backoff_secs: u64,

@@ -99,7 +99,8 @@ pub struct PoolConfig {
     /// short-subnet warm level; running out is still seen at once, from EC2's answers.
     pub subnet_refresh: Duration,
     /// The longest an acquire waits for EC2 when EC2 is slow to serve it (throttled, or an ENI or
-    /// ENI creation backing off after transient failures) before it fails with
+    /// ENI creation backing off after transient failures, or its IP still on the way: an assign in
+    /// flight or retried by the limiter, an ENI being created and attached) before it fails with
     /// [`super::PoolError::WaitedTooLong`]. While it waits, it keeps its capacity token and its place;
     /// the maintainer sends every waiter of the node in one batched call as soon as the ENI (or the
     /// API's throttle gate) takes calls again. A caller's own deadline (the CNI plugin's gRPC

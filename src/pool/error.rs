@@ -136,6 +136,13 @@ pub enum PoolError {
         /// The EC2 failure it was waiting out (boxed: errors stay small on the happy path).
         last_error: Box<PoolError>,
     },
+    /// What a request whose budget ran out was still waiting for, when it was not a back-off: its IP
+    /// was on the way from EC2 (a call in flight or being retried, or a new ENI being created and
+    /// attached). Only ever inside [`PoolError::WaitedTooLong`].
+    #[error(
+        "its IP was still on the way from EC2 (a call in flight or retried, or a new ENI being created and attached)"
+    )]
+    StillComing,
     /// The attachment was released while its IP was still being fetched.
     #[error("attachment released while its IP was being assigned")]
     ReleasedWhilePending,
@@ -175,6 +182,7 @@ impl PoolError {
             | Self::ReleasedWhilePending
             | Self::Abandoned
             | Self::WaitedTooLong { .. }
+            | Self::StillComing
             | Self::NoPodNetwork { .. }
             | Self::ShuttingDown => true,
             Self::ProfileUnavailable { reason, .. } => reason.is_retryable(),

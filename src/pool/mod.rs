@@ -90,6 +90,33 @@ use shared::Shared;
 use state::{PoolState, Route};
 use types::{AssignBatch, AssignOutcome, EniCommand, EniHandle};
 
+/// How long after a waiting acquire's budget the pool's own answer still wins: the maintainer
+/// answers waiters that wait out a back-off at their deadline, with the error they waited on.
+const ANSWER_GRACE: Duration = Duration::from_millis(250);
+
+/// The pool's answer to a waiting acquire, or, once its budget (`answer_by`) has run out with its
+/// IP still on the way (an assign in flight or being retried, an ENI being created and attached),
+/// [`PoolError::WaitedTooLong`] (`answer_by` `None`: no budget, the answer whenever it comes): the
+/// caller hears within its budget why, rather than at its own
+/// deadline, nothing (the plugin's gRPC timeout). The dropped receiver is a cancelled acquire: an
+/// IP that lands for it later goes idle.
+async fn answer(
+    rx: oneshot::Receiver<Result<Allocation, PoolError>>,
+    started: Instant,
+    answer_by: Option<Instant>,
+) -> Result<Allocation, PoolError> {
+    let Some(answer_by) = answer_by else {
+        return rx.await.unwrap_or(Err(PoolError::ShuttingDown));
+    };
+    match tokio::time::timeout_at(answer_by + ANSWER_GRACE, rx).await {
+        Ok(r) => r.unwrap_or(Err(PoolError::ShuttingDown)),
+        Err(_) => Err(PoolError::WaitedTooLong {
+            waited: started.elapsed(),
+            last_error: Box::new(PoolError::StillComing),
+        }),
+    }
+}
+
 /// Gives back what routing took for a waiter that never reached its ENI actor (the acquire was
 /// cancelled while the send waited on a full ipBacklog).
 struct RoutedGuard<'a> {
@@ -294,9 +321,20 @@ impl Pool {
         );
         let shared = self.shared().clone();
         async move {
+            let started = Instant::now();
+            // The request's budget for EC2 (`add_wait`, or less by the caller's deadline); none
+            // with `add_wait` zero, whose requests fail at once when EC2 is slow and otherwise wait
+            // for their call as they always did.
+            let answer_by = {
+                let st = shared.lock();
+                let budget = req
+                    .wait
+                    .map_or(st.config.add_wait, |w| w.min(st.config.add_wait));
+                (!budget.is_zero()).then_some(started + budget)
+            };
             let route = shared
                 .lock()
-                .route_acquire(req, Instant::now(), tracing::Span::current());
+                .route_acquire(req, started, tracing::Span::current());
             let result = match route {
                 Route::Done(result) => {
                     if result.is_ok() {
@@ -306,7 +344,7 @@ impl Pool {
                 }
                 Route::Wait(rx) => {
                     shared.wake.notify_one();
-                    rx.await.unwrap_or(Err(PoolError::ShuttingDown))
+                    answer(rx, started, answer_by).await
                 }
                 Route::Send {
                     eni,
@@ -335,7 +373,7 @@ impl Pool {
                             Instant::now(),
                         );
                     }
-                    rx.await.unwrap_or(Err(PoolError::ShuttingDown))
+                    answer(rx, started, answer_by).await
                 }
             };
             match &result {
