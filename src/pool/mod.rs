@@ -94,12 +94,11 @@ use types::{AssignBatch, AssignOutcome, EniCommand, EniHandle};
 /// answers waiters that wait out a back-off at their deadline, with the error they waited on.
 const ANSWER_GRACE: Duration = Duration::from_millis(250);
 
-/// The pool's answer to a waiting acquire, or, once its budget (`answer_by`) has run out with its
+/// The pool's answer to a waiting acquire; or, once its budget (`answer_by`) has run out with its
 /// IP still on the way (an assign in flight or being retried, an ENI being created and attached),
-/// [`PoolError::WaitedTooLong`] (`answer_by` `None`: no budget, the answer whenever it comes): the
-/// caller hears within its budget why, rather than at its own
-/// deadline, nothing (the plugin's gRPC timeout). The dropped receiver is a cancelled acquire: an
-/// IP that lands for it later goes idle.
+/// [`PoolError::WaitedTooLong`], so the caller hears why within its budget rather than nothing by
+/// its own deadline (the plugin's gRPC timeout). `answer_by` `None`: no budget, the answer whenever
+/// it comes. The dropped receiver is a cancelled acquire: an IP that lands for it later goes idle.
 async fn answer(
     rx: oneshot::Receiver<Result<Allocation, PoolError>>,
     started: Instant,
