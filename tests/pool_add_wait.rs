@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::pool_support::memory_cloud::{Action, NodeSpec};
 use eniipam::cloud::CloudError;
-use eniipam::pool::{Acquire, AttachmentMeta, EniPhaseSnapshot, PoolConfig, PoolError};
+use eniipam::pool::{Acquire, AttachmentMeta, EniPhaseSnapshot, IpState, PoolConfig, PoolError};
 use pool_support::{acquire_many, key, pod, quiet_config, start, start_with_enis, throttled};
 use tokio::time::Instant;
 
@@ -327,12 +327,8 @@ async fn a_waiter_whose_ip_is_still_on_the_way_is_answered_by_its_budget_and_the
     let snap = n.pool.snapshot();
     assert_eq!(snap.assigned, 1);
     assert!(
-        snap.pod_enis()
-            .next()
-            .unwrap()
-            .ips
-            .iter()
-            .any(|s| s.ip == again.ip)
+        matches!(snap.ip(again.ip), Some(IpState::Assigned { attachment, .. }) if *attachment == key(0)),
+        "{snap:?}"
     );
     n.pool.check_invariants().unwrap();
 }

@@ -164,6 +164,12 @@ impl std::str::FromStr for WarmPolicy {
 pub const PREFIX_ADDRESSES: u32 = eniipam_limits::ADDRESSES_PER_PREFIX;
 
 impl PoolConfig {
+    /// How long an acquire may wait for EC2: `add_wait`, or less by the caller's own budget `wait`
+    /// ([`super::Acquire::wait`]).
+    pub fn add_budget(&self, wait: Option<Duration>) -> Duration {
+        wait.map_or(self.add_wait, |w| w.min(self.add_wait))
+    }
+
     /// What a top-up fills the idle IPs to once they fall below `min_idle`: halfway between
     /// `min_idle` and `max_idle` (rounded up). Refilling in one batch to the middle keeps a trickle
     /// of pods from costing an EC2 call each, and leaves room below `max_idle` for released IPs.

@@ -324,16 +324,12 @@ impl Pool {
             // The request's budget for EC2 (`add_wait`, or less by the caller's deadline); none
             // with `add_wait` zero, whose requests fail at once when EC2 is slow and otherwise wait
             // for their call as they always did.
-            let answer_by = {
-                let st = shared.lock();
-                let budget = req
-                    .wait
-                    .map_or(st.config.add_wait, |w| w.min(st.config.add_wait));
-                (!budget.is_zero()).then_some(started + budget)
+            let (answer_by, route) = {
+                let mut st = shared.lock();
+                let budget = st.config.add_budget(req.wait);
+                let route = st.route_acquire(req, started, tracing::Span::current());
+                ((!budget.is_zero()).then_some(started + budget), route)
             };
-            let route = shared
-                .lock()
-                .route_acquire(req, started, tracing::Span::current());
             let result = match route {
                 Route::Done(result) => {
                     if result.is_ok() {

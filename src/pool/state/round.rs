@@ -468,10 +468,12 @@ impl PoolState {
                 .get(eni)
                 .is_some_and(|r| r.role == EniRole::Pods && !pods_on.contains(eni))
         };
+        // Idle IPs past cooldown and unreserved, longest idle first: what may go back.
+        let eligible = self.idle.give_back_candidates(now);
         // While such an ENI backs off (its last give-back was throttled, say), the give-back waits
         // for it: taking eth0's IPs instead would leave the node its second ENI for its next burst.
         let excess = if excess > 0
-            && self.idle.give_back_candidates(now).into_iter().any(|e| {
+            && eligible.iter().any(|e| {
                 unused_pod_eni(&e.eni)
                     && !self.is_profile_eni(&e.eni)
                     && self
@@ -488,31 +490,29 @@ impl PoolState {
         // burst's leftovers, so a profile's churning pods reuse their IPs rather than pay an
         // unassign and an assign each.
         let profile_hold = self.config.give_back_delay.max(self.config.reuse_cooldown);
-        let mut candidates: Vec<(Ipv4Addr, EniId, bool)> =
-            self.idle
-                .give_back_candidates(now)
-                .into_iter()
-                .filter(|e| {
-                    self.enis
-                        .get(&e.eni)
-                        .is_some_and(|r| r.handle.is_some() && r.phase.accepts_work(now))
-                })
-                .map(|e| (e.ip, e.eni.clone(), self.is_profile_eni(&e.eni)))
-                .filter(|(_, _, profile)| !profile)
-                .chain(
-                    self.idle
-                        .give_back_candidates(now)
-                        .into_iter()
-                        .filter(|e| {
-                            self.is_profile_eni(&e.eni)
-                                && now.saturating_duration_since(e.idle_since) >= profile_hold
-                                && self.enis.get(&e.eni).is_some_and(|r| {
-                                    r.handle.is_some() && r.phase.accepts_work(now)
-                                })
-                        })
-                        .map(|e| (e.ip, e.eni.clone(), true)),
-                )
-                .collect();
+        let mut candidates: Vec<(Ipv4Addr, EniId, bool)> = eligible
+            .iter()
+            .filter(|e| {
+                self.enis
+                    .get(&e.eni)
+                    .is_some_and(|r| r.handle.is_some() && r.phase.accepts_work(now))
+            })
+            .map(|e| (e.ip, e.eni.clone(), self.is_profile_eni(&e.eni)))
+            .filter(|(_, _, profile)| !profile)
+            .chain(
+                eligible
+                    .iter()
+                    .filter(|e| {
+                        self.is_profile_eni(&e.eni)
+                            && now.saturating_duration_since(e.idle_since) >= profile_hold
+                            && self
+                                .enis
+                                .get(&e.eni)
+                                .is_some_and(|r| r.handle.is_some() && r.phase.accepts_work(now))
+                    })
+                    .map(|e| (e.ip, e.eni.clone(), true)),
+            )
+            .collect();
         // The IPs of pod ENIs no pod uses go back first, the last-attached ENI first (otherwise
         // longest idle first): the node keeps its warm IPs where its pods are, eth0 before all, and
         // the emptied ENI is released (step 5). A node that keeps a second ENI for a few idle IPs

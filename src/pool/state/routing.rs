@@ -110,9 +110,7 @@ impl PoolState {
         }
         let (tx, rx) = oneshot::channel();
         let key = req.key.clone();
-        let budget = req
-            .wait
-            .map_or(self.config.add_wait, |w| w.min(self.config.add_wait));
+        let budget = self.config.add_budget(req.wait);
         let waiter = Waiter {
             req,
             respond_to: tx,
