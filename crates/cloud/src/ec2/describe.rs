@@ -169,6 +169,7 @@ impl Ec2Cloud {
         let ids: Vec<String> = filter.ids.iter().map(|i| i.as_str().to_owned()).collect();
         let mut enis = Vec::new();
         let mut token: Option<String> = None;
+        let sent = self.holdings.sending();
         loop {
             let page = self
                 .limiter
@@ -194,6 +195,13 @@ impl Ec2Cloud {
                 Some(t) if !t.is_empty() => token = Some(t.to_owned()),
                 _ => break,
             }
+        }
+        let learned = self.holdings.quiet(sent, &enis);
+        if learned > 0 {
+            tracing::debug!(
+                learned,
+                "a quiet describe taught the holdings of ENIs not known yet"
+            );
         }
         Ok(enis)
     }

@@ -77,7 +77,14 @@ impl Ec2Cloud {
             }
             Ok(landed.then(|| prefixes.to_vec()))
         };
-        let result = mutate(&self.limiter, API, send, Verify::Describe(assigned)).await;
+        let result = mutate(
+            &self.limiter,
+            &self.holdings,
+            API,
+            send,
+            Verify::Describe(assigned),
+        )
+        .await;
         match &result {
             Ok(got) => self.holdings.added(eni, got),
             // Not knowing which part of the story EC2 saw, the next assign describes the ENI.

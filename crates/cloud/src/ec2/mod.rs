@@ -183,7 +183,7 @@ impl Cloud for Ec2Cloud {
             }
             async move { b.send().await.map_err(|e| classify(API, e)) }
         };
-        let out = mutate(&self.limiter, API, send, Verify::nothing()).await?;
+        let out = mutate(&self.limiter, &self.holdings, API, send, Verify::nothing()).await?;
         let ni = out
             .network_interface()
             .ok_or_else(|| malformed(API, "no network interface in the reply"))?;
@@ -225,9 +225,15 @@ impl Cloud for Ec2Cloud {
                     Some(a.attachment_id)
                 }))
         };
-        mutate(&self.limiter, API, send, Verify::Describe(attached))
-            .await?
-            .ok_or_else(|| malformed(API, "no attachment id in the reply"))
+        mutate(
+            &self.limiter,
+            &self.holdings,
+            API,
+            send,
+            Verify::Describe(attached),
+        )
+        .await?
+        .ok_or_else(|| malformed(API, "no attachment id in the reply"))
     }
 
     async fn set_delete_on_termination(&self, eni: &EniId, attachment_id: &str) -> CloudResult<()> {
@@ -246,7 +252,7 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        mutate(&self.limiter, API, send, Verify::nothing()).await
+        mutate(&self.limiter, &self.holdings, API, send, Verify::nothing()).await
     }
 
     async fn set_security_groups(&self, eni: &EniId, groups: &[String]) -> CloudResult<()> {
@@ -262,7 +268,7 @@ impl Cloud for Ec2Cloud {
                 .map_err(|e| classify(API, e))
         };
         // Idempotent: a retry after an ambiguous failure sets the same groups again.
-        mutate(&self.limiter, API, send, Verify::nothing()).await
+        mutate(&self.limiter, &self.holdings, API, send, Verify::nothing()).await
     }
 
     async fn detach_eni(&self, attachment_id: &str, force: bool) -> CloudResult<()> {
@@ -277,7 +283,7 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        mutate(&self.limiter, API, send, Verify::nothing()).await
+        mutate(&self.limiter, &self.holdings, API, send, Verify::nothing()).await
     }
 
     async fn delete_eni(&self, eni: &EniId) -> CloudResult<()> {
@@ -291,7 +297,14 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        mutate(&self.limiter, API, send, Verify::not_found_after(())).await?;
+        mutate(
+            &self.limiter,
+            &self.holdings,
+            API,
+            send,
+            Verify::not_found_after(()),
+        )
+        .await?;
         self.holdings.forget(eni);
         Ok(())
     }
@@ -332,7 +345,14 @@ impl Cloud for Ec2Cloud {
             let now: BTreeSet<Ipv4Addr> = self.held(API, eni).await?;
             Ok(ips.iter().all(|ip| now.contains(ip)).then(|| ips.to_vec()))
         };
-        let result = mutate(&self.limiter, API, send, Verify::Describe(assigned)).await;
+        let result = mutate(
+            &self.limiter,
+            &self.holdings,
+            API,
+            send,
+            Verify::Describe(assigned),
+        )
+        .await;
         match &result {
             Ok(got) => self.holdings.added(eni, got),
             // Not knowing which part of the story EC2 saw, the next assign describes the ENI.
@@ -438,7 +458,7 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        mutate(&self.limiter, API, send, Verify::nothing()).await
+        mutate(&self.limiter, &self.holdings, API, send, Verify::nothing()).await
     }
 
     fn throttled_within(&self, api: &str, window: Duration) -> bool {

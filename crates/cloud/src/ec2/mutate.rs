@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::Ec2Cloud;
 use super::classify::is_ambiguous;
-use super::holdings::{Held, Ledger};
+use super::holdings::{Held, Holdings, Ledger};
 use crate::limiter::{CallClass, Limiter};
 use crate::{CloudError, CloudResult, Eni, Metadata};
 
@@ -57,6 +57,7 @@ impl<T> Verify<T, NoDescribe<T>> {
 /// retries, metrics and log lines are the limiter's ([`Limiter::attempt`], [`crate::limiter::Retry`]).
 pub(super) async fn mutate<T, S, SF, F, VF>(
     limiter: &Limiter,
+    holdings: &Holdings,
     api: &'static str,
     mut send: S,
     mut verify: Verify<T, F>,
@@ -67,6 +68,9 @@ where
     F: FnMut() -> VF,
     VF: Future<Output = CloudResult<Option<T>>>,
 {
+    // Counted as a change from before its first attempt to after its last look: a describe
+    // around it may not show what it did (see `holdings`).
+    let _change = holdings.change();
     let mut retry = limiter.retry(api);
     let mut ambiguous = false;
     loop {
@@ -238,7 +242,15 @@ impl Ec2Cloud {
             }
             Ok((!new.is_empty()).then_some(new))
         };
-        let got = match mutate(&self.limiter, api, send, Verify::Describe(assigned)).await {
+        let got = match mutate(
+            &self.limiter,
+            &self.holdings,
+            api,
+            send,
+            Verify::Describe(assigned),
+        )
+        .await
+        {
             Ok(got) if got.is_empty() => {
                 let now: BTreeSet<T> = self.held(api, eni).await?;
                 now.difference(&before.now).copied().collect()
@@ -276,7 +288,15 @@ impl Ec2Cloud {
             let now: BTreeSet<T> = self.held(api, eni).await?;
             Ok(gone.iter().all(|g| !now.contains(g)).then_some(()))
         };
-        match mutate(&self.limiter, api, send, Verify::Describe(unassigned)).await {
+        match mutate(
+            &self.limiter,
+            &self.holdings,
+            api,
+            send,
+            Verify::Describe(unassigned),
+        )
+        .await
+        {
             Ok(()) => {
                 self.holdings.removed(eni, gone);
                 Ok(())
