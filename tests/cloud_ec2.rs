@@ -78,6 +78,7 @@ async fn describe_enis_follows_next_token_pages() {
                 private_ips: Vec::new(),
                 tags: tag_map(&[(tags::CLUSTER, "paged")]),
                 client_token: uuid::Uuid::new_v4().to_string(),
+                live_ip_count: None,
             })
             .await
             .unwrap();

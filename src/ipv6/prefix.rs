@@ -203,6 +203,7 @@ mod tests {
                 private_ips: Vec::new(),
                 tags: BTreeMap::new(),
                 client_token: "other".into(),
+                live_ip_count: None,
             })
             .await
             .unwrap();

@@ -387,6 +387,10 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
         let mut new = NewEni {
             subnet_id: plan.subnet_id.clone(),
             security_groups,
+            // Packed addresses are named in the call: their count cannot grow.
+            live_ips: matches!(slots, Slots::Ips(_))
+                .then(|| plan.live.clone())
+                .flatten(),
             slots,
             device_index: plan.device_index,
             network: plan.network.clone(),

@@ -145,6 +145,7 @@ impl Env {
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect(),
                 client_token: uuid::Uuid::new_v4().to_string(),
+                live_ip_count: None,
             })
             .await
             .expect("create ENI")

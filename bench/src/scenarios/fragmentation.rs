@@ -80,6 +80,7 @@ async fn one_run(policy: Policy, seed: u64) -> anyhow::Result<Outcome> {
                 private_ips: Vec::new(),
                 tags: Default::default(),
                 client_token: format!("frag-{seed}-{i}-{policy:?}"),
+                live_ip_count: None,
             })
             .await?;
         enis.push(eni.id);

@@ -271,7 +271,40 @@ pub struct CreateEni {
     pub tags: BTreeMap<String, String>,
     /// Idempotency token: a retried create with the same token returns the same ENI.
     pub client_token: String,
+    /// A count of secondary IPs the caller may raise while the create waits out EC2's throttling:
+    /// each attempt asks for the larger of it and `secondary_ip_count`, as long as EC2 has acted
+    /// on no attempt before (each was throttled, so the token is unused); from the first attempt
+    /// EC2 may have acted on, the count is frozen, as the token requires. The pool raises it for
+    /// the pods that came while the create waited (`None`: `secondary_ip_count` only).
+    pub live_ip_count: Option<LiveCount>,
 }
+
+/// A count shared between its owner, who may change it, and a call that reads it at each attempt
+/// (see [`CreateEni::live_ip_count`]). Equal only to itself (a clone).
+#[derive(Clone, Debug, Default)]
+pub struct LiveCount(std::sync::Arc<std::sync::atomic::AtomicU32>);
+
+impl LiveCount {
+    pub fn new(n: u32) -> Self {
+        Self(std::sync::Arc::new(std::sync::atomic::AtomicU32::new(n)))
+    }
+
+    pub fn set(&self, n: u32) {
+        self.0.store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u32 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl PartialEq for LiveCount {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for LiveCount {}
 
 /// The instance's own view of itself from IMDSv2.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::backoff::BackoffPolicy;
 use super::{
     AttachmentStatus, Cloud, CloudError, CloudResult, CreateEni, Eni, EniAttachment, EniFilter,
-    EniStatus, Instance, InstanceLimits, Metadata, NodeContext, tags,
+    EniStatus, Instance, InstanceLimits, LiveCount, Metadata, NodeContext, tags,
 };
 use eniipam_api::model::EniId;
 
@@ -103,6 +103,9 @@ pub struct NewEni {
     /// The network profile the ENI serves (tagged [`NETWORK_TAG`], so a restart knows it); `None`
     /// for the node's default pod network.
     pub network: Option<String>,
+    /// With [`Slots::Ips`]: a count the caller may raise while the create waits out EC2's
+    /// throttling ([`CreateEni::live_ip_count`]).
+    pub live_ips: Option<LiveCount>,
 }
 
 /// The tag naming the network profile an ENI was created for (absent: the default pod network).
@@ -202,6 +205,7 @@ impl EniLifecycle {
             slots: Slots::Ips(secondary_ip_count),
             device_index,
             network: None,
+            live_ips: None,
         })
         .await
     }
@@ -229,6 +233,10 @@ impl EniLifecycle {
                 tags
             },
             client_token: uuid::Uuid::new_v4().to_string(),
+            live_ip_count: match new.slots {
+                Slots::Ips(_) => new.live_ips.clone(),
+                _ => None,
+            },
         };
         let device_index = new.device_index;
         let created = self.cloud.create_eni(&req).await?;

@@ -16,6 +16,7 @@ fn create_req(count: u32, token: &str) -> CreateEni {
         private_ips: Vec::new(),
         tags: BTreeMap::new(),
         client_token: token.into(),
+        live_ip_count: None,
     }
 }
 

@@ -15,6 +15,27 @@ use crate::pool::error::{ExhaustionReason, PoolError};
 use crate::pool::types::{CreateOutcome, EniHandle, EniPhase, Waiter};
 
 impl PoolState {
+    /// Raises what the default network's creates in `subnet_id` ask for at their next attempt
+    /// while EC2 throttles them: the waiters in line that the warm-ups on the way (`warm_coming`)
+    /// do not cover, up to each ENI's slots, oldest create first. Served by the create itself,
+    /// those pods do not wait for the ENI to attach and then for an assign on it, a second call on
+    /// the bucket a booting fleet drains. A create EC2 may have acted on keeps asking what it asked
+    /// (its ClientToken); a lower count later asks no less than the plan. The IPs beyond the plan
+    /// go idle when the ENI lands, and the waiters in line take them ([`Self::complete_create`]).
+    pub(super) fn grow_creates(&self, subnet_id: &str, warm_coming: u32) {
+        let mut need = (self.create_waiters.len() as u32).saturating_sub(warm_coming);
+        let mine = self
+            .creating
+            .values()
+            .filter(|c| c.subnet_id == subnet_id && c.profile.is_none());
+        for c in mine {
+            let Some(live) = &c.live else { continue };
+            let add = need.min(self.per_eni.saturating_sub(c.count));
+            live.set(c.count + add);
+            need -= add;
+        }
+    }
+
     /// Settles the creation `plan` with what it came to.
     pub fn settle_create(&mut self, plan: CreatePlan, outcome: CreateOutcome, now: Instant) {
         match outcome {

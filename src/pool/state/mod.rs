@@ -50,7 +50,7 @@ use super::idle::{IdleEntry, IdleQueue};
 use super::pod_network::PodNetwork;
 use super::profiles::{ProfileName, ProfileNetwork};
 use super::types::{Allocation, AttachmentMeta, EniHandle, EniPhase, Waiter};
-use crate::cloud::{CloudError, Eni, NodeContext, Subnet};
+use crate::cloud::{CloudError, Eni, LiveCount, NodeContext, Subnet};
 use crate::model::{AttachmentKey, EniId, PodRef};
 
 pub(crate) use super::types::AllocationRecord;
@@ -143,10 +143,13 @@ pub(crate) struct CreatingEni {
     pub subnet_id: String,
     /// The profile it is created for (`None`: the default pod network).
     pub profile: Option<ProfileName>,
-    /// IPs in the create call: pods + warm.
+    /// IPs in the create call as planned: pods + warm.
     pub count: u32,
     pub warm: u32,
     pub started: Instant,
+    /// What the call asks for at its next attempt while EC2 throttles it: `count` and the waiters
+    /// that came since (see [`PoolState::grow_creates`]). `None`: `count` only.
+    pub live: Option<LiveCount>,
 }
 
 /// An IP held out of circulation: neither idle nor assigned (see [`super::Pool::lift_quarantine`]).

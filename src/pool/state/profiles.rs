@@ -281,6 +281,7 @@ impl PoolState {
                         count,
                         warm: 0,
                         started: now,
+                        live: None,
                     },
                 );
                 tracing::info!(%profile, device_index, pods = n, "creating an ENI for a network profile");
@@ -293,6 +294,7 @@ impl PoolState {
                     describe_subnet: false,
                     network: Some(profile.clone()),
                     security_groups: Some(net.security_groups.clone()),
+                    live: None,
                 });
             }
             self.create_waiters.extend(ws);

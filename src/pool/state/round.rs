@@ -8,8 +8,8 @@ use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
 use super::{CreatingEni, EniRole, Pick, PoolState};
-use crate::cloud::Eni;
 use crate::cloud::lifecycle::Slots;
+use crate::cloud::{Eni, LiveCount};
 use crate::model::EniId;
 use crate::pool::config::{PREFIX_ADDRESSES, WarmPolicy};
 use crate::pool::demand::{self, NodeLoad, WarmLevels};
@@ -32,6 +32,9 @@ pub(crate) struct CreatePlan {
     /// The profile's security groups; `None`: the default network's
     /// ([`PoolState::new_eni_security_groups`]).
     pub security_groups: Option<Vec<String>>,
+    /// The count the create asks for at each attempt, raised by later rounds while EC2 throttles
+    /// it ([`CreatingEni::live`]); `None`: `slots` as planned.
+    pub live: Option<LiveCount>,
 }
 
 /// What one maintainer round does.
@@ -308,6 +311,7 @@ impl PoolState {
             .map(|c| per_eni_addresses.saturating_sub(c.count))
             .sum::<u32>()
             + warm_coming;
+        self.grow_creates(&subnet_id, warm_coming);
         loop {
             let creating_here = self
                 .creating
@@ -407,6 +411,9 @@ impl PoolState {
             };
             self.next_create_id += 1;
             let id = self.next_create_id;
+            // Single IPs, EC2 picking them: the count may grow while EC2 throttles the create.
+            let live = matches!(slots, Slots::Ips(_) if !self.config.prefix_delegation)
+                .then(|| LiveCount::new(count));
             self.creating.insert(
                 id,
                 CreatingEni {
@@ -416,6 +423,7 @@ impl PoolState {
                     count,
                     warm,
                     started: now,
+                    live: live.clone(),
                 },
             );
             let describe_subnet = self
@@ -431,6 +439,7 @@ impl PoolState {
                 describe_subnet,
                 network: None,
                 security_groups: None,
+                live,
             });
         }
 

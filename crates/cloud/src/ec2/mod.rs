@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -152,8 +153,19 @@ impl Cloud for Ec2Cloud {
             .set_tags(Some(sdk_tags(&req.tags)))
             .build();
         // The same ClientToken on every attempt: EC2 returns the ENI of a lost attempt instead of
-        // creating a second one.
+        // creating a second one. Its parameters must then be the same too: the count follows the
+        // live one only while every attempt so far was throttled (EC2 acted on none of them).
+        let frozen = AtomicBool::new(false);
+        let asked = AtomicU32::new(req.secondary_ip_count);
         let send = || {
+            let count = match &req.live_ip_count {
+                Some(live) if req.secondary_ip_count > 0 && !frozen.load(Ordering::Relaxed) => {
+                    let n = live.get().max(req.secondary_ip_count);
+                    asked.store(n, Ordering::Relaxed);
+                    n
+                }
+                _ => asked.load(Ordering::Relaxed),
+            };
             let mut b = self
                 .client
                 .create_network_interface()
@@ -162,8 +174,8 @@ impl Cloud for Ec2Cloud {
                 .description(&req.description)
                 .tag_specifications(tag_spec.clone())
                 .client_token(&req.client_token);
-            if req.secondary_ip_count > 0 {
-                b = b.secondary_private_ip_address_count(to_i32(req.secondary_ip_count));
+            if count > 0 {
+                b = b.secondary_private_ip_address_count(to_i32(count));
             }
             if req.prefix_count > 0 {
                 b = b.ipv4_prefix_count(to_i32(req.prefix_count));
@@ -181,7 +193,14 @@ impl Cloud for Ec2Cloud {
                         .collect(),
                 ));
             }
-            async move { b.send().await.map_err(|e| classify(API, e)) }
+            let frozen = &frozen;
+            async move {
+                let result = b.send().await.map_err(|e| classify(API, e));
+                if !matches!(result, Err(crate::CloudError::Throttled { .. })) {
+                    frozen.store(true, Ordering::Relaxed);
+                }
+                result
+            }
         };
         let out = mutate(&self.limiter, &self.holdings, API, send, Verify::nothing()).await?;
         let ni = out
