@@ -18,12 +18,12 @@
 //!
 //! A general describe does teach the holdings of an ENI they do not know when nothing of this
 //! client's could have made its answer stale ([`Holdings::quiet`]): no mutating call ran between
-//! its sending and its answer, and the last one ended [`SETTLED`] before it was sent (EC2's API is
-//! eventually consistent). The startup's describe of the instance's ENIs, before the pool makes a
-//! call, is such a one. Without it each ENI this client did not create cost a describe of its own
-//! at its first assign, drawn from the account's describe bucket right when a booting fleet
-//! drains it (500 nodes joining within 30 s: 1,300 describe attempts, 800 throttled, and a tenth
-//! of the nodes' first assign held up 10 s or more).
+//! its sending and its answer, and the last one ended [`SETTLED`] (a minute) before it was sent
+//! (EC2's API is eventually consistent). The startup's describe of the instance's ENIs, before the
+//! pool makes a call, is such a one. Without it each ENI this client did not create cost a
+//! describe of its own at its first assign, drawn from the account's describe bucket right when a
+//! booting fleet drains it (500 nodes joining within 30 s: 1,300 describe attempts, 800
+//! throttled, and on a tenth of the nodes eth0's first assign held up 20 s or more).
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
@@ -133,9 +133,11 @@ impl Entry {
 }
 
 /// How long after this client's last mutating call a describe sent is taken as EC2's settled
-/// view: EC2's API is eventually consistent, and a describe right after a change may not show it
-/// yet.
-pub(super) const SETTLED: Duration = Duration::from_secs(5);
+/// view. EC2's API is eventually consistent: AWS's guidance (*Eventual consistency in the Amazon EC2
+/// API*) is to wait from a couple of seconds up to a few minutes after a change before trusting a
+/// describe. A minute leaves the startup's describe (no change of this process before it) and a
+/// quiet node's reconcile (which re-learns an ENI forgotten after a lost answer) their use.
+pub(super) const SETTLED: Duration = Duration::from_secs(60);
 
 /// Every ENI's holdings (see the module docs).
 #[derive(Debug, Default)]

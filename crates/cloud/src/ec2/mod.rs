@@ -157,7 +157,10 @@ impl Cloud for Ec2Cloud {
         // live one only while every attempt so far was throttled (EC2 acted on none of them).
         let frozen = AtomicBool::new(false);
         let asked = AtomicU32::new(req.secondary_ip_count);
-        let send = || {
+        let (frozen, asked, tag_spec) = (&frozen, &asked, &tag_spec);
+        // The request is built when the attempt goes, after the limiter's admission (the throttle
+        // pause): the count then is the latest.
+        let send = || async move {
             let count = match &req.live_ip_count {
                 Some(live) if req.secondary_ip_count > 0 && !frozen.load(Ordering::Relaxed) => {
                     let n = live.get().max(req.secondary_ip_count);
@@ -193,14 +196,11 @@ impl Cloud for Ec2Cloud {
                         .collect(),
                 ));
             }
-            let frozen = &frozen;
-            async move {
-                let result = b.send().await.map_err(|e| classify(API, e));
-                if !matches!(result, Err(crate::CloudError::Throttled { .. })) {
-                    frozen.store(true, Ordering::Relaxed);
-                }
-                result
+            let result = b.send().await.map_err(|e| classify(API, e));
+            if !matches!(result, Err(crate::CloudError::Throttled { .. })) {
+                frozen.store(true, Ordering::Relaxed);
             }
+            result
         };
         let out = mutate(&self.limiter, &self.holdings, API, send, Verify::nothing()).await?;
         let ni = out
