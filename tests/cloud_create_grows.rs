@@ -34,6 +34,21 @@ fn request(env: &Env, live: &LiveCount) -> CreateEni {
     }
 }
 
+/// A create of 2 IPs with `live` as its live count, started; once its first attempt has reached
+/// mockcloud, `live` is raised to 5. Returns the create's task.
+async fn raised_after_the_first_attempt(
+    env: &Env,
+    live: &LiveCount,
+) -> tokio::task::JoinHandle<eniipam::cloud::CloudResult<eniipam::cloud::Eni>> {
+    let create = {
+        let (cloud, req) = (env.cloud.clone(), request(env, live));
+        tokio::spawn(async move { cloud.create_eni(&req).await })
+    };
+    until_calls(env, CREATE, 1).await;
+    live.set(5);
+    create
+}
+
 /// Waits (real time, at most 5 s) until mockcloud has seen `n` calls of `action`.
 async fn until_calls(env: &Env, action: &str, n: u64) {
     for _ in 0..500 {
@@ -51,12 +66,7 @@ async fn a_throttled_create_asks_for_the_count_raised_meanwhile() {
     env.mock
         .inject_fault(Fault::error(CREATE, "RequestLimitExceeded", 1));
     let live = LiveCount::new(2);
-    let create = {
-        let (cloud, req) = (env.cloud.clone(), request(&env, &live));
-        tokio::spawn(async move { cloud.create_eni(&req).await })
-    };
-    until_calls(&env, CREATE, 1).await;
-    live.set(5);
+    let create = raised_after_the_first_attempt(&env, &live).await;
     let eni = create.await.unwrap().expect("created on the next attempt");
     assert_eq!(eni.secondary_ips.len(), 5, "the raised count");
     assert_eq!(env.mock.counters().calls(CREATE), 2);
@@ -77,12 +87,7 @@ async fn a_create_ec2_may_have_acted_on_keeps_its_count() {
         .inject_fault(Fault::slow_reply(CREATE, Duration::from_millis(800), 1));
     let before = env.eni_ids().len();
     let live = LiveCount::new(2);
-    let create = {
-        let (cloud, req) = (env.cloud.clone(), request(&env, &live));
-        tokio::spawn(async move { cloud.create_eni(&req).await })
-    };
-    until_calls(&env, CREATE, 1).await;
-    live.set(5);
+    let create = raised_after_the_first_attempt(&env, &live).await;
     let eni = create.await.unwrap().expect("the lost attempt's ENI");
     assert_eq!(
         eni.secondary_ips.len(),
@@ -159,13 +164,11 @@ async fn pods_that_come_while_the_create_is_throttled_ride_in_it() {
         "the create carried every pod: no assign on the new ENI"
     );
     let eni = enis.into_iter().next().unwrap();
-    let created = env
-        .mock
-        .network_interfaces()
-        .into_iter()
-        .find(|e| e.id == eni.as_str())
-        .expect("the new ENI");
-    assert_eq!(created.secondary_ips.len(), 7);
+    assert_eq!(
+        ips_on(&env, &eni).len(),
+        1 + 7,
+        "its primary and the 7 pods' IPs"
+    );
     pool.check_invariants().expect("pool invariants");
     pool.shutdown().await;
 }
