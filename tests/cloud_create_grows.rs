@@ -9,10 +9,10 @@ mod cloud_support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use eniipam::cloud::{Cloud, CreateEni, LiveCount, Metadata};
+use eniipam::cloud::{Cloud, CreateEni, LiveCount};
 use eniipam::model::{AttachmentKey, PodRef};
+use eniipam::pool::PoolConfig;
 use eniipam::pool::config::WarmPolicy;
-use eniipam::pool::{Pool, PoolConfig, PoolSeed};
 use mockcloud::Fault;
 
 use cloud_support::*;
@@ -105,7 +105,6 @@ async fn a_create_ec2_may_have_acted_on_keeps_its_count() {
 #[tokio::test]
 async fn pods_that_come_while_the_create_is_throttled_ride_in_it() {
     let env = Env::start().await;
-    let interfaces = env.imds.interfaces().await.expect("IMDS interfaces");
     // Secondary ENIs only (the first pod needs a new ENI), no warm pool.
     let config = PoolConfig {
         use_primary_eni: false,
@@ -114,15 +113,7 @@ async fn pods_that_come_while_the_create_is_throttled_ride_in_it() {
         max_idle: 100,
         ..PoolConfig::default()
     };
-    let pool = Pool::start(
-        config,
-        env.cloud.clone(),
-        env.imds.clone(),
-        env.node.clone(),
-        PoolSeed::from_metadata(&interfaces, &[]),
-    )
-    .expect("pool starts");
-    env.mock.reset_counters();
+    let pool = env.pool(config).await;
     // EC2 throttles the create's first attempt (its account bucket is dry). The next waits out the
     // node's throttle pause, and is built after it: with the pods that came meanwhile.
     env.mock

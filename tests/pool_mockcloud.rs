@@ -37,15 +37,7 @@ async fn cold_burst(instance_type: &str, config: PoolConfig, pods: usize) -> Bur
     .await;
     let interfaces = env.imds.interfaces().await.expect("IMDS interfaces");
     assert_eq!(interfaces.len(), 1, "an empty node: only eth0");
-    let pool = Pool::start(
-        config,
-        env.cloud.clone(),
-        env.imds.clone(),
-        env.node.clone(),
-        PoolSeed::from_metadata(&interfaces, &[]),
-    )
-    .expect("pool starts");
-    env.mock.reset_counters();
+    let pool = env.pool(config).await;
 
     let started = tokio::time::Instant::now();
     let acquires = (0..pods).map(|i| {

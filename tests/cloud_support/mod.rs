@@ -14,8 +14,9 @@ use eniipam::cloud::ec2::{Ec2Cloud, Ec2Config};
 use eniipam::cloud::imds::{ImdsConfig, ImdsMetadata};
 use eniipam::cloud::lifecycle::{EniLifecycle, LifecycleConfig};
 use eniipam::cloud::limiter::{BackoffPolicy, BucketConfig, LimiterConfig, RateLimitConfig};
-use eniipam::cloud::{Cloud, CreateEni, Eni, NodeContext, tags};
+use eniipam::cloud::{Cloud, CreateEni, Eni, Metadata, NodeContext, tags};
 use eniipam::model::EniId;
+use eniipam::pool::{Pool, PoolConfig, PoolSeed};
 use mockcloud::{LaunchedInstance, MockCloud};
 
 pub const CLUSTER: &str = "test-cluster";
@@ -128,6 +129,22 @@ impl Env {
             self.node.clone(),
             config,
         )
+    }
+
+    /// A pool on this node with `config`, seeded from its IMDS (no ENI of ours yet). mockcloud's
+    /// counters are reset after, so the test counts what the pool does from here on.
+    pub async fn pool(&self, config: PoolConfig) -> Pool {
+        let interfaces = self.imds.interfaces().await.expect("IMDS interfaces");
+        let pool = Pool::start(
+            config,
+            self.cloud.clone(),
+            self.imds.clone(),
+            self.node.clone(),
+            PoolSeed::from_metadata(&interfaces, &[]),
+        )
+        .expect("pool starts");
+        self.mock.reset_counters();
+        pool
     }
 
     /// Create an ENI directly (not through the lifecycle) with exactly these tags.

@@ -1,7 +1,7 @@
 //! The maintainer's plan for one round: serve waiters for a new ENI, top up below the warm level,
 //! create ENIs, give back beyond it, release empty ENIs.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
@@ -14,7 +14,6 @@ use crate::model::EniId;
 use crate::pool::config::{PREFIX_ADDRESSES, WarmPolicy};
 use crate::pool::demand::{self, NodeLoad, WarmLevels};
 use crate::pool::error::PoolError;
-use crate::pool::slots::prefix_addresses;
 use crate::pool::types::{EniHandle, EniPhase, Waiter};
 
 /// One ENI creation the maintainer decided on.
@@ -453,136 +452,7 @@ impl PoolState {
         // 4. Give back beyond the keep level (down to its target), only when nothing is waiting or
         //    warming.
         let quiet = self.create_waiters.is_empty() && self.creating.is_empty() && self.warming == 0;
-        // IPs still cooling are on their way back into service (at a high churn a steady
-        // rate × cooldown of them): they do not count toward the give-back level, or each released
-        // IP would go back to EC2 as it cooled and each new pod would pay an assign for another.
-        // The levels are the default network's: a profile's idle IPs count for none of them.
-        let spare = self
-            .default_idle_unreserved(now)
-            .saturating_sub(self.default_idle_cooling(now));
-        let excess = if quiet && spare > levels.keep {
-            (spare - levels.down_to.min(levels.keep)) as usize
-        } else {
-            0
-        };
-        // Pod ENIs no pod uses: their idle IPs go back first (below).
-        let pods_on: BTreeSet<&EniId> = self
-            .enis
-            .values()
-            .filter(|r| r.ips.iter().any(|ip| self.assigned.contains_key(ip)))
-            .map(|r| &r.id)
-            .collect();
-        let unused_pod_eni = |eni: &EniId| {
-            self.enis
-                .get(eni)
-                .is_some_and(|r| r.role == EniRole::Pods && !pods_on.contains(eni))
-        };
-        // Idle IPs past cooldown and unreserved, longest idle first: what may go back.
-        let eligible = self.idle.give_back_candidates(now);
-        // While such an ENI backs off (its last give-back was throttled, say), the give-back waits
-        // for it: taking eth0's IPs instead would leave the node its second ENI for its next burst.
-        let excess = if excess > 0
-            && eligible.iter().any(|e| {
-                unused_pod_eni(&e.eni)
-                    && !self.is_profile_eni(&e.eni)
-                    && self
-                        .enis
-                        .get(&e.eni)
-                        .is_some_and(|r| r.handle.is_some() && r.phase.retry_in(now).is_some())
-            }) {
-            0
-        } else {
-            excess
-        };
-        // A profile keeps no warm IPs: its idle ones go back, whatever the levels, once idle for
-        // `give_back_delay` (past cooldown, unreserved) — the hold the adaptive policy gives a
-        // burst's leftovers, so a profile's churning pods reuse their IPs rather than pay an
-        // unassign and an assign each.
-        let profile_hold = self.config.give_back_delay.max(self.config.reuse_cooldown);
-        let mut candidates: Vec<(Ipv4Addr, EniId, bool)> = eligible
-            .iter()
-            .filter(|e| {
-                self.enis
-                    .get(&e.eni)
-                    .is_some_and(|r| r.handle.is_some() && r.phase.accepts_work(now))
-            })
-            .map(|e| (e.ip, e.eni.clone(), self.is_profile_eni(&e.eni)))
-            .filter(|(_, _, profile)| !profile)
-            .chain(
-                eligible
-                    .iter()
-                    .filter(|e| {
-                        self.is_profile_eni(&e.eni)
-                            && now.saturating_duration_since(e.idle_since) >= profile_hold
-                            && self
-                                .enis
-                                .get(&e.eni)
-                                .is_some_and(|r| r.handle.is_some() && r.phase.accepts_work(now))
-                    })
-                    .map(|e| (e.ip, e.eni.clone(), true)),
-            )
-            .collect();
-        // The IPs of pod ENIs no pod uses go back first, the last-attached ENI first (otherwise
-        // longest idle first): the node keeps its warm IPs where its pods are, eth0 before all, and
-        // the emptied ENI is released (step 5). A node that keeps a second ENI for a few idle IPs
-        // would need an assign on each ENI for its next burst, both on the account's one assign
-        // bucket, where a released ENI's place is taken by a create whose buckets are others.
-        if excess > 0 {
-            let drain_order = |eni: &EniId| match self.enis.get(eni) {
-                Some(r) if unused_pod_eni(eni) => (0, std::cmp::Reverse(r.device_index)),
-                _ => (1, std::cmp::Reverse(0)),
-            };
-            candidates.sort_by_key(|(_, eni, _)| drain_order(eni));
-        }
-        if excess > 0 || candidates.iter().any(|(_, _, profile)| *profile) {
-            // Single addresses go one by one; a prefix only whole, when all 16 of its addresses are
-            // among the candidates (idle, past cooldown, unreserved), in the order above.
-            let eligible: BTreeSet<Ipv4Addr> = candidates.iter().map(|(ip, _, _)| *ip).collect();
-            let mut per_eni: BTreeMap<EniId, (Vec<Ipv4Addr>, Vec<Ipv4Net>)> = BTreeMap::new();
-            let mut left = excess;
-            let mut taken: BTreeSet<Ipv4Addr> = BTreeSet::new();
-            for (ip, eni, profile) in &candidates {
-                if (left == 0 && !profile) || taken.contains(ip) {
-                    continue;
-                }
-                let r = &self.enis[eni];
-                match r.prefixes.iter().find(|p| p.contains(ip)) {
-                    None => {
-                        taken.insert(*ip);
-                        per_eni.entry(eni.clone()).or_default().0.push(*ip);
-                        if !profile {
-                            left -= 1;
-                        }
-                    }
-                    Some(prefix) => {
-                        let all: Vec<Ipv4Addr> = prefix_addresses(*prefix).collect();
-                        if (!profile && left < all.len())
-                            || !all.iter().all(|a| eligible.contains(a))
-                        {
-                            continue;
-                        }
-                        if !profile {
-                            left -= all.len();
-                        }
-                        taken.extend(all.iter().copied());
-                        let entry = per_eni.entry(eni.clone()).or_default();
-                        entry.0.extend(all);
-                        entry.1.push(*prefix);
-                    }
-                }
-            }
-            for (eni, (ips, prefixes)) in per_eni {
-                let mut moved = Vec::new();
-                for ip in ips {
-                    if let Some(entry) = self.idle.remove(ip) {
-                        self.releasing.insert(ip, entry);
-                        moved.push(ip);
-                    }
-                }
-                let handle = self.enis[&eni].handle.clone().expect("filtered");
-                plan.unassigns.push((eni, handle, moved, prefixes));
-            }
-        }
+        self.plan_give_backs(levels, quiet, &mut plan, now);
 
         // 5. Release ENIs that hold no IP, when nothing needs them.
         if quiet && deficit == 0 && plan.warms.is_empty() {
