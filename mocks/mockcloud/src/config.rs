@@ -27,6 +27,12 @@ pub struct LatencyProfile {
     /// Changes made through EC2 show in an instance's IMDS only after this long.
     #[serde(with = "millis")]
     pub imds_lag: Duration,
+    /// EC2's own describes (`DescribeNetworkInterfaces`, `DescribeInstances`) show an ENI's addresses
+    /// and prefixes as they were this long ago: EC2's API is eventually consistent (AWS's
+    /// *Eventual consistency in the Amazon EC2 API*: a change may take seconds to minutes to show).
+    /// An address assigned shows only after the lag; one unassigned shows until it has passed.
+    #[serde(with = "millis", default)]
+    pub describe_lag: Duration,
     /// IMDS reply latency.
     #[serde(with = "millis")]
     pub imds_latency: Duration,
@@ -42,13 +48,15 @@ impl LatencyProfile {
             attach_delay: Duration::ZERO,
             detach_delay: Duration::ZERO,
             imds_lag: Duration::ZERO,
+            describe_lag: Duration::ZERO,
             imds_latency: Duration::ZERO,
         }
     }
 
     /// Figures in line with what EC2 shows from inside a region: describe calls ~100 ms, ENI creation
     /// ~400 ms, attach answered in ~250 ms but `attaching` for ~2 s, IP assignment ~250 ms, IMDS
-    /// catching up ~1 s after a change (the AWS VPC CNI documents "up to 10 seconds" for create+attach).
+    /// catching up ~1 s after a change (the AWS VPC CNI documents "up to 10 seconds" for create+attach),
+    /// EC2's describes ~2 s (EC2 publishes no figure; its guidance is "seconds to minutes").
     pub fn realistic() -> Self {
         let ms = Duration::from_millis;
         let per_action = [
@@ -81,6 +89,7 @@ impl LatencyProfile {
             attach_delay: ms(2000),
             detach_delay: ms(2000),
             imds_lag: ms(1000),
+            describe_lag: ms(2000),
             imds_latency: ms(1),
         }
     }

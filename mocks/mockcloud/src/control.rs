@@ -69,6 +69,7 @@ pub fn router() -> Router<Arc<Inner>> {
         .route("/_mock/throttling/{bucket}", put(set_bucket))
         .route("/_mock/latency", put(set_latency).get(get_latency))
         .route("/_mock/imds-lag", put(set_imds_lag))
+        .route("/_mock/describe-lag", put(set_describe_lag))
         .route("/_mock/deny/{action}", put(deny).delete(allow))
         .route(
             "/_mock/iam/policy",
@@ -377,6 +378,11 @@ struct LagReq {
 
 async fn set_imds_lag(State(m): State<Arc<Inner>>, Json(r): Json<LagReq>) -> Response {
     MockCloud::from_inner(&m).set_imds_lag(Duration::from_millis(r.ms));
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn set_describe_lag(State(m): State<Arc<Inner>>, Json(r): Json<LagReq>) -> Response {
+    MockCloud::from_inner(&m).set_describe_lag(Duration::from_millis(r.ms));
     StatusCode::NO_CONTENT.into_response()
 }
 

@@ -167,6 +167,7 @@ impl MockCloud {
             attach_delay: config.latency.attach_delay,
             detach_delay: config.latency.detach_delay,
             imds_lag: config.latency.imds_lag,
+            describe_lag: config.latency.describe_lag,
         };
         let mut world = world::World::new(&config.region, timing);
         world.set_allocation_seed(allocation_seed);
@@ -399,14 +400,13 @@ impl MockCloud {
             .collect()
     }
 
-    /// Every ENI as EC2 sees it now.
+    /// Every ENI as it is now (EC2's truth, not what a describe would show within the describe lag).
     pub fn network_interfaces(&self) -> Vec<EniView> {
         self.inner
             .world
             .lock()
             .expect("world lock")
-            .describe_network_interfaces(&[], &[], Instant::now())
-            .expect("an unfiltered describe cannot fail")
+            .network_interfaces(Instant::now())
     }
 
     /// What an instance's IMDS shows now (lag applied).
@@ -505,6 +505,7 @@ impl MockCloud {
             w.timing.attach_delay = profile.attach_delay;
             w.timing.detach_delay = profile.detach_delay;
             w.timing.imds_lag = profile.imds_lag;
+            w.timing.describe_lag = profile.describe_lag;
         }
         *self.inner.latency.lock().expect("latency lock") = profile;
     }
@@ -512,6 +513,22 @@ impl MockCloud {
     pub fn set_imds_lag(&self, lag: Duration) {
         self.inner.world.lock().expect("world lock").timing.imds_lag = lag;
         self.inner.latency.lock().expect("latency lock").imds_lag = lag;
+    }
+
+    /// How long EC2's describes lag its changes (eventual consistency): an address assigned shows
+    /// only after it, one unassigned shows until it has passed.
+    pub fn set_describe_lag(&self, lag: Duration) {
+        self.inner
+            .world
+            .lock()
+            .expect("world lock")
+            .timing
+            .describe_lag = lag;
+        self.inner
+            .latency
+            .lock()
+            .expect("latency lock")
+            .describe_lag = lag;
     }
 
     pub fn counters(&self) -> Counters {

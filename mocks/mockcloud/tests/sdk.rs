@@ -1616,3 +1616,97 @@ async fn the_binary_prints_its_urls_and_serves() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--profile"));
 }
+
+/// EC2 is eventually consistent: the SDK's describes show what a change did only after the describe
+/// lag, while the change's own reply is exact. The lag is set over the control API.
+#[tokio::test]
+async fn describes_lag_the_changes_they_follow() {
+    let mock = MockCloud::start(Config::fast()).await.unwrap();
+    let c = ec2(&mock);
+    let http = reqwest::Client::new();
+    let set_lag = |ms: u64| {
+        let http = http.clone();
+        let url = format!("{}/describe-lag", mock.control_url());
+        async move {
+            let r = http
+                .put(url)
+                .json(&serde_json::json!({ "ms": ms }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 204);
+        }
+    };
+    set_lag(3_600_000).await;
+    let d = mock.default_world().unwrap();
+    let created = c
+        .create_network_interface()
+        .subnet_id(&d.subnet_id)
+        .groups(&d.security_group_id)
+        .secondary_private_ip_address_count(2)
+        .send()
+        .await
+        .unwrap()
+        .network_interface
+        .unwrap();
+    let id = created.network_interface_id.clone().unwrap();
+    let secondaries: Vec<String> = created
+        .private_ip_addresses()
+        .iter()
+        .filter(|a| a.primary() == Some(false))
+        .filter_map(|a| a.private_ip_address().map(str::to_owned))
+        .collect();
+    assert_eq!(secondaries.len(), 2, "the create's reply is exact");
+    let described = |c: Client, id: String| async move {
+        let r = c
+            .describe_network_interfaces()
+            .network_interface_ids(id)
+            .send()
+            .await
+            .unwrap();
+        let mut ips: Vec<String> = r.network_interfaces()[0]
+            .private_ip_addresses()
+            .iter()
+            .filter(|a| a.primary() == Some(false))
+            .filter_map(|a| a.private_ip_address().map(str::to_owned))
+            .collect();
+        ips.sort();
+        ips
+    };
+    assert!(
+        described(c.clone(), id.clone()).await.is_empty(),
+        "a describe within the lag does not show the new addresses"
+    );
+    let assigned = c
+        .assign_private_ip_addresses()
+        .network_interface_id(&id)
+        .secondary_private_ip_address_count(1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(assigned.assigned_private_ip_addresses().len(), 1);
+    c.unassign_private_ip_addresses()
+        .network_interface_id(&id)
+        .private_ip_addresses(&secondaries[0])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        described(c.clone(), id.clone()).await,
+        vec![secondaries[0].clone()],
+        "a describe within the lag still shows the address unassigned"
+    );
+    let truth = mock.network_interfaces();
+    let truth = truth.iter().find(|e| e.id == id).unwrap();
+    assert_eq!(truth.secondary_ips.len(), 2, "the truth");
+    set_lag(0).await;
+    let mut now: Vec<String> = vec![
+        secondaries[1].clone(),
+        assigned.assigned_private_ip_addresses()[0]
+            .private_ip_address()
+            .unwrap()
+            .to_owned(),
+    ];
+    now.sort();
+    assert_eq!(described(c.clone(), id.clone()).await, now);
+}

@@ -32,6 +32,10 @@ struct Args {
     /// Override the IMDS lag of the profile, in milliseconds.
     #[arg(long)]
     imds_lag_ms: Option<u64>,
+    /// Override the describe lag of the profile, in milliseconds: EC2's describes show addresses
+    /// as they were this long ago (eventual consistency).
+    #[arg(long)]
+    describe_lag_ms: Option<u64>,
     /// Instance type of the default instance.
     #[arg(long, default_value = "m5.large")]
     instance_type: String,
@@ -103,6 +107,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(ms) = args.imds_lag_ms {
         latency.imds_lag = Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.describe_lag_ms {
+        latency.describe_lag = Duration::from_millis(ms);
     }
     let iam_policy = match &args.iam_policy {
         None => None,

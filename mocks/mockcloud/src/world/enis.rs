@@ -31,6 +31,12 @@ pub(super) fn prefixes_unsupported(itype: &InstanceType) -> Ec2Error {
 }
 
 impl World {
+    /// Every ENI as it is at `now` (no describe lag): the control API's and tests' truth.
+    pub fn network_interfaces(&mut self, now: Instant) -> Vec<EniView> {
+        self.settle(now);
+        self.enis.keys().map(|id| self.eni_view(id)).collect()
+    }
+
     pub fn describe_network_interfaces(
         &mut self,
         ids: &[String],
@@ -63,7 +69,7 @@ impl World {
             .enis
             .keys()
             .filter(|id| ids.is_empty() || ids.contains(id))
-            .map(|id| self.eni_view(id))
+            .map(|id| self.eni_described(id, now))
             .filter(|v| filters.iter().all(|f| eni_matches(v, f)))
             .collect())
     }

@@ -104,6 +104,7 @@ impl World {
     /// Moves attachments along (attaching → attached, detaching → gone) and forgets IMDS ghosts.
     pub fn settle(&mut self, now: Instant) {
         let lag = self.timing.imds_lag;
+        let linger = self.timing.linger();
         let mut gone = Vec::new();
         for (id, eni) in &mut self.enis {
             if let Some(att) = &mut eni.attachment {
@@ -117,10 +118,12 @@ impl World {
                     _ => {}
                 }
             }
-            eni.removed.retain(|(_, at)| *at + lag > now);
-            eni.removed_prefixes.retain(|(_, at)| *at + lag > now);
-            eni.ipv6.removed.retain(|(_, at)| *at + lag > now);
-            eni.ipv6.removed_prefixes.retain(|(_, at)| *at + lag > now);
+            eni.removed.retain(|(_, at)| *at + linger > now);
+            eni.removed_prefixes.retain(|(_, at)| *at + linger > now);
+            eni.ipv6.removed.retain(|(_, at)| *at + linger > now);
+            eni.ipv6
+                .removed_prefixes
+                .retain(|(_, at)| *at + linger > now);
         }
         for (eni_id, instance_id, at) in gone {
             let view = self.imds_eni(&eni_id, true, now);
@@ -179,7 +182,7 @@ impl World {
             .instances
             .keys()
             .filter(|id| ids.is_empty() || ids.contains(id))
-            .map(|id| self.instance_view(id))
+            .map(|id| self.instance_described(id, now))
             .filter(|v| {
                 filters.iter().all(|f| {
                     let field = match f.name.as_str() {

@@ -60,6 +60,16 @@ pub struct Timing {
     pub attach_delay: Duration,
     pub detach_delay: Duration,
     pub imds_lag: Duration,
+    /// EC2's describes show addresses and prefixes as they were this long ago (eventual
+    /// consistency; [`crate::LatencyProfile::describe_lag`]).
+    pub describe_lag: Duration,
+}
+
+impl Timing {
+    /// How long an unassigned address is remembered: until neither IMDS nor a describe shows it.
+    fn linger(&self) -> Duration {
+        self.imds_lag.max(self.describe_lag)
+    }
 }
 
 #[derive(Debug)]

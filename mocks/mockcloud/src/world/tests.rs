@@ -14,6 +14,7 @@ fn timing() -> Timing {
         attach_delay: Duration::ZERO,
         detach_delay: Duration::ZERO,
         imds_lag: Duration::ZERO,
+        describe_lag: Duration::ZERO,
     }
 }
 
@@ -313,4 +314,58 @@ fn imds_shows_prefixes_after_the_lag_and_lets_removed_ones_linger() {
     );
     assert_eq!(shown(&mut w, t1), got, "IMDS still shows it");
     assert!(shown(&mut w, t1 + lag).is_empty());
+}
+
+#[test]
+fn describes_show_addresses_as_they_were_a_lag_ago() {
+    let t0 = Instant::now();
+    let lag = Duration::from_secs(2);
+    let mut w = World::new(
+        "us-east-1",
+        Timing {
+            describe_lag: lag,
+            ..timing()
+        },
+    );
+    let (vpc, _) = w.create_vpc("10.0.0.0/16".parse().unwrap()).unwrap();
+    let subnet = w
+        .create_subnet(&vpc, "10.0.0.0/22".parse().unwrap(), "us-east-1a")
+        .unwrap();
+    let inst = w.launch_instance("m5.large", &subnet, &[], t0).unwrap();
+    let eni = w.instance(&inst, t0).unwrap().enis[0].id.clone();
+    let got = w
+        .assign_private_ip_addresses(&eni, AssignArgs::Count(2), t0)
+        .unwrap();
+    let described = |w: &mut World, at: Instant| {
+        let by_eni = w
+            .describe_network_interfaces(&[eni.clone()], &[], at)
+            .unwrap()[0]
+            .secondary_ips
+            .clone();
+        let by_instance = w.describe_instances(&[inst.clone()], &[], at).unwrap()[0].enis[0]
+            .secondary_ips
+            .clone();
+        assert_eq!(by_eni, by_instance, "both describes lag alike");
+        let mut ips = by_eni;
+        ips.sort();
+        ips
+    };
+    let mut got = got;
+    got.sort();
+    assert!(described(&mut w, t0).is_empty(), "not yet");
+    assert!(described(&mut w, t0 + lag - Duration::from_millis(1)).is_empty());
+    assert_eq!(described(&mut w, t0 + lag), got);
+    let mut truth = w
+        .network_interfaces(t0)
+        .into_iter()
+        .find(|e| e.id == eni)
+        .unwrap()
+        .secondary_ips;
+    truth.sort();
+    assert_eq!(truth, got, "the truth shows them at once");
+    let t1 = t0 + lag * 2;
+    w.unassign_private_ip_addresses(&eni, &got[..1], t1)
+        .unwrap();
+    assert_eq!(described(&mut w, t1), got, "a describe still shows it");
+    assert_eq!(described(&mut w, t1 + lag), got[1..].to_vec());
 }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Serialize;
@@ -122,8 +123,37 @@ pub struct ImdsInstance {
     pub interfaces: Vec<ImdsEni>,
 }
 
+/// What a describe at `now` shows of one kind of address: those assigned at least `lag` ago, in
+/// assignment order, then those unassigned less than `lag` ago (EC2 is eventually consistent).
+fn described<T: Copy>(
+    held: &[(T, Instant)],
+    removed: &[(T, Instant)],
+    seen: Option<(Duration, Instant)>,
+) -> Vec<T> {
+    match seen {
+        None => held.iter().map(|(t, _)| *t).collect(),
+        Some((lag, now)) => held
+            .iter()
+            .filter(|(_, since)| *since + lag <= now)
+            .chain(removed.iter().filter(|(_, at)| *at + lag > now))
+            .map(|(t, _)| *t)
+            .collect(),
+    }
+}
+
 impl World {
+    /// The ENI as it is now (the control API, replies to the ENI's own calls).
     pub(super) fn eni_view(&self, id: &str) -> EniView {
+        self.eni_view_as(id, None)
+    }
+
+    /// The ENI as EC2's describes show it at `now`: its addresses and prefixes as they were
+    /// [`super::Timing::describe_lag`] ago.
+    pub(super) fn eni_described(&self, id: &str, now: Instant) -> EniView {
+        self.eni_view_as(id, Some((self.timing.describe_lag, now)))
+    }
+
+    fn eni_view_as(&self, id: &str, seen: Option<(Duration, Instant)>) -> EniView {
         let e = &self.enis[id];
         let attachment = e.attachment.as_ref().map(|a| AttachmentView {
             id: a.id.clone(),
@@ -152,10 +182,10 @@ impl World {
             description: e.description.clone(),
             status,
             primary_ip: e.primary_ip,
-            secondary_ips: e.secondaries.iter().map(|(ip, _)| *ip).collect(),
-            ipv4_prefixes: e.prefixes.iter().map(|(net, _)| *net).collect(),
-            ipv6_addresses: e.ipv6.addresses.iter().map(|(a, _)| *a).collect(),
-            ipv6_prefixes: e.ipv6.prefixes.iter().map(|(p, _)| *p).collect(),
+            secondary_ips: described(&e.secondaries, &e.removed, seen),
+            ipv4_prefixes: described(&e.prefixes, &e.removed_prefixes, seen),
+            ipv6_addresses: described(&e.ipv6.addresses, &e.ipv6.removed, seen),
+            ipv6_prefixes: described(&e.ipv6.prefixes, &e.ipv6.removed_prefixes, seen),
             security_groups: e.security_groups.clone(),
             tags: e.tags.clone(),
             attachment,
@@ -163,13 +193,23 @@ impl World {
         }
     }
 
+    /// The instance as it is now (the control API).
     pub(super) fn instance_view(&self, id: &str) -> InstanceView {
+        self.instance_view_as(id, None)
+    }
+
+    /// The instance as `DescribeInstances` shows it at `now` (its ENIs' addresses lag).
+    pub(super) fn instance_described(&self, id: &str, now: Instant) -> InstanceView {
+        self.instance_view_as(id, Some((self.timing.describe_lag, now)))
+    }
+
+    fn instance_view_as(&self, id: &str, seen: Option<(Duration, Instant)>) -> InstanceView {
         let i = &self.instances[id];
         let mut enis: Vec<EniView> = self
             .enis
             .iter()
             .filter(|(_, e)| e.attachment.as_ref().is_some_and(|a| a.instance_id == id))
-            .map(|(eid, _)| self.eni_view(eid))
+            .map(|(eid, _)| self.eni_view_as(eid, seen))
             .collect();
         enis.sort_by_key(|e| {
             e.attachment
