@@ -49,6 +49,14 @@ async fn assert_pool_is_truth(
     assigned
 }
 
+/// Moves the state file's journal of EC2 changes (`store::changes`) two minutes into the past, as if
+/// the daemon had been down that long: a describe is then EC2's settled view.
+fn age_the_journal(state: &std::path::Path) {
+    let conn = rusqlite::Connection::open(state).unwrap();
+    conn.execute("UPDATE ec2_changes SET at_ms = at_ms - 120000", [])
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarts_rebuild_the_truth() {
     let mock = mock().await;
@@ -113,7 +121,10 @@ async fn restarts_rebuild_the_truth() {
     let before = assert_pool_is_truth(&d, &mock).await;
     d.shutdown().await;
 
-    // 2. Out-of-band changes: one assigned IP unassigned in EC2; then the restart drops it.
+    // 2. Out-of-band changes: one assigned IP unassigned in EC2; then the restart drops it. A minute
+    //    on: the journal of the pool's own changes no longer outweighs EC2's describe (within the
+    //    minute it would, and the running reconcile would drop the IP at its second miss).
+    age_the_journal(&cfg.state_path);
     let victim = ips[&3];
     let eni = mock
         .network_interfaces()
@@ -422,5 +433,118 @@ async fn the_running_reconcile_releases_dead_pods_and_reports_drift() {
     d.pool.maintain_now().await.unwrap(); // let the warm pool settle: its EC2 calls are not drift
     let r = d.reconcile_now().await.unwrap();
     assert!(r.missing_in_ec2.is_empty() && r.lost.is_empty(), "{r:?}");
+    d.shutdown().await;
+}
+
+/// EC2's describes are eventually consistent (mockcloud's describe lag): a restart right after the
+/// pool gave IPs back and took new ones reads a describe that still shows the given-back IPs and not
+/// yet the new ones. The rebuilt pool holds what EC2 holds, from the state file's journal of the
+/// pool's own changes: no given-back IP returns to the pool (EC2 may hand it to another node), and
+/// no pod loses its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_within_the_describe_lag_rebuilds_the_truth_not_the_describe() {
+    let mock = mock().await;
+    // Longer than the test: every describe shows the world as it was when the test began.
+    mock.set_describe_lag(std::time::Duration::from_secs(3600));
+    let dir = TempDir::new("restart-describe-lag");
+    let mut cfg = config(&mock, &dir.0);
+    cfg.warm_policy = eniipam::pool::config::WarmPolicy::Fixed;
+    cfg.min_idle = 0;
+    cfg.max_idle = 1;
+    cfg.reuse_cooldown_secs = 0;
+
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let mut ips = BTreeMap::new();
+    for i in 0..6 {
+        let r = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("pod-{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        ips.insert(i, r.ip.parse::<Ipv4Addr>().unwrap());
+    }
+    for i in 0..4 {
+        c.release(release_req(&format!("c{i}"), false))
+            .await
+            .unwrap();
+    }
+    // The pool gives back what is past the ceiling of one idle IP.
+    let before = assert_pool_is_truth(&d, &mock).await;
+    assert_eq!(before.len(), 2);
+    let given_back: Vec<Ipv4Addr> = (0..4)
+        .map(|i| ips[&i])
+        .filter(|ip| !ec2_pod_ips(&mock).contains(ip))
+        .collect();
+    assert_eq!(
+        given_back.len(),
+        3,
+        "three of the four released IPs went back"
+    );
+    d.shutdown().await;
+    // What the restart's describe will show: the given-back IPs, none of the pods'.
+    let shown = mock.with_world(|w, now| {
+        let inst = w.instance_ids();
+        w.describe_instances(&inst, &[], now).unwrap()[0].enis[0]
+            .secondary_ips
+            .clone()
+    });
+    for ip in &given_back {
+        assert!(shown.contains(ip), "the describe still shows {ip}");
+    }
+    assert!(!shown.contains(&ips[&4]) && !shown.contains(&ips[&5]));
+
+    let d = start(cfg.clone()).await;
+    assert_eq!(
+        assert_pool_is_truth(&d, &mock).await,
+        before,
+        "the pods keep their IPs"
+    );
+    assert!(
+        d.report.dropped_gone.is_empty(),
+        "{:?}",
+        d.report.dropped_gone
+    );
+    assert!(d.report.journal_corrections >= 5, "{:?}", d.report);
+    let mut c = client(&d.socket_path).await;
+    let mut fresh = BTreeSet::new();
+    for i in 0..4 {
+        let r = c
+            .allocate(alloc_req(&format!("n{i}"), &format!("new-{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        fresh.insert(r.ip.parse::<Ipv4Addr>().unwrap());
+    }
+    for ip in &given_back {
+        assert!(
+            !fresh.contains(ip),
+            "{ip} was given back: it is EC2's, not the pool's"
+        );
+    }
+    assert_pool_is_truth(&d, &mock).await;
+
+    // A give-back EC2 refuses: the IPs stay on the ENI and in the pool, and a restart still holds
+    // them, though the describe does not show them yet.
+    mock.deny("UnassignPrivateIpAddresses", true);
+    for i in 0..4 {
+        c.release(release_req(&format!("n{i}"), false))
+            .await
+            .unwrap();
+    }
+    let kept = assert_pool_is_truth(&d, &mock).await;
+    let held = ec2_pod_ips(&mock);
+    for ip in &fresh {
+        assert!(held.contains(ip), "EC2 refused to take {ip} back");
+    }
+    d.shutdown().await;
+    mock.deny("UnassignPrivateIpAddresses", false);
+    let d = start(cfg.clone()).await;
+    assert_eq!(assert_pool_is_truth(&d, &mock).await, kept);
+    assert!(
+        d.report.dropped_gone.is_empty(),
+        "{:?}",
+        d.report.dropped_gone
+    );
     d.shutdown().await;
 }

@@ -320,6 +320,7 @@ async fn a_pool_restarted_from_the_rebuilt_seed_knows_its_enis_profiles() {
             host: &host,
             netns: &netns,
             use_primary_eni: false,
+            ec2_changes: Vec::new(),
         },
     )
     .await

@@ -242,6 +242,7 @@ pub(super) async fn rebuild(
     metrics: &Metrics,
 ) -> Result<(PoolSeed, ReconcileReport, Vec<Ipv4Net>), DaemonError> {
     let stored = store.load().await?;
+    let ec2_changes = store.load_ec2_changes().await?;
     let netns = reconcile::NetnsView::of(&config.netns_dirs);
     let host = reconcile::host_evidence(&config.cni_cache_dir, &netns);
     let rebuilt = reconcile::rebuild(
@@ -254,6 +255,7 @@ pub(super) async fn rebuild(
             host: &host,
             netns: &netns,
             use_primary_eni: config.eth0_serves_pods(),
+            ec2_changes,
         },
     )
     .await?;

@@ -33,8 +33,10 @@ use crate::store::{Store, StoreError};
 
 mod drift;
 mod ipv6;
+mod journal;
 
 pub use ipv6::Allocated6;
+pub use journal::StoreJournal;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]

@@ -310,6 +310,11 @@ impl EniActor {
                 span.in_scope(
                     || tracing::info!(assigned = ips.len(), prefixes = ?prefixes, "assigned IPs"),
                 );
+                let in_prefixes: BTreeSet<Ipv4Addr> =
+                    prefixes.iter().flat_map(|p| prefix_addresses(*p)).collect();
+                let singles = ips.iter().copied().filter(|ip| !in_prefixes.contains(ip));
+                self.shared
+                    .journal_assigned(&self.eni, singles.collect(), prefixes.clone());
                 let eni_unlisted = self
                     .wait_visible(&ips, &prefixes)
                     .instrument(span.clone())
@@ -444,6 +449,10 @@ impl EniActor {
             .copied()
             .filter(|ip| !in_prefixes.contains(ip))
             .collect();
+        let journal = self.shared.journal();
+        if let Some(j) = &journal {
+            j.unassigning(&self.eni, &singles, &prefixes).await;
+        }
         // EC2 refuses a call naming nothing: each kind goes only when there is some. The two calls
         // are settled each on its own: the `bool` says whether the singles went back before the
         // prefixes' call failed.
@@ -469,6 +478,10 @@ impl EniActor {
                 span.in_scope(
                     || tracing::warn!(error = %error, singles_gone, "unassign failed; what EC2 kept stays idle"),
                 );
+                if let Some(j) = &journal {
+                    let kept: &[Ipv4Addr] = if singles_gone { &[] } else { &singles };
+                    j.kept(&self.eni, kept, &prefixes).await;
+                }
                 GiveBackOutcome::Failed {
                     error,
                     singles_gone,

@@ -77,7 +77,7 @@ pub use pod_network::PodNetwork;
 pub use profiles::{ProfileCapacity, ProfileName, ProfileNetwork};
 pub use seed::QuarantineSeed;
 pub use seed::{AllocationSeed, EniSeed, IdleSeed, PoolSeed, SeedError};
-pub use shared::{EniProvisioner, EniReadiness, NewEniFacts};
+pub use shared::{ChangeJournal, EniProvisioner, EniReadiness, NewEniFacts};
 pub use snapshot::{
     EniPhaseSnapshot, EniSnapshot, IpSnapshot, IpState, PoolSnapshot, SubnetBackoffSnapshot,
     SubnetSnapshot,
@@ -277,6 +277,13 @@ impl Pool {
     /// [`Pool::start`] covers every ENI the pool creates (a create takes EC2 round trips).
     pub fn set_eni_readiness(&self, gate: Arc<dyn EniReadiness>) {
         self.shared().set_readiness(gate);
+    }
+
+    /// Installs the journal of the pool's address changes ([`ChangeJournal`]): from now on each
+    /// assign's and create's answer, and each give-back, is written to it. Set it right after
+    /// [`Pool::start`], before the pool serves.
+    pub fn set_change_journal(&self, journal: Arc<dyn ChangeJournal>) {
+        self.shared().set_journal(journal);
     }
 
     /// An IP for `attachment`.

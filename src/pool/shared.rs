@@ -62,6 +62,22 @@ pub trait EniReadiness: Send + Sync + 'static {
     async fn ready(&self, eni: &NewEniFacts) -> Result<(), String>;
 }
 
+/// Where the pool writes what EC2 answered to its own address changes (issue 25's follow-up:
+/// EC2's describes are eventually consistent). The daemon's is the state file's journal
+/// (`store::changes`), which the startup rebuild reads so that a restart right after a change
+/// does not take a describe that does not show it yet for the truth. Without one (simulate's
+/// in-memory pools, unit tests) nothing is written.
+#[async_trait]
+pub trait ChangeJournal: Send + Sync + 'static {
+    /// EC2 assigned these to `eni` (an assign's or a create's answer). Not waited for: a pod's ADD
+    /// does not wait on the disk for it.
+    async fn assigned(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]);
+    /// These go back to EC2: written before the unassign is sent.
+    async fn unassigning(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]);
+    /// EC2 did not take these back (the unassign failed): they stay on `eni`.
+    async fn kept(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]);
+}
+
 /// What the pool's tasks share.
 pub(crate) struct Shared {
     pub config: PoolConfig,
@@ -72,6 +88,8 @@ pub(crate) struct Shared {
     /// The readiness gate of new ENIs ([`crate::pool::Pool::set_eni_readiness`]); read when a
     /// create completes.
     readiness: Mutex<Option<Arc<dyn EniReadiness>>>,
+    /// The journal of the pool's address changes ([`crate::pool::Pool::set_change_journal`]).
+    journal: Mutex<Option<Arc<dyn ChangeJournal>>>,
     /// Wakes the maintainer (idle shrank or grew, pods wait for an ENI, a call finished).
     pub wake: Notify,
 }
@@ -91,6 +109,7 @@ impl Shared {
             provisioner,
             state: Mutex::new(state),
             readiness: Mutex::new(None),
+            journal: Mutex::new(None),
             wake: Notify::new(),
         }
     }
@@ -117,5 +136,29 @@ impl Shared {
             .readiness
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(gate);
+    }
+
+    /// The journal of the pool's address changes, if any.
+    pub(crate) fn journal(&self) -> Option<Arc<dyn ChangeJournal>> {
+        self.journal
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Installs the journal of the pool's address changes.
+    pub(crate) fn set_journal(&self, journal: Arc<dyn ChangeJournal>) {
+        *self
+            .journal
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(journal);
+    }
+
+    /// Journals, without waiting, that EC2 assigned these to `eni`.
+    pub(crate) fn journal_assigned(&self, eni: &EniId, ips: Vec<Ipv4Addr>, prefixes: Vec<Ipv4Net>) {
+        if let Some(j) = self.journal() {
+            let eni = eni.clone();
+            tokio::spawn(async move { j.assigned(&eni, &ips, &prefixes).await });
+        }
     }
 }

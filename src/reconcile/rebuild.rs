@@ -10,10 +10,14 @@ use tokio::time::Instant;
 
 use super::evidence::{HostEvidence, NetnsState, NetnsView};
 use crate::clock::{instant_from_unix_ms, unix_ms_now};
+use crate::cloud::DESCRIBE_SETTLES;
 use crate::cloud::{Cloud, CloudError, Eni, EniFilter, Metadata, MetadataEni, SubnetFilter};
 use crate::model::{AttachmentKey, PodRef};
 use crate::pool::{AllocationSeed, AttachmentMeta, EniSeed, IdleSeed, PoolSeed, QuarantineSeed};
-use crate::store::{StoredAssignment, StoredEni, StoredIdle, StoredQuarantined, StoredState};
+use crate::store::{
+    Ec2Address, Ec2Change, StoredAssignment, StoredEc2Change, StoredEni, StoredIdle,
+    StoredQuarantined, StoredState,
+};
 
 /// Why an IP is quarantined at startup.
 pub const QUARANTINE_NO_EVIDENCE: &str = "the state file was lost and the plugin's result cache is \
@@ -45,6 +49,9 @@ pub struct ReconcileReport {
     pub imds_mismatches: usize,
     /// The file belonged to another instance and was ignored.
     pub foreign_state: bool,
+    /// Addresses the describe showed otherwise than EC2 answered the pool's own change of them
+    /// less than [`DESCRIBE_SETTLES`] ago (the file's journal won: EC2's describes lag).
+    pub journal_corrections: usize,
 }
 
 /// The rebuilt state.
@@ -64,6 +71,8 @@ pub struct Inputs<'a> {
     pub netns: &'a NetnsView,
     /// eth0's secondary IPs are pod IPs (the pool's `use_primary_eni`).
     pub use_primary_eni: bool,
+    /// The file's journal of the pool's own address changes (`store::changes`).
+    pub ec2_changes: Vec<StoredEc2Change>,
 }
 
 /// Reads IMDS and EC2 and merges them with the stored state.
@@ -125,6 +134,57 @@ pub async fn rebuild(
     ))
 }
 
+/// EC2's ENIs as the pool's own changes of the last [`DESCRIBE_SETTLES`] left them: the describe may
+/// not show them yet (EC2 is eventually consistent), EC2's answers to those changes did. An address
+/// EC2 assigned stays, one given back goes, whatever the describe says; an ENI the describe does not
+/// show attached here is left alone (the ENI's own state is not journalled). Each address the
+/// describe showed otherwise is counted in `report.journal_corrections`.
+fn with_recent_changes(
+    ec2: &[Eni],
+    changes: &[StoredEc2Change],
+    now_ms: u64,
+    report: &mut ReconcileReport,
+) -> Vec<Eni> {
+    let settles_ms = DESCRIBE_SETTLES.as_millis() as u64;
+    let mut enis = ec2.to_vec();
+    // Oldest first: the latest change of an address wins.
+    for c in changes.iter().filter(|c| c.at_ms + settles_ms > now_ms) {
+        let Some(e) = enis.iter_mut().find(|e| e.id.as_str() == c.eni_id) else {
+            continue;
+        };
+        let corrected = match (c.address, c.change) {
+            (Ec2Address::Ip(ip), Ec2Change::Assigned) => {
+                !e.secondary_ips.contains(&ip) && {
+                    e.secondary_ips.push(ip);
+                    true
+                }
+            }
+            (Ec2Address::Ip(ip), Ec2Change::Unassigned) => {
+                let before = e.secondary_ips.len();
+                e.secondary_ips.retain(|i| *i != ip);
+                e.secondary_ips.len() != before
+            }
+            (Ec2Address::Prefix(p), Ec2Change::Assigned) => {
+                !e.ipv4_prefixes.contains(&p) && {
+                    e.ipv4_prefixes.push(p);
+                    true
+                }
+            }
+            (Ec2Address::Prefix(p), Ec2Change::Unassigned) => {
+                let before = e.ipv4_prefixes.len();
+                e.ipv4_prefixes.retain(|q| *q != p);
+                e.ipv4_prefixes.len() != before
+            }
+        };
+        if corrected {
+            tracing::info!(address = %c.address, eni = %c.eni_id, change = ?c.change, ago_ms = now_ms.saturating_sub(c.at_ms),
+                "EC2's describe does not show the pool's recent change of this address yet: EC2's answer to the change wins");
+            report.journal_corrections += 1;
+        }
+    }
+    enis
+}
+
 /// The pure part of [`rebuild`]: EC2's ENIs (authoritative) + IMDS (for CIDRs and MACs) + the file +
 /// the host's evidence.
 pub fn merge(
@@ -142,8 +202,10 @@ pub fn merge(
         host,
         netns,
         use_primary_eni,
+        ec2_changes,
     } = inputs;
     let mut report = ReconcileReport::default();
+    let ec2 = &with_recent_changes(ec2, &ec2_changes, now_ms, &mut report);
     let stored = if stored
         .instance_id
         .as_deref()

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 
+mod changes;
 mod demand;
 mod ipv6;
 mod open;
@@ -31,6 +32,7 @@ mod queries;
 mod schema;
 mod task;
 
+pub use changes::{Ec2Address, Ec2Change, StoredEc2Change};
 pub use ipv6::{StoredAssignment6, StoredIpv6, StoredPrefix6, StoredReservation6};
 pub use schema::SCHEMA_VERSION;
 
@@ -376,6 +378,33 @@ impl Store {
     /// The learned demand last written, if any.
     pub async fn load_demand(&self) -> Result<Option<StoredDemand>, StoreError> {
         self.call(|respond_to| Request::LoadDemand { respond_to })
+            .await
+    }
+
+    /// Journals EC2's answer to one of the pool's address changes on `eni_id` (see `store::changes`),
+    /// pruning rows older than `keep`.
+    pub async fn record_ec2_change(
+        &self,
+        eni_id: String,
+        addresses: Vec<Ec2Address>,
+        change: Ec2Change,
+        at_ms: u64,
+        keep: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        self.call(|respond_to| Request::RecordEc2Change {
+            eni_id,
+            addresses,
+            change,
+            at_ms,
+            keep_ms: keep.as_millis() as u64,
+            respond_to,
+        })
+        .await
+    }
+
+    /// The journal of the pool's recent address changes, oldest first.
+    pub async fn load_ec2_changes(&self) -> Result<Vec<StoredEc2Change>, StoreError> {
+        self.call(|respond_to| Request::LoadEc2Changes { respond_to })
             .await
     }
 

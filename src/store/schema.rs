@@ -10,7 +10,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use super::StoreError;
 
 /// The ordered migrations; index `i` migrates from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -220,6 +220,20 @@ ALTER TABLE ipv6_ips ADD COLUMN egress_ipv4 TEXT
 CREATE UNIQUE INDEX ipv6_ips_by_egress ON ipv6_ips (egress_ipv4);
 ALTER TABLE ipv6_prefix ADD COLUMN egress_next INTEGER NOT NULL DEFAULT 0
     CHECK (egress_next >= 0);
+";
+
+/// Version 6: the journal of EC2's answers to the pool's own address changes (`store::changes`):
+/// one row per address or `/28` prefix the pool was last told EC2 assigned to, or is taking back
+/// from, an ENI, with when. EC2's describes are eventually consistent, so a restart within a minute
+/// of a change reads the change from here rather than from a describe that may not show it yet.
+/// Rows older than that are pruned as new ones are written.
+const V6: &str = "
+CREATE TABLE ec2_changes (
+    address   TEXT PRIMARY KEY NOT NULL,
+    eni_id    TEXT NOT NULL,
+    change    TEXT NOT NULL CHECK (change IN ('assigned', 'unassigned')),
+    at_ms     INTEGER NOT NULL CHECK (at_ms >= 0)
+) STRICT;
 ";
 
 /// The schema version recorded in the database; 0 for a file without a `meta` table.
@@ -465,7 +479,7 @@ mod tests {
         )
         .unwrap();
         tx.commit().unwrap();
-        assert_eq!(migrate(&mut conn).unwrap(), 5);
+        assert_eq!(migrate(&mut conn).unwrap(), SCHEMA_VERSION);
         let prefix: (String, i64, i64, i64) = conn
             .query_row(
                 "SELECT prefix, next_offset, taken_at_ms, egress_next FROM ipv6_prefix",
@@ -526,6 +540,38 @@ mod tests {
             .execute(
                 "INSERT INTO ips (ip, eni_id, state, container_id, idle_since_ms)
                  VALUES ('10.0.0.1', 'eni-1', 'idle', 'c1', 1)",
+                [],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("CHECK"), "{err}");
+    }
+
+    #[test]
+    fn version_5_files_move_to_version_6_with_an_empty_journal_and_their_rows() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let tx = conn.transaction().unwrap();
+        for sql in [V1, V2, V3, V4, V5] {
+            tx.execute_batch(sql).unwrap();
+        }
+        tx.execute("UPDATE meta SET schema_version = 5", [])
+            .unwrap();
+        tx.execute_batch(
+            "INSERT INTO ips (ip, eni_id, state, idle_since_ms) VALUES ('10.0.0.9', 'eni-1', 'idle', 4);",
+        )
+        .unwrap();
+        tx.commit().unwrap();
+        assert_eq!(migrate(&mut conn).unwrap(), 6);
+        let journal: i64 = conn
+            .query_row("SELECT COUNT(*) FROM ec2_changes", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(journal, 0);
+        let idle: String = conn
+            .query_row("SELECT ip FROM ips WHERE state = 'idle'", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(idle, "10.0.0.9");
+        let err = conn
+            .execute(
+                "INSERT INTO ec2_changes (address, eni_id, change, at_ms) VALUES ('10.0.0.1', 'e', 'assigned', -1)",
                 [],
             )
             .unwrap_err();

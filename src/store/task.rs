@@ -100,6 +100,17 @@ pub(super) enum Request {
     LoadDemand {
         respond_to: Reply<Option<StoredDemand>>,
     },
+    RecordEc2Change {
+        eni_id: String,
+        addresses: Vec<super::Ec2Address>,
+        change: super::Ec2Change,
+        at_ms: u64,
+        keep_ms: u64,
+        respond_to: Reply<()>,
+    },
+    LoadEc2Changes {
+        respond_to: Reply<Vec<super::StoredEc2Change>>,
+    },
     /// The IPv6 tables' requests (`store::ipv6`).
     Ipv6(super::ipv6::Request6),
     Close {
@@ -124,6 +135,8 @@ impl Request {
             Request::Repair { .. } => "repair",
             Request::SaveDemand { .. } => "save_demand",
             Request::LoadDemand { .. } => "load_demand",
+            Request::RecordEc2Change { .. } => "record_ec2_change",
+            Request::LoadEc2Changes { .. } => "load_ec2_changes",
             Request::Ipv6(r) => r.name(),
             Request::Close { .. } => "close",
         }
@@ -405,6 +418,21 @@ fn serve_one(conn: &mut Connection, cmd: Command) {
                 respond_to,
             } => respond_to.send(demand::save(conn, &d)).is_ok(),
             Request::LoadDemand { respond_to } => respond_to.send(demand::load(conn)).is_ok(),
+            Request::RecordEc2Change {
+                eni_id,
+                addresses,
+                change,
+                at_ms,
+                keep_ms,
+                respond_to,
+            } => respond_to
+                .send(super::changes::record(
+                    conn, &eni_id, &addresses, change, at_ms, keep_ms,
+                ))
+                .is_ok(),
+            Request::LoadEc2Changes { respond_to } => {
+                respond_to.send(super::changes::load(conn)).is_ok()
+            }
             Request::Ipv6(r) => r.serve(conn),
         };
         let took = started.elapsed();

@@ -223,6 +223,14 @@ impl InstanceLimits {
 /// `CreateNetworkInterface` with `PrivateIpAddresses`).
 pub const ADDRESS_IN_USE: &str = "InvalidIPAddress.InUse";
 
+/// How long after a change EC2's describes are taken to show it. EC2's API is eventually
+/// consistent: AWS's guidance (*Eventual consistency in the Amazon EC2 API*) is to wait from a
+/// couple of seconds up to a few minutes after a change before trusting a describe. The client's
+/// holdings learn from a describe only when this long has passed since its last change; the state
+/// file journals each change of the pool's for this long, so a restart within it reads the change
+/// from the file, not from a describe that may not show it yet.
+pub const DESCRIBE_SETTLES: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Which subnets a describe call asks for.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SubnetFilter {

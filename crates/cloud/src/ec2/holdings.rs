@@ -133,11 +133,10 @@ impl Entry {
 }
 
 /// How long after this client's last mutating call a describe sent is taken as EC2's settled
-/// view. EC2's API is eventually consistent: AWS's guidance (*Eventual consistency in the Amazon EC2
-/// API*) is to wait from a couple of seconds up to a few minutes after a change before trusting a
-/// describe. A minute leaves the startup's describe (no change of this process before it) and a
-/// quiet node's reconcile (which re-learns an ENI forgotten after a lost answer) their use.
-pub(super) const SETTLED: Duration = Duration::from_secs(60);
+/// view ([`crate::DESCRIBE_SETTLES`]). A minute leaves the startup's describe (no change of this
+/// process before it) and a quiet node's reconcile (which re-learns an ENI forgotten after a lost
+/// answer) their use.
+pub(super) const SETTLED: Duration = crate::DESCRIBE_SETTLES;
 
 /// Every ENI's holdings (see the module docs).
 #[derive(Debug, Default)]

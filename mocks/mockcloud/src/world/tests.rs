@@ -338,11 +338,14 @@ fn describes_show_addresses_as_they_were_a_lag_ago() {
         .unwrap();
     let described = |w: &mut World, at: Instant| {
         let by_eni = w
-            .describe_network_interfaces(&[eni.clone()], &[], at)
+            .describe_network_interfaces(std::slice::from_ref(&eni), &[], at)
             .unwrap()[0]
             .secondary_ips
             .clone();
-        let by_instance = w.describe_instances(&[inst.clone()], &[], at).unwrap()[0].enis[0]
+        let by_instance = w
+            .describe_instances(std::slice::from_ref(&inst), &[], at)
+            .unwrap()[0]
+            .enis[0]
             .secondary_ips
             .clone();
         assert_eq!(by_eni, by_instance, "both describes lag alike");
