@@ -129,6 +129,23 @@ async fn an_eni_a_quiet_describe_showed_costs_no_describe_at_its_first_assign() 
 }
 
 #[tokio::test]
+async fn an_earlier_process_change_unteaches_what_describes_taught_for_a_minute() {
+    let env = start().await;
+    let cloud = with_view(&env, AMBIGUOUS_IMDS_WAIT);
+    let eth0 = eth0_described(&env, &cloud).await;
+    // The state file says the process before this one changed the ENIs a moment ago: what the
+    // startup's describe taught may predate that change, and is forgotten.
+    cloud.changed_before_start(tokio::time::Instant::now());
+    let again = eth0_described(&env, &cloud).await;
+    assert_eq!(again, eth0);
+    assert_eq!(
+        describes_of_an_assign(&env, &cloud, &eth0).await,
+        1,
+        "neither the earlier describe nor one within the minute teaches eth0"
+    );
+}
+
+#[tokio::test]
 async fn a_describe_right_after_a_change_of_ours_teaches_nothing() {
     let env = start().await;
     let cloud = with_view(&env, AMBIGUOUS_IMDS_WAIT);

@@ -139,3 +139,93 @@ async fn a_lost_state_file_gives_live_ipv6_pods_their_addresses_back() {
     assert_eq!(r0.ipv6.parse::<Ipv6Addr>().unwrap(), held[0].0);
     d.shutdown().await;
 }
+
+/// Starts an IPv6 daemon, gives two pods addresses, stops it and loses its state file with the pods
+/// still running (their cache entries written, their netns alive). Returns the config, the pods'
+/// addresses and the node's /80 then.
+async fn two_live_pods_and_a_lost_file(
+    mock: &mockcloud::MockCloud,
+    dir: &TempDir,
+) -> (eniipam::config::DaemonConfig, Vec<Ipv6Addr>, ipnet::Ipv6Net) {
+    let cfg = eniipam::config::DaemonConfig {
+        ip_family: IpFamily::Ipv6,
+        ..config(mock, &dir.0)
+    };
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let alive = dir.0.join("live-netns");
+    std::fs::write(&alive, b"").unwrap();
+    let cache = ResultCache::new(&cfg.cni_cache_dir, "eniipam");
+    let mut held = Vec::new();
+    for i in 0..2 {
+        let r = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        held.push(r.ipv6.parse::<Ipv6Addr>().unwrap());
+        cache
+            .write(&cached(&format!("c{i}"), &alive, &r.ipv6, None))
+            .unwrap();
+    }
+    d.shutdown().await;
+    std::fs::remove_file(&cfg.state_path).unwrap();
+    let prefix = eth0_prefixes(mock)[0];
+    (cfg, held, prefix)
+}
+
+/// The /80 was unassigned behind the daemon's back, and the state file is lost: the live pods'
+/// addresses (the plugin's cache) name the node's /80, which is assigned back, not a new one taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_state_file_assigns_the_live_pods_80_back() {
+    let mock = ipv6_mock().await;
+    let dir = TempDir::new("ipv6-lost-80");
+    let (cfg, held, prefix) = two_live_pods_and_a_lost_file(&mock, &dir).await;
+    let eth0 = mock.default_instance().primary_eni;
+    mock.with_world(|w, now| w.unassign_ipv6(&eth0, &[], &[prefix], now).unwrap());
+    assert!(eth0_prefixes(&mock).is_empty());
+    let d = start(cfg.clone()).await;
+    assert_eq!(
+        eth0_prefixes(&mock),
+        vec![prefix],
+        "the same /80, back on eth0"
+    );
+    let mut c = client(&d.socket_path).await;
+    for (i, ip) in held.iter().enumerate() {
+        let r = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.ipv6.parse::<Ipv6Addr>().unwrap(),
+            *ip,
+            "c{i} keeps its address"
+        );
+    }
+    d.shutdown().await;
+}
+
+/// EC2's describe lags its changes: right after the node's first start took its /80, a restart with
+/// the state file lost and no pod evidence reads a describe that does not show the /80 yet. IMDS
+/// does: the /80 is adopted, not a second one taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_within_the_describe_lag_adopts_the_80_imds_shows() {
+    let mock = ipv6_mock().await;
+    mock.set_describe_lag(std::time::Duration::from_secs(3600));
+    let dir = TempDir::new("ipv6-lag-80");
+    let (cfg, _, prefix) = two_live_pods_and_a_lost_file(&mock, &dir).await;
+    std::fs::remove_dir_all(&cfg.cni_cache_dir).unwrap();
+    let d = start(cfg.clone()).await;
+    assert_eq!(action_ok(&mock, "AssignIpv6Addresses"), 1, "no second /80");
+    assert_eq!(eth0_prefixes(&mock), vec![prefix]);
+    let mut c = client(&d.socket_path).await;
+    let r = c
+        .allocate(alloc_req("n0", "n0"))
+        .await
+        .unwrap()
+        .into_inner();
+    let v6: Ipv6Addr = r.ipv6.parse().unwrap();
+    assert!(prefix.contains(&v6), "{v6} outside {prefix}");
+    d.shutdown().await;
+}

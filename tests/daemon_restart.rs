@@ -145,8 +145,9 @@ async fn restarts_rebuild_the_truth() {
     d.shutdown().await;
 
     // 3. No file: rebuilt from EC2 and the host. Two pods still show in the plugin's result cache with a
-    //    live network namespace: they are adopted with their IPs. Every other IP starts cooling, so none
-    //    of the old pods' IPs goes to a new pod at once.
+    //    live network namespace: they are adopted with their IPs. Every other IP is held (quarantined)
+    //    until a describe a minute later still shows it, since EC2's describe may lag the node's last
+    //    changes and no journal survived: none of the old pods' IPs goes to a new pod.
     std::fs::remove_file(&cfg.state_path).unwrap();
     let netns = dir.0.join("fake-netns");
     std::fs::write(&netns, b"").unwrap();
@@ -194,6 +195,7 @@ async fn restarts_rebuild_the_truth() {
             result: serde_json::json!({}),
         })
         .unwrap();
+    let on_enis = ec2_pod_ips(&mock);
     let d = start(cfg.clone()).await;
     let adopted = assert_pool_is_truth(&d, &mock).await;
     on_host.sort();
@@ -204,6 +206,22 @@ async fn restarts_rebuild_the_truth() {
         "the host's live pods were adopted with their IPs"
     );
     assert_eq!(d.report.adopted.len(), 2);
+    let held: Vec<Ipv4Addr> = d
+        .pool
+        .snapshot()
+        .ips()
+        .filter(|i| {
+            matches!(&i.state, IpState::Quarantined { reason, .. }
+                if reason == eniipam::reconcile::QUARANTINE_UNSETTLED)
+        })
+        .map(|i| i.ip)
+        .collect();
+    let unclaimed: Vec<Ipv4Addr> = on_enis
+        .into_iter()
+        .filter(|ip| !on_host.iter().any(|(_, h)| h == ip))
+        .collect();
+    assert_eq!(held, unclaimed);
+    assert_eq!(d.report.quarantined, held);
     let mut c = client(&d.socket_path).await;
     let r = c
         .allocate(alloc_req("x1", "x-1"))

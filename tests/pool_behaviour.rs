@@ -749,3 +749,27 @@ async fn an_acquire_cancelled_on_a_full_backlog_leaks_nothing() {
     n.pool.check_invariants().unwrap();
     assert_eq!(n.pool.snapshot().assigned, 3);
 }
+
+/// EC2 never assigns an address twice, so only a misread answer (an ambiguous assign settled from a
+/// describe that lagged an earlier change) can name an IP the pool already holds. Here the in-memory
+/// cloud is made to hand a pod's IP out again: the pool takes the others of the answer and never
+/// gives that IP to a second pod.
+#[tokio::test(start_paused = true)]
+async fn an_assign_answer_naming_an_ip_the_pool_holds_does_not_hand_it_out_twice() {
+    let n = start_with_enis(quiet_config(), NodeSpec::default(), &[0]).await;
+    let first = acquire_many(&n.pool, 0..2).await;
+    let taken: Vec<Ipv4Addr> = first.iter().map(|r| r.as_ref().unwrap().ip).collect();
+    // The cloud forgets that the first pod's IP is in use: its next pick is that IP again.
+    n.cloud.free_subnet_ips(&taken[..1]);
+    let more = acquire_many(&n.pool, 2..5).await;
+    let mut holders: BTreeSet<Ipv4Addr> = taken.iter().copied().collect();
+    for r in more.iter().flatten() {
+        assert!(holders.insert(r.ip), "{} handed out twice", r.ip);
+    }
+    assert!(
+        more.iter().flatten().count() >= 2,
+        "the rest of the answer serves: {more:?}"
+    );
+    n.pool.check_invariants().unwrap();
+    assert_eq!(n.pool.snapshot().assigned as usize, holders.len());
+}

@@ -11,7 +11,7 @@ use crate::ipv6::prefix::{self, PrefixError, Taken};
 use crate::ipv6::{IpFamily, Ipv6Pool};
 use crate::metrics::Metrics;
 use crate::reconcile;
-use crate::store::{Store, StoredAssignment6, StoredIpv6};
+use crate::store::{Store, StoredAssignment6, StoredIpv6, StoredPrefix6};
 
 /// The /80 on the primary ENI (kept, adopted, or assigned by EC2: see [`prefix::ensure`]) and the
 /// book of the addresses pods hold in it, written back to the state file as rebuilt. A lost state file
@@ -43,7 +43,37 @@ pub(super) async fn take_prefix(
                 .ok_or_else(|| DaemonError::NoPrimaryEni(node.instance_id.clone()))?
         }
     };
+    // EC2's describe lags its changes (eventually consistent): a /80 assigned (or assigned back)
+    // moments before a restart may not be in it yet. IMDS lags too, but on its own clock: a /80
+    // either shows is on eth0, and taking a new one instead would orphan every pod's address.
+    let mut eth0 = eth0;
+    match clients.metadata.interface(&eth0.mac).await {
+        Ok(Some(md)) if md.eni_id == eth0.id => {
+            for p in md.ipv6_prefixes {
+                if !eth0.ipv6_prefixes.contains(&p) {
+                    tracing::info!(prefix = %p, eni = %eth0.id,
+                        "IMDS shows a /80 on eth0 that EC2's describe does not show yet: taken as eth0's");
+                    eth0.ipv6_prefixes.push(p);
+                }
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::debug!(error = %e, "IMDS not read for eth0's /80; EC2's describe alone"),
+    }
     let now_ms = unix_ms_now();
+    let mut stored = stored;
+    if state_lost && stored.prefix.is_none() {
+        // The /80 the live pods' addresses are in is the node's: if EC2 no longer shows it on eth0
+        // (unassigned behind the daemon's back, its describe lagging the assign back), it is
+        // assigned back rather than a new one taken, so those pods keep routable addresses.
+        stored.prefix = evidence_prefix(&stored.assignments).map(|prefix| StoredPrefix6 {
+            prefix,
+            eni_id: eth0.id.to_string(),
+            next_offset: crate::ipv6::book::seed_offset(now_ms),
+            egress_next: 0,
+            taken_at_ms: now_ms,
+        });
+    }
     let family = config.ip_family.to_string();
     let (taken, how, lost) = prefix::ensure(
         clients.cloud.as_ref(),
@@ -106,6 +136,17 @@ pub(super) async fn take_prefix(
         }
     );
     Ok(Arc::new(pool))
+}
+
+/// The /80 most of `assignments`' addresses are in (the live pods' /80, from the host's evidence).
+fn evidence_prefix(assignments: &[StoredAssignment6]) -> Option<ipnet::Ipv6Net> {
+    let mut count: std::collections::BTreeMap<ipnet::Ipv6Net, usize> = Default::default();
+    for a in assignments {
+        if let Ok(net) = ipnet::Ipv6Net::new(a.ip, 80) {
+            *count.entry(net.trunc()).or_default() += 1;
+        }
+    }
+    count.into_iter().max_by_key(|(_, n)| *n).map(|(p, _)| p)
 }
 
 /// A lost state file: every attachment the plugin's result cache shows with an IPv6 and a netns not

@@ -243,6 +243,15 @@ pub(super) async fn rebuild(
 ) -> Result<(PoolSeed, ReconcileReport, Vec<Ipv4Net>), DaemonError> {
     let stored = store.load().await?;
     let ec2_changes = store.load_ec2_changes().await?;
+    // A change of the last minute may not show in EC2's describes yet: what they taught the client
+    // is forgotten, and they teach it nothing until the minute has passed.
+    let now_ms = crate::clock::unix_ms_now();
+    if let Some(newest) = ec2_changes.iter().map(|c| c.at_ms).max()
+        && newest + crate::cloud::DESCRIBE_SETTLES.as_millis() as u64 > now_ms
+    {
+        let at = crate::clock::instant_from_unix_ms(newest, tokio::time::Instant::now(), now_ms);
+        clients.cloud.changed_before_start(at);
+    }
     let netns = reconcile::NetnsView::of(&config.netns_dirs);
     let host = reconcile::host_evidence(&config.cni_cache_dir, &netns);
     let rebuilt = reconcile::rebuild(
@@ -267,7 +276,14 @@ pub(super) async fn rebuild(
         .reconcile_released
         .inc_by(report.released_dead.len() as u64);
     metrics.reconcile_unknown.inc_by(report.unknown_ips as u64);
-    if !report.quarantined.is_empty() {
+    if !report.quarantined.is_empty() && report.state_lost && host.cache_visible {
+        tracing::warn!(
+            quarantined = report.quarantined.len(),
+            "the state file was lost: IPs on our ENIs that no live pod claims are held (neither handed \
+             out nor given back) until a describe a minute from now still shows them (EC2's describes \
+             lag its changes, and one may be an IP given back just before the restart)"
+        );
+    } else if !report.quarantined.is_empty() {
         tracing::error!(
             quarantined = report.quarantined.len(),
             cache = %config.cni_cache_dir.display(),

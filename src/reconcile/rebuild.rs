@@ -23,6 +23,14 @@ use crate::store::{
 pub const QUARANTINE_NO_EVIDENCE: &str = "the state file was lost and the plugin's result cache is \
     not visible: no way to tell whether a pod holds this IP";
 
+/// Why an IP is quarantined at startup when the file was lost but the plugin's cache is visible: the
+/// IP is on an ENI of ours in EC2's describe and no live pod claims it, but EC2's describes lag its
+/// changes (eventually consistent) and no journal says what the node changed last, so it may be one
+/// given back moments before the restart, which EC2 may hand to another node. The running reconcile
+/// lifts it once a describe sent a minute later still shows it.
+pub const QUARANTINE_UNSETTLED: &str = "the state file was lost and EC2's describe may lag the \
+    node's last changes: held until a describe a minute later still shows it on its ENI";
+
 /// What the startup rebuild found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReconcileReport {
@@ -405,9 +413,18 @@ pub fn merge(
             continue;
         }
         let hold = if let Some(q) = was_quarantined.get(ip) {
-            (!host.cache_visible).then(|| (q.since_ms, q.reason.clone()))
-        } else if report.state_lost && !host.cache_visible && !released.contains(ip) {
-            Some((now_ms, QUARANTINE_NO_EVIDENCE.to_owned()))
+            (!host.cache_visible || q.reason == QUARANTINE_UNSETTLED)
+                .then(|| (q.since_ms, q.reason.clone()))
+        } else if report.state_lost && !released.contains(ip) {
+            Some((
+                now_ms,
+                if host.cache_visible {
+                    QUARANTINE_UNSETTLED
+                } else {
+                    QUARANTINE_NO_EVIDENCE
+                }
+                .to_owned(),
+            ))
         } else {
             None
         };

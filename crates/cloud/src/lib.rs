@@ -560,6 +560,11 @@ pub trait Cloud: Send + Sync + 'static {
     /// throttle gate): a caller that gathers work into one call gathers what comes meanwhile too.
     /// A cloud that never throttles returns at once.
     async fn throttle_pause(&self, _api: &'static str) {}
+    /// An earlier process changed this node's ENIs at `at` (the state file's journal says so): a
+    /// describe sent within [`DESCRIBE_SETTLES`] of it may not show the change, so it teaches the
+    /// client nothing it keeps, and what such describes taught already is forgotten. A cloud that
+    /// keeps nothing from describes ignores it.
+    fn changed_before_start(&self, _at: tokio::time::Instant) {}
 }
 
 /// What eniipamd reads from the instance metadata service (IMDSv2).

@@ -281,6 +281,15 @@ impl PoolState {
         now: Instant,
     ) {
         let asked = pods.len() as u32 + warm;
+        // EC2 never assigns an address twice: one the pool already holds in an assign's answer is
+        // a misread answer (an ambiguous assign settled from a describe that lagged an earlier
+        // change). It stays where it is; it is not the pool's a second time.
+        let (ips, held): (Vec<Ipv4Addr>, Vec<Ipv4Addr>) = ips
+            .into_iter()
+            .partition(|ip| !self.enis.values().any(|r| r.ips.contains(ip)));
+        if !held.is_empty() {
+            tracing::error!(%eni, ips = ?held, "an assign's answer names IPs the pool already holds: not taken a second time");
+        }
         let got = ips.len() as u32;
         match self.enis.get_mut(eni) {
             Some(r) => {

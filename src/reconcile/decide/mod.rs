@@ -4,7 +4,8 @@
 //!
 //! 1. Pods whose network namespace is gone (died without a DEL) are released.
 //! 2. Quarantined IPs are cleared once the host's evidence is visible: adopted by the pod the plugin's
-//!    result cache names, else released into the idle queue (cooling).
+//!    result cache names, else released into the idle queue (cooling); one quarantined because EC2's
+//!    describe may have lagged a lost file's restart only once held a minute and shown by EC2.
 //! 3. EC2 is eventually consistent, so nothing is forgotten on one look: an ENI EC2 does not show
 //!    attached here is suspended (no new IPs from it) at the first miss and forgotten with its IPs at
 //!    the second; IPs EC2 no longer shows on an ENI are forgotten at the second miss; an ENI attached
@@ -17,6 +18,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
 use super::evidence::{HostClaim, HostEvidence, NetnsState};
+use super::rebuild::QUARANTINE_UNSETTLED;
+use crate::cloud::DESCRIBE_SETTLES;
 use crate::cloud::{Eni, Subnet};
 use crate::model::{AttachmentKey, EniId};
 use crate::pool::EniRole;
@@ -149,21 +152,38 @@ fn netns_gone(snapshot: &Snapshot) -> Vec<Drift> {
 }
 
 /// 2. Quarantined IPs, once the plugin's cache is visible.
+///
+/// One quarantined because EC2's describe may have lagged at startup ([`QUARANTINE_UNSETTLED`]) is
+/// lifted only once it has been held [`DESCRIBE_SETTLES`] and this pass's describe shows it on its
+/// ENI; one EC2 does not show is left to step 3, which forgets it at its second miss.
 fn clear_quarantine(snapshot: &Snapshot) -> Vec<Drift> {
     let Some(evidence) = snapshot.host.as_ref().filter(|h| h.cache_visible) else {
         return Vec::new();
     };
     let mut drifts = Vec::new();
     let mut unclaimed = Vec::new();
-    for i in snapshot.pool.ips() {
-        if !matches!(i.state, IpState::Quarantined { .. }) {
-            continue;
-        }
-        match evidence.claims.iter().find(|c| c.ip == i.ip) {
-            Some(claim) => drifts.push(Drift::AdoptQuarantined {
-                claim: claim.clone(),
-            }),
-            None => unclaimed.push(i.ip),
+    for e in &snapshot.pool.enis {
+        for i in &e.ips {
+            let IpState::Quarantined { reason, held_for } = &i.state else {
+                continue;
+            };
+            if let Some(claim) = evidence.claims.iter().find(|c| c.ip == i.ip) {
+                drifts.push(Drift::AdoptQuarantined {
+                    claim: claim.clone(),
+                });
+                continue;
+            }
+            if reason == QUARANTINE_UNSETTLED {
+                let shown = snapshot
+                    .ec2
+                    .as_ref()
+                    .and_then(|m| m.get(&e.id))
+                    .is_some_and(|truth| truth.pod_addresses().contains(&i.ip));
+                if *held_for < DESCRIBE_SETTLES || !shown {
+                    continue;
+                }
+            }
+            unclaimed.push(i.ip);
         }
     }
     if !unclaimed.is_empty() {

@@ -192,6 +192,17 @@ impl Holdings {
         Change(self)
     }
 
+    /// An earlier process changed the ENIs at `at`: the describes this client learned from may
+    /// predate the change's showing (EC2 is eventually consistent), so all they taught is forgotten,
+    /// and a describe teaches again only once [`SETTLED`] has passed since `at`. Each ENI is
+    /// described at its first assign until then.
+    pub(super) fn changed_before_start(&self, at: Instant) {
+        let mut st = self.lock();
+        st.enis.clear();
+        st.changes += 1;
+        st.last_ended = Some(st.last_ended.map_or(at, |t| t.max(at)));
+    }
+
     /// A general describe is being sent now.
     pub(super) fn sending(&self) -> Sent {
         let st = self.lock();

@@ -487,4 +487,8 @@ impl Cloud for Ec2Cloud {
     async fn throttle_pause(&self, api: &'static str) {
         self.limiter.gate(api).pass().await;
     }
+
+    fn changed_before_start(&self, at: tokio::time::Instant) {
+        self.holdings.changed_before_start(at);
+    }
 }

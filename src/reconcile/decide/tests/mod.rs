@@ -77,6 +77,17 @@ fn quarantined(last: u8) -> IpSnapshot {
     }
 }
 
+/// Quarantined at a startup whose file was lost, `held` ago (EC2's describe may have lagged).
+fn unsettled(last: u8, held: Duration) -> IpSnapshot {
+    IpSnapshot {
+        ip: ip(last),
+        state: IpState::Quarantined {
+            reason: QUARANTINE_UNSETTLED.into(),
+            held_for: held,
+        },
+    }
+}
+
 fn releasing(last: u8) -> IpSnapshot {
     IpSnapshot {
         ip: ip(last),
@@ -301,6 +312,49 @@ fn every_kind_of_drift() {
                 ],
                 vec![],
                 vec![],
+            ],
+        ),
+        (
+            "quarantine after a lost file, EC2's describe perhaps lagging: lifted only once held a \
+             minute and shown by EC2; one EC2 does not show is forgotten at its second miss",
+            vec![
+                with(&|s| {
+                    eth1(s).ips.extend([
+                        unsettled(13, Duration::from_secs(20)),
+                        unsettled(14, Duration::from_secs(20)),
+                    ]);
+                    ec2_eth1(s).secondary_ips.push(ip(13));
+                    s.host = Some(HostEvidence {
+                        cache_visible: true,
+                        claims: Vec::new(),
+                    });
+                }),
+                with(&|s| {
+                    eth1(s).ips.extend([
+                        unsettled(13, Duration::from_secs(60)),
+                        unsettled(14, Duration::from_secs(60)),
+                    ]);
+                    ec2_eth1(s).secondary_ips.push(ip(13));
+                    s.host = Some(HostEvidence {
+                        cache_visible: true,
+                        claims: Vec::new(),
+                    });
+                }),
+            ],
+            vec![
+                vec![Drift::MissingInEc2 {
+                    eni: id(ETH1),
+                    ips: vec![ip(14)],
+                    confirmed: vec![],
+                }],
+                vec![
+                    Drift::LiftQuarantine { ips: vec![ip(13)] },
+                    Drift::MissingInEc2 {
+                        eni: id(ETH1),
+                        ips: vec![ip(14)],
+                        confirmed: vec![ip(14)],
+                    },
+                ],
             ],
         ),
         (
