@@ -566,3 +566,82 @@ async fn a_restart_within_the_describe_lag_rebuilds_the_truth_not_the_describe()
     );
     d.shutdown().await;
 }
+
+/// A lost state file right after pods' ADDs, within EC2's describe lag: the describe does not show
+/// the pods' new IPs yet, but the plugin's cache does, with the ENI each came from. The live pods
+/// keep them; nothing they hold is handed out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_state_file_within_the_describe_lag_keeps_the_live_pods_ips() {
+    let mock = mock().await;
+    mock.set_describe_lag(std::time::Duration::from_secs(3600));
+    let dir = TempDir::new("restart-lost-lag");
+    let cfg = config(&mock, &dir.0);
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let netns = dir.0.join("live-netns");
+    std::fs::write(&netns, b"").unwrap();
+    let cache = eniipam_api::cache::ResultCache::new(&cfg.cni_cache_dir, "eniipam");
+    let mut live = BTreeMap::new();
+    for i in 0..3 {
+        let r = c
+            .allocate(alloc_req(&format!("c{i}"), &format!("pod-{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        let ip: Ipv4Addr = r.ip.parse().unwrap();
+        let eni = mock
+            .network_interfaces()
+            .into_iter()
+            .find(|e| e.secondary_ips.contains(&ip))
+            .unwrap()
+            .id;
+        cache
+            .write(&eniipam_api::cache::CacheEntry {
+                format: eniipam_api::cache::CACHE_FORMAT,
+                network: "eniipam".into(),
+                container_id: format!("c{i}"),
+                ifname: "eth0".into(),
+                netns: netns.display().to_string(),
+                pod: None,
+                sticky_key: None,
+                ip,
+                route_table: 2,
+                eni_id: eni,
+                host_veth: None,
+                egress_ipv4: None,
+                result: serde_json::json!({}),
+            })
+            .unwrap();
+        live.insert(AttachmentKey::new(format!("c{i}"), "eth0"), ip);
+    }
+    d.shutdown().await;
+    std::fs::remove_file(&cfg.state_path).unwrap();
+
+    let d = start(cfg.clone()).await;
+    assert_eq!(d.report.adopted.len(), 3, "{:?}", d.report);
+    assert_eq!(d.report.journal_corrections, 3, "{:?}", d.report);
+    // The pool holds nothing EC2 does not (the warm IPs of the first life, in neither the file
+    // nor the lagging describe, stay off the pool until a later look finds them).
+    let ec2 = ec2_pod_ips(&mock);
+    let snap = d.pool.snapshot();
+    assert!(snap.ips().all(|i| ec2.contains(&i.ip)), "{snap:?}");
+    d.pool.check_invariants().expect("pool invariants");
+    for (k, ip) in &live {
+        let held = snap.ips().find(|i| i.ip == *ip).map(|i| &i.state);
+        assert!(
+            matches!(held, Some(IpState::Assigned { attachment, .. }) if attachment == k),
+            "{k} keeps {ip}: {held:?}"
+        );
+    }
+    let mut c = client(&d.socket_path).await;
+    for i in 0..4 {
+        let r = c
+            .allocate(alloc_req(&format!("n{i}"), &format!("new-{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        let ip: Ipv4Addr = r.ip.parse().unwrap();
+        assert!(!live.values().any(|l| *l == ip), "{ip} handed out twice");
+    }
+    d.shutdown().await;
+}

@@ -114,6 +114,9 @@ pub struct HostClaim {
     pub pod: PodRef,
     pub sticky_key: Option<String>,
     pub netns: String,
+    /// The ENI the daemon answered the IP from, as the plugin cached it (empty in entries of older
+    /// plugins).
+    pub eni_id: String,
 }
 
 impl HostClaim {
@@ -175,6 +178,7 @@ pub fn host_evidence(root: &Path, netns: &NetnsView) -> HostEvidence {
                 pod: e.pod.clone().unwrap_or_default(),
                 sticky_key: e.sticky_key.clone(),
                 netns: e.netns.clone(),
+                eni_id: e.eni_id.clone(),
             });
         }
     }

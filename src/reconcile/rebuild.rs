@@ -193,6 +193,40 @@ fn with_recent_changes(
     enis
 }
 
+/// EC2's ENIs with the IPs live pods hold that the describe does not show yet: the plugin caches a
+/// pod's result, with the ENI the daemon answered from, only after the daemon recorded the IP, which
+/// EC2 had assigned; a describe that lags EC2's changes may not list it yet (a restart within seconds
+/// of the pod's ADD, its state file lost). Only for an ENI the describe shows attached here that
+/// holds single addresses (a prefix-delegated ENI's `/28`s come from the journal alone). Each is
+/// counted in `report.journal_corrections`.
+fn with_claimed(
+    ec2: &[Eni],
+    host: &HostEvidence,
+    instance_id: &str,
+    report: &mut ReconcileReport,
+) -> Vec<Eni> {
+    let mut enis = ec2.to_vec();
+    for c in host.claims.iter().filter(|c| !c.ip.is_unspecified()) {
+        if enis.iter().any(|e| e.pod_addresses().contains(&c.ip)) {
+            continue;
+        }
+        let Some(e) = enis.iter_mut().find(|e| {
+            e.id.as_str() == c.eni_id
+                && e.ipv4_prefixes.is_empty()
+                && e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.instance_id == instance_id)
+        }) else {
+            continue;
+        };
+        tracing::info!(ip = %c.ip, eni = %e.id, attachment = %c.attachment,
+            "a live pod holds an IP EC2's describe does not show yet: taken as on its ENI");
+        e.secondary_ips.push(c.ip);
+        report.journal_corrections += 1;
+    }
+    enis
+}
+
 /// The pure part of [`rebuild`]: EC2's ENIs (authoritative) + IMDS (for CIDRs and MACs) + the file +
 /// the host's evidence.
 pub fn merge(
@@ -214,6 +248,7 @@ pub fn merge(
     } = inputs;
     let mut report = ReconcileReport::default();
     let ec2 = &with_recent_changes(ec2, &ec2_changes, now_ms, &mut report);
+    let ec2 = &with_claimed(ec2, host, instance_id, &mut report);
     let stored = if stored
         .instance_id
         .as_deref()

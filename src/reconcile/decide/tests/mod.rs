@@ -220,6 +220,7 @@ fn claim(last: u8, c: &str) -> HostClaim {
         pod: pod(c),
         sticky_key: None,
         netns: netns(c),
+        eni_id: String::new(),
     }
 }
 
