@@ -11,7 +11,27 @@ use std::net::Ipv4Addr;
 use daemon_support::*;
 use eniipam::model::AttachmentKey;
 use eniipam::pool::snapshot::IpState;
+use eniipam_api::cache::CacheEntry;
 use mockcloud::{Config, MockCloud};
+
+/// What the plugin caches after an ADD of `container` (ifname eth0) on network `eniipam`.
+fn cached(container: &str, netns: &std::path::Path, ip: Ipv4Addr, eni_id: String) -> CacheEntry {
+    CacheEntry {
+        format: eniipam_api::cache::CACHE_FORMAT,
+        network: "eniipam".into(),
+        container_id: container.into(),
+        ifname: "eth0".into(),
+        netns: netns.display().to_string(),
+        pod: None,
+        sticky_key: None,
+        ip,
+        route_table: 2,
+        eni_id,
+        host_veth: None,
+        egress_ipv4: None,
+        result: serde_json::json!({}),
+    }
+}
 
 async fn mock() -> MockCloud {
     MockCloud::start(Config {
@@ -159,41 +179,18 @@ async fn restarts_rebuild_the_truth() {
         .collect();
     for (k, ip) in &on_host {
         cache
-            .write(&eniipam_api::cache::CacheEntry {
-                format: eniipam_api::cache::CACHE_FORMAT,
-                network: "eniipam".into(),
-                container_id: k.container_id.clone(),
-                ifname: k.ifname.clone(),
-                netns: netns.display().to_string(),
-                pod: None,
-                sticky_key: None,
-                ip: *ip,
-                route_table: 2,
-                eni_id: String::new(),
-                host_veth: None,
-                egress_ipv4: None,
-                result: serde_json::json!({}),
-            })
+            .write(&cached(&k.container_id, &netns, *ip, String::new()))
             .unwrap();
     }
     // A cache entry whose namespace is gone is no evidence.
     let (gone_key, gone_ip) = after.iter().nth(2).map(|(k, ip)| (k.clone(), *ip)).unwrap();
     cache
-        .write(&eniipam_api::cache::CacheEntry {
-            format: eniipam_api::cache::CACHE_FORMAT,
-            network: "eniipam".into(),
-            container_id: gone_key.container_id.clone(),
-            ifname: gone_key.ifname.clone(),
-            netns: dir.0.join("gone-netns").display().to_string(),
-            pod: None,
-            sticky_key: None,
-            ip: gone_ip,
-            route_table: 2,
-            eni_id: String::new(),
-            host_veth: None,
-            egress_ipv4: None,
-            result: serde_json::json!({}),
-        })
+        .write(&cached(
+            &gone_key.container_id,
+            &dir.0.join("gone-netns"),
+            gone_ip,
+            String::new(),
+        ))
         .unwrap();
     let on_enis = ec2_pod_ips(&mock);
     let d = start(cfg.clone()).await;
@@ -596,21 +593,7 @@ async fn a_lost_state_file_within_the_describe_lag_keeps_the_live_pods_ips() {
             .unwrap()
             .id;
         cache
-            .write(&eniipam_api::cache::CacheEntry {
-                format: eniipam_api::cache::CACHE_FORMAT,
-                network: "eniipam".into(),
-                container_id: format!("c{i}"),
-                ifname: "eth0".into(),
-                netns: netns.display().to_string(),
-                pod: None,
-                sticky_key: None,
-                ip,
-                route_table: 2,
-                eni_id: eni,
-                host_veth: None,
-                egress_ipv4: None,
-                result: serde_json::json!({}),
-            })
+            .write(&cached(&format!("c{i}"), &netns, ip, eni))
             .unwrap();
         live.insert(AttachmentKey::new(format!("c{i}"), "eth0"), ip);
     }
