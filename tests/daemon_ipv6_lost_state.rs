@@ -229,3 +229,40 @@ async fn a_restart_within_the_describe_lag_adopts_the_80_imds_shows() {
     assert!(prefix.contains(&v6), "{v6} outside {prefix}");
     d.shutdown().await;
 }
+
+/// A restart moments after the node's /80 was assigned, with both EC2's describe and IMDS lagging:
+/// neither shows the /80 on eth0, and taking the recorded one back is refused as in use, by eth0
+/// itself. The daemon describes eth0 again until the /80 shows, and keeps it: one /80 in the node's
+/// life (the IPv6 soak, seed 4242, took a second one here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_within_both_lags_keeps_the_recorded_80() {
+    let mock = ipv6_mock().await;
+    let lag = std::time::Duration::from_secs(3);
+    mock.set_describe_lag(lag);
+    mock.set_imds_lag(lag);
+    let dir = TempDir::new("ipv6-both-lags");
+    let cfg = eniipam::config::DaemonConfig {
+        ip_family: IpFamily::Ipv6,
+        ..config(&mock, &dir.0)
+    };
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let first = c
+        .allocate(alloc_req("c0", "p0"))
+        .await
+        .unwrap()
+        .into_inner();
+    d.shutdown().await;
+    let prefix = eth0_prefixes(&mock)[0];
+    let d = start(cfg.clone()).await;
+    assert_eq!(action_ok(&mock, "AssignIpv6Addresses"), 1, "no second /80");
+    assert_eq!(eth0_prefixes(&mock), vec![prefix]);
+    let mut c = client(&d.socket_path).await;
+    let again = c
+        .allocate(alloc_req("c0", "p0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.ipv6, first.ipv6, "the pod keeps its address");
+    d.shutdown().await;
+}

@@ -2,7 +2,11 @@
 //! out of band, adopt one the primary ENI already has, or ask EC2 for one (`AssignIpv6Addresses`
 //! with `Ipv6PrefixCount=1`, the node's one mutating call for IPv6).
 
-use crate::cloud::{Cloud, CloudError, Eni};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::cloud::{ADDRESS_IN_USE, Cloud, CloudError, DESCRIBE_SETTLES, Eni, EniFilter};
 use crate::store::StoredPrefix6;
 
 use super::book::seed_offset;
@@ -35,6 +39,41 @@ pub fn refused_for_good(e: &CloudError) -> bool {
             | CloudError::NoFreePrefix { .. }
             | CloudError::SubnetFull { .. }
     )
+}
+
+/// How often, and how long at most, eth0 is described again when the recorded /80 is refused as in
+/// use while the describe did not show it on eth0: EC2's describes lag its changes ("seconds to
+/// minutes"), and a /80 assigned (back) to eth0 moments before a restart is in use by eth0 itself.
+const SETTLE_POLL: Duration = Duration::from_secs(2);
+
+/// Whether a describe of eth0 shows `recorded` on it within [`DESCRIBE_SETTLES`] (described every
+/// [`SETTLE_POLL`]). A failed describe ends the wait: the /80 is then taken as another ENI's.
+async fn on_eth0_once_settled(cloud: &dyn Cloud, eth0: &Eni, recorded: &StoredPrefix6) -> bool {
+    let deadline = Instant::now() + DESCRIBE_SETTLES;
+    tracing::info!(prefix = %recorded.prefix, eni = %eth0.id,
+        "the /80 on record is in use but EC2's describe does not show it on eth0: describing eth0 again until it settles");
+    while Instant::now() < deadline {
+        tokio::time::sleep(SETTLE_POLL).await;
+        let filter = EniFilter {
+            ids: vec![eth0.id.clone()],
+            ..EniFilter::default()
+        };
+        match cloud.describe_enis(&filter).await {
+            Ok(enis)
+                if enis
+                    .iter()
+                    .any(|e| e.ipv6_prefixes.contains(&recorded.prefix)) =>
+            {
+                return true;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot describe eth0 while its /80 settles");
+                return false;
+            }
+        }
+    }
+    false
 }
 
 /// Why the /80 could not be had.
@@ -84,6 +123,12 @@ pub async fn ensure(
             .await
         {
             Ok(_) => return Ok((r, Taken::Reclaimed, None)),
+            Err(CloudError::Rejected { code, .. })
+                if code == ADDRESS_IN_USE && on_eth0_once_settled(cloud, eth0, &r).await =>
+            {
+                // In use by eth0 itself: assigned (back) moments before, and EC2's describe lagged.
+                return Ok((r, Taken::Kept, None));
+            }
             Err(e) if refused_for_good(&e) => {
                 tracing::warn!(prefix = %r.prefix, eni = %eth0.id, error = %e,
                         "EC2 refused to give the node's /80 back; taking another");
