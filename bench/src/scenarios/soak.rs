@@ -270,7 +270,7 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
         ),
         setup: vec![
             format!(
-                "the real eniipamd binary (reuse cooldown {} s, reconcile every {} s, min/max idle {}/{}) on a mockcloud {instance} (EC2's latencies ÷ 5, attach 400 ms, IMDS lag 200 ms, EC2's account throttling), SIGKILLed and restarted at random moments",
+                "the real eniipamd binary (reuse cooldown {} s, reconcile every {} s, min/max idle {}/{}) on a mockcloud {instance} (EC2's latencies ÷ 5, attach 400 ms, IMDS lag 200 ms, EC2's describes lagging its changes by 2 s, EC2's account throttling), SIGKILLed and restarted at random moments",
                 knobs.reuse_cooldown_secs, knobs.reconcile_period_secs, knobs.min_idle, knobs.max_idle
             ),
             format!(
