@@ -62,8 +62,8 @@ pub trait EniReadiness: Send + Sync + 'static {
     async fn ready(&self, eni: &NewEniFacts) -> Result<(), String>;
 }
 
-/// Where the pool writes what EC2 answered to its own address changes (issue 25's follow-up:
-/// EC2's describes are eventually consistent). The daemon's is the state file's journal
+/// Where the pool writes what EC2 answered to its own address changes (EC2's describes are
+/// eventually consistent, and may not show them for a while). The daemon's is the state file's journal
 /// (`store::changes`), which the startup rebuild reads so that a restart right after a change
 /// does not take a describe that does not show it yet for the truth. Without one (simulate's
 /// in-memory pools, unit tests) nothing is written.
