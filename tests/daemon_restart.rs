@@ -90,12 +90,10 @@ async fn restarts_rebuild_the_truth() {
     let mut c = client(&d.socket_path).await;
     let mut ips = BTreeMap::new();
     for i in 0..6 {
-        let r = c
-            .allocate(alloc_req(&format!("c{i}"), &format!("pod-{i}")))
-            .await
-            .unwrap()
-            .into_inner();
-        ips.insert(i, r.ip.parse::<Ipv4Addr>().unwrap());
+        ips.insert(
+            i,
+            add_ip(&mut c, &format!("c{i}"), &format!("pod-{i}")).await,
+        );
     }
     c.release(release_req("c0", false)).await.unwrap();
     c.release(release_req("c1", true)).await.unwrap();
@@ -111,12 +109,7 @@ async fn restarts_rebuild_the_truth() {
     let mut c = client(&d.socket_path).await;
     let mut fresh = BTreeSet::new();
     for i in 0..5 {
-        let r = c
-            .allocate(alloc_req(&format!("n{i}"), &format!("new-{i}")))
-            .await
-            .unwrap()
-            .into_inner();
-        fresh.insert(r.ip.parse::<Ipv4Addr>().unwrap());
+        fresh.insert(add_ip(&mut c, &format!("n{i}"), &format!("new-{i}")).await);
     }
     assert!(!fresh.contains(&ips[&0]), "cooldown survived the restart");
     assert!(
@@ -132,12 +125,7 @@ async fn restarts_rebuild_the_truth() {
         "the sticky pod got its IP back"
     );
     // Idempotent ADD after restart.
-    let again = c
-        .allocate(alloc_req("c2", "pod-2"))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(again.ip.parse::<Ipv4Addr>().unwrap(), ips[&2]);
+    assert_eq!(add_ip(&mut c, "c2", "pod-2").await, ips[&2]);
     let before = assert_pool_is_truth(&d, &mock).await;
     d.shutdown().await;
 
@@ -220,23 +208,16 @@ async fn restarts_rebuild_the_truth() {
     assert_eq!(held, unclaimed);
     assert_eq!(d.report.quarantined, held);
     let mut c = client(&d.socket_path).await;
-    let r = c
-        .allocate(alloc_req("x1", "x-1"))
-        .await
-        .unwrap()
-        .into_inner();
-    let x1: Ipv4Addr = r.ip.parse().unwrap();
+    let x1: Ipv4Addr = add_ip(&mut c, "x1", "x-1").await;
     assert!(
         !after.values().any(|ip| *ip == x1),
         "no in-use IP handed out after losing the file"
     );
     // Idempotent ADD of an adopted pod returns its IP.
-    let again = c
-        .allocate(alloc_req(&on_host[0].0.container_id, "adopted"))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(again.ip.parse::<Ipv4Addr>().unwrap(), on_host[0].1);
+    assert_eq!(
+        add_ip(&mut c, &on_host[0].0.container_id, "adopted").await,
+        on_host[0].1
+    );
     d.shutdown().await;
     std::fs::remove_dir_all(&cfg.cni_cache_dir).unwrap();
 
@@ -472,12 +453,10 @@ async fn a_restart_within_the_describe_lag_rebuilds_the_truth_not_the_describe()
     let mut c = client(&d.socket_path).await;
     let mut ips = BTreeMap::new();
     for i in 0..6 {
-        let r = c
-            .allocate(alloc_req(&format!("c{i}"), &format!("pod-{i}")))
-            .await
-            .unwrap()
-            .into_inner();
-        ips.insert(i, r.ip.parse::<Ipv4Addr>().unwrap());
+        ips.insert(
+            i,
+            add_ip(&mut c, &format!("c{i}"), &format!("pod-{i}")).await,
+        );
     }
     for i in 0..4 {
         c.release(release_req(&format!("c{i}"), false))
@@ -524,12 +503,7 @@ async fn a_restart_within_the_describe_lag_rebuilds_the_truth_not_the_describe()
     let mut c = client(&d.socket_path).await;
     let mut fresh = BTreeSet::new();
     for i in 0..4 {
-        let r = c
-            .allocate(alloc_req(&format!("n{i}"), &format!("new-{i}")))
-            .await
-            .unwrap()
-            .into_inner();
-        fresh.insert(r.ip.parse::<Ipv4Addr>().unwrap());
+        fresh.insert(add_ip(&mut c, &format!("n{i}"), &format!("new-{i}")).await);
     }
     for ip in &given_back {
         assert!(
@@ -580,12 +554,7 @@ async fn a_lost_state_file_within_the_describe_lag_keeps_the_live_pods_ips() {
     let cache = eniipam_api::cache::ResultCache::new(&cfg.cni_cache_dir, "eniipam");
     let mut live = BTreeMap::new();
     for i in 0..3 {
-        let r = c
-            .allocate(alloc_req(&format!("c{i}"), &format!("pod-{i}")))
-            .await
-            .unwrap()
-            .into_inner();
-        let ip: Ipv4Addr = r.ip.parse().unwrap();
+        let ip: Ipv4Addr = add_ip(&mut c, &format!("c{i}"), &format!("pod-{i}")).await;
         let eni = mock
             .network_interfaces()
             .into_iter()
@@ -618,12 +587,7 @@ async fn a_lost_state_file_within_the_describe_lag_keeps_the_live_pods_ips() {
     }
     let mut c = client(&d.socket_path).await;
     for i in 0..4 {
-        let r = c
-            .allocate(alloc_req(&format!("n{i}"), &format!("new-{i}")))
-            .await
-            .unwrap()
-            .into_inner();
-        let ip: Ipv4Addr = r.ip.parse().unwrap();
+        let ip: Ipv4Addr = add_ip(&mut c, &format!("n{i}"), &format!("new-{i}")).await;
         assert!(!live.values().any(|l| *l == ip), "{ip} handed out twice");
     }
     d.shutdown().await;

@@ -64,10 +64,4 @@ impl ChangeJournal for StoreJournal {
         self.write(eni, addresses(ips, prefixes), Ec2Change::Unassigned)
             .await;
     }
-
-    async fn kept(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) {
-        // EC2 still holds them on the ENI, as the pool does.
-        self.write(eni, addresses(ips, prefixes), Ec2Change::Assigned)
-            .await;
-    }
 }

@@ -310,11 +310,7 @@ impl EniActor {
                 span.in_scope(
                     || tracing::info!(assigned = ips.len(), prefixes = ?prefixes, "assigned IPs"),
                 );
-                let in_prefixes: BTreeSet<Ipv4Addr> =
-                    prefixes.iter().flat_map(|p| prefix_addresses(*p)).collect();
-                let singles = ips.iter().copied().filter(|ip| !in_prefixes.contains(ip));
-                self.shared
-                    .journal_assigned(&self.eni, singles.collect(), prefixes.clone());
+                self.shared.journal_assigned(&self.eni, &ips, &prefixes);
                 let eni_unlisted = self
                     .wait_visible(&ips, &prefixes)
                     .instrument(span.clone())
@@ -480,7 +476,7 @@ impl EniActor {
                 );
                 if let Some(j) = &journal {
                     let kept: &[Ipv4Addr] = if singles_gone { &[] } else { &singles };
-                    j.kept(&self.eni, kept, &prefixes).await;
+                    j.assigned(&self.eni, kept, &prefixes).await;
                 }
                 GiveBackOutcome::Failed {
                     error,

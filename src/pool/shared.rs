@@ -4,6 +4,7 @@
 //!
 //! Below the pool handle, the ENI actors and the maintainer, which all hold an `Arc<Shared>`.
 
+use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -12,6 +13,7 @@ use ipnet::Ipv4Net;
 use tokio::sync::Notify;
 
 use super::config::PoolConfig;
+use super::slots::prefix_addresses;
 use super::state::PoolState;
 use crate::cloud::lifecycle::{EniLifecycle, NewEni};
 use crate::cloud::{Cloud, CloudResult, Eni, Metadata};
@@ -72,10 +74,9 @@ pub trait ChangeJournal: Send + Sync + 'static {
     /// EC2 assigned these to `eni` (an assign's or a create's answer). Not waited for: a pod's ADD
     /// does not wait on the disk for it.
     async fn assigned(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]);
-    /// These go back to EC2: written before the unassign is sent.
+    /// These go back to EC2: written before the unassign is sent. A give-back EC2 refuses is
+    /// written [`ChangeJournal::assigned`] again: they stay on `eni`.
     async fn unassigning(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]);
-    /// EC2 did not take these back (the unassign failed): they stay on `eni`.
-    async fn kept(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]);
 }
 
 /// What the pool's tasks share.
@@ -154,11 +155,19 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(journal);
     }
 
-    /// Journals, without waiting, that EC2 assigned these to `eni`.
-    pub(crate) fn journal_assigned(&self, eni: &EniId, ips: Vec<Ipv4Addr>, prefixes: Vec<Ipv4Net>) {
+    /// Journals, without waiting, that EC2 assigned `ips` and `prefixes` to `eni` (the addresses
+    /// of `prefixes` among `ips` are journalled as their prefix).
+    pub(crate) fn journal_assigned(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) {
         if let Some(j) = self.journal() {
-            let eni = eni.clone();
-            tokio::spawn(async move { j.assigned(&eni, &ips, &prefixes).await });
+            let in_prefixes: BTreeSet<Ipv4Addr> =
+                prefixes.iter().flat_map(|p| prefix_addresses(*p)).collect();
+            let singles: Vec<Ipv4Addr> = ips
+                .iter()
+                .copied()
+                .filter(|ip| !in_prefixes.contains(ip))
+                .collect();
+            let (eni, prefixes) = (eni.clone(), prefixes.to_vec());
+            tokio::spawn(async move { j.assigned(&eni, &singles, &prefixes).await });
         }
     }
 }

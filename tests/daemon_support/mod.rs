@@ -82,6 +82,16 @@ pub fn alloc_req(container: &str, pod: &str) -> pb::AllocateRequest {
     }
 }
 
+/// The IPv4 the daemon answers an ADD of `container` for `pod` with (the ADD must succeed).
+pub async fn add_ip(c: &mut IpamClient<Channel>, container: &str, pod: &str) -> Ipv4Addr {
+    let r = c
+        .allocate(alloc_req(container, pod))
+        .await
+        .unwrap()
+        .into_inner();
+    r.ip.parse().expect("an IPv4 in the answer")
+}
+
 pub fn release_req(container: &str, sticky: bool) -> pb::ReleaseRequest {
     pb::ReleaseRequest {
         api_version: API_VERSION,

@@ -277,23 +277,30 @@ fn glob_matches_like_ec2() {
     assert!(glob("*", ""));
 }
 
-#[test]
-fn imds_shows_prefixes_after_the_lag_and_lets_removed_ones_linger() {
-    let t0 = Instant::now();
-    let lag = Duration::from_secs(1);
-    let mut w = World::new(
-        "us-east-1",
-        Timing {
-            imds_lag: lag,
-            ..timing()
-        },
-    );
+/// A world with one m5.large instance, timed by `timing`: the world, the instance and its primary
+/// ENI.
+fn one_instance(timing: Timing, t0: Instant) -> (World, String, String) {
+    let mut w = World::new("us-east-1", timing);
     let (vpc, _) = w.create_vpc("10.0.0.0/16".parse().unwrap()).unwrap();
     let subnet = w
         .create_subnet(&vpc, "10.0.0.0/22".parse().unwrap(), "us-east-1a")
         .unwrap();
     let inst = w.launch_instance("m5.large", &subnet, &[], t0).unwrap();
     let primary = w.instance(&inst, t0).unwrap().enis[0].id.clone();
+    (w, inst, primary)
+}
+
+#[test]
+fn imds_shows_prefixes_after_the_lag_and_lets_removed_ones_linger() {
+    let t0 = Instant::now();
+    let lag = Duration::from_secs(1);
+    let (mut w, inst, primary) = one_instance(
+        Timing {
+            imds_lag: lag,
+            ..timing()
+        },
+        t0,
+    );
     let got = w
         .assign_ipv4_prefixes(&primary, PrefixArgs::Count(1), t0)
         .unwrap();
@@ -320,19 +327,13 @@ fn imds_shows_prefixes_after_the_lag_and_lets_removed_ones_linger() {
 fn describes_show_addresses_as_they_were_a_lag_ago() {
     let t0 = Instant::now();
     let lag = Duration::from_secs(2);
-    let mut w = World::new(
-        "us-east-1",
+    let (mut w, inst, eni) = one_instance(
         Timing {
             describe_lag: lag,
             ..timing()
         },
+        t0,
     );
-    let (vpc, _) = w.create_vpc("10.0.0.0/16".parse().unwrap()).unwrap();
-    let subnet = w
-        .create_subnet(&vpc, "10.0.0.0/22".parse().unwrap(), "us-east-1a")
-        .unwrap();
-    let inst = w.launch_instance("m5.large", &subnet, &[], t0).unwrap();
-    let eni = w.instance(&inst, t0).unwrap().enis[0].id.clone();
     let got = w
         .assign_private_ip_addresses(&eni, AssignArgs::Count(2), t0)
         .unwrap();
