@@ -233,7 +233,7 @@ fn register_profiles(reg: &mut Registry, caps: &BTreeMap<ProfileName, ProfileCap
         return;
     }
     type Gauged = (&'static str, &'static str, fn(&ProfileCapacity) -> u32);
-    let families: [Gauged; 4] = [
+    let families: [Gauged; 5] = [
         (
             "eniipam_network_profile_enis",
             "ENIs of the profile (attached and being created)",
@@ -250,8 +250,13 @@ fn register_profiles(reg: &mut Registry, caps: &BTreeMap<ProfileName, ProfileCap
             |c| c.idle,
         ),
         (
+            "eniipam_network_profile_total_slots",
+            "Pods of the profile the node can hold in all (what it advertises as eniipam.io/network-<profile>)",
+            |c| c.total,
+        ),
+        (
             "eniipam_network_profile_free_slots",
-            "Pods of the profile the node can still take (what it advertises as eniipam.io/network-<profile>)",
+            "Of the profile's total slots, those no pod holds and no cooling IP waits on",
             |c| c.free,
         ),
     ];

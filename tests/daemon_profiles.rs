@@ -6,9 +6,12 @@
 //! - A pod annotated `eniipam.io/network: db` (or in a namespace annotated `app`) gets its IP from an
 //!   ENI created for that profile: in its subnet (by id, or by tags), with exactly its groups, tagged
 //!   with the profile; pods without a profile (or opting out with an empty annotation) never get one.
-//! - The node advertises each profile's free slots (`eniipam.io/network-<name>` in `status.capacity`
-//!   and `status.allocatable`); a profile at its `maxEnisPerNode` with its ENIs full drops to 0, and
-//!   its next pod gets CNI error 11 naming it. Metrics are per profile.
+//! - The node advertises each profile's total slots (`eniipam.io/network-<name>` in `status.capacity`
+//!   and `status.allocatable`): what it can hold for the profile, not what is free, since the
+//!   scheduler subtracts the bound pods itself; it does not move with ADDs and DELs. A profile at its
+//!   `maxEnisPerNode` with its ENIs full refuses its next pod with CNI error 11 naming it. A full
+//!   profile rolled one pod at a time never leaves a pod Pending the node could hold (issue 44,
+//!   case 1), and the node's status is not PATCHed under that churn. Metrics are per profile.
 //! - A pod naming a profile that does not exist, is invalid, or whose subnet or groups EC2 refuses for
 //!   this node gets CNI error 11 naming the profile and why; nothing is created; once fixed, it works.
 
@@ -160,7 +163,7 @@ fn advertised(api: &FakeApiServer, profile: &str) -> (Option<String>, Option<Str
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn profile_pods_get_ips_only_from_their_profiles_enis_and_the_node_advertises_free_slots() {
+async fn profile_pods_get_ips_only_from_their_profiles_enis_and_the_node_advertises_total_slots() {
     let (mock, api, w, _dir, cfg) = setup("np-place", true).await;
     let crd = Crd::network_profile();
     api.put_object(
@@ -228,9 +231,10 @@ async fn profile_pods_get_ips_only_from_their_profiles_enis_and_the_node_adverti
     assert_eq!(db_enis.len(), 1);
     assert_eq!(db_enis[0].subnet_id, w.subnet_db);
 
-    // m5.large: 10 addresses per ENI, 9 for pods; db may have one ENI: 8 slots left after db-0.
-    wait_until("db's free slots reach the node", || {
-        advertised(&api, "db") == (Some("8".into()), Some("8".into()))
+    // m5.large: 10 addresses per ENI, 9 for pods; db may have one ENI: 9 in all, whatever its
+    // pods hold (the scheduler subtracts them).
+    wait_until("db's total slots reach the node", || {
+        advertised(&api, "db") == (Some("9".into()), Some("9".into()))
     })
     .await;
     assert!(advertised(&api, "app").0.is_some());
@@ -252,17 +256,15 @@ async fn profile_pods_get_ips_only_from_their_profiles_enis_and_the_node_adverti
         Some(1.0)
     );
 
-    // Fill db's one ENI: the node says 0, and the next db pod is refused naming the profile.
+    // Fill db's one ENI: the node still says 9 (the scheduler counts the 9 bound pods), and a
+    // 10th db pod, which the scheduler would not bind here, is refused naming the profile.
     for i in 1..9 {
         let name = format!("db-{i}");
         api.put_pod(pod("default", &name, Some("db")));
         let ip = add(&d, "default", &name).await.expect("db fits");
         assert_eq!(eni_of(&mock, ip).2.as_deref(), Some("db"));
     }
-    wait_until("db's free slots drop to 0", || {
-        advertised(&api, "db") == (Some("0".into()), Some("0".into()))
-    })
-    .await;
+    assert_eq!(advertised(&api, "db"), (Some("9".into()), Some("9".into())));
     api.put_pod(pod("default", "db-9", Some("db")));
     let e = add(&d, "default", "db-9").await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
@@ -472,4 +474,106 @@ async fn a_profiles_changed_groups_reach_the_enis_of_its_running_pods() {
     assert_eq!(eni_of(&mock, ip1).2.as_deref(), Some("db"));
     d.pool.check_invariants().unwrap();
     d.shutdown().await;
+}
+
+/// What the scheduler's NodeResourcesFit says of one more pod requesting a slot of `profile` with
+/// `bound` pods of it already bound to the node: `allocatable − Σ requests of the bound pods ≥ 1`.
+fn scheduler_fits(api: &FakeApiServer, profile: &str, bound: u32) -> bool {
+    advertised(api, profile)
+        .1
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|allocatable| allocatable >= bound + 1)
+}
+
+/// ADD of a bound pod, retried as the kubelet retries a sandbox whose ADD failed with CNI error 11
+/// (a released IP cooling down), up to 20 s.
+async fn add_until_served(d: &DaemonHandle, ns: &str, name: &str) -> Ipv4Addr {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match add(d, ns, name).await {
+            Ok(ip) => return ip,
+            Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                assert!(tokio::time::Instant::now() < deadline, "{name}: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+}
+
+/// Issue 44, case 1: the scheduler subtracts the requests of the bound pods from `allocatable`
+/// itself. Before, the node advertised the profile's *free* slots, so with T slots and k pods the
+/// scheduler saw T − 2k: a 9-slot profile filled at 5 pods, a rollout stalled Pending, and each
+/// ADD and DEL moved the number (a status PATCH about once a second under churn). Now the node
+/// advertises the total: it fills to 9, every pod of a one-at-a-time rollout fits as soon as its
+/// predecessor is gone, and the churn sends no status PATCH.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_profile_rolled_one_pod_at_a_time_never_leaves_a_pod_pending() {
+    let (_mock, api, w, _dir, mut cfg) = setup("np-roll", true).await;
+    // A released IP cools 1 s before the next pod may have it (the kubelet retries meanwhile).
+    cfg.reuse_cooldown_secs = 1;
+    api.put_object(
+        &Crd::network_profile(),
+        profile(
+            "db",
+            json!({"subnet": w.subnet_db, "securityGroups": [w.sg_db], "maxEnisPerNode": 1}),
+        ),
+    );
+    let d = start(cfg).await;
+    wait_until("db is advertised", || advertised(&api, "db").1.is_some()).await;
+
+    // Schedule db pods while the scheduler says they fit: the node's 9 (one ENI of an m5.large).
+    let mut bound: Vec<String> = Vec::new();
+    while scheduler_fits(&api, "db", bound.len() as u32) {
+        let name = format!("db-{}", bound.len());
+        api.put_pod(pod("default", &name, Some("db")));
+        add_until_served(&d, "default", &name).await;
+        bound.push(name);
+        published(&api, &d).await;
+        assert!(bound.len() <= 9, "more db pods than the node can hold");
+    }
+    assert_eq!(bound.len(), 9, "the scheduler fills the profile's slots");
+
+    // Roll the workload one pod at a time: each replacement fits once its predecessor is gone.
+    let patches_before = api.counts().status_patches;
+    for round in 0..9 {
+        let old = bound.remove(0);
+        let mut c = client(&d.socket_path).await;
+        c.release(release_req(&format!("c-{old}"), false))
+            .await
+            .unwrap();
+        api.delete_pod("default", &old);
+        published(&api, &d).await;
+        assert!(
+            scheduler_fits(&api, "db", bound.len() as u32),
+            "round {round}: the replacement of {old} would stay Pending (advertised {:?})",
+            advertised(&api, "db")
+        );
+        let name = format!("db-r{round}");
+        api.put_pod(pod("default", &name, Some("db")));
+        add_until_served(&d, "default", &name).await;
+        bound.push(name);
+    }
+    published(&api, &d).await;
+    assert!(!scheduler_fits(&api, "db", bound.len() as u32));
+    let patches = api.counts().status_patches - patches_before;
+    assert_eq!(
+        patches, 0,
+        "18 ADDs and DELs moved the advertised number {patches} times"
+    );
+    d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+}
+
+/// Waits until the node's `allocatable` says what the pool advertises for `db` now.
+async fn published(api: &FakeApiServer, d: &DaemonHandle) {
+    wait_until("the node says what the pool advertises for db", || {
+        let want = d
+            .pool
+            .profile_capacity()
+            .get("db")
+            .map(|c| c.total.to_string());
+        want.is_some() && advertised(api, "db").1 == want
+    })
+    .await;
 }

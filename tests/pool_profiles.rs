@@ -20,7 +20,7 @@ use eniipam::pool::{
 use eniipam::reconcile::{HostEvidence, Inputs, NetnsView, rebuild};
 use eniipam::store::StoredState;
 use pool_support::memory_cloud::{Action, NodeSpec};
-use pool_support::{Node, key, pod, quiet_config, settle, start};
+use pool_support::{Node, eth0_config, key, pod, quiet_config, settle, start};
 
 async fn acquire_in(pool: &Pool, n: usize, network: Option<&str>) -> Result<Allocation, PoolError> {
     pool.acquire_with(Acquire {
@@ -73,12 +73,13 @@ fn profile_unavailable(r: &Result<Allocation, PoolError>) -> (String, ProfileUna
     }
 }
 
-fn cap(enis: u32, assigned: u32, idle: u32, free: u32) -> ProfileCapacity {
+fn cap(enis: u32, assigned: u32, idle: u32, free: u32, total: u32) -> ProfileCapacity {
     ProfileCapacity {
         enis,
         assigned,
         idle,
         free,
+        total,
     }
 }
 
@@ -87,8 +88,9 @@ async fn a_profile_pod_gets_an_ip_on_a_new_eni_of_its_profile_and_the_next_reuse
     let n = start(quiet_config(), NodeSpec::default()).await;
     n.pool
         .set_profiles(profiles(&n, &[("db", "sg-db", None)]).await);
-    // m5.large-like: 3 ENIs (eth0 serves no pods here) × 9 slots: 2 new ENIs of 9, 18 tokens.
-    assert_eq!(n.pool.profile_capacity()["db"], cap(0, 0, 0, 18));
+    // m5.large-like: 3 ENIs (eth0 serves no pods here) × 9 slots: 2 free device indexes, one
+    // spare for db and one for the default network, which no ENI serves yet: db's total is 9.
+    assert_eq!(n.pool.profile_capacity()["db"], cap(0, 0, 0, 9, 9));
 
     let a = acquire_in(&n.pool, 0, Some("db")).await.unwrap();
     assert_eq!(a.network.as_deref(), Some("db"));
@@ -114,8 +116,9 @@ async fn a_profile_pod_gets_an_ip_on_a_new_eni_of_its_profile_and_the_next_reuse
     let b = acquire_in(&n.pool, 1, Some("db")).await.unwrap();
     assert_eq!(b.eni, a.eni, "the profile's ENI had room");
     assert_eq!(n.cloud.call_count(Action::CreateNetworkInterface), 1);
-    // Its ENI: 7 slots left; one new ENI could add 9; 16 tokens left.
-    assert_eq!(n.pool.profile_capacity()["db"], cap(1, 2, 0, 16));
+    // Its ENI: 7 slots left; the last free index is the default network's spare: db's total is
+    // its one ENI's 9.
+    assert_eq!(n.pool.profile_capacity()["db"], cap(1, 2, 0, 7, 9));
     n.pool.check_invariants().unwrap();
 }
 
@@ -153,7 +156,8 @@ async fn a_default_pod_never_gets_a_profile_ip() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cooled_profile_ip_goes_to_the_next_pod_of_that_profile_only_then_back_to_ec2() {
-    let n = start(quiet_config(), NodeSpec::default()).await;
+    // eth0 serves the default network, so the two free indexes are the two profiles' spares.
+    let n = start(eth0_config(), NodeSpec::default()).await;
     n.pool
         .set_profiles(profiles(&n, &[("db", "sg-db", None), ("app", "sg-app", None)]).await);
     let db = acquire_in(&n.pool, 0, Some("db")).await.unwrap();
@@ -194,7 +198,8 @@ async fn a_cooled_profile_ip_goes_to_the_next_pod_of_that_profile_only_then_back
     }
     assert_eq!(n.cloud.call_count(Action::DeleteNetworkInterface), 1);
     assert_eq!(n.pool.profile_capacity()["db"].enis, 0);
-    assert_eq!(n.pool.profile_capacity()["app"], cap(1, 1, 0, 17));
+    // app's ENI, and the spare index db left (db has fewer ENIs now: the spare is db's).
+    assert_eq!(n.pool.profile_capacity()["app"], cap(1, 1, 0, 8, 9));
     n.pool.check_invariants().unwrap();
 }
 
@@ -202,15 +207,15 @@ async fn a_cooled_profile_ip_goes_to_the_next_pod_of_that_profile_only_then_back
 async fn max_enis_and_no_device_index_fail_naming_the_profile() {
     let n = start(quiet_config(), NodeSpec::default()).await;
     n.pool
-        .set_profiles(profiles(&n, &[("db", "sg-db", Some(1)), ("cache", "sg-cache", None)]).await);
+        .set_profiles(profiles(&n, &[("db", "sg-db", Some(1)), ("web", "sg-web", None)]).await);
     let d = acquire_in(&n.pool, 0, None).await.unwrap();
     let db = acquire_in(&n.pool, 1, Some("db")).await.unwrap();
     assert_ne!(d.eni, db.eni);
-    // Both secondary device indexes are taken: `cache` can get no ENI.
-    assert_eq!(n.pool.profile_capacity()["cache"], cap(0, 0, 0, 0));
-    let r = acquire_in(&n.pool, 2, Some("cache")).await;
+    // Both secondary device indexes are taken: `web` can get no ENI.
+    assert_eq!(n.pool.profile_capacity()["web"], cap(0, 0, 0, 0, 0));
+    let r = acquire_in(&n.pool, 2, Some("web")).await;
     let (profile, reason) = profile_unavailable(&r);
-    assert_eq!(profile, "cache");
+    assert_eq!(profile, "web");
     assert!(
         matches!(
             reason,
@@ -223,14 +228,14 @@ async fn max_enis_and_no_device_index_fail_naming_the_profile() {
     );
     let err = r.unwrap_err();
     assert!(err.is_retryable(), "CNI 11: a matter of capacity");
-    assert!(err.to_string().contains("network profile cache"), "{err}");
+    assert!(err.to_string().contains("network profile web"), "{err}");
 
     // `db` fills its one ENI, then may have no other.
     for i in 3..11 {
         let a = acquire_in(&n.pool, i, Some("db")).await.unwrap();
         assert_eq!(a.eni, db.eni);
     }
-    assert_eq!(n.pool.profile_capacity()["db"], cap(1, 9, 0, 0));
+    assert_eq!(n.pool.profile_capacity()["db"], cap(1, 9, 0, 0, 9));
     let r = acquire_in(&n.pool, 11, Some("db")).await;
     let (profile, reason) = profile_unavailable(&r);
     assert_eq!(profile, "db");
@@ -400,7 +405,8 @@ async fn sticky_and_preferred_ips_stay_within_their_network() {
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_one_profile_gets_its_enis_in_parallel_within_max_enis() {
-    let n = start(quiet_config(), NodeSpec::default()).await;
+    // eth0 serves the default network, so no spare is held for it: db may have both indexes.
+    let n = start(eth0_config(), NodeSpec::default()).await;
     n.pool
         .set_profiles(profiles(&n, &[("db", "sg-db", Some(2))]).await);
     // 12 pods: more than one ENI's 9 slots, so two `db` ENIs; the 19th could have none.
@@ -414,6 +420,50 @@ async fn a_burst_of_one_profile_gets_its_enis_in_parallel_within_max_enis() {
     let creates = n.cloud.calls_of(Action::CreateNetworkInterface);
     assert_eq!(creates.len(), 2, "{creates:?}");
     assert!(creates.iter().all(|c| c.args.contains("groups=sg-db ")));
-    assert_eq!(n.pool.profile_capacity()["db"], cap(2, 12, 0, 6));
+    assert_eq!(n.pool.profile_capacity()["db"], cap(2, 12, 0, 6, 18));
+    n.pool.check_invariants().unwrap();
+}
+
+/// Issue 44, case 2: the node's last free device index is promised once. Before, `db` and `app`
+/// each advertised a whole ENI on it (18 pods where 9 fit) and the loser's bound pods got CNI
+/// error 11 forever; now one holds it as its spare (fewest ENIs first, then by name), the totals
+/// add up to what the node can create, every pod the totals promise is served, and the default
+/// network may not take the spare either.
+#[tokio::test(start_paused = true)]
+async fn the_last_free_device_index_is_promised_to_one_network_not_two() {
+    let n = start(quiet_config(), NodeSpec::default()).await;
+    // The default network's pod takes index 1 (eth0 serves no pods here): index 2 is left.
+    let d = acquire_in(&n.pool, 0, None).await.unwrap();
+    assert_eq!(d.device_index, 1);
+    n.pool
+        .set_profiles(profiles(&n, &[("db", "sg-db", None), ("app", "sg-app", None)]).await);
+    let caps = n.pool.profile_capacity();
+    assert_eq!(
+        (caps["app"].total, caps["db"].total),
+        (9, 0),
+        "one ENI's worth (9 addresses), promised once: {caps:?}"
+    );
+    // The default network fills its ENI, then may not take app's spare.
+    for i in 1..9 {
+        let a = acquire_in(&n.pool, i, None).await.unwrap();
+        assert_eq!(a.eni, d.eni);
+    }
+    let e = acquire_in(&n.pool, 9, None).await.unwrap_err();
+    assert!(e.is_retryable(), "CNI 11: {e}");
+    // A db pod the scheduler would not have placed here: refused naming db, no ENI created.
+    let (profile, reason) = profile_unavailable(&acquire_in(&n.pool, 10, Some("db")).await);
+    assert_eq!(profile, "db");
+    assert!(
+        matches!(reason, ProfileUnavailableReason::NoEniSlot { .. }),
+        "{reason:?}"
+    );
+    // Every app pod its total promised is served, on one new ENI.
+    let got =
+        futures::future::join_all((11..20).map(|i| acquire_in(&n.pool, i, Some("app")))).await;
+    assert!(got.iter().all(Result::is_ok), "{got:?}");
+    assert_eq!(n.cloud.call_count(Action::CreateNetworkInterface), 2);
+    // The total did not move with the pods: the scheduler subtracts them itself.
+    assert_eq!(n.pool.profile_capacity()["app"].total, 9);
+    assert_eq!(n.pool.profile_capacity()["app"].free, 0);
     n.pool.check_invariants().unwrap();
 }

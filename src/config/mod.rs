@@ -131,7 +131,7 @@ pub struct DaemonConfig {
     /// Network profiles (`docs/network-profiles.md`): security groups per workload without trunking.
     /// A pod whose annotation `eniipam.io/network` (on itself, else on its namespace) names a
     /// `NetworkProfile` (`eniipam.io/v1alpha1`) gets its IP only from an ENI created for that profile,
-    /// in its subnet and with exactly its groups; each profile's free slots are advertised on the
+    /// in its subnet and with exactly its groups; each profile's total slots are advertised on the
     /// node as the extended resource `eniipam.io/network-<name>`. Needs the API-server connection
     /// and `node_name`; IPv4 pools only. Default false.
     pub network_profiles: bool,

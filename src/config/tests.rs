@@ -323,6 +323,11 @@ fn network_profiles_need_the_api_server_and_the_node_name_and_an_ipv4_pool() {
             "network_profiles",
             "true or false",
         ),
+        (
+            ("ENIIPAM_MAX_IPS", "100"),
+            "max_ips",
+            "network_profiles is on",
+        ),
     ] {
         let mut vars = env(&on);
         vars.insert(extra.0.to_owned(), extra.1.to_owned());

@@ -244,7 +244,19 @@ impl DaemonConfig {
                 "node_name",
                 "empty, but network_profiles is on: set ENIIPAM_NODE_NAME to this node's Kubernetes \
                  name (the DaemonSet sets it from the downward API, fieldRef spec.nodeName); the \
-                 node advertises each profile's free slots on itself",
+                 node advertises each profile's total slots on itself",
+            ));
+        }
+        if let Some(cap) = self.max_ips {
+            return Err(invalid(
+                "max_ips",
+                format!(
+                    "{cap}, but network_profiles is on: each profile's advertised total is the room \
+                     of its ENIs and spare device index, which holds only while the node's capacity \
+                     is what its ENIs hold; a lower cap would let the default network take tokens \
+                     a profile's total promised. Unset max_ips (cap pods with the kubelet's \
+                     max-pods and each profile's maxEnisPerNode instead)"
+                ),
             ));
         }
         Ok(())

@@ -1,7 +1,7 @@
 //! Network profiles in the daemon (`network_profiles = true`): the cluster's `NetworkProfile`s, as
 //! [`crate::network_profiles`] reads them, checked against EC2 for this node and handed to the pool
 //! ([`Pool::set_profiles`]); each pod's profile answered on ADD ([`PodProfiles`], the IPAM
-//! service's [`ProfileSelector`]); and each profile's free slots advertised on the node
+//! service's [`ProfileSelector`]); and each profile's total slots advertised on the node
 //! (`eniipam.io/network-<name>`, [`crate::network_profiles::resources`]).
 //!
 //! - **Checking**: a profile is usable here when its subnet is in the node's VPC and zone (by id, or
@@ -21,7 +21,8 @@
 //!   bound before the runtime makes its sandbox), else from one GET of the pod; its namespace's from
 //!   the namespace watch, else one GET. A pod naming a profile that does not exist, is invalid or is
 //!   unusable here gets CNI error 11 naming the profile and why; nothing is allocated.
-//! - **Advertising**: every [`PUBLISH_EVERY`] the pool's free slots per profile (0 for a profile
+//! - **Advertising**: every [`PUBLISH_EVERY`] the pool's total slots per profile
+//!   ([`crate::pool::ProfileCapacity::total`]: it moves with the profile's ENIs, not its pods; 0 for a profile
 //!   that is not usable here) are compared with what was published, and a change is patched onto
 //!   the node.
 
@@ -208,14 +209,14 @@ pub(super) fn start(
         metrics,
         cancel.clone(),
     ));
-    let (free_tx, free_rx) = watch::channel(BTreeMap::new());
+    let (total_tx, total_rx) = watch::channel(BTreeMap::new());
     background.push(np::resources::spawn(
         client.clone(),
         node_name.to_owned(),
-        free_rx,
+        total_rx,
         cancel.clone(),
     ));
-    background.push(spawn_publisher(judged.clone(), pool, free_tx, cancel));
+    background.push(spawn_publisher(judged.clone(), pool, total_tx, cancel));
     Arc::new(PodProfiles {
         judged,
         namespaces,
@@ -269,7 +270,7 @@ fn spawn_checker(
     })
 }
 
-/// Publishes the node's free slots per profile: the pool's numbers for the usable ones, 0 for the
+/// Publishes the node's total slots per profile: the pool's numbers for the usable ones, 0 for the
 /// rest the cluster has (so the scheduler sends their pods elsewhere).
 fn spawn_publisher(
     judged: Arc<RwLock<Judged>>,
@@ -296,7 +297,7 @@ fn spawn_publisher(
             let free: BTreeMap<String, u32> = names
                 .into_iter()
                 .map(|p| {
-                    let n = caps.get(&p).map_or(0, |c| c.free);
+                    let n = caps.get(&p).map_or(0, |c| c.total);
                     (p, n)
                 })
                 .collect();

@@ -3,7 +3,7 @@
 //! names a subnet (or a tag selector for the node's zone) and the security groups its pods' ENIs
 //! carry; a pod selects one by the annotation `eniipam.io/network: <name>`, on itself or on its
 //! namespace (the pod's wins; an empty value means the default network). The node advertises each
-//! profile's free slots as the extended resource `eniipam.io/network-<name>`, so the scheduler
+//! profile's total slots as the extended resource `eniipam.io/network-<name>`, so the scheduler
 //! places a pod that requests one only where a slot exists.
 //!
 //! What this module gives the daemon, which wires it to the pool (ENIs per profile, their capacity):

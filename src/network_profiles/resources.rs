@@ -1,6 +1,13 @@
-//! Each profile's free slots, advertised on the node as an extended resource
+//! Each profile's total slots, advertised on the node as an extended resource
 //! `eniipam.io/network-<profile>` (issue 27, item 2), so that the scheduler places a pod that
 //! requests one (`resources.limits: {eniipam.io/network-db: 1}`) only on a node with a slot free.
+//!
+//! The number is what the node can hold for the profile in all
+//! ([`crate::pool::ProfileCapacity::total`]), not what is free: the scheduler subtracts the
+//! requests of the pods bound to the node from `allocatable` itself, so a free count would be
+//! subtracted twice (T − 2k with k pods running), and it would move, and be PATCHed, on every ADD
+//! and DEL (issue 44, case 1). The VPC resource controller's `vpc.amazonaws.com/pod-eni` is a
+//! constant for the same reason.
 //!
 //! How extended resources get onto a node, and why this module PATCHes both `status.capacity` and
 //! `status.allocatable` and re-asserts them:
@@ -80,7 +87,7 @@ fn ours(
         .collect()
 }
 
-/// Keeps the node's `eniipam.io/network-*` resources equal to the free slots it is given.
+/// Keeps the node's `eniipam.io/network-*` resources equal to the total slots it is given.
 pub struct Advertiser {
     api: Api<Node>,
     node: String,
@@ -102,7 +109,7 @@ impl Advertiser {
         self.published = None;
     }
 
-    /// Makes the node advertise `free` (free slots per profile) and nothing else of ours. True when
+    /// Makes the node advertise `free` (total slots per profile) and nothing else of ours. True when
     /// a PATCH was sent; nothing is sent when the node already says so. Profiles whose names make
     /// no resource name are left out (and logged): validation refuses them before they get here.
     pub async fn advertise(&mut self, free: &BTreeMap<String, u32>) -> Result<bool, kube::Error> {

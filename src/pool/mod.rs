@@ -511,7 +511,7 @@ impl Pool {
         self.shared().wake.notify_one();
     }
 
-    /// Per profile the node serves: its ENIs, assigned and idle IPs, and free slots (see
+    /// Per profile the node serves: its ENIs, assigned and idle IPs, free slots and the total it advertises (see
     /// [`ProfileCapacity::free`]): what the node advertises as the profile's extended resource.
     pub fn profile_capacity(&self) -> BTreeMap<ProfileName, ProfileCapacity> {
         self.shared().lock().profile_capacity(Instant::now())

@@ -6,8 +6,16 @@
 //! ENIs are a scarce per-node resource, shared by the default network and every profile (device
 //! indexes and capacity tokens alike): a profile keeps no warm IPs beyond what an acquire brings
 //! (the warm levels are the default network's), its idle IPs go back to EC2 once cooled, and its
-//! empty ENIs are released. What each profile could still take is [`ProfileCapacity::free`], which
-//! the daemon advertises as an extended resource so the scheduler places pods only where a slot is.
+//! empty ENIs are released. What the node can hold for each profile in all is
+//! [`ProfileCapacity::total`], which the daemon advertises as an extended resource so the scheduler
+//! places pods only where a slot is.
+//!
+//! The shared room is split, never promised twice: each profile below its `max_enis` holds at
+//! most one spare device index, and so does the default network while no ENI serves it (free
+//! indexes go one per claimant, fewest ENIs first); a network creates an ENI only on its own spare
+//! or an index no spare holds. With capacity tokens equal to the ENIs' room (the node's capacity is what its ENIs
+//! hold unless `max_ips` lowers it, which config validation refuses with profiles), the totals
+//! advertised for the profiles plus the default network's ENIs never exceed what the node can create.
 //!
 //! The daemon sets the profiles the node serves with [`super::Pool::set_profiles`] and reads the
 //! numbers with [`super::Pool::profile_capacity`].
@@ -37,9 +45,12 @@ pub struct ProfileCapacity {
     pub assigned: u32,
     /// IPs of its ENIs idle (cooling, or waiting to go back to EC2).
     pub idle: u32,
-    /// Pods it can still take now: its idle IPs past cooldown, plus the room on its ENIs and what
-    /// new ENIs could add (free device indexes × addresses per ENI, within `max_enis`), within the
-    /// node's free capacity tokens. 0 for a profile the node no longer serves.
+    /// Pods the node can hold for it in all: every address of its serving ENIs (attached or being
+    /// created) and one ENI's worth for the spare device index it holds, if any (below its
+    /// `max_enis`, its subnet not backing off). The node advertises this as the profile's extended
+    /// resource in `capacity` and `allocatable`; the scheduler subtracts the bound pods itself.
+    pub total: u32,
+    /// Of [`Self::total`], what no pod holds and no cooling IP waits on now (a gauge only).
     pub free: u32,
 }
 

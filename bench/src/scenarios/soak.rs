@@ -56,6 +56,7 @@ const KINDS: [&str; 28] = [
     "eth0-serving",
     "eni-network-disagree",
     "profile-not-advertised",
+    "profiles-overcommitted",
 ];
 
 pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
@@ -305,7 +306,7 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
             soak::profiles::DB_MAX_ENIS,
             soak::PROFILES_TARGET_POD_COUNT,
         )))
-        .chain(args.network_profiles.then(|| "the profiles' invariants after every step: every IP a pod holds is on an ENI of its network per EC2 (a profile's: tagged with it, in its subnet, exactly its groups; the default network's: untagged, an ENIConfig's subnet with exactly its groups); the pool's network of each ENI is EC2's tag; eth0 serves no pod; at every ADD: no IP of one network ever handed to a pod of another over the run (each network has its own subnets), a refusal for a profile is CNI error 11 naming the pod's own profile and never reaches a default-network pod; at the end the node advertises both profiles' free slots".to_owned()))
+        .chain(args.network_profiles.then(|| "the profiles' invariants after every step: every IP a pod holds is on an ENI of its network per EC2 (a profile's: tagged with it, in its subnet, exactly its groups; the default network's: untagged, an ENIConfig's subnet with exactly its groups); the pool's network of each ENI is EC2's tag; eth0 serves no pod; at every ADD: no IP of one network ever handed to a pod of another over the run (each network has its own subnets), a refusal for a profile is CNI error 11 naming the pod's own profile and never reaches a default-network pod; the profiles' advertised totals never exceed the room of the ENI slots the default network's ENIs leave (a breach counts when the next check confirms it); at the end the node advertises both profiles' totals".to_owned()))
         .collect(),
         rows,
         notes,

@@ -49,6 +49,8 @@ pub(super) struct Soak {
     pub(super) cluster: Option<super::profiles::ProfileCluster>,
     /// Network-profiles mode: the ENIs EC2 showed attached, per network tag (`default` untagged).
     pub(super) network_enis: BTreeMap<String, BTreeSet<String>>,
+    /// Network-profiles mode: an overcommit seen at the last check, to be confirmed by the next.
+    pub(super) promised_breach: Option<(u64, String)>,
 }
 
 impl Soak {
@@ -381,6 +383,7 @@ impl Soak {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.len()))
                 .collect();
+            self.check_promised(step, &obs.ec2);
         }
         let mut ev = checker::evaluate(&obs, &self.model, &mut self.checker, &rules);
         // Findings that may be a moment between two writes count only if they persist.
@@ -420,7 +423,7 @@ impl Soak {
         }
     }
 
-    /// Network-profiles mode: the node advertises each profile's free slots as an extended
+    /// Network-profiles mode: the node advertises each profile's total slots as an extended
     /// resource (`eniipam.io/network-<profile>`, a count) in its capacity.
     fn check_advertised(&mut self, step: u64) {
         let Some(c) = &self.cluster else { return };
@@ -447,10 +450,54 @@ impl Soak {
                     p.clone(),
                     format!(
                         "at the end the node's capacity has {name} = {other:?}, not a count of \
-                         free slots (all: {advertised:?})"
+                         slots (all: {advertised:?})"
                     ),
                 ),
             }
+        }
+    }
+
+    /// Network-profiles mode (issue 44, case 2): the totals the node advertises for its profiles
+    /// never promise more than it can still create: their sum is at most the room of every ENI
+    /// slot the default network's ENIs (per EC2) leave. The advertiser follows the pool within a
+    /// second, so a breach counts only when the next check still sees one.
+    fn check_promised(&mut self, step: u64, ec2: &super::witnesses::Ec2View) {
+        let Some(c) = &self.cluster else { return };
+        let Ok(advertised) = c.advertised() else {
+            return;
+        };
+        let Some(it) = mockcloud::catalog::lookup(&self.cfg.instance_type) else {
+            return;
+        };
+        // The soak runs without prefix delegation: an ENI holds ipv4_per_eni − 1 pod addresses.
+        let per_eni = it.ipv4_per_eni - 1;
+        let default_enis = ec2
+            .secondary_enis
+            .keys()
+            .filter(|e| ec2.eni_meta.get(*e).is_none_or(|m| m.network.is_none()))
+            .count() as u32;
+        let room = it.max_enis.saturating_sub(1 + default_enis) * per_eni;
+        let promised: u32 = advertised
+            .values()
+            .filter_map(|v| v.parse::<u32>().ok())
+            .sum();
+        if promised <= room {
+            self.promised_breach = None;
+            return;
+        }
+        let text = format!(
+            "the node advertises {promised} profile slots ({advertised:?}) but its ENI slots left \
+             by the default network's {default_enis} ENIs hold {room}"
+        );
+        if let Some((first, _)) = self.promised_breach.take() {
+            self.violation(
+                step,
+                "profiles-overcommitted",
+                "node".into(),
+                format!("{text} (since step {first})"),
+            );
+        } else {
+            self.promised_breach = Some((step, text));
         }
     }
 

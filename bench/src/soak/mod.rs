@@ -494,6 +494,7 @@ pub async fn run(mut cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         iam: iam::IamState::new(shipped),
         cluster,
         network_enis: BTreeMap::new(),
+        promised_breach: None,
     };
     let result = soak.drive(started).await;
     soak.counts.iam_revocations = soak.iam.revocations;

@@ -357,15 +357,16 @@ impl PoolState {
         self.enis.values().any(|r| r.phase == EniPhase::Draining)
     }
 
-    /// The lowest device index no ENI uses or is being created at.
-    fn free_device_index(&self) -> Option<u32> {
+    /// The device indexes no ENI uses or is being created at, lowest first (which a network may
+    /// take: [`PoolState::free_device_index_for`]).
+    fn free_device_indexes(&self) -> Vec<u32> {
         let used: BTreeSet<u32> = self
             .enis
             .values()
             .map(|r| r.device_index)
             .chain(self.creating.values().map(|c| c.device_index))
             .collect();
-        (1..self.max_enis).find(|i| !used.contains(i))
+        (1..self.max_enis).filter(|i| !used.contains(i)).collect()
     }
 
     /// EC2's description of an ENI, if known.

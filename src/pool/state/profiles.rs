@@ -102,7 +102,7 @@ impl PoolState {
                 })
             };
         }
-        if self.free_device_index().is_none() {
+        if self.free_device_index_for(Some(profile), now).is_none() {
             return if !self.creating.is_empty() || self.any_draining() {
                 Ok(false)
             } else {
@@ -139,32 +139,74 @@ impl PoolState {
         self.profiles = profiles;
     }
 
-    /// Per profile the node serves: ENIs, assigned, idle and free ([`ProfileCapacity::free`]).
-    pub fn profile_capacity(&self, now: Instant) -> BTreeMap<ProfileName, ProfileCapacity> {
-        let per_slot = self.config.addresses_per_slot();
-        let free_indexes = {
-            let used: BTreeSet<u32> = self
-                .enis
+    /// Who holds a spare device index now: each served profile below its `max_enis` whose subnet
+    /// does not back off wants one, and so does the default network while no ENI serves it (eth0
+    /// not serving pods, none created yet; as [`DEFAULT_NETWORK`]); the free indexes go one per
+    /// claimant, fewest ENIs first (the default network first among equals, then by name), so a
+    /// profile growing never takes the spare of one that has less. The default network creates
+    /// an ENI only on its own spare or an index no spare holds, and so does a profile: see
+    /// [`reserve_spares`].
+    pub(super) fn profile_spares(&self, now: Instant) -> BTreeSet<ProfileName> {
+        let default_enis = self.enis_of(None).len()
+            + self
+                .creating
                 .values()
-                .map(|r| r.device_index)
-                .chain(self.creating.values().map(|c| c.device_index))
-                .collect();
-            (1..self.max_enis).filter(|i| !used.contains(i)).count() as u32
-        };
+                .filter(|c| c.profile.is_none())
+                .count();
+        let mut wanting: Vec<(u32, ProfileName)> = self
+            .profiles
+            .iter()
+            .filter(|(_, net)| self.subnet_backing_off(&net.subnet.id, now).is_none())
+            .filter_map(|(name, net)| {
+                let (attached, creating) = self.profile_enis(name);
+                let enis = attached + creating;
+                net.max_enis
+                    .is_none_or(|m| enis < m)
+                    .then(|| (enis, name.clone()))
+            })
+            .collect();
+        if default_enis == 0 {
+            wanting.push((0, DEFAULT_NETWORK.to_owned()));
+        }
+        reserve_spares(self.free_device_indexes().len(), wanting)
+    }
+
+    /// A free device index `network` (a profile, or the default network with `None`) may create
+    /// an ENI on: one that leaves every other claimant's spare ([`Self::profile_spares`]) free.
+    pub(super) fn free_device_index_for(&self, network: Option<&str>, now: Instant) -> Option<u32> {
+        let free = self.free_device_indexes();
+        if self.profiles.is_empty() {
+            return free.first().copied();
+        }
+        let me = network.unwrap_or(DEFAULT_NETWORK);
+        let held_by_others = self
+            .profile_spares(now)
+            .iter()
+            .filter(|p| p.as_str() != me)
+            .count();
+        (free.len() > held_by_others)
+            .then(|| free.first().copied())
+            .flatten()
+    }
+
+    /// Per profile the node serves: ENIs, assigned, idle, free, and the total it advertises
+    /// ([`ProfileCapacity::total`]): every address its serving ENIs (attached or being created)
+    /// can hold, plus one ENI's worth for its spare device index. It moves only when the profile's
+    /// ENIs, the node's free indexes, a limit or the profiles change, never with a pod's ADD or
+    /// DEL: the scheduler subtracts the requests of the pods bound to the node itself.
+    pub fn profile_capacity(&self, now: Instant) -> BTreeMap<ProfileName, ProfileCapacity> {
+        let per_eni_room = self.per_eni * self.config.addresses_per_slot();
+        let spares = self.profile_spares(now);
         let mut out = BTreeMap::new();
-        for (name, net) in &self.profiles {
+        for name in self.profiles.keys() {
             let mut cap = ProfileCapacity::default();
-            let mut room = 0u32;
-            let mut ready = 0u32;
-            for r in self
+            let serving = self
                 .enis
                 .values()
                 .filter(|r| r.profile.as_ref() == Some(name))
-            {
-                if r.handle.is_some() && r.phase.accepts_work(now) {
-                    room += self.eni_room_addresses(r);
-                }
-            }
+                .filter(|r| r.handle.is_some() && r.phase.accepts_work(now))
+                .count() as u32;
+            let mut cooling = 0u32;
             for e in self.idle.iter() {
                 if self
                     .enis
@@ -172,8 +214,8 @@ impl PoolState {
                     .is_some_and(|r| r.profile.as_ref() == Some(name))
                 {
                     cap.idle += 1;
-                    if e.eligible_at() <= now {
-                        ready += 1;
+                    if e.eligible_at() > now {
+                        cooling += 1;
                     }
                 }
             }
@@ -184,21 +226,9 @@ impl PoolState {
                 .count() as u32;
             let (attached, creating) = self.profile_enis(name);
             cap.enis = attached + creating;
-            room += self
-                .creating
-                .values()
-                .filter(|c| c.profile.as_ref() == Some(name))
-                .map(|c| (self.per_eni * per_slot).saturating_sub(c.count))
-                .sum::<u32>();
-            let new_enis = net.max_enis.map_or(free_indexes, |m| {
-                free_indexes.min(m.saturating_sub(cap.enis))
-            });
-            let grow = if self.subnet_backing_off(&net.subnet.id, now).is_some() {
-                0
-            } else {
-                new_enis * self.per_eni * per_slot
-            };
-            cap.free = ready + (room + grow).min(self.capacity.available());
+            let spare = u32::from(spares.contains(name));
+            cap.total = (serving + creating + spare) * per_eni_room;
+            cap.free = cap.total.saturating_sub(cap.assigned + cooling);
             out.insert(name.clone(), cap);
         }
         out
@@ -243,7 +273,9 @@ impl PoolState {
                     }
                 }
                 let net = self.profiles[&profile].clone();
-                let device_index = self.free_device_index().expect("checked above");
+                let device_index = self
+                    .free_device_index_for(Some(&profile), now)
+                    .expect("checked above");
                 let prefixes =
                     self.config.prefix_delegation && !self.prefixes_blocked(&net.subnet.id, now);
                 let mut n = uncovered.min(if prefixes {
@@ -299,5 +331,47 @@ impl PoolState {
             }
             self.create_waiters.extend(ws);
         }
+    }
+}
+
+/// The default network's name among the claimants of spare device indexes (a profile's name is
+/// never empty, and this one sorts before every other).
+pub const DEFAULT_NETWORK: &str = "";
+
+/// The claimants that get a spare device index: `free` indexes handed one per claimant to
+/// `wanting` (each claimant's ENIs, attached and being created, and its name), fewest ENIs first,
+/// then by name. At most `free` claimants hold one, so the spares together never promise more
+/// ENIs than the node can still attach: the rule that keeps the advertised totals within what the
+/// node can create.
+pub fn reserve_spares(free: usize, mut wanting: Vec<(u32, ProfileName)>) -> BTreeSet<ProfileName> {
+    wanting.sort();
+    wanting.into_iter().take(free).map(|(_, p)| p).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(list: &[(u32, &str)]) -> Vec<(u32, ProfileName)> {
+        list.iter().map(|(n, p)| (*n, (*p).to_owned())).collect()
+    }
+
+    #[test]
+    fn spares_go_one_per_profile_fewest_enis_first_never_more_than_the_free_indexes() {
+        let got = |free, list: &[(u32, &str)]| -> Vec<String> {
+            reserve_spares(free, w(list)).into_iter().collect()
+        };
+        assert_eq!(got(2, &[(0, "db"), (0, "app")]), ["app", "db"]);
+        // One free index, two profiles: one spare, not two (issue 44, case 2).
+        assert_eq!(got(1, &[(0, "db"), (0, "app")]), ["app"]);
+        // A profile that grew does not take the spare of one that has less.
+        assert_eq!(got(1, &[(1, "app"), (0, "db")]), ["db"]);
+        assert!(got(0, &[(0, "db")]).is_empty());
+        // The default network with no ENI comes first among equals.
+        assert_eq!(
+            got(1, &[(0, "db"), (0, DEFAULT_NETWORK)]),
+            [DEFAULT_NETWORK]
+        );
+        assert!(got(3, &[]).is_empty());
     }
 }

@@ -346,7 +346,7 @@ impl PoolState {
                 }
                 break;
             }
-            let Some(device_index) = self.free_device_index() else {
+            let Some(device_index) = self.free_device_index_for(None, now) else {
                 if self.creating.is_empty() && !self.any_draining() {
                     let err = self.no_eni_slot();
                     for w in std::mem::take(&mut self.create_waiters) {

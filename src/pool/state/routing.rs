@@ -163,7 +163,7 @@ impl PoolState {
                     self.wait_or_fail(waiter, err, now);
                     return Route::Wait(rx);
                 }
-                if self.free_device_index().is_none()
+                if self.free_device_index_for(None, now).is_none()
                     && self.creating.is_empty()
                     && !self.any_draining()
                 {
