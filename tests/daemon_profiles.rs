@@ -482,7 +482,7 @@ fn scheduler_fits(api: &FakeApiServer, profile: &str, bound: u32) -> bool {
     advertised(api, profile)
         .1
         .and_then(|n| n.parse::<u32>().ok())
-        .is_some_and(|allocatable| allocatable >= bound + 1)
+        .is_some_and(|allocatable| allocatable > bound)
 }
 
 /// ADD of a bound pod, retried as the kubelet retries a sandbox whose ADD failed with CNI error 11

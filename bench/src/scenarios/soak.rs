@@ -27,7 +27,7 @@ pub struct SoakArgs {
 const DESCRIBED_PER_KIND: usize = 3;
 
 /// Every violation kind the checker knows, so a clean run shows its zeros.
-const KINDS: [&str; 28] = [
+const KINDS: [&str; 29] = [
     "duplicate-ip",
     "detached-eni-serving",
     "eni-unknown-to-pool",

@@ -383,8 +383,8 @@ impl Soak {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.len()))
                 .collect();
-            self.check_promised(step, &obs.ec2);
         }
+        let default_enis = default_network_enis(&obs.ec2);
         let mut ev = checker::evaluate(&obs, &self.model, &mut self.checker, &rules);
         // Findings that may be a moment between two writes count only if they persist.
         let mut settle: Vec<Found> = ev.found.iter().filter(|f| f.settle).cloned().collect();
@@ -421,6 +421,7 @@ impl Soak {
         for f in found {
             self.violation(step, f.kind, f.subject, f.text);
         }
+        self.check_promised(step, default_enis);
     }
 
     /// Network-profiles mode: the node advertises each profile's total slots as an extended
@@ -461,7 +462,7 @@ impl Soak {
     /// never promise more than it can still create: their sum is at most the room of every ENI
     /// slot the default network's ENIs (per EC2) leave. The advertiser follows the pool within a
     /// second, so a breach counts only when the next check still sees one.
-    fn check_promised(&mut self, step: u64, ec2: &super::witnesses::Ec2View) {
+    fn check_promised(&mut self, step: u64, default_enis: u32) {
         let Some(c) = &self.cluster else { return };
         let Ok(advertised) = c.advertised() else {
             return;
@@ -471,11 +472,6 @@ impl Soak {
         };
         // The soak runs without prefix delegation: an ENI holds ipv4_per_eni − 1 pod addresses.
         let per_eni = it.ipv4_per_eni - 1;
-        let default_enis = ec2
-            .secondary_enis
-            .keys()
-            .filter(|e| ec2.eni_meta.get(*e).is_none_or(|m| m.network.is_none()))
-            .count() as u32;
         let room = it.max_enis.saturating_sub(1 + default_enis) * per_eni;
         let promised: u32 = advertised
             .values()
@@ -570,4 +566,12 @@ impl Soak {
         }
         Ok(())
     }
+}
+
+/// The default network's secondary ENIs EC2 shows attached (no network tag).
+fn default_network_enis(ec2: &super::witnesses::Ec2View) -> u32 {
+    ec2.secondary_enis
+        .keys()
+        .filter(|e| ec2.eni_meta.get(*e).is_none_or(|m| m.network.is_none()))
+        .count() as u32
 }
