@@ -317,6 +317,16 @@ async fn a_real_daemon_calls_only_what_the_policy_grants() {
             .collect()
     };
     assert_eq!(ours(&mock).len(), 2, "two ENIs created");
+    // Issue 44: the shipped policy lets DeleteOnTermination through (EC2 authorizes the instance
+    // and the subnet too), so the ENIs go with the node.
+    for e in ours(&mock) {
+        assert!(
+            e.attachment.is_some_and(|a| a.delete_on_termination),
+            "{} is attached without DeleteOnTermination: {:?}",
+            e.id,
+            mock.iam_denials()
+        );
+    }
     let created_tags: Vec<BTreeMap<String, String>> =
         ours(&mock).into_iter().map(|e| e.tags).collect();
 

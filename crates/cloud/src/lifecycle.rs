@@ -327,7 +327,11 @@ impl EniLifecycle {
                 // Denied, it is denied for every ENI of every node: a terminated node's ENIs then
                 // hold their addresses until another node's collector runs, or for good once the
                 // group scales to zero. An operator has to see it.
-                Err(CloudError::Unauthorized { permission, message, .. }) => {
+                Err(CloudError::Unauthorized {
+                    permission,
+                    message,
+                    ..
+                }) => {
                     tracing::error!(
                         eni = %created.id,
                         instance = %self.node.instance_id,

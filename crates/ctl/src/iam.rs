@@ -461,7 +461,10 @@ mod tests {
         let e = policy(&format!("{longest}x"), VPC, Partition::Aws)
             .err()
             .unwrap();
-        assert!(e.contains("kubernetes.io/cluster/") && e.contains("128"), "{e}");
+        assert!(
+            e.contains("kubernetes.io/cluster/") && e.contains("128"),
+            "{e}"
+        );
     }
 
     /// DeleteOnTermination: EC2 authorizes the instance and the subnet of the ENI as well.
@@ -471,7 +474,9 @@ mod tests {
         let modify_on = |kind: &str| {
             v["Statement"].as_array().unwrap().iter().any(|s| {
                 s["Effect"] == "Allow"
-                    && s["Action"].to_string().contains("ec2:ModifyNetworkInterfaceAttribute")
+                    && s["Action"]
+                        .to_string()
+                        .contains("ec2:ModifyNetworkInterfaceAttribute")
                     && s["Resource"].to_string().contains(&format!(":{kind}/*"))
             })
         };

@@ -375,7 +375,9 @@ fn delete_on_termination(mock: &MockCloud, eni: &str) -> bool {
 async fn delete_on_termination_needs_the_node_and_its_subnet() {
     let w = world().await;
     let instance = w.mock.default_instance().instance_id;
-    let ours = attach(&w, &w.ours, 1).await.expect("attach ours to our node");
+    let ours = attach(&w, &w.ours, 1)
+        .await
+        .expect("attach ours to our node");
     set_delete_on_termination(&w, &w.ours, &ours)
         .await
         .expect("DeleteOnTermination on ours, on our node");
@@ -388,12 +390,17 @@ async fn delete_on_termination_needs_the_node_and_its_subnet() {
     let theirs = create(
         &w.c,
         &w.subnet,
-        &[("eniipam.io/cluster", "c2"), ("eniipam.io/owner", "eniipam")],
+        &[
+            ("eniipam.io/cluster", "c2"),
+            ("eniipam.io/owner", "eniipam"),
+        ],
     )
     .await
     .unwrap();
     w.mock.set_iam_policy(Some(shipped_policy("c2", &vpc)));
-    let m = attach(&w, &theirs, 2).await.expect_err("the node is not c2's");
+    let m = attach(&w, &theirs, 2)
+        .await
+        .expect_err("the node is not c2's");
     assert!(m.contains(&format!("ec2:AttachNetworkInterface on resource: arn:aws:ec2:us-east-1:123456789012:instance/{instance}")), "{m}");
     w.mock.set_iam_policy(None);
     let attachment = attach(&w, &theirs, 2).await.expect("attach, unrestricted");

@@ -25,11 +25,7 @@ impl MockCloud {
     /// Tags every instance, running or launched later, with `tags` (added to its own), as a node
     /// group's launch template or Karpenter tags its nodes.
     pub fn tag_nodes(&self, tags: &BTreeMap<String, String>) {
-        self.inner
-            .world
-            .lock()
-            .expect("world lock")
-            .tag_nodes(tags);
+        self.inner.world.lock().expect("world lock").tag_nodes(tags);
     }
 
     /// Sets the account-wide IAM policy: every caller's EC2 calls are evaluated against it (a

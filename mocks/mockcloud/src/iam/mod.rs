@@ -64,7 +64,10 @@ pub fn shipped_policy(cluster: &str, vpc_id: &str) -> Policy {
 /// `kubernetes.io/cluster/<cluster>` = `owned`: the shipped policy, as the VPC CNI's scoped sample
 /// policy, allows attach, detach and modify on an instance only when it carries it.
 pub fn node_tag(cluster: &str) -> (String, String) {
-    (format!("kubernetes.io/cluster/{cluster}"), "owned".to_owned())
+    (
+        format!("kubernetes.io/cluster/{cluster}"),
+        "owned".to_owned(),
+    )
 }
 
 /// The decision on one [`AuthRequest`] (what the encoded authorization message carries).
