@@ -317,6 +317,16 @@ async fn a_real_daemon_calls_only_what_the_policy_grants() {
             .collect()
     };
     assert_eq!(ours(&mock).len(), 2, "two ENIs created");
+    // Issue 44: the shipped policy lets DeleteOnTermination through (EC2 authorizes the instance
+    // and the subnet too), so the ENIs go with the node.
+    for e in ours(&mock) {
+        assert!(
+            e.attachment.is_some_and(|a| a.delete_on_termination),
+            "{} is attached without DeleteOnTermination: {:?}",
+            e.id,
+            mock.iam_denials()
+        );
+    }
     let created_tags: Vec<BTreeMap<String, String>> =
         ours(&mock).into_iter().map(|e| e.tags).collect();
 
@@ -420,8 +430,11 @@ async fn a_real_daemon_calls_only_what_the_policy_grants() {
 
 // ---- Issue 23: the policy enforced (mockcloud evaluates every call as IAM does) ----
 
-/// `eniipamctl iam-policy` for `cluster` in `mock`'s VPC, as mockcloud enforces it.
+/// `eniipamctl iam-policy` for `cluster` in `mock`'s VPC, as mockcloud enforces it; the instances
+/// are tagged as the cluster's nodes (`kubernetes.io/cluster/<cluster>=owned`), as the policy
+/// requires for attach, detach and DeleteOnTermination.
 fn enforced(mock: &MockCloud, cluster: &str) -> mockcloud::iam::Policy {
+    mock.tag_nodes(&BTreeMap::from([mockcloud::iam::node_tag(cluster)]));
     let vpc = mock.default_world().expect("default world").vpc_id;
     mockcloud::iam::Policy::from_value(&policy_in(cluster, &vpc)).expect("the policy parses")
 }
@@ -467,6 +480,16 @@ async fn burst_give_back_and_release(
     let eth0 = mock.default_instance().primary_eni;
     assert!(enis.contains(&eth0), "eth0 served pods: {enis:?}");
     assert_eq!(enis.len(), 3, "eth0 and two new ENIs: {enis:?}");
+    // Issue 44: both go with the node when it is terminated.
+    for e in mock.network_interfaces() {
+        if let Some(a) = e.attachment.filter(|_| enis.contains(&e.id)) {
+            assert!(
+                a.delete_on_termination,
+                "{} is attached without DeleteOnTermination",
+                e.id
+            );
+        }
+    }
 
     let mut c = client(&d.socket_path).await;
     for i in 0..8 {

@@ -324,6 +324,25 @@ impl EniLifecycle {
                 .await
             {
                 Ok(()) => true,
+                // Denied, it is denied for every ENI of every node: a terminated node's ENIs then
+                // hold their addresses until another node's collector runs, or for good once the
+                // group scales to zero. An operator has to see it.
+                Err(CloudError::Unauthorized {
+                    permission,
+                    message,
+                    ..
+                }) => {
+                    tracing::error!(
+                        eni = %created.id,
+                        instance = %self.node.instance_id,
+                        %permission,
+                        %message,
+                        "DeleteOnTermination denied: the IAM role needs {permission} on the ENI, \
+                         the instance (tagged kubernetes.io/cluster/<cluster>=owned) and the subnet \
+                         (eniipamctl iam-policy); a terminated node will leave this ENI behind"
+                    );
+                    false
+                }
                 Err(e) => {
                     tracing::warn!(
                         eni = %created.id,

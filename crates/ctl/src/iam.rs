@@ -18,7 +18,13 @@
 //!   so the VPC is the tightest scope; delete, detach and modify stay on our tagged ENIs only;
 //! - an explicit Deny of every ENI mutation on an ENI tagged for another cluster, which no Allow
 //!   (the VPC one included) can outweigh;
-//! - Attach/Detach on the instance side too (EC2 authorizes both resources).
+//! - the instance side of Attach, Detach and ModifyNetworkInterfaceAttribute (EC2 authorizes the
+//!   instance too; for Modify, when the request changes the attachment, i.e. DeleteOnTermination),
+//!   on the cluster's nodes only: instances tagged `kubernetes.io/cluster/<cluster>=owned`, as
+//!   EKS node groups, eksctl and Karpenter tag them and as the VPC CNI's scoped policy requires
+//!   (its `docs/iam-policy.md`);
+//! - the subnet and security-group side of ModifyNetworkInterfaceAttribute, in the cluster's VPC:
+//!   the service authorization reference lists both as resources of the action.
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -73,6 +79,21 @@ pub const VPC_ENI_MUTATIONS: &[&str] = &[
     "ec2:AssignPrivateIpAddresses",
     "ec2:UnassignIpv6Addresses",
     "ec2:UnassignPrivateIpAddresses",
+];
+
+/// The tag of a cluster's nodes, `kubernetes.io/cluster/<cluster>` = `owned` (the Kubernetes cloud
+/// provider's convention, set by EKS node groups, eksctl and Karpenter).
+pub const NODE_TAG_PREFIX: &str = "kubernetes.io/cluster/";
+pub const NODE_TAG_VALUE: &str = "owned";
+
+/// EC2's longest tag key: the node tag's key holds the cluster name.
+const MAX_TAG_KEY: usize = 128;
+
+/// Actions EC2 also authorizes on the instance (Modify: when the request changes the attachment).
+pub const INSTANCE_ACTIONS: &[&str] = &[
+    "ec2:AttachNetworkInterface",
+    "ec2:DetachNetworkInterface",
+    "ec2:ModifyNetworkInterfaceAttribute",
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -207,6 +228,13 @@ pub fn validate_cluster(cluster: &str) -> Result<(), String> {
 pub fn policy(cluster: &str, vpc_id: &str, partition: Partition) -> Result<Policy, String> {
     validate_cluster(cluster)?;
     validate_vpc_id(vpc_id)?;
+    let node_tag = format!("{NODE_TAG_PREFIX}{cluster}");
+    if node_tag.chars().count() > MAX_TAG_KEY {
+        return Err(format!(
+            "--cluster {cluster:?} is too long for the nodes' tag {node_tag:?}: EC2 tag keys hold \
+             at most {MAX_TAG_KEY} characters (EKS cluster names at most 100)"
+        ));
+    }
     let p = partition.arn();
     let eni = format!("arn:{p}:ec2:*:*:network-interface/*");
     let in_vpc = json!({"ArnEquals": {"ec2:Vpc": format!("arn:{p}:ec2:*:*:vpc/{vpc_id}")}});
@@ -240,9 +268,12 @@ pub fn policy(cluster: &str, vpc_id: &str, partition: Partition) -> Result<Polic
                 Some(in_vpc.clone()),
             ),
             allow(
-                "SetThisVpcsGroupsOnEnis",
+                "ModifyEnisWithThisVpcsSubnetsAndGroups",
                 json!("ec2:ModifyNetworkInterfaceAttribute"),
-                json!(format!("arn:{p}:ec2:*:*:security-group/*")),
+                json!([
+                    format!("arn:{p}:ec2:*:*:subnet/*"),
+                    format!("arn:{p}:ec2:*:*:security-group/*"),
+                ]),
                 Some(in_vpc.clone()),
             ),
             allow(
@@ -287,10 +318,12 @@ pub fn policy(cluster: &str, vpc_id: &str, partition: Partition) -> Result<Polic
                 }),
             ),
             allow(
-                "AttachDetachOnInstances",
-                json!(["ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface"]),
+                "AttachDetachModifyOnThisClustersNodes",
+                json!(INSTANCE_ACTIONS),
                 json!(format!("arn:{p}:ec2:*:*:instance/*")),
-                None,
+                Some(json!({
+                    "StringEquals": {format!("aws:ResourceTag/{node_tag}"): NODE_TAG_VALUE},
+                })),
             ),
         ],
     })
@@ -338,6 +371,13 @@ mod tests {
                 resources.iter().all(|r| r.starts_with("arn:aws:ec2:")),
                 "{sid}: {resources:?}"
             );
+            if resources.iter().any(|r| r.ends_with(":instance/*")) {
+                assert_eq!(
+                    s["Condition"],
+                    json!({"StringEquals": {"aws:ResourceTag/kubernetes.io/cluster/prod-1": "owned"}}),
+                    "{sid} reaches instances that are not the cluster's nodes"
+                );
+            }
             if resources
                 .iter()
                 .any(|r| r.ends_with(":network-interface/*"))
@@ -411,6 +451,38 @@ mod tests {
             assert!(e.contains("--vpc-id"), "{bad}: {e}");
         }
         policy("c", "vpc-0123456789abcdef0", Partition::Aws).unwrap();
+    }
+
+    /// The nodes' tag key holds the cluster name: one EC2 cannot store is refused.
+    #[test]
+    fn a_cluster_name_too_long_for_the_node_tag_is_refused() {
+        let longest = "x".repeat(MAX_TAG_KEY - NODE_TAG_PREFIX.len());
+        policy(&longest, VPC, Partition::Aws).unwrap();
+        let e = policy(&format!("{longest}x"), VPC, Partition::Aws)
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("kubernetes.io/cluster/") && e.contains("128"),
+            "{e}"
+        );
+    }
+
+    /// DeleteOnTermination: EC2 authorizes the instance and the subnet of the ENI as well.
+    #[test]
+    fn modify_reaches_the_nodes_and_the_vpcs_subnets() {
+        let v = doc("prod-1", Partition::Aws);
+        let modify_on = |kind: &str| {
+            v["Statement"].as_array().unwrap().iter().any(|s| {
+                s["Effect"] == "Allow"
+                    && s["Action"]
+                        .to_string()
+                        .contains("ec2:ModifyNetworkInterfaceAttribute")
+                    && s["Resource"].to_string().contains(&format!(":{kind}/*"))
+            })
+        };
+        for kind in ["network-interface", "instance", "subnet", "security-group"] {
+            assert!(modify_on(kind), "no Allow of Modify on {kind}");
+        }
     }
 
     #[test]

@@ -80,7 +80,8 @@ async fn create(c: &Client, subnet: &str, tags: &[(&str, &str)]) -> Result<Strin
 }
 
 /// A world for the shipped policy: eth0 (untagged), one of our ENIs, one of another cluster's, and
-/// an ENI in another VPC; then the shipped policy for `CLUSTER` and the default VPC.
+/// an ENI in another VPC; then the shipped policy for `CLUSTER` and the default VPC, the instance
+/// tagged as the cluster's node.
 struct World {
     mock: MockCloud,
     c: Client,
@@ -120,7 +121,7 @@ async fn world() -> World {
         .and_then(|e| e.attachment)
         .unwrap()
         .id;
-    mock.set_iam_policy(Some(shipped_policy(CLUSTER, &d.vpc_id)));
+    mock.enforce_shipped_policy(CLUSTER).unwrap();
     World {
         c,
         eth0,
@@ -321,6 +322,132 @@ async fn shipped_policy_on_creation_and_tags() {
         .filter(|e| e.subnet_id == w.subnet)
         .count();
     assert_eq!(mine, 4, "eth0, ours, foreign and the new one");
+}
+
+/// Attaches `eni` to the default instance at `device_index`; the attachment id.
+async fn attach(w: &World, eni: &str, device_index: i32) -> Result<String, String> {
+    let instance = w.mock.default_instance().instance_id;
+    w.c.attach_network_interface()
+        .network_interface_id(eni)
+        .instance_id(instance)
+        .device_index(device_index)
+        .send()
+        .await
+        .map(|o| o.attachment_id.unwrap())
+        .map_err(|e| e.message().unwrap_or_default().to_owned())
+}
+
+async fn set_delete_on_termination(w: &World, eni: &str, attachment: &str) -> Result<(), String> {
+    w.c.modify_network_interface_attribute()
+        .network_interface_id(eni)
+        .attachment(
+            aws_sdk_ec2::types::NetworkInterfaceAttachmentChanges::builder()
+                .attachment_id(attachment)
+                .delete_on_termination(true)
+                .build(),
+        )
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "{}: {}",
+                e.code().unwrap_or_default(),
+                e.message().unwrap_or_default()
+            )
+        })
+}
+
+fn delete_on_termination(mock: &MockCloud, eni: &str) -> bool {
+    mock.network_interfaces()
+        .into_iter()
+        .find(|e| e.id == eni)
+        .and_then(|e| e.attachment)
+        .is_some_and(|a| a.delete_on_termination)
+}
+
+/// Issue 44: EC2 authorizes ModifyNetworkInterfaceAttribute with an attachment on the instance and
+/// the ENI's subnet too (the service authorization reference lists both). The shipped policy
+/// allows DeleteOnTermination on our ENI attached to a node of the cluster; a node without the
+/// cluster's tag, or a policy without the subnet, is refused, and the flag stays unset. Attach
+/// and detach are scoped to the cluster's nodes the same way.
+#[tokio::test]
+async fn delete_on_termination_needs_the_node_and_its_subnet() {
+    let w = world().await;
+    let instance = w.mock.default_instance().instance_id;
+    let ours = attach(&w, &w.ours, 1)
+        .await
+        .expect("attach ours to our node");
+    set_delete_on_termination(&w, &w.ours, &ours)
+        .await
+        .expect("DeleteOnTermination on ours, on our node");
+    assert!(delete_on_termination(&w.mock, &w.ours));
+
+    // Another cluster's ENI on this cluster's node, under the other cluster's policy: the ENI
+    // passes, the node (not tagged for c2) does not.
+    let vpc = w.mock.default_world().unwrap().vpc_id;
+    w.mock.set_iam_policy(None);
+    let theirs = create(
+        &w.c,
+        &w.subnet,
+        &[
+            ("eniipam.io/cluster", "c2"),
+            ("eniipam.io/owner", "eniipam"),
+        ],
+    )
+    .await
+    .unwrap();
+    w.mock.set_iam_policy(Some(shipped_policy("c2", &vpc)));
+    let m = attach(&w, &theirs, 2)
+        .await
+        .expect_err("the node is not c2's");
+    assert!(m.contains(&format!("ec2:AttachNetworkInterface on resource: arn:aws:ec2:us-east-1:123456789012:instance/{instance}")), "{m}");
+    w.mock.set_iam_policy(None);
+    let attachment = attach(&w, &theirs, 2).await.expect("attach, unrestricted");
+    w.mock.set_iam_policy(Some(shipped_policy("c2", &vpc)));
+    let e = set_delete_on_termination(&w, &theirs, &attachment)
+        .await
+        .expect_err("the node is not c2's");
+    assert!(e.starts_with("UnauthorizedOperation: "), "{e}");
+    assert!(
+        e.contains(&format!(
+            "ec2:ModifyNetworkInterfaceAttribute on resource: arn:aws:ec2:us-east-1:123456789012:instance/{instance}"
+        )),
+        "{e}"
+    );
+    assert!(!delete_on_termination(&w.mock, &theirs));
+    let m = denied(
+        w.c.detach_network_interface()
+            .attachment_id(&attachment)
+            .send()
+            .await,
+    );
+    assert!(m.contains(&format!("instance/{instance}")), "{m}");
+
+    // The node tagged for c2 as well: allowed; without the subnet statement: refused on the subnet.
+    w.mock.tag_nodes(&std::collections::BTreeMap::from([
+        mockcloud::iam::node_tag("c2"),
+    ]));
+    let mut no_subnet = shipped_policy("c2", &vpc);
+    no_subnet
+        .statements
+        .retain(|s| s.sid.as_deref() != Some("ModifyEnisWithThisVpcsSubnetsAndGroups"));
+    w.mock.set_iam_policy(Some(no_subnet));
+    let e = set_delete_on_termination(&w, &theirs, &attachment)
+        .await
+        .expect_err("no statement allows the subnet");
+    assert!(
+        e.contains(&format!(
+            "on resource: arn:aws:ec2:us-east-1:123456789012:subnet/{}",
+            w.subnet
+        )),
+        "{e}"
+    );
+    w.mock.set_iam_policy(Some(shipped_policy("c2", &vpc)));
+    set_delete_on_termination(&w, &theirs, &attachment)
+        .await
+        .expect("DeleteOnTermination on c2's node");
+    assert!(delete_on_termination(&w.mock, &theirs));
 }
 
 #[tokio::test]

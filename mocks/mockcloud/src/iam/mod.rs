@@ -3,6 +3,7 @@
 //! - [`policy`]: the document model, parsing with IAM's validation, back to JSON.
 //! - [`condition`]: condition operators over a request context.
 //! - [`request`]: the authorization requests EC2 makes per action (one per resource it touches).
+//! - `cloud`: [`crate::MockCloud`]'s IAM handles (policies in force, node tags, denials).
 //! - here: evaluation (explicit Deny beats Allow beats the implicit deny), the decision, EC2's
 //!   `UnauthorizedOperation` answer with its encoded authorization message, and the policy store
 //!   (account-wide, or per caller by SigV4 access key id).
@@ -18,6 +19,7 @@ use crate::error::{Ec2Error, Ec2Result};
 use crate::query::Params;
 use crate::world::World;
 
+mod cloud;
 pub mod condition;
 pub mod policy;
 pub mod request;
@@ -30,23 +32,42 @@ pub use request::AuthRequest;
 /// `vpc-0123456789abcdef0`.
 pub const SHIPPED_POLICY: &str = include_str!("../../../../deploy/iam-policy.json");
 
-/// The shipped policy for cluster `cluster` in VPC `vpc_id`.
+/// The shipped policy for cluster `cluster` in VPC `vpc_id` (in values and in condition keys: the
+/// nodes' tag key holds the cluster name).
 pub fn shipped_policy(cluster: &str, vpc_id: &str) -> Policy {
     fn replace(v: &mut Value, cluster: &str, vpc_id: &str) {
+        let text = |s: &str| {
+            s.replace("my-cluster", cluster)
+                .replace("vpc-0123456789abcdef0", vpc_id)
+        };
         match v {
-            Value::String(s) => {
-                *s = s
-                    .replace("my-cluster", cluster)
-                    .replace("vpc-0123456789abcdef0", vpc_id);
-            }
+            Value::String(s) => *s = text(s),
             Value::Array(a) => a.iter_mut().for_each(|v| replace(v, cluster, vpc_id)),
-            Value::Object(m) => m.values_mut().for_each(|v| replace(v, cluster, vpc_id)),
+            Value::Object(m) => {
+                *m = std::mem::take(m)
+                    .into_iter()
+                    .map(|(k, mut v)| {
+                        replace(&mut v, cluster, vpc_id);
+                        (text(&k), v)
+                    })
+                    .collect();
+            }
             _ => {}
         }
     }
     let mut v: Value = serde_json::from_str(SHIPPED_POLICY).expect("the shipped policy is JSON");
     replace(&mut v, cluster, vpc_id);
     Policy::from_value(&v).expect("the shipped policy is a valid policy")
+}
+
+/// The tag EKS's node groups, eksctl and Karpenter put on a cluster's nodes,
+/// `kubernetes.io/cluster/<cluster>` = `owned`: the shipped policy, as the VPC CNI's scoped sample
+/// policy, allows attach, detach and modify on an instance only when it carries it.
+pub fn node_tag(cluster: &str) -> (String, String) {
+    (
+        format!("kubernetes.io/cluster/{cluster}"),
+        "owned".to_owned(),
+    )
 }
 
 /// The decision on one [`AuthRequest`] (what the encoded authorization message carries).

@@ -70,15 +70,19 @@ fn on(action: &str, facts: &IamFacts, region: &str) -> AuthRequest {
     AuthRequest::new(action, &facts.arn, region).with_resource(facts)
 }
 
-/// The VPC id from a resource's `ec2:Vpc` ARN.
-fn vpc_of(facts: &IamFacts) -> String {
+/// The id in a resource's ARN-valued key (`ec2:Vpc` → `vpc-…`, `ec2:Subnet` → `subnet-…`).
+fn id_in(facts: &IamFacts, key: &str) -> String {
     facts
         .keys
         .iter()
-        .find(|(k, _)| k == "ec2:Vpc")
+        .find(|(k, _)| k == key)
         .and_then(|(_, v)| v.rsplit('/').next())
         .unwrap_or_default()
         .to_owned()
+}
+
+fn vpc_of(facts: &IamFacts) -> String {
+    id_in(facts, "ec2:Vpc")
 }
 
 fn some(tags: BTreeMap<String, String>) -> BTreeMap<String, Option<String>> {
@@ -129,6 +133,18 @@ pub fn requests(
             let eni_id = p.req("NetworkInterfaceId")?;
             let eni = w.iam_eni(eni_id)?;
             out.push(on(action, &eni, region));
+            // An attachment change (DeleteOnTermination) also touches the instance the attachment
+            // is to and the ENI's subnet: the reference lists both as resources of the action
+            // (the VPC CNI's scoped policy grants it on `instance/*`). The subnet carries the keys
+            // the reference lists for it here, which leave out `ec2:SubnetID`.
+            let attachment = p.member("Attachment");
+            if let Some(id) = attachment.as_ref().and_then(|a| a.get("AttachmentId")) {
+                let (_, instance) = w.iam_attachment(id)?;
+                out.push(on(action, &w.iam_instance(&instance)?, region));
+                let mut subnet = w.iam_subnet(&id_in(&eni, "ec2:Subnet"))?;
+                subnet.keys.retain(|(k, _)| k != "ec2:SubnetID");
+                out.push(on(action, &subnet, region));
+            }
             let groups = p.list("SecurityGroupId");
             if !groups.is_empty() {
                 let vpc = vpc_of(&eni);
@@ -152,15 +168,11 @@ pub fn requests(
             let subnet = w.iam_subnet(p.req("SubnetId")?)?;
             let tags = tag_specs(p, "network-interface")?;
             let created = w.arn("network-interface", "*");
-            let mut new =
+            // The new ENI carries only the request's tags: the reference lists `aws:RequestTag`,
+            // `aws:TagKeys` and `ec2:NetworkInterfaceID` for it (the last is left out: no id yet).
+            // Its VPC, subnet and zone are the subnet's keys, on the subnet's own request.
+            let new =
                 AuthRequest::new(action, &created, region).with_request_tags(&some(tags.clone()));
-            // The new ENI's VPC and subnet are known from the request.
-            for (k, v) in &subnet.keys {
-                if k == "ec2:Vpc" || k == "ec2:AvailabilityZone" {
-                    new.context.set(k.clone(), v.clone());
-                }
-            }
-            new.context.set("ec2:Subnet", subnet.arn.clone());
             out.push(new);
             out.push(on(action, &subnet, region));
             let vpc = vpc_of(&subnet);
@@ -214,15 +226,13 @@ pub fn requests(
         "CreateSecurityGroup" => {
             let created = w.arn("security-group", "*");
             let tags = tag_specs(p, "security-group")?;
-            let mut new =
-                AuthRequest::new(action, &created, region).with_request_tags(&some(tags.clone()));
+            // The new group, as the new ENI, carries only the request's tags (the reference lists
+            // `aws:RequestTag`, `aws:TagKeys`, `ec2:SecurityGroupID`); the VPC is its own request.
+            out.push(
+                AuthRequest::new(action, &created, region).with_request_tags(&some(tags.clone())),
+            );
             if let Some(vpc) = p.get("VpcId").filter(|v| !v.is_empty()) {
-                let vpc = w.iam_vpc(vpc)?;
-                new.context.set("ec2:Vpc", vpc.arn.clone());
-                out.push(new);
-                out.push(on(action, &vpc, region));
-            } else {
-                out.push(new);
+                out.push(on(action, &w.iam_vpc(vpc)?, region));
             }
             out.extend(tag_on_create(&created, action, &tags, region));
         }

@@ -76,6 +76,43 @@ fn shipped_policy_on_enis() {
     assert!(!evaluate(&p, &AuthRequest::new("DescribeVpcs", "*", "us-east-1")).allowed);
 }
 
+/// Attach, detach and DeleteOnTermination on the instance: the cluster's nodes only (the tag key
+/// holds the cluster name, rendered like the values).
+#[test]
+fn shipped_policy_on_nodes() {
+    let p = shipped();
+    let node = |action: &str, tag: Option<(String, String)>| {
+        let mut r = AuthRequest::new(action, &arn("instance", "i-01"), "us-east-1");
+        r.context.set("ec2:InstanceID", "i-01");
+        if let Some((k, v)) = tag {
+            r.context.set(format!("aws:ResourceTag/{k}"), v);
+        }
+        evaluate(&p, &r).allowed
+    };
+    for a in [
+        "AttachNetworkInterface",
+        "DetachNetworkInterface",
+        "ModifyNetworkInterfaceAttribute",
+    ] {
+        assert!(node(a, Some(node_tag("c1"))), "{a} on a node of c1");
+        assert!(!node(a, None), "{a} on an untagged instance");
+        assert!(!node(a, Some(node_tag("c2"))), "{a} on a node of c2");
+    }
+    assert!(!node("DeleteNetworkInterface", Some(node_tag("c1"))));
+    // The subnet of a DeleteOnTermination change: the cluster's VPC only.
+    let subnet = |vpc: &str| {
+        let mut r = AuthRequest::new(
+            "ModifyNetworkInterfaceAttribute",
+            &arn("subnet", "subnet-01"),
+            "us-east-1",
+        );
+        r.context.set("ec2:Vpc", arn("vpc", vpc));
+        evaluate(&p, &r).allowed
+    };
+    assert!(subnet(VPC));
+    assert!(!subnet("vpc-0bbbbbbbbbbbbbbbb"));
+}
+
 #[test]
 fn shipped_policy_on_creation() {
     let p = shipped();

@@ -103,7 +103,7 @@ impl World {
             .ok_or_else(|| super::not_found("InvalidInstanceID.NotFound", "instance", id))?;
         Ok(IamFacts {
             arn: self.arn("instance", id),
-            tags: BTreeMap::new(),
+            tags: i.tags.clone(),
             keys: vec![
                 ("ec2:AvailabilityZone".into(), i.az.clone()),
                 ("ec2:InstanceType".into(), i.instance_type.name.to_owned()),

@@ -2,6 +2,8 @@
 //! DescribeInstanceTypes over the catalog, and time passing (`settle`: attachments progress, IMDS
 //! ghosts expire).
 
+use std::collections::BTreeMap;
+
 use tokio::time::Instant;
 
 use super::views::InstanceView;
@@ -68,10 +70,20 @@ impl World {
                 state: InstanceState::Running,
                 primary_mac: mac,
                 primary_ip: ip,
+                tags: self.node_tags.clone(),
                 gone: Vec::new(),
             },
         );
         Ok(id)
+    }
+
+    /// Tags every instance, running or launched later, with `tags` (added to its own), as a node
+    /// group's launch template or Karpenter tags its nodes (`kubernetes.io/cluster/<name>=owned`).
+    pub fn tag_nodes(&mut self, tags: &BTreeMap<String, String>) {
+        self.node_tags.extend(tags.clone());
+        for i in self.instances.values_mut() {
+            i.tags.extend(tags.clone());
+        }
     }
 
     /// Terminates an instance: ENIs with DeleteOnTermination are deleted, the others detached.

@@ -99,6 +99,9 @@ struct Instance {
     state: InstanceState,
     primary_mac: String,
     primary_ip: Ipv4Addr,
+    /// Its tags (IAM's `aws:ResourceTag/…` on the instance: Attach, Detach, and Modify with an
+    /// attachment).
+    tags: BTreeMap<String, String>,
     /// ENIs detached from this instance that IMDS still shows until the lag passes.
     gone: Vec<(ImdsEni, Instant)>,
 }
@@ -222,6 +225,8 @@ pub struct World {
     enis: BTreeMap<String, Eni>,
     /// Security groups by id, with their rules ([`security_groups`]).
     groups: BTreeMap<String, security_groups::SecurityGroup>,
+    /// Tags every instance carries from launch ([`World::tag_nodes`]).
+    node_tags: BTreeMap<String, String>,
     client_tokens: HashMap<String, (String, EniView)>,
     /// Drives EC2's random choice of free addresses and /28 blocks.
     rng: Rng,
@@ -343,6 +348,7 @@ impl World {
             instances: BTreeMap::new(),
             enis: BTreeMap::new(),
             groups: BTreeMap::new(),
+            node_tags: BTreeMap::new(),
             client_tokens: HashMap::new(),
             rng: Rng::new(DEFAULT_ALLOCATION_SEED),
         }
