@@ -487,7 +487,10 @@ fn the_daemon_refuses_dual_stack_with_network_profiles_or_custom_networking() {
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .env("ENIIPAM_IP_FAMILY", "dual")
             .env(format!("ENIIPAM_{knob}"), "true")
+            // Loopback only: a daemon that got past its configuration reaches nothing outside.
             .env("ENIIPAM_API_SERVER_URL", "http://127.0.0.1:9")
+            .env("ENIIPAM_IMDS_ENDPOINT", "http://127.0.0.1:9")
+            .env("ENIIPAM_EC2_ENDPOINT", "http://127.0.0.1:9")
             .env("ENIIPAM_NODE_NAME", NODE)
             .env("ENIIPAM_API_SERVER_GC", "false")
             .env("ENIIPAM_STATE_PATH", dir.0.join("state.db"))
