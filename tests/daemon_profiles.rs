@@ -478,11 +478,11 @@ async fn a_profiles_changed_groups_reach_the_enis_of_its_running_pods() {
 /// profile's groups nor an ENIConfig's subnet and groups would apply to it. The real `eniipamd`
 /// refuses both combinations at startup (exit 78), naming the knobs; each alone starts as before
 /// (the unit test `dual_stack_is_refused_with_network_profiles_and_with_custom_networking`).
-#[test]
-fn the_daemon_refuses_dual_stack_with_network_profiles_or_custom_networking() {
+#[tokio::test]
+async fn the_daemon_refuses_dual_stack_with_network_profiles_or_custom_networking() {
     let dir = TempDir::new("dual_stack_refused");
     for knob in ["NETWORK_PROFILES", "CUSTOM_NETWORKING"] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_eniipamd"))
+        let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_eniipamd"))
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .env("ENIIPAM_IP_FAMILY", "dual")
@@ -495,7 +495,14 @@ fn the_daemon_refuses_dual_stack_with_network_profiles_or_custom_networking() {
             .env("ENIIPAM_API_SERVER_GC", "false")
             .env("ENIIPAM_STATE_PATH", dir.0.join("state.db"))
             .env("ENIIPAM_SOCKET_PATH", dir.0.join("eniipam.sock"))
-            .output()
+            .kill_on_drop(true)
+            .output();
+        // A daemon that accepted the configuration would wait for IMDS: bounded.
+        let out = tokio::time::timeout(std::time::Duration::from_secs(30), run)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("{knob}: eniipamd accepted ip_family = dual and kept running")
+            })
             .expect("eniipamd runs");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(78), "{knob}: {stderr}");

@@ -424,7 +424,12 @@ async fn own_eni_egress(test: &str, rp_filter: RpFilter) {
         let probe = FlowProbe::start(&c, &node_a, pod.ip, INTERNET_SERVER).await;
         let r = reaches(&pod.ns, INTERNET_SERVER, ECHO_PORT).await;
         assert_eq!(r.server_saw.ip(), NAT_GATEWAY_PUBLIC_IP, "{}", pod.name);
-        assert_eq!(probe.packets().await.1, 0, "{}: the VPC saw its address", pod.name);
+        assert_eq!(
+            probe.packets().await.1,
+            0,
+            "{}: the VPC saw its address",
+            pod.name
+        );
     }
     assert_eq!(c.lab.sg_drops(&app.eni).await.expect("app's counter"), 0);
     c.assert_no_drops().await;

@@ -357,7 +357,10 @@ fn dual_stack_is_refused_with_network_profiles_and_with_custom_networking() {
         vars.insert(format!("ENIIPAM_{}", knob.to_uppercase()), "true".into());
         let e = DaemonConfig::load(None, &vars).unwrap_err().to_string();
         assert!(e.starts_with(knob), "{e}");
-        assert!(e.contains("ip_family = dual") && e.contains("eth0's /80"), "{e}");
+        assert!(
+            e.contains("ip_family = dual") && e.contains("eth0's /80"),
+            "{e}"
+        );
         // Without dual stack the same knob is accepted.
         vars.insert("ENIIPAM_IP_FAMILY".into(), "ipv4".into());
         DaemonConfig::load(None, &vars).unwrap();

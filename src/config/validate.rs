@@ -208,7 +208,10 @@ impl DaemonConfig {
             ));
         }
         if self.ip_family == crate::ipv6::IpFamily::Dual {
-            return Err(dual_stack_refused("custom_networking", "the ENIConfig's subnet and security groups"));
+            return Err(dual_stack_refused(
+                "custom_networking",
+                "the ENIConfig's subnet and security groups",
+            ));
         }
         if !self.subnet_ids.is_empty() {
             return Err(invalid(
@@ -248,7 +251,10 @@ impl DaemonConfig {
             ));
         }
         if self.ip_family == crate::ipv6::IpFamily::Dual {
-            return Err(dual_stack_refused("network_profiles", "a profile's security groups"));
+            return Err(dual_stack_refused(
+                "network_profiles",
+                "a profile's security groups",
+            ));
         }
         if self.api_server_url.is_none() {
             return Err(invalid(

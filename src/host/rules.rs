@@ -134,7 +134,12 @@ pub fn desired_table(config: &HostRulesConfig, primary: &PrimaryInterface) -> Op
             mark,
             own_eni,
         ));
-        nat_rules.extend(snat::snat_rules(primary.primary_ip, &never, *ports, own_eni));
+        nat_rules.extend(snat::snat_rules(
+            primary.primary_ip,
+            &never,
+            *ports,
+            own_eni,
+        ));
     }
     let snat_chain = (!nat_rules.is_empty()).then(|| snat::nat_chain(nat_rules));
     pods.rules
@@ -420,7 +425,9 @@ mod tests {
         );
         let group = eniipam_api::OWN_ENI_EGRESS_LINK_GROUP;
         assert!(
-            script.contains(&format!("iifname \"eni*\" iifgroup != {group} ct state new")),
+            script.contains(&format!(
+                "iifname \"eni*\" iifgroup != {group} ct state new"
+            )),
             "{script}"
         );
         let snat = t.chains.iter().find(|c| c.name == "pod-snat").unwrap();

@@ -169,30 +169,34 @@ pub fn snat_rules(
         action: Action::Return,
         comment: Some("eniipam: strict-egress profile pods keep their address".into()),
     });
-    own_eni.into_iter().chain([
-        Rule {
-            matches: vec![Match::DaddrIn {
-                nets: never.to_vec(),
-                negate: false,
-            }],
-            action: Action::Return,
-            comment: Some("eniipam: VPC and excluded destinations keep the pod's address".into()),
-        },
-        Rule {
-            matches: vec![Match::DaddrLocal {
-                on_iif: false,
-                negate: false,
-            }],
-            action: Action::Return,
-            comment: None,
-        },
-        Rule {
-            matches: vec![],
-            action: Action::Snat { to, ports },
-            comment: Some("eniipam: SNAT to the primary ENI's primary IP".into()),
-        },
-    ])
-    .collect()
+    own_eni
+        .into_iter()
+        .chain([
+            Rule {
+                matches: vec![Match::DaddrIn {
+                    nets: never.to_vec(),
+                    negate: false,
+                }],
+                action: Action::Return,
+                comment: Some(
+                    "eniipam: VPC and excluded destinations keep the pod's address".into(),
+                ),
+            },
+            Rule {
+                matches: vec![Match::DaddrLocal {
+                    on_iif: false,
+                    negate: false,
+                }],
+                action: Action::Return,
+                comment: None,
+            },
+            Rule {
+                matches: vec![],
+                action: Action::Snat { to, ports },
+                comment: Some("eniipam: SNAT to the primary ENI's primary IP".into()),
+            },
+        ])
+        .collect()
 }
 
 /// What keeps a strict-egress profile pod's packet from leaving by eth0 and missing from `table`

@@ -320,10 +320,13 @@ impl Ipam {
         }
         let allocation = v4.map(|(a, _)| a);
         let own_eni_egress = match (allocation.as_ref(), self.inner.profiles.get()) {
-            (Some(Allocation {
-                network: Some(profile),
-                ..
-            }), Some(selector)) => selector.own_eni_egress(profile),
+            (
+                Some(Allocation {
+                    network: Some(profile),
+                    ..
+                }),
+                Some(selector),
+            ) => selector.own_eni_egress(profile),
             _ => false,
         };
         Ok(Allocated {
