@@ -485,6 +485,7 @@ async fn the_daemon_refuses_dual_stack_with_network_profiles_or_custom_networkin
         let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_eniipamd"))
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("ENIIPAM_CLUSTER_NAME", "dual-refused")
             .env("ENIIPAM_IP_FAMILY", "dual")
             .env(format!("ENIIPAM_{knob}"), "true")
             // Loopback only: a daemon that got past its configuration reaches nothing outside.
