@@ -387,6 +387,13 @@ async fn own_eni_egress(test: &str, rp_filter: RpFilter) {
     assert_on_network(&c, &app, Some("app"), &[&net.app_sg], &net.app_subnet);
     let _internet = serve(c.lab.internet());
     let node_a = c.node_ns(&c.a.instance_id);
+    // Only db's host veth is in the strict-egress link group (app is `standard`, plain has none).
+    let group = eniipam_api::OWN_ENI_EGRESS_LINK_GROUP.to_string();
+    let in_group = node_a
+        .ip(&["-o", "link", "show", "group", &group])
+        .await
+        .expect("ip link show group");
+    assert_eq!(in_group.lines().count(), 1, "{in_group}");
 
     // db, no outbound rule: the internet and a non-VPC address are denied at db's own ENI.
     dropped(&db_pod.ns, INTERNET_SERVER, ECHO_PORT).await;
