@@ -195,6 +195,8 @@ good = [
     obj({"subnet": "subnet-0a1b2c3d4e5f60718", "securityGroups": ["sg-0123abcd", "sg-4567ef01"], "maxEnisPerNode": 2}),
     obj({"subnetSelector": {"tags": {"tier": "db"}}, "securityGroups": sg}),
     obj({"subnet": "subnet-0123abcd", "securityGroups": sg}, name="a" * 55),
+    obj({"subnet": "subnet-0123abcd", "securityGroups": sg, "egressMode": "strict"}),
+    obj({"subnet": "subnet-0123abcd", "securityGroups": sg, "egressMode": "standard"}),
 ]
 bad = {
     "no spec": {"apiVersion": "eniipam.io/v1alpha1", "kind": "NetworkProfile", "metadata": {"name": "db"}},
@@ -212,6 +214,7 @@ bad = {
     "group twice": obj({"subnet": "subnet-0123abcd", "securityGroups": sg * 2}),
     "maxEnis 0": obj({"subnet": "subnet-0123abcd", "securityGroups": sg, "maxEnisPerNode": 0}),
     "maxEnis string": obj({"subnet": "subnet-0123abcd", "securityGroups": sg, "maxEnisPerNode": "2"}),
+    "bad egressMode": obj({"subnet": "subnet-0123abcd", "securityGroups": sg, "egressMode": "Standard"}),
     "long name": obj({"subnet": "subnet-0123abcd", "securityGroups": sg}, name="a" * 56),
 }
 v = jsonschema.Draft7Validator(schema)

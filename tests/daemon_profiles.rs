@@ -577,3 +577,43 @@ async fn published(api: &FakeApiServer, d: &DaemonHandle) {
     })
     .await;
 }
+
+/// Issue 44, case 4: every pod's IPv6 comes from eth0's /80, so with `ip_family = dual` neither a
+/// profile's groups nor an ENIConfig's subnet and groups would apply to it. The real `eniipamd`
+/// refuses both combinations at startup (exit 78), naming the knobs; each alone starts as before
+/// (the unit test `dual_stack_is_refused_with_network_profiles_and_with_custom_networking`).
+#[tokio::test]
+async fn the_daemon_refuses_dual_stack_with_network_profiles_or_custom_networking() {
+    let dir = TempDir::new("dual_stack_refused");
+    for knob in ["NETWORK_PROFILES", "CUSTOM_NETWORKING"] {
+        let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_eniipamd"))
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("ENIIPAM_CLUSTER_NAME", "dual-refused")
+            .env("ENIIPAM_IP_FAMILY", "dual")
+            .env(format!("ENIIPAM_{knob}"), "true")
+            // Loopback only: a daemon that got past its configuration reaches nothing outside.
+            .env("ENIIPAM_API_SERVER_URL", "http://127.0.0.1:9")
+            .env("ENIIPAM_IMDS_ENDPOINT", "http://127.0.0.1:9")
+            .env("ENIIPAM_EC2_ENDPOINT", "http://127.0.0.1:9")
+            .env("ENIIPAM_NODE_NAME", NODE)
+            .env("ENIIPAM_API_SERVER_GC", "false")
+            .env("ENIIPAM_STATE_PATH", dir.0.join("state.db"))
+            .env("ENIIPAM_SOCKET_PATH", dir.0.join("eniipam.sock"))
+            .kill_on_drop(true)
+            .output();
+        // A daemon that accepted the configuration would wait for IMDS: bounded.
+        let out = tokio::time::timeout(std::time::Duration::from_secs(30), run)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("{knob}: eniipamd accepted ip_family = dual and kept running")
+            })
+            .expect("eniipamd runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{knob}: {stderr}");
+        assert!(
+            stderr.contains(&knob.to_lowercase()) && stderr.contains("ip_family = dual"),
+            "{knob}: {stderr}"
+        );
+    }
+}

@@ -25,6 +25,15 @@
 //! | revoke `db`'s rule in EC2: app pod (B) → db pod (A) | allowed before, denied for new connections after (db's ENI counts the drops), allowed again once the rule is authorized again | `revoke_strict_rp_filter` | `revoke_loose_rp_filter` |
 //! | same node: app pod and no-profile pod (A) → db pod (A) | both allowed: traffic between pods of one node is routed by the node and never crosses the VPC fabric, so security groups do not apply to it (in AWS as in vpclab); no packet reaches the VPC router, db's ENI drops nothing | `same_node_strict_rp_filter` | `same_node_loose_rp_filter` |
 //!
+//!
+//! Egress outside the VPC (issue 44, case 3), on a VPC whose internet route is a NAT gateway:
+//!
+//! | cell | outcome | strict | loose |
+//! | --- | --- | --- | --- |
+//! | db pod (A, `strict`, the default) with db's outbound rule revoked → the internet, → a non-VPC address (TEST-NET-1, as on-premises) | denied at db's ENI, whose counter counts them: the pod leaves by its own ENI, not SNATed through eth0 | `own_eni_egress_strict_rp_filter` | `own_eni_egress_loose_rp_filter` |
+//! | db pod (A) once db has an outbound rule → the internet | allowed through the NAT gateway (the server sees its public address), the VPC router sees the pod's own address; the node's rules skip strict-egress pods (`strict_egress_problems` is empty) | `own_eni_egress_strict_rp_filter` | `own_eni_egress_loose_rp_filter` |
+//! | app pod (A, `egressMode: standard`, app with no outbound rule) → the internet; no-profile pod (A) → the internet | allowed: SNATed to A's primary IP and out of eth0 (eth0's groups judge it); the VPC router never sees the pod's address | `own_eni_egress_strict_rp_filter` | `own_eni_egress_loose_rp_filter` |
+//!
 //! The same-node cell is the limit operators must know: a profile's groups filter what comes from
 //! other nodes (and the rest of the VPC), not pods of the same node. Needs what
 //! `tests/datapath.rs` needs.
@@ -42,7 +51,7 @@ use ipnet::Ipv4Net;
 use mockcloud::world::{Direction, IpPermission};
 use mockcloud::{LaunchedInstance, MockCloud};
 use serde_json::json;
-use vpclab::{Egress, NetNs};
+use vpclab::{Egress, INTERNET_SERVER, NAT_GATEWAY_PUBLIC_IP, NetNs};
 
 const DB_SUBNET: &str = "10.0.16.0/24";
 const APP_SUBNET: &str = "10.0.17.0/24";
@@ -127,8 +136,17 @@ async fn profiles_cluster(
     test: &str,
     rp_filter: RpFilter,
 ) -> Option<(Cluster, Net, FakeApiServer)> {
+    profiles_cluster_via(test, Egress::InternetGateway, rp_filter).await
+}
+
+/// [`profiles_cluster`] on a VPC that reaches the internet by `egress`.
+async fn profiles_cluster_via(
+    test: &str,
+    egress: Egress,
+    rp_filter: RpFilter,
+) -> Option<(Cluster, Net, FakeApiServer)> {
     let mut made = None;
-    let c = Cluster::start_prepared(test, Egress::InternetGateway, rp_filter, |mock, a| {
+    let c = Cluster::start_prepared(test, egress, rp_filter, |mock, a| {
         made = Some(prepare(mock, a));
     })
     .await?;
@@ -162,6 +180,7 @@ async fn pings(from: &NetNs, to: std::net::Ipv4Addr) {
 both_rp_filters!(across_nodes: across_nodes_strict_rp_filter, across_nodes_loose_rp_filter);
 both_rp_filters!(revoke: revoke_strict_rp_filter, revoke_loose_rp_filter);
 both_rp_filters!(same_node: same_node_strict_rp_filter, same_node_loose_rp_filter);
+both_rp_filters!(own_eni_egress: own_eni_egress_strict_rp_filter, own_eni_egress_loose_rp_filter);
 
 async fn across_nodes(test: &str, rp_filter: RpFilter) {
     let Some((c, net, api)) = profiles_cluster(test, rp_filter).await else {
@@ -308,5 +327,117 @@ async fn same_node(test: &str, rp_filter: RpFilter) {
     assert_eq!(probe_plain.packets().await, (0, 0));
     assert_eq!(probe_app.packets().await, (0, 0));
     assert_eq!(c.lab.sg_drops(&db_pod.eni).await.expect("db's counter"), 0);
+    c.assert_no_drops().await;
+}
+
+/// A group's rule letting everything out (what EC2 gives a new group), or TCP [`ECHO_PORT`] out
+/// to anywhere.
+fn outbound(all: bool) -> IpPermission {
+    IpPermission {
+        ip_protocol: if all { "-1" } else { "tcp" }.into(),
+        from_port: (!all).then_some(i32::from(ECHO_PORT)),
+        to_port: (!all).then_some(i32::from(ECHO_PORT)),
+        ip_ranges: vec!["0.0.0.0/0".parse().expect("literal")],
+        ipv6_ranges: if all {
+            vec!["::/0".parse().expect("literal")]
+        } else {
+            vec![]
+        },
+        groups: vec![],
+    }
+}
+
+/// Authorizes (`true`) or revokes `rule` among `group`'s outbound rules, and lets the lab follow.
+async fn set_outbound(c: &Cluster, group: &str, rule: IpPermission, authorized: bool) {
+    c.mock
+        .with_world(|w, _| w.change_rules(group, Direction::Egress, &[rule], authorized))
+        .unwrap_or_else(|e| panic!("outbound rule of {group} to {authorized}: {e:?}"));
+    c.lab.sync().await.expect("lab sync");
+}
+
+/// A non-VPC address with no host behind it (TEST-NET-1), as a peered VPC or on-premises is.
+const OUTSIDE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(192, 0, 2, 10);
+
+async fn own_eni_egress(test: &str, rp_filter: RpFilter) {
+    let Some((c, net, api)) = profiles_cluster_via(test, Egress::NatGateway, rp_filter).await
+    else {
+        return;
+    };
+    // `app` asks for the VPC CNI's standard mode; `db` says nothing: strict.
+    api.put_object(
+        &Crd::network_profile(),
+        json!({"metadata": {"name": "app"},
+               "spec": {"subnetSelector": {"tags": {"tier": "app"}},
+                        "securityGroups": [net.app_sg], "egressMode": "standard"}}),
+    );
+    // Neither profile's group lets anything out.
+    set_outbound(&c, &net.db_sg, outbound(true), false).await;
+    set_outbound(&c, &net.app_sg, outbound(true), false).await;
+    let d = ProfileDaemon::start(&c, &api, &c.a.instance_id, NODE_A, Placement::Eth0).await;
+    let rules = d.rules().await.expect("the node's rules");
+    assert_eq!(
+        eniipam::host::snat::strict_egress_problems(&rules),
+        Vec::<String>::new(),
+        "{rules}"
+    );
+    let db_pod = d.add_pod(&c, &api, "default", "db-0", Some("db")).await;
+    let app = d.add_pod(&c, &api, SHOP, "app-0", None).await;
+    let plain = d.add_pod(&c, &api, "default", "plain-0", None).await;
+    assert_on_network(&c, &db_pod, Some("db"), &[&net.db_sg], &net.db_subnet);
+    assert_on_network(&c, &app, Some("app"), &[&net.app_sg], &net.app_subnet);
+    let _internet = serve(c.lab.internet());
+    let node_a = c.node_ns(&c.a.instance_id);
+    // Only db's host veth is in the strict-egress link group (app is `standard`, plain has none).
+    let group = eniipam_api::OWN_ENI_EGRESS_LINK_GROUP.to_string();
+    let in_group = node_a
+        .ip(&["-o", "link", "show", "group", &group])
+        .await
+        .expect("ip link show group");
+    assert_eq!(in_group.lines().count(), 1, "{in_group}");
+
+    // db, no outbound rule: the internet and a non-VPC address are denied at db's own ENI.
+    dropped(&db_pod.ns, INTERNET_SERVER, ECHO_PORT).await;
+    let at_db = c.lab.sg_drops(&db_pod.eni).await.expect("db's counter");
+    assert!(
+        at_db > 0,
+        "db's SYNs to the internet left by another ENI than db's (SNATed by eth0?)"
+    );
+    let _ = vpclab::echo(
+        &db_pod.ns,
+        std::net::SocketAddr::from((OUTSIDE, ECHO_PORT)),
+        &vpclab::EchoOptions {
+            timeout: std::time::Duration::from_millis(800),
+            ..Default::default()
+        },
+    )
+    .await;
+    let at_db2 = c.lab.sg_drops(&db_pod.eni).await.expect("db's counter");
+    assert!(
+        at_db2 > at_db,
+        "db's SYNs to {OUTSIDE} were not denied at db's ENI"
+    );
+
+    // With an outbound rule: through the NAT gateway, the VPC seeing db's own address.
+    set_outbound(&c, &net.db_sg, outbound(false), true).await;
+    let probe_db = FlowProbe::start(&c, &node_a, db_pod.ip, INTERNET_SERVER).await;
+    let r = reaches(&db_pod.ns, INTERNET_SERVER, ECHO_PORT).await;
+    assert_eq!(r.server_saw.ip(), NAT_GATEWAY_PUBLIC_IP);
+    let (_, at_vpc) = probe_db.packets().await;
+    assert!(at_vpc > 0, "the VPC router never saw db's own address");
+
+    // `standard` and the default network: SNATed to A's primary IP, out of eth0 (eth0's groups
+    // let them out; app's have no outbound rule), the VPC never seeing the pod's address.
+    for pod in [&app, &plain] {
+        let probe = FlowProbe::start(&c, &node_a, pod.ip, INTERNET_SERVER).await;
+        let r = reaches(&pod.ns, INTERNET_SERVER, ECHO_PORT).await;
+        assert_eq!(r.server_saw.ip(), NAT_GATEWAY_PUBLIC_IP, "{}", pod.name);
+        assert_eq!(
+            probe.packets().await.1,
+            0,
+            "{}: the VPC saw its address",
+            pod.name
+        );
+    }
+    assert_eq!(c.lab.sg_drops(&app.eni).await.expect("app's counter"), 0);
     c.assert_no_drops().await;
 }

@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use eniipam::network_profiles::{self, Namespaces, ProfileSpec, Profiles, SubnetChoice};
+use eniipam::network_profiles::{
+    self, EgressMode, Namespaces, ProfileSpec, Profiles, SubnetChoice,
+};
 use eniipam::reconcile::api_server::{self, ApiServerTarget, BoundPod};
 use eniipam_kubeapi::{Crd, FakeApiServer, pod_json};
 use serde_json::{Value, json};
@@ -58,6 +60,7 @@ fn db(subnet: &str) -> ProfileSpec {
         subnet: SubnetChoice::Id(subnet.into()),
         security_groups: vec!["sg-0123abcd".into()],
         max_enis: Some(2),
+        egress_mode: EgressMode::Strict,
     }
 }
 

@@ -478,6 +478,7 @@ impl DaemonConfig {
             veth_prefix: self.veth_prefix.clone(),
             ipv4_egress: (self.ip_family == IpFamily::Ipv6 && self.ipv4_egress)
                 .then_some(self.snat_randomize),
+            own_eni_egress: self.network_profiles,
         }
     }
 

@@ -287,10 +287,8 @@ fn custom_networking_reads_like_the_vpc_cni_and_refuses_what_cannot_work() {
         e.starts_with("custom_networking") && e.contains("no API server"),
         "{e}"
     );
-    // Dual stack keeps its IPv4 pool on the ENIConfig's ENIs.
-    let mut vars = env(&on);
-    vars.insert("ENIIPAM_IP_FAMILY".into(), "dual".into());
-    assert!(DaemonConfig::load(None, &vars).unwrap().custom_networking);
+    // Dual stack is refused with it (issue 44: the ENIConfig would not apply to pods' IPv6), see
+    // `dual_stack_is_refused_with_network_profiles_and_with_custom_networking`.
 }
 
 #[test]
@@ -342,12 +340,39 @@ fn network_profiles_need_the_api_server_and_the_node_name_and_an_ipv4_pool() {
         e.starts_with("network_profiles") && e.contains("no API server"),
         "{e}"
     );
-    // Profiles and custom networking combine, and dual stack keeps its IPv4 pool.
+    // Profiles and custom networking combine.
     let mut vars = env(&on);
     vars.insert("ENIIPAM_CUSTOM_NETWORKING".into(), "true".into());
-    vars.insert("ENIIPAM_IP_FAMILY".into(), "dual".into());
     let c = DaemonConfig::load(None, &vars).unwrap();
     assert!(c.network_profiles && c.custom_networking);
+}
+
+/// Issue 44, case 4: every pod's IPv6 comes from eth0's /80, so with `dual` a profile's groups
+/// and an ENIConfig's subnet and groups would not apply to a pod's IPv6: refused, naming both.
+#[test]
+fn dual_stack_is_refused_with_network_profiles_and_with_custom_networking() {
+    let api = [
+        ("ENIIPAM_API_SERVER_URL", "http://127.0.0.1:6443"),
+        ("ENIIPAM_NODE_NAME", "node-a"),
+        ("ENIIPAM_API_SERVER_GC", "false"),
+        ("ENIIPAM_IP_FAMILY", "dual"),
+    ];
+    for knob in ["network_profiles", "custom_networking"] {
+        let mut vars = env(&api);
+        vars.insert(format!("ENIIPAM_{}", knob.to_uppercase()), "true".into());
+        let e = DaemonConfig::load(None, &vars).unwrap_err().to_string();
+        assert!(e.starts_with(knob), "{e}");
+        assert!(
+            e.contains("ip_family = dual") && e.contains("eth0's /80"),
+            "{e}"
+        );
+        // Without dual stack the same knob is accepted.
+        vars.insert("ENIIPAM_IP_FAMILY".into(), "ipv4".into());
+        DaemonConfig::load(None, &vars).unwrap();
+    }
+    // Dual stack alone stays.
+    let c = DaemonConfig::load(None, &env(&api)).unwrap();
+    assert_eq!(c.ip_family, crate::ipv6::IpFamily::Dual);
 }
 
 #[test]

@@ -3,6 +3,19 @@
 use super::{ConfigError, DaemonConfig, invalid};
 use crate::cloud::limiter::EC2_APIS;
 
+/// `knob` with `ip_family = dual` (issue 44): every pod's IPv6 comes from eth0's /80, so `what`
+/// would not apply to a pod's IPv6 (eth0's groups would): refused rather than bypassed.
+fn dual_stack_refused(knob: &str, what: &str) -> ConfigError {
+    invalid(
+        knob,
+        format!(
+            "true with ip_family = dual, which eniipam refuses: every pod's IPv6 comes from eth0's /80, \
+             so {what} would not apply to its IPv6 (eth0's would); use ip_family = ipv4 with {knob}, \
+             or turn {knob} off for dual stack"
+        ),
+    )
+}
+
 impl DaemonConfig {
     /// Checks every knob; the error names the knob and the allowed range.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -191,7 +204,13 @@ impl DaemonConfig {
             return Err(invalid(
                 "custom_networking",
                 "applies to the IPv4 pool's ENIs, and with ip_family = ipv6 pods take no IPv4 (their \
-                 IPv6 comes from eth0's /80): turn it off, or use ip_family = ipv4 or dual",
+                 IPv6 comes from eth0's /80): turn it off, or use ip_family = ipv4",
+            ));
+        }
+        if self.ip_family == crate::ipv6::IpFamily::Dual {
+            return Err(dual_stack_refused(
+                "custom_networking",
+                "the ENIConfig's subnet and security groups",
             ));
         }
         if !self.subnet_ids.is_empty() {
@@ -228,7 +247,13 @@ impl DaemonConfig {
             return Err(invalid(
                 "network_profiles",
                 "put pods on ENIs of the IPv4 pool, and with ip_family = ipv6 pods take no IPv4 \
-                 (their IPv6 comes from eth0's /80): turn it off, or use ip_family = ipv4 or dual",
+                 (their IPv6 comes from eth0's /80): turn it off, or use ip_family = ipv4",
+            ));
+        }
+        if self.ip_family == crate::ipv6::IpFamily::Dual {
+            return Err(dual_stack_refused(
+                "network_profiles",
+                "a profile's security groups",
             ));
         }
         if self.api_server_url.is_none() {

@@ -77,6 +77,8 @@ struct Judged {
 /// Answers the IPAM service's question "which profile does this pod select?" (see the module docs).
 pub(super) struct PodProfiles {
     judged: Arc<RwLock<Judged>>,
+    /// The cluster's profiles as listed (each one's egress mode).
+    listed: watch::Receiver<Profiles>,
     namespaces: Namespaces,
     pods: Option<PodWatch>,
     client: kube::Client,
@@ -184,6 +186,12 @@ impl ProfileSelector for PodProfiles {
         self.usable(&profile, pod)?;
         Ok(Some(profile))
     }
+
+    fn own_eni_egress(&self, profile: &str) -> bool {
+        let listed = self.listed.borrow();
+        let mode = listed.valid.get(profile).map(|p| p.egress_mode);
+        mode.unwrap_or_default() == np::EgressMode::Strict
+    }
 }
 
 /// Starts the profile and namespace watches, the checker that feeds the pool, and the advertiser;
@@ -202,6 +210,7 @@ pub(super) fn start(
     let (namespaces, ns_watcher) = np::spawn_namespaces(client.clone());
     background.push(ns_watcher);
     let judged = Arc::new(RwLock::new(Judged::default()));
+    let listed = profiles.clone();
     background.push(spawn_checker(
         profiles,
         judged.clone(),
@@ -219,6 +228,7 @@ pub(super) fn start(
     background.push(spawn_publisher(judged.clone(), pool, total_tx, cancel));
     Arc::new(PodProfiles {
         judged,
+        listed,
         namespaces,
         pods,
         client,

@@ -50,6 +50,10 @@ pub struct HostRulesConfig {
     /// SNAT of IPv6-only pods' node-local IPv4 egress addresses, with these source ports
     /// (`ip_family = ipv6` with `ipv4_egress`; `snat_randomize`), whatever `snat` says.
     pub ipv4_egress: Option<SnatPorts>,
+    /// Network profiles are on: pods whose host veth is in link group
+    /// [`eniipam_api::OWN_ENI_EGRESS_LINK_GROUP`] (a profile in the `strict` egress mode) are
+    /// neither marked nor SNATed, so they leave by their own ENI with their own address.
+    pub own_eni_egress: bool,
 }
 
 impl Default for HostRulesConfig {
@@ -63,6 +67,7 @@ impl Default for HostRulesConfig {
             connmark: 0x80,
             veth_prefix: "eni".into(),
             ipv4_egress: None,
+            own_eni_egress: false,
         }
     }
 }
@@ -120,9 +125,21 @@ pub fn desired_table(config: &HostRulesConfig, primary: &PrimaryInterface) -> Op
     }
     if let Snat::Node { ports, exclude } = &config.snat {
         let never = snat::never_snat(&primary.vpc_cidrs, exclude);
-        pods.rules
-            .push(snat::egress_mark_rule(&config.veth_prefix, &never, mark));
-        nat_rules.extend(snat::snat_rules(primary.primary_ip, &never, *ports));
+        let own_eni = config
+            .own_eni_egress
+            .then_some(eniipam_api::OWN_ENI_EGRESS_LINK_GROUP);
+        pods.rules.push(snat::egress_mark_rule(
+            &config.veth_prefix,
+            &never,
+            mark,
+            own_eni,
+        ));
+        nat_rules.extend(snat::snat_rules(
+            primary.primary_ip,
+            &never,
+            *ports,
+            own_eni,
+        ));
     }
     let snat_chain = (!nat_rules.is_empty()).then(|| snat::nat_chain(nat_rules));
     pods.rules
@@ -386,6 +403,52 @@ mod tests {
             "{script}"
         );
         assert_eq!(script.matches("snat to").count(), 1, "{script}");
+    }
+
+    /// Issue 44, case 3: with network profiles, strict-egress profile pods (host veth in the
+    /// link group) are neither marked to leave by eth0 nor SNATed to its address.
+    #[test]
+    fn profiles_keep_strict_egress_pods_out_of_the_mark_and_the_snat() {
+        let plain = desired_table(&HostRulesConfig::default(), &primary()).unwrap();
+        let problems = snat::strict_egress_problems(&plain.render().unwrap());
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        let config = HostRulesConfig {
+            own_eni_egress: true,
+            ..HostRulesConfig::default()
+        };
+        let t = desired_table(&config, &primary()).unwrap();
+        let script = t.render().unwrap();
+        assert_eq!(
+            snat::strict_egress_problems(&script),
+            Vec::<String>::new(),
+            "{script}"
+        );
+        let group = eniipam_api::OWN_ENI_EGRESS_LINK_GROUP;
+        assert!(
+            script.contains(&format!(
+                "iifname \"eni*\" iifgroup != {group} ct state new"
+            )),
+            "{script}"
+        );
+        let snat = t.chains.iter().find(|c| c.name == "pod-snat").unwrap();
+        assert!(
+            snat.rules[0]
+                .to_string()
+                .starts_with(&format!("iifgroup {group} return")),
+            "first: {}",
+            snat.rules[0]
+        );
+        // The NodePort restore still sees every pod: replies to eth0's connections leave by eth0.
+        let pods = t.chains.iter().find(|c| c.name == "mark-pods").unwrap();
+        assert!(!pods.rules[1].to_string().contains("iifgroup"));
+        // external_snat: nothing to skip.
+        let config = HostRulesConfig {
+            snat: Snat::External,
+            own_eni_egress: true,
+            ..HostRulesConfig::default()
+        };
+        let t = desired_table(&config, &primary()).unwrap();
+        assert!(snat::strict_egress_problems(&t.render().unwrap()).is_empty());
     }
 
     #[test]

@@ -27,6 +27,15 @@
 //! translate a 169.254 source either, hence independent of `external_snat`. No mark is needed:
 //! IPv6-only pods have no secondary ENI, so their IPv4 leaves by the main table anyway.
 //!
+//! **Network profiles' strict egress** (issue 44; `own_eni_egress`): a profile pod's host veth is
+//! in link group [`eniipam_api::OWN_ENI_EGRESS_LINK_GROUP`] unless its profile asks for
+//! `egressMode: standard`. The mark rule skips that group (`iifgroup != …`) and `pod-snat` returns
+//! for it first (`iifgroup … return`; the kernel gives postrouting the input interface of
+//! forwarded packets), so such a pod's connections to the internet, a peered VPC or on-premises
+//! follow its `from <pod ip> lookup <ENI table>` rule and leave by its own ENI with its own address,
+//! judged by its own security groups, as the VPC CNI's `POD_SECURITY_GROUP_ENFORCING_MODE=strict`.
+//! [`strict_egress_problems`] checks a rendered or listed table for it.
+//!
 //! The mark matters for pods on a secondary ENI: their `from <pod ip> lookup <ENI table>` rule would
 //! send the connection out of that ENI, and a packet leaving ethN with eth0's address is dropped by
 //! EC2's source/destination check. The mark is set after destination NAT, so a pod's connection to a
@@ -73,21 +82,34 @@ pub fn never_snat(vpc_cidrs: &[Ipv4Net], exclude: &[Ipv4Net]) -> Vec<Ipv4Net> {
     Ipv4Net::aggregate(&all)
 }
 
-/// Marks a pod's new connection to a destination that will be SNATed, so it leaves by eth0.
-pub fn egress_mark_rule(veth_prefix: &str, never: &[Ipv4Net], mark: u32) -> Rule {
+/// Marks a pod's new connection to a destination that will be SNATed, so it leaves by eth0; pods
+/// whose host veth is in link group `own_eni` (network profiles' strict egress) are left alone.
+pub fn egress_mark_rule(
+    veth_prefix: &str,
+    never: &[Ipv4Net],
+    mark: u32,
+    own_eni: Option<u32>,
+) -> Rule {
+    let mut matches = vec![Match::IifNamePrefix(veth_prefix.to_owned())];
+    if let Some(group) = own_eni {
+        matches.push(Match::IifGroup {
+            group,
+            negate: true,
+        });
+    }
+    matches.extend([
+        Match::CtStateNew,
+        Match::DaddrIn {
+            nets: never.to_vec(),
+            negate: true,
+        },
+        Match::DaddrLocal {
+            on_iif: false,
+            negate: true,
+        },
+    ]);
     Rule {
-        matches: vec![
-            Match::IifNamePrefix(veth_prefix.to_owned()),
-            Match::CtStateNew,
-            Match::DaddrIn {
-                nets: never.to_vec(),
-                negate: true,
-            },
-            Match::DaddrLocal {
-                on_iif: false,
-                negate: true,
-            },
-        ],
+        matches,
         action: Action::CtMarkSet(mark),
         comment: Some("eniipam: pod egress to be SNATed leaves by the primary ENI".into()),
     }
@@ -121,36 +143,101 @@ pub fn nat_chain(rules: Vec<Rule>) -> Chain {
     }
 }
 
-/// The nat chain that translates pod egress to `to` (eth0's primary IP).
-pub fn snat_chain(to: Ipv4Addr, never: &[Ipv4Net], ports: SnatPorts) -> Chain {
-    nat_chain(snat_rules(to, never, ports))
+/// The nat chain that translates pod egress to `to` (eth0's primary IP), except what comes in on an
+/// interface of link group `own_eni`.
+pub fn snat_chain(
+    to: Ipv4Addr,
+    never: &[Ipv4Net],
+    ports: SnatPorts,
+    own_eni: Option<u32>,
+) -> Chain {
+    nat_chain(snat_rules(to, never, ports, own_eni))
 }
 
 /// The rules of [`snat_chain`].
-pub fn snat_rules(to: Ipv4Addr, never: &[Ipv4Net], ports: SnatPorts) -> Vec<Rule> {
-    vec![
-        Rule {
-            matches: vec![Match::DaddrIn {
-                nets: never.to_vec(),
-                negate: false,
-            }],
-            action: Action::Return,
-            comment: Some("eniipam: VPC and excluded destinations keep the pod's address".into()),
-        },
-        Rule {
-            matches: vec![Match::DaddrLocal {
-                on_iif: false,
-                negate: false,
-            }],
-            action: Action::Return,
-            comment: None,
-        },
-        Rule {
-            matches: vec![],
-            action: Action::Snat { to, ports },
-            comment: Some("eniipam: SNAT to the primary ENI's primary IP".into()),
-        },
-    ]
+pub fn snat_rules(
+    to: Ipv4Addr,
+    never: &[Ipv4Net],
+    ports: SnatPorts,
+    own_eni: Option<u32>,
+) -> Vec<Rule> {
+    let own_eni = own_eni.map(|group| Rule {
+        matches: vec![Match::IifGroup {
+            group,
+            negate: false,
+        }],
+        action: Action::Return,
+        comment: Some("eniipam: strict-egress profile pods keep their address".into()),
+    });
+    own_eni
+        .into_iter()
+        .chain([
+            Rule {
+                matches: vec![Match::DaddrIn {
+                    nets: never.to_vec(),
+                    negate: false,
+                }],
+                action: Action::Return,
+                comment: Some(
+                    "eniipam: VPC and excluded destinations keep the pod's address".into(),
+                ),
+            },
+            Rule {
+                matches: vec![Match::DaddrLocal {
+                    on_iif: false,
+                    negate: false,
+                }],
+                action: Action::Return,
+                comment: None,
+            },
+            Rule {
+                matches: vec![],
+                action: Action::Snat { to, ports },
+                comment: Some("eniipam: SNAT to the primary ENI's primary IP".into()),
+            },
+        ])
+        .collect()
+}
+
+/// What keeps a strict-egress profile pod's packet from leaving by eth0 and missing from `table`
+/// (an `nft list table ip eniipam` listing, or [`super::netfilter::Table::render`]'s text):
+/// every egress mark rule must skip link group [`eniipam_api::OWN_ENI_EGRESS_LINK_GROUP`], and in
+/// `pod-snat` a return for that group must come before every SNAT of pod traffic (the IPv6-only
+/// pods' `169.254.172.0/22` rule aside). Empty when the table keeps them out of SNAT and the mark
+/// (a table without SNAT keeps them out too). For the profiles soak's checker and the data-path
+/// tests.
+pub fn strict_egress_problems(table: &str) -> Vec<String> {
+    let group = eniipam_api::OWN_ENI_EGRESS_LINK_GROUP;
+    let (skip, exempt) = (
+        format!("iifgroup != {group} "),
+        format!("iifgroup {group} "),
+    );
+    let mut problems = Vec::new();
+    let mut chain = "";
+    let mut exempted = false;
+    for line in table.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("chain ") {
+            chain = name.trim_end_matches(" {").trim();
+            exempted = false;
+        } else if line.contains("ct mark set") && line.contains("ip daddr != ") {
+            if !line.contains(&skip) {
+                problems.push(format!(
+                    "chain {chain}: the egress mark does not skip link group {group}: {line}"
+                ));
+            }
+        } else if chain == SNAT_CHAIN && line.starts_with(&exempt) && line.contains(" return") {
+            exempted = true;
+        } else if chain == SNAT_CHAIN
+            && line.contains("snat to")
+            && !line.starts_with("ip saddr ")
+            && !exempted
+        {
+            problems.push(format!(
+                "chain {chain}: SNAT before any return for link group {group}: {line}"
+            ));
+        }
+    }
+    problems
 }
 
 #[cfg(test)]
@@ -183,6 +270,7 @@ mod tests {
             "10.0.0.4".parse().unwrap(),
             &[n("10.0.0.0/16")],
             SnatPorts::Prng,
+            None,
         );
         let lines: Vec<String> = c.rules.iter().map(|r| r.to_string()).collect();
         assert!(

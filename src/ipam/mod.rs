@@ -78,6 +78,9 @@ pub trait ProfileSelector: Send + Sync {
     /// served: a profile that does not exist or cannot be used here is
     /// [`PoolError::ProfileUnavailable`], naming it and why.
     async fn select(&self, pod: &PodRef) -> Result<Option<ProfileName>, IpamError>;
+    /// Whether pods of `profile` leave by their own ENI with their own address (its egress mode,
+    /// `strict` unless the profile asks for `standard`; `strict` for a profile no longer known).
+    fn own_eni_egress(&self, profile: &str) -> bool;
 }
 
 /// NetworkPolicy enforcement (the daemon's `network_policy`, `crate::daemon`'s `network_policy`):
@@ -116,6 +119,9 @@ pub struct Allocated {
     /// The policy-routing table of the IP's ENI; 0 for the primary ENI (main table).
     pub route_table: u32,
     pub vpc_cidrs: Vec<Ipv4Net>,
+    /// The pod's egress leaves by its own ENI, unSNATed: a network profile's pod in the `strict`
+    /// egress mode ([`ProfileSelector::own_eni_egress`]).
+    pub own_eni_egress: bool,
 }
 
 /// What a release did: the addresses released (an attachment holds one of each family at most).
@@ -313,7 +319,18 @@ impl Ipam {
             return Err(e);
         }
         let allocation = v4.map(|(a, _)| a);
+        let own_eni_egress = match (allocation.as_ref(), self.inner.profiles.get()) {
+            (
+                Some(Allocation {
+                    network: Some(profile),
+                    ..
+                }),
+                Some(selector),
+            ) => selector.own_eni_egress(profile),
+            _ => false,
+        };
         Ok(Allocated {
+            own_eni_egress,
             family,
             route_table: allocation
                 .as_ref()

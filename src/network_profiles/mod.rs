@@ -26,7 +26,7 @@ pub mod resources;
 pub mod select;
 pub mod watch;
 
-pub use profile::{NetworkProfile, ProfileSpec, SubnetChoice};
+pub use profile::{EgressMode, NetworkProfile, ProfileSpec, SubnetChoice};
 pub use resources::{Advertiser, RESOURCE_PREFIX, resource_name};
 pub use select::{ANNOTATION, Namespaces, pod_profile, spawn_namespaces};
 pub use watch::{Profiles, spawn};

@@ -70,6 +70,30 @@ pub enum SubnetChoice {
     Tags(BTreeMap<String, String>),
 }
 
+/// How a profile's pods reach destinations outside the VPC (`spec.egressMode`; the VPC CNI's
+/// `POD_SECURITY_GROUP_ENFORCING_MODE` for security groups for pods, per profile here).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EgressMode {
+    /// `strict` (the default): every packet of the pod leaves by its own ENI with its own address,
+    /// so the profile's groups judge all of it; its internet egress needs a NAT gateway (its subnet's
+    /// route), as with `external_snat`.
+    #[default]
+    Strict,
+    /// `standard`: traffic outside the VPC is SNATed to eth0's primary IP and leaves by eth0, judged
+    /// by eth0's groups, as for pods without a profile. Traffic inside the VPC is the profile's.
+    Standard,
+}
+
+impl EgressMode {
+    /// The value as written in `spec.egressMode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Strict => "strict",
+            Self::Standard => "standard",
+        }
+    }
+}
+
 /// A valid profile, as the pool uses it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProfileSpec {
@@ -82,6 +106,8 @@ pub struct ProfileSpec {
     /// `spec.maxEnisPerNode`: at most this many ENIs of the profile on one node (`None`: as many as
     /// the node's free ENI slots allow).
     pub max_enis: Option<u32>,
+    /// `spec.egressMode`: `strict` when absent.
+    pub egress_mode: EgressMode,
 }
 
 /// An EC2 id: `prefix` and 8 or 17 hex digits (the two lengths EC2 has issued).
@@ -156,11 +182,23 @@ impl NetworkProfile {
                 }
             },
         };
+        let egress_mode = match spec.get("egressMode") {
+            None | Some(Value::Null) => EgressMode::default(),
+            Some(Value::String(s)) if s == "strict" => EgressMode::Strict,
+            Some(Value::String(s)) if s == "standard" => EgressMode::Standard,
+            Some(v) => {
+                return Err(at(
+                    "spec.egressMode",
+                    format!("{v} is not \"strict\" (the default) or \"standard\""),
+                ));
+            }
+        };
         Ok(ProfileSpec {
             name,
             subnet,
             security_groups,
             max_enis,
+            egress_mode,
         })
     }
 }
@@ -288,6 +326,7 @@ mod tests {
                 subnet: SubnetChoice::Id("subnet-0a1b2c3d4e5f60718".into()),
                 security_groups: vec!["sg-0123abcd".into(), "sg-4567ef01".into()],
                 max_enis: Some(2),
+                egress_mode: EgressMode::Strict,
             }
         );
         let p = read(
@@ -303,6 +342,28 @@ mod tests {
             ]))
         );
         assert_eq!(p.max_enis, None);
+    }
+
+    #[test]
+    fn the_egress_mode_is_strict_unless_the_profile_asks_for_standard() {
+        let mode = |v: Value| {
+            read(
+                "db",
+                json!({"subnet": "subnet-0123abcd", "securityGroups": ["sg-0123abcd"], "egressMode": v}),
+            )
+            .map(|p| p.egress_mode)
+        };
+        assert_eq!(mode(json!(null)), Ok(EgressMode::Strict));
+        assert_eq!(mode(json!("strict")), Ok(EgressMode::Strict));
+        assert_eq!(mode(json!("standard")), Ok(EgressMode::Standard));
+        for bad in [json!("Standard"), json!("loose"), json!(""), json!(true)] {
+            let why = mode(bad.clone()).unwrap_err();
+            assert!(
+                why.starts_with("NetworkProfile \"db\": spec.egressMode ")
+                    && why.contains("is not \"strict\" (the default) or \"standard\""),
+                "{bad}: {why}"
+            );
+        }
     }
 
     #[test]

@@ -192,6 +192,7 @@ impl IpamService {
             reply.subnet_cidr = a.subnet_cidr.to_string();
             reply.gateway = a.gateway.to_string();
             reply.vpc_cidrs = done.vpc_cidrs.iter().map(|c| c.to_string()).collect();
+            reply.own_eni_egress = done.own_eni_egress;
         }
         if let Some(v6) = &done.ipv6 {
             reply.ipv6 = v6.ip.to_string();

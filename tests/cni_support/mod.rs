@@ -119,6 +119,7 @@ impl Ipam for FakeIpam {
             gateway: "10.10.0.1".into(),
             vpc_cidrs: vec!["10.10.0.0/16".into()],
             egress_ipv4,
+            own_eni_egress: false,
         }))
     }
 

@@ -31,6 +31,14 @@ pub const API_VERSION: u32 = 1;
 /// configuration and `ENIIPAM_SOCKET_PATH` for both the daemon and `eniipamctl`).
 pub const DEFAULT_SOCKET: &str = "/run/eniipam/eniipam.sock";
 
+/// The link group (`ip link set <veth> group <n>`) of the host veth of a pod whose egress leaves by
+/// its own ENI with its own address: a network profile in the `strict` egress mode (issue 44). The
+/// plugin puts the veth in it when the daemon's Allocate reply says `own_eni_egress`; the daemon's
+/// egress mark and SNAT skip packets that come in on it (`iifgroup`), so their routing is the pod's
+/// `from <ip> lookup <ENI table>` rule and the VPC filters them by the ENI's security groups. The
+/// number spells "ENI" in ASCII, far from the small groups operators number by hand.
+pub const OWN_ENI_EGRESS_LINK_GROUP: u32 = 0x0045_4e49;
+
 /// IPv4 egress of IPv6-only pods (`ip_family = ipv6` with `ipv4_egress`): the daemon hands each pod
 /// an address of this range, the plugin wires it, the daemon's SNAT translates it. Both sides check
 /// addresses against the same range, so it lives here.

@@ -116,6 +116,9 @@ pub enum Match {
     /// The packet leaves by an interface whose name does (`negate: false`) or does not start with
     /// this prefix.
     OifNamePrefix { prefix: String, negate: bool },
+    /// The packet came in on an interface of link group `group` (`negate: false`) or of another
+    /// group (`iifgroup`; seen in postrouting too, for forwarded packets).
+    IifGroup { group: u32, negate: bool },
     /// The destination is (`negate: false`) or is not in one of these networks.
     DaddrIn { nets: Vec<Ipv4Net>, negate: bool },
     /// The source is in this network.
@@ -265,6 +268,9 @@ impl Display for Match {
                     "oifname {}\"{prefix}*\"",
                     if *negate { "!= " } else { "" }
                 )
+            }
+            Self::IifGroup { group, negate } => {
+                write!(f, "iifgroup {}{group}", if *negate { "!= " } else { "" })
             }
             Self::SaddrIn(net) => write!(f, "ip saddr {net}"),
             Self::DaddrIn { nets: list, negate } => write!(

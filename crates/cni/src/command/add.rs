@@ -159,6 +159,7 @@ pub(super) async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniErr
                 egress_ipv4: assigned.egress_ipv4,
                 route_table: reply.route_table,
                 mtu: conf.plugin.mtu,
+                own_eni_egress: reply.own_eni_egress,
             };
             let teardown = Teardown {
                 ifname: plan.ifname.clone(),

@@ -105,6 +105,8 @@ pub(super) async fn check(conf: &NetConf, rt: &RuntimeEnv) -> Result<(), CniErro
             // Without a cache entry the table is unknown and the rules are not checked.
             route_table: cached.as_ref().map_or(0, |c| c.route_table),
             mtu: conf.plugin.mtu,
+            // Set when the veth is made; CHECK does not read it back.
+            own_eni_egress: false,
         };
         let mac = cached
             .as_ref()

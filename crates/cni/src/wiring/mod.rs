@@ -128,6 +128,9 @@ pub struct WiringPlan {
     pub route_table: u32,
     /// MTU of both ends.
     pub mtu: u32,
+    /// The host veth goes in link group [`eniipam_api::OWN_ENI_EGRESS_LINK_GROUP`]: the pod's egress
+    /// leaves by its own ENI, unSNATed (a network profile's strict egress mode).
+    pub own_eni_egress: bool,
 }
 
 /// What wiring created.
@@ -174,8 +177,12 @@ pub async fn wire(
         .mtu(plan.mtu)
         .setns_by_fd(pod_ns.raw_fd())
         .build();
-    let veth = LinkVeth::new(&plan.host_veth, &plan.ifname)
-        .mtu(plan.mtu)
+    let mut veth = LinkVeth::new(&plan.host_veth, &plan.ifname).mtu(plan.mtu);
+    if plan.own_eni_egress {
+        // In the group from its creation: no packet of the pod ever meets the egress mark first.
+        veth = veth.link_group(eniipam_api::OWN_ENI_EGRESS_LINK_GROUP);
+    }
+    let veth = veth
         .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
         .build();
     host.handle()
