@@ -167,10 +167,7 @@ async fn a_failing_describe_is_counted_and_the_loop_stops_on_cancel() {
 /// do not list the new ENI and every call naming it answers `InvalidNetworkInterfaceID.NotFound`.
 async fn env_with_new_eni_lag(window: Duration) -> Env {
     let mut config = mockcloud::Config::fast();
-    config.latency.new_eni_lag = NewEniLag {
-        window,
-        refusals: u32::MAX,
-    };
+    config.latency.new_eni_lag = NewEniLag::strict(window);
     Env::start_with(config, fast_limiter(), Duration::from_millis(500)).await
 }
 

@@ -392,12 +392,19 @@ struct NewEniLagReq {
     ms: u64,
     #[serde(default)]
     refusals: u32,
+    /// The share of new ENIs whose calls are refused (default: every one).
+    refused_share: Option<f64>,
 }
 
 async fn set_new_eni_lag(State(m): State<Arc<Inner>>, Json(r): Json<NewEniLagReq>) -> Response {
+    let share = r.refused_share.unwrap_or(1.0);
+    if !(0.0..=1.0).contains(&share) {
+        return err(StatusCode::BAD_REQUEST, "refused_share must be in [0, 1]");
+    }
     MockCloud::from_inner(&m).set_new_eni_lag(crate::NewEniLag {
         window: Duration::from_millis(r.ms),
         refusals: r.refusals,
+        refused_share: share,
     });
     StatusCode::NO_CONTENT.into_response()
 }

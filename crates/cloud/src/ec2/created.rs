@@ -40,6 +40,11 @@ impl CreatedEnis {
         at.insert(eni.clone(), now);
     }
 
+    /// This client deleted `eni`: a not-found about it is the truth from now on.
+    pub(super) fn forget(&self, eni: &EniId) {
+        self.at.lock().expect("created ENIs lock").remove(eni);
+    }
+
     /// Whether EC2 may not show yet one of `enis`: this client created it less than
     /// [`DESCRIBE_SETTLES`] ago.
     pub(super) fn settling<'a>(&self, enis: impl IntoIterator<Item = &'a EniId>) -> bool {

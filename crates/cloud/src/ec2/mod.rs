@@ -345,6 +345,7 @@ impl Cloud for Ec2Cloud {
         })
         .await?;
         self.holdings.forget(eni);
+        self.created.forget(eni);
         Ok(())
     }
 

@@ -44,6 +44,9 @@ struct Args {
     /// InvalidNetworkInterfaceID.NotFound (4294967295: all of them).
     #[arg(long)]
     new_eni_refusals: Option<u32>,
+    /// Override the share of new ENIs (0 to 1) whose calls are refused within the window.
+    #[arg(long)]
+    new_eni_refused_share: Option<f64>,
     /// Instance type of the default instance.
     #[arg(long, default_value = "m5.large")]
     instance_type: String,
@@ -124,6 +127,13 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(n) = args.new_eni_refusals {
         latency.new_eni_lag.refusals = n;
+    }
+    if let Some(share) = args.new_eni_refused_share {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&share),
+            "--new-eni-refused-share must be in [0, 1]"
+        );
+        latency.new_eni_lag.refused_share = share;
     }
     let iam_policy = match &args.iam_policy {
         None => None,

@@ -108,7 +108,9 @@ impl World {
             });
         }
         let id = self.create_eni_inner(args, now)?;
-        self.enis.get_mut(&id).expect("created").created_by_call = Some(now);
+        let refusals = self.timing.new_eni_lag.refusals_for(&id);
+        let new = self.enis.get_mut(&id).expect("created");
+        (new.created_by_call, new.refusals_left) = (Some(now), refusals);
         let view = self.eni_view(&id);
         if let Some(token) = &args.client_token {
             self.client_tokens
@@ -241,7 +243,7 @@ impl World {
                 attachment: None,
                 requester_managed: false,
                 created_by_call: None,
-                refused_while_new: 0,
+                refusals_left: 0,
             },
         );
         Ok(id)

@@ -173,8 +173,8 @@ struct Eni {
     /// When CreateNetworkInterface made it (describes lag it, `settling`); `None`: an instance's
     /// primary interface, there from launch.
     created_by_call: Option<Instant>,
-    /// Calls on it refused as not found while it was new (`settling`).
-    refused_while_new: u32,
+    /// Calls on it still to be refused as not found while it is new (`settling`).
+    refusals_left: u32,
 }
 
 impl Eni {
@@ -253,7 +253,7 @@ pub struct World {
     rng: Rng,
 }
 
-fn splitmix(mut x: u64) -> u64 {
+pub(crate) fn splitmix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -25,14 +25,14 @@ impl World {
     }
 
     /// A call naming ENI `id` at `now`: refused as not found when the ENI is within the new-ENI lag
-    /// after its create and fewer calls than the lag's `refusals` were refused so far.
+    /// after its create and has refusals left (as many as the lag gave it at its create).
     pub(super) fn refuse_while_new(&mut self, id: &str, now: Instant) -> Ec2Result<()> {
-        let lag = self.timing.new_eni_lag;
+        let window = self.timing.new_eni_lag.window;
         self.eni_ref(id)?;
         let eni = self.enis.get_mut(id).expect("checked");
-        let new = eni.created_by_call.is_some_and(|at| at + lag.window > now);
-        if new && eni.refused_while_new < lag.refusals {
-            eni.refused_while_new += 1;
+        let new = eni.created_by_call.is_some_and(|at| at + window > now);
+        if new && eni.refusals_left > 0 {
+            eni.refusals_left -= 1;
             return Err(eni_not_found(id));
         }
         Ok(())

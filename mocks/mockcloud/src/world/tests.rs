@@ -382,8 +382,8 @@ fn a_new_eni_is_unlisted_and_its_first_calls_refused_within_the_lag() {
     let (mut w, inst, primary) = one_instance(
         Timing {
             new_eni_lag: crate::NewEniLag {
-                window,
                 refusals: 2,
+                ..crate::NewEniLag::strict(window)
             },
             ..timing()
         },
@@ -441,4 +441,18 @@ fn a_new_eni_is_unlisted_and_its_first_calls_refused_within_the_lag() {
     let late = eni(&mut w, &subnet, t0);
     w.assign_private_ip_addresses(&late, AssignArgs::Count(1), t0 + window)
         .unwrap();
+}
+
+#[test]
+fn the_refused_share_of_new_enis_is_picked_by_id() {
+    let ids: Vec<String> = (0..1000u64)
+        .map(|n| format!("eni-0{:016x}", splitmix(n)))
+        .collect();
+    let refused = |lag: crate::NewEniLag| ids.iter().filter(|id| lag.refusals_for(id) > 0).count();
+    let window = Duration::from_secs(2);
+    assert_eq!(refused(crate::NewEniLag::strict(window)), 1000);
+    assert_eq!(refused(crate::NewEniLag::none()), 0, "no refusals");
+    let quarter = refused(crate::NewEniLag::realistic());
+    assert!((200..300).contains(&quarter), "about a quarter: {quarter}");
+    assert_eq!(quarter, refused(crate::NewEniLag::realistic()), "reproducible");
 }
