@@ -242,3 +242,29 @@ async fn not_found_is_final_for_an_eni_not_just_created() {
     assert!(err.is_not_found(), "{err}");
     assert_eq!(refused(&env, "DeleteNetworkInterface"), 1, "one call, no retry");
 }
+
+/// Issue 44, case 6: EC2's describes do not show an attachment made moments ago either. A create
+/// that fails after its attach was answered (here: IMDS never shows the ENI and EC2's describe,
+/// still lagging, says it is not attached) detaches that attachment before the delete, instead of
+/// deleting an ENI that is in use and leaving it attached.
+#[tokio::test]
+async fn a_failed_create_detaches_the_attachment_describes_do_not_show_yet() {
+    let window = Duration::from_secs(4);
+    let env = env_with_new_eni_lag(window).await;
+    env.mock.set_imds_lag(Duration::from_secs(600));
+    let before = env.eni_ids();
+    // The attach goes through once the window after the create is over (about 4 s); IMDS is given
+    // 3 s (fast_lifecycle), then EC2 is asked while its describes still hide the attachment.
+    let err = env
+        .lifecycle(fast_lifecycle())
+        .create_and_attach(1, 1)
+        .await
+        .expect_err("EC2's lagging describe does not confirm the attachment");
+    assert!(!err.is_not_found(), "{err}");
+    assert_eq!(
+        env.mock.counters().ok("DetachNetworkInterface"),
+        1,
+        "our own attachment was detached"
+    );
+    assert_eq!(env.eni_ids(), before, "the new ENI is deleted, not left attached");
+}
