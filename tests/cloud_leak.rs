@@ -217,8 +217,11 @@ async fn create_and_attach_rides_out_not_found_right_after_the_create() {
 async fn a_failed_create_cleans_up_its_eni_while_ec2_does_not_show_it_yet() {
     let env = env_with_new_eni_lag(Duration::from_millis(800)).await;
     let before = env.eni_ids();
-    env.mock
-        .inject_fault(Fault::error("AttachNetworkInterface", "InvalidParameterCombination", 1));
+    env.mock.inject_fault(Fault::error(
+        "AttachNetworkInterface",
+        "InvalidParameterCombination",
+        1,
+    ));
     let err = env
         .lifecycle(fast_lifecycle())
         .create_and_attach(2, 1)
@@ -240,7 +243,11 @@ async fn not_found_is_final_for_an_eni_not_just_created() {
     let unknown = eniipam::model::EniId::try_from("eni-0123456789abcdef0".to_owned()).unwrap();
     let err = env.cloud.delete_eni(&unknown).await.expect_err("unknown");
     assert!(err.is_not_found(), "{err}");
-    assert_eq!(refused(&env, "DeleteNetworkInterface"), 1, "one call, no retry");
+    assert_eq!(
+        refused(&env, "DeleteNetworkInterface"),
+        1,
+        "one call, no retry"
+    );
 }
 
 /// Issue 44, case 6: EC2's describes do not show an attachment made moments ago either. A create
@@ -266,5 +273,9 @@ async fn a_failed_create_detaches_the_attachment_describes_do_not_show_yet() {
         1,
         "our own attachment was detached"
     );
-    assert_eq!(env.eni_ids(), before, "the new ENI is deleted, not left attached");
+    assert_eq!(
+        env.eni_ids(),
+        before,
+        "the new ENI is deleted, not left attached"
+    );
 }

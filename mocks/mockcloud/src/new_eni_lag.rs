@@ -79,7 +79,8 @@ impl NewEniLag {
         let hash = id
             .bytes()
             .fold(0u64, |h, b| crate::world::splitmix(h ^ u64::from(b)));
-        let picked = self.refused_share >= 1.0 || (hash as f64 / u64::MAX as f64) < self.refused_share;
+        let picked =
+            self.refused_share >= 1.0 || (hash as f64 / u64::MAX as f64) < self.refused_share;
         if picked { self.refusals } else { 0 }
     }
 }
@@ -87,7 +88,12 @@ impl NewEniLag {
 impl MockCloud {
     /// Sets what EC2 does not show yet of an ENI it has just created or attached ([`NewEniLag`]).
     pub fn set_new_eni_lag(&self, lag: NewEniLag) {
-        self.inner.world.lock().expect("world lock").timing.new_eni_lag = lag;
+        self.inner
+            .world
+            .lock()
+            .expect("world lock")
+            .timing
+            .new_eni_lag = lag;
         self.inner.latency.lock().expect("latency lock").new_eni_lag = lag;
     }
 }

@@ -1762,7 +1762,11 @@ async fn a_new_eni_lags_in_describes_and_its_first_call_is_refused() {
             .send()
     };
     let e = attach().await.unwrap_err();
-    assert_eq!(code(e), "InvalidNetworkInterfaceID.NotFound", "the first call is refused");
+    assert_eq!(
+        code(e),
+        "InvalidNetworkInterfaceID.NotFound",
+        "the first call is refused"
+    );
     let truth = mock.network_interfaces();
     let truth = truth.iter().find(|e| e.id == id).unwrap();
     assert!(truth.attachment.is_none(), "refused unperformed");

@@ -149,8 +149,10 @@ impl Cloud for Ec2Cloud {
     }
 
     async fn describe_enis(&self, filter: &EniFilter) -> CloudResult<Vec<Eni>> {
-        self.settling("DescribeNetworkInterfaces", &filter.ids, || self.enis(filter))
-            .await
+        self.settling("DescribeNetworkInterfaces", &filter.ids, || {
+            self.enis(filter)
+        })
+        .await
     }
 
     async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni> {

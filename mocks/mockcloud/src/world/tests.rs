@@ -409,9 +409,15 @@ fn a_new_eni_is_unlisted_and_its_first_calls_refused_within_the_lag() {
             }
         }
     };
-    assert!(listed(&mut w, t0).is_none(), "not listed right after the create");
+    assert!(
+        listed(&mut w, t0).is_none(),
+        "not listed right after the create"
+    );
     assert!(listed(&mut w, t0 + window - ms(1)).is_none());
-    assert!(listed(&mut w, t0 + window).is_some(), "listed after the lag");
+    assert!(
+        listed(&mut w, t0 + window).is_some(),
+        "listed after the lag"
+    );
 
     // Within the window, the first two calls naming it are refused, unperformed.
     let t1 = t0 + ms(500);
@@ -419,19 +425,33 @@ fn a_new_eni_is_unlisted_and_its_first_calls_refused_within_the_lag() {
         let e = w.attach_network_interface(&id, &inst, 1, t1).unwrap_err();
         assert_eq!(e.code, "InvalidNetworkInterfaceID.NotFound");
     }
-    assert!(w.network_interfaces(t1).iter().any(|v| v.id == id && v.attachment.is_none()));
+    assert!(
+        w.network_interfaces(t1)
+            .iter()
+            .any(|v| v.id == id && v.attachment.is_none())
+    );
     w.attach_network_interface(&id, &inst, 1, t1).unwrap();
-    let truth = w.network_interfaces(t1).into_iter().find(|v| v.id == id).unwrap();
+    let truth = w
+        .network_interfaces(t1)
+        .into_iter()
+        .find(|v| v.id == id)
+        .unwrap();
     assert_eq!(truth.status, "in-use", "the truth at once");
 
     // Describes show the attachment only a window after it was made.
     let attached = |w: &mut World, at: Instant| {
         let v = listed(w, at).expect("listed");
-        let in_instance = w.describe_instances(std::slice::from_ref(&inst), &[], at).unwrap()[0]
+        let in_instance = w
+            .describe_instances(std::slice::from_ref(&inst), &[], at)
+            .unwrap()[0]
             .enis
             .iter()
             .any(|e| e.id == id);
-        assert_eq!(v.attachment.is_some(), in_instance, "both describes lag alike");
+        assert_eq!(
+            v.attachment.is_some(),
+            in_instance,
+            "both describes lag alike"
+        );
         (v.status, in_instance)
     };
     assert_eq!(attached(&mut w, t1 + window - ms(1)), ("available", false));
@@ -454,5 +474,9 @@ fn the_refused_share_of_new_enis_is_picked_by_id() {
     assert_eq!(refused(crate::NewEniLag::none()), 0, "no refusals");
     let quarter = refused(crate::NewEniLag::realistic());
     assert!((200..300).contains(&quarter), "about a quarter: {quarter}");
-    assert_eq!(quarter, refused(crate::NewEniLag::realistic()), "reproducible");
+    assert_eq!(
+        quarter,
+        refused(crate::NewEniLag::realistic()),
+        "reproducible"
+    );
 }
