@@ -247,11 +247,15 @@ impl EniLifecycle {
             device_index,
             "created ENI"
         );
-        match self.attach_and_settle(&created, device_index).await {
+        let mut attached = None;
+        match self
+            .attach_and_settle(&created, device_index, &mut attached)
+            .await
+        {
             Ok(eni) => Ok(eni),
             Err(err) => {
                 tracing::warn!(eni = %created.id, error = %err, "ENI setup failed, cleaning up");
-                if let Err(cleanup) = self.cleanup(&created.id).await {
+                if let Err(cleanup) = self.cleanup(&created.id, attached).await {
                     tracing::error!(
                         eni = %created.id,
                         error = %cleanup,
@@ -263,11 +267,18 @@ impl EniLifecycle {
         }
     }
 
-    async fn attach_and_settle(&self, created: &Eni, device_index: u32) -> CloudResult<Eni> {
+    /// Attaches `created` and waits until it is visible; `attached` is the attachment once EC2 has
+    /// answered the attach (for the cleanup, should a later step fail).
+    async fn attach_and_settle(
+        &self,
+        created: &Eni,
+        device_index: u32,
+        attached: &mut Option<EniAttachment>,
+    ) -> CloudResult<Eni> {
         // The ENI exists and holds its IPs: while EC2 is only throttling (retries ran out), keep
         // trying rather than delete it and start over, which would cost more calls in the storm.
         let mut rounds = 1;
-        let attached = loop {
+        let attach = loop {
             match self
                 .cloud
                 .attach_eni(&created.id, &self.node.instance_id, device_index)
@@ -282,7 +293,7 @@ impl EniLifecycle {
                 other => break other,
             }
         };
-        let (attachment_id, device_index) = match attached {
+        let (attachment_id, device_index) = match attach {
             Ok(id) => (id, device_index),
             // Something this pool does not know sits at that index (an attachment whose outcome
             // was lost, another agent's ENI): ask EC2 which indexes are free and use the lowest.
@@ -362,6 +373,7 @@ impl EniLifecycle {
             status: AttachmentStatus::Attached,
             delete_on_termination: false,
         });
+        attached.clone_from(&eni.attachment);
         let (delete_on_termination, visible) =
             tokio::join!(delete_on_termination, self.wait_visible(eni));
         let mut eni = visible?;
@@ -452,11 +464,15 @@ impl EniLifecycle {
     }
 
     /// Undo a failed create: detach if EC2 says it is attached (an ambiguous attach may have
-    /// succeeded), then delete.
-    async fn cleanup(&self, id: &EniId) -> CloudResult<()> {
-        let Some(eni) = self.describe_one(id).await? else {
+    /// succeeded) or answered our attach (`attached`: EC2's describes may not show an attachment
+    /// made moments ago), then delete.
+    async fn cleanup(&self, id: &EniId, attached: Option<EniAttachment>) -> CloudResult<()> {
+        let Some(mut eni) = self.describe_one(id).await? else {
             return Ok(());
         };
+        if eni.attachment.is_none() {
+            eni.attachment = attached;
+        }
         self.detach_and_delete_unchecked(&eni).await
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::new_eni_lag::NewEniLag;
 use crate::throttling::Throttling;
 
 /// How long EC2 takes to answer, per action, and how long state changes take to settle.
@@ -33,6 +34,10 @@ pub struct LatencyProfile {
     /// An address assigned shows only after the lag; one unassigned shows until it has passed.
     #[serde(with = "millis", default)]
     pub describe_lag: Duration,
+    /// What EC2 does not show yet of an ENI it has just created or attached: describes do not list
+    /// it, and the first calls on it answer `InvalidNetworkInterfaceID.NotFound` ([`NewEniLag`]).
+    #[serde(default)]
+    pub new_eni_lag: NewEniLag,
     /// IMDS reply latency.
     #[serde(with = "millis")]
     pub imds_latency: Duration,
@@ -49,6 +54,7 @@ impl LatencyProfile {
             detach_delay: Duration::ZERO,
             imds_lag: Duration::ZERO,
             describe_lag: Duration::ZERO,
+            new_eni_lag: NewEniLag::none(),
             imds_latency: Duration::ZERO,
         }
     }
@@ -56,7 +62,8 @@ impl LatencyProfile {
     /// Figures in line with what EC2 shows from inside a region: describe calls ~100 ms, ENI creation
     /// ~400 ms, attach answered in ~250 ms but `attaching` for ~2 s, IP assignment ~250 ms, IMDS
     /// catching up ~1 s after a change (the AWS VPC CNI documents "up to 10 seconds" for create+attach),
-    /// EC2's describes ~2 s (EC2 publishes no figure; its guidance is "seconds to minutes").
+    /// EC2's describes ~2 s (EC2 publishes no figure; its guidance is "seconds to minutes"), a new
+    /// ENI unlisted for as long and its first call refused ([`NewEniLag::realistic`]).
     pub fn realistic() -> Self {
         let ms = Duration::from_millis;
         let per_action = [
@@ -90,6 +97,7 @@ impl LatencyProfile {
             detach_delay: ms(2000),
             imds_lag: ms(1000),
             describe_lag: ms(2000),
+            new_eni_lag: NewEniLag::realistic(),
             imds_latency: ms(1),
         }
     }

@@ -70,6 +70,7 @@ pub fn router() -> Router<Arc<Inner>> {
         .route("/_mock/latency", put(set_latency).get(get_latency))
         .route("/_mock/imds-lag", put(set_imds_lag))
         .route("/_mock/describe-lag", put(set_describe_lag))
+        .route("/_mock/new-eni-lag", put(set_new_eni_lag))
         .route("/_mock/deny/{action}", put(deny).delete(allow))
         .route(
             "/_mock/iam/policy",
@@ -383,6 +384,28 @@ async fn set_imds_lag(State(m): State<Arc<Inner>>, Json(r): Json<LagReq>) -> Res
 
 async fn set_describe_lag(State(m): State<Arc<Inner>>, Json(r): Json<LagReq>) -> Response {
     MockCloud::from_inner(&m).set_describe_lag(Duration::from_millis(r.ms));
+    StatusCode::NO_CONTENT.into_response()
+}
+
+#[derive(Deserialize)]
+struct NewEniLagReq {
+    ms: u64,
+    #[serde(default)]
+    refusals: u32,
+    /// The share of new ENIs whose calls are refused (default: every one).
+    refused_share: Option<f64>,
+}
+
+async fn set_new_eni_lag(State(m): State<Arc<Inner>>, Json(r): Json<NewEniLagReq>) -> Response {
+    let share = r.refused_share.unwrap_or(1.0);
+    if !(0.0..=1.0).contains(&share) {
+        return err(StatusCode::BAD_REQUEST, "refused_share must be in [0, 1]");
+    }
+    MockCloud::from_inner(&m).set_new_eni_lag(crate::NewEniLag {
+        window: Duration::from_millis(r.ms),
+        refusals: r.refusals,
+        refused_share: share,
+    });
     StatusCode::NO_CONTENT.into_response()
 }
 

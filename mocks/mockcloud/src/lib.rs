@@ -41,6 +41,7 @@ pub mod ec2;
 pub mod error;
 pub mod iam;
 pub mod imds;
+pub mod new_eni_lag;
 pub mod query;
 pub mod subnet_api;
 pub mod throttling;
@@ -51,6 +52,7 @@ pub mod xml;
 pub use actions::ActionClass;
 pub use config::{Config, LatencyProfile};
 pub use error::Ec2Error;
+pub use new_eni_lag::NewEniLag;
 pub use throttling::{Bucket, BucketLevel, Category, Throttling, ThrottlingError};
 pub use traffic::{ActionCounters, CallRecord, Counters, Fault, FaultKind};
 pub use world::{
@@ -163,13 +165,7 @@ impl MockCloud {
         let listener = TcpListener::bind(addr).await?;
         let ec2_addr = listener.local_addr()?;
         let now = Instant::now();
-        let timing = world::Timing {
-            attach_delay: config.latency.attach_delay,
-            detach_delay: config.latency.detach_delay,
-            imds_lag: config.latency.imds_lag,
-            describe_lag: config.latency.describe_lag,
-        };
-        let mut world = world::World::new(&config.region, timing);
+        let mut world = world::World::new(&config.region, world::Timing::of(&config.latency));
         world.set_allocation_seed(allocation_seed);
         let inner = Arc::new(Inner {
             world: Mutex::new(world),
@@ -500,13 +496,7 @@ impl MockCloud {
 
     /// Replaces the latency profile (attach/detach delays and IMDS lag included).
     pub fn set_latency(&self, profile: LatencyProfile) {
-        {
-            let mut w = self.inner.world.lock().expect("world lock");
-            w.timing.attach_delay = profile.attach_delay;
-            w.timing.detach_delay = profile.detach_delay;
-            w.timing.imds_lag = profile.imds_lag;
-            w.timing.describe_lag = profile.describe_lag;
-        }
+        self.inner.world.lock().expect("world lock").timing = world::Timing::of(&profile);
         *self.inner.latency.lock().expect("latency lock") = profile;
     }
 

@@ -1710,3 +1710,95 @@ async fn describes_lag_the_changes_they_follow() {
     now.sort();
     assert_eq!(described(c.clone(), id.clone()).await, now);
 }
+
+/// EC2's eventual consistency right after a create (AWS's *Eventual consistency in the Amazon EC2
+/// API*): a new ENI is not listed by describes, and its first call is refused as not found; an
+/// attachment does not show in describes for as long.
+#[tokio::test]
+async fn a_new_eni_lags_in_describes_and_its_first_call_is_refused() {
+    let mock = fast().await;
+    let c = ec2(&mock);
+    let http = reqwest::Client::new();
+    let set_lag = |ms: u64, refusals: u32| {
+        let http = http.clone();
+        let url = format!("{}/new-eni-lag", mock.control_url());
+        async move {
+            let r = http
+                .put(url)
+                .json(&serde_json::json!({ "ms": ms, "refusals": refusals }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 204);
+        }
+    };
+    set_lag(3_600_000, 1).await;
+    let inst = mock.default_instance().instance_id;
+    let id = create_eni(&c, &mock, 1).await;
+    assert!(
+        mock.network_interfaces().iter().any(|e| e.id == id),
+        "the truth has it at once"
+    );
+    let e = c
+        .describe_network_interfaces()
+        .network_interface_ids(&id)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), "InvalidNetworkInterfaceID.NotFound");
+    let listed = c.describe_network_interfaces().send().await.unwrap();
+    assert!(
+        !listed
+            .network_interfaces()
+            .iter()
+            .any(|n| n.network_interface_id() == Some(id.as_str())),
+        "an unfiltered describe does not list it either"
+    );
+    let attach = || {
+        c.attach_network_interface()
+            .network_interface_id(&id)
+            .instance_id(&inst)
+            .device_index(1)
+            .send()
+    };
+    let e = attach().await.unwrap_err();
+    assert_eq!(
+        code(e),
+        "InvalidNetworkInterfaceID.NotFound",
+        "the first call is refused"
+    );
+    let truth = mock.network_interfaces();
+    let truth = truth.iter().find(|e| e.id == id).unwrap();
+    assert!(truth.attachment.is_none(), "refused unperformed");
+    attach().await.expect("the second call goes through");
+    let attached_in_describes = || async {
+        let r = c
+            .describe_instances()
+            .instance_ids(&inst)
+            .send()
+            .await
+            .unwrap();
+        r.reservations()[0].instances()[0]
+            .network_interfaces()
+            .iter()
+            .any(|n| n.network_interface_id() == Some(id.as_str()))
+    };
+    assert!(
+        !attached_in_describes().await,
+        "DescribeInstances does not show the attachment within the lag"
+    );
+    set_lag(0, 0).await;
+    assert!(attached_in_describes().await, "after it, it does");
+    let shown = c
+        .describe_network_interfaces()
+        .network_interface_ids(&id)
+        .send()
+        .await
+        .unwrap();
+    let shown = &shown.network_interfaces()[0];
+    assert_eq!(
+        shown.status().map(|s| s.as_str()),
+        Some("in-use"),
+        "and DescribeNetworkInterfaces its attachment"
+    );
+}

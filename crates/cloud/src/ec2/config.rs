@@ -96,6 +96,7 @@ impl Ec2Cloud {
             limiter,
             page_size: to_i32(config.describe_page_size.clamp(5, 1000)),
             holdings: Default::default(),
+            created: Default::default(),
             view: None,
         })
     }

@@ -8,7 +8,8 @@
 //! Parts: this file (the client and the [`Cloud`] calls), [`classify`] (SDK errors → [`CloudError`],
 //! once, by EC2 error code and HTTP status), [`convert`] (SDK types ⇄ domain types), `config`
 //! ([`Ec2Config`] and building the client), `mutate` (the one loop every mutating call runs in),
-//! `ipv6` (AssignIpv6Addresses / UnassignIpv6Addresses for the node's `/80`), `describe` (the
+//! `created` (a not-found about an ENI this client created lately is retried, as EC2 may not
+//! show it yet), `ipv6` (AssignIpv6Addresses / UnassignIpv6Addresses for the node's `/80`), `describe` (the
 //! describes of instances, instance types, subnets, subnet reservations and ENIs), `groups`
 //! (DescribeSecurityGroups).
 //!
@@ -33,6 +34,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 mod classify;
 mod config;
 mod convert;
+mod created;
 mod describe;
 mod groups;
 mod holdings;
@@ -42,6 +44,7 @@ mod mutate;
 pub use classify::{classify, classify_code};
 pub use config::{DESCRIBE_PAGE_SIZE, Ec2BuildError, Ec2Config};
 use convert::*;
+use created::CreatedEnis;
 use holdings::Holdings;
 pub use mutate::AMBIGUOUS_IMDS_WAIT;
 use mutate::{InstanceView, Verify, mutate};
@@ -62,6 +65,9 @@ pub struct Ec2Cloud {
     page_size: i32,
     /// What each ENI holds, from this client's own calls (no describe before an assign).
     holdings: Arc<Holdings>,
+    /// The ENIs this client created lately: a not-found about one of them may be EC2 not showing it
+    /// yet, and is retried (`created`).
+    created: Arc<CreatedEnis>,
     /// IMDS, to settle an ambiguous assign without a describe; `None`: EC2 settles it.
     view: Option<InstanceView>,
 }
@@ -143,7 +149,10 @@ impl Cloud for Ec2Cloud {
     }
 
     async fn describe_enis(&self, filter: &EniFilter) -> CloudResult<Vec<Eni>> {
-        self.enis(filter).await
+        self.settling("DescribeNetworkInterfaces", &filter.ids, || {
+            self.enis(filter)
+        })
+        .await
     }
 
     async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni> {
@@ -212,6 +221,7 @@ impl Cloud for Ec2Cloud {
             eni.tags = req.tags.clone();
         }
         self.holdings.record(&eni);
+        self.created.record(&eni.id);
         Ok(eni)
     }
 
@@ -244,13 +254,15 @@ impl Cloud for Ec2Cloud {
                     Some(a.attachment_id)
                 }))
         };
-        mutate(
-            &self.limiter,
-            &self.holdings,
-            API,
-            send,
-            Verify::Describe(attached),
-        )
+        self.settling(API, [eni], || {
+            mutate(
+                &self.limiter,
+                &self.holdings,
+                API,
+                send,
+                Verify::Describe(attached),
+            )
+        })
         .await?
         .ok_or_else(|| malformed(API, "no attachment id in the reply"))
     }
@@ -271,7 +283,10 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        mutate(&self.limiter, &self.holdings, API, send, Verify::nothing()).await
+        self.settling(API, [eni], || {
+            mutate(&self.limiter, &self.holdings, API, send, Verify::nothing())
+        })
+        .await
     }
 
     async fn set_security_groups(&self, eni: &EniId, groups: &[String]) -> CloudResult<()> {
@@ -287,7 +302,10 @@ impl Cloud for Ec2Cloud {
                 .map_err(|e| classify(API, e))
         };
         // Idempotent: a retry after an ambiguous failure sets the same groups again.
-        mutate(&self.limiter, &self.holdings, API, send, Verify::nothing()).await
+        self.settling(API, [eni], || {
+            mutate(&self.limiter, &self.holdings, API, send, Verify::nothing())
+        })
+        .await
     }
 
     async fn detach_eni(&self, attachment_id: &str, force: bool) -> CloudResult<()> {
@@ -316,15 +334,20 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        mutate(
-            &self.limiter,
-            &self.holdings,
-            API,
-            send,
-            Verify::not_found_after(()),
-        )
+        // A not-found after a lost attempt is that attempt's success, unless EC2 may not show the
+        // ENI yet (just created): then the retries of `settling` go on until EC2 shows it or the
+        // window ends.
+        self.settling(API, [eni], || {
+            let verify = if self.created.settling([eni]) {
+                Verify::nothing()
+            } else {
+                Verify::not_found_after(())
+            };
+            mutate(&self.limiter, &self.holdings, API, send, verify)
+        })
         .await?;
         self.holdings.forget(eni);
+        self.created.forget(eni);
         Ok(())
     }
 
@@ -337,7 +360,10 @@ impl Cloud for Ec2Cloud {
             tracing::info!(%eni, ips = ?new, "assign had succeeded despite the error; not assigning again");
         };
         let send = || self.send_assign_count(eni, count);
-        self.assign_counted(API, eni, count, send, found).await
+        self.settling(API, [eni], || {
+            self.assign_counted(API, eni, count, send, found)
+        })
+        .await
     }
 
     async fn assign_specific_ips(
@@ -364,14 +390,17 @@ impl Cloud for Ec2Cloud {
             let now: BTreeSet<Ipv4Addr> = self.held(API, eni).await?;
             Ok(ips.iter().all(|ip| now.contains(ip)).then(|| ips.to_vec()))
         };
-        let result = mutate(
-            &self.limiter,
-            &self.holdings,
-            API,
-            send,
-            Verify::Describe(assigned),
-        )
-        .await;
+        let result = self
+            .settling(API, [eni], || {
+                mutate(
+                    &self.limiter,
+                    &self.holdings,
+                    API,
+                    send,
+                    Verify::Describe(assigned),
+                )
+            })
+            .await;
         match &result {
             Ok(got) => self.holdings.added(eni, got),
             // Not knowing which part of the story EC2 saw, the next assign describes the ENI.
@@ -396,7 +425,8 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        self.unassign_verified(API, eni, ips, send).await
+        self.settling(API, [eni], || self.unassign_verified(API, eni, ips, send))
+            .await
     }
 
     async fn assign_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv4Net>> {
@@ -422,7 +452,10 @@ impl Cloud for Ec2Cloud {
                 .map(|p| parse_prefix(API, p))
                 .collect::<CloudResult<Vec<Ipv4Net>>>()
         };
-        self.assign_counted(API, eni, count, send, found).await
+        self.settling(API, [eni], || {
+            self.assign_counted(API, eni, count, send, found)
+        })
+        .await
     }
 
     async fn unassign_prefixes(&self, eni: &EniId, prefixes: &[Ipv4Net]) -> CloudResult<()> {
@@ -441,11 +474,17 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ())
                 .map_err(|e| classify(API, e))
         };
-        self.unassign_verified(API, eni, prefixes, send).await
+        self.settling(API, [eni], || {
+            self.unassign_verified(API, eni, prefixes, send)
+        })
+        .await
     }
 
     async fn assign_ipv6_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv6Net>> {
-        self.assign_ipv6_prefix_count(eni, count).await
+        self.settling("AssignIpv6Addresses", [eni], || {
+            self.assign_ipv6_prefix_count(eni, count)
+        })
+        .await
     }
 
     async fn assign_specific_ipv6_prefixes(
@@ -453,11 +492,17 @@ impl Cloud for Ec2Cloud {
         eni: &EniId,
         prefixes: &[Ipv6Net],
     ) -> CloudResult<Vec<Ipv6Net>> {
-        self.assign_ipv6_prefix_list(eni, prefixes).await
+        self.settling("AssignIpv6Addresses", [eni], || {
+            self.assign_ipv6_prefix_list(eni, prefixes)
+        })
+        .await
     }
 
     async fn unassign_ipv6_prefixes(&self, eni: &EniId, prefixes: &[Ipv6Net]) -> CloudResult<()> {
-        self.unassign_ipv6_prefix_list(eni, prefixes).await
+        self.settling("UnassignIpv6Addresses", [eni], || {
+            self.unassign_ipv6_prefix_list(eni, prefixes)
+        })
+        .await
     }
 
     async fn create_tags(

@@ -36,6 +36,17 @@ struct Args {
     /// as they were this long ago (eventual consistency).
     #[arg(long)]
     describe_lag_ms: Option<u64>,
+    /// Override the profile's new-ENI lag window, in milliseconds: describes do not list an ENI
+    /// created (nor show an attachment made) this long ago.
+    #[arg(long)]
+    new_eni_lag_ms: Option<u64>,
+    /// Override how many calls on a new ENI within its lag window answer
+    /// InvalidNetworkInterfaceID.NotFound (4294967295: all of them).
+    #[arg(long)]
+    new_eni_refusals: Option<u32>,
+    /// Override the share of new ENIs (0 to 1) whose calls are refused within the window.
+    #[arg(long)]
+    new_eni_refused_share: Option<f64>,
     /// Instance type of the default instance.
     #[arg(long, default_value = "m5.large")]
     instance_type: String,
@@ -110,6 +121,19 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(ms) = args.describe_lag_ms {
         latency.describe_lag = Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.new_eni_lag_ms {
+        latency.new_eni_lag.window = Duration::from_millis(ms);
+    }
+    if let Some(n) = args.new_eni_refusals {
+        latency.new_eni_lag.refusals = n;
+    }
+    if let Some(share) = args.new_eni_refused_share {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&share),
+            "--new-eni-refused-share must be in [0, 1]"
+        );
+        latency.new_eni_lag.refused_share = share;
     }
     let iam_policy = match &args.iam_policy {
         None => None,

@@ -31,6 +31,7 @@ impl World {
         now: Instant,
     ) -> Ec2Result<Vec<Ipv4Addr>> {
         self.settle(now);
+        self.refuse_while_new(eni_id, now)?;
         let eni = self.eni_ref(eni_id)?;
         let limit = self.address_limit(eni_id);
         let subnet_id = eni.subnet_id.clone();
@@ -107,6 +108,7 @@ impl World {
         now: Instant,
     ) -> Ec2Result<Vec<Ipv4Net>> {
         self.settle(now);
+        self.refuse_while_new(eni_id, now)?;
         let eni = self.eni_ref(eni_id)?;
         if let Some(t) = self.attached_type(eni).filter(|t| !t.is_nitro()) {
             return Err(prefixes_unsupported(&t));
@@ -190,6 +192,7 @@ impl World {
         now: Instant,
     ) -> Ec2Result<()> {
         self.settle(now);
+        self.refuse_while_new(eni_id, now)?;
         let eni = self.eni_ref(eni_id)?;
         if ips.is_empty() && prefixes.is_empty() {
             return Err(Ec2Error::missing("PrivateIpAddress or Ipv4Prefix"));

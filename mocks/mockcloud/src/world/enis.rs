@@ -45,7 +45,7 @@ impl World {
     ) -> Ec2Result<Vec<EniView>> {
         self.settle(now);
         for id in ids {
-            self.eni_ref(id)?;
+            self.eni_listed(id, now)?;
         }
         for f in filters {
             let known = [
@@ -69,6 +69,7 @@ impl World {
             .enis
             .keys()
             .filter(|id| ids.is_empty() || ids.contains(id))
+            .filter(|id| self.eni_listed(id, now).is_ok())
             .map(|id| self.eni_described(id, now))
             .filter(|v| filters.iter().all(|f| eni_matches(v, f)))
             .collect())
@@ -107,6 +108,9 @@ impl World {
             });
         }
         let id = self.create_eni_inner(args, now)?;
+        let refusals = self.timing.new_eni_lag.refusals_for(&id);
+        let new = self.enis.get_mut(&id).expect("created");
+        (new.created_by_call, new.refusals_left) = (Some(now), refusals);
         let view = self.eni_view(&id);
         if let Some(token) = &args.client_token {
             self.client_tokens
@@ -238,6 +242,8 @@ impl World {
                 tags: args.tags.clone(),
                 attachment: None,
                 requester_managed: false,
+                created_by_call: None,
+                refusals_left: 0,
             },
         );
         Ok(id)
@@ -289,6 +295,7 @@ impl World {
         now: Instant,
     ) -> Ec2Result<String> {
         self.settle(now);
+        self.refuse_while_new(eni_id, now)?;
         let eni = self.eni_ref(eni_id)?;
         if !well_formed(instance_id, "i") {
             return Err(malformed("InvalidInstanceID.Malformed", "i", instance_id));
@@ -386,6 +393,7 @@ impl World {
             device_index,
             network_card,
             delete_on_termination: false,
+            attached_by_call: Some(now),
             state: if delay.is_zero() {
                 AttState::Attached { since: now }
             } else {
@@ -450,6 +458,7 @@ impl World {
 
     pub fn delete_network_interface(&mut self, eni_id: &str, now: Instant) -> Ec2Result<()> {
         self.settle(now);
+        self.refuse_while_new(eni_id, now)?;
         let eni = self.eni_ref(eni_id)?;
         if eni.attachment.is_some() {
             return Err(Ec2Error::client(
@@ -468,6 +477,7 @@ impl World {
         now: Instant,
     ) -> Ec2Result<()> {
         self.settle(now);
+        self.refuse_while_new(eni_id, now)?;
         let eni = self.eni_ref(eni_id)?;
         let vpc = eni.vpc_id.clone();
         match change {

@@ -57,6 +57,7 @@ impl World {
             network_card: 0,
             delete_on_termination: true,
             state: AttState::Attached { since: now },
+            attached_by_call: None,
         });
         let (mac, ip) = (e.mac.clone(), e.primary_ip);
         self.instances.insert(

@@ -204,6 +204,7 @@ impl World {
         now: Instant,
     ) -> Ec2Result<Ipv6Assigned> {
         self.settle(now);
+        self.refuse_while_new(eni_id, now)?;
         let eni = self.eni_ref(eni_id)?;
         let subnet_id = eni.subnet_id.clone();
         let have = eni.ipv6.count();
@@ -340,6 +341,7 @@ impl World {
         now: Instant,
     ) -> Ec2Result<()> {
         self.settle(now);
+        self.refuse_while_new(eni_id, now)?;
         let eni = self.eni_ref(eni_id)?;
         if addresses.is_empty() && prefixes.is_empty() {
             return Err(Ec2Error::missing("Ipv6Addresses or Ipv6Prefix"));

@@ -14,6 +14,8 @@
 //! - [`security_groups`]: groups with their ingress/egress rules, DescribeSecurityGroups;
 //! - [`ipv6`]: the VPC's /56 and the subnets' /64s, IPv6 addresses and /80 prefixes on an ENI;
 //! - [`views`]: what Describe calls, IMDS and the control API show;
+//! - [`settling`]: what describes do not show yet of an ENI just created or attached, and the calls
+//!   on a new ENI refused as not found;
 //! - [`vpc_cidrs`]: a VPC's secondary IPv4 blocks (AssociateVpcCidrBlock) and EC2's rules on them.
 
 use std::collections::{BTreeMap, HashMap};
@@ -25,6 +27,7 @@ use tokio::time::Instant;
 
 use crate::catalog::InstanceType;
 use crate::error::{Ec2Error, Ec2Result};
+use crate::new_eni_lag::NewEniLag;
 
 mod addresses;
 mod assign;
@@ -33,6 +36,7 @@ mod iam;
 mod instances;
 mod ipv6;
 mod security_groups;
+mod settling;
 mod subnets;
 #[cfg(test)]
 mod tests;
@@ -63,9 +67,23 @@ pub struct Timing {
     /// EC2's describes show addresses and prefixes as they were this long ago (eventual
     /// consistency; [`crate::LatencyProfile::describe_lag`]).
     pub describe_lag: Duration,
+    /// What describes do not show yet of an ENI just created or attached, and the first calls on a
+    /// new ENI refused ([`NewEniLag`], `settling`).
+    pub new_eni_lag: NewEniLag,
 }
 
 impl Timing {
+    /// The timing of a latency profile.
+    pub fn of(profile: &crate::LatencyProfile) -> Self {
+        Self {
+            attach_delay: profile.attach_delay,
+            detach_delay: profile.detach_delay,
+            imds_lag: profile.imds_lag,
+            describe_lag: profile.describe_lag,
+            new_eni_lag: profile.new_eni_lag,
+        }
+    }
+
     /// How long an unassigned address is remembered: until neither IMDS nor a describe shows it.
     fn linger(&self) -> Duration {
         self.imds_lag.max(self.describe_lag)
@@ -121,6 +139,9 @@ struct Attachment {
     network_card: u32,
     delete_on_termination: bool,
     state: AttState,
+    /// When AttachNetworkInterface made it (describes lag it, `settling`); `None`: an instance's
+    /// primary interface, there from launch.
+    attached_by_call: Option<Instant>,
 }
 
 impl Attachment {
@@ -152,6 +173,11 @@ struct Eni {
     tags: BTreeMap<String, String>,
     attachment: Option<Attachment>,
     requester_managed: bool,
+    /// When CreateNetworkInterface made it (describes lag it, `settling`); `None`: an instance's
+    /// primary interface, there from launch.
+    created_by_call: Option<Instant>,
+    /// Calls on it still to be refused as not found while it is new (`settling`).
+    refusals_left: u32,
 }
 
 impl Eni {
@@ -232,7 +258,7 @@ pub struct World {
     rng: Rng,
 }
 
-fn splitmix(mut x: u64) -> u64 {
+pub(crate) fn splitmix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -250,6 +276,14 @@ pub fn well_formed(id: &str, prefix: &str) -> bool {
 
 fn not_found(code: &str, what: &str, id: &str) -> Ec2Error {
     Ec2Error::client(code, format!("The {what} ID '{id}' does not exist"))
+}
+
+/// EC2's answer for an ENI it does not know (or does not show yet).
+fn eni_not_found(id: &str) -> Ec2Error {
+    Ec2Error::client(
+        "InvalidNetworkInterfaceID.NotFound",
+        format!("The networkInterface ID '{id}' does not exist"),
+    )
 }
 
 fn malformed(code: &str, what: &str, id: &str) -> Ec2Error {
@@ -387,12 +421,7 @@ impl World {
         if !well_formed(id, "eni") {
             return Err(malformed("InvalidNetworkInterfaceID.Malformed", "eni", id));
         }
-        self.enis.get(id).ok_or_else(|| {
-            Ec2Error::client(
-                "InvalidNetworkInterfaceID.NotFound",
-                format!("The networkInterface ID '{id}' does not exist"),
-            )
-        })
+        self.enis.get(id).ok_or_else(|| eni_not_found(id))
     }
 
     fn subnet_ref(&self, id: &str) -> Ec2Result<&Subnet> {

@@ -15,6 +15,7 @@ fn timing() -> Timing {
         detach_delay: Duration::ZERO,
         imds_lag: Duration::ZERO,
         describe_lag: Duration::ZERO,
+        new_eni_lag: Default::default(),
     }
 }
 
@@ -372,4 +373,110 @@ fn describes_show_addresses_as_they_were_a_lag_ago() {
         .unwrap();
     assert_eq!(described(&mut w, t1), got, "a describe still shows it");
     assert_eq!(described(&mut w, t1 + lag), got[1..].to_vec());
+}
+
+#[test]
+fn a_new_eni_is_unlisted_and_its_first_calls_refused_within_the_lag() {
+    let t0 = Instant::now();
+    let window = Duration::from_secs(2);
+    let (mut w, inst, primary) = one_instance(
+        Timing {
+            new_eni_lag: crate::NewEniLag {
+                refusals: 2,
+                ..crate::NewEniLag::strict(window)
+            },
+            ..timing()
+        },
+        t0,
+    );
+    let ms = Duration::from_millis;
+    let subnet = w.instance(&inst, t0).unwrap().subnet_id;
+    let id = eni(&mut w, &subnet, t0);
+    let listed = |w: &mut World, at: Instant| {
+        let by_id = w.describe_network_interfaces(std::slice::from_ref(&id), &[], at);
+        let all = w.describe_network_interfaces(&[], &[], at).unwrap();
+        let unfiltered = all.iter().any(|v| v.id == id);
+        match by_id {
+            Ok(v) => {
+                assert!(unfiltered, "both describes lag alike");
+                Some(v[0].clone())
+            }
+            Err(e) => {
+                assert_eq!(e.code, "InvalidNetworkInterfaceID.NotFound");
+                assert!(!unfiltered, "both describes lag alike");
+                assert!(all.iter().any(|v| v.id == primary), "a launch's ENI shows");
+                None
+            }
+        }
+    };
+    assert!(
+        listed(&mut w, t0).is_none(),
+        "not listed right after the create"
+    );
+    assert!(listed(&mut w, t0 + window - ms(1)).is_none());
+    assert!(
+        listed(&mut w, t0 + window).is_some(),
+        "listed after the lag"
+    );
+
+    // Within the window, the first two calls naming it are refused, unperformed.
+    let t1 = t0 + ms(500);
+    for _ in 0..2 {
+        let e = w.attach_network_interface(&id, &inst, 1, t1).unwrap_err();
+        assert_eq!(e.code, "InvalidNetworkInterfaceID.NotFound");
+    }
+    assert!(
+        w.network_interfaces(t1)
+            .iter()
+            .any(|v| v.id == id && v.attachment.is_none())
+    );
+    w.attach_network_interface(&id, &inst, 1, t1).unwrap();
+    let truth = w
+        .network_interfaces(t1)
+        .into_iter()
+        .find(|v| v.id == id)
+        .unwrap();
+    assert_eq!(truth.status, "in-use", "the truth at once");
+
+    // Describes show the attachment only a window after it was made.
+    let attached = |w: &mut World, at: Instant| {
+        let v = listed(w, at).expect("listed");
+        let in_instance = w
+            .describe_instances(std::slice::from_ref(&inst), &[], at)
+            .unwrap()[0]
+            .enis
+            .iter()
+            .any(|e| e.id == id);
+        assert_eq!(
+            v.attachment.is_some(),
+            in_instance,
+            "both describes lag alike"
+        );
+        (v.status, in_instance)
+    };
+    assert_eq!(attached(&mut w, t1 + window - ms(1)), ("available", false));
+    assert_eq!(attached(&mut w, t1 + window), ("in-use", true));
+
+    // After the window nothing is refused, whatever the count.
+    let late = eni(&mut w, &subnet, t0);
+    w.assign_private_ip_addresses(&late, AssignArgs::Count(1), t0 + window)
+        .unwrap();
+}
+
+#[test]
+fn the_refused_share_of_new_enis_is_picked_by_id() {
+    let ids: Vec<String> = (0..1000u64)
+        .map(|n| format!("eni-0{:016x}", splitmix(n)))
+        .collect();
+    let refused = |lag: crate::NewEniLag| ids.iter().filter(|id| lag.refusals_for(id) > 0).count();
+    let window = Duration::from_secs(2);
+    assert_eq!(refused(crate::NewEniLag::strict(window)), 1000);
+    assert_eq!(refused(crate::NewEniLag::none()), 0, "no refusals");
+    let quarter = refused(crate::NewEniLag::realistic());
+    assert!((200..300).contains(&quarter), "about a quarter: {quarter}");
+    assert_eq!(
+        quarter,
+        refused(crate::NewEniLag::realistic()),
+        "reproducible"
+    );
 }

@@ -155,7 +155,12 @@ impl World {
 
     fn eni_view_as(&self, id: &str, seen: Option<(Duration, Instant)>) -> EniView {
         let e = &self.enis[id];
-        let attachment = e.attachment.as_ref().map(|a| AttachmentView {
+        // A describe does not show an attachment made within the new-ENI lag (`settling`).
+        let shown = e
+            .attachment
+            .as_ref()
+            .filter(|a| seen.is_none_or(|(_, now)| self.attachment_shown(a, now)));
+        let attachment = shown.map(|a| AttachmentView {
             id: a.id.clone(),
             instance_id: a.instance_id.clone(),
             device_index: a.device_index,
@@ -167,7 +172,7 @@ impl World {
             },
             delete_on_termination: a.delete_on_termination,
         });
-        let status = match e.attachment.as_ref().map(|a| a.state) {
+        let status = match shown.map(|a| a.state) {
             None => "available",
             Some(AttState::Attaching { .. }) => "attaching",
             Some(AttState::Attached { .. }) => "in-use",
@@ -210,6 +215,7 @@ impl World {
             .iter()
             .filter(|(_, e)| e.attachment.as_ref().is_some_and(|a| a.instance_id == id))
             .map(|(eid, _)| self.eni_view_as(eid, seen))
+            .filter(|v| v.attachment.is_some())
             .collect();
         enis.sort_by_key(|e| {
             e.attachment
