@@ -49,6 +49,9 @@ pub(super) struct Soak {
     pub(super) cluster: Option<super::profiles::ProfileCluster>,
     /// Network-profiles mode: the ENIs EC2 showed attached, per network tag (`default` untagged).
     pub(super) network_enis: BTreeMap<String, BTreeSet<String>>,
+    /// The next step's batch is cut by a SIGKILL whatever the schedule says ([`super::inject`]'s
+    /// restart after an out-of-band unassign).
+    pub(super) kill_next: bool,
 }
 
 impl Soak {
@@ -224,7 +227,7 @@ impl Soak {
         self.undo_due(step, false)?;
         self.ensure_up(step).await?;
         let planned = faults::planned(self.cfg.seed, step, &self.cfg.faults);
-        let kill = planned.contains(&FaultKind::Kill);
+        let kill = planned.contains(&FaultKind::Kill) || std::mem::take(&mut self.kill_next);
         if let Some(c) = self.cluster.as_mut()
             && step > 0
             && step.is_multiple_of(super::profiles::SWITCH_EVERY)

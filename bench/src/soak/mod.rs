@@ -494,6 +494,7 @@ pub async fn run(mut cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         iam: iam::IamState::new(shipped),
         cluster,
         network_enis: BTreeMap::new(),
+        kill_next: false,
     };
     let result = soak.drive(started).await;
     soak.counts.iam_revocations = soak.iam.revocations;

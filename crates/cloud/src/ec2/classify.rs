@@ -215,6 +215,20 @@ mod tests {
             Some(400),
         );
         assert!(matches!(outside, CloudError::Rejected { .. }), "{outside}");
+        assert!(!outside.is_not_assigned());
+        // An unassign naming an address the ENI no longer has (gone out of band): nothing changed.
+        for gone in [
+            "Some of the specified addresses are not assigned to interface eni-1",
+            "Some of the specified prefixes are not assigned to interface eni-1: 10.0.0.16/28",
+        ] {
+            let e = classify_code(
+                "UnassignPrivateIpAddresses",
+                "InvalidParameterValue",
+                gone,
+                Some(400),
+            );
+            assert!(e.is_not_assigned(), "{e}");
+        }
         let unauthorized = c("UnauthorizedOperation", Some(403));
         assert!(matches!(unauthorized, CloudError::Unauthorized { .. }));
         // The permission EC2 names, which may be another action's than the call's.
