@@ -460,13 +460,6 @@ impl CloudError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::NotFound { .. })
     }
-
-    /// EC2 refused an unassign because an address or prefix it names is not on the ENI (gone out
-    /// of band): the call changed nothing, and not every address it names is the ENI's.
-    pub fn is_not_assigned(&self) -> bool {
-        matches!(self, Self::Rejected { code, message, .. }
-            if code == "InvalidParameterValue" && message.contains("not assigned to interface"))
-    }
 }
 
 pub type CloudResult<T> = Result<T, CloudError>;

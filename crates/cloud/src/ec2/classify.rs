@@ -13,6 +13,15 @@ pub(super) fn is_ambiguous(err: &CloudError) -> bool {
     matches!(err, CloudError::Transient { .. })
 }
 
+impl CloudError {
+    /// EC2 refused an unassign because an address or prefix it names is not on the ENI (gone out
+    /// of band): the call changed nothing, and not every address it names is the ENI's.
+    pub fn is_not_assigned(&self) -> bool {
+        matches!(self, Self::Rejected { code, message, .. }
+            if code == "InvalidParameterValue" && message.contains("not assigned to interface"))
+    }
+}
+
 /// Classify an SDK error into a [`CloudError`] by EC2 error code and HTTP status.
 pub fn classify<E>(api: &str, err: SdkError<E, HttpResponse>) -> CloudError
 where
