@@ -1,7 +1,10 @@
 //! The pool on the real cloud clients against mockcloud with EC2-like latency and throttling: a cold
 //! burst of 100 pods on an empty node must all get IPs, and cost at most 1.25 × the fewest mutating
 //! EC2 calls that can serve it — with secondary IPs (eth0 first, then new ENIs, on a c5.4xlarge) and
-//! with prefix delegation (on an m5.large, where 100 pods fit in eth0's prefixes).
+//! with prefix delegation (on an m5.large, where 100 pods fit in eth0's prefixes). The count is of
+//! the calls EC2 performed: the `realistic` profile's new-ENI lag refuses the first call on one new
+//! ENI in four as `InvalidNetworkInterfaceID.NotFound` (EC2's eventual consistency, which no call
+//! structure avoids); those refusals are printed, and `tests/cloud_leak.rs` tests riding them out.
 
 #[path = "cloud_support/mod.rs"]
 mod cloud_support;
@@ -21,6 +24,7 @@ struct Burst {
     env: Env,
     pool: Pool,
     allocations: Vec<eniipam::pool::Allocation>,
+    /// Mutating calls EC2 performed (not those it refused, see the module docs).
     mutating: u64,
 }
 
@@ -81,16 +85,18 @@ async fn cold_burst(instance_type: &str, config: PoolConfig, pods: usize) -> Bur
     assert!(ips.is_subset(&ec2_ips), "EC2 holds every pod IP");
 
     let counters = env.mock.counters();
-    let mutating: u64 = counters
+    let sent: u64 = counters
         .actions
         .iter()
         .filter(|(a, _)| ActionClass::of(a) == ActionClass::Mutating)
         .map(|(_, c)| c.calls)
         .sum();
+    let mutating = counters.mutating_ok();
     println!(
-        "cold burst: {pods} pods on {instance_type} in {elapsed:?}; mutating EC2 calls {mutating}; \
-         describe calls {}; throttled {}; by action {:?}",
-        counters.total_calls() - mutating,
+        "cold burst: {pods} pods on {instance_type} in {elapsed:?}; mutating EC2 calls performed \
+         {mutating} (sent {sent}, refused {}); describe calls {}; throttled {}; by action {:?}",
+        sent - mutating,
+        counters.total_calls() - sent,
         counters.total_throttled(),
         counters
             .actions
