@@ -427,7 +427,11 @@ async fn run_case(
         snap.max_idle,
         whole_free_prefixes
     );
-    let room = snap.capacity - snap.assigned;
+    // The default network's room: what no pod holds and the profile's total does not promise
+    // (its spare device index is not the default network's: issue 44, case 2).
+    let room = (snap.capacity + profile.assigned)
+        .saturating_sub(snap.assigned)
+        .saturating_sub(profile.total);
     // While the profile holds an ENI, the default network may be short of the device index it
     // takes: the floor is checked when it holds none.
     prop_assert!(
