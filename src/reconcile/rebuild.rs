@@ -204,21 +204,16 @@ fn with_recent_changes(
 /// pod's result, with the ENI the daemon answered from, only after the daemon recorded the IP, which
 /// EC2 had assigned; a describe that lags EC2's changes may not list it yet (a restart within seconds
 /// of the pod's ADD, its state file lost). Only for an ENI the describe shows attached here that
-/// holds single addresses (a prefix-delegated ENI's `/28`s come from the journal alone), and only
-/// the IPs `placeable` admits. Each is counted in `report.journal_corrections`.
+/// holds single addresses (a prefix-delegated ENI's `/28`s come from the journal alone). Each is
+/// counted in `report.journal_corrections`.
 fn with_claimed(
     ec2: &[Eni],
     host: &HostEvidence,
     instance_id: &str,
-    placeable: impl Fn(&Ipv4Addr) -> bool,
     report: &mut ReconcileReport,
 ) -> Vec<Eni> {
     let mut enis = ec2.to_vec();
-    for c in host
-        .claims
-        .iter()
-        .filter(|c| !c.ip.is_unspecified() && placeable(&c.ip))
-    {
+    for c in host.claims.iter().filter(|c| !c.ip.is_unspecified()) {
         if enis.iter().any(|e| e.pod_addresses().contains(&c.ip)) {
             continue;
         }
@@ -321,20 +316,15 @@ pub fn merge(
     };
     report.state_lost = state_lost || report.foreign_state;
     let ec2 = &with_recent_changes(ec2, &ec2_changes, now_ms, &mut report);
-    // The plugin's cache places an IP the describe does not show; with the file, only one the file
-    // still records as a pod's: an IP the running reconcile found lost was forgotten there, and
-    // taking it from its running pod's cache put an address no ENI has back (issue 44, case 8).
-    // Not the journal: an ADD does not wait for its row, so a SIGKILL or a full disk right after
-    // an ADD can leave the allocation without it while the describe still lags.
-    let recorded: BTreeSet<Ipv4Addr> = stored.assignments.iter().map(|a| a.ip).collect();
-    let state_lost = report.state_lost;
-    let corrected = with_claimed(
-        ec2,
-        host,
-        instance_id,
-        |ip| state_lost || recorded.contains(ip),
-        &mut report,
-    );
+    // The plugin's cache places an IP the describe does not show only when the file (and its
+    // journal of the pool's own assigns) was lost: with the file, a live pod's IP the describe
+    // does not show is either in the journal (assigned within the minute) or gone (lost out of
+    // band, and reported so): taking it from the cache put an address no ENI has back in the pool.
+    let corrected = if report.state_lost {
+        with_claimed(ec2, host, instance_id, &mut report)
+    } else {
+        ec2.clone()
+    };
     let ec2 = &within_eni_limits(corrected, described, slots_per_eni, &mut report);
     let by_mac: BTreeMap<&str, &MetadataEni> = imds.iter().map(|m| (m.mac.as_str(), m)).collect();
     let known_enis: BTreeMap<&str, &StoredEni> =

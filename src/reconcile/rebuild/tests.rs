@@ -181,25 +181,6 @@ fn with_the_file_lost_a_live_pods_ip_the_describe_does_not_show_yet_is_placed_fr
     assert_eq!(r.report.adopted.len(), 1);
 }
 
-/// The profiles soak's path (seed 27, step 23): a pod's IP (.10) recorded in the file by its ADD,
-/// the journal's row of the assign lost (an ADD does not wait for it: a SIGKILL, a full disk), and
-/// a restart while the describe still lags: the file's record and the pod's cache place it, and the
-/// pod keeps its IP.
-#[test]
-fn with_the_file_a_recorded_ip_the_describe_does_not_show_yet_is_placed_from_the_cache() {
-    let described = vec![eni("eni-00000001", 1, &[11])];
-    let stored = StoredState {
-        instance_id: Some(INSTANCE.into()),
-        enis: vec![stored_eni(&described[0])],
-        assignments: vec![assignment("a", 10, "eni-00000001")],
-        ..StoredState::default()
-    };
-    let claims = vec![claim("a", 10, "eni-00000001")];
-    let r = run(&described, stored, false, claims, Vec::new(), Some(3));
-    assert_eq!(seeded(&r), vec![ip(10), ip(11)]);
-    assert!(r.seed.allocations.iter().any(|a| a.ip == ip(10)));
-}
-
 /// Whatever the journal and the cache say, no ENI is seeded with more than EC2 lets it hold: the
 /// additions go first, the oldest journal entry's first, so the pool's tokens stay within its
 /// capacity.
