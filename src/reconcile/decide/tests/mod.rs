@@ -11,7 +11,6 @@ use crate::model::PodRef;
 use crate::pool::AttachmentMeta;
 use crate::pool::snapshot::IpSnapshot;
 
-mod prefix6;
 mod store;
 
 const ETH0: &str = "eni-00000000";
