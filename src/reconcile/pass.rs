@@ -7,10 +7,10 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use super::apply::apply;
-use super::decide::{Drift, Memory, Snapshot, decide, decide_store};
+use super::decide::{AssignBackAnswer, Drift, Memory, Prefix6Step, Snapshot, decide, decide_store};
 use super::evidence::{NetnsView, host_evidence};
 use crate::clock::unix_ms_now;
-use crate::cloud::{AttachmentStatus, Cloud, CloudError, Eni, EniFilter};
+use crate::cloud::{ADDRESS_IN_USE, AttachmentStatus, Cloud, CloudError, Eni, EniFilter};
 use crate::ipam::Ipam;
 use crate::model::{AttachmentKey, EniId};
 use crate::pool::snapshot::{IpState, PoolSnapshot};
@@ -62,6 +62,9 @@ pub struct PassReport {
     pub ipv6_prefix_missing: bool,
     /// The node's /80 was gone from its ENI and this pass assigned it back by value.
     pub ipv6_prefix_reclaimed: bool,
+    /// EC2's describe does not show the node's /80 on its ENI, and EC2 answered it in use less than a
+    /// minute ago: taken as the ENI's own, assigned (back) moments before and not described yet.
+    pub ipv6_prefix_settling: bool,
 }
 
 /// One pass; see the module docs. Releases assignments whose network namespace is gone or whose pod
@@ -132,7 +135,9 @@ pub async fn pass(
 /// The node's /80 as EC2 shows it. Gone from its ENI, which has no other /80: assigned back by value
 /// (one call, through the limiter), so its pods' addresses route again and nothing is lost. EC2's
 /// definitive refusal (another ENI took it meanwhile) is remembered: reported every pass, asked no
-/// more. Another /80 on the ENI (someone else's doing): only reported.
+/// more while the describe does not show it. "In use" is final only once a describe had a minute to
+/// show the /80 on eth0 (EC2's describes lag: assigned back moments ago, it is eth0's own;
+/// [`Prefix6Memory`]). Another /80 on the ENI (someone else's doing): only reported.
 async fn check_ipv6_prefix(
     cloud: &dyn Cloud,
     p: &crate::ipv6::Ipv6Pool,
@@ -141,32 +146,61 @@ async fn check_ipv6_prefix(
     report: &mut PassReport,
 ) {
     let prefix = p.prefix();
-    if enis.values().any(|e| e.ipv6_prefixes.contains(&prefix)) {
-        return;
-    }
-    let eth0 = enis.iter().find(|(id, _)| id.as_str() == p.eni_id);
-    let refused = memory.ipv6_refused == Some(prefix);
-    if let Some((id, e)) = eth0.filter(|(_, e)| e.ipv6_prefixes.is_empty() && !refused) {
-        match cloud.assign_specific_ipv6_prefixes(id, &[prefix]).await {
-            Ok(_) => {
-                report.ipv6_prefix_reclaimed = true;
-                tracing::warn!(%prefix, eni = %id,
-                    "the node's IPv6 /80 was gone from its ENI in EC2 (unassigned out of band?) and is \
-                     assigned back: IPv6 pods on this node route again");
-                return;
-            }
-            Err(err) if crate::ipv6::prefix::refused_for_good(&err) => {
-                memory.ipv6_refused = Some(prefix);
-                tracing::error!(%prefix, eni = %id, error = %err, ipv6_prefixes = ?e.ipv6_prefixes,
-                    "the node's IPv6 /80 is gone from its ENI and EC2 refuses to give it back: IPv6 \
-                     pods on this node no longer route; restart eniipamd to take a new /80");
-            }
-            Err(err) => {
-                tracing::warn!(%prefix, eni = %id, error = %err,
-                    "could not assign the node's lost IPv6 /80 back; trying again next pass");
+    let shown = enis.values().any(|e| e.ipv6_prefixes.contains(&prefix));
+    let eth0 = enis
+        .iter()
+        .find(|(id, e)| id.as_str() == p.eni_id && e.ipv6_prefixes.is_empty());
+    let now = tokio::time::Instant::now();
+    match memory.ipv6.step(prefix, shown, eth0.is_some(), now) {
+        Prefix6Step::InPlace => return,
+        Prefix6Step::Settling => {
+            tracing::info!(%prefix, eni = %p.eni_id,
+                "EC2's describe does not show the node's /80 on eth0 yet, and EC2 answered it in use: \
+                 taken as eth0's own (assigned back moments ago) while the describe settles");
+            report.ipv6_prefix_settling = true;
+            return;
+        }
+        Prefix6Step::Missing => {}
+        Prefix6Step::AssignBack => {
+            let id = &eth0.expect("AssignBack only with eth0 free").0.clone();
+            let result = cloud.assign_specific_ipv6_prefixes(id, &[prefix]).await;
+            let answer = match &result {
+                Ok(_) => AssignBackAnswer::Assigned,
+                Err(CloudError::Rejected { code, .. }) if code == ADDRESS_IN_USE => {
+                    AssignBackAnswer::InUse
+                }
+                Err(e) if crate::ipv6::prefix::refused_for_good(e) => AssignBackAnswer::Refused,
+                Err(_) => AssignBackAnswer::Failed,
+            };
+            let refused = memory.ipv6.answered(prefix, answer, now);
+            match result {
+                Ok(_) => {
+                    report.ipv6_prefix_reclaimed = true;
+                    tracing::warn!(%prefix, eni = %id,
+                        "the node's IPv6 /80 was gone from its ENI in EC2 (unassigned out of band?) and is \
+                         assigned back: IPv6 pods on this node route again");
+                    return;
+                }
+                Err(err) if refused => {
+                    tracing::error!(%prefix, eni = %id, error = %err,
+                        "the node's IPv6 /80 is gone from its ENI and EC2 refuses to give it back: IPv6 \
+                         pods on this node no longer route; restart eniipamd to take a new /80");
+                }
+                Err(err) if answer == AssignBackAnswer::InUse => {
+                    tracing::info!(%prefix, eni = %id, error = %err,
+                        "EC2 answers the node's /80 in use while its describe does not show it on eth0: \
+                         taken as eth0's own (EC2's describes lag) until a describe has had a minute to show it");
+                    report.ipv6_prefix_settling = true;
+                    return;
+                }
+                Err(err) => {
+                    tracing::warn!(%prefix, eni = %id, error = %err,
+                        "could not assign the node's lost IPv6 /80 back; trying again next pass");
+                }
             }
         }
-    } else if !refused {
+    }
+    if eth0.is_none() {
         tracing::error!(%prefix, eni = %p.eni_id,
             "the node's IPv6 /80 is gone from its ENI in EC2 and the ENI has another (or is not \
              attached here): IPv6 pods on this node no longer route; restart eniipamd to take it on");

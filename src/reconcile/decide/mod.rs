@@ -13,6 +13,8 @@
 //!    sighting, never while the pool is creating an ENI.
 //! 4. ([`decide_store`]) The state file is repaired from the pool where a row disagreed twice in a
 //!    row.
+//! 5. ([`prefix6`]) The node's IPv6 /80 gone from eth0 in EC2's describe is assigned back; EC2's
+//!    "in use" is final only once a describe had a minute to show it on eth0.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
@@ -26,10 +28,12 @@ use crate::pool::EniRole;
 use crate::pool::snapshot::{EniPhaseSnapshot, EniSnapshot, IpState, PoolSnapshot};
 use crate::store::RowRepair;
 
+mod prefix6;
 mod store;
 #[cfg(test)]
 mod tests;
 
+pub use prefix6::{AssignBackAnswer, Prefix6Memory, Prefix6Step};
 pub use store::decide_store;
 
 /// What the running reconcile looks at in one pass.
@@ -59,8 +63,8 @@ pub struct Memory {
     pub(crate) unknown_sightings: HashMap<EniId, u32>,
     /// State-file rows that disagreed with the pool at the last look, as the pool wanted them.
     pub(crate) store_suspects: HashMap<Ipv4Addr, RowRepair>,
-    /// The node's /80 EC2 refused to assign back (in use by another ENI, …): not asked again.
-    pub(crate) ipv6_refused: Option<ipnet::Ipv6Net>,
+    /// What EC2 answered when the node's /80 was assigned back ([`prefix6`]).
+    pub(crate) ipv6: Prefix6Memory,
 }
 
 /// One thing the running reconcile decided, in the order it is applied.

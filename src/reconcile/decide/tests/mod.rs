@@ -11,6 +11,7 @@ use crate::model::PodRef;
 use crate::pool::AttachmentMeta;
 use crate::pool::snapshot::IpSnapshot;
 
+mod prefix6;
 mod store;
 
 const ETH0: &str = "eni-00000000";
