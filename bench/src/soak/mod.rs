@@ -359,6 +359,11 @@ pub fn mock_latency() -> LatencyProfile {
     p.attach_delay = Duration::from_millis(400);
     p.detach_delay = Duration::from_millis(400);
     p.imds_lag = BASE_IMDS_LAG;
+    // Not yet EC2's lag in showing a new ENI (issue 44, case 6; `NewEniLag::realistic`): with it, a
+    // restart within 2 s of a create rebuilds without the new ENI, and its pods lose their IPs
+    // (`live-lost-ip` at seed 8, step 26). The rebuild must wait for (or describe by id) an ENI the
+    // state file records as just created before the soak can have it; see this stop's notes.
+    p.new_eni_lag = mockcloud::NewEniLag::none();
     p
 }
 
