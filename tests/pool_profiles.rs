@@ -326,7 +326,6 @@ async fn a_pool_restarted_from_the_rebuilt_seed_knows_its_enis_profiles() {
             netns: &netns,
             use_primary_eni: false,
             ec2_changes: Vec::new(),
-            slots_per_eni: Some(n.node.limits.eni_limits().slots_per_eni()),
         },
     )
     .await

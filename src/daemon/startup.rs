@@ -265,7 +265,6 @@ pub(super) async fn rebuild(
             netns: &netns,
             use_primary_eni: config.eth0_serves_pods(),
             ec2_changes,
-            slots_per_eni: Some(node.limits.eni_limits().slots_per_eni()),
         },
     )
     .await?;

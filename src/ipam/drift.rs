@@ -68,9 +68,7 @@ impl Ipam {
         Ok(forgotten)
     }
 
-    /// IPs EC2 confirms are gone from `eni`: gone from the pool and the file, and journalled gone
-    /// (an assign of them the journal holds from the last minute would otherwise put them back at a
-    /// restart: an address no ENI has, taking a capacity token on a full node).
+    /// IPs EC2 confirms are gone from `eni`: gone from the pool and the file.
     pub async fn forget_ips(
         &self,
         eni: &EniId,
@@ -79,9 +77,6 @@ impl Ipam {
         let forgotten = self.pool().forget_gone_ips(eni, ips);
         let gone: Vec<Ipv4Addr> = forgotten.iter().map(|(ip, _)| *ip).collect();
         if !gone.is_empty() {
-            super::StoreJournal::new(self.store().clone())
-                .gone(eni, &gone)
-                .await;
             self.store().remove_ips(gone).await?;
         }
         Ok(forgotten)

@@ -24,14 +24,6 @@ impl StoreJournal {
         Self { store }
     }
 
-    /// Addresses the running reconcile found gone from `eni` (EC2 missed them twice): the journal
-    /// no longer vouches for an assign of them, so a restart within the minute does not take them
-    /// back from an older entry while the describe does not show them (they are gone, not lagging).
-    pub async fn gone(&self, eni: &EniId, ips: &[Ipv4Addr]) {
-        self.write(eni, addresses(ips, &[]), Ec2Change::Unassigned)
-            .await;
-    }
-
     async fn write(&self, eni: &EniId, addresses: Vec<Ec2Address>, change: Ec2Change) {
         if addresses.is_empty() {
             return;

@@ -474,8 +474,7 @@ impl EniActor {
                 span.in_scope(
                     || tracing::warn!(error = %error, singles_gone, "unassign failed; what EC2 kept stays idle"),
                 );
-                // EC2 kept them, unless it said some are not on the ENI (gone): none vouched for.
-                if let Some(j) = journal.as_ref().filter(|_| !error.is_not_assigned()) {
+                if let Some(j) = &journal {
                     let kept: &[Ipv4Addr] = if singles_gone { &[] } else { &singles };
                     j.assigned(&self.eni, kept, &prefixes).await;
                 }

@@ -60,10 +60,6 @@ pub struct ReconcileReport {
     /// Addresses the describe showed otherwise than EC2 answered the pool's own change of them
     /// less than [`DESCRIBE_SETTLES`] ago (the file's journal won: EC2's describes lag).
     pub journal_corrections: usize,
-    /// Addresses (a prefix by its first) the journal or the plugin's cache placed on an ENI beyond
-    /// what EC2 lets it hold: not all of them can be there, and which is not known, so they are left
-    /// out (a lost one is not held; one EC2 does have is reported unknown to the pool).
-    pub beyond_eni_limit: Vec<Ipv4Addr>,
 }
 
 /// The rebuilt state.
@@ -85,9 +81,6 @@ pub struct Inputs<'a> {
     pub use_primary_eni: bool,
     /// The file's journal of the pool's own address changes (`store::changes`).
     pub ec2_changes: Vec<StoredEc2Change>,
-    /// Addresses EC2 lets an interface hold beyond its primary (a `/28` counting one; the instance
-    /// type's IPv4 per ENI − 1); `None`: not known, no bound.
-    pub slots_per_eni: Option<u32>,
 }
 
 /// Reads IMDS and EC2 and merges them with the stored state.
@@ -234,54 +227,6 @@ fn with_claimed(
     enis
 }
 
-/// `corrected` (EC2's ENIs with the journal's and the cache's additions) with no ENI holding more
-/// than `slots` addresses beyond its primary: EC2 never lets it, so when the additions take it beyond,
-/// some of them were lost since (unassigned out of band); the additions are left out, the oldest
-/// journal entry's first, until it fits. Holding one would count an address no ENI has against the
-/// node's capacity, beyond it on a full node.
-fn within_eni_limits(
-    mut corrected: Vec<Eni>,
-    described: &[Eni],
-    slots: Option<u32>,
-    report: &mut ReconcileReport,
-) -> Vec<Eni> {
-    let Some(slots) = slots else {
-        return corrected;
-    };
-    for e in &mut corrected {
-        let used = |e: &Eni| e.secondary_ips.len() + e.ipv4_prefixes.len();
-        let Some(raw) = described.iter().find(|d| d.id == e.id) else {
-            continue;
-        };
-        while used(e) > slots as usize {
-            if let Some(i) = e
-                .secondary_ips
-                .iter()
-                .position(|ip| !raw.secondary_ips.contains(ip))
-            {
-                report.beyond_eni_limit.push(e.secondary_ips.remove(i));
-            } else if let Some(i) = e
-                .ipv4_prefixes
-                .iter()
-                .position(|p| !raw.ipv4_prefixes.contains(p))
-            {
-                report
-                    .beyond_eni_limit
-                    .push(e.ipv4_prefixes.remove(i).network());
-            } else {
-                break;
-            }
-        }
-    }
-    if !report.beyond_eni_limit.is_empty() {
-        tracing::warn!(addresses = ?report.beyond_eni_limit,
-            "the journal or the plugin's cache places more addresses on an ENI than EC2 lets it hold: \
-             some were lost since, and these are left out of the pool (one EC2 does have is reported \
-             unknown to the pool and taken on at a later restart)");
-    }
-    corrected
-}
-
 /// The pure part of [`rebuild`]: EC2's ENIs (authoritative) + IMDS (for CIDRs and MACs) + the file +
 /// the host's evidence.
 pub fn merge(
@@ -300,10 +245,10 @@ pub fn merge(
         netns,
         use_primary_eni,
         ec2_changes,
-        slots_per_eni,
     } = inputs;
     let mut report = ReconcileReport::default();
-    let described = ec2;
+    let ec2 = &with_recent_changes(ec2, &ec2_changes, now_ms, &mut report);
+    let ec2 = &with_claimed(ec2, host, instance_id, &mut report);
     let stored = if stored
         .instance_id
         .as_deref()
@@ -315,17 +260,6 @@ pub fn merge(
         stored
     };
     report.state_lost = state_lost || report.foreign_state;
-    let ec2 = &with_recent_changes(ec2, &ec2_changes, now_ms, &mut report);
-    // The plugin's cache places an IP the describe does not show only when the file (and its
-    // journal of the pool's own assigns) was lost: with the file, a live pod's IP the describe
-    // does not show is either in the journal (assigned within the minute) or gone (lost out of
-    // band, and reported so): taking it from the cache put an address no ENI has back in the pool.
-    let corrected = if report.state_lost {
-        with_claimed(ec2, host, instance_id, &mut report)
-    } else {
-        ec2.clone()
-    };
-    let ec2 = &within_eni_limits(corrected, described, slots_per_eni, &mut report);
     let by_mac: BTreeMap<&str, &MetadataEni> = imds.iter().map(|m| (m.mac.as_str(), m)).collect();
     let known_enis: BTreeMap<&str, &StoredEni> =
         stored.enis.iter().map(|e| (e.eni_id.as_str(), e)).collect();
@@ -585,6 +519,3 @@ pub fn merge(
         report,
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -500,7 +500,6 @@ pub async fn run(mut cfg: SoakConfig) -> anyhow::Result<SoakOutcome> {
         cluster,
         network_enis: BTreeMap::new(),
         promised_breach: None,
-        kill_next: false,
     };
     let result = soak.drive(started).await;
     soak.counts.iam_revocations = soak.iam.revocations;
