@@ -68,7 +68,9 @@ impl Ipam {
         Ok(forgotten)
     }
 
-    /// IPs EC2 confirms are gone from `eni`: gone from the pool and the file.
+    /// IPs EC2 confirms are gone from `eni`: gone from the pool, the file and the file's journal
+    /// (its record of EC2 assigning them within the minute would otherwise put them back at a
+    /// restart: an address no ENI has, holding a capacity token; issue 44 case 8).
     pub async fn forget_ips(
         &self,
         eni: &EniId,

@@ -474,7 +474,8 @@ impl EniActor {
                 span.in_scope(
                     || tracing::warn!(error = %error, singles_gone, "unassign failed; what EC2 kept stays idle"),
                 );
-                if let Some(j) = &journal {
+                // EC2 kept them, unless it said some are not on the ENI (gone): none vouched for.
+                if let Some(j) = journal.as_ref().filter(|_| !error.is_not_assigned()) {
                     let kept: &[Ipv4Addr] = if singles_gone { &[] } else { &singles };
                     j.assigned(&self.eni, kept, &prefixes).await;
                 }

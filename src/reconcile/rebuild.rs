@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::evidence::{HostEvidence, NetnsState, NetnsView};
 use crate::clock::{instant_from_unix_ms, unix_ms_now};
 use crate::cloud::DESCRIBE_SETTLES;
-use crate::cloud::{Cloud, CloudError, Eni, EniFilter, Metadata, MetadataEni, SubnetFilter};
+use crate::cloud::{Cloud, CloudError, Eni, Metadata, MetadataEni, SubnetFilter};
 use crate::model::{AttachmentKey, PodRef};
 use crate::pool::{AllocationSeed, AttachmentMeta, EniSeed, IdleSeed, PoolSeed, QuarantineSeed};
 use crate::store::{
@@ -91,12 +91,7 @@ pub async fn rebuild(
     inputs: Inputs<'_>,
 ) -> Result<Rebuilt, CloudError> {
     let imds = metadata.interfaces().await?;
-    let ec2 = cloud
-        .describe_enis(&EniFilter {
-            attached_to: Some(instance_id.to_owned()),
-            ..EniFilter::default()
-        })
-        .await?;
+    let ec2 = settled::describe(cloud, instance_id, &inputs.stored, &inputs.ec2_changes).await?;
     // An ENI attached just before a crash may be in neither IMDS (which lags) nor the file: its
     // subnet's CIDR comes from EC2 then, so the ENI and the pods already on it are kept. Skipping it
     // would drop those pods' records, and their IPs would go to other pods.
@@ -199,14 +194,34 @@ fn with_recent_changes(
 /// of the pod's ADD, its state file lost). Only for an ENI the describe shows attached here that
 /// holds single addresses (a prefix-delegated ENI's `/28`s come from the journal alone). Each is
 /// counted in `report.journal_corrections`.
+///
+/// With the state file, only a claim the file records (that attachment holding that IP) counts: a
+/// live pod's IP the file no longer records was found gone by the running reconcile (unassigned
+/// out of band, its record and its journal entry forgotten), and taking it back from the cache
+/// would hold an address no ENI has (issue 44 case 8). `file` is `None` when the file was lost.
 fn with_claimed(
     ec2: &[Eni],
     host: &HostEvidence,
+    file: Option<&StoredState>,
     instance_id: &str,
     report: &mut ReconcileReport,
 ) -> Vec<Eni> {
     let mut enis = ec2.to_vec();
-    for c in host.claims.iter().filter(|c| !c.ip.is_unspecified()) {
+    let recorded = |c: &&crate::reconcile::evidence::HostClaim| {
+        file.is_none_or(|f| {
+            f.assignments.iter().any(|a| {
+                a.ip == c.ip
+                    && a.container_id == c.attachment.container_id
+                    && a.ifname == c.attachment.ifname
+            })
+        })
+    };
+    for c in host
+        .claims
+        .iter()
+        .filter(|c| !c.ip.is_unspecified())
+        .filter(recorded)
+    {
         if enis.iter().any(|e| e.pod_addresses().contains(&c.ip)) {
             continue;
         }
@@ -247,8 +262,6 @@ pub fn merge(
         ec2_changes,
     } = inputs;
     let mut report = ReconcileReport::default();
-    let ec2 = &with_recent_changes(ec2, &ec2_changes, now_ms, &mut report);
-    let ec2 = &with_claimed(ec2, host, instance_id, &mut report);
     let stored = if stored
         .instance_id
         .as_deref()
@@ -260,6 +273,9 @@ pub fn merge(
         stored
     };
     report.state_lost = state_lost || report.foreign_state;
+    let ec2 = &with_recent_changes(ec2, &ec2_changes, now_ms, &mut report);
+    let file = (!report.state_lost).then_some(&stored);
+    let ec2 = &with_claimed(ec2, host, file, instance_id, &mut report);
     let by_mac: BTreeMap<&str, &MetadataEni> = imds.iter().map(|m| (m.mac.as_str(), m)).collect();
     let known_enis: BTreeMap<&str, &StoredEni> =
         stored.enis.iter().map(|e| (e.eni_id.as_str(), e)).collect();
@@ -519,3 +535,7 @@ pub fn merge(
         report,
     }
 }
+
+mod settled;
+#[cfg(test)]
+mod tests;

@@ -172,6 +172,34 @@ mod tests {
         assert_eq!(rows[0].eni_id, "eni-2");
     }
 
+    /// Issue 44 case 8: an address found gone, or an ENI gone from the node, no longer has the
+    /// journal vouch for EC2 having assigned it; a give-back's row stays.
+    #[test]
+    fn a_lost_address_or_eni_loses_its_assign_row_not_its_give_back() {
+        let mut c = conn();
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let (a, b, d) = (ip("10.0.0.5"), ip("10.0.0.6"), ip("10.0.0.7"));
+        let rows = [Ec2Address::Ip(a), Ec2Address::Ip(b)];
+        record(&mut c, "eni-1", &rows, Ec2Change::Assigned, 1_000, 60_000).unwrap();
+        record(&mut c, "eni-1", &[Ec2Address::Ip(d)], Ec2Change::Unassigned, 1_000, 60_000).unwrap();
+        let other = [Ec2Address::Ip(ip("10.0.1.5"))];
+        record(&mut c, "eni-2", &other, Ec2Change::Assigned, 1_000, 60_000).unwrap();
+        super::super::queries::remove_ips(&mut c, &[a, d]).unwrap();
+        let left: Vec<_> = load(&c).unwrap().into_iter().map(|r| r.address).collect();
+        assert_eq!(left.len(), 3, "{left:?}");
+        assert!(!left.contains(&Ec2Address::Ip(a)), "{left:?}");
+        assert!(left.contains(&Ec2Address::Ip(d)), "a give-back stays: {left:?}");
+        super::super::queries::remove_eni(&mut c, "eni-1").unwrap();
+        let left: Vec<_> = load(&c).unwrap().into_iter().map(|r| (r.address, r.change)).collect();
+        assert_eq!(
+            left,
+            vec![
+                (Ec2Address::Ip(d), Ec2Change::Unassigned),
+                (other[0], Ec2Change::Assigned)
+            ]
+        );
+    }
+
     #[test]
     fn a_bad_row_is_an_error_naming_it() {
         let c = conn();

@@ -344,7 +344,10 @@ impl Store {
             .await
     }
 
-    /// IPs given back to EC2 (or found gone): delete their rows.
+    /// IPs found gone from their ENI (EC2 no longer holds them there): delete their rows, and the
+    /// journal's record of EC2 assigning them, which a restart within the minute would otherwise
+    /// trust over a describe that no longer shows them (issue 44 case 8: an address no ENI has,
+    /// holding a capacity token). A record of giving one back stays.
     ///
     /// One transaction; rows are deleted whether idle or assigned, and unknown IPs are ignored.
     pub async fn remove_ips(&self, ips: Vec<Ipv4Addr>) -> Result<(), StoreError> {

@@ -177,6 +177,11 @@ pub(super) fn remove_eni(conn: &mut Connection, eni_id: &str) -> Result<(), Stor
     let tx = begin(conn)?;
     let ips = tx.execute("DELETE FROM ips WHERE eni_id = ?1", [eni_id])?;
     let enis = tx.execute("DELETE FROM enis WHERE eni_id = ?1", [eni_id])?;
+    // Gone from the node: the journal no longer vouches for what EC2 assigned it.
+    tx.execute(
+        "DELETE FROM ec2_changes WHERE eni_id = ?1 AND change = 'assigned'",
+        [eni_id],
+    )?;
     tx.commit()?;
     tracing::debug!(eni_id, enis, ips, "removed an ENI from the state database");
     Ok(())
@@ -296,8 +301,13 @@ pub(super) fn remove_ips(conn: &mut Connection, ips: &[Ipv4Addr]) -> Result<(), 
     let tx = begin(conn)?;
     {
         let mut delete = tx.prepare_cached("DELETE FROM ips WHERE ip = ?1")?;
+        // The journal no longer vouches for EC2 having assigned them (issue 44 case 8).
+        let mut unjournal = tx.prepare_cached(
+            "DELETE FROM ec2_changes WHERE address = ?1 AND change = 'assigned'",
+        )?;
         for ip in ips {
             delete.execute([ip.to_string()])?;
+            unjournal.execute([ip.to_string()])?;
         }
     }
     tx.commit()?;

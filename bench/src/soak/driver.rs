@@ -51,6 +51,9 @@ pub(super) struct Soak {
     pub(super) network_enis: BTreeMap<String, BTreeSet<String>>,
     /// Network-profiles mode: an overcommit seen at the last check, to be confirmed by the next.
     pub(super) promised_breach: Option<(u64, String)>,
+    /// The next step's batch is cut by a SIGKILL whatever the schedule says ([`super::inject`]'s
+    /// restart after an out-of-band unassign).
+    pub(super) kill_next: bool,
 }
 
 impl Soak {
@@ -226,7 +229,7 @@ impl Soak {
         self.undo_due(step, false)?;
         self.ensure_up(step).await?;
         let planned = faults::planned(self.cfg.seed, step, &self.cfg.faults);
-        let kill = planned.contains(&FaultKind::Kill);
+        let kill = planned.contains(&FaultKind::Kill) || std::mem::take(&mut self.kill_next);
         if let Some(c) = self.cluster.as_mut()
             && step > 0
             && step.is_multiple_of(super::profiles::SWITCH_EVERY)

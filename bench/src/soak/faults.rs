@@ -23,7 +23,9 @@ pub enum FaultKind {
     Ec2SlowReply,
     /// The account's throttling buckets shrink to a trickle for a few steps.
     ThrottleBurst,
-    /// A live pod's IP is unassigned from its ENI through EC2, behind the daemon's back.
+    /// A live pod's IP is unassigned from its ENI through EC2, behind the daemon's back; once the
+    /// running reconcile has had its time to report it lost, a SIGKILL and restart (a restart took
+    /// the lost IP back, beyond the node's capacity on a full node: issue 44 case 8).
     OobUnassign,
     /// A secondary ENI is detached from the instance through EC2, behind the daemon's back.
     OobDetach,

@@ -24,6 +24,9 @@ pub(super) enum Undo {
     Disk,
     Unhide(usize),
     IamRestore,
+    /// A SIGKILL in the next batch: an out-of-band unassign's IPs reported lost by now, a restart
+    /// must not take them back (issue 44 case 8: from the journal and the plugin's cache it did).
+    Restart,
 }
 
 pub(super) struct PendingUndo {
@@ -54,6 +57,7 @@ impl Soak {
                 Undo::Disk => self.host.free_disk()?,
                 Undo::Unhide(r) => self.unhide(r)?,
                 Undo::IamRestore => self.iam_restore(step),
+                Undo::Restart => self.kill_next = true,
             }
         }
         Ok(())
@@ -322,6 +326,8 @@ impl Soak {
         }
         let what = format!("unassigned {}", done.join(", "));
         self.record_oob(step, now, ips, None, &what);
+        // Once the running reconcile has had its time to report them lost, a restart.
+        self.undo_later(step, 1, self.grace, Undo::Restart);
         Ok(Some(what))
     }
 

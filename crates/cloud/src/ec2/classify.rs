@@ -13,6 +13,15 @@ pub(super) fn is_ambiguous(err: &CloudError) -> bool {
     matches!(err, CloudError::Transient { .. })
 }
 
+impl CloudError {
+    /// EC2 refused an unassign because an address or prefix it names is not on the ENI (gone out
+    /// of band): the call changed nothing, and not every address it names is the ENI's.
+    pub fn is_not_assigned(&self) -> bool {
+        matches!(self, Self::Rejected { code, message, .. }
+            if code == "InvalidParameterValue" && message.contains("not assigned to interface"))
+    }
+}
+
 /// Classify an SDK error into a [`CloudError`] by EC2 error code and HTTP status.
 pub fn classify<E>(api: &str, err: SdkError<E, HttpResponse>) -> CloudError
 where
@@ -215,6 +224,20 @@ mod tests {
             Some(400),
         );
         assert!(matches!(outside, CloudError::Rejected { .. }), "{outside}");
+        assert!(!outside.is_not_assigned());
+        // An unassign naming an address the ENI no longer has (gone out of band): nothing changed.
+        for gone in [
+            "Some of the specified addresses are not assigned to interface eni-1",
+            "Some of the specified prefixes are not assigned to interface eni-1: 10.0.0.16/28",
+        ] {
+            let e = classify_code(
+                "UnassignPrivateIpAddresses",
+                "InvalidParameterValue",
+                gone,
+                Some(400),
+            );
+            assert!(e.is_not_assigned(), "{e}");
+        }
         let unauthorized = c("UnauthorizedOperation", Some(403));
         assert!(matches!(unauthorized, CloudError::Unauthorized { .. }));
         // The permission EC2 names, which may be another action's than the call's.

@@ -1,0 +1,87 @@
+//! The startup rebuild's describe of the node's ENIs, asked again while EC2 does not show yet an ENI
+//! the pool created moments before the restart (issue 44: EC2's eventual consistency about a new ENI).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::clock::unix_ms_now;
+use crate::cloud::{Cloud, CloudError, DESCRIBE_SETTLES, Eni, EniFilter};
+use crate::store::{Ec2Change, StoredEc2Change, StoredState};
+
+/// The ENIs EC2 shows attached to `instance_id`, once it shows every ENI that pods hold addresses on
+/// (per the file) and that the journal shows EC2 gave addresses to less than [`DESCRIBE_SETTLES`]
+/// ago, or once that time has passed.
+///
+/// EC2's describes lag a new ENI and a new attachment (AWS, *Eventual consistency in the Amazon EC2
+/// API*). A restart seconds after the pool created an ENI and handed out its addresses would read
+/// the ENI as gone and drop the records of the pods on it (their IPs "on no ENI any more"); the
+/// running reconcile would then adopt the ENI once the describe shows it, with those pods' IPs idle
+/// and soon handed out a second time. The journal knows the ENI is new: the create's answer wrote
+/// its addresses. So the describe is asked again, with back-off, until it shows the ENI. An ENI
+/// that really went (detached out of band within the minute, its pods still recorded) costs the
+/// start that minute at most; an ENI the pool deleted holds no pod and is not waited for.
+pub(super) async fn describe(
+    cloud: &dyn Cloud,
+    instance_id: &str,
+    stored: &StoredState,
+    changes: &[StoredEc2Change],
+) -> Result<Vec<Eni>, CloudError> {
+    let filter = EniFilter {
+        attached_to: Some(instance_id.to_owned()),
+        ..EniFilter::default()
+    };
+    let settles_ms = DESCRIBE_SETTLES.as_millis() as u64;
+    let started = Instant::now();
+    let now_ms = unix_ms_now();
+    let held: BTreeSet<&str> = stored
+        .assignments
+        .iter()
+        .map(|a| a.eni_id.as_str())
+        .collect();
+    // Each such ENI, and when the describe must show it by (tokio time, for paused-clock tests).
+    let mut due: BTreeMap<&str, Instant> = BTreeMap::new();
+    for c in changes.iter().filter(|c| {
+        c.change == Ec2Change::Assigned
+            && c.at_ms + settles_ms > now_ms
+            && held.contains(c.eni_id.as_str())
+    }) {
+        let by = started + Duration::from_millis(c.at_ms + settles_ms - now_ms);
+        let e = due.entry(c.eni_id.as_str()).or_insert(by);
+        *e = (*e).max(by);
+    }
+    let mut delay = Duration::from_millis(250);
+    let mut asked = 0u32;
+    loop {
+        let ec2 = cloud.describe_enis(&filter).await?;
+        asked += 1;
+        let now = Instant::now();
+        let shown = |id: &str| {
+            ec2.iter().any(|e| {
+                e.id.as_str() == id
+                    && e.attachment
+                        .as_ref()
+                        .is_some_and(|a| a.instance_id == instance_id)
+            })
+        };
+        let lagging: Vec<(&str, Instant)> = due
+            .iter()
+            .filter(|(id, by)| **by > now && !shown(id))
+            .map(|(id, by)| (*id, *by))
+            .collect();
+        let Some(until) = lagging.iter().map(|(_, by)| *by).max() else {
+            if asked > 1 {
+                tracing::info!(asked, waited_ms = started.elapsed().as_millis() as u64,
+                    "EC2's describe shows the ENIs it lagged (or their minute passed): rebuilding");
+            }
+            return Ok(ec2);
+        };
+        let ids: Vec<&str> = lagging.iter().map(|(id, _)| *id).collect();
+        tracing::info!(enis = ?ids, retry_ms = delay.as_millis() as u64,
+            "pods hold addresses EC2 gave these ENIs less than a minute ago, but its describe does not \
+             show them attached: EC2's describes lag a new ENI, asking again");
+        tokio::time::sleep(delay.min(until - now)).await;
+        delay = (delay * 2).min(Duration::from_secs(4));
+    }
+}

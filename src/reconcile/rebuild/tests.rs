@@ -1,0 +1,199 @@
+//! The rebuild's merge, without I/O: what the journal and the plugin's cache may add to EC2's
+//! describe, and what they may not (issue 44 case 8).
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::cloud::{AttachmentStatus, EniAttachment, EniStatus, tags};
+use crate::reconcile::evidence::HostClaim;
+use crate::store::StoredAssignment;
+
+const INSTANCE: &str = "i-1";
+const NOW_MS: u64 = 1_700_000_000_000;
+
+fn ip(last: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, 0, last)
+}
+
+/// An ENI of ours attached at `device` with `secondary` IPs (primary 10.0.0.<device+1>).
+fn eni(id: &str, device: u32, secondary: &[u8]) -> Eni {
+    Eni {
+        id: id.parse().unwrap(),
+        mac: format!("02:00:00:00:00:0{device}"),
+        subnet_id: "subnet-1".into(),
+        vpc_id: "vpc-1".into(),
+        availability_zone: "az-1".into(),
+        description: String::new(),
+        status: EniStatus::InUse,
+        primary_ip: ip(device as u8 + 1),
+        secondary_ips: secondary.iter().map(|l| ip(*l)).collect(),
+        ipv4_prefixes: Vec::new(),
+        security_groups: Vec::new(),
+        attachment: Some(EniAttachment {
+            attachment_id: format!("att-{device}"),
+            instance_id: INSTANCE.into(),
+            device_index: device,
+            status: AttachmentStatus::Attached,
+            delete_on_termination: true,
+        }),
+        tags: BTreeMap::from([(tags::OWNER.to_owned(), tags::OWNER_VALUE.to_owned())]),
+        ipv6_addresses: Vec::new(),
+        ipv6_prefixes: Vec::new(),
+    }
+}
+
+fn stored_eni(e: &Eni) -> StoredEni {
+    StoredEni {
+        eni_id: e.id.to_string(),
+        mac: e.mac.clone(),
+        device_index: e.attachment.as_ref().unwrap().device_index,
+        subnet_id: e.subnet_id.clone(),
+        subnet_cidr: "10.0.0.0/24".into(),
+        primary_ip: e.primary_ip,
+        created_by_us: true,
+        created_at_ms: NOW_MS - 600_000,
+    }
+}
+
+fn change(eni: &str, last: u8, change: Ec2Change, ago_ms: u64) -> StoredEc2Change {
+    StoredEc2Change {
+        address: Ec2Address::Ip(ip(last)),
+        eni_id: eni.into(),
+        change,
+        at_ms: NOW_MS - ago_ms,
+    }
+}
+
+fn claim(container: &str, last: u8, eni: &str) -> HostClaim {
+    HostClaim {
+        ip: ip(last),
+        ipv6: None,
+        egress_ipv4: None,
+        network: "eniipam".into(),
+        attachment: AttachmentKey::new(container, "eth0"),
+        pod: PodRef::default(),
+        sticky_key: None,
+        netns: format!("/run/netns/{container}"),
+        eni_id: eni.into(),
+    }
+}
+
+fn assignment(container: &str, last: u8, eni: &str) -> StoredAssignment {
+    StoredAssignment {
+        ip: ip(last),
+        eni_id: eni.into(),
+        network: "eniipam".into(),
+        container_id: container.into(),
+        ifname: "eth0".into(),
+        netns: format!("/run/netns/{container}"),
+        pod_namespace: "default".into(),
+        pod_name: container.into(),
+        pod_uid: format!("uid-{container}"),
+        sticky_key: None,
+        assigned_at_ms: NOW_MS - 30_000,
+    }
+}
+
+fn run(
+    described: &[Eni],
+    stored: StoredState,
+    state_lost: bool,
+    claims: Vec<HostClaim>,
+    changes: Vec<StoredEc2Change>,
+) -> Rebuilt {
+    let host = HostEvidence {
+        cache_visible: true,
+        claims,
+    };
+    let netns = NetnsView::default();
+    merge(
+        INSTANCE,
+        &[],
+        described,
+        &BTreeMap::from([("subnet-1".to_owned(), "10.0.0.0/24".parse().unwrap())]),
+        Inputs {
+            stored,
+            state_lost,
+            host: &host,
+            netns: &netns,
+            use_primary_eni: false,
+            ec2_changes: changes,
+        },
+        Instant::now(),
+        NOW_MS,
+    )
+}
+
+fn seeded(r: &Rebuilt) -> Vec<Ipv4Addr> {
+    let mut ips: Vec<Ipv4Addr> = r
+        .seed
+        .enis
+        .iter()
+        .flat_map(|e| e.secondary_ips.iter().copied())
+        .collect();
+    ips.sort();
+    ips
+}
+
+/// The soak's path: a pod's IP (.10) unassigned out of band 30 s after the pool assigned it, found
+/// lost by the running reconcile, which forgot its record and the journal's assign of it
+/// (`Store::remove_ips`); its slot went to .13. The pod still runs, so the plugin's cache still
+/// names .10. With the file intact the cache does not put .10 back: the file no longer records it.
+#[test]
+fn a_lost_ip_is_not_taken_back_from_a_live_pods_cache_entry() {
+    let described = vec![eni("eni-00000001", 1, &[11, 12, 13])];
+    let stored = StoredState {
+        instance_id: Some(INSTANCE.into()),
+        enis: vec![stored_eni(&described[0])],
+        assignments: vec![assignment("b", 11, "eni-00000001")],
+        ..StoredState::default()
+    };
+    let changes = vec![change("eni-00000001", 13, Ec2Change::Assigned, 5_000)];
+    let claims = vec![
+        claim("a", 10, "eni-00000001"),
+        claim("b", 11, "eni-00000001"),
+    ];
+    let r = run(&described, stored, false, claims, changes);
+    assert_eq!(seeded(&r), vec![ip(11), ip(12), ip(13)]);
+    assert!(r.report.adopted.is_empty(), "{:?}", r.report.adopted);
+    assert!(r.seed.allocations.iter().all(|a| a.ip != ip(10)));
+    assert_eq!(r.report.journal_corrections, 0, "{:?}", r.report);
+}
+
+/// With the file, a live pod's IP the file records and the describe does not show yet (assigned
+/// moments before the restart, its journal entry not written) is placed from the cache.
+#[test]
+fn with_the_file_a_recorded_live_pods_ip_the_describe_does_not_show_yet_is_placed() {
+    let described = vec![eni("eni-00000001", 1, &[11])];
+    let stored = StoredState {
+        instance_id: Some(INSTANCE.into()),
+        enis: vec![stored_eni(&described[0])],
+        assignments: vec![assignment("a", 10, "eni-00000001")],
+        ..StoredState::default()
+    };
+    let claims = vec![claim("a", 10, "eni-00000001")];
+    let r = run(&described, stored, false, claims, Vec::new());
+    assert_eq!(seeded(&r), vec![ip(10), ip(11)]);
+    assert_eq!(r.report.kept, 1, "{:?}", r.report);
+    assert!(r.report.dropped_gone.is_empty(), "{:?}", r.report);
+    // Another attachment's claim of the same IP is not the file's record.
+    let stored = StoredState {
+        instance_id: Some(INSTANCE.into()),
+        enis: vec![stored_eni(&described[0])],
+        assignments: vec![assignment("b", 10, "eni-00000001")],
+        ..StoredState::default()
+    };
+    let claims = vec![claim("a", 10, "eni-00000001")];
+    let r = run(&described, stored, false, claims, Vec::new());
+    assert_eq!(seeded(&r), vec![ip(11)]);
+}
+
+/// A lost state file within the describe lag still places a live pod's IP from the cache.
+#[test]
+fn with_the_file_lost_a_live_pods_ip_the_describe_does_not_show_yet_is_placed_from_the_cache() {
+    let described = vec![eni("eni-00000001", 1, &[11])];
+    let claims = vec![claim("a", 10, "eni-00000001")];
+    let r = run(&described, StoredState::default(), true, claims, Vec::new());
+    assert_eq!(seeded(&r), vec![ip(10), ip(11)]);
+    assert_eq!(r.report.adopted.len(), 1);
+}
