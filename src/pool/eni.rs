@@ -310,7 +310,9 @@ impl EniActor {
                 span.in_scope(
                     || tracing::info!(assigned = ips.len(), prefixes = ?prefixes, "assigned IPs"),
                 );
-                self.shared.journal_assigned(&self.eni, &ips, &prefixes);
+                self.shared
+                    .journal_assigned(&self.eni, &ips, &prefixes)
+                    .await;
                 let eni_unlisted = self
                     .wait_visible(&ips, &prefixes)
                     .instrument(span.clone())

@@ -431,7 +431,9 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
                     shared.wake.notify_one();
                     return;
                 }
-                shared.journal_assigned(&eni.id, &eni.secondary_ips, &eni.ipv4_prefixes);
+                shared
+                    .journal_assigned(&eni.id, &eni.secondary_ips, &eni.ipv4_prefixes)
+                    .await;
                 let (handle, task) = EniHandle::spawn(shared.clone(), eni.id.clone(), eni.mac.clone());
                 let created = CreateOutcome::Created {
                     eni: Box::new(eni),

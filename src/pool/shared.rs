@@ -71,8 +71,8 @@ pub trait EniReadiness: Send + Sync + 'static {
 /// in-memory pools, unit tests) nothing is written.
 #[async_trait]
 pub trait ChangeJournal: Send + Sync + 'static {
-    /// EC2 assigned these to `eni` (an assign's or a create's answer). Not waited for: a pod's ADD
-    /// does not wait on the disk for it.
+    /// EC2 assigned these to `eni` (an assign's or a create's answer). Waited for before the
+    /// addresses are handed out (one write per EC2 call).
     async fn assigned(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]);
     /// These go back to EC2: written before the unassign is sent. A give-back EC2 refuses is
     /// written [`ChangeJournal::assigned`] again: they stay on `eni`.
@@ -155,9 +155,17 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(journal);
     }
 
-    /// Journals, without waiting, that EC2 assigned `ips` and `prefixes` to `eni` (the addresses
-    /// of `prefixes` among `ips` are journalled as their prefix).
-    pub(crate) fn journal_assigned(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) {
+    /// Journals that EC2 assigned `ips` and `prefixes` to `eni` (the addresses of `prefixes` among
+    /// `ips` are journalled as their prefix), before any of them is handed out: a restart then
+    /// finds each address a pod holds that a lagging describe does not show in the journal, and
+    /// the rebuild need not trust the plugin's cache for it (which also names addresses lost out of
+    /// band since: issue 44 case 8). One store write per EC2 call, not per pod.
+    pub(crate) async fn journal_assigned(
+        &self,
+        eni: &EniId,
+        ips: &[Ipv4Addr],
+        prefixes: &[Ipv4Net],
+    ) {
         if let Some(j) = self.journal() {
             let in_prefixes: BTreeSet<Ipv4Addr> =
                 prefixes.iter().flat_map(|p| prefix_addresses(*p)).collect();
@@ -166,8 +174,7 @@ impl Shared {
                 .copied()
                 .filter(|ip| !in_prefixes.contains(ip))
                 .collect();
-            let (eni, prefixes) = (eni.clone(), prefixes.to_vec());
-            tokio::spawn(async move { j.assigned(&eni, &singles, &prefixes).await });
+            j.assigned(eni, &singles, prefixes).await;
         }
     }
 }

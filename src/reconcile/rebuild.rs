@@ -195,33 +195,18 @@ fn with_recent_changes(
 /// holds single addresses (a prefix-delegated ENI's `/28`s come from the journal alone). Each is
 /// counted in `report.journal_corrections`.
 ///
-/// With the state file, only a claim the file records (that attachment holding that IP) counts: a
-/// live pod's IP the file no longer records was found gone by the running reconcile (unassigned
-/// out of band, its record and its journal entry forgotten), and taking it back from the cache
-/// would hold an address no ENI has (issue 44 case 8). `file` is `None` when the file was lost.
+/// Only when the state file was lost: with the file, the journal holds every address EC2 gave an
+/// ENI in the last minute before any pod got it ([`crate::pool`] waits for the write), so a live
+/// pod's IP that neither the describe nor the journal shows was lost out of band, and taking it
+/// back from the cache would hold an address no ENI has (issue 44 case 8).
 fn with_claimed(
     ec2: &[Eni],
     host: &HostEvidence,
-    file: Option<&StoredState>,
     instance_id: &str,
     report: &mut ReconcileReport,
 ) -> Vec<Eni> {
     let mut enis = ec2.to_vec();
-    let recorded = |c: &&crate::reconcile::evidence::HostClaim| {
-        file.is_none_or(|f| {
-            f.assignments.iter().any(|a| {
-                a.ip == c.ip
-                    && a.container_id == c.attachment.container_id
-                    && a.ifname == c.attachment.ifname
-            })
-        })
-    };
-    for c in host
-        .claims
-        .iter()
-        .filter(|c| !c.ip.is_unspecified())
-        .filter(recorded)
-    {
+    for c in host.claims.iter().filter(|c| !c.ip.is_unspecified())     {
         if enis.iter().any(|e| e.pod_addresses().contains(&c.ip)) {
             continue;
         }
@@ -274,8 +259,11 @@ pub fn merge(
     };
     report.state_lost = state_lost || report.foreign_state;
     let ec2 = &with_recent_changes(ec2, &ec2_changes, now_ms, &mut report);
-    let file = (!report.state_lost).then_some(&stored);
-    let ec2 = &with_claimed(ec2, host, file, instance_id, &mut report);
+    let ec2 = &if report.state_lost {
+        with_claimed(ec2, host, instance_id, &mut report)
+    } else {
+        ec2.clone()
+    };
     let by_mac: BTreeMap<&str, &MetadataEni> = imds.iter().map(|m| (m.mac.as_str(), m)).collect();
     let known_enis: BTreeMap<&str, &StoredEni> =
         stored.enis.iter().map(|e| (e.eni_id.as_str(), e)).collect();
