@@ -279,6 +279,7 @@ async fn a_lost_state_file_without_evidence_quarantines() {
                 eni_id: String::new(),
                 host_veth: None,
                 egress_ipv4: None,
+                own_eni_egress: false,
                 result: json!({}),
             })
             .unwrap();

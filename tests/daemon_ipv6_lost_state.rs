@@ -31,6 +31,7 @@ fn cached(container: &str, netns: &Path, ipv6: &str, egress: Option<Ipv4Addr>) -
         eni_id: String::new(),
         host_veth: None,
         egress_ipv4: egress,
+        own_eni_egress: false,
         result: serde_json::json!({
             "cniVersion": "1.1.0",
             "interfaces": [{"name": "eth0", "sandbox": netns.display().to_string()}],

@@ -29,6 +29,7 @@ fn cached(container: &str, netns: &std::path::Path, ip: Ipv4Addr, eni_id: String
         eni_id,
         host_veth: None,
         egress_ipv4: None,
+        own_eni_egress: false,
         result: serde_json::json!({}),
     }
 }
@@ -639,7 +640,7 @@ async fn a_restart_right_after_an_eni_create_waits_for_the_describe_to_show_it()
          slow for the test to prove anything"
     );
 
-    let restarted = std::time::Instant::now();
+    let restarted = tokio::time::Instant::now();
     let d = start(cfg.clone()).await;
     assert!(
         d.report.dropped_gone.is_empty(),

@@ -206,7 +206,7 @@ fn with_claimed(
     report: &mut ReconcileReport,
 ) -> Vec<Eni> {
     let mut enis = ec2.to_vec();
-    for c in host.claims.iter().filter(|c| !c.ip.is_unspecified())     {
+    for c in host.claims.iter().filter(|c| !c.ip.is_unspecified()) {
         if enis.iter().any(|e| e.pod_addresses().contains(&c.ip)) {
             continue;
         }

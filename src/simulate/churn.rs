@@ -108,6 +108,7 @@ impl SyntheticPod {
                 eni_id: reply.eni_id.clone(),
                 host_veth: None,
                 egress_ipv4: None,
+                own_eni_egress: false,
                 result: serde_json::json!({"cniVersion": "1.0.0", "ips": [{"address": format!("{ip}/32")}]}),
             })
             .context("cannot write the result cache")?;

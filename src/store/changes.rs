@@ -181,16 +181,31 @@ mod tests {
         let (a, b, d) = (ip("10.0.0.5"), ip("10.0.0.6"), ip("10.0.0.7"));
         let rows = [Ec2Address::Ip(a), Ec2Address::Ip(b)];
         record(&mut c, "eni-1", &rows, Ec2Change::Assigned, 1_000, 60_000).unwrap();
-        record(&mut c, "eni-1", &[Ec2Address::Ip(d)], Ec2Change::Unassigned, 1_000, 60_000).unwrap();
+        record(
+            &mut c,
+            "eni-1",
+            &[Ec2Address::Ip(d)],
+            Ec2Change::Unassigned,
+            1_000,
+            60_000,
+        )
+        .unwrap();
         let other = [Ec2Address::Ip(ip("10.0.1.5"))];
         record(&mut c, "eni-2", &other, Ec2Change::Assigned, 1_000, 60_000).unwrap();
         super::super::queries::remove_ips(&mut c, &[a, d]).unwrap();
         let left: Vec<_> = load(&c).unwrap().into_iter().map(|r| r.address).collect();
         assert_eq!(left.len(), 3, "{left:?}");
         assert!(!left.contains(&Ec2Address::Ip(a)), "{left:?}");
-        assert!(left.contains(&Ec2Address::Ip(d)), "a give-back stays: {left:?}");
+        assert!(
+            left.contains(&Ec2Address::Ip(d)),
+            "a give-back stays: {left:?}"
+        );
         super::super::queries::remove_eni(&mut c, "eni-1").unwrap();
-        let left: Vec<_> = load(&c).unwrap().into_iter().map(|r| (r.address, r.change)).collect();
+        let left: Vec<_> = load(&c)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.address, r.change))
+            .collect();
         assert_eq!(
             left,
             vec![

@@ -302,9 +302,8 @@ pub(super) fn remove_ips(conn: &mut Connection, ips: &[Ipv4Addr]) -> Result<(), 
     {
         let mut delete = tx.prepare_cached("DELETE FROM ips WHERE ip = ?1")?;
         // The journal no longer vouches for EC2 having assigned them (issue 44 case 8).
-        let mut unjournal = tx.prepare_cached(
-            "DELETE FROM ec2_changes WHERE address = ?1 AND change = 'assigned'",
-        )?;
+        let mut unjournal = tx
+            .prepare_cached("DELETE FROM ec2_changes WHERE address = ?1 AND change = 'assigned'")?;
         for ip in ips {
             delete.execute([ip.to_string()])?;
             unjournal.execute([ip.to_string()])?;

@@ -10,6 +10,15 @@
 //!   the default network) and EC2's `eniipam.io/network` tag another (after settling).
 //! - `eth0-serving`: custom networking is on, so eth0 (device 0) serves no pod: the pool shows no IP
 //!   on it, and no IP a pod holds is on it in EC2.
+//! - `profile-egress-via-eth0` (issue 44): a live pod of a profile in the `strict` egress mode
+//!   (`db`) whose ADD was not answered "egress by its own ENI" (the plugin's result cache keeps the
+//!   answer; in the main role it puts the host veth in the link group the egress mark and SNAT
+//!   skip): its traffic to outside the VPC would leave by eth0, SNATed, past its profile's groups.
+//!   And `egress-mode-wrong`: a pod of the default network or of a `standard` profile (`app`)
+//!   answered so: its internet traffic would leave unSNATed by an ENI. Together with
+//!   `profile-groups` (the pod's IP on its profile's ENI) this is what keeps a strict pod's packets
+//!   off eth0 under every fault; the packets themselves are the fabric's test
+//!   (`tests/datapath_profiles.rs`), as the soak wires no pod.
 //!
 //! Judged from EC2's word (mockcloud's ENIs): what the daemon says of an ENI is what is being
 //! checked. The run-long ones (no IP of one network ever handed to a pod of another; refusals only
@@ -93,6 +102,42 @@ pub fn evaluate(
                 settle: false,
             });
         }
+    }
+
+    // Each live pod's egress as the daemon answered its ADD.
+    for a in model.live() {
+        let Some(cached) = obs.cache.get(&a.key) else {
+            continue;
+        };
+        let profile = model.profile_of(a);
+        let strict = profile.is_some_and(|p| world.strict_egress.contains(p));
+        if cached.own_eni_egress == strict {
+            continue;
+        }
+        let (kind, what) = if strict {
+            (
+                "profile-egress-via-eth0",
+                "was not answered egress by its own ENI: its traffic to outside the VPC would leave \
+                 by eth0, SNATed, past its profile's security groups",
+            )
+        } else {
+            (
+                "egress-mode-wrong",
+                "was answered egress by its own ENI, though its network SNATs via eth0",
+            )
+        };
+        found.push(Found {
+            kind,
+            subject: format!("{}/{}", a.key.0, a.key.1),
+            text: format!(
+                "{}/{} (pod of {}, ADD at step {}) {what}",
+                a.key.0,
+                a.key.1,
+                profile.map_or("the default network".to_owned(), |p| format!("profile {p}")),
+                a.added_step
+            ),
+            settle: false,
+        });
     }
 
     // The pool's word on each ENI's network against EC2's tag.

@@ -13,7 +13,7 @@
 //! pod of another network by a wrong hand-out, never by EC2 reusing an address, so the checker may
 //! hold "no IP of one profile ever held by a pod of another" over the whole run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Context;
 use eniipam_kubeapi::{Crd, FakeApiServer, eniconfig_json, pod_json};
@@ -55,6 +55,9 @@ pub struct ProfileWorld {
     pub eniconfigs: BTreeMap<String, NetSpec>,
     /// Profile name → its subnet and groups.
     pub profiles: BTreeMap<String, NetSpec>,
+    /// The profiles in the `strict` egress mode (the default): their pods' egress leaves by their
+    /// own ENI, never by eth0.
+    pub strict_egress: BTreeSet<String>,
 }
 
 impl ProfileWorld {
@@ -182,6 +185,7 @@ pub async fn setup(mock: &MockCloud) -> anyhow::Result<ProfileCluster> {
             ("app".to_owned(), spec(&app, &[&g_app])),
         ]
         .into(),
+        strict_egress: ["db".to_owned()].into(),
     };
 
     let api = FakeApiServer::start().await;
@@ -212,6 +216,8 @@ pub async fn setup(mock: &MockCloud) -> anyhow::Result<ProfileCluster> {
         json!({"metadata": {"name": "app"}, "spec": {
             "subnetSelector": {"tags": {"eniipam.io/profile": "app"}},
             "securityGroups": [g_app],
+            // db keeps the default (strict): the checker holds both modes' answers.
+            "egressMode": "standard",
         }}),
     );
     api.put_namespace(PLAIN_NAMESPACE, &[]);

@@ -201,6 +201,8 @@ pub fn read_store6(path: &Path) -> anyhow::Result<Store6> {
 pub struct Cached {
     pub network: usize,
     pub addrs: Addrs,
+    /// The daemon answered that the pod's egress leaves by its own ENI (a strict profile's pod).
+    pub own_eni_egress: bool,
 }
 
 /// Everything one check looks at.
@@ -289,7 +291,11 @@ impl Witnesses<'_> {
                 };
                 cache.insert(
                     (e.container_id.clone(), e.ifname.clone()),
-                    Cached { network: n, addrs },
+                    Cached {
+                        network: n,
+                        addrs,
+                        own_eni_egress: e.own_eni_egress,
+                    },
                 );
             }
         }

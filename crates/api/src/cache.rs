@@ -72,6 +72,11 @@ pub struct CacheEntry {
     /// on its next ADD).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_ipv4: Option<Ipv4Addr>,
+    /// The daemon answered that the pod's egress leaves by its own ENI with its own address (a
+    /// network profile in the `strict` egress mode): in the main role the plugin put the host
+    /// veth in [`crate::OWN_ENI_EGRESS_LINK_GROUP`]. Absent (false) in entries of older plugins.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own_eni_egress: bool,
     /// The CNI result ADD printed (in 1.1.0 form).
     pub result: serde_json::Value,
 }
@@ -280,6 +285,7 @@ mod tests {
                 mac: "02:00:00:00:00:01".into(),
             }),
             egress_ipv4: None,
+            own_eni_egress: false,
             result: serde_json::json!({"ips": []}),
         }
     }
@@ -300,6 +306,15 @@ mod tests {
         old.as_object_mut().unwrap().remove("egress_ipv4");
         let parsed: CacheEntry = serde_json::from_value(old).unwrap();
         assert_eq!(parsed.egress_ipv4, None);
+        assert!(!parsed.own_eni_egress, "absent: not own-ENI egress");
+        // Own-ENI egress (a strict profile's pod) is written only when set, and read back.
+        let mut strict = entry("strict");
+        strict.own_eni_egress = true;
+        let v = serde_json::to_value(&strict).unwrap();
+        assert_eq!(v["own_eni_egress"], true);
+        assert_eq!(serde_json::from_value::<CacheEntry>(v).unwrap(), strict);
+        let plain = serde_json::to_value(entry("plain")).unwrap();
+        assert!(plain.get("own_eni_egress").is_none(), "{plain}");
     }
 
     #[test]

@@ -72,8 +72,11 @@ pub(super) async fn describe(
             .collect();
         let Some(until) = lagging.iter().map(|(_, by)| *by).max() else {
             if asked > 1 {
-                tracing::info!(asked, waited_ms = started.elapsed().as_millis() as u64,
-                    "EC2's describe shows the ENIs it lagged (or their minute passed): rebuilding");
+                tracing::info!(
+                    asked,
+                    waited_ms = started.elapsed().as_millis() as u64,
+                    "EC2's describe shows the ENIs it lagged (or their minute passed): rebuilding"
+                );
             }
             return Ok(ec2);
         };

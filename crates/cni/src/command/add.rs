@@ -217,6 +217,7 @@ pub(super) async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniErr
         eni_id: reply.eni_id.clone(),
         host_veth,
         egress_ipv4: assigned.egress_ipv4,
+        own_eni_egress: reply.own_eni_egress,
         result: ours.to_json(CniVersion::CURRENT),
     };
     if let Err(e) = cache.write(&entry) {
