@@ -17,6 +17,7 @@
 //! - **Off** (`network_policy = false`): the table is deleted at startup, so turning enforcement
 //!   off stops it.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -84,31 +85,42 @@ pub(super) struct Enforcer {
     status: Arc<Mutex<Status>>,
 }
 
-/// This node's pod attachments, from the pool, each with its host veth.
+/// This node's pod attachments, from the pool, each with its host veth, in veth order: one per
+/// attachment, whatever the number of its addresses (two attachments may still name one veth,
+/// see [`crate::network_policy::enforce::newest_per_veth`]).
 fn local_attachments(pool: &Pool, veth_prefix: &str) -> Vec<LocalAttachment> {
     let snapshot = pool.snapshot();
-    let mut out = Vec::new();
+    let mut out: BTreeMap<(String, String), LocalAttachment> = BTreeMap::new();
     for eni in &snapshot.enis {
         for ip in &eni.ips {
             if let IpState::Assigned {
-                attachment, pod, ..
+                attachment,
+                pod,
+                held_for,
+                ..
             } = &ip.state
             {
                 if pod.namespace.is_empty() || pod.name.is_empty() {
                     // No pod identity: not a Kubernetes pod, no policy selects it.
                     continue;
                 }
-                out.push(LocalAttachment {
-                    namespace: pod.namespace.clone(),
-                    name: pod.name.clone(),
-                    veth: eniipam_api::host_veth_name(veth_prefix, Some(pod), attachment),
-                    ips: vec![IpAddr::V4(ip.ip)],
-                });
+                let veth = eniipam_api::host_veth_name(veth_prefix, Some(pod), attachment);
+                let a = out
+                    .entry((veth.clone(), attachment.to_string()))
+                    .or_insert_with(|| LocalAttachment {
+                        namespace: pod.namespace.clone(),
+                        name: pod.name.clone(),
+                        veth,
+                        ips: Vec::new(),
+                        container_id: attachment.container_id.clone(),
+                        held_for: *held_for,
+                    });
+                a.ips.push(IpAddr::V4(ip.ip));
+                a.held_for = a.held_for.min(*held_for);
             }
         }
     }
-    out.sort_by(|a, b| a.veth.cmp(&b.veth));
-    out
+    out.into_values().collect()
 }
 
 /// Starts enforcement: the watches, the sync task and the verdict counters' reader. The gate is
@@ -167,6 +179,8 @@ async fn sync_loop(
     let mut changes = cluster.subscribe();
     let mut failures = 0u32;
     let mut last_full = tokio::time::Instant::now();
+    // The superseded attachments already warned of (a warning each, not one per sync).
+    let mut reported: Vec<String> = Vec::new();
     loop {
         let wait = if failures > 0 {
             (RETRY.0 * 2u32.saturating_pow(failures - 1)).min(RETRY.1)
@@ -222,6 +236,13 @@ async fn sync_loop(
                         compile = ?report.compile, render = ?report.render, load = ?report.load,
                         "network policy: rules in force");
                 }
+                metrics
+                    .network_policy
+                    .superseded_attachments(report.superseded.len());
+                for line in report.superseded.iter().filter(|l| !reported.contains(*l)) {
+                    tracing::warn!("network policy: {line}");
+                }
+                reported = report.superseded.clone();
                 let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
                 s.last = Some(report);
                 s.error = None;

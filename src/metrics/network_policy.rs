@@ -64,6 +64,7 @@ pub struct PolicyMetrics {
     sync_seconds: Histogram,
     syncs: Family<KindLabel, Counter>,
     connections: Family<VerdictLabel, Counter>,
+    superseded: Gauge,
     /// The kernel's totals last read (the counters restart when a table is loaded whole).
     last_counts: Arc<Mutex<VerdictCounts>>,
 }
@@ -80,6 +81,7 @@ impl Default for PolicyMetrics {
             ]),
             syncs: Family::default(),
             connections: Family::default(),
+            superseded: Gauge::default(),
             last_counts: Arc::default(),
         }
     }
@@ -112,6 +114,11 @@ impl PolicyMetrics {
         self.syncs
             .get_or_create(&KindLabel { kind: "failed" })
             .inc();
+    }
+
+    /// Attachments left out of the last sync because a newer one names the same host veth.
+    pub fn superseded_attachments(&self, n: usize) {
+        self.superseded.set(n as i64);
     }
 
     /// The kernel's counters summed over the node's pods: what grew since the last reading is
@@ -172,6 +179,11 @@ impl PolicyMetrics {
             "eniipam_network_policy_connections",
             "New connections of this node's isolated pods the rules allowed or denied, by direction",
             self.connections.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_superseded_attachments",
+            "Pod attachments left out of the rules because a newer attachment names the same host veth (a sandbox recreated before the old one's DEL)",
+            self.superseded.clone(),
         );
     }
 }
