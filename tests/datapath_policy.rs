@@ -25,6 +25,9 @@
 //! - **A deleted pod's address reused:** with `y/a` taking ingress only from `x/d`, `x/d` is deleted
 //!   and its address given to a new `z/e`; right after the ADD, `z/e` cannot reach `y/a` (no stale
 //!   peer) and `y/b` reaches `z/e` (no stale chain), and the whole matrix agrees with the model.
+//! - **A flushed table** (issue 47, case 5): another agent's `nft flush ruleset` in the node; the
+//!   daemon loads the table again within seconds, warns naming what was missing, counts it, and
+//!   the matrix agrees with the model again.
 //! - **A recreated sandbox** (issue 47, case 6): `x/a` ADDed again before its old attachment's DEL
 //!   (one veth name, two attachments): the ADD and the next one succeed, the new `x/a` is enforced,
 //!   the old attachment is reported (`eniipamctl policy`, a warning, a gauge) until its DEL.
@@ -371,6 +374,10 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
     c.assert_no_drops().await;
 }
 
+/// How long an outside `nft flush ruleset` may leave the node unenforced (issue 47, case 5): the
+/// daemon checks the kernel's table every few seconds; generous for a loaded lab.
+const RESTORED_WITHIN: Duration = Duration::from_secs(15);
+
 /// A value of the node daemon's `/metrics` (`None`: not exported), read inside the node.
 async fn metric(d: &PolicyDaemon, name: &str) -> Option<f64> {
     let log = d.log_text();
@@ -422,6 +429,70 @@ async fn small_world(
     }
     c.lab.sync().await.expect("lab sync");
     Some((c, api, d, only_b, pods, servers))
+}
+
+/// Issue 47, case 5: another agent's `nft flush ruleset` in the node takes the table away; the
+/// daemon puts it back within seconds (not at the next cluster change or the 10-minute reload),
+/// logs what was missing and counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_table_is_restored_within_seconds() {
+    let test = "a_flushed_table_is_restored_within_seconds";
+    let Some((c, _api, d, policies, pods, _servers)) = small_world(test).await else {
+        return;
+    };
+    let cells = all_cells(&pods);
+    let want = expected(&model(&pods, &policies), &cells);
+    until_matrix(
+        "x/a only from x/b",
+        &pods,
+        &cells,
+        &want,
+        IN_FORCE_WITHIN,
+        || d.tail(),
+    )
+    .await;
+    assert!(d.policy_table().await.is_some(), "no table to flush");
+
+    d.ns.exec("nft", &["flush", "ruleset"])
+        .await
+        .expect("nft flush ruleset in the node");
+    assert_eq!(d.policy_table().await, None, "the flush left the table");
+    let flushed = tokio::time::Instant::now();
+    while d.policy_table().await.is_none() {
+        assert!(
+            flushed.elapsed() < RESTORED_WITHIN,
+            "table inet eniipam_policy not restored within {RESTORED_WITHIN:?} of `nft flush ruleset`:\n{}",
+            d.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "{test}: restored after {:.1} s",
+        flushed.elapsed().as_secs_f64()
+    );
+    until_matrix(
+        "after the flush",
+        &pods,
+        &cells,
+        &want,
+        IN_FORCE_WITHIN,
+        || d.tail(),
+    )
+    .await;
+    let log = d.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("table inet eniipam_policy")
+            && l.contains("missing")),
+        "no warning names the missing table:\n{}",
+        d.tail()
+    );
+    assert_eq!(
+        metric(&d, "eniipam_network_policy_table_restored_total").await,
+        Some(1.0),
+        "the restore is counted once"
+    );
+    c.assert_no_drops().await;
 }
 
 /// Issue 47, case 6: a pod's sandbox recreated while its old attachment is still assigned (no DEL

@@ -8,7 +8,12 @@
 //!   one transaction (the whole table the first time, in-place updates after), so a burst of
 //!   changes costs one sync. The time from a change to its rules being in force is
 //!   `eniipam_network_policy_sync_seconds`. A failed sync is retried with back-off; every
-//!   [`RELOAD`] the whole table is loaded again (someone may have flushed it).
+//!   [`RELOAD`] the whole table is loaded again.
+//! - **The table kept** (issue 47, case 5): every [`CHECK`] the kernel is asked whether the table
+//!   is still there and still the one loaded, and every [`RESYNC`] whether its base chain is
+//!   hooked and holds its jumps ([`Engine::check`]). Another agent's `nft flush ruleset` is
+//!   logged at warn level (naming what was missing), the table loaded whole at once, and counted
+//!   in `eniipam_network_policy_table_restored_total`.
 //! - **A new pod starts with its rules in force**: its ADD ([`PolicyGate::admit`]) waits until a
 //!   sync that includes it has reached the kernel, before the plugin even creates the veth the
 //!   rules match; if that cannot happen within [`ADMIT_TIMEOUT`] (policies not listed yet, the pod
@@ -56,6 +61,11 @@ const RELOAD: Duration = Duration::from_secs(600);
 /// The sync is re-run this often even without a change (the pool's pods may have changed by a
 /// path that does not tell the gate: the running reconcile's releases).
 const RESYNC: Duration = Duration::from_secs(30);
+
+/// The kernel's table is checked this often (there, and the one loaded), so that another agent's
+/// `nft flush ruleset` leaves the node unenforced for seconds; each [`RESYNC`] also checks its
+/// base chain. The checks read small listings (no set elements, no pod chains).
+const CHECK: Duration = Duration::from_secs(3);
 
 /// Back-off of a failed sync: doubling from the first, up to the last.
 const RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(30));
@@ -181,20 +191,36 @@ async fn sync_loop(
     let mut last_full = tokio::time::Instant::now();
     // The superseded attachments already warned of (a warning each, not one per sync).
     let mut reported: Vec<String> = Vec::new();
+    let mut last_round = tokio::time::Instant::now();
+    let mut check = tokio::time::interval(CHECK);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // What a check found missing, until the table is loaded whole again.
+    let mut restoring: Option<String> = None;
     loop {
         let wait = if failures > 0 {
             (RETRY.0 * 2u32.saturating_pow(failures - 1)).min(RETRY.1)
         } else {
             RESYNC
         };
-        tokio::select! {
+        let resync = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = changes.changed() => if r.is_err() { return },
-            _ = tokio::time::sleep(wait) => {}
-        }
+            r = changes.changed() => if r.is_err() { return } else { false },
+            _ = tokio::time::sleep_until(last_round + wait) => true,
+            _ = check.tick() => match table_altered(&mut engine, false).await {
+                Some(what) => {
+                    restoring = Some(what);
+                    false
+                }
+                None => continue,
+            },
+        };
+        last_round = tokio::time::Instant::now();
         changes.borrow_and_update();
         if !cluster.synced() {
             continue;
+        }
+        if resync && let Some(what) = table_altered(&mut engine, true).await {
+            restoring = Some(what);
         }
         if last_full.elapsed() >= RELOAD {
             engine.forget();
@@ -212,6 +238,11 @@ async fn sync_loop(
         match result {
             Ok(report) => {
                 failures = 0;
+                if let Some(what) = restoring.take() {
+                    metrics.network_policy.table_restored();
+                    tracing::info!(missing = %what, kind = report.kind.as_str(),
+                        "network policy: table inet eniipam_policy restored");
+                }
                 let isolated = |f: fn(&LocalPod) -> &Direction| {
                     report
                         .pods
@@ -264,6 +295,24 @@ async fn sync_loop(
                 // The changes not in force are still pending.
                 cluster.restore_pending(since);
             }
+        }
+    }
+}
+
+/// [`Engine::check`] with its finding logged: what is missing or altered (the next sync loads the
+/// table whole), or `None` (also when the kernel cannot be read: the sync will say why).
+async fn table_altered(engine: &mut Engine, deep: bool) -> Option<String> {
+    match engine.check(deep).await {
+        Ok(Some(what)) => {
+            tracing::warn!(
+                "network policy: the kernel's rules were changed behind the daemon: {what}; loading table inet eniipam_policy whole"
+            );
+            Some(what)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::debug!(error = %e, "network policy: cannot check table inet eniipam_policy");
+            None
         }
     }
 }
