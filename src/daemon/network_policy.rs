@@ -9,9 +9,9 @@
 //!   changes costs one sync. The time from a change to its rules being in force is
 //!   `eniipam_network_policy_sync_seconds`. A failed sync is retried with back-off; every
 //!   [`RELOAD`] the whole table is loaded again.
-//! - **The table kept** (issue 47, case 5): every [`CHECK`] the kernel is asked whether the table
-//!   is still there and still the one loaded, and every [`RESYNC`] whether its base chain is
-//!   hooked and holds its jumps ([`Engine::check`]). Another agent's `nft flush ruleset` is
+//! - **The table kept** (issue 47, case 5): every [`CHECK`] the kernel is asked whether the table,
+//!   its hooked base chain and every pod chain are still there, and every [`RESYNC`] whether the
+//!   base chain still holds its jumps ([`Engine::check`]). Another agent's `nft flush ruleset` is
 //!   logged at warn level (naming what was missing), the table loaded whole at once, and counted
 //!   in `eniipam_network_policy_table_restored_total`.
 //! - **A new pod starts with its rules in force**: its ADD ([`PolicyGate::admit`]) waits until a
@@ -62,9 +62,10 @@ const RELOAD: Duration = Duration::from_secs(600);
 /// path that does not tell the gate: the running reconcile's releases).
 const RESYNC: Duration = Duration::from_secs(30);
 
-/// The kernel's table is checked this often (there, and the one loaded), so that another agent's
-/// `nft flush ruleset` leaves the node unenforced for seconds; each [`RESYNC`] also checks its
-/// base chain. The checks read small listings (no set elements, no pod chains).
+/// The kernel's table is checked this often (there, its base chain hooked, every pod chain
+/// there), so that another agent's `nft flush ruleset` leaves the node unenforced for seconds;
+/// each [`RESYNC`] also checks the base chain's jumps. The frequent check reads only the chains'
+/// list, which costs `nft` little whatever the sets hold.
 const CHECK: Duration = Duration::from_secs(3);
 
 /// Back-off of a failed sync: doubling from the first, up to the last.

@@ -105,62 +105,54 @@ pub struct Round {
 pub struct Engine {
     nft: Nft,
     applied: Option<Ruleset>,
-    /// The kernel's handle of the table last loaded whole.
-    handle: Option<u64>,
 }
 
 impl Engine {
     pub fn new(nft: Nft) -> Self {
-        Self {
-            nft,
-            applied: None,
-            handle: None,
-        }
+        Self { nft, applied: None }
     }
 
-    /// The kernel's handle of table `inet eniipam_policy` (`None`: no such table).
-    async fn table_handle(&self) -> Result<Option<u64>, NftError> {
-        let json = self
-            .nft
-            .run(&["-j", "list", "tables", "inet"], None)
-            .await?;
-        nft::table_handle(&json)
-            .map_err(|e| NftError::Invalid(format!("reading `nft -j list tables inet`: {e}")))
+    /// `nft -j <args>`, its reading by `read` (a [`nft::chains_differ`] or
+    /// [`nft::base_chain_differs`]).
+    async fn ask(
+        &self,
+        args: &[&str],
+        read: fn(&str, &Ruleset) -> Result<Option<String>, String>,
+        loaded: &Ruleset,
+    ) -> Result<Option<String>, NftError> {
+        let json = self.nft.run(args, None).await?;
+        read(&json, loaded)
+            .map_err(|e| NftError::Invalid(format!("reading `nft {}`: {e}", args.join(" "))))
     }
 
     /// Whether the kernel still holds the table last put in force (issue 47, case 5): what is
-    /// missing or altered, in words naming it, or `None`. Always: the table is there, with the
-    /// handle it was loaded with; `deep` also reads the base chain (hooked as loaded, its rules,
-    /// a jump to every pod chain; [`nft::base_chain_differs`]). When something is wrong the engine
-    /// forgets the table, so the next [`Self::sync`] loads it whole. Nothing is checked before a
-    /// table was put in force (the next sync loads it whole anyway).
+    /// missing or altered, in words naming it, or `None`. Always: the table, its base chain
+    /// hooked as loaded and every pod chain ([`nft::chains_differ`], cheap); `deep` also reads
+    /// the base chain's rules (a jump to every pod chain; [`nft::base_chain_differs`], which
+    /// costs `nft` a read of every set element). When something is wrong the engine forgets the
+    /// table, so the next [`Self::sync`] loads it whole. Nothing is checked before a table was put
+    /// in force (the next sync loads it whole anyway).
     pub async fn check(&mut self, deep: bool) -> Result<Option<String>, NftError> {
-        let Some(applied) = &self.applied else {
+        let Some(loaded) = &self.applied else {
             return Ok(None);
         };
-        let table = format!("table inet {}", nft::TABLE);
-        let what = match self.table_handle().await? {
-            None => Some(format!("{table} is missing")),
-            Some(now) if self.handle.is_some_and(|h| h != now) => Some(format!(
-                "{table} was replaced (handle {now}, loaded as {})",
-                self.handle.unwrap_or_default()
-            )),
-            Some(_) if deep => {
-                let args = ["-j", "list", "chain", "inet", nft::TABLE, "forward"];
-                match self.nft.run(&args, None).await {
-                    Ok(json) => nft::base_chain_differs(&json, applied)
-                        .map_err(|e| {
-                            NftError::Invalid(format!("reading `nft {}`: {e}", args.join(" ")))
-                        })?
-                        .map(|d| format!("{table}: {d}")),
-                    Err(e) if e.is_not_found() => {
-                        Some(format!("{table}: its base chain forward is missing"))
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            Some(_) => None,
-        };
+        let mut what = self
+            .ask(
+                &["-j", "list", "chains", "inet"],
+                nft::chains_differ,
+                loaded,
+            )
+            .await?;
+        if what.is_none() && deep {
+            let args = ["-j", "list", "chain", "inet", nft::TABLE, "forward"];
+            what = match self.ask(&args, nft::base_chain_differs, loaded).await {
+                Err(e) if e.is_not_found() => Some(format!(
+                    "table inet {}: its base chain forward is missing",
+                    nft::TABLE
+                )),
+                other => other?,
+            };
+        }
         if what.is_some() {
             self.forget();
         }
@@ -194,7 +186,6 @@ impl Engine {
             // Until it is known again, the kernel's table is taken to be anything: the next sync
             // loads it whole.
             let applied = self.applied.take();
-            let mut whole = kind == SyncKind::Full;
             if let Err(e) = self.nft.apply(&script).await {
                 if kind == SyncKind::Full {
                     return Err(EnforceError::Load(e));
@@ -205,12 +196,6 @@ impl Engine {
                     .apply(&ruleset.script())
                     .await
                     .map_err(EnforceError::Load)?;
-                whole = true;
-            }
-            if whole {
-                // A table loaded whole is a new table: its handle is what [`Self::check`] expects
-                // (unknown if it cannot be read: then only its presence is checked).
-                self.handle = self.table_handle().await.ok().flatten();
             }
         }
         let report = SyncReport {
@@ -262,7 +247,6 @@ impl Engine {
     /// Forgets what the kernel holds: the next sync loads the whole table.
     pub fn forget(&mut self) {
         self.applied = None;
-        self.handle = None;
     }
 
     /// Deletes the table (enforcement off); true when there was one.
