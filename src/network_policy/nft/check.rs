@@ -131,3 +131,45 @@ pub fn base_chain_differs(json: &str, loaded: &Ruleset) -> Result<Option<String>
     }
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chains(items: &[Value]) -> String {
+        serde_json::json!({"nftables": items}).to_string()
+    }
+
+    #[test]
+    fn the_chains_list_names_what_is_missing_or_rehooked() {
+        let mut loaded = Ruleset::default();
+        let chain = super::super::Chain {
+            comment: String::new(),
+            rules: Vec::new(),
+            uses: BTreeSet::new(),
+        };
+        loaded.chains.insert("in_eni1".into(), chain);
+        let base = |policy: &str| {
+            serde_json::json!({"chain": {"family": "inet", "table": TABLE, "name": "forward",
+                "type": "filter", "hook": "forward", "prio": 0, "policy": policy}})
+        };
+        let pod =
+            serde_json::json!({"chain": {"family": "inet", "table": TABLE, "name": "in_eni1"}});
+        let other =
+            serde_json::json!({"chain": {"family": "ip", "table": "eniipam", "name": "in_eni1"}});
+        let read = |items: &[Value]| chains_differ(&chains(items), &loaded).unwrap();
+        assert_eq!(read(&[base("accept"), pod.clone()]), None);
+        assert_eq!(
+            read(std::slice::from_ref(&other)).as_deref(),
+            Some("table inet eniipam_policy is missing (no chain of it in the kernel)")
+        );
+        assert!(
+            read(&[base("drop"), pod.clone()])
+                .is_some_and(|w| w.contains("not hooked as loaded") && w.contains("policy drop"))
+        );
+        assert_eq!(
+            read(&[base("accept"), other]).as_deref(),
+            Some("table inet eniipam_policy: 1 pod chain(s) are missing (in_eni1)")
+        );
+    }
+}
