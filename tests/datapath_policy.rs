@@ -25,6 +25,12 @@
 //! - **A deleted pod's address reused:** with `y/a` taking ingress only from `x/d`, `x/d` is deleted
 //!   and its address given to a new `z/e`; right after the ADD, `z/e` cannot reach `y/a` (no stale
 //!   peer) and `y/b` reaches `z/e` (no stale chain), and the whole matrix agrees with the model.
+//! - **A flushed table** (issue 47, case 5): another agent's `nft flush ruleset` in the node; the
+//!   daemon loads the table again within seconds, warns naming what was missing, counts it, and
+//!   the matrix agrees with the model again.
+//! - **A recreated sandbox** (issue 47, case 6): `x/a` ADDed again before its old attachment's DEL
+//!   (one veth name, two attachments): the ADD and the next one succeed, the new `x/a` is enforced,
+//!   the old attachment is reported (`eniipamctl policy`, a warning, a gauge) until its DEL.
 //! - **Enforcement off:** the daemons restarted with `ENIIPAM_NETWORK_POLICY=false` delete the table,
 //!   and every cell connects although the policies are still in the API server.
 //!
@@ -363,6 +369,205 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
         &open,
         IN_FORCE_WITHIN,
         || logs([Some(&on_a), on_b.as_ref()]),
+    )
+    .await;
+    c.assert_no_drops().await;
+}
+
+/// How long an outside `nft flush ruleset` may leave the node unenforced (issue 47, case 5): the
+/// daemon checks the kernel's table every few seconds; generous for a loaded lab.
+const RESTORED_WITHIN: Duration = Duration::from_secs(15);
+
+/// A value of the node daemon's `/metrics` (`None`: not exported), read inside the node.
+async fn metric(d: &PolicyDaemon, name: &str) -> Option<f64> {
+    let log = d.log_text();
+    let addr = log
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("metrics="))
+        .unwrap_or_else(|| panic!("no metrics address in the daemon's log:\n{}", d.tail()));
+    let url = format!("http://{addr}/metrics");
+    let text =
+        d.ns.exec("curl", &["-sf", &url])
+            .await
+            .expect("curl /metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// One node, `x/a` taking ingress only from `x/b`, and pods `x/a`, `x/b`, `y/a` serving.
+async fn small_world(
+    test: &str,
+) -> Option<(
+    Cluster,
+    FakeApiServer,
+    PolicyDaemon,
+    Vec<Value>,
+    BTreeMap<String, PolicyPod>,
+    Vec<Servers>,
+)> {
+    let c = Cluster::start_with(test, Egress::InternetGateway, RpFilter::Strict).await?;
+    let api = FakeApiServer::start().await;
+    for ns in NAMESPACES {
+        api.put_namespace_labels(ns, &[("ns", ns)]);
+    }
+    let d = PolicyDaemon::start(&c, &api, &c.a.instance_id, NODE_A, Placement::SecondaryEni).await;
+    let only_b = vec![policy(
+        "x",
+        "only-b",
+        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Ingress"],
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
+    )];
+    for p in &only_b {
+        api.put_network_policy(p.clone());
+    }
+    let mut pods = BTreeMap::new();
+    let mut servers = Vec::new();
+    for (ns, name) in [("x", "a"), ("x", "b"), ("y", "a")] {
+        let pod = d.add_pod(&c, &api, ns, name, None).await;
+        servers.push(serve_ports(&pod.cni.ns).await);
+        pods.insert(pod.key.clone(), pod);
+    }
+    c.lab.sync().await.expect("lab sync");
+    Some((c, api, d, only_b, pods, servers))
+}
+
+/// Issue 47, case 5: another agent's `nft flush ruleset` in the node takes the table away; the
+/// daemon puts it back within seconds (not at the next cluster change or the 10-minute reload),
+/// logs what was missing and counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_table_is_restored_within_seconds() {
+    let test = "a_flushed_table_is_restored_within_seconds";
+    let Some((c, _api, d, policies, pods, _servers)) = small_world(test).await else {
+        return;
+    };
+    let cells = all_cells(&pods);
+    let want = expected(&model(&pods, &policies), &cells);
+    until_matrix(
+        "x/a only from x/b",
+        &pods,
+        &cells,
+        &want,
+        IN_FORCE_WITHIN,
+        || d.tail(),
+    )
+    .await;
+    assert!(d.policy_table().await.is_some(), "no table to flush");
+
+    d.ns.exec("nft", &["flush", "ruleset"])
+        .await
+        .expect("nft flush ruleset in the node");
+    assert_eq!(d.policy_table().await, None, "the flush left the table");
+    let flushed = tokio::time::Instant::now();
+    while d.policy_table().await.is_none() {
+        assert!(
+            flushed.elapsed() < RESTORED_WITHIN,
+            "table inet eniipam_policy not restored within {RESTORED_WITHIN:?} of `nft flush ruleset`:\n{}",
+            d.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "{test}: restored after {:.1} s",
+        flushed.elapsed().as_secs_f64()
+    );
+    until_matrix(
+        "after the flush",
+        &pods,
+        &cells,
+        &want,
+        IN_FORCE_WITHIN,
+        || d.tail(),
+    )
+    .await;
+    let log = d.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("table inet eniipam_policy")
+            && l.contains("missing")),
+        "no warning names the missing table:\n{}",
+        d.tail()
+    );
+    assert_eq!(
+        metric(&d, "eniipam_network_policy_table_restored_total").await,
+        Some(1.0),
+        "the restore is counted once"
+    );
+    c.assert_no_drops().await;
+}
+
+/// Issue 47, case 6: a pod's sandbox recreated while its old attachment is still assigned (no DEL
+/// yet) gives two attachments one host veth. The node keeps enforcing: the newest attachment owns
+/// the veth, the other is reported, and ADDs on the node go on succeeding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_sandbox_does_not_fail_the_node() {
+    let test = "a_recreated_sandbox_does_not_fail_the_node";
+    let Some((c, api, d, policies, mut pods, mut servers)) = small_world(test).await else {
+        return;
+    };
+    let old = pods["x/a"].clone();
+    // The new sandbox's ADD, the old attachment still assigned.
+    let new = d.add_pod(&c, &api, "x", "a", None).await;
+    assert_eq!(
+        host_veth(&new.cni),
+        host_veth(&old.cni),
+        "one veth name per pod"
+    );
+    assert_ne!(
+        new.cni.ip, old.cni.ip,
+        "the old attachment still holds its address"
+    );
+    servers.push(serve_ports(&new.cni.ns).await);
+    pods.insert(new.key.clone(), new.clone());
+    // Another ADD on the node while the duplicate lasts.
+    let yb = d.add_pod(&c, &api, "y", "b", None).await;
+    servers.push(serve_ports(&yb.cni.ns).await);
+    pods.insert(yb.key.clone(), yb);
+    c.lab.sync().await.expect("lab sync");
+    let cells = all_cells(&pods);
+    let want = expected(&model(&pods, &policies), &cells);
+    until_matrix("the new x/a", &pods, &cells, &want, IN_FORCE_WITHIN, || {
+        d.tail()
+    })
+    .await;
+    let xa = d.ctl_policy("x/a");
+    let reported = xa["not_enforced"].as_array().is_some_and(|n| {
+        n.iter().any(|n| {
+            n.as_str().is_some_and(|s| {
+                s.contains(&old.cni.container_id) && s.contains(&host_veth(&old.cni))
+            })
+        })
+    });
+    assert!(reported, "the superseded attachment is not reported: {xa}");
+    eprintln!("{test}: x/a reports {}", xa["not_enforced"]);
+    assert_eq!(
+        metric(&d, "eniipam_network_policy_superseded_attachments").await,
+        Some(1.0)
+    );
+    assert!(
+        d.log_text()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains(&old.cni.container_id)),
+        "no warning names the superseded attachment:\n{}",
+        d.tail()
+    );
+    // The old sandbox's DEL ends it: nothing superseded, the new x/a still enforced.
+    d.del_pod(&old.cni).await;
+    let gauge = tokio::time::Instant::now();
+    while metric(&d, "eniipam_network_policy_superseded_attachments").await != Some(0.0) {
+        assert!(
+            gauge.elapsed() < IN_FORCE_WITHIN,
+            "still superseded after the DEL:\n{}",
+            d.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    until_matrix(
+        "after the old DEL",
+        &pods,
+        &cells,
+        &want,
+        IN_FORCE_WITHIN,
+        || d.tail(),
     )
     .await;
     c.assert_no_drops().await;

@@ -8,7 +8,12 @@
 //!   one transaction (the whole table the first time, in-place updates after), so a burst of
 //!   changes costs one sync. The time from a change to its rules being in force is
 //!   `eniipam_network_policy_sync_seconds`. A failed sync is retried with back-off; every
-//!   [`RELOAD`] the whole table is loaded again (someone may have flushed it).
+//!   [`RELOAD`] the whole table is loaded again.
+//! - **The table kept** (issue 47, case 5): every [`CHECK`] the kernel is asked whether the table,
+//!   its hooked base chain and every pod chain are still there, and every [`RESYNC`] whether the
+//!   base chain still holds its jumps ([`Engine::check`]). Another agent's `nft flush ruleset` is
+//!   logged at warn level (naming what was missing), the table loaded whole at once, and counted
+//!   in `eniipam_network_policy_table_restored_total`.
 //! - **A new pod starts with its rules in force**: its ADD ([`PolicyGate::admit`]) waits until a
 //!   sync that includes it has reached the kernel, before the plugin even creates the veth the
 //!   rules match; if that cannot happen within [`ADMIT_TIMEOUT`] (policies not listed yet, the pod
@@ -17,6 +22,7 @@
 //! - **Off** (`network_policy = false`): the table is deleted at startup, so turning enforcement
 //!   off stops it.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -56,6 +62,12 @@ const RELOAD: Duration = Duration::from_secs(600);
 /// path that does not tell the gate: the running reconcile's releases).
 const RESYNC: Duration = Duration::from_secs(30);
 
+/// The kernel's table is checked this often (there, its base chain hooked, every pod chain
+/// there), so that another agent's `nft flush ruleset` leaves the node unenforced for seconds;
+/// each [`RESYNC`] also checks the base chain's jumps. The frequent check reads only the chains'
+/// list, which costs `nft` little whatever the sets hold.
+const CHECK: Duration = Duration::from_secs(3);
+
 /// Back-off of a failed sync: doubling from the first, up to the last.
 const RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(30));
 
@@ -84,31 +96,42 @@ pub(super) struct Enforcer {
     status: Arc<Mutex<Status>>,
 }
 
-/// This node's pod attachments, from the pool, each with its host veth.
+/// This node's pod attachments, from the pool, each with its host veth, in veth order: one per
+/// attachment, whatever the number of its addresses (two attachments may still name one veth,
+/// see [`crate::network_policy::enforce::newest_per_veth`]).
 fn local_attachments(pool: &Pool, veth_prefix: &str) -> Vec<LocalAttachment> {
     let snapshot = pool.snapshot();
-    let mut out = Vec::new();
+    let mut out: BTreeMap<(String, String), LocalAttachment> = BTreeMap::new();
     for eni in &snapshot.enis {
         for ip in &eni.ips {
             if let IpState::Assigned {
-                attachment, pod, ..
+                attachment,
+                pod,
+                held_for,
+                ..
             } = &ip.state
             {
                 if pod.namespace.is_empty() || pod.name.is_empty() {
                     // No pod identity: not a Kubernetes pod, no policy selects it.
                     continue;
                 }
-                out.push(LocalAttachment {
-                    namespace: pod.namespace.clone(),
-                    name: pod.name.clone(),
-                    veth: eniipam_api::host_veth_name(veth_prefix, Some(pod), attachment),
-                    ips: vec![IpAddr::V4(ip.ip)],
-                });
+                let veth = eniipam_api::host_veth_name(veth_prefix, Some(pod), attachment);
+                let a = out
+                    .entry((veth.clone(), attachment.to_string()))
+                    .or_insert_with(|| LocalAttachment {
+                        namespace: pod.namespace.clone(),
+                        name: pod.name.clone(),
+                        veth,
+                        ips: Vec::new(),
+                        container_id: attachment.container_id.clone(),
+                        held_for: *held_for,
+                    });
+                a.ips.push(IpAddr::V4(ip.ip));
+                a.held_for = a.held_for.min(*held_for);
             }
         }
     }
-    out.sort_by(|a, b| a.veth.cmp(&b.veth));
-    out
+    out.into_values().collect()
 }
 
 /// Starts enforcement: the watches, the sync task and the verdict counters' reader. The gate is
@@ -167,20 +190,38 @@ async fn sync_loop(
     let mut changes = cluster.subscribe();
     let mut failures = 0u32;
     let mut last_full = tokio::time::Instant::now();
+    // The superseded attachments already warned of (a warning each, not one per sync).
+    let mut reported: Vec<String> = Vec::new();
+    let mut last_round = tokio::time::Instant::now();
+    let mut check = tokio::time::interval(CHECK);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // What a check found missing, until the table is loaded whole again.
+    let mut restoring: Option<String> = None;
     loop {
         let wait = if failures > 0 {
             (RETRY.0 * 2u32.saturating_pow(failures - 1)).min(RETRY.1)
         } else {
             RESYNC
         };
-        tokio::select! {
+        let resync = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = changes.changed() => if r.is_err() { return },
-            _ = tokio::time::sleep(wait) => {}
-        }
+            r = changes.changed() => if r.is_err() { return } else { false },
+            _ = tokio::time::sleep_until(last_round + wait) => true,
+            _ = check.tick() => match table_altered(&mut engine, false).await {
+                Some(what) => {
+                    restoring = Some(what);
+                    false
+                }
+                None => continue,
+            },
+        };
+        last_round = tokio::time::Instant::now();
         changes.borrow_and_update();
         if !cluster.synced() {
             continue;
+        }
+        if resync && let Some(what) = table_altered(&mut engine, true).await {
+            restoring = Some(what);
         }
         if last_full.elapsed() >= RELOAD {
             engine.forget();
@@ -198,6 +239,11 @@ async fn sync_loop(
         match result {
             Ok(report) => {
                 failures = 0;
+                if let Some(what) = restoring.take() {
+                    metrics.network_policy.table_restored();
+                    tracing::info!(missing = %what, kind = report.kind.as_str(),
+                        "network policy: table inet eniipam_policy restored");
+                }
                 let isolated = |f: fn(&LocalPod) -> &Direction| {
                     report
                         .pods
@@ -222,6 +268,13 @@ async fn sync_loop(
                         compile = ?report.compile, render = ?report.render, load = ?report.load,
                         "network policy: rules in force");
                 }
+                metrics
+                    .network_policy
+                    .superseded_attachments(report.superseded.len());
+                for line in report.superseded.iter().filter(|l| !reported.contains(*l)) {
+                    tracing::warn!("network policy: {line}");
+                }
+                reported = report.superseded.clone();
                 let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
                 s.last = Some(report);
                 s.error = None;
@@ -243,6 +296,24 @@ async fn sync_loop(
                 // The changes not in force are still pending.
                 cluster.restore_pending(since);
             }
+        }
+    }
+}
+
+/// [`Engine::check`] with its finding logged: what is missing or altered (the next sync loads the
+/// table whole), or `None` (also when the kernel cannot be read: the sync will say why).
+async fn table_altered(engine: &mut Engine, deep: bool) -> Option<String> {
+    match engine.check(deep).await {
+        Ok(Some(what)) => {
+            tracing::warn!(
+                "network policy: the kernel's rules were changed behind the daemon: {what}; loading table inet eniipam_policy whole"
+            );
+            Some(what)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::debug!(error = %e, "network policy: cannot check table inet eniipam_policy");
+            None
         }
     }
 }

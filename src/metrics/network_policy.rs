@@ -64,6 +64,8 @@ pub struct PolicyMetrics {
     sync_seconds: Histogram,
     syncs: Family<KindLabel, Counter>,
     connections: Family<VerdictLabel, Counter>,
+    superseded: Gauge,
+    table_restored: Counter,
     /// The kernel's totals last read (the counters restart when a table is loaded whole).
     last_counts: Arc<Mutex<VerdictCounts>>,
 }
@@ -80,6 +82,8 @@ impl Default for PolicyMetrics {
             ]),
             syncs: Family::default(),
             connections: Family::default(),
+            superseded: Gauge::default(),
+            table_restored: Counter::default(),
             last_counts: Arc::default(),
         }
     }
@@ -112,6 +116,16 @@ impl PolicyMetrics {
         self.syncs
             .get_or_create(&KindLabel { kind: "failed" })
             .inc();
+    }
+
+    /// The table was found missing or altered in the kernel and loaded whole again.
+    pub fn table_restored(&self) {
+        self.table_restored.inc();
+    }
+
+    /// Attachments left out of the last sync because a newer one names the same host veth.
+    pub fn superseded_attachments(&self, n: usize) {
+        self.superseded.set(n as i64);
     }
 
     /// The kernel's counters summed over the node's pods: what grew since the last reading is
@@ -172,6 +186,16 @@ impl PolicyMetrics {
             "eniipam_network_policy_connections",
             "New connections of this node's isolated pods the rules allowed or denied, by direction",
             self.connections.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_superseded_attachments",
+            "Pod attachments left out of the rules because a newer attachment names the same host veth (a sandbox recreated before the old one's DEL)",
+            self.superseded.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_table_restored",
+            "Times the table inet eniipam_policy was found missing or altered in the kernel (another agent's nft flush ruleset) and loaded whole again",
+            self.table_restored.clone(),
         );
     }
 }

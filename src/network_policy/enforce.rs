@@ -7,6 +7,12 @@
 //! its host veth ([`LocalAttachment`]); a local pod the cluster view does not know (deleted from the
 //! API server while its sandbox is still here) is isolated both ways with no rule: it is denied
 //! rather than guessed at.
+//!
+//! Two attachments can name one host veth: a pod's sandbox recreated (its veth name comes from the
+//! pod's name, not the sandbox's) while the old attachment is still assigned, its DEL not come yet.
+//! The interface belongs to the newest sandbox, so the newest attachment is kept
+//! ([`newest_per_veth`]: the one the pool has held the shortest) and each other one is reported
+//! ([`SyncReport::superseded`], and the pod's `not_enforced`): one pod never fails the node's sync.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -27,6 +33,11 @@ pub struct LocalAttachment {
     pub veth: String,
     /// The addresses the pool gave it (the API server may not show them yet).
     pub ips: Vec<IpAddr>,
+    /// Its sandbox (the CNI container ID), to name it when it is superseded.
+    pub container_id: String,
+    /// How long the pool has held its addresses for it: of two attachments naming one veth, the
+    /// one held the shortest is the newest.
+    pub held_for: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +80,8 @@ pub struct SyncReport {
     /// Bytes of the transaction sent.
     pub script_bytes: usize,
     pub not_enforced: Vec<String>,
+    /// Attachments left out because a newer one names the same veth ([`newest_per_veth`]).
+    pub superseded: Vec<String>,
     pub compile: Duration,
     pub render: Duration,
     pub load: Duration,
@@ -99,6 +112,53 @@ impl Engine {
         Self { nft, applied: None }
     }
 
+    /// `nft -j <args>`, its reading by `read` (a [`nft::chains_differ`] or
+    /// [`nft::base_chain_differs`]).
+    async fn ask(
+        &self,
+        args: &[&str],
+        read: fn(&str, &Ruleset) -> Result<Option<String>, String>,
+        loaded: &Ruleset,
+    ) -> Result<Option<String>, NftError> {
+        let json = self.nft.run(args, None).await?;
+        read(&json, loaded)
+            .map_err(|e| NftError::Invalid(format!("reading `nft {}`: {e}", args.join(" "))))
+    }
+
+    /// Whether the kernel still holds the table last put in force (issue 47, case 5): what is
+    /// missing or altered, in words naming it, or `None`. Always: the table, its base chain
+    /// hooked as loaded and every pod chain ([`nft::chains_differ`], cheap); `deep` also reads
+    /// the base chain's rules (a jump to every pod chain; [`nft::base_chain_differs`], which
+    /// costs `nft` a read of every set element). When something is wrong the engine forgets the
+    /// table, so the next [`Self::sync`] loads it whole. Nothing is checked before a table was put
+    /// in force (the next sync loads it whole anyway).
+    pub async fn check(&mut self, deep: bool) -> Result<Option<String>, NftError> {
+        let Some(loaded) = &self.applied else {
+            return Ok(None);
+        };
+        let mut what = self
+            .ask(
+                &["-j", "list", "chains", "inet"],
+                nft::chains_differ,
+                loaded,
+            )
+            .await?;
+        if what.is_none() && deep {
+            let args = ["-j", "list", "chain", "inet", nft::TABLE, "forward"];
+            what = match self.ask(&args, nft::base_chain_differs, loaded).await {
+                Err(e) if e.is_not_found() => Some(format!(
+                    "table inet {}: its base chain forward is missing",
+                    nft::TABLE
+                )),
+                other => other?,
+            };
+        }
+        if what.is_some() {
+            self.forget();
+        }
+        Ok(what)
+    }
+
     /// Compiles `local` against `cluster` and makes the kernel's table enforce it.
     pub async fn sync(
         &mut self,
@@ -106,7 +166,8 @@ impl Engine {
         local: &[LocalAttachment],
     ) -> Result<SyncReport, EnforceError> {
         let started = Instant::now();
-        let pods = local_pods(cluster, local);
+        let (local, superseded) = newest_per_veth(local);
+        let pods = local_pods(cluster, &local);
         let compiled = started.elapsed();
         let ruleset = nft::render(&pods)?;
         let rendered = started.elapsed();
@@ -142,7 +203,13 @@ impl Engine {
             rules: ruleset.rule_count(),
             elements: ruleset.element_count(),
             script_bytes: script.len(),
-            not_enforced: ruleset.not_enforced.clone(),
+            not_enforced: ruleset
+                .not_enforced
+                .iter()
+                .chain(&superseded)
+                .cloned()
+                .collect(),
+            superseded,
             compile: compiled,
             render: rendered - compiled,
             load: started.elapsed() - rendered,
@@ -184,11 +251,54 @@ impl Engine {
 
     /// Deletes the table (enforcement off); true when there was one.
     pub async fn remove(&mut self) -> Result<bool, NftError> {
-        self.applied = None;
+        self.forget();
         self.nft
             .delete_table(crate::host::netfilter::Family::Inet, nft::TABLE)
             .await
     }
+}
+
+/// The attachments with one per host veth, the newest (held the shortest by the pool; on a tie
+/// the greater container ID, so the choice does not depend on the pool's order), in `local`'s
+/// order; and a line per attachment left out, naming its pod (`pod <ns>/<name>: ...`, as
+/// `not_enforced` lines do), its sandbox, address and veth, and the attachment kept.
+pub fn newest_per_veth(local: &[LocalAttachment]) -> (Vec<LocalAttachment>, Vec<String>) {
+    let mut newest: std::collections::BTreeMap<&str, &LocalAttachment> = Default::default();
+    for a in local {
+        let slot = newest.entry(a.veth.as_str()).or_insert(a);
+        if (a.held_for, std::cmp::Reverse(&a.container_id))
+            < (slot.held_for, std::cmp::Reverse(&slot.container_id))
+        {
+            *slot = a;
+        }
+    }
+    let mut kept = Vec::new();
+    let mut superseded = Vec::new();
+    let ips = |a: &LocalAttachment| {
+        let ips: Vec<String> = a.ips.iter().map(ToString::to_string).collect();
+        ips.join(", ")
+    };
+    for a in local {
+        let keep = newest[a.veth.as_str()];
+        if std::ptr::eq(keep, a) {
+            kept.push(a.clone());
+        } else {
+            superseded.push(format!(
+                "pod {}/{}: attachment {} ({}, assigned {} s ago) shares host veth {} with the newer attachment {} of {}/{} ({}); left out of the rules until its DEL",
+                a.namespace,
+                a.name,
+                a.container_id,
+                ips(a),
+                a.held_for.as_secs(),
+                a.veth,
+                keep.container_id,
+                keep.namespace,
+                keep.name,
+                ips(keep),
+            ));
+        }
+    }
+    (kept, superseded)
 }
 
 /// The local pods compiled: each attachment's pod from the cluster view, with the pool's
@@ -259,4 +369,58 @@ pub fn counters_by_veth(json: &str) -> Result<Vec<(String, super::DirectionCount
         *slot += c.packets;
     }
     Ok(by_veth.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attachment(container_id: &str, ip: &str, held_for: u64) -> LocalAttachment {
+        LocalAttachment {
+            namespace: "x".into(),
+            name: "a".into(),
+            veth: "eni0a1b2c3d4e5".into(),
+            ips: vec![ip.parse().unwrap()],
+            container_id: container_id.into(),
+            held_for: Duration::from_secs(held_for),
+        }
+    }
+
+    /// Issue 47, case 6: a sandbox recreated while the old attachment is still assigned. Before
+    /// the fix the render refused the node: `pods x/a and x/a both name host veth
+    /// "eni0a1b2c3d4e5"`.
+    #[test]
+    fn a_shared_veth_keeps_the_newest_attachment_and_reports_the_other() {
+        let old = attachment("old", "10.0.0.5", 600);
+        let new = attachment("new", "10.0.0.6", 2);
+        let other = LocalAttachment {
+            name: "b".into(),
+            veth: "eni9f8e7d6c5b4".into(),
+            ..attachment("b1", "10.0.0.7", 100)
+        };
+        for local in [
+            vec![old.clone(), new.clone(), other.clone()],
+            vec![new.clone(), other.clone(), old.clone()],
+        ] {
+            let (kept, superseded) = newest_per_veth(&local);
+            assert!(kept.contains(&new) && kept.contains(&other) && kept.len() == 2);
+            assert_eq!(superseded.len(), 1, "{superseded:?}");
+            assert!(
+                superseded[0].starts_with("pod x/a: attachment old (10.0.0.5")
+                    && superseded[0].contains("eni0a1b2c3d4e5")
+                    && superseded[0].contains("newer attachment new of x/a (10.0.0.6)"),
+                "{}",
+                superseded[0]
+            );
+            // The node's rules render: the pod (unknown to this empty cluster: isolated) once.
+            let pods = local_pods(&Cluster::default(), &kept);
+            let ruleset = nft::render(&pods).expect("one pod's duplicate does not fail the node");
+            assert_eq!(ruleset.jumps.len(), 4, "{:?}", ruleset.jumps);
+        }
+        // A tie in age: the choice does not depend on the pool's order.
+        let twin = attachment("zz", "10.0.0.8", 600);
+        let (a, _) = newest_per_veth(&[old.clone(), twin.clone()]);
+        let (b, _) = newest_per_veth(&[twin.clone(), old.clone()]);
+        assert_eq!((a.clone(), b), (vec![twin.clone()], vec![twin]));
+    }
 }

@@ -51,9 +51,11 @@ use ipnet::IpNet;
 
 use super::compile::{Compiled, Direction, Peers, Ports, Protocol, Rule};
 
+mod check;
 mod counters;
 mod text;
 mod update;
+pub use check::{base_chain_differs, chains_differ};
 pub use counters::{CounterReading, CounterVerdict, parse_counters};
 use text::{comment, ident, is_ifname, merge, proto, range, subtract};
 pub use update::Changes;

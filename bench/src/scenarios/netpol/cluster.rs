@@ -262,6 +262,8 @@ impl World {
                     name: p.name.clone(),
                     veth: veth_of(p),
                     ips: p.ips.clone(),
+                    container_id: format!("c{i}"),
+                    held_for: std::time::Duration::ZERO,
                 }
             })
             .collect()
