@@ -742,3 +742,44 @@ async fn a_restart_does_not_take_back_an_ip_the_reconcile_found_lost() {
     assert!(d.report.adopted.is_empty(), "{:?}", d.report.adopted);
     d.shutdown().await;
 }
+
+/// The other side of the wait above: an ENI detached out of band moments after the pool gave its
+/// pods addresses, then a restart. EC2 lists the ENI by id, unattached: it was detached, not
+/// lagging, so the start does not wait the journal's minute for it (the profiles soak: 13 starts
+/// of 43–60 s each before), and its pods' records go (their IPs are gone with the ENI).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_right_after_an_out_of_band_detach_does_not_wait_the_minute() {
+    let mock = mock().await;
+    let dir = TempDir::new("restart-detached");
+    let mut cfg = config(&mock, &dir.0);
+    cfg.use_primary_eni = false;
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let mut ips = Vec::new();
+    for i in 0..3 {
+        ips.push(add_ip(&mut c, &format!("c{i}"), &format!("pod-{i}")).await);
+    }
+    d.shutdown().await;
+    let inst = mock.instance(&mock.default_instance().instance_id).unwrap();
+    let eni = inst
+        .enis
+        .iter()
+        .find(|e| e.secondary_ips.contains(&ips[0]))
+        .expect("the pods' ENI");
+    let att_id = eni.attachment.clone().unwrap().id;
+    mock.with_world(|w, now| w.detach_network_interface(&att_id, true, now).unwrap());
+
+    let restarted = tokio::time::Instant::now();
+    let d = start(cfg.clone()).await;
+    let took = restarted.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(40),
+        "the start waited {took:?} for an ENI EC2 lists detached"
+    );
+    let mut dropped: Vec<Ipv4Addr> = d.report.dropped_gone.iter().map(|(_, ip)| *ip).collect();
+    dropped.sort();
+    ips.sort();
+    assert_eq!(dropped, ips, "{:?}", d.report);
+    assert_pool_is_truth(&d, &mock).await;
+    d.shutdown().await;
+}

@@ -41,6 +41,8 @@ use crate::cloud::{
 };
 use crate::model::EniId;
 
+mod give_back;
+
 /// The EC2 API an assign batch goes through, addresses or prefixes: its throttle pause is waited
 /// out before a batch, and its throttles tell the maintainer the account's bucket is short.
 pub(super) const ASSIGN_API: &str = "AssignPrivateIpAddresses";
@@ -435,68 +437,6 @@ impl EniActor {
                 return reads >= 2 && absent == reads;
             }
             tokio::time::sleep(IMDS_POLL).await;
-        }
-    }
-
-    async fn unassign(&self, ips: Vec<Ipv4Addr>, prefixes: Vec<Ipv4Net>, replies: Vec<DoneReply>) {
-        let span = tracing::info_span!("unassign_batch", eni = %self.eni, count = ips.len(), prefixes = prefixes.len());
-        let in_prefixes: BTreeSet<Ipv4Addr> =
-            prefixes.iter().flat_map(|p| prefix_addresses(*p)).collect();
-        let singles: Vec<Ipv4Addr> = ips
-            .iter()
-            .copied()
-            .filter(|ip| !in_prefixes.contains(ip))
-            .collect();
-        let journal = self.shared.journal();
-        if let Some(j) = &journal {
-            j.unassigning(&self.eni, &singles, &prefixes).await;
-        }
-        // EC2 refuses a call naming nothing: each kind goes only when there is some. The two calls
-        // are settled each on its own: the `bool` says whether the singles went back before the
-        // prefixes' call failed.
-        let result: Result<(), (CloudError, bool)> = async {
-            if !singles.is_empty() {
-                let r = self.shared.cloud.unassign_ips(&self.eni, &singles).await;
-                r.map_err(|e| (e, false))?;
-            }
-            if !prefixes.is_empty() {
-                let r = self.shared.cloud.unassign_prefixes(&self.eni, &prefixes);
-                r.await.map_err(|e| (e, true))?;
-            }
-            Ok(())
-        }
-        .instrument(span.clone())
-        .await;
-        let outcome = match result {
-            Ok(()) => {
-                span.in_scope(|| tracing::info!("gave IPs back to EC2"));
-                GiveBackOutcome::Done
-            }
-            Err((error, singles_gone)) => {
-                span.in_scope(
-                    || tracing::warn!(error = %error, singles_gone, "unassign failed; what EC2 kept stays idle"),
-                );
-                // EC2 kept them, unless it said some are not on the ENI (gone): none vouched for.
-                if let Some(j) = journal.as_ref().filter(|_| !error.is_not_assigned()) {
-                    let kept: &[Ipv4Addr] = if singles_gone { &[] } else { &singles };
-                    j.assigned(&self.eni, kept, &prefixes).await;
-                }
-                GiveBackOutcome::Failed {
-                    error,
-                    singles_gone,
-                }
-            }
-        };
-        let outcome = self.shared.lock().settle_give_back(
-            &self.eni,
-            &ips,
-            &prefixes,
-            outcome,
-            Instant::now(),
-        );
-        self.shared.wake.notify_one();
-        for r in replies {
-            let _ = r.send(outcome.clone());
         }
     }
 
