@@ -783,3 +783,61 @@ async fn a_restart_right_after_an_out_of_band_detach_does_not_wait_the_minute() 
     assert_pool_is_truth(&d, &mock).await;
     d.shutdown().await;
 }
+
+/// A state file that no rebuild ever completed in: the first life after the file's loss was killed
+/// between creating the new file and writing its first rebuild (the CI soak, seed 8: a SIGKILL
+/// right after `state-file-removed`). It holds nothing a rebuild may trust: the next start treats
+/// it as lost, and the live pods the plugin's cache shows keep their IPs. Read as an intact file
+/// whose silence means "no pods", it dropped them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_no_rebuild_completed_in_counts_as_lost() {
+    let mock = mock().await;
+    mock.set_describe_lag(std::time::Duration::from_secs(3600));
+    let dir = TempDir::new("restart-unfinished-file");
+    let cfg = config(&mock, &dir.0);
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let netns = dir.0.join("live-netns");
+    std::fs::write(&netns, b"").unwrap();
+    let cache = eniipam_api::cache::ResultCache::new(&cfg.cni_cache_dir, "eniipam");
+    let mut live = BTreeMap::new();
+    for i in 0..3 {
+        let ip: Ipv4Addr = add_ip(&mut c, &format!("c{i}"), &format!("pod-{i}")).await;
+        let eni = mock
+            .network_interfaces()
+            .into_iter()
+            .find(|e| e.secondary_ips.contains(&ip))
+            .unwrap()
+            .id;
+        cache
+            .write(&cached(&format!("c{i}"), &netns, ip, eni))
+            .unwrap();
+        live.insert(AttachmentKey::new(format!("c{i}"), "eth0"), ip);
+    }
+    d.shutdown().await;
+    // The file is lost, and the next life dies right after creating its new one.
+    std::fs::remove_file(&cfg.state_path).unwrap();
+    let (store, opened) = eniipam::store::Store::open(&cfg.state_path).await.unwrap();
+    assert!(opened.created);
+    store.close().await;
+
+    let d = start(cfg.clone()).await;
+    assert!(d.report.state_lost, "{:?}", d.report);
+    assert!(d.report.dropped_gone.is_empty(), "{:?}", d.report);
+    assert_eq!(d.report.adopted.len(), 3, "{:?}", d.report);
+    let snap = d.pool.snapshot();
+    for (k, ip) in &live {
+        let held = snap.ips().find(|i| i.ip == *ip).map(|i| &i.state);
+        assert!(
+            matches!(held, Some(IpState::Assigned { attachment, .. }) if attachment == k),
+            "{k} keeps {ip}: {held:?}"
+        );
+    }
+    d.pool.check_invariants().expect("pool invariants");
+    // The rebuild recorded the instance: the next start trusts the file.
+    d.shutdown().await;
+    let d = start(cfg.clone()).await;
+    assert!(!d.report.state_lost, "{:?}", d.report);
+    assert_eq!(d.report.kept, 3, "{:?}", d.report);
+    d.shutdown().await;
+}

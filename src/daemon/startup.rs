@@ -74,7 +74,18 @@ pub(super) async fn open_store(config: &DaemonConfig) -> Result<(Store, bool), D
             "STATE FILE WAS CORRUPT: moved aside for inspection; rebuilding from IMDS, EC2 and the host"
         );
     }
-    Ok((store, opened.created || opened.moved_aside.is_some()))
+    let mut lost = opened.created || opened.moved_aside.is_some();
+    // A file no rebuild ever completed in (a life killed between creating it and writing its
+    // first rebuild, which records the instance with everything else in one transaction) holds
+    // nothing the next rebuild may trust: as lost as a missing one. Read as kept, its silence
+    // dropped the live pods the plugin's cache still shows (the soak, seed 8: a SIGKILL right
+    // after the state file's removal).
+    if !lost && store.load().await?.instance_id.is_none() {
+        tracing::warn!(path = %config.state_path.display(),
+            "the state file records no completed rebuild (its first life was cut short): rebuilding as if it were lost");
+        lost = true;
+    }
+    Ok((store, lost))
 }
 
 /// Step 3: who we are (IMDS), and what EC2 says about us: instance type, limits, eth0, and the
@@ -295,7 +306,24 @@ pub(super) async fn rebuild(
     if report.foreign_state {
         tracing::warn!("the state file belonged to another instance: ignored");
     }
+    // What the plugin's cache placed (live pods' IPs, the file lost) is journalled as EC2's: the
+    // describe may not show it yet, and once the file records those pods a restart within the
+    // minute trusts only the journal for what the describe does not show.
+    let mut adopted: std::collections::BTreeMap<&str, Vec<std::net::Ipv4Addr>> = Default::default();
+    for (_, ip) in &report.adopted {
+        if let Some(a) = rebuilt.state.assignments.iter().find(|a| a.ip == *ip) {
+            adopted.entry(a.eni_id.as_str()).or_default().push(*ip);
+        }
+    }
+    let adopted: Vec<(crate::model::EniId, Vec<std::net::Ipv4Addr>)> = adopted
+        .into_iter()
+        .filter_map(|(eni, ips)| Some((eni.parse().ok()?, ips)))
+        .collect();
     store.replace_all(rebuilt.state).await?;
+    let journal = crate::ipam::StoreJournal::new(store.clone());
+    for (eni, ips) in &adopted {
+        crate::pool::ChangeJournal::assigned(&journal, eni, ips, &[]).await;
+    }
     let vpc_cidrs = clients
         .metadata
         .interfaces()
