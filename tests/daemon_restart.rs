@@ -841,3 +841,48 @@ async fn a_state_file_no_rebuild_completed_in_counts_as_lost() {
     assert_eq!(d.report.kept, 3, "{:?}", d.report);
     d.shutdown().await;
 }
+
+/// A pod's IP taken out of band seconds after the pool assigned it, then a restart: the journal
+/// still vouches for the assign, so the rebuild keeps the IP on its ENI though the describe does
+/// not show it (it may be EC2's lag). That silence is the IP's first miss: the first running pass
+/// that misses it again reports it lost. Before, each restart gave a lost address two more passes,
+/// and under repeated restarts its pod's release put it back in circulation (the profiles soak,
+/// seed 27: live-ip-not-in-ec2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_counts_the_describes_silence_as_a_journalled_ips_first_miss() {
+    let mock = mock().await;
+    let dir = TempDir::new("restart-unconfirmed");
+    let cfg = config(&mock, &dir.0);
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let ip = add_ip(&mut c, "c0", "pod-0").await;
+    d.shutdown().await;
+    let eni = mock
+        .network_interfaces()
+        .into_iter()
+        .find(|e| e.secondary_ips.contains(&ip))
+        .unwrap()
+        .id;
+    mock.with_world(|w, now| w.unassign_private_ip_addresses(&eni, &[ip], now).unwrap());
+
+    let d = start(cfg.clone()).await;
+    assert!(
+        d.report.unconfirmed.contains(&ip),
+        "the journal placed {ip}: {:?}",
+        d.report
+    );
+    assert!(
+        d.pool
+            .allocation(&AttachmentKey::new("c0", "eth0"))
+            .is_some()
+    );
+    let r = d.reconcile_now().await.unwrap();
+    assert_eq!(
+        r.lost,
+        vec![(AttachmentKey::new("c0", "eth0"), ip)],
+        "one pass after the start"
+    );
+    assert!(d.pool.snapshot().ip(ip).is_none());
+    d.pool.check_invariants().expect("pool invariants");
+    d.shutdown().await;
+}

@@ -311,7 +311,9 @@ impl Daemon {
                 netns_dirs: config.netns_dirs.clone(),
             },
             api_server: api_server.clone(),
-            memory: Arc::new(tokio::sync::Mutex::new(reconcile::Memory::default())),
+            memory: Arc::new(tokio::sync::Mutex::new(reconcile::Memory::after_start(
+                &report.unconfirmed,
+            ))),
             metrics: b.metrics.clone(),
         };
         b.background.push(spawn_reconcile(

@@ -60,6 +60,11 @@ pub struct ReconcileReport {
     /// Addresses the describe showed otherwise than EC2 answered the pool's own change of them
     /// less than [`DESCRIBE_SETTLES`] ago (the file's journal won: EC2's describes lag).
     pub journal_corrections: usize,
+    /// Addresses the journal placed on an ENI that the describe did not show (EC2 assigned them
+    /// less than a minute ago, or they were lost since): the running reconcile counts the
+    /// describe's silence as their first miss, so one more forgets them (a restart does not give
+    /// a lost address another two passes: a pod could get it meanwhile).
+    pub unconfirmed: Vec<Ipv4Addr>,
 }
 
 /// The rebuilt state.
@@ -159,6 +164,7 @@ fn with_recent_changes(
             (Ec2Address::Ip(ip), Ec2Change::Assigned) => {
                 !e.secondary_ips.contains(&ip) && {
                     e.secondary_ips.push(ip);
+                    report.unconfirmed.push(ip);
                     true
                 }
             }
@@ -170,6 +176,9 @@ fn with_recent_changes(
             (Ec2Address::Prefix(p), Ec2Change::Assigned) => {
                 !e.ipv4_prefixes.contains(&p) && {
                     e.ipv4_prefixes.push(p);
+                    report
+                        .unconfirmed
+                        .extend(crate::pool::slots::prefix_addresses(p));
                     true
                 }
             }

@@ -67,6 +67,18 @@ pub struct Memory {
     pub(crate) ipv6: Prefix6Memory,
 }
 
+impl Memory {
+    /// The memory of the first pass after a start: the addresses the startup rebuild took from the
+    /// journal while its describe did not show them have missed once already
+    /// ([`super::ReconcileReport::unconfirmed`]).
+    pub fn after_start(unconfirmed: &[Ipv4Addr]) -> Self {
+        Self {
+            ip_misses: unconfirmed.iter().map(|ip| (*ip, 1)).collect(),
+            ..Self::default()
+        }
+    }
+}
+
 /// One thing the running reconcile decided, in the order it is applied.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Drift {
