@@ -33,6 +33,8 @@
 //!   the old attachment is reported (`eniipamctl policy`, a warning, a gauge) until its DEL.
 //! - **A new local pod is a peer from its ADD** (issue 47, case 3, `issue47`): its address not
 //!   posted by the kubelet yet, its first packets to a pod that allows it connect.
+//! - **Hairpin** (issue 47, case 4, `issue47`): a pod closed both ways reaches itself through its
+//!   Service (a ClusterIP DNAT in the node); another pod sending from its address does not.
 //! - **Enforcement off:** the daemons restarted with `ENIIPAM_NETWORK_POLICY=false` delete the table,
 //!   and every cell connects although the policies are still in the API server.
 //!

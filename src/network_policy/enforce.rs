@@ -459,7 +459,8 @@ mod tests {
             // The node's rules render: the pod (unknown to this empty cluster: isolated) once.
             let pods = local_pods(&Cluster::default(), &kept);
             let ruleset = nft::render(&pods).expect("one pod's duplicate does not fail the node");
-            assert_eq!(ruleset.jumps.len(), 4, "{:?}", ruleset.jumps);
+            // Each: its hairpin accept and two jumps.
+            assert_eq!(ruleset.jumps.len(), 6, "{:?}", ruleset.jumps);
         }
         // A tie in age: the choice does not depend on the pool's order.
         let twin = attachment("zz", "10.0.0.8", 600);
