@@ -31,6 +31,10 @@
 //! - **A recreated sandbox** (issue 47, case 6): `x/a` ADDed again before its old attachment's DEL
 //!   (one veth name, two attachments): the ADD and the next one succeed, the new `x/a` is enforced,
 //!   the old attachment is reported (`eniipamctl policy`, a warning, a gauge) until its DEL.
+//! - **A new local pod is a peer from its ADD** (issue 47, case 3, `issue47`): its address not
+//!   posted by the kubelet yet, its first packets to a pod that allows it connect.
+//! - **Hairpin** (issue 47, case 4, `issue47`): a pod closed both ways reaches itself through its
+//!   Service (a ClusterIP DNAT in the node); another pod sending from its address does not.
 //! - **Enforcement off:** the daemons restarted with `ENIIPAM_NETWORK_POLICY=false` delete the table,
 //!   and every cell connects although the policies are still in the API server.
 //!
@@ -42,6 +46,8 @@
 mod bins;
 #[macro_use]
 mod datapath_support;
+#[path = "datapath_policy/issue47.rs"]
+mod issue47;
 #[path = "netpol_cases/mod.rs"]
 mod netpol_cases;
 
@@ -397,6 +403,7 @@ async fn metric(d: &PolicyDaemon, name: &str) -> Option<f64> {
 /// One node, `x/a` taking ingress only from `x/b`, and pods `x/a`, `x/b`, `y/a` serving.
 async fn small_world(
     test: &str,
+    rp_filter: RpFilter,
 ) -> Option<(
     Cluster,
     FakeApiServer,
@@ -405,7 +412,7 @@ async fn small_world(
     BTreeMap<String, PolicyPod>,
     Vec<Servers>,
 )> {
-    let c = Cluster::start_with(test, Egress::InternetGateway, RpFilter::Strict).await?;
+    let c = Cluster::start_with(test, Egress::InternetGateway, rp_filter).await?;
     let api = FakeApiServer::start().await;
     for ns in NAMESPACES {
         api.put_namespace_labels(ns, &[("ns", ns)]);
@@ -437,7 +444,8 @@ async fn small_world(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_table_is_restored_within_seconds() {
     let test = "a_flushed_table_is_restored_within_seconds";
-    let Some((c, _api, d, policies, pods, _servers)) = small_world(test).await else {
+    let Some((c, _api, d, policies, pods, _servers)) = small_world(test, RpFilter::Strict).await
+    else {
         return;
     };
     let cells = all_cells(&pods);
@@ -501,7 +509,9 @@ async fn a_flushed_table_is_restored_within_seconds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recreated_sandbox_does_not_fail_the_node() {
     let test = "a_recreated_sandbox_does_not_fail_the_node";
-    let Some((c, api, d, policies, mut pods, mut servers)) = small_world(test).await else {
+    let Some((c, api, d, policies, mut pods, mut servers)) =
+        small_world(test, RpFilter::Strict).await
+    else {
         return;
     };
     let old = pods["x/a"].clone();

@@ -34,7 +34,8 @@ fn a_table_changed_behind_the_engine_is_named_and_loaded_whole() {
         return;
     };
     let node = lab.node.clone();
-    // x's three pods isolated for ingress: three pod chains, three jumps.
+    // x's three pods isolated for ingress: three pod chains, three jumps (each after its pod's
+    // hairpin accept).
     let cluster = world(&[policy(
         "x",
         "deny",
@@ -111,7 +112,8 @@ fn a_table_changed_behind_the_engine_is_named_and_loaded_whole() {
             )
             .await;
             let what = engine.check(true).await.unwrap().expect("an extra rule");
-            assert!(what.contains("holds 5 rule(s), loaded with 4"), "{what}");
+            // Loaded: replies accepted, and per pod its hairpin accept and its jump.
+            assert!(what.contains("holds 8 rule(s), loaded with 7"), "{what}");
             sync(&mut engine, SyncKind::Full).await;
 
             // The base chain deleted (after its rules): the frequent check names it.

@@ -18,7 +18,9 @@
 //!   sync that includes it has reached the kernel, before the plugin even creates the veth the
 //!   rules match; if that cannot happen within [`ADMIT_TIMEOUT`] (policies not listed yet, the pod
 //!   unknown to the API server, `nft` failing) the ADD fails and its IP goes back: a pod never runs
-//!   unfiltered while its policies say otherwise.
+//!   unfiltered while its policies say otherwise. That same sync lists it in the peer sets of the
+//!   node's pods whose policies select it (by the pool's address, before the kubelet posts it:
+//!   [`crate::network_policy::enforce::local_pods`]), so it is a peer on its node from its ADD.
 //! - **Off** (`network_policy = false`): the table is deleted at startup, so turning enforcement
 //!   off stops it.
 

@@ -304,7 +304,13 @@ pub fn newest_per_veth(local: &[LocalAttachment]) -> (Vec<LocalAttachment>, Vec<
 /// The local pods compiled: each attachment's pod from the cluster view, with the pool's
 /// addresses added to what the API server shows; all of them in one [`compile_all`], which
 /// evaluates each policy once for the node rather than once per pod.
+///
+/// The peers are the cluster's pods with the same addresses added ([`with_local_addresses`]):
+/// a new pod of this node is a peer of the node's pods from its ADD, not only once the kubelet
+/// has posted its `status.podIPs` (issue 47, case 3).
 pub fn local_pods(cluster: &Cluster, local: &[LocalAttachment]) -> Vec<LocalPod> {
+    let cluster = with_local_addresses(cluster, local);
+    let cluster = cluster.as_ref();
     let known: Vec<Option<PodView>> = local
         .iter()
         .map(|a| {
@@ -335,6 +341,44 @@ pub fn local_pods(cluster: &Cluster, local: &[LocalAttachment]) -> Vec<LocalPod>
             },
         })
         .collect()
+}
+
+/// The cluster with each local pod's pool addresses added to its pod (known by namespace and
+/// name, its labels from the watch): the API server shows a new pod's address only once the
+/// kubelet has posted it, a second or two after the ADD (longer under load), while this node's
+/// pool knows it at the ADD. Borrowed when the API server already shows every one of them (the
+/// usual case: a copy only in a new pod's first seconds). Pods of other nodes are peers once
+/// their address is posted: their pools are not this node's.
+fn with_local_addresses<'a>(
+    cluster: &'a Cluster,
+    local: &[LocalAttachment],
+) -> std::borrow::Cow<'a, Cluster> {
+    let mut missing: std::collections::BTreeMap<(&str, &str), Vec<IpAddr>> = Default::default();
+    for a in local {
+        let Some(p) = cluster
+            .pods
+            .iter()
+            .find(|p| p.namespace == a.namespace && p.name == a.name)
+        else {
+            continue;
+        };
+        for ip in a.ips.iter().filter(|ip| !p.ips.contains(ip)) {
+            let ips = missing.entry((&a.namespace, &a.name)).or_default();
+            if !ips.contains(ip) {
+                ips.push(*ip);
+            }
+        }
+    }
+    if missing.is_empty() {
+        return std::borrow::Cow::Borrowed(cluster);
+    }
+    let mut patched = cluster.clone();
+    for p in &mut patched.pods {
+        if let Some(ips) = missing.get(&(p.namespace.as_str(), p.name.as_str())) {
+            p.ips.extend(ips.iter().copied());
+        }
+    }
+    std::borrow::Cow::Owned(patched)
 }
 
 /// A local pod the API server does not know: denied both ways.
@@ -415,12 +459,68 @@ mod tests {
             // The node's rules render: the pod (unknown to this empty cluster: isolated) once.
             let pods = local_pods(&Cluster::default(), &kept);
             let ruleset = nft::render(&pods).expect("one pod's duplicate does not fail the node");
-            assert_eq!(ruleset.jumps.len(), 4, "{:?}", ruleset.jumps);
+            // Each: its hairpin accept and two jumps.
+            assert_eq!(ruleset.jumps.len(), 6, "{:?}", ruleset.jumps);
         }
         // A tie in age: the choice does not depend on the pool's order.
         let twin = attachment("zz", "10.0.0.8", 600);
         let (a, _) = newest_per_veth(&[old.clone(), twin.clone()]);
         let (b, _) = newest_per_veth(&[twin.clone(), old.clone()]);
         assert_eq!((a.clone(), b), (vec![twin.clone()], vec![twin]));
+    }
+
+    /// Issue 47, case 3: a new local pod whose address the API server does not show yet (the
+    /// kubelet posts it after the ADD) is a peer of the node's pods from its ADD, by the pool's
+    /// address; a remote pod is a peer once its address is posted. Before the fix the peers were
+    /// the API server's addresses only: `Listed { pods: {}, blocks: [] }`.
+    #[test]
+    fn a_local_pod_is_a_peer_from_its_add() {
+        use crate::network_policy::compile::Peers;
+        use k8s_openapi::api::networking::v1::NetworkPolicy;
+        let from_d: NetworkPolicy = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "x", "name": "from-d"},
+            "spec": {"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "d"}}}]}]}
+        }))
+        .unwrap();
+        let view = |name: &str, label: &str, ips: &[&str]| PodView {
+            namespace: "x".into(),
+            name: name.into(),
+            labels: [("pod".to_owned(), label.to_owned())].into(),
+            ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            host_network: false,
+            ports: Vec::new(),
+        };
+        let cluster = Cluster {
+            namespaces: [("x".to_owned(), Default::default())].into(),
+            // x/d is local and new; x/e is remote and new: neither address is posted yet.
+            pods: vec![
+                view("a", "a", &["10.0.0.5"]),
+                view("d", "d", &[]),
+                view("e", "d", &[]),
+            ],
+            policies: vec![from_d],
+        };
+        let a = LocalAttachment {
+            veth: "eni0000000000a".into(),
+            ..attachment("sa", "10.0.0.5", 600)
+        };
+        let d = LocalAttachment {
+            name: "d".into(),
+            veth: "eni000000000d".into(),
+            ..attachment("sd", "10.0.0.6", 0)
+        };
+        let pods = local_pods(&cluster, &[a, d]);
+        let Direction::Isolated { rules, .. } = &pods[0].compiled.ingress else {
+            panic!("x/a is isolated: {:?}", pods[0].compiled);
+        };
+        assert_eq!(
+            rules[0].peers,
+            Peers::Listed {
+                pods: ["10.0.0.6".parse().unwrap()].into(),
+                blocks: Vec::new()
+            },
+            "x/d, local, is a peer of x/a from its ADD"
+        );
     }
 }

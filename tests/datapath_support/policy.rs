@@ -134,24 +134,46 @@ impl PolicyDaemon {
         name: &str,
         want_ip: Option<Ipv4Addr>,
     ) -> PolicyPod {
-        let mut object = pod_object(namespace, name, &self.node);
-        api.put_pod(object.clone());
+        let pod = self
+            .add_pod_unposted(c, api, namespace, name, want_ip)
+            .await;
+        self.post_ip(api, &pod);
+        pod
+    }
+
+    /// [`Self::add_pod`] without the kubelet's `status.podIPs`: the API server still shows the pod
+    /// `Pending` with no address (a kubelet that has not written it yet, or an API server slow to
+    /// take it). [`Self::post_ip`] writes it.
+    pub async fn add_pod_unposted(
+        &self,
+        c: &Lab,
+        api: &FakeApiServer,
+        namespace: &str,
+        name: &str,
+        want_ip: Option<Ipv4Addr>,
+    ) -> PolicyPod {
+        api.put_pod(pod_object(namespace, name, &self.node));
         let opts = PodOptions {
             want_ip,
             ..PodOptions::default()
         };
         let cni = self.daemon.add_pod_now_in(c, namespace, name, opts).await;
-        object["status"] = json!({
-            "phase": "Running",
-            "podIP": cni.ip.to_string(),
-            "podIPs": [{"ip": cni.ip.to_string()}],
-        });
-        api.put_pod(object);
         PolicyPod {
             key: format!("{namespace}/{name}"),
             node: self.node.clone(),
             cni,
         }
+    }
+
+    /// Writes `pod`'s `status.podIP(s)` as the kubelet does once the sandbox is up.
+    pub fn post_ip(&self, api: &FakeApiServer, pod: &PolicyPod) {
+        let mut object = pod_object(&pod.cni.namespace, &pod.cni.name, &self.node);
+        object["status"] = json!({
+            "phase": "Running",
+            "podIP": pod.cni.ip.to_string(),
+            "podIPs": [{"ip": pod.cni.ip.to_string()}],
+        });
+        api.put_pod(object);
     }
 
     /// Deletes a pod as the kubelet does: the CNI DEL, then the object.
@@ -326,6 +348,16 @@ impl ClientSocket {
         };
         matches!(tokio::time::timeout(wait, attempt).await, Ok(Ok(true)))
     }
+}
+
+/// One probe from the pod whose namespace is `from` to any address (a Service's, say): the
+/// handshake or the echo within [`PROBE_WAIT`].
+pub async fn probe_address(from: &NetNs, to: SocketAddr, protocol: Protocol) -> bool {
+    let socket = from
+        .run_async(move || ClientSocket::new(protocol))
+        .await
+        .expect("a client socket in the pod");
+    socket.probe(to, PROBE_WAIT).await
 }
 
 /// One probe to run: from a client (its key), to a server (its key and address).

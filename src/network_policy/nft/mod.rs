@@ -7,8 +7,10 @@
 //!   first: replies and ICMP errors of an allowed connection follow it, whatever the policies say
 //!   of the reverse direction. (A connection already open when a policy changes keeps flowing:
 //!   the new rules judge new connections only, as conntrack-based enforcers do.) Then, per pod
-//!   with an isolated direction, `iifname <veth>` jumps to its egress chain and `oifname <veth>`
-//!   to its ingress chain. An open direction has no chain and no jump;
+//!   with an isolated direction, `iifname <veth> oifname <veth>` is accepted (the pod reaching
+//!   itself through its Service: a pod cannot block access to itself), then `iifname <veth>`
+//!   jumps to its egress chain and `oifname <veth>` to its ingress chain. An open direction has
+//!   no chain and no jump;
 //! - an isolated direction's chain holds one rule per way a policy rule can match (a whole
 //!   protocol, numbered ports and ranges, egress named ports per peer) and ends in `drop`. A
 //!   matching rule `return`s rather than `accept`s: an accept inside a jumped-to chain would end
@@ -81,7 +83,8 @@ pub struct Ruleset {
     pub counters: BTreeMap<String, String>,
     /// The chains of isolated directions (the base chain `forward` is not one of them).
     pub chains: BTreeMap<String, Chain>,
-    /// The base chain's jumps, in order (after its `ct state established,related accept`).
+    /// The base chain's rules after its `ct state established,related accept`, in order: per
+    /// isolated pod, its hairpin accept and its jumps.
     pub jumps: Vec<String>,
     /// Parts of the policies this ruleset cannot enforce (IPv6 peers), each naming the pod and rule.
     pub not_enforced: Vec<String>,
@@ -138,6 +141,22 @@ pub fn render(pods: &[LocalPod]) -> Result<Ruleset, RenderError> {
     }
     let mut out = Ruleset::default();
     for pod in pods {
+        let isolated = [&pod.compiled.egress, &pod.compiled.ingress]
+            .into_iter()
+            .any(|d| matches!(d, Direction::Isolated { .. }));
+        if isolated {
+            // Hairpin: the pod reaching itself through its Service (DNAT to its own address)
+            // comes in and goes out by its own veth; a pod cannot block access to itself. Only
+            // its own veth both ways: another pod sending from its address meets its chains.
+            out.jumps.push(format!(
+                "iifname \"{0}\" oifname \"{0}\" accept comment \"{1}\"",
+                pod.veth,
+                comment(&format!(
+                    "{} to itself: a pod cannot block access to itself",
+                    pod.name
+                ))
+            ));
+        }
         for (dir, compiled, hook) in [
             (PolicyType::Egress, &pod.compiled.egress, "iifname"),
             (PolicyType::Ingress, &pod.compiled.ingress, "oifname"),

@@ -154,6 +154,7 @@ table inet eniipam_policy {
   chain forward {
     type filter hook forward priority filter; policy accept;
     ct state established,related accept comment "replies of allowed connections"
+    iifname "eni0a1b2c3d4e5" oifname "eni0a1b2c3d4e5" accept comment "x/a to itself: a pod cannot block access to itself"
     iifname "eni0a1b2c3d4e5" jump eg_eni0a1b2c3d4e5 comment "x/a egress"
     oifname "eni0a1b2c3d4e5" jump in_eni0a1b2c3d4e5 comment "x/a ingress"
   }
@@ -174,6 +175,58 @@ table inet eniipam_policy {
 }
 "#;
     assert_eq!(r.script(), want, "{}", r.script());
+}
+
+/// Issue 47, case 4: a pod reaching itself through its Service (in and out of its own veth, its
+/// address both ways after the DNAT) is accepted before any of its chains: a pod cannot block
+/// access to itself. Only its own veth both ways: another pod sending from its address still meets
+/// its ingress chain. Before the fix the base chain held the jumps alone.
+#[test]
+fn a_pod_reaching_itself_is_accepted_before_its_chains() {
+    let closed = || Direction::Isolated {
+        policies: vec!["x/closed".into()],
+        rules: Vec::new(),
+    };
+    let pod = |name: &str, veth: &str, compiled: Compiled| LocalPod {
+        name: name.into(),
+        veth: veth.into(),
+        compiled,
+    };
+    let open = Compiled {
+        ingress: Direction::Open,
+        egress: Direction::Open,
+        problems: vec![],
+    };
+    let only_ingress = Compiled {
+        ingress: closed(),
+        ..open.clone()
+    };
+    let both = Compiled {
+        ingress: closed(),
+        egress: closed(),
+        problems: vec![],
+    };
+    let r = render(&[
+        pod("x/a", "eni1", both),
+        pod("x/b", "eni2", open),
+        pod("x/c", "eni3", only_ingress),
+    ])
+    .unwrap();
+    let hairpin = |name: &str, veth: &str| {
+        format!(
+            "iifname \"{veth}\" oifname \"{veth}\" accept comment \"{name} to itself: a pod cannot block access to itself\""
+        )
+    };
+    assert_eq!(
+        r.jumps,
+        [
+            hairpin("x/a", "eni1"),
+            "iifname \"eni1\" jump eg_eni1 comment \"x/a egress\"".to_owned(),
+            "oifname \"eni1\" jump in_eni1 comment \"x/a ingress\"".to_owned(),
+            hairpin("x/c", "eni3"),
+            "oifname \"eni3\" jump in_eni3 comment \"x/c ingress\"".to_owned(),
+        ]
+    );
 }
 
 #[test]
@@ -282,7 +335,8 @@ fn a_peer_change_updates_set_elements_in_place() {
         }
     );
     assert_eq!(b.update_script(&b), "");
-    assert_eq!((b.rule_count(), b.element_count()), (4, 5));
+    // The base chain's established accept, x/a's hairpin accept and jump; its chain's two rules.
+    assert_eq!((b.rule_count(), b.element_count()), (5, 5));
 }
 
 #[test]
