@@ -209,6 +209,18 @@ impl InstanceLimits {
         }
     }
 
+    /// The shipped catalogue's figures for `instance_type` (`eniipam-limits`, EC2's
+    /// `DescribeInstanceTypes` figures): the same as [`Cloud::instance_limits`] would answer, without
+    /// the call. `None` for a type the catalogue does not know (ask EC2 then).
+    pub fn from_catalog(instance_type: &str) -> Option<Self> {
+        eniipam_limits::lookup(instance_type).map(|t| Self {
+            max_enis: t.default_card_max_enis(),
+            ipv4_per_eni: t.ipv4_per_eni,
+            vcpus: t.vcpus,
+            nitro: t.is_nitro(),
+        })
+    }
+
     /// The figures `eniipam-limits`' formulas take (the ENIs are the default card's already).
     pub fn eni_limits(&self) -> eniipam_limits::EniLimits {
         eniipam_limits::EniLimits {
@@ -263,6 +275,18 @@ pub struct EniFilter {
     pub tags: BTreeMap<String, String>,
     /// `tag-key` filters: the tag must exist.
     pub tag_keys: Vec<String>,
+}
+
+impl EniFilter {
+    /// Every ENI attached to `instance_id` in `vpc_id` (an empty `vpc_id`: any VPC). The `vpc-id`
+    /// filter is one EC2 narrows by before it pages; `attachment.instance-id` is applied per page.
+    pub fn attached(instance_id: &str, vpc_id: &str) -> Self {
+        Self {
+            attached_to: Some(instance_id.to_owned()),
+            vpc_id: (!vpc_id.is_empty()).then(|| vpc_id.to_owned()),
+            ..Self::default()
+        }
+    }
 }
 
 /// A request to create an ENI with its secondary IPs and tags in one call.
@@ -477,6 +501,25 @@ pub trait Cloud: Send + Sync + 'static {
     async fn describe_subnet(&self, subnet_id: &str) -> CloudResult<Subnet>;
     /// DescribeNetworkInterfaces with filters, all pages.
     async fn describe_enis(&self, filter: &EniFilter) -> CloudResult<Vec<Eni>>;
+    /// The ENIs EC2's describe shows attached to `instance_id`, in `vpc_id`, asked by the ids the
+    /// caller knows (`known`: IMDS's, the pool's, the state file's, DescribeInstances'): one call
+    /// however many ENIs the region holds. EC2 narrows a describe before it pages only by ids and a
+    /// few indexed filters (`vpc-id`, `subnet-id`, addresses); `attachment.instance-id` it applies
+    /// to each page of 1,000 after, so a describe by it alone costs a call per 1,000 ENIs of the
+    /// region. An ENI attached here that no id of `known` names is not in the answer: the caller
+    /// names every source it has. When EC2 knows one of `known` no more (deleted: IMDS lingers),
+    /// or `known` is empty, the answer comes from the paged describe by `vpc-id` and
+    /// `attachment.instance-id`, every ENI attached here. The default is that paged describe.
+    async fn describe_attached(
+        &self,
+        instance_id: &str,
+        vpc_id: &str,
+        known: &[EniId],
+    ) -> CloudResult<Vec<Eni>> {
+        let _ = known;
+        self.describe_enis(&EniFilter::attached(instance_id, vpc_id))
+            .await
+    }
     /// CreateNetworkInterface with its secondary IPs and tags in the same call.
     async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni>;
     /// AttachNetworkInterface at `device_index`; returns the attachment id.
