@@ -305,7 +305,9 @@ impl Daemon {
         let reconciler = Reconciler {
             ipam: ipam.clone(),
             cloud: clients.cloud.clone(),
+            metadata: clients.metadata.clone(),
             instance_id: node.instance_id.clone(),
+            vpc_id: node.vpc_id.clone(),
             host: reconcile::HostView {
                 cni_cache_dir: config.cni_cache_dir.clone(),
                 netns_dirs: config.netns_dirs.clone(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cloud::{Cloud, CloudError, Purpose, with_purpose};
+use crate::cloud::{Cloud, CloudError, Metadata, Purpose, with_purpose};
 use crate::ipam::Ipam;
 use crate::metrics::Metrics;
 use crate::reconcile::api_server::ApiServerGc;
@@ -18,8 +18,11 @@ use crate::reconcile::{self};
 pub(super) struct Reconciler {
     pub(super) ipam: Ipam,
     pub(super) cloud: Arc<dyn Cloud>,
+    /// IMDS: the ids of the ENIs attached here, by which the pass describes them.
+    pub(super) metadata: Arc<dyn Metadata>,
     pub(super) api_server: Option<ApiServerGc>,
     pub(super) instance_id: String,
+    pub(super) vpc_id: String,
     pub(super) host: reconcile::HostView,
     pub(super) memory: Arc<tokio::sync::Mutex<reconcile::Memory>>,
     pub(super) metrics: Metrics,
@@ -33,7 +36,11 @@ impl Reconciler {
             reconcile::pass(
                 &self.ipam,
                 self.cloud.as_ref(),
-                &self.instance_id,
+                &reconcile::NodeEnis {
+                    instance_id: &self.instance_id,
+                    vpc_id: &self.vpc_id,
+                    metadata: Some(self.metadata.as_ref()),
+                },
                 &self.host,
                 &mut memory,
                 self.api_server.as_ref(),

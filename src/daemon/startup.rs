@@ -8,7 +8,7 @@ use ipnet::Ipv4Net;
 
 use super::{CloudClients, DaemonError};
 use crate::cloud::backoff::BackoffPolicy;
-use crate::cloud::{Eni, NodeContext};
+use crate::cloud::{Eni, InstanceLimits, NodeContext};
 use crate::config::DaemonConfig;
 use crate::metrics::Metrics;
 use crate::pool::PoolSeed;
@@ -100,10 +100,17 @@ pub(super) async fn discover_node(
         .cloud
         .describe_instance(&identity.instance_id)
         .await?;
-    let limits = clients
-        .cloud
-        .instance_limits(&instance.instance_type)
-        .await?;
+    // The shipped catalogue has EC2's figures for the types it knows: no DescribeInstanceTypes at
+    // every node boot (a fleet's scale-up shares the account's bucket); an unknown type asks EC2.
+    let limits = match InstanceLimits::from_catalog(&instance.instance_type) {
+        Some(l) => l,
+        None => {
+            clients
+                .cloud
+                .instance_limits(&instance.instance_type)
+                .await?
+        }
+    };
     if config.prefix_delegation && !limits.nitro {
         return Err(DaemonError::Config(format!(
             "prefix_delegation (ENIIPAM_PREFIX_DELEGATION) needs a Nitro instance type; {} is not one: \

@@ -116,6 +116,7 @@ pub async fn pack_in_subnet(
     let enis = cloud
         .describe_enis(&EniFilter {
             subnet_id: Some(subnet.id.clone()),
+            vpc_id: (!subnet.vpc_id.is_empty()).then(|| subnet.vpc_id.clone()),
             ..EniFilter::default()
         })
         .await?;

@@ -27,7 +27,7 @@ mod rebuild;
 pub use apply::apply;
 pub use decide::{Drift, Memory, Snapshot, decide, decide_store};
 pub use evidence::{HostClaim, HostEvidence, NetnsState, NetnsView, host_evidence};
-pub use pass::{HostView, PassReport, pass};
+pub use pass::{HostView, NodeEnis, PassReport, pass};
 pub use rebuild::{
     Inputs, QUARANTINE_NO_EVIDENCE, QUARANTINE_UNSETTLED, Rebuilt, ReconcileReport, merge, rebuild,
 };

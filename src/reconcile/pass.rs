@@ -10,7 +10,7 @@ use super::apply::apply;
 use super::decide::{AssignBackAnswer, Drift, Memory, Prefix6Step, Snapshot, decide, decide_store};
 use super::evidence::{NetnsView, host_evidence};
 use crate::clock::unix_ms_now;
-use crate::cloud::{ADDRESS_IN_USE, AttachmentStatus, Cloud, CloudError, Eni, EniFilter};
+use crate::cloud::{ADDRESS_IN_USE, AttachmentStatus, Cloud, CloudError, Eni, Metadata};
 use crate::ipam::Ipam;
 use crate::model::{AttachmentKey, EniId};
 use crate::pool::snapshot::{IpState, PoolSnapshot};
@@ -67,6 +67,48 @@ pub struct PassReport {
     pub ipv6_prefix_settling: bool,
 }
 
+/// The node whose ENIs the pass compares, and where their ids come from.
+pub struct NodeEnis<'a> {
+    pub instance_id: &'a str,
+    pub vpc_id: &'a str,
+    /// IMDS, which lists the ENIs attached here (an ENI attached out of band shows there within its
+    /// lag). `None`, or IMDS failing: the pass describes by filter, every ENI of the VPC paged.
+    pub metadata: Option<&'a dyn Metadata>,
+}
+
+impl NodeEnis<'_> {
+    /// The ENIs EC2 shows attached here, by the ids the pool and IMDS know (one describe call, not
+    /// one per 1,000 ENIs of the region): every ENI the pool holds, and every one IMDS lists, the
+    /// ENIs attached out of band among them. Without IMDS's answer, the describe by filter.
+    async fn describe(
+        &self,
+        cloud: &dyn Cloud,
+        pool: &PoolSnapshot,
+    ) -> Result<Vec<Eni>, CloudError> {
+        let imds = match self.metadata {
+            Some(m) => match m.interfaces().await {
+                Ok(list) => Some(list),
+                Err(e) => {
+                    tracing::debug!(error = %e, "IMDS did not list the interfaces: describing the node's ENIs by filter");
+                    None
+                }
+            },
+            None => None,
+        };
+        let known: Vec<EniId> = match imds {
+            Some(list) => list
+                .into_iter()
+                .map(|m| m.eni_id)
+                .chain(pool.enis.iter().map(|e| e.id.clone()))
+                .collect(),
+            None => Vec::new(),
+        };
+        cloud
+            .describe_attached(self.instance_id, self.vpc_id, &known)
+            .await
+    }
+}
+
 /// One pass; see the module docs. Releases assignments whose network namespace is gone or whose pod
 /// the API server says is gone (`api`, when that source is on: pods that died without a DEL), then
 /// compares the pool with EC2, then the state file with the pool. EC2 errors end the pass after the
@@ -74,19 +116,15 @@ pub struct PassReport {
 pub async fn pass(
     ipam: &Ipam,
     cloud: &dyn Cloud,
-    instance_id: &str,
+    node: &NodeEnis<'_>,
     host: &HostView,
     memory: &mut Memory,
     api: Option<&super::api_server::ApiServerGc>,
 ) -> Result<PassReport, CloudError> {
     let mut report = PassReport::default();
     let netns = NetnsView::of(&host.netns_dirs);
-    let described = cloud
-        .describe_enis(&EniFilter {
-            attached_to: Some(instance_id.to_owned()),
-            ..EniFilter::default()
-        })
-        .await;
+    let instance_id = node.instance_id;
+    let described = node.describe(cloud, &ipam.pool().snapshot()).await;
     let (ec2, ec2_error) = match described {
         Ok(enis) => (Some(attached_here(enis, instance_id)), None),
         Err(e) => (None, Some(e)),

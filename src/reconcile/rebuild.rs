@@ -96,7 +96,14 @@ pub async fn rebuild(
     inputs: Inputs<'_>,
 ) -> Result<Rebuilt, CloudError> {
     let imds = metadata.interfaces().await?;
-    let ec2 = settled::describe(cloud, instance_id, &inputs.stored, &inputs.ec2_changes).await?;
+    let ec2 = settled::describe(
+        cloud,
+        instance_id,
+        &imds,
+        &inputs.stored,
+        &inputs.ec2_changes,
+    )
+    .await?;
     // An ENI attached just before a crash may be in neither IMDS (which lags) nor the file: its
     // subnet's CIDR comes from EC2 then, so the ENI and the pods already on it are kept. Skipping it
     // would drop those pods' records, and their IPs would go to other pods.

@@ -30,7 +30,9 @@ pub mod backoff;
 pub mod calls;
 pub mod deadline;
 pub mod ec2;
+mod filters;
 pub mod imds;
+mod instance_limits;
 pub mod leak;
 pub mod lifecycle;
 pub mod limiter;
@@ -38,6 +40,8 @@ pub mod purpose;
 mod throttle;
 
 pub use deadline::{current_deadline, with_deadline, without_throttle_retries};
+pub use filters::{EniFilter, SubnetFilter};
+pub use instance_limits::InstanceLimits;
 pub use purpose::{Purpose, current_purpose, with_purpose};
 
 /// Tag keys eniipam writes on the ENIs it creates.
@@ -183,42 +187,6 @@ pub fn vpc_router(cidr: Ipv4Net) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(cidr.network()).wrapping_add(1))
 }
 
-/// ENI and IP limits of an instance type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InstanceLimits {
-    /// Maximum network interfaces on the default network card, the primary (eth0) included (the
-    /// card every ENI is attached to; multi-card types have more on other cards, as the VPC CNI's
-    /// max-pods counts them too).
-    pub max_enis: u32,
-    /// IPv4 addresses per interface, the ENI's primary IP included (a `/28` prefix counts as one).
-    pub ipv4_per_eni: u32,
-    /// Default vCPUs (the kubelet's max-pods cap with prefix delegation: 110 up to 30 vCPUs, else 250).
-    pub vcpus: u32,
-    /// Built on the Nitro system (or bare metal): prefix delegation is possible.
-    pub nitro: bool,
-}
-
-impl InstanceLimits {
-    /// Limits with nothing known beyond ENIs and IPs (a non-Nitro type with 2 vCPUs).
-    pub fn new(max_enis: u32, ipv4_per_eni: u32) -> Self {
-        Self {
-            max_enis,
-            ipv4_per_eni,
-            vcpus: 2,
-            nitro: false,
-        }
-    }
-
-    /// The figures `eniipam-limits`' formulas take (the ENIs are the default card's already).
-    pub fn eni_limits(&self) -> eniipam_limits::EniLimits {
-        eniipam_limits::EniLimits {
-            enis: self.max_enis,
-            ipv4_per_eni: self.ipv4_per_eni,
-            vcpus: self.vcpus,
-        }
-    }
-}
-
 /// EC2's error code when an address asked for by name is taken (`AssignPrivateIpAddresses` or
 /// `CreateNetworkInterface` with `PrivateIpAddresses`).
 pub const ADDRESS_IN_USE: &str = "InvalidIPAddress.InUse";
@@ -231,14 +199,6 @@ pub const ADDRESS_IN_USE: &str = "InvalidIPAddress.InUse";
 /// from the file, not from a describe that may not show it yet.
 pub const DESCRIBE_SETTLES: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Which subnets a describe call asks for.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SubnetFilter {
-    pub ids: Vec<String>,
-    pub vpc_id: Option<String>,
-    pub availability_zone: Option<String>,
-}
-
 /// An instance as EC2 describes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Instance {
@@ -249,20 +209,6 @@ pub struct Instance {
     pub subnet_id: String,
     /// ENIs attached to the instance, with their device indexes.
     pub enis: Vec<Eni>,
-}
-
-/// Which ENIs a describe call asks for.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EniFilter {
-    pub ids: Vec<EniId>,
-    pub attached_to: Option<String>,
-    pub status: Option<EniStatus>,
-    pub vpc_id: Option<String>,
-    pub subnet_id: Option<String>,
-    /// `tag:KEY=VALUE` filters (all must match).
-    pub tags: BTreeMap<String, String>,
-    /// `tag-key` filters: the tag must exist.
-    pub tag_keys: Vec<String>,
 }
 
 /// A request to create an ENI with its secondary IPs and tags in one call.
@@ -477,6 +423,25 @@ pub trait Cloud: Send + Sync + 'static {
     async fn describe_subnet(&self, subnet_id: &str) -> CloudResult<Subnet>;
     /// DescribeNetworkInterfaces with filters, all pages.
     async fn describe_enis(&self, filter: &EniFilter) -> CloudResult<Vec<Eni>>;
+    /// The ENIs EC2's describe shows attached to `instance_id`, in `vpc_id`, asked by the ids the
+    /// caller knows (`known`: IMDS's, the pool's, the state file's, DescribeInstances'): one call
+    /// however many ENIs the region holds. EC2 narrows a describe before it pages only by ids and a
+    /// few indexed filters (`vpc-id`, `subnet-id`, addresses); `attachment.instance-id` it applies
+    /// to each page of 1,000 after, so a describe by it alone costs a call per 1,000 ENIs of the
+    /// region. An ENI attached here that no id of `known` names is not in the answer: the caller
+    /// names every source it has. When EC2 knows one of `known` no more (deleted: IMDS lingers),
+    /// or `known` is empty, the answer comes from the paged describe by `vpc-id` and
+    /// `attachment.instance-id`, every ENI attached here. The default is that paged describe.
+    async fn describe_attached(
+        &self,
+        instance_id: &str,
+        vpc_id: &str,
+        known: &[EniId],
+    ) -> CloudResult<Vec<Eni>> {
+        let _ = known;
+        self.describe_enis(&EniFilter::attached(instance_id, vpc_id))
+            .await
+    }
     /// CreateNetworkInterface with its secondary IPs and tags in the same call.
     async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni>;
     /// AttachNetworkInterface at `device_index`; returns the attachment id.

@@ -1,4 +1,4 @@
-//! [`MockCloud`]'s Rust methods for subnets and VPC blocks: secondary IPv4 CIDR blocks of a VPC, several per VPC with tags, tags on any resource, subnet
+//! [`MockCloud`]'s Rust methods for subnets and VPC blocks (and ENIs made outside the API): secondary IPv4 CIDR blocks of a VPC, several per VPC with tags, tags on any resource, subnet
 //! CIDR reservations, each subnet's address usage (free addresses, free aligned /28 blocks),
 //! occupying addresses from outside to build a fragmented subnet, and the allocation seed.
 //! The control API (`/_mock/subnets/...`, `/_mock/allocation`) offers the same over HTTP.
@@ -15,6 +15,22 @@ use crate::world::{
 };
 
 impl MockCloud {
+    /// `n` ENIs created in `subnet_id` outside the API (other nodes' or another tenant's): no
+    /// new-ENI lag, not in the counters. For tests of what a describe costs in a region holding
+    /// many ENIs. Returns their ids.
+    pub fn create_enis_directly(&self, subnet_id: &str, n: usize) -> Result<Vec<String>, Ec2Error> {
+        let args = crate::world::CreateEniArgs {
+            subnet_id: subnet_id.to_owned(),
+            description: "another node's ENI".into(),
+            ..Default::default()
+        };
+        self.with_world(|w, now| {
+            (0..n)
+                .map(|_| w.create_network_interface_directly(&args, now))
+                .collect()
+        })
+    }
+
     /// `AssociateVpcCidrBlock`: adds a secondary IPv4 block to a VPC under EC2's rules (size,
     /// overlap, the five-block quota, the ranges a primary block permits), e.g. 100.64.0.0/16 for
     /// custom networking. Subnets may then be created inside it.

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::clock::unix_ms_now;
-use crate::cloud::{Cloud, CloudError, DESCRIBE_SETTLES, Eni, EniFilter};
+use crate::cloud::{Cloud, CloudError, DESCRIBE_SETTLES, Eni, MetadataEni};
+use crate::model::EniId;
 use crate::store::{Ec2Change, StoredEc2Change, StoredState};
 
 /// How long after the pool gave a new ENI its first addresses EC2's describes may still list the
@@ -32,13 +33,24 @@ const ATTACH_SETTLES: Duration = Duration::from_secs(10);
 pub(super) async fn describe(
     cloud: &dyn Cloud,
     instance_id: &str,
+    imds: &[MetadataEni],
     stored: &StoredState,
     changes: &[StoredEc2Change],
 ) -> Result<Vec<Eni>, CloudError> {
-    let filter = EniFilter {
-        attached_to: Some(instance_id.to_owned()),
-        ..EniFilter::default()
-    };
+    // Every id the node knows of its ENIs: IMDS's, and the file's (its ENIs, and those pods hold
+    // addresses on, the journal's new ENIs among them).
+    let known: BTreeSet<EniId> = imds
+        .iter()
+        .map(|m| m.eni_id.clone())
+        .chain(stored.enis.iter().filter_map(|e| e.eni_id.parse().ok()))
+        .chain(
+            stored
+                .assignments
+                .iter()
+                .filter_map(|a| a.eni_id.parse().ok()),
+        )
+        .collect();
+    let vpc_id = imds.first().map(|m| m.vpc_id.as_str()).unwrap_or_default();
     let settles_ms = DESCRIBE_SETTLES.as_millis() as u64;
     let started = Instant::now();
     let now_ms = unix_ms_now();
@@ -65,7 +77,7 @@ pub(super) async fn describe(
     let mut delay = Duration::from_millis(250);
     let mut asked = 0u32;
     loop {
-        let ec2 = cloud.describe_enis(&filter).await?;
+        let ec2 = attached(cloud, instance_id, vpc_id, &known).await?;
         asked += 1;
         let shown = |id: &str| {
             ec2.iter().any(|e| {
@@ -124,4 +136,38 @@ pub(super) async fn describe(
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(4));
     }
+}
+
+/// The ENIs EC2 shows attached to the instance, in a few calls however many ENIs the region holds:
+/// DescribeInstances lists the instance's interfaces (EC2's own view, so an ENI attached just before
+/// a crash, in neither IMDS, which lags, nor the file, is found), described by their ids; an id the
+/// node knows (`known`) that DescribeInstances did not list is asked for by id too (a third call,
+/// only then). A describe filtered by the instance alone would walk every ENI of the region, a call
+/// per 1,000.
+async fn attached(
+    cloud: &dyn Cloud,
+    instance_id: &str,
+    vpc_id: &str,
+    known: &BTreeSet<EniId>,
+) -> Result<Vec<Eni>, CloudError> {
+    let instance = cloud.describe_instance(instance_id).await?;
+    let mut enis = instance.enis;
+    let extra: Vec<EniId> = known
+        .iter()
+        .filter(|id| !enis.iter().any(|e| &e.id == *id))
+        .cloned()
+        .collect();
+    if !extra.is_empty() {
+        let vpc_id = if instance.vpc_id.is_empty() {
+            vpc_id
+        } else {
+            instance.vpc_id.as_str()
+        };
+        for e in cloud.describe_attached(instance_id, vpc_id, &extra).await? {
+            if !enis.iter().any(|x| x.id == e.id) {
+                enis.push(e);
+            }
+        }
+    }
+    Ok(enis)
 }

@@ -1,5 +1,6 @@
 //! The describes the pool and the reconcile read EC2 through: the instance (its ENIs from
-//! DescribeNetworkInterfaces, which carries their tags), its type's limits, subnets and their
+//! DescribeNetworkInterfaces by the ids DescribeInstances lists, which carries their tags), the
+//! ENIs attached to an instance by the ids known of them (`attached`), its type's limits, subnets and their
 //! prefix reservations, and ENIs (paginated, except by id, which EC2 does not paginate). Each is one
 //! limiter call per page on the API's own bucket; a thing asked for by id and missing from EC2's
 //! reply is a `NotFound` named after EC2's own code.
@@ -12,7 +13,7 @@ use super::classify;
 use super::convert::*;
 use crate::limiter::CallClass;
 use crate::{
-    CloudError, CloudResult, Eni, EniFilter, Instance, InstanceLimits, Subnet, SubnetFilter,
+    CloudError, CloudResult, Eni, EniFilter, EniId, Instance, InstanceLimits, Subnet, SubnetFilter,
 };
 
 impl Ec2Cloud {
@@ -40,12 +41,15 @@ impl Ec2Cloud {
                 message: format!("{instance_id} not in the reply"),
             })?;
         // DescribeInstances lists interfaces without tags; the pool needs the tags (ownership), so
-        // the ENIs come from DescribeNetworkInterfaces.
+        // the ENIs come from DescribeNetworkInterfaces, by the ids DescribeInstances lists: one
+        // call, where a filter on the instance alone would walk every ENI of the region.
+        let listed: Vec<EniId> = inst
+            .network_interfaces()
+            .iter()
+            .filter_map(|n| n.network_interface_id()?.parse().ok())
+            .collect();
         let mut enis = self
-            .enis(&EniFilter {
-                attached_to: Some(instance_id.to_owned()),
-                ..Default::default()
-            })
+            .attached(instance_id, inst.vpc_id().unwrap_or_default(), &listed)
             .await?;
         enis.sort_by_key(|e| e.attachment.as_ref().map(|a| a.device_index));
         Ok(Instance {
@@ -161,6 +165,39 @@ impl Ec2Cloud {
             .iter()
             .map(|s| subnet_from_sdk(API, s))
             .collect()
+    }
+
+    /// [`crate::Cloud::describe_attached`]: by the `known` ids with the instance and VPC filters
+    /// (one unpaginated call); when EC2 knows one of them no more, or none is known, the paged
+    /// describe by `vpc-id` and `attachment.instance-id`. Not through `settling`: a not-found here is
+    /// answered by the paged describe, not waited out.
+    pub(super) async fn attached(
+        &self,
+        instance_id: &str,
+        vpc_id: &str,
+        known: &[EniId],
+    ) -> CloudResult<Vec<Eni>> {
+        let every = EniFilter::attached(instance_id, vpc_id);
+        let mut ids: Vec<EniId> = known.to_vec();
+        ids.sort();
+        ids.dedup();
+        if ids.is_empty() {
+            return self.enis(&every).await;
+        }
+        match self
+            .enis(&EniFilter {
+                ids,
+                ..every.clone()
+            })
+            .await
+        {
+            Err(e) if e.is_not_found() => {
+                tracing::debug!(error = %e, instance_id,
+                    "an ENI known here is gone from EC2: describing the instance's ENIs by filter");
+                self.enis(&every).await
+            }
+            other => other,
+        }
     }
 
     pub(super) async fn enis(&self, filter: &EniFilter) -> CloudResult<Vec<Eni>> {

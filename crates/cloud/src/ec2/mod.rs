@@ -155,6 +155,15 @@ impl Cloud for Ec2Cloud {
         .await
     }
 
+    async fn describe_attached(
+        &self,
+        instance_id: &str,
+        vpc_id: &str,
+        known: &[EniId],
+    ) -> CloudResult<Vec<Eni>> {
+        self.attached(instance_id, vpc_id, known).await
+    }
+
     async fn create_eni(&self, req: &CreateEni) -> CloudResult<Eni> {
         const API: &str = "CreateNetworkInterface";
         let tag_spec = TagSpecification::builder()

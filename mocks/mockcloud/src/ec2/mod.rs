@@ -260,8 +260,11 @@ fn perform(
         }
         "DescribeNetworkInterfaces" => {
             let ids = p.list("NetworkInterfaceId");
-            let all = w.describe_network_interfaces(&ids, &p.filters()?, now)?;
-            let (page, next) = paginate(all, p, !ids.is_empty())?;
+            // EC2 pages over what the indexed filters (or the ids) select, then filters each page.
+            let filters = p.filters()?;
+            let selected = w.eni_candidates(&ids, &filters, now)?;
+            let (page, next) = paginate(selected, p, !ids.is_empty())?;
+            let page = w.eni_page(&page, &filters, now);
             x.set("networkInterfaceSet", page, |x, e| eni_xml(x, &e, &owner));
             if let Some(n) = next {
                 x.leaf("nextToken", n);

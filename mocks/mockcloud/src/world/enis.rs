@@ -1,4 +1,4 @@
-//! ENI lifecycle: DescribeNetworkInterfaces (filters), CreateNetworkInterface (explicit or automatic
+//! ENI lifecycle (DescribeNetworkInterfaces is `eni_describe`): CreateNetworkInterface (explicit or automatic
 //! addresses, or /28 prefixes; ClientToken idempotency), AttachNetworkInterface on a network card
 //! (device indexes and ENI limits per card), DetachNetworkInterface, DeleteNetworkInterface and
 //! ModifyNetworkInterfaceAttribute.
@@ -11,9 +11,9 @@ use tokio::time::Instant;
 
 use super::views::EniView;
 use super::{
-    AttState, Attachment, CreateEniArgs, Ec2Error, Ec2Result, Eni, Filter, InstanceState,
-    ModifyArgs, World, bad_filter, check_tags, glob, insufficient, insufficient_cidr_blocks,
-    limit_exceeded, malformed, not_found, tag_filter_matches, well_formed,
+    AttState, Attachment, CreateEniArgs, Ec2Error, Ec2Result, Eni, InstanceState, ModifyArgs,
+    World, check_tags, insufficient, insufficient_cidr_blocks, limit_exceeded, malformed,
+    not_found, well_formed,
 };
 use crate::catalog::{InstanceType, MAX_IPV4_PER_ENI};
 
@@ -35,44 +35,6 @@ impl World {
     pub fn network_interfaces(&mut self, now: Instant) -> Vec<EniView> {
         self.settle(now);
         self.enis.keys().map(|id| self.eni_view(id)).collect()
-    }
-
-    pub fn describe_network_interfaces(
-        &mut self,
-        ids: &[String],
-        filters: &[Filter],
-        now: Instant,
-    ) -> Ec2Result<Vec<EniView>> {
-        self.settle(now);
-        for id in ids {
-            self.eni_listed(id, now)?;
-        }
-        for f in filters {
-            let known = [
-                "network-interface-id",
-                "attachment.instance-id",
-                "attachment.status",
-                "attachment.attachment-id",
-                "status",
-                "subnet-id",
-                "vpc-id",
-                "description",
-                "tag-key",
-                "mac-address",
-                "ipv6-addresses.ipv6-address",
-            ];
-            if !known.contains(&f.name.as_str()) && !f.name.starts_with("tag:") {
-                return Err(bad_filter(&f.name));
-            }
-        }
-        Ok(self
-            .enis
-            .keys()
-            .filter(|id| ids.is_empty() || ids.contains(id))
-            .filter(|id| self.eni_listed(id, now).is_ok())
-            .map(|id| self.eni_described(id, now))
-            .filter(|v| filters.iter().all(|f| eni_matches(v, f)))
-            .collect())
     }
 
     pub fn create_network_interface(
@@ -519,25 +481,5 @@ impl World {
             }
         }
         Ok(())
-    }
-}
-
-fn eni_matches(v: &EniView, f: &Filter) -> bool {
-    if let Some(m) = tag_filter_matches(f, &v.tags) {
-        return m;
-    }
-    let any = |field: &str| f.values.iter().any(|p| glob(p, field));
-    match f.name.as_str() {
-        "network-interface-id" => any(&v.id),
-        "attachment.instance-id" => v.attachment.as_ref().is_some_and(|a| any(&a.instance_id)),
-        "attachment.status" => v.attachment.as_ref().is_some_and(|a| any(a.status)),
-        "attachment.attachment-id" => v.attachment.as_ref().is_some_and(|a| any(&a.id)),
-        "status" => any(v.status),
-        "subnet-id" => any(&v.subnet_id),
-        "vpc-id" => any(&v.vpc_id),
-        "description" => any(&v.description),
-        "mac-address" => any(&v.mac),
-        "ipv6-addresses.ipv6-address" => v.ipv6_addresses.iter().any(|a| any(&a.to_string())),
-        _ => false,
     }
 }

@@ -31,6 +31,7 @@ use crate::new_eni_lag::NewEniLag;
 
 mod addresses;
 mod assign;
+mod eni_describe;
 mod enis;
 mod iam;
 mod instances;
@@ -44,6 +45,7 @@ mod views;
 mod vpc_cidrs;
 
 pub use addresses::{OccupyPattern, ReservationType, SubnetUsage};
+pub use eni_describe::SERVER_SIDE_ENI_FILTERS;
 pub use iam::IamFacts;
 pub use ipv6::{IPV6_PREFIX_LEN, Ipv6Args, Ipv6Assigned};
 pub use security_groups::{
