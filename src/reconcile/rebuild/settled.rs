@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::clock::unix_ms_now;
-use crate::cloud::{Cloud, CloudError, DESCRIBE_SETTLES, Eni, MetadataEni};
+use crate::cloud::{Cloud, CloudError, DESCRIBE_SETTLES, Eni, EniFilter, MetadataEni};
 use crate::model::EniId;
 use crate::store::{Ec2Change, StoredEc2Change, StoredState};
 
