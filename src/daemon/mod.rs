@@ -220,6 +220,7 @@ impl Daemon {
             node.clone(),
             seed,
         )?;
+        pool.hold_unconfirmed(&report.unconfirmed);
         pool.set_change_journal(Arc::new(crate::ipam::StoreJournal::new(store.clone())));
         let _ = b.pool_cell.set(pool.clone());
         if let Some((rx, resolved)) = custom {

@@ -80,6 +80,26 @@ impl Pool {
         serves
     }
 
+    /// IPs the startup rebuild placed without EC2's describe showing them: none goes to a new pod
+    /// until a describe shows it ([`Pool::confirm_shown`]); the running reconcile forgets one at its
+    /// next miss.
+    pub fn hold_unconfirmed(&self, ips: &[Ipv4Addr]) {
+        if !ips.is_empty() {
+            tracing::info!(ips = ?ips, "held from new pods until EC2's describe shows them");
+            self.shared().lock().hold_unconfirmed(ips);
+        }
+    }
+
+    /// EC2's describe shows `shown` on the node's ENIs: the IPs held unconfirmed among them serve
+    /// again.
+    pub fn confirm_shown(&self, shown: &std::collections::BTreeSet<Ipv4Addr>) {
+        let confirmed = self.shared().lock().confirm_shown(shown);
+        if !confirmed.is_empty() {
+            tracing::info!(ips = ?confirmed, "EC2's describe shows them: confirmed");
+            self.shared().wake.notify_one();
+        }
+    }
+
     /// Releases quarantined IPs into the idle queue (cooling from now). Returns those lifted.
     pub fn lift_quarantine(&self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
         let lifted = self.shared().lock().lift_quarantine(ips, Instant::now());

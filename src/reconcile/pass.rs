@@ -129,6 +129,11 @@ pub async fn pass(
         Ok(enis) => (Some(attached_here(enis, instance_id)), None),
         Err(e) => (None, Some(e)),
     };
+    if let Some(enis) = &ec2 {
+        let shown: std::collections::BTreeSet<std::net::Ipv4Addr> =
+            enis.values().flat_map(|e| e.pod_addresses()).collect();
+        ipam.pool().confirm_shown(&shown);
+    }
     let snapshot = gather(ipam.pool().snapshot(), &netns, &host.cni_cache_dir, ec2);
     let mut drifts = decide(&snapshot, memory);
     report.decided = drifts.clone();

@@ -238,6 +238,7 @@ fn with_claimed(
         tracing::info!(ip = %c.ip, eni = %e.id, attachment = %c.attachment,
             "a live pod holds an IP EC2's describe does not show yet: taken as on its ENI");
         e.secondary_ips.push(c.ip);
+        report.unconfirmed.push(c.ip);
         report.journal_corrections += 1;
     }
     enis

@@ -38,6 +38,7 @@ impl PoolState {
             .map(|ip| {
                 self.idle.remove(ip);
                 self.held_back.remove(&ip);
+                self.unconfirmed.remove(&ip);
                 self.quarantined.remove(&ip);
                 let holder = self.assigned.remove(&ip);
                 if let Some(key) = &holder {
@@ -48,6 +49,35 @@ impl PoolState {
             .collect();
         self.capacity.give_back(forgotten.len() as u32);
         forgotten
+    }
+
+    /// `ips` were placed without EC2's describe showing them ([`PoolState::unconfirmed`]): the idle
+    /// ones are held back from now.
+    pub fn hold_unconfirmed(&mut self, ips: &[Ipv4Addr]) {
+        for ip in ips {
+            self.unconfirmed.insert(*ip);
+            if let Some(entry) = self.idle.remove(*ip) {
+                self.held_back.insert(*ip, entry);
+            }
+        }
+    }
+
+    /// EC2's describe shows these on their ENIs: the unconfirmed among them are confirmed, and those
+    /// held back for it alone are idle again. Returns those confirmed.
+    pub fn confirm_shown(&mut self, shown: &BTreeSet<Ipv4Addr>) -> Vec<Ipv4Addr> {
+        let confirmed: Vec<Ipv4Addr> = self.unconfirmed.intersection(shown).copied().collect();
+        for ip in &confirmed {
+            self.unconfirmed.remove(ip);
+            let Some(entry) = self.held_back.get(ip) else {
+                continue;
+            };
+            if !self.eni_suspect(&entry.eni)
+                && let Some(entry) = self.held_back.remove(ip)
+            {
+                self.idle.reinsert(entry);
+            }
+        }
+        confirmed
     }
 
     /// EC2 did not show `eni` attached to this instance: it takes no new work and its idle IPs are
@@ -84,7 +114,7 @@ impl PoolState {
         let back: Vec<Ipv4Addr> = self
             .held_back
             .iter()
-            .filter(|(_, e)| &e.eni == eni)
+            .filter(|(ip, e)| &e.eni == eni && !self.unconfirmed.contains(ip))
             .map(|(ip, _)| *ip)
             .collect();
         for ip in back {

@@ -211,6 +211,11 @@ pub(crate) struct PoolState {
     /// Idle IPs of ENIs EC2 did not show attached at the last look ([`EniPhase::Suspect`]): not
     /// handed out until the ENI is confirmed (they go back to the idle queue) or forgotten.
     pub held_back: BTreeMap<Ipv4Addr, IdleEntry>,
+    /// IPs the startup rebuild took from the journal or the plugin's cache while EC2's describe
+    /// did not show them (EC2's lag, or lost since): their pods keep them, but none goes to a new
+    /// pod (idle, it waits in `held_back`) until a describe shows it; at its next miss it is
+    /// forgotten ([`super::Pool::hold_unconfirmed`]).
+    pub unconfirmed: BTreeSet<Ipv4Addr>,
     /// Warm-up IPs asked for and not arrived.
     pub warming: u32,
     /// The node's recent pod starts, for the adaptive warm levels.

@@ -359,7 +359,7 @@ impl PoolState {
         cooldown: Duration,
         reservation: Option<Reservation>,
     ) {
-        let suspect = self.eni_suspect(&eni);
+        let suspect = self.eni_suspect(&eni) || self.unconfirmed.contains(&ip);
         self.idle.push(ip, eni, now, cooldown, reservation);
         if suspect && let Some(entry) = self.idle.remove(ip) {
             self.held_back.insert(ip, entry);

@@ -45,6 +45,7 @@ impl PoolState {
             releasing: BTreeMap::new(),
             quarantined: BTreeMap::new(),
             held_back: BTreeMap::new(),
+            unconfirmed: Default::default(),
             warming: 0,
             demand: Demand::default(),
             max_enis,
