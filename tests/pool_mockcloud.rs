@@ -419,6 +419,78 @@ async fn a_give_back_naming_an_address_gone_out_of_band_still_gives_back_the_res
     pool.shutdown().await;
 }
 
+/// A journal whose writes fail (the state file's disk is full).
+struct FullDisk;
+
+#[async_trait::async_trait]
+impl eniipam::pool::ChangeJournal for FullDisk {
+    async fn assigned(&self, _: &eniipam::model::EniId, _: &[Ipv4Addr], _: &[ipnet::Ipv4Net]) {}
+    async fn unassigning(
+        &self,
+        _: &eniipam::model::EniId,
+        _: &[Ipv4Addr],
+        _: &[ipnet::Ipv4Net],
+    ) -> bool {
+        false
+    }
+}
+
+/// Issue 44 (the profiles soak, seed 27, a full disk then a SIGKILL): a give-back the state file
+/// cannot journal is not sent. Sent unjournalled, a restart within EC2's describe lag read the
+/// addresses as still the node's (the describe still showed them) and handed them to pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_the_journal_cannot_record_is_not_sent() {
+    let env = Env::start_with(
+        Config::fast(),
+        cloud_support::fast_limiter(),
+        Duration::from_secs(10),
+    )
+    .await;
+    let config = PoolConfig {
+        use_primary_eni: true,
+        warm_policy: eniipam::pool::config::WarmPolicy::Fixed,
+        min_idle: 0,
+        max_idle: 0,
+        maintainer_tick: Duration::from_secs(3600),
+        reuse_cooldown: Duration::from_millis(100),
+        eni_backoff: Duration::from_millis(100),
+        ..PoolConfig::default()
+    };
+    let interfaces = env.imds.interfaces().await.expect("IMDS interfaces");
+    let pool = Pool::start(
+        config,
+        env.cloud.clone(),
+        env.imds.clone(),
+        env.node.clone(),
+        PoolSeed::from_metadata(&interfaces, &[]),
+    )
+    .expect("pool starts");
+    pool.set_change_journal(std::sync::Arc::new(FullDisk));
+    let got = acquire_range(&pool, 0..3).await;
+    let ips: BTreeSet<Ipv4Addr> = got.iter().map(|a| a.ip).collect();
+    env.mock.reset_counters();
+    for i in 0..3 {
+        pool.release(&pod_key(i).0, false).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = pool.maintain_now().await;
+    until("the give-back settled", || pool.snapshot().releasing == 0).await;
+    let unassigns = env
+        .mock
+        .counters()
+        .actions
+        .iter()
+        .find(|(a, _)| a.as_str() == "UnassignPrivateIpAddresses")
+        .map_or(0, |(_, c)| c.calls);
+    assert_eq!(unassigns, 0, "nothing sent unjournalled");
+    assert_eq!(ec2_addresses(&env), ips, "EC2 keeps them");
+    let snap = pool.snapshot();
+    let held: BTreeSet<Ipv4Addr> = snap.ips().map(|i| i.ip).collect();
+    assert_eq!(held, ips, "idle in the pool, as EC2 holds them");
+    pool.check_invariants().expect("pool invariants");
+    pool.shutdown().await;
+}
+
 /// A pool on `instance` (its own IMDS) whose new ENIs may go to `pod_subnets`.
 async fn pool_on(
     env: &Env,

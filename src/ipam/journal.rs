@@ -24,9 +24,10 @@ impl StoreJournal {
         Self { store }
     }
 
-    async fn write(&self, eni: &EniId, addresses: Vec<Ec2Address>, change: Ec2Change) {
+    /// Whether the change is in the file (nothing to write counts as written).
+    async fn write(&self, eni: &EniId, addresses: Vec<Ec2Address>, change: Ec2Change) -> bool {
         if addresses.is_empty() {
-            return;
+            return true;
         }
         let n = addresses.len();
         if let Err(e) = self
@@ -42,7 +43,9 @@ impl StoreJournal {
         {
             tracing::warn!(%eni, addresses = n, ?change, error = %e,
                 "cannot journal an address change: a restart within a minute reads EC2's describe alone");
+            return false;
         }
+        true
     }
 }
 
@@ -60,8 +63,8 @@ impl ChangeJournal for StoreJournal {
             .await;
     }
 
-    async fn unassigning(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) {
+    async fn unassigning(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) -> bool {
         self.write(eni, addresses(ips, prefixes), Ec2Change::Unassigned)
-            .await;
+            .await
     }
 }

@@ -75,8 +75,10 @@ pub trait ChangeJournal: Send + Sync + 'static {
     /// addresses are handed out (one write per EC2 call).
     async fn assigned(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]);
     /// These go back to EC2: written before the unassign is sent. A give-back EC2 refuses is
-    /// written [`ChangeJournal::assigned`] again: they stay on `eni`.
-    async fn unassigning(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]);
+    /// written [`ChangeJournal::assigned`] again: they stay on `eni`. False when the write failed
+    /// (a full disk): the give-back is not sent, or a restart within EC2's describe lag would read
+    /// them as still the node's.
+    async fn unassigning(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) -> bool;
 }
 
 /// What the pool's tasks share.

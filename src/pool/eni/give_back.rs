@@ -64,8 +64,33 @@ impl EniActor {
             .filter(|ip| !in_prefixes.contains(ip))
             .collect();
         let journal = self.shared.journal();
-        if let Some(j) = &journal {
-            j.unassigning(&self.eni, &singles, &prefixes).await;
+        if let Some(j) = &journal
+            && !j.unassigning(&self.eni, &singles, &prefixes).await
+        {
+            // Not sent: given back unjournalled, a restart within EC2's describe lag would take
+            // them as still the node's and hand them out (the profiles soak, seed 27, a full disk).
+            let error = CloudError::Transient {
+                api: "UnassignPrivateIpAddresses".into(),
+                message: "the state file could not journal the give-back (full disk?): not sent"
+                    .into(),
+            };
+            span.in_scope(|| tracing::warn!(%error, "give-back not sent; the IPs stay idle"));
+            let failed = GiveBackOutcome::Failed {
+                error,
+                singles_gone: false,
+            };
+            let outcome = self.shared.lock().settle_give_back(
+                &self.eni,
+                &ips,
+                &prefixes,
+                failed,
+                Instant::now(),
+            );
+            self.shared.wake.notify_one();
+            for r in replies {
+                let _ = r.send(outcome.clone());
+            }
+            return;
         }
         // EC2 refuses a call naming nothing: each kind goes only when there is some; the prefixes
         // only once the singles went.
