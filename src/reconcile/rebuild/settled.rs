@@ -7,28 +7,28 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::clock::unix_ms_now;
-use crate::cloud::{Cloud, CloudError, DESCRIBE_SETTLES, Eni, EniFilter, MetadataEni};
+use crate::cloud::{Cloud, CloudError, DESCRIBE_SETTLES, Eni, MetadataEni};
 use crate::model::EniId;
 use crate::store::{Ec2Change, StoredEc2Change, StoredState};
 
-/// How long after the pool gave a new ENI its first addresses EC2's describes may still list the
-/// ENI without its attachment (they lag an attach as they lag a create: mockcloud's `realistic`
-/// profile, 2 s). Past it, an ENI listed without this node's attachment was detached.
-const ATTACH_SETTLES: Duration = Duration::from_secs(10);
+/// How long after the pool gave an ENI its first addresses of the minute (a new ENI's: the create's
+/// answer) EC2's describes may still not show it attached here: they lag a create and an attach by
+/// seconds (mockcloud's `realistic` profile: 2 s; EC2 publishes no figure). Past it, an ENI the
+/// describe does not show was detached or deleted, and the start goes on without it.
+const NEW_ENI_SETTLES: Duration = Duration::from_secs(10);
 
 /// The ENIs EC2 shows attached to `instance_id`, once it shows every ENI that pods hold addresses on
-/// (per the file) and that the journal shows EC2 gave addresses to less than [`DESCRIBE_SETTLES`]
-/// ago, or once such an ENI is known gone.
+/// (per the file) and that the journal saw EC2 give addresses to moments ago, or once
+/// [`NEW_ENI_SETTLES`] has passed since.
 ///
 /// EC2's describes lag a new ENI and a new attachment (AWS, *Eventual consistency in the Amazon EC2
 /// API*). A restart seconds after the pool created an ENI and handed out its addresses would read
 /// the ENI as gone and drop the records of the pods on it (their IPs "on no ENI any more"); the
 /// running reconcile would then adopt the ENI once the describe shows it, with those pods' IPs idle
 /// and soon handed out a second time. The journal knows the ENI is recent: the create's answer
-/// wrote its addresses. So the describe is asked again, with back-off, until it shows the ENI, and
-/// each missing ENI is asked for by id: while EC2 does not list it (a new ENI) the wait lasts up to
-/// that minute; listed without this node's attachment, it was detached (out of band) unless the
-/// pool gave it its first addresses less than [`ATTACH_SETTLES`] ago, and the start goes on. An ENI
+/// wrote its addresses. So the describe is asked again, with back-off, until it shows the ENI. An
+/// ENI that really went (detached or deleted out of band, its pods still recorded) costs the start
+/// [`NEW_ENI_SETTLES`] at most (a minute cost the soak's daemon its readiness deadline); an ENI
 /// the pool deleted holds no pod and is not waited for.
 pub(super) async fn describe(
     cloud: &dyn Cloud,
@@ -59,20 +59,21 @@ pub(super) async fn describe(
         .iter()
         .map(|a| a.eni_id.as_str())
         .collect();
-    // Each such ENI: until when EC2 may not list it (its latest journalled assign + a minute), and
-    // until when it may list it without the attachment (its first + ATTACH_SETTLES), in tokio time
-    // (for paused-clock tests).
-    let mut due: BTreeMap<&str, (Instant, Instant)> = BTreeMap::new();
+    // Each such ENI, and until when EC2 may not show it yet: its first journalled assign of the
+    // minute (the create's answer, for a new ENI) + NEW_ENI_SETTLES, in tokio time (for
+    // paused-clock tests).
+    let mut due: BTreeMap<&str, Instant> = BTreeMap::new();
     for c in changes.iter().filter(|c| {
         c.change == Ec2Change::Assigned
             && c.at_ms + settles_ms > now_ms
             && held.contains(c.eni_id.as_str())
     }) {
-        let at = |ms: u64| started + Duration::from_millis(ms.saturating_sub(now_ms));
-        let listed = at(c.at_ms + settles_ms);
-        let attached = at(c.at_ms + ATTACH_SETTLES.as_millis() as u64);
-        let e = due.entry(c.eni_id.as_str()).or_insert((listed, attached));
-        *e = (e.0.max(listed), e.1.min(attached));
+        let by = started
+            + Duration::from_millis(
+                (c.at_ms + NEW_ENI_SETTLES.as_millis() as u64).saturating_sub(now_ms),
+            );
+        let e = due.entry(c.eni_id.as_str()).or_insert(by);
+        *e = (*e).min(by);
     }
     let mut delay = Duration::from_millis(250);
     let mut asked = 0u32;
@@ -88,37 +89,7 @@ pub(super) async fn describe(
             })
         };
         let now = Instant::now();
-        due.retain(|id, (listed, _)| *listed > now && !shown(id));
-        // Asked by id: unlisted, the ENI may be new; listed without this attachment, it was
-        // detached (out of band) unless it was attached moments ago.
-        let mut gone = Vec::new();
-        for (id, (_, attached)) in &due {
-            let by_id = EniFilter {
-                ids: vec![id.parse().map_err(|e| CloudError::Rejected {
-                    api: "DescribeNetworkInterfaces".into(),
-                    code: "InvalidNetworkInterfaceID.Malformed".into(),
-                    message: format!("the journal names ENI {id:?}: {e}"),
-                })?],
-                ..EniFilter::default()
-            };
-            match cloud.describe_enis(&by_id).await {
-                Err(e) if e.is_not_found() => {}
-                Ok(found)
-                    if found.iter().any(|e| {
-                        e.attachment
-                            .as_ref()
-                            .is_some_and(|a| a.instance_id == instance_id)
-                    }) => {}
-                Ok(_) if *attached > now => {}
-                Ok(_) => gone.push(*id),
-                Err(e) => return Err(e),
-            }
-        }
-        for id in &gone {
-            tracing::info!(eni = %id, "EC2 lists this ENI without its attachment here, long enough after the pool \
-                last gave it addresses: detached (out of band), not lagging");
-            due.remove(id);
-        }
+        due.retain(|id, by| *by > now && !shown(id));
         if due.is_empty() {
             if asked > 1 {
                 tracing::info!(
@@ -131,9 +102,10 @@ pub(super) async fn describe(
         }
         let ids: Vec<&str> = due.keys().copied().collect();
         tracing::info!(enis = ?ids, retry_ms = delay.as_millis() as u64,
-            "pods hold addresses EC2 gave these ENIs less than a minute ago, but its describe does not \
-             show them attached: EC2's describes lag a new ENI, asking again");
-        tokio::time::sleep(delay).await;
+            "pods hold addresses EC2 gave these ENIs moments ago, but its describe does not show them \
+             attached: EC2's describes lag a new ENI, asking again");
+        let until = due.values().max().copied().unwrap_or(now);
+        tokio::time::sleep(delay.min(until - now)).await;
         delay = (delay * 2).min(Duration::from_secs(4));
     }
 }
