@@ -25,10 +25,19 @@ pub(super) async fn take_prefix(
     (store, state_lost): (&Store, bool),
     metrics: &Metrics,
 ) -> Result<Arc<Ipv6Pool>, DaemonError> {
-    let stored = if state_lost {
-        adopt_from_host(config, unix_ms_now())
+    // The IPv6 half of a file whose IPv4 half is intact may still be empty: a life that wrote its
+    // IPv4 rebuild and died (or hit a full disk) before recording the /80 (the dual soak, seed 8:
+    // a lost file, a full disk, then a SIGKILL: every live pod lost its IPv6). A file with no /80
+    // on record is as lost as a missing one for the /80's book: the host's evidence rebuilds it.
+    let on_file = if state_lost {
+        None
     } else {
-        store.load_ipv6().await?
+        Some(store.load_ipv6().await?).filter(|s| s.prefix.is_some())
+    };
+    let state_lost = on_file.is_none();
+    let stored = match on_file {
+        Some(s) => s,
+        None => adopt_from_host(config, unix_ms_now()),
     };
     // `eth0` as node discovery described it a moment before, so a node boot makes no second
     // DescribeInstances; `None` (a retry of this step) describes it afresh.
