@@ -267,3 +267,66 @@ async fn a_restart_within_both_lags_keeps_the_recorded_80() {
     assert_eq!(again.ipv6, first.ipv6, "the pod keeps its address");
     d.shutdown().await;
 }
+
+/// A state file whose IPv4 half is intact but whose /80 was never recorded: a life wrote its IPv4
+/// rebuild and died (or hit a full disk) before the /80's (the dual soak, seed 8: every live pod
+/// lost its IPv6). The next start reads the empty IPv6 half as lost, not as "no pods": the live
+/// pods the plugin's cache shows get their addresses back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_with_no_80_on_record_gives_live_ipv6_pods_their_addresses_back() {
+    let mock = ipv6_mock().await;
+    let dir = TempDir::new("ipv6-no-80-on-record");
+    let cfg = eniipam::config::DaemonConfig {
+        ip_family: IpFamily::Ipv6,
+        ..config(&mock, &dir.0)
+    };
+    let d = start(cfg.clone()).await;
+    let mut c = client(&d.socket_path).await;
+    let r = c
+        .allocate(alloc_req("c0", "p0"))
+        .await
+        .unwrap()
+        .into_inner();
+    let ipv6: Ipv6Addr = r.ipv6.parse().unwrap();
+    let egress: Ipv4Addr = r.egress_ipv4.parse().unwrap();
+    d.shutdown().await;
+    let alive = dir.0.join("live-netns");
+    std::fs::write(&alive, b"").unwrap();
+    ResultCache::new(&cfg.cni_cache_dir, "eniipam")
+        .write(&cached("c0", &alive, &ipv6.to_string(), Some(egress)))
+        .unwrap();
+    // The IPv6 half as a life cut short left it: no /80, no address.
+    let conn = rusqlite::Connection::open(&cfg.state_path).unwrap();
+    conn.execute_batch("DELETE FROM ipv6_ips; DELETE FROM ipv6_prefix;")
+        .unwrap();
+    drop(conn);
+
+    let d = start(cfg.clone()).await;
+    assert_eq!(
+        action_ok(&mock, "AssignIpv6Addresses"),
+        1,
+        "the /80 on eth0 adopted"
+    );
+    let mut c = client(&d.socket_path).await;
+    let again = c
+        .allocate(alloc_req("c0", "p0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        again.ipv6.parse::<Ipv6Addr>().unwrap(),
+        ipv6,
+        "the live pod keeps its IPv6"
+    );
+    let fresh = c
+        .allocate(alloc_req("n0", "new-0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(
+        fresh.ipv6.parse::<Ipv6Addr>().unwrap(),
+        ipv6,
+        "handed out twice"
+    );
+    d.shutdown().await;
+}
