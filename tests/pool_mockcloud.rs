@@ -349,14 +349,8 @@ async fn a_give_back_whose_prefix_call_fails_keeps_no_address_ec2_took_back() {
     pool.shutdown().await;
 }
 
-/// Issue 44 (the profiles soak, seed 27): a give-back naming an address taken out of band (not yet
-/// found by the running reconcile) is refused whole by EC2 ("not assigned to interface"), which
-/// changes nothing. The pool kept every address of it idle, the one EC2 no longer has included,
-/// while the journal said they were going back; a pod handed one of them lost it at a restart
-/// within the minute. Now each address goes back in a call of its own: what EC2 holds goes back,
-/// what is gone is gone, and the pool holds neither.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_give_back_naming_an_address_gone_out_of_band_still_gives_back_the_rest() {
+/// A pool on eth0's secondary addresses that gives back every idle IP at its next round.
+async fn eth0_pool_giving_back_at_once() -> (Env, Pool) {
     let env = Env::start_with(
         Config::fast(),
         cloud_support::fast_limiter(),
@@ -382,6 +376,28 @@ async fn a_give_back_naming_an_address_gone_out_of_band_still_gives_back_the_res
         PoolSeed::from_metadata(&interfaces, &[]),
     )
     .expect("pool starts");
+    (env, pool)
+}
+
+/// The UnassignPrivateIpAddresses calls mockcloud counted.
+fn unassign_calls(env: &Env) -> u64 {
+    env.mock
+        .counters()
+        .actions
+        .iter()
+        .find(|(a, _)| a.as_str() == "UnassignPrivateIpAddresses")
+        .map_or(0, |(_, c)| c.calls)
+}
+
+/// Issue 44 (the profiles soak, seed 27): a give-back naming an address taken out of band (not yet
+/// found by the running reconcile) is refused whole by EC2 ("not assigned to interface"), which
+/// changes nothing. The pool kept every address of it idle, the one EC2 no longer has included,
+/// while the journal said they were going back; a pod handed one of them lost it at a restart
+/// within the minute. Now each address goes back in a call of its own: what EC2 holds goes back,
+/// what is gone is gone, and the pool holds neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_naming_an_address_gone_out_of_band_still_gives_back_the_rest() {
+    let (env, pool) = eth0_pool_giving_back_at_once().await;
     let got = acquire_range(&pool, 0..3).await;
     let ips: Vec<Ipv4Addr> = got.iter().map(|a| a.ip).collect();
     let eth0 = env.mock.instance(&env.instance.instance_id).unwrap().enis[0]
@@ -402,13 +418,7 @@ async fn a_give_back_naming_an_address_gone_out_of_band_still_gives_back_the_res
     pool.maintain_now().await.unwrap();
     until("the give-back settled", || pool.snapshot().releasing == 0).await;
 
-    let unassigns = env
-        .mock
-        .counters()
-        .actions
-        .iter()
-        .find(|(a, _)| a.as_str() == "UnassignPrivateIpAddresses")
-        .map_or(0, |(_, c)| c.calls);
+    let unassigns = unassign_calls(&env);
     assert_eq!(unassigns, 4, "the refused call, then one per address");
     assert!(ec2_addresses(&env).is_empty(), "EC2 took back what it held");
     let snap = pool.snapshot();
@@ -440,31 +450,7 @@ impl eniipam::pool::ChangeJournal for FullDisk {
 /// addresses as still the node's (the describe still showed them) and handed them to pods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_give_back_the_journal_cannot_record_is_not_sent() {
-    let env = Env::start_with(
-        Config::fast(),
-        cloud_support::fast_limiter(),
-        Duration::from_secs(10),
-    )
-    .await;
-    let config = PoolConfig {
-        use_primary_eni: true,
-        warm_policy: eniipam::pool::config::WarmPolicy::Fixed,
-        min_idle: 0,
-        max_idle: 0,
-        maintainer_tick: Duration::from_secs(3600),
-        reuse_cooldown: Duration::from_millis(100),
-        eni_backoff: Duration::from_millis(100),
-        ..PoolConfig::default()
-    };
-    let interfaces = env.imds.interfaces().await.expect("IMDS interfaces");
-    let pool = Pool::start(
-        config,
-        env.cloud.clone(),
-        env.imds.clone(),
-        env.node.clone(),
-        PoolSeed::from_metadata(&interfaces, &[]),
-    )
-    .expect("pool starts");
+    let (env, pool) = eth0_pool_giving_back_at_once().await;
     pool.set_change_journal(std::sync::Arc::new(FullDisk));
     let got = acquire_range(&pool, 0..3).await;
     let ips: BTreeSet<Ipv4Addr> = got.iter().map(|a| a.ip).collect();
@@ -475,13 +461,7 @@ async fn a_give_back_the_journal_cannot_record_is_not_sent() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let _ = pool.maintain_now().await;
     until("the give-back settled", || pool.snapshot().releasing == 0).await;
-    let unassigns = env
-        .mock
-        .counters()
-        .actions
-        .iter()
-        .find(|(a, _)| a.as_str() == "UnassignPrivateIpAddresses")
-        .map_or(0, |(_, c)| c.calls);
+    let unassigns = unassign_calls(&env);
     assert_eq!(unassigns, 0, "nothing sent unjournalled");
     assert_eq!(ec2_addresses(&env), ips, "EC2 keeps them");
     let snap = pool.snapshot();

@@ -4,7 +4,6 @@
 //!
 //! Below the pool handle, the ENI actors and the maintainer, which all hold an `Arc<Shared>`.
 
-use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -13,7 +12,6 @@ use ipnet::Ipv4Net;
 use tokio::sync::Notify;
 
 use super::config::PoolConfig;
-use super::slots::prefix_addresses;
 use super::state::PoolState;
 use crate::cloud::lifecycle::{EniLifecycle, NewEni};
 use crate::cloud::{Cloud, CloudResult, Eni, Metadata};
@@ -169,14 +167,8 @@ impl Shared {
         prefixes: &[Ipv4Net],
     ) {
         if let Some(j) = self.journal() {
-            let in_prefixes: BTreeSet<Ipv4Addr> =
-                prefixes.iter().flat_map(|p| prefix_addresses(*p)).collect();
-            let singles: Vec<Ipv4Addr> = ips
-                .iter()
-                .copied()
-                .filter(|ip| !in_prefixes.contains(ip))
-                .collect();
-            j.assigned(eni, &singles, prefixes).await;
+            j.assigned(eni, &super::slots::singles(ips, prefixes), prefixes)
+                .await;
         }
     }
 }

@@ -18,6 +18,17 @@ use crate::cloud::{Cloud, CloudError, EniFilter, Subnet};
 /// Every address of a prefix (the cloud crate's, which the fakes share).
 pub use crate::cloud::prefix_addresses;
 
+/// The single addresses among `ips`: those in none of `prefixes` (EC2's calls name a `/28` by the
+/// prefix, not by its addresses).
+pub fn singles(ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) -> Vec<Ipv4Addr> {
+    let in_prefixes: BTreeSet<Ipv4Addr> =
+        prefixes.iter().flat_map(|p| prefix_addresses(*p)).collect();
+    ips.iter()
+        .copied()
+        .filter(|ip| !in_prefixes.contains(ip))
+        .collect()
+}
+
 /// How many addresses EC2 keeps in every subnet: the network address, the VPC router, the DNS
 /// server, one reserved for future use, and the broadcast address.
 pub fn subnet_reserved(subnet: Ipv4Net) -> BTreeSet<Ipv4Addr> {

@@ -10,7 +10,6 @@
 //! what it holds and refuses what is gone, and both leave the pool; only what a call failed for
 //! another reason stays idle, journalled as EC2's again.
 
-use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
@@ -19,7 +18,7 @@ use tracing::Instrument;
 
 use super::EniActor;
 use crate::cloud::CloudError;
-use crate::pool::slots::prefix_addresses;
+use crate::pool::slots::{prefix_addresses, singles};
 use crate::pool::types::{DoneReply, GiveBackOutcome};
 
 /// What one kind's give-back came to: what EC2 no longer holds (given back, or gone), what it kept,
@@ -56,17 +55,29 @@ impl EniActor {
         replies: Vec<DoneReply>,
     ) {
         let span = tracing::info_span!("unassign_batch", eni = %self.eni, count = ips.len(), prefixes = prefixes.len());
-        let in_prefixes: BTreeSet<Ipv4Addr> =
-            prefixes.iter().flat_map(|p| prefix_addresses(*p)).collect();
-        let singles: Vec<Ipv4Addr> = ips
-            .iter()
-            .copied()
-            .filter(|ip| !in_prefixes.contains(ip))
-            .collect();
+        let singles = singles(&ips, &prefixes);
         let journal = self.shared.journal();
-        if let Some(j) = &journal
-            && !j.unassigning(&self.eni, &singles, &prefixes).await
-        {
+        let journalled = match &journal {
+            Some(j) => j.unassigning(&self.eni, &singles, &prefixes).await,
+            None => true,
+        };
+        let (singles, prefixes) = if journalled {
+            // EC2 refuses a call naming nothing: each kind goes only when there is some; the
+            // prefixes only once the singles went.
+            let singles = self.give_back(&singles).instrument(span.clone()).await;
+            let prefixes = if singles.kept.is_empty() {
+                self.give_back(&prefixes).instrument(span.clone()).await
+            } else {
+                Settled::all_kept(&prefixes, None)
+            };
+            if let (Some(j), false) = (
+                &journal,
+                singles.kept.is_empty() && prefixes.kept.is_empty(),
+            ) {
+                j.assigned(&self.eni, &singles.kept, &prefixes.kept).await;
+            }
+            (singles, prefixes)
+        } else {
             // Not sent: given back unjournalled, a restart within EC2's describe lag would take
             // them as still the node's and hand them out (the profiles soak, seed 27, a full disk).
             let error = CloudError::Transient {
@@ -74,38 +85,15 @@ impl EniActor {
                 message: "the state file could not journal the give-back (full disk?): not sent"
                     .into(),
             };
-            span.in_scope(|| tracing::warn!(%error, "give-back not sent; the IPs stay idle"));
-            let failed = GiveBackOutcome::Failed {
-                error,
-                singles_gone: false,
-            };
-            let outcome = self.shared.lock().settle_give_back(
-                &self.eni,
-                &ips,
-                &prefixes,
-                failed,
-                Instant::now(),
-            );
-            self.shared.wake.notify_one();
-            for r in replies {
-                let _ = r.send(outcome.clone());
-            }
-            return;
-        }
-        // EC2 refuses a call naming nothing: each kind goes only when there is some; the prefixes
-        // only once the singles went.
-        let singles = self.give_back(&singles).instrument(span.clone()).await;
-        let prefixes = if singles.kept.is_empty() {
-            self.give_back(&prefixes).instrument(span.clone()).await
-        } else {
-            Settled::all_kept(&prefixes, None)
+            (
+                Settled {
+                    back: Vec::new(),
+                    kept: singles,
+                    error: Some(error),
+                },
+                Settled::all_kept(&prefixes, None),
+            )
         };
-        if let (Some(j), false) = (
-            &journal,
-            singles.kept.is_empty() && prefixes.kept.is_empty(),
-        ) {
-            j.assigned(&self.eni, &singles.kept, &prefixes.kept).await;
-        }
         let back: Vec<Ipv4Addr> = singles
             .back
             .iter()
