@@ -130,6 +130,7 @@ impl Fixture {
                 },
                 require_preferred: false,
                 prefer6: None,
+                ipam_role: false,
             })
             .await
             .expect("allocate")

@@ -165,6 +165,11 @@ impl DaemonConfig {
             self.api_server_url = in_cluster_url(env)?;
         }
         set!(external_snat, "true or false");
+        if let Some(v) = get("service_cidrs") {
+            self.service_cidrs = comma_list(&v)
+                .map(|c| parse("service_cidrs", c, "a CIDR like 10.100.0.0/16"))
+                .collect::<Result<_, _>>()?;
+        }
         if let Some(v) = get("snat_exclude_cidrs") {
             self.snat_exclude_cidrs = comma_list(&v)
                 .map(|c| parse("snat_exclude_cidrs", c, "an IPv4 CIDR like 10.1.0.0/16"))

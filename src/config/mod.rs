@@ -143,6 +143,12 @@ pub struct DaemonConfig {
     /// `false`: off, for clusters whose NetworkPolicy is enforced by Calico or Cilium, and a table
     /// an earlier run left is deleted.
     pub network_policy: Option<bool>,
+    /// The cluster's Service CIDRs (EKS: `kubernetesNetworkConfig.serviceIpv4Cidr` and
+    /// `serviceIpv6Cidr` of `aws eks describe-cluster`). Read only by `eniipamctl policy`, which
+    /// warns of an `ipBlock` inside one: eniipam judges egress after kube-proxy's DNAT (the backend
+    /// pod's address), where aws-node judged the Service's address (`docs/network-policy.md`,
+    /// migrating). Default empty: no such warning.
+    pub service_cidrs: Vec<ipnet::IpNet>,
     /// Which addresses pods get: `ipv4` (default: from the ENI pool), `ipv6` (from one /80 the node
     /// takes on eth0 at startup; no IPv4 pool) or `dual` (both). The VPC CNI's `ENABLE_IPV6`.
     pub ip_family: IpFamily,
@@ -289,6 +295,7 @@ impl Default for DaemonConfig {
             custom_networking: false,
             network_profiles: false,
             network_policy: None,
+            service_cidrs: Vec::new(),
             eni_config_label: DEFAULT_ENI_CONFIG_KEY.to_owned(),
             eni_config_annotation: DEFAULT_ENI_CONFIG_KEY.to_owned(),
             ip_family: IpFamily::Ipv4,

@@ -429,3 +429,33 @@ fn network_policy_is_on_where_it_can_be_unless_turned_off() {
         assert!(e.contains(says), "{extra:?}: {e}");
     }
 }
+
+#[test]
+fn service_cidrs_are_a_list_of_cidrs_of_either_family() {
+    let c = DaemonConfig::load(
+        None,
+        &env(&[("ENIIPAM_SERVICE_CIDRS", "10.100.0.0/16, fd00:100::/108")]),
+    )
+    .unwrap();
+    assert_eq!(
+        c.service_cidrs,
+        vec![
+            "10.100.0.0/16".parse::<ipnet::IpNet>().unwrap(),
+            "fd00:100::/108".parse().unwrap()
+        ]
+    );
+    assert!(
+        DaemonConfig::load(None, &env(&[]))
+            .unwrap()
+            .service_cidrs
+            .is_empty()
+    );
+    let many: Vec<String> = (0..17).map(|i| format!("10.{i}.0.0/16")).collect();
+    for value in ["10.100.0.0/16,nope", "10.100.0.0", many.join(",").as_str()] {
+        let e = DaemonConfig::load(None, &env(&[("ENIIPAM_SERVICE_CIDRS", value)])).unwrap_err();
+        assert!(e.to_string().starts_with("service_cidrs"), "{value}: {e}");
+    }
+    let c: DaemonConfig = toml::from_str("service_cidrs = [\"172.20.0.0/16\"]\n").unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.service_cidrs.len(), 1);
+}

@@ -382,6 +382,9 @@ impl DaemonConfig {
                 ),
             ));
         }
+        if self.service_cidrs.len() > 16 {
+            return Err(invalid("service_cidrs", "allowed: at most 16 CIDRs"));
+        }
         if self.snat_exclude_cidrs.len() > 256 {
             return Err(invalid("snat_exclude_cidrs", "allowed: at most 256 CIDRs"));
         }

@@ -59,6 +59,7 @@ pub(super) async fn serve_grpc(
         ipam: ipam.clone(),
         instance_id: node.instance_id.clone(),
         instance_type: node.instance_type.clone(),
+        service_cidrs: config.service_cidrs.clone(),
     };
     let shutdown = b.cancel.clone();
     let grpc = tokio::spawn(async move {

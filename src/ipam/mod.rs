@@ -108,6 +108,9 @@ pub struct AllocateRequest {
     pub require_preferred: bool,
     /// An IPv6 address the caller would like (ipv6 and dual), under the same rule.
     pub prefer6: Option<Ipv6Addr>,
+    /// The plugin runs in the IPAM role: another plugin wires the pod, so none of this node's
+    /// NetworkPolicy rules (keyed by eniipam's host veth) applies to it.
+    pub ipam_role: bool,
 }
 
 /// What a successful allocation returns: the IPv4 (ipv4 and dual) and the IPv6 (ipv6 and dual).
@@ -318,6 +321,9 @@ impl Ipam {
             gate.released();
             return Err(e);
         }
+        if req.ipam_role && self.inner.policy.get().is_some() {
+            self.unenforced(&req.acquire.pod);
+        }
         let allocation = v4.map(|(a, _)| a);
         let own_eni_egress = match (allocation.as_ref(), self.inner.profiles.get()) {
             (
@@ -340,6 +346,25 @@ impl Ipam {
             ipv6: v6,
             vpc_cidrs: self.inner.vpc_cidrs.clone(),
         })
+    }
+
+    /// A pod allocated for in the IPAM role while NetworkPolicy enforcement is on: another plugin
+    /// wired it, under names eniipam's rules do not match, so nothing is enforced for it. Counted,
+    /// and logged as a warning at the first such ADD and every 100th after (then at debug).
+    fn unenforced(&self, pod: &PodRef) {
+        let n = self.inner.metrics.network_policy.unwired_add();
+        if n == 1 || n % 100 == 0 {
+            tracing::warn!(
+                pod = %format!("{}/{}", pod.namespace, pod.name),
+                adds = n,
+                "NetworkPolicy is NOT enforced for this pod: eniipam runs as another plugin's IPAM \
+                 (\"ipam\": {{\"type\": \"eniipam\"}}), so that plugin wires the pod and eniipam's \
+                 rules match nothing of it; run eniipam as the main plugin, or set \
+                 network_policy = false and let the parent plugin (Calico, Cilium) enforce policy"
+            );
+        } else {
+            tracing::debug!(pod = %format!("{}/{}", pod.namespace, pod.name), "NetworkPolicy not enforced: IPAM role");
+        }
     }
 
     /// The IPv4 part, under the attachment's lock: the allocation and whether this call made it.

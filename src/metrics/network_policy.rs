@@ -66,6 +66,7 @@ pub struct PolicyMetrics {
     connections: Family<VerdictLabel, Counter>,
     superseded: Gauge,
     table_restored: Counter,
+    unwired_adds: Counter,
     /// The kernel's totals last read (the counters restart when a table is loaded whole).
     last_counts: Arc<Mutex<VerdictCounts>>,
 }
@@ -84,6 +85,7 @@ impl Default for PolicyMetrics {
             connections: Family::default(),
             superseded: Gauge::default(),
             table_restored: Counter::default(),
+            unwired_adds: Counter::default(),
             last_counts: Arc::default(),
         }
     }
@@ -121,6 +123,12 @@ impl PolicyMetrics {
     /// The table was found missing or altered in the kernel and loaded whole again.
     pub fn table_restored(&self) {
         self.table_restored.inc();
+    }
+
+    /// An ADD from the plugin in the IPAM role: another plugin wired the pod, so no rule of this
+    /// node's table applies to it. Returns the count so far.
+    pub fn unwired_add(&self) -> u64 {
+        self.unwired_adds.inc() + 1
     }
 
     /// Attachments left out of the last sync because a newer one names the same host veth.
@@ -196,6 +204,11 @@ impl PolicyMetrics {
             "eniipam_network_policy_table_restored",
             "Times the table inet eniipam_policy was found missing or altered in the kernel (another agent's nft flush ruleset) and loaded whole again",
             self.table_restored.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_unenforced_adds",
+            "Pods given an address in the IPAM role (another plugin wired them) while enforcement is on: no rule applies to them",
+            self.unwired_adds.clone(),
         );
     }
 }

@@ -1,7 +1,10 @@
 //! What `eniipamctl policy <pod>` shows: the verdicts that apply to a pod of this node and why
-//! ([`Explanation`]), with each rule's peers and ports in words ([`peers_text`], [`ports_text`]).
+//! ([`Explanation`]), with each rule's peers and ports in words ([`peers_text`], [`ports_text`]),
+//! and the `ipBlock`s that name the cluster's Service addresses ([`service_cidr_warnings`]).
 
-use super::compile::{Peers, Ports, Protocol};
+use ipnet::IpNet;
+
+use super::compile::{Compiled, Direction, Peers, Ports, Protocol};
 use super::nft::LocalPod;
 
 /// What applies to one pod, as the enforcer last put it in the kernel.
@@ -83,12 +86,90 @@ pub fn ports_text(ports: &Ports) -> Vec<String> {
     }
 }
 
+/// The rules of `compiled` whose `ipBlock` overlaps one of the cluster's Service CIDRs, each as a
+/// warning naming the rule, the block and the CIDR.
+///
+/// eniipam judges a connection after kube-proxy's DNAT: a pod's egress to a Service is judged on
+/// the backend pod's address, never on the Service's. aws-node's agent judged egress before the
+/// DNAT, so a policy written for it, allowing egress to the Service CIDR, allows nothing here
+/// (allow the backends instead). No packet comes *from* a Service address either, so such a block
+/// in an ingress rule matches nothing.
+pub fn service_cidr_warnings(compiled: &Compiled, service_cidrs: &[IpNet]) -> Vec<String> {
+    let overlaps = |a: &IpNet, b: &IpNet| a.contains(&b.network()) || b.contains(&a.network());
+    let mut out = Vec::new();
+    for (word, direction) in [("ingress", &compiled.ingress), ("egress", &compiled.egress)] {
+        let Direction::Isolated { rules, .. } = direction else {
+            continue;
+        };
+        for rule in rules {
+            let Peers::Listed { blocks, .. } = &rule.peers else {
+                continue;
+            };
+            for block in blocks {
+                for cidr in service_cidrs.iter().filter(|c| overlaps(c, &block.cidr)) {
+                    let why = if word == "egress" {
+                        "egress is judged after the Service's DNAT, on the backend pod's address \
+                         (aws-node judged the Service's address): allow the backend pods instead"
+                    } else {
+                        "no packet comes from a Service address"
+                    };
+                    out.push(format!(
+                        "{} {word}[{}]: ipBlock {} overlaps the Service CIDR {cidr}: {why}",
+                        rule.source.policy, rule.source.index, block.cidr
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
 
-    use super::super::compile::{IpBlock, PortRange};
+    use super::super::compile::{IpBlock, PortRange, Rule, RuleSource};
     use super::*;
+
+    #[test]
+    fn a_block_inside_a_service_cidr_is_named_with_its_rule() {
+        let rule = |index, cidr: &str| Rule {
+            source: RuleSource {
+                policy: "x/to-services".into(),
+                index,
+            },
+            peers: Peers::Listed {
+                pods: BTreeSet::new(),
+                blocks: vec![IpBlock {
+                    cidr: cidr.parse().unwrap(),
+                    except: vec![],
+                }],
+            },
+            ports: Ports::Any,
+        };
+        let compiled = Compiled {
+            ingress: Direction::Open,
+            egress: Direction::Isolated {
+                policies: vec!["x/to-services".into()],
+                // Inside, around, and beside the Service CIDR.
+                rules: vec![
+                    rule(0, "10.100.0.10/32"),
+                    rule(1, "10.0.0.0/8"),
+                    rule(2, "192.168.0.0/16"),
+                ],
+            },
+            problems: vec![],
+        };
+        let cidrs: Vec<IpNet> = vec!["10.100.0.0/16".parse().unwrap()];
+        let w = service_cidr_warnings(&compiled, &cidrs);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].starts_with("x/to-services egress[0]: ipBlock 10.100.0.10/32 overlaps the Service CIDR 10.100.0.0/16: egress is judged after the Service's DNAT"), "{w:?}");
+        assert!(
+            w[1].starts_with("x/to-services egress[1]: ipBlock 10.0.0.0/8"),
+            "{w:?}"
+        );
+        assert!(service_cidr_warnings(&compiled, &[]).is_empty());
+    }
 
     #[test]
     fn rules_read_as_words() {

@@ -13,6 +13,8 @@ pub struct IntrospectService {
     pub ipam: Ipam,
     pub instance_id: String,
     pub instance_type: String,
+    /// The cluster's Service CIDRs (`service_cidrs`), for `eniipamctl policy`'s warnings.
+    pub service_cidrs: Vec<ipnet::IpNet>,
 }
 
 fn eni_info(e: &crate::pool::snapshot::EniSnapshot) -> pb::EniInfo {
@@ -42,9 +44,12 @@ fn eni_info(e: &crate::pool::snapshot::EniSnapshot) -> pb::EniInfo {
 }
 
 /// The reply of `eniipamctl policy`.
-fn policy_reply(e: crate::network_policy::Explanation) -> pb::PolicyReply {
+fn policy_reply(
+    e: crate::network_policy::Explanation,
+    service_cidrs: &[ipnet::IpNet],
+) -> pb::PolicyReply {
     use crate::network_policy::Direction;
-    use crate::network_policy::explain::{peers_text, ports_text};
+    use crate::network_policy::explain::{peers_text, ports_text, service_cidr_warnings};
     let direction = |word: &str, d: &Direction, allowed: u64, denied: u64| match d {
         Direction::Open => pb::PolicyDirection::default(),
         Direction::Isolated { policies, rules } => pb::PolicyDirection {
@@ -70,6 +75,7 @@ fn policy_reply(e: crate::network_policy::Explanation) -> pb::PolicyReply {
         ..pb::PolicyReply::default()
     };
     if let Some(pod) = e.pod {
+        reply.warnings = service_cidr_warnings(&pod.compiled, service_cidrs);
         reply.local = true;
         reply.veth = pod.veth;
         reply.ingress = Some(direction(
@@ -295,6 +301,7 @@ impl pb::introspect_server::Introspect for IntrospectService {
         };
         Ok(Response::new(policy_reply(
             gate.explain(&r.namespace, &r.name).await,
+            &self.service_cidrs,
         )))
     }
 

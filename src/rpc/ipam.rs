@@ -176,6 +176,7 @@ impl IpamService {
             },
             require_preferred: r.require_preferred,
             prefer6,
+            ipam_role: r.ipam_role,
         };
         let done = self.ipam.allocate(req).await.map_err(|e| ipam_status(&e))?;
         let mut reply = pb::AllocateReply {

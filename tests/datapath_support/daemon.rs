@@ -344,6 +344,52 @@ impl Daemon {
         pod
     }
 
+    /// The plugin's ADD in the IPAM role, as a parent plugin that wires the pod itself (Calico's
+    /// way: `"ipam": {"type": "eniipam"}`) runs it, with the parent's configuration and the
+    /// runtime's variables: eniipam wires nothing. Returns the pod (its namespace made, nothing in
+    /// it) and the plugin's result.
+    pub async fn add_pod_ipam_role(
+        &self,
+        cluster: &Cluster,
+        namespace: &str,
+        name: &str,
+    ) -> CniPod {
+        let ns = cluster
+            .lab
+            .add_namespace("pod")
+            .await
+            .expect("pod namespace");
+        let mut pod = CniPod {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            container_id: format!("{name}-{:08x}", rand::random::<u32>()),
+            ns,
+            ip: Ipv4Addr::UNSPECIFIED,
+            eni: String::new(),
+            device_index: 0,
+            result: Value::Null,
+            host_port: None,
+        };
+        let main = self.plugin_conf(0);
+        let conf = json!({
+            "cniVersion": main["cniVersion"],
+            "name": main["name"],
+            "type": "calico",
+            "ipam": {"type": "eniipam", "socket": self.socket, "cache_dir": self.cache_dir},
+        });
+        let out = self.cni(&target_bin("eniipam"), "ADD", &pod, &conf).await;
+        pod.result = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("eniipam ADD (IPAM role) answered {out:?}: {e}"));
+        let address = pod.result["ips"][0]["address"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no IP in {}", pod.result));
+        pod.ip = address
+            .trim_end_matches("/32")
+            .parse()
+            .unwrap_or_else(|_| panic!("bad address {address}"));
+        pod
+    }
+
     /// Runs the chain's DEL (portmap first, as a runtime does) and deletes the pod's namespace.
     pub async fn del_pod(&self, pod: &CniPod) {
         if pod.host_port.is_some() {

@@ -89,6 +89,7 @@ pub async fn run(socket: &Path, pod: &str, as_json: bool) -> Result<(), String> 
                 "egress": direction_json(r.egress.as_ref()),
                 "problems": r.problems,
                 "not_enforced": r.not_enforced,
+                "warnings": r.warnings,
                 "last_error": r.last_error,
             })
         );
@@ -113,6 +114,9 @@ pub async fn run(socket: &Path, pod: &str, as_json: bool) -> Result<(), String> 
     }
     for n in &r.not_enforced {
         println!("not enforced: {n}");
+    }
+    for w in &r.warnings {
+        println!("warning: {w}");
     }
     if !r.last_error.is_empty() {
         println!(

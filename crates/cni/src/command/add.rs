@@ -131,6 +131,7 @@ pub(super) async fn add(conf: &NetConf, rt: &RuntimeEnv) -> Result<Value, CniErr
             require_preferred: preferred.is_some(),
             sticky_key: sticky_key.clone().unwrap_or_default(),
             network: conf.name.clone(),
+            ipam_role: matches!(conf.role, Role::Ipam),
         })
         .await
         .map_err(|e| e.to_cni())?;
