@@ -10,6 +10,11 @@
 //!   `eniipamctl policy` names each such rule once the daemon knows the cluster's Service CIDRs
 //!   (`ENIIPAM_SERVICE_CIDRS`), and says nothing of it without them.
 //!
+//! - **The startup taint waits for the first policy sync.** Until NetworkPolicy's rules are in
+//!   force, a pod's ADD would wait for them and fail: the node keeps its startup taint although
+//!   its pool is warm (here: the daemon's RBAC lacks NetworkPolicies, as a DaemonSet upgraded
+//!   before its ClusterRole would), and drops it once the first sync is in the kernel.
+//!
 //! Needs what `tests/datapath.rs` needs.
 
 mod bins;
@@ -127,4 +132,71 @@ async fn the_operator_is_told_what_is_not_enforced() {
         String::from_utf8_lossy(&out.stderr)
     );
     c.assert_no_drops().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_taint_waits_for_the_first_policy_sync() {
+    use eniipam::reconcile::api_server::node::DEFAULT_STARTUP_TAINT;
+    let test = "the_startup_taint_waits_for_the_first_policy_sync";
+    let Some(c) = Cluster::start_with(test, Egress::InternetGateway, RpFilter::Strict).await else {
+        return;
+    };
+    const POLICIES: &str = "networkpolicies.networking.k8s.io";
+    let api = FakeApiServer::start().await;
+    api.add_node(NODE, &[(DEFAULT_STARTUP_TAINT, "NoSchedule")]);
+    api.forbid(POLICIES, true);
+    let d = PolicyDaemon::start_with(
+        &c,
+        &api,
+        &c.a.instance_id,
+        NODE,
+        Placement::SecondaryEni,
+        &[
+            ("ENIIPAM_REMOVE_STARTUP_TAINT", "true"),
+            ("ENIIPAM_NODE_CHECK_SECS", "1"),
+        ],
+    )
+    .await;
+    // The pool warms; the taint stays, and the log says what it waits for.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !d.log_text().lines().any(|l| {
+        l.contains("startup taint: the pool holds warm IPs; kept until the rest is ready")
+            && l.contains("network policy's first sync")
+    }) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the keeper never said it holds the taint for the policy sync:\n{}",
+            d.tail()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // Several more checks (one a second) keep it.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(
+        api.taint_keys(NODE),
+        [DEFAULT_STARTUP_TAINT],
+        "the taint went before the first policy sync:\n{}",
+        d.tail()
+    );
+    assert!(
+        d.log_text().contains("403") || d.log_text().contains("forbidden"),
+        "the policy watch's refusal is not in the log:\n{}",
+        d.tail()
+    );
+    // RBAC fixed: the watch lists (its back-off is at most 30 s), the first sync lands, the
+    // taint goes.
+    api.forbid(POLICIES, false);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !api.taint_keys(NODE).is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the taint stayed after the first policy sync:\n{}",
+            d.tail()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(
+        d.policy_table().await.is_some(),
+        "no table after the first sync"
+    );
 }

@@ -74,7 +74,7 @@ pub(super) fn spawn_api_server_gc(
 pub(super) fn spawn_node_status(
     config: &DaemonConfig,
     clients: &CloudClients,
-    pool: &Pool,
+    (pool, gates): (&Pool, Vec<node::StartupGate>),
     b: &mut Building,
 ) -> Result<(), DaemonError> {
     let Some(target) = config.node_status_target() else {
@@ -84,12 +84,13 @@ pub(super) fn spawn_node_status(
     let status = config.node_status_config();
     tracing::info!(api_server = %target.url, node = %status.node_name,
         startup_taint = ?status.startup_taint.as_ref().map(|(k, e)| format!("{k}:{e}")),
+        waits_for = ?gates.iter().map(|g| g.what).collect::<Vec<_>>(),
         condition = status.condition.then_some(node::CONDITION_TYPE),
         "node readiness: keeping this node's startup taint and condition");
     b.background.push(node::spawn(
         client,
         status,
-        pool.clone(),
+        (pool.clone(), gates),
         clients.stats.clone(),
         b.cancel.clone(),
     ));

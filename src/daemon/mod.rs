@@ -63,6 +63,7 @@ use crate::config::DaemonConfig;
 use crate::ipam::Ipam;
 use crate::metrics::Metrics;
 use crate::pool::{Pool, PoolError};
+use crate::reconcile::api_server::node::StartupGate;
 use crate::reconcile::api_server::{self, ApiServerGc, BoundPods};
 use crate::reconcile::{self, ReconcileReport};
 use crate::rpc::{IpamService, SocketError, pb};
@@ -285,11 +286,15 @@ impl Daemon {
             selector.first_answer().await;
             ipam.set_profile_selector(selector);
         }
+        // What the node's startup taint waits for besides warm IPs.
+        let mut startup_gates = Vec::new();
         if let Some(target) = config.network_policy_target() {
+            let first_sync = StartupGate::new("network policy's first sync");
+            startup_gates.push(first_sync.clone());
             ipam.set_policy_gate(network_policy::start(
                 api_server::client(&target)?,
-                pool.clone(),
-                config.veth_prefix.clone(),
+                (pool.clone(), config.veth_prefix.clone()),
+                first_sync,
                 b.metrics.clone(),
                 b.cancel.clone(),
                 &mut b.background,
@@ -302,7 +307,7 @@ impl Daemon {
             b.background
                 .push(spawn_lookahead_on(a, &pool, &b.metrics, b.cancel.clone()));
         }
-        spawn_node_status(&config, &clients, &pool, &mut b)?;
+        spawn_node_status(&config, &clients, (&pool, startup_gates), &mut b)?;
         let reconciler = Reconciler {
             ipam: ipam.clone(),
             cloud: clients.cloud.clone(),

@@ -47,6 +47,7 @@ use crate::network_policy::watch::{ClusterWatch, pod_view};
 use crate::network_policy::{DirectionCounts, Explanation};
 use crate::pool::Pool;
 use crate::pool::snapshot::IpState;
+use crate::reconcile::api_server::node::StartupGate;
 
 /// How long a new pod's ADD waits for its rules.
 const ADMIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -140,8 +141,8 @@ fn local_attachments(pool: &Pool, veth_prefix: &str) -> Vec<LocalAttachment> {
 /// returned for the IPAM service.
 pub(super) fn start(
     client: kube::Client,
-    pool: Pool,
-    veth_prefix: String,
+    (pool, veth_prefix): (Pool, String),
+    first_sync: StartupGate,
     metrics: Metrics,
     cancel: CancellationToken,
     background: &mut Vec<JoinHandle<()>>,
@@ -152,7 +153,7 @@ pub(super) fn start(
     let status = Arc::new(Mutex::new(Status::default()));
     background.push(tokio::spawn(sync_loop(
         cluster.clone(),
-        (pool, veth_prefix),
+        (pool, veth_prefix, first_sync),
         tx,
         status.clone(),
         metrics.clone(),
@@ -182,7 +183,7 @@ pub(super) async fn remove_table() {
 
 async fn sync_loop(
     cluster: ClusterWatch,
-    (pool, veth_prefix): (Pool, String),
+    (pool, veth_prefix, first_sync): (Pool, String, StartupGate),
     applied: watch::Sender<Applied>,
     status: Arc<Mutex<Status>>,
     metrics: Metrics,
@@ -285,6 +286,8 @@ async fn sync_loop(
                     generation,
                     error: None,
                 });
+                // The node's startup taint may go now (it waited for this).
+                first_sync.set_open();
             }
             Err(e) => {
                 failures += 1;

@@ -106,8 +106,20 @@ impl PolicyDaemon {
         node: &str,
         placement: Placement,
     ) -> PolicyDaemon {
+        Self::start_with(c, api, instance_id, node, placement, &[]).await
+    }
+
+    /// [`Self::start`] with `extra` variables after the harness's (a later one wins).
+    pub async fn start_with(
+        c: &Lab,
+        api: &FakeApiServer,
+        instance_id: &str,
+        node: &str,
+        placement: Placement,
+        extra: &[(&str, &str)],
+    ) -> PolicyDaemon {
         let (forward, url) = super::forward_api(c, api, instance_id, node).await;
-        let env = [
+        let mut env = vec![
             ("ENIIPAM_NETWORK_POLICY", "true"),
             ("ENIIPAM_API_SERVER_URL", url.as_str()),
             ("ENIIPAM_API_SERVER_GC", "false"),
@@ -115,6 +127,7 @@ impl PolicyDaemon {
             ("ENIIPAM_NODE_NAME", node),
             ("ENIIPAM_REUSE_COOLDOWN_SECS", "0"),
         ];
+        env.extend_from_slice(extra);
         let daemon = Daemon::start(c, instance_id, placement, &env).await;
         PolicyDaemon {
             daemon,

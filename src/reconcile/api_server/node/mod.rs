@@ -6,7 +6,8 @@
 //! IP" until the pool has warmed up. The AWS VPC CNI's users asked for a way to keep pods off such a
 //! node (aws/amazon-vpc-cni-k8s #2808, #2274). The node group puts a taint on the node at
 //! registration (Karpenter's `startupTaints`, a managed node group's `taints`); the daemon removes
-//! it — that taint alone — once the pool holds its first warm IPs ([`taint`]).
+//! it — that taint alone — once the pool holds its first warm IPs ([`taint`]) and every other part
+//! a pod's ADD needs is ready ([`StartupGate`]: NetworkPolicy's first sync, when enforcement is on).
 //!
 //! The condition [`CONDITION_TYPE`] ([`condition`]) is `True` while the node can serve pods (free
 //! IPs or room to get them, EC2 reachable lately, the pod subnet not short) and `False` with the
@@ -21,6 +22,7 @@ mod taint;
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -130,6 +132,33 @@ pub struct NodeStatusConfig {
     pub check: Duration,
 }
 
+/// A part of the node besides the pool that a pod's ADD needs, opened once by its owner: the
+/// startup taint stays until every gate is open. NetworkPolicy's is its first sync (until then an
+/// ADD waits for rules that cannot be in force yet, and fails after 10 s).
+#[derive(Clone, Debug)]
+pub struct StartupGate {
+    /// What it waits for, for the log (`"network policy's first sync"`).
+    pub what: &'static str,
+    pub open: Arc<AtomicBool>,
+}
+
+impl StartupGate {
+    pub fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            open: Arc::default(),
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    pub fn set_open(&self) {
+        self.open.store(true, Ordering::Release);
+    }
+}
+
 /// Whether the pool holds its first warm IPs: an idle IP any pod may have now, or, when the pool
 /// keeps none warm (a warm target of 0), a pool that is up at all.
 pub fn warm(snapshot: &PoolSnapshot) -> bool {
@@ -140,11 +169,12 @@ pub fn warm(snapshot: &PoolSnapshot) -> bool {
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
-/// Starts the keeper: every `check`, the startup taint (until it is gone) and the condition.
+/// Starts the keeper: every `check`, the startup taint (until it is gone; kept while a gate is
+/// closed) and the condition.
 pub fn spawn(
     client: kube::Client,
     config: NodeStatusConfig,
-    pool: Pool,
+    (pool, gates): (Pool, Vec<StartupGate>),
     calls: Arc<CallStats>,
     cancel: CancellationToken,
 ) -> JoinHandle<()> {
@@ -152,14 +182,21 @@ pub fn spawn(
         let api: Api<Node> = Api::all(client);
         tokio::select! {
             _ = cancel.cancelled() => {}
-            _ = run(api, config, pool, calls) => {}
+            _ = run(api, config, (pool, gates), calls) => {}
         }
     })
 }
 
-async fn run(api: Api<Node>, config: NodeStatusConfig, pool: Pool, calls: Arc<CallStats>) {
+async fn run(
+    api: Api<Node>,
+    config: NodeStatusConfig,
+    (pool, gates): (Pool, Vec<StartupGate>),
+    calls: Arc<CallStats>,
+) {
     let node = config.node_name.as_str();
     let mut taint = config.startup_taint.clone();
+    // The gate last said to hold the taint (logged once per gate).
+    let mut held_by: Option<&'static str> = None;
     let mut reach = Ec2Reach::default();
     let mut published: Option<(Verdict, Instant)> = None;
     let mut backoff = BACKOFF_FIRST;
@@ -175,8 +212,18 @@ async fn run(api: Api<Node>, config: NodeStatusConfig, pool: Pool, calls: Arc<Ca
             continue;
         }
         let mut failed = false;
+        let closed = gates.iter().find(|g| !g.is_open());
+        if let (Some((key, _)), Some(gate)) = (&taint, closed)
+            && warm(&snapshot)
+            && held_by != Some(gate.what)
+        {
+            tracing::info!(node, taint = %key, idle = snapshot.idle_eligible, waiting_for = gate.what,
+                "startup taint: the pool holds warm IPs; kept until the rest is ready");
+            held_by = Some(gate.what);
+        }
         if let Some((key, effect)) = &taint
             && warm(&snapshot)
+            && closed.is_none()
         {
             match remove_taint(&api, node, key, *effect).await {
                 Ok(done) => {
