@@ -2,7 +2,8 @@
 
 use super::text::{merge, range, subtract};
 use super::*;
-use std::net::Ipv4Addr;
+use crate::network_policy::compile::{Peers, Ports, Protocol, Rule};
+use std::net::{IpAddr, Ipv4Addr};
 
 #[test]
 fn an_except_is_cut_out_of_its_cidr_and_overlaps_merge() {
