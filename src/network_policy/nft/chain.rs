@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::text::{comment, merge, proto, range, subtract};
+use super::text::{comment, merge, proto, range, span4, span6, subtract};
 use super::{Chain, LocalPod, PolicyType, Ruleset, Set};
 use crate::network_policy::compile::{Peers, Ports, Protocol, Rule};
 
@@ -44,59 +44,64 @@ impl Ruleset {
                 rule.source.index
             );
             let note = comment(&what);
-            // Each way a peer can match is a prefix of the rule's lines: none (every peer), the
-            // pods' addresses, the blocks' ranges.
+            // Each way a peer can match is a prefix of the rule's lines: none (every peer), or
+            // per family, the pods' addresses and the blocks' ranges.
             let peers: Vec<String> = match &rule.peers {
                 Peers::Any => vec![String::new()],
                 Peers::Listed { pods, blocks } => {
-                    let mut addresses = Vec::new();
-                    let mut v4 = Vec::new();
-                    let mut v6 = 0;
+                    let (mut pods4, mut pods6) = (Vec::new(), Vec::new());
                     for ip in pods {
                         match ip {
-                            IpAddr::V4(a) => addresses.push(a.to_string()),
-                            IpAddr::V6(_) => v6 += 1,
+                            IpAddr::V4(a) => pods4.push(a.to_string()),
+                            IpAddr::V6(a) => pods6.push(a.to_string()),
                         }
                     }
+                    // `ipBlock`s, their `except`s cut out (an `except` of the other family cuts
+                    // nothing); `None` for a family no block is of.
+                    let (mut blocks4, mut blocks6) = (None::<Vec<_>>, None::<Vec<_>>);
                     for b in blocks {
                         match b.cidr {
-                            IpNet::V4(net) => v4.extend(subtract(
-                                (u32::from(net.network()), u32::from(net.broadcast())),
+                            IpNet::V4(net) => blocks4.get_or_insert_default().extend(subtract(
+                                span4(net),
                                 b.except.iter().filter_map(|e| match e {
-                                    IpNet::V4(e) => {
-                                        Some((u32::from(e.network()), u32::from(e.broadcast())))
-                                    }
+                                    IpNet::V4(e) => Some(span4(*e)),
                                     IpNet::V6(_) => None,
                                 }),
                             )),
-                            IpNet::V6(_) => v6 += 1,
+                            IpNet::V6(net) => blocks6.get_or_insert_default().extend(subtract(
+                                span6(net),
+                                b.except.iter().filter_map(|e| match e {
+                                    IpNet::V6(e) => Some(span6(*e)),
+                                    IpNet::V4(_) => None,
+                                }),
+                            )),
                         }
                     }
-                    if v6 > 0 {
-                        self.not_enforced.push(format!(
-                            "pod {}: {what}: {v6} IPv6 peer address(es) or block(s) (IPv4 only)",
-                            pod.name
-                        ));
-                    }
+                    let blocks4 = blocks4.map(|r| merge(r).into_iter().map(range).collect());
+                    let blocks6 = blocks6.map(|r| merge(r).into_iter().map(range).collect());
                     let mut prefixes = Vec::new();
-                    // Pods' addresses: a plain set, not an interval one. `nft` reads every
-                    // interval set's elements back from the kernel before it changes one, so
-                    // thousands of peer pods there would make each `add element` cost seconds.
-                    // A rule whose selectors match no pod keeps its (empty) set, so a pod that
-                    // comes is an element added, not a chain refilled.
-                    if !addresses.is_empty() || blocks.is_empty() {
-                        let name = format!("{chain}_r{j}_pods");
-                        self.set(&name, "ipv4_addr", false, addresses);
-                        uses.insert(name.clone());
-                        prefixes.push(format!("{} @{name} ", dir.peer()));
-                    }
-                    // `ipBlock`s, their `except`s cut out: few ranges, an interval set.
-                    if !blocks.is_empty() {
-                        let name = format!("{chain}_r{j}_blocks");
-                        let elements: Vec<String> = merge(v4).into_iter().map(range).collect();
-                        self.set(&name, "ipv4_addr", true, elements);
-                        uses.insert(name.clone());
-                        prefixes.push(format!("{} @{name} ", dir.peer()));
+                    for (family, pods, blocks_of) in
+                        [(Family::V4, pods4, blocks4), (Family::V6, pods6, blocks6)]
+                    {
+                        // Pods' addresses: a plain set, not an interval one. `nft` reads every
+                        // interval set's elements back from the kernel before it changes one, so
+                        // thousands of peer pods there would make each `add element` cost
+                        // seconds. A rule whose selectors match no pod of a family keeps that
+                        // family's (empty) set, so a pod that comes is an element added, not a
+                        // chain refilled.
+                        if !pods.is_empty() || blocks.is_empty() {
+                            let name = format!("{chain}_r{j}_pods{}", family.suffix());
+                            self.set(&name, family.addr(), false, pods);
+                            uses.insert(name.clone());
+                            prefixes.push(format!("{} @{name} ", family.peer(dir)));
+                        }
+                        // The blocks of the family: few ranges, an interval set.
+                        if let Some(elements) = blocks_of {
+                            let name = format!("{chain}_r{j}_blocks{}", family.suffix());
+                            self.set(&name, family.addr(), true, elements);
+                            uses.insert(name.clone());
+                            prefixes.push(format!("{} @{name} ", family.peer(dir)));
+                        }
                     }
                     prefixes
                 }
@@ -139,31 +144,25 @@ impl Ruleset {
                         uses.insert(name.clone());
                         port_matches.push(format!("meta l4proto . th dport @{name} "));
                     }
-                    let named: BTreeSet<String> = per_peer
-                        .iter()
-                        .filter_map(|(ip, p, port)| match ip {
-                            IpAddr::V4(a) => Some(format!("{a} . {} . {port}", proto(*p))),
-                            IpAddr::V6(_) => None,
-                        })
-                        .collect();
-                    if named.len() < per_peer.len() {
-                        self.not_enforced.push(format!(
-                            "pod {}: {what}: named ports of IPv6 peers (IPv4 only)",
-                            pod.name
-                        ));
-                    }
-                    if !named.is_empty() {
-                        let name = format!("{chain}_r{j}_named");
-                        let elements: Vec<String> = named.into_iter().collect();
-                        self.set(
-                            &name,
-                            "ipv4_addr . inet_proto . inet_service",
-                            false,
-                            elements,
-                        );
+                    // Egress named ports, resolved on each peer pod: per family, a set of
+                    // `address . protocol . port`.
+                    for family in [Family::V4, Family::V6] {
+                        let named: BTreeSet<String> = per_peer
+                            .iter()
+                            .filter(|(ip, _, _)| ip.is_ipv6() == (family == Family::V6))
+                            .map(|(ip, p, port)| format!("{ip} . {} . {port}", proto(*p)))
+                            .collect();
+                        if named.is_empty() {
+                            continue;
+                        }
+                        let name = format!("{chain}_r{j}_named{}", family.suffix());
+                        let kind = format!("{} . inet_proto . inet_service", family.addr());
+                        self.set(&name, &kind, false, named.into_iter().collect());
                         uses.insert(name.clone());
-                        port_matches
-                            .push(format!("{} . meta l4proto . th dport @{name} ", dir.peer()));
+                        port_matches.push(format!(
+                            "{} . meta l4proto . th dport @{name} ",
+                            family.peer(dir)
+                        ));
                     }
                 }
             }
@@ -197,5 +196,40 @@ impl Ruleset {
                 uses,
             },
         );
+    }
+}
+
+/// An address family of the peers' sets.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    /// The sets' address type.
+    fn addr(self) -> &'static str {
+        match self {
+            Self::V4 => "ipv4_addr",
+            Self::V6 => "ipv6_addr",
+        }
+    }
+    /// What a set's name ends with: nothing for IPv4 (the names an IPv4-only ruleset always had),
+    /// `6` for IPv6.
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::V4 => "",
+            Self::V6 => "6",
+        }
+    }
+    /// The peer's address of this family: where the packet comes from (ingress) or goes to
+    /// (egress). A line matching it matches packets of this family only.
+    fn peer(self, dir: PolicyType) -> &'static str {
+        match (self, dir) {
+            (Self::V4, PolicyType::Ingress) => "ip saddr",
+            (Self::V4, PolicyType::Egress) => "ip daddr",
+            (Self::V6, PolicyType::Ingress) => "ip6 saddr",
+            (Self::V6, PolicyType::Egress) => "ip6 daddr",
+        }
     }
 }

@@ -18,14 +18,18 @@
 //!   client's egress chain said yes (a connection needs both, as the model says). Each verdict
 //!   counts in the chain's named counters, `<chain>_allowed` and `<chain>_denied` (new
 //!   connections only; read back with [`parse_counters`]);
-//! - peers and ports live in named sets, so they can later be updated in place: the addresses of
-//!   a rule's selected pods are a set of `ipv4_addr` (`_pods`), its `ipBlock`s (an `except`
-//!   already cut out of the CIDR) an interval set of `ipv4_addr` (`_blocks`), each matched by a
-//!   line of its own (the pods' set is not an interval set: `nft` reads every interval set's
-//!   elements back before it changes one, which at thousands of peer pods costs seconds per
-//!   change); ports and ranges an interval set of
+//! - peers and ports live in named sets, so they can later be updated in place, each family in
+//!   sets of its own (a set has one type) matched by lines of its own (`ip saddr`/`ip daddr` for
+//!   IPv4, `ip6 saddr`/`ip6 daddr` for IPv6; a line matches packets of its family only): the
+//!   addresses of a rule's selected pods are a set of `ipv4_addr` (`_pods`) and one of
+//!   `ipv6_addr` (`_pods6`), its `ipBlock`s (an `except` already cut out of the CIDR) an interval
+//!   set per family a block is of (`_blocks`, `_blocks6`) (the pods' sets are not interval sets:
+//!   `nft` reads every interval set's elements back before it changes one, which at thousands of
+//!   peer pods costs seconds per change); ports and ranges an interval set of
 //!   `inet_proto . inet_service`; egress named ports, resolved on each peer pod, a set of
-//!   `ipv4_addr . inet_proto . inet_service`;
+//!   `ipv4_addr . inet_proto . inet_service` (`_named`) and one of
+//!   `ipv6_addr . inet_proto . inet_service` (`_named6`). A dual-stack peer is in both families'
+//!   sets, so a rule naming it allows it over either;
 //! - every chain, jump and rule carries a comment naming the pod or the policy rule
 //!   (`x/p ingress[0]`), for `nft list` and `eniipamctl policy` later.
 //!
@@ -37,15 +41,15 @@
 //! is loaded through `host::Nft::apply`, the same `nft` binary and transaction the SNAT keeper
 //! uses, so no packet sees a half-built table.
 //!
-//! IPv4 only: IPv6 peer addresses and blocks are left out of the sets (named in
-//! [`Ruleset::not_enforced`]); an isolated pod's IPv6 traffic therefore meets the chain's `drop`
-//! unless a rule allows every peer. The daemon loads it through `super::enforce`;
-//! `tests/network_policy_nft.rs` loads it into network namespaces and checks the kernel's verdicts
-//! against the model's.
+//! IPv4 and IPv6 alike: the base chain hooks both families (table family `inet`) and
+//! dispatches by interface, and every peer set has its IPv6 twin. The daemon loads it through
+//! `super::enforce`; `tests/network_policy_nft.rs` loads it into network namespaces and checks the
+//! kernel's verdicts against the model's, over IPv4, IPv6 and dual-stack pods.
 //!
 //! `chain` renders an isolated direction's chain and its sets, `update` writes the scripts,
-//! `counters` reads the counters back, and `text` holds the pieces: names and comments made safe for `nft`, address and port ranges cut
-//! (an `except`) and merged (an interval set refuses overlapping elements).
+//! `counters` reads the counters back, and `text` holds the pieces: names and comments made safe
+//! for `nft`, address and port ranges cut (an `except`) and merged (an interval set refuses
+//! overlapping elements), for both families.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -85,8 +89,6 @@ pub struct Ruleset {
     /// The base chain's rules after its `ct state established,related accept`, in order: per
     /// isolated pod, its hairpin accept and its jumps.
     pub jumps: Vec<String>,
-    /// Parts of the policies this ruleset cannot enforce (IPv6 peers), each naming the pod and rule.
-    pub not_enforced: Vec<String>,
 }
 
 /// A named set: its type, whether it holds ranges, and its elements as `nft` spells them (ranges
@@ -195,13 +197,6 @@ impl PolicyType {
         match self {
             Self::Ingress => "in",
             Self::Egress => "eg",
-        }
-    }
-    /// The peer's address: where the packet comes from (ingress) or goes to (egress).
-    fn peer(self) -> &'static str {
-        match self {
-            Self::Ingress => "ip saddr",
-            Self::Egress => "ip daddr",
         }
     }
 }
