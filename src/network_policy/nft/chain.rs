@@ -45,9 +45,10 @@ impl Ruleset {
             );
             let note = comment(&what);
             // Each way a peer can match is a prefix of the rule's lines: none (every peer), or
-            // per family, the pods' addresses and the blocks' ranges.
-            let peers: Vec<String> = match &rule.peers {
-                Peers::Any => vec![String::new()],
+            // per family, the pods' addresses and the blocks' ranges. Each way comes with the
+            // family it matches (`None`: both).
+            let peers: Vec<(Option<Family>, String)> = match &rule.peers {
+                Peers::Any => vec![(None, String::new())],
                 Peers::Listed { pods, blocks } => {
                     let (mut pods4, mut pods6) = (Vec::new(), Vec::new());
                     for ip in pods {
@@ -93,14 +94,14 @@ impl Ruleset {
                             let name = format!("{chain}_r{j}_pods{}", family.suffix());
                             self.set(&name, family.addr(), false, pods);
                             uses.insert(name.clone());
-                            prefixes.push(format!("{} @{name} ", family.peer(dir)));
+                            prefixes.push((Some(family), format!("{} @{name} ", family.peer(dir))));
                         }
                         // The blocks of the family: few ranges, an interval set.
                         if let Some(elements) = blocks_of {
                             let name = format!("{chain}_r{j}_blocks{}", family.suffix());
                             self.set(&name, family.addr(), true, elements);
                             uses.insert(name.clone());
-                            prefixes.push(format!("{} @{name} ", family.peer(dir)));
+                            prefixes.push((Some(family), format!("{} @{name} ", family.peer(dir))));
                         }
                     }
                     prefixes
@@ -109,7 +110,7 @@ impl Ruleset {
             // Each way the ports can match, as the middle of a line.
             let mut port_matches = Vec::new();
             match &rule.ports {
-                Ports::Any => port_matches.push(String::new()),
+                Ports::Any => port_matches.push((None, String::new())),
                 Ports::Listed {
                     ranges,
                     protocols,
@@ -117,7 +118,8 @@ impl Ruleset {
                 } => {
                     if !protocols.is_empty() {
                         let list: Vec<&str> = protocols.iter().map(|p| proto(*p)).collect();
-                        port_matches.push(format!("meta l4proto {{ {} }} ", list.join(", ")));
+                        port_matches
+                            .push((None, format!("meta l4proto {{ {} }} ", list.join(", "))));
                     }
                     if !ranges.is_empty() {
                         let mut by_proto: BTreeMap<Protocol, Vec<(u32, u32)>> = BTreeMap::new();
@@ -142,7 +144,7 @@ impl Ruleset {
                         let name = format!("{chain}_r{j}_ports");
                         self.set(&name, "inet_proto . inet_service", true, elements);
                         uses.insert(name.clone());
-                        port_matches.push(format!("meta l4proto . th dport @{name} "));
+                        port_matches.push((None, format!("meta l4proto . th dport @{name} ")));
                     }
                     // Egress named ports, resolved on each peer pod: per family, a set of
                     // `address . protocol . port`.
@@ -159,15 +161,20 @@ impl Ruleset {
                         let kind = format!("{} . inet_proto . inet_service", family.addr());
                         self.set(&name, &kind, false, named.into_iter().collect());
                         uses.insert(name.clone());
-                        port_matches.push(format!(
-                            "{} . meta l4proto . th dport @{name} ",
-                            family.peer(dir)
+                        port_matches.push((
+                            Some(family),
+                            format!("{} . meta l4proto . th dport @{name} ", family.peer(dir)),
                         ));
                     }
                 }
             }
-            for peer in &peers {
-                for ports in &port_matches {
+            // Every peer match with every ports match of a family they share (an IPv4 peer's
+            // line cannot also match an IPv6 named port: no packet is both).
+            for (peer_family, peer) in &peers {
+                for (_, ports) in port_matches
+                    .iter()
+                    .filter(|(f, _)| peer_family.is_none() || f.is_none() || f == peer_family)
+                {
                     lines.push(format!("{peer}{ports}{count}return comment \"{note}\""));
                 }
             }
