@@ -10,6 +10,10 @@
 //! cell by cell (a pod reaching itself never leaves its namespace: always allowed). Then a policy
 //! change, re-rendered and re-applied, must take effect.
 //!
+//! The cases and the in-place updates also run over IPv6-only pods (`_over_ipv6`) and dual-stack
+//! pods (`_dual_stack`, both families probed), each pod's IPv6 and each `ipBlock` the twin of its
+//! IPv4 (`network_policy_support/stack.rs`; issue 47, case 7).
+//!
 //! Needs root, `ip` and `nft`; skipped with a notice otherwise, a failure under `CI=true`.
 //! Namespaces are deleted on drop, also when a case fails.
 
@@ -22,20 +26,48 @@ use std::net::{IpAddr, Ipv4Addr};
 use eniipam::network_policy::nft::{CounterVerdict, LocalPod, PolicyType, render};
 use eniipam::network_policy::{Cluster, NamedPort, PodView, Protocol, compile};
 use serde_json::{Value, json};
-use support::{Lab, policy, ruleset, run, world};
+use support::{Lab, Stack, policy, ruleset, run, world, world_in};
 
 fn pod_a() -> Value {
     json!({"matchLabels": {"pod": "a"}})
 }
 
-/// One client's row of the matrix: 9 servers × 2 protocols × 2 ports.
+/// One client's row of the matrix: 9 servers × 2 protocols × 2 ports (per family probed).
 const ROW: usize = 9 * 2 * 2;
 
-#[test]
-fn ingress_cases_agree_with_the_model() {
-    let Some(lab) = Lab::new("ingress_cases_agree_with_the_model") else {
+/// A case body run over IPv4 pods (upstream's world), IPv6-only pods and dual-stack pods (both
+/// families probed, each cell equal to the model's; issue 47, case 7), as three tests.
+macro_rules! over_stacks {
+    ($body:ident: $v4:ident, $v6:ident, $dual:ident) => {
+        #[test]
+        fn $v4() {
+            $body(stringify!($v4), Stack::V4)
+        }
+        #[test]
+        fn $v6() {
+            $body(stringify!($v6), Stack::V6)
+        }
+        #[test]
+        fn $dual() {
+            $body(stringify!($dual), Stack::Dual)
+        }
+    };
+}
+
+over_stacks!(ingress_cases: ingress_cases_agree_with_the_model,
+    ingress_cases_agree_with_the_model_over_ipv6, ingress_cases_agree_with_the_model_dual_stack);
+over_stacks!(egress_cases: egress_cases_agree_with_the_model,
+    egress_cases_agree_with_the_model_over_ipv6, egress_cases_agree_with_the_model_dual_stack);
+over_stacks!(a_changed_policy: a_changed_policy_re_rendered_and_re_applied_takes_effect,
+    a_changed_policy_takes_effect_over_ipv6, a_changed_policy_takes_effect_dual_stack);
+over_stacks!(updates_in_place: updates_in_place_equal_a_fresh_load,
+    updates_in_place_equal_a_fresh_load_over_ipv6, updates_in_place_equal_a_fresh_load_dual_stack);
+
+fn ingress_cases(test: &str, stack: Stack) {
+    let Some(lab) = Lab::with_stack(test, stack) else {
         return;
     };
+    let f = stack.families();
     assert_eq!(lab.case("no policy: everything open", &[]), 0);
     // Every other pod (8) × the 3 servers of x × 2 protocols × 2 ports: x's own pods too.
     let denied = lab.case(
@@ -46,7 +78,7 @@ fn ingress_cases_agree_with_the_model() {
             json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
         )],
     );
-    assert_eq!(denied, 3 * 8 * 4);
+    assert_eq!(denied, f * (3 * 8 * 4));
     let from = |peers: Value| {
         policy(
             "x",
@@ -61,14 +93,14 @@ fn ingress_cases_agree_with_the_model() {
             json!([{"podSelector": {"matchLabels": {"pod": "b"}}}]),
         )],
     );
-    assert_eq!(denied, 7 * 4);
+    assert_eq!(denied, f * (7 * 4));
     let denied = lab.case(
         "allow from a namespace selector",
         &[from(
             json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]),
         )],
     );
-    assert_eq!(denied, 5 * 4);
+    assert_eq!(denied, f * (5 * 4));
     lab.case(
         "pod and namespace selectors in one peer",
         &[from(json!([{"namespaceSelector": {"matchExpressions":
@@ -84,7 +116,7 @@ fn ingress_cases_agree_with_the_model() {
     };
     // From y on TCP/81 only: the 3 pods of y lose 3 of 4 cells, the 5 others all 4.
     let denied = lab.case("ports: TCP 81 from y", &[from_y_on(json!([{"port": 81}]))]);
-    assert_eq!(denied, 3 * 3 + 5 * 4);
+    assert_eq!(denied, f * (3 * 3 + 5 * 4));
     lab.case(
         "a named port, UDP",
         &[from_y_on(
@@ -110,11 +142,11 @@ fn ingress_cases_agree_with_the_model() {
     );
 }
 
-#[test]
-fn egress_cases_agree_with_the_model() {
-    let Some(lab) = Lab::new("egress_cases_agree_with_the_model") else {
+fn egress_cases(test: &str, stack: Stack) {
+    let Some(lab) = Lab::with_stack(test, stack) else {
         return;
     };
+    let f = stack.families();
     let egress = |to: Value| {
         policy(
             "x",
@@ -130,7 +162,7 @@ fn egress_cases_agree_with_the_model() {
             json!({"podSelector": pod_a(), "policyTypes": ["Egress"]}),
         )],
     );
-    assert_eq!(denied, ROW - 4);
+    assert_eq!(denied, f * (ROW - 4));
     let denied = lab.case(
         "deny egress from all of x",
         &[policy(
@@ -139,7 +171,7 @@ fn egress_cases_agree_with_the_model() {
             json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": []}),
         )],
     );
-    assert_eq!(denied, 3 * (ROW - 4));
+    assert_eq!(denied, f * (3 * (ROW - 4)));
     // To y's /24 except y/b: x/a reaches y/a and y/c (and itself).
     let denied = lab.case(
         "egress ipBlock with except",
@@ -147,7 +179,7 @@ fn egress_cases_agree_with_the_model() {
             json!([{"ipBlock": {"cidr": "10.1.1.0/24", "except": ["10.1.1.11/32"]}}]),
         )],
     );
-    assert_eq!(denied, ROW - 3 * 4);
+    assert_eq!(denied, f * (ROW - 3 * 4));
     lab.case(
         "an address both excepted and allowed by another policy",
         &[
@@ -169,7 +201,7 @@ fn egress_cases_agree_with_the_model() {
                    "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": "serve-81-udp", "protocol": "UDP"}]}]}),
         )],
     );
-    assert_eq!(denied, 8 * 3);
+    assert_eq!(denied, f * (8 * 3));
     lab.case(
         "the client's egress denies what the server's ingress allows",
         &[
@@ -198,7 +230,7 @@ fn egress_cases_agree_with_the_model() {
         ],
     );
     // x/a reaches none but itself; every other pod but x/b (and y's own to themselves) loses y.
-    assert_eq!(denied, (ROW - 4) + 7 * 3 * 4 - 3 * 4);
+    assert_eq!(denied, f * ((ROW - 4) + 7 * 3 * 4 - 3 * 4));
     lab.case(
         "ingress and egress together",
         &[policy(
@@ -211,11 +243,11 @@ fn egress_cases_agree_with_the_model() {
     );
 }
 
-#[test]
-fn a_changed_policy_re_rendered_and_re_applied_takes_effect() {
-    let Some(lab) = Lab::new("a_changed_policy_re_rendered_and_re_applied_takes_effect") else {
+fn a_changed_policy(test: &str, stack: Stack) {
+    let Some(lab) = Lab::with_stack(test, stack) else {
         return;
     };
+    let f = stack.families();
     let deny_x = policy(
         "x",
         "deny",
@@ -230,7 +262,7 @@ fn a_changed_policy_re_rendered_and_re_applied_takes_effect() {
         json!({"podSelector": pod_a(), "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]}),
     );
     let second = lab.case("then allow y into x/a", &[deny_x, open_a]);
-    assert_eq!(first - second, 3 * 4);
+    assert_eq!(first - second, f * 3 * 4);
     // Every policy removed: everything connects again.
     assert_eq!(lab.case("then no policy", &[]), 0);
 }
@@ -253,9 +285,8 @@ impl Local {
 
 /// For each pair A → B: A loaded whole, then B's `update_script(&A)`; the kernel's table must
 /// list as B loaded whole does, and every probe must agree with the model of B.
-#[test]
-fn updates_in_place_equal_a_fresh_load() {
-    let Some(lab) = Lab::new("updates_in_place_equal_a_fresh_load") else {
+fn updates_in_place(test: &str, stack: Stack) {
+    let Some(lab) = Lab::with_stack(test, stack) else {
         return;
     };
     let from = |peers: Value, ports: Value| {
@@ -357,7 +388,7 @@ fn updates_in_place_equal_a_fresh_load() {
         ),
     ];
     for (name, (a, a_local), (b, b_local)) in cases {
-        let (a, b) = (world(&a), world(&b));
+        let (a, b) = (world_in(&a, stack), world_in(&b, stack));
         let (ra, rb) = (
             ruleset(&a, |p| a_local.keeps(p)),
             ruleset(&b, |p| b_local.keeps(p)),

@@ -138,8 +138,9 @@ pub struct DaemonConfig {
     /// Kubernetes NetworkPolicy enforcement (`docs/network-policy.md`): this node's pods get the
     /// ingress and egress the cluster's NetworkPolicies allow, in nftables (table
     /// `inet eniipam_policy`, keyed by each pod's host veth), in force before a pod's ADD returns.
-    /// Unset (`auto`): on when an API server is known (as for `api_server_gc`), `manage_eni_routes`
-    /// is on and `ip_family` is not `ipv6`; `true`: the same, required (an error otherwise);
+    /// Unset (`auto`): on when an API server is known (as for `api_server_gc`) and
+    /// `manage_eni_routes` is on, whatever `ip_family` (IPv4, IPv6 and dual-stack pods alike; the
+    /// daemon logs why at startup when it is off); `true`: the same, required (an error otherwise);
     /// `false`: off, for clusters whose NetworkPolicy is enforced by Calico or Cilium, and a table
     /// an earlier run left is deleted.
     pub network_policy: Option<bool>,
@@ -427,13 +428,37 @@ impl DaemonConfig {
 
     /// Whether NetworkPolicy is enforced here (`network_policy`; see its docs for `auto`).
     pub fn network_policy_enabled(&self) -> bool {
-        self.network_policy.unwrap_or_else(|| {
-            self.manage_eni_routes
-                && self.ip_family != crate::ipv6::IpFamily::Ipv6
-                && self.api_server_url.as_deref().is_some_and(|url| {
-                    !url.starts_with("https://") || self.api_server_token_file.exists()
-                })
-        })
+        self.network_policy_off().is_none()
+    }
+
+    /// Why NetworkPolicy is not enforced here, for the startup log; `None` when it is.
+    pub fn network_policy_off(&self) -> Option<String> {
+        match self.network_policy {
+            Some(true) => None,
+            Some(false) => Some("network_policy = false".into()),
+            None if !self.manage_eni_routes => Some(
+                "network_policy is auto and manage_eni_routes is false: the daemon does not own \
+                 the host's rules"
+                    .into(),
+            ),
+            None => match self.api_server_url.as_deref() {
+                None => Some(
+                    "network_policy is auto and no API server is known (not in a pod, \
+                     api_server_url unset): nothing to read policies from"
+                        .into(),
+                ),
+                Some(url)
+                    if url.starts_with("https://") && !self.api_server_token_file.exists() =>
+                {
+                    Some(format!(
+                        "network_policy is auto and the API server {url} needs a token, but {} \
+                         does not exist",
+                        self.api_server_token_file.display()
+                    ))
+                }
+                Some(_) => None,
+            },
+        }
     }
 
     /// Where NetworkPolicies, pods and namespaces are read from, with enforcement on.

@@ -382,6 +382,11 @@ fn network_policy_is_on_where_it_can_be_unless_turned_off() {
         !c.network_policy_enabled(),
         "no API server: nothing to read"
     );
+    assert!(
+        c.network_policy_off().unwrap().contains("no API server"),
+        "{:?}",
+        c.network_policy_off()
+    );
     let api = [
         ("ENIIPAM_API_SERVER_URL", "http://127.0.0.1:6443"),
         ("ENIIPAM_NODE_NAME", "node-a"),
@@ -395,24 +400,34 @@ fn network_policy_is_on_where_it_can_be_unless_turned_off() {
     for (knob, value) in [
         ("ENIIPAM_NETWORK_POLICY", "false"),
         ("ENIIPAM_MANAGE_ENI_ROUTES", "false"),
-        ("ENIIPAM_IP_FAMILY", "ipv6"),
     ] {
         let mut vars = env(&api);
         vars.insert(knob.into(), value.into());
         let c = DaemonConfig::load(None, &vars).unwrap();
         assert!(!c.network_policy_enabled(), "auto with {knob}={value}: off");
         assert!(c.network_policy_target().is_none());
+        // The startup log says why.
+        let why = c.network_policy_off().unwrap();
+        assert!(
+            why.contains(&knob["ENIIPAM_".len()..].to_lowercase()),
+            "{why}"
+        );
     }
-    let mut vars = env(&api);
-    vars.insert("ENIIPAM_IP_FAMILY".into(), "dual".into());
-    assert!(
-        DaemonConfig::load(None, &vars)
-            .unwrap()
-            .network_policy_enabled()
-    );
+    // Every family is enforced (issue 47 case 7): auto is on, and true is accepted.
+    for family in ["ipv4", "ipv6", "dual"] {
+        for knob in [None, Some("true")] {
+            let mut vars = env(&api);
+            vars.insert("ENIIPAM_IP_FAMILY".into(), family.into());
+            if let Some(v) = knob {
+                vars.insert("ENIIPAM_NETWORK_POLICY".into(), v.into());
+            }
+            let c = DaemonConfig::load(None, &vars).unwrap();
+            assert!(c.network_policy_enabled(), "{family} {knob:?}: on");
+            assert_eq!(c.network_policy_off(), None);
+        }
+    }
     // Required where it cannot be: an error naming the knob and why.
     for (extra, says) in [
-        (("ENIIPAM_IP_FAMILY", "ipv6"), "IPv4 only"),
         (("ENIIPAM_MANAGE_ENI_ROUTES", "false"), "manage_eni_routes"),
         (("ENIIPAM_API_SERVER_URL", ""), "no API server"),
         (("ENIIPAM_NETWORK_POLICY", "yes"), "true, false or auto"),

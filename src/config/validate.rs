@@ -291,13 +291,6 @@ impl DaemonConfig {
         if self.network_policy != Some(true) {
             return Ok(());
         }
-        if self.ip_family == crate::ipv6::IpFamily::Ipv6 {
-            return Err(invalid(
-                "network_policy",
-                "true, but enforcement is IPv4 only and with ip_family = ipv6 pods have no IPv4: \
-                 set it to false (or auto), or use ip_family = ipv4 or dual",
-            ));
-        }
         if !self.manage_eni_routes {
             return Err(invalid(
                 "network_policy",

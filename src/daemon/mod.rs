@@ -293,14 +293,22 @@ impl Daemon {
             startup_gates.push(first_sync.clone());
             ipam.set_policy_gate(network_policy::start(
                 api_server::client(&target)?,
-                (pool.clone(), config.veth_prefix.clone()),
+                ((pool.clone(), ipam.ipv6().cloned()), config.veth_prefix.clone()),
                 first_sync,
                 b.metrics.clone(),
                 b.cancel.clone(),
                 &mut b.background,
             ));
-        } else if config.manage_eni_routes {
-            network_policy::remove_table().await;
+        } else {
+            let why = config.network_policy_off().unwrap_or_default();
+            if config.network_policy.is_none() {
+                tracing::warn!(why = %why, "network policy: not enforced on this node");
+            } else {
+                tracing::info!(why = %why, "network policy: not enforced on this node");
+            }
+            if config.manage_eni_routes {
+                network_policy::remove_table().await;
+            }
         }
         // The lookahead warms IPv4 for pods bound here: none with ip_family = ipv6.
         if let Some(a) = api_server.as_ref().filter(|_| config.ip_family.has_ipv4()) {

@@ -3,6 +3,8 @@
 //! pool, and the kernel's table `inet eniipam_policy` kept enforcing what the policies say of them
 //! ([`Engine`]).
 //!
+//! - **This node's pods** come from the pool (IPv4) and the IPv6 book (ipv6 and dual), so every
+//!   family is enforced.
 //! - **Syncing**: one task. Every change of the watched objects (or a pod ADDed or DELeted here)
 //!   bumps a generation; the task takes the newest, compiles the node's pods and sends the kernel
 //!   one transaction (the whole table the first time, in-place updates after), so a burst of
@@ -37,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::host::Nft;
 use crate::ipam::{IpamError, PolicyGate};
+use crate::ipv6::Ipv6Pool;
 use crate::metrics::Metrics;
 use crate::metrics::network_policy::{Synced, VerdictCounts};
 use crate::model::PodRef;
@@ -99,12 +102,41 @@ pub(super) struct Enforcer {
     status: Arc<Mutex<Status>>,
 }
 
-/// This node's pod attachments, from the pool, each with its host veth, in veth order: one per
-/// attachment, whatever the number of its addresses (two attachments may still name one veth,
-/// see [`crate::network_policy::enforce::newest_per_veth`]).
-fn local_attachments(pool: &Pool, veth_prefix: &str) -> Vec<LocalAttachment> {
+/// This node's pod attachments, from the pool and the IPv6 book (ipv6 and dual), each with its
+/// host veth and its addresses of both families, in veth order: one per attachment, whatever the
+/// number of its addresses (two attachments may still name one veth, see
+/// [`crate::network_policy::enforce::newest_per_veth`]).
+fn local_attachments(
+    (pool, ipv6): &(Pool, Option<Arc<Ipv6Pool>>),
+    veth_prefix: &str,
+) -> Vec<LocalAttachment> {
     let snapshot = pool.snapshot();
     let mut out: BTreeMap<(String, String), LocalAttachment> = BTreeMap::new();
+    // The book's pods (their IPv6; a node-local egress IPv4 is SNATed to the node's, no peer's).
+    if let Some(p) = ipv6 {
+        let now_ms = crate::clock::unix_ms_now();
+        p.with(|book| {
+            for (attachment, held) in book.held() {
+                if held.pod.namespace.is_empty() || held.pod.name.is_empty() {
+                    continue;
+                }
+                let veth = eniipam_api::host_veth_name(veth_prefix, Some(&held.pod), attachment);
+                let held_for = Duration::from_millis(now_ms.saturating_sub(held.assigned_at_ms));
+                let a = out
+                    .entry((veth.clone(), attachment.to_string()))
+                    .or_insert_with(|| LocalAttachment {
+                        namespace: held.pod.namespace.clone(),
+                        name: held.pod.name.clone(),
+                        veth,
+                        ips: Vec::new(),
+                        container_id: attachment.container_id.clone(),
+                        held_for,
+                    });
+                a.ips.push(IpAddr::V6(held.ip));
+                a.held_for = a.held_for.min(held_for);
+            }
+        });
+    }
     for eni in &snapshot.enis {
         for ip in &eni.ips {
             if let IpState::Assigned {
@@ -141,7 +173,7 @@ fn local_attachments(pool: &Pool, veth_prefix: &str) -> Vec<LocalAttachment> {
 /// returned for the IPAM service.
 pub(super) fn start(
     client: kube::Client,
-    (pool, veth_prefix): (Pool, String),
+    (pool, veth_prefix): ((Pool, Option<Arc<Ipv6Pool>>), String),
     first_sync: StartupGate,
     metrics: Metrics,
     cancel: CancellationToken,
@@ -183,7 +215,7 @@ pub(super) async fn remove_table() {
 
 async fn sync_loop(
     cluster: ClusterWatch,
-    (pool, veth_prefix, first_sync): (Pool, String, StartupGate),
+    (pool, veth_prefix, first_sync): ((Pool, Option<Arc<Ipv6Pool>>), String, StartupGate),
     applied: watch::Sender<Applied>,
     status: Arc<Mutex<Status>>,
     metrics: Metrics,

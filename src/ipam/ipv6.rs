@@ -24,12 +24,13 @@ pub struct Allocated6 {
 }
 
 impl Ipam {
-    /// The IPv6 part of an allocation, under the attachment's lock.
+    /// The IPv6 part of an allocation, under the attachment's lock: the allocation and whether
+    /// this call made it.
     pub(super) async fn allocate_v6(
         &self,
         p: &Arc<Ipv6Pool>,
         req: &AllocateRequest,
-    ) -> Result<Allocated6, IpamError> {
+    ) -> Result<(Allocated6, bool), IpamError> {
         let a = &req.acquire;
         let meta = Meta {
             network: a.meta.network.clone(),
@@ -65,12 +66,15 @@ impl Ipam {
             }
             self.metrics().ipv6_assigned.inc();
         }
-        Ok(Allocated6 {
-            ip: grant.ip,
-            prefix: p.prefix(),
-            vpc_cidrs: p.vpc_cidrs.clone(),
-            egress_ipv4: grant.egress,
-        })
+        Ok((
+            Allocated6 {
+                ip: grant.ip,
+                prefix: p.prefix(),
+                vpc_cidrs: p.vpc_cidrs.clone(),
+                egress_ipv4: grant.egress,
+            },
+            grant.new,
+        ))
     }
 
     /// The IPv6 part of a release: the address and the reservation made (unix ms), or `None` when the

@@ -309,12 +309,15 @@ impl Ipam {
                 }
             }
         }
-        // A new pod's rules are in force before it is answered; if they cannot be, it gets
-        // nothing.
-        if let (Some(gate), Some((_, true))) = (self.inner.policy.get(), &v4)
+        // A new pod's rules are in force before it is answered (whichever family made it new:
+        // an IPv6-only pod is gated too); if they cannot be, it gets nothing.
+        let new = matches!(v4, Some((_, true))) || matches!(v6, Some((_, true)));
+        if let (Some(gate), true) = (self.inner.policy.get(), new)
             && let Err(e) = gate.admit(&req.acquire.pod).await
         {
-            self.release_v4(key, false).await.ok();
+            if matches!(v4, Some((_, true))) {
+                self.release_v4(key, false).await.ok();
+            }
             if let Some(p) = &self.inner.ipv6 {
                 self.release_v6(p, key, false).await.ok();
             }
@@ -325,6 +328,7 @@ impl Ipam {
             self.unenforced(&req.acquire.pod);
         }
         let allocation = v4.map(|(a, _)| a);
+        let v6 = v6.map(|(a, _)| a);
         let own_eni_egress = match (allocation.as_ref(), self.inner.profiles.get()) {
             (
                 Some(Allocation {

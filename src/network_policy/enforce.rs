@@ -203,12 +203,7 @@ impl Engine {
             rules: ruleset.rule_count(),
             elements: ruleset.element_count(),
             script_bytes: script.len(),
-            not_enforced: ruleset
-                .not_enforced
-                .iter()
-                .chain(&superseded)
-                .cloned()
-                .collect(),
+            not_enforced: superseded.clone(),
             superseded,
             compile: compiled,
             render: rendered - compiled,

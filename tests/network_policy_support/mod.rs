@@ -4,7 +4,8 @@
 //! matrix compared with the model cell by cell. Everything it makes is deleted on drop.
 //!
 //! The world as the model sees it ([`world`], [`policy`], [`ip_of`]) also serves
-//! `tests/network_policy_cases.rs`, which checks the model alone.
+//! `tests/network_policy_cases.rs`, which checks the model alone. [`Lab::with_stack`] and
+//! [`world_in`] make the same world with IPv6-only or dual-stack pods ([`stack`]).
 
 #![allow(dead_code)]
 
@@ -33,6 +34,9 @@ pub const PROBE_WAIT: Duration = Duration::from_millis(1500);
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
+mod stack;
+pub use stack::{Stack, twin};
+
 pub fn ip_of(ns: &str, pod: &str) -> Ipv4Addr {
     let n = NAMESPACES.iter().position(|x| *x == ns).unwrap() as u8;
     let p = PODS.iter().position(|x| *x == pod).unwrap() as u8;
@@ -40,6 +44,11 @@ pub fn ip_of(ns: &str, pod: &str) -> Ipv4Addr {
 }
 
 pub fn world(policies: &[Value]) -> Cluster {
+    world_in(policies, Stack::V4)
+}
+
+/// The world with `stack`'s addresses, `policies`' `ipBlock`s translated for it.
+pub fn world_in(policies: &[Value], stack: Stack) -> Cluster {
     let mut c = Cluster::default();
     for ns in NAMESPACES {
         c.namespaces.insert(
@@ -69,7 +78,7 @@ pub fn world(policies: &[Value]) -> Cluster {
                 namespace: ns.into(),
                 name: pod.into(),
                 labels: BTreeMap::from([("pod".to_owned(), pod.to_owned())]),
-                ips: vec![IpAddr::V4(ip_of(ns, pod))],
+                ips: stack.addresses(ns, pod),
                 host_network: false,
                 ports,
             });
@@ -77,7 +86,9 @@ pub fn world(policies: &[Value]) -> Cluster {
     }
     c.policies = policies
         .iter()
-        .map(|p| serde_json::from_value::<NetworkPolicy>(p.clone()).expect("a NetworkPolicy"))
+        .map(|p| {
+            serde_json::from_value::<NetworkPolicy>(stack.translate(p)).expect("a NetworkPolicy")
+        })
         .collect();
     c
 }
@@ -124,6 +135,8 @@ pub fn enter(name: &str) {
 /// The node namespace and the nine pod namespaces, with their servers; all deleted on drop.
 pub struct Lab {
     pub node: String,
+    /// The pods' addresses.
+    pub stack: Stack,
     /// `ns/pod` → its namespace's name.
     pods: BTreeMap<String, String>,
     stop: Arc<AtomicBool>,
@@ -132,6 +145,12 @@ pub struct Lab {
 
 impl Lab {
     pub fn new(test: &str) -> Option<Lab> {
+        Self::with_stack(test, Stack::V4)
+    }
+
+    /// The lab with `stack`'s addresses on the pods (an IPv6 pod routes by the node's `fe80::1` on
+    /// its veth, as an IPv4 one by 169.254.1.1).
+    pub fn with_stack(test: &str, stack: Stack) -> Option<Lab> {
         for tool in ["ip", "nft"] {
             if run(&["which", tool], None).is_err() {
                 mockcloud::ci::skip(test, &format!("`{tool}` is not installed"));
@@ -150,6 +169,7 @@ impl Lab {
         }
         let mut lab = Lab {
             node,
+            stack,
             pods: BTreeMap::new(),
             stop: Arc::new(AtomicBool::new(false)),
             servers: Vec::new(),
@@ -163,10 +183,20 @@ impl Lab {
                 let v = veth(ns, pod);
                 node_batch.extend([
                     format!("link add {v} type veth peer name eth0 netns {name}"),
-                    format!("addr add 169.254.1.1/32 dev {v}"),
                     format!("link set {v} up"),
-                    format!("route add {}/32 dev {v} scope link", ip_of(ns, pod)),
                 ]);
+                if stack.has_ipv4() {
+                    node_batch.extend([
+                        format!("addr add 169.254.1.1/32 dev {v}"),
+                        format!("route add {}/32 dev {v} scope link", ip_of(ns, pod)),
+                    ]);
+                }
+                if stack.has_ipv6() {
+                    node_batch.extend([
+                        format!("addr add fe80::1/64 dev {v} nodad"),
+                        format!("route add {}/128 dev {v}", twin(ip_of(ns, pod))),
+                    ]);
+                }
             }
         }
         run(
@@ -182,7 +212,8 @@ impl Lab {
                 &lab.node,
                 "sh",
                 "-c",
-                "echo 1 > /proc/sys/net/ipv4/ip_forward",
+                "echo 1 > /proc/sys/net/ipv4/ip_forward; \
+                 echo 1 > /proc/sys/net/ipv6/conf/all/forwarding",
             ],
             None,
         )
@@ -190,13 +221,20 @@ impl Lab {
         for ns in NAMESPACES {
             for pod in PODS {
                 let name = lab.pods[&format!("{ns}/{pod}")].clone();
-                let batch = [
-                    "link set lo up".to_owned(),
-                    format!("addr add {}/32 dev eth0", ip_of(ns, pod)),
-                    "link set eth0 up".to_owned(),
-                    "route add 169.254.1.1 dev eth0 scope link".to_owned(),
-                    "route add default via 169.254.1.1 dev eth0".to_owned(),
-                ];
+                let mut batch = vec!["link set lo up".to_owned(), "link set eth0 up".to_owned()];
+                if stack.has_ipv4() {
+                    batch.extend([
+                        format!("addr add {}/32 dev eth0", ip_of(ns, pod)),
+                        "route add 169.254.1.1 dev eth0 scope link".to_owned(),
+                        "route add default via 169.254.1.1 dev eth0".to_owned(),
+                    ]);
+                }
+                if stack.has_ipv6() {
+                    batch.extend([
+                        format!("addr add {}/128 dev eth0 nodad", twin(ip_of(ns, pod))),
+                        "route add ::/0 via fe80::1 dev eth0".to_owned(),
+                    ]);
+                }
                 run(&["ip", "-n", &name, "-batch", "-"], Some(&batch.join("\n")))
                     .expect("pod links");
                 lab.serve(&name);
@@ -205,7 +243,8 @@ impl Lab {
         Some(lab)
     }
 
-    /// TCP and UDP on 80 and 81 inside pod namespace `name`, until the lab is dropped.
+    /// TCP and UDP on 80 and 81 inside pod namespace `name`, until the lab is dropped (on `::`,
+    /// which takes IPv4 too).
     fn serve(&mut self, name: &str) {
         let (name, stop) = (name.to_owned(), self.stop.clone());
         let (tx, rx) = mpsc::channel();
@@ -213,11 +252,11 @@ impl Lab {
             enter(&name);
             let tcp: Vec<TcpListener> = PORTS
                 .iter()
-                .map(|p| TcpListener::bind(("0.0.0.0", *p)).expect("tcp bind"))
+                .map(|p| TcpListener::bind(("::", *p)).expect("tcp bind"))
                 .collect();
             let udp: Vec<UdpSocket> = PORTS
                 .iter()
-                .map(|p| UdpSocket::bind(("0.0.0.0", *p)).expect("udp bind"))
+                .map(|p| UdpSocket::bind(("::", *p)).expect("udp bind"))
                 .collect();
             for l in &tcp {
                 l.set_nonblocking(true).unwrap();
@@ -371,13 +410,7 @@ pub fn ruleset(cluster: &Cluster, local: impl Fn(&PodView) -> bool) -> Ruleset {
             compiled: compile(cluster, p),
         })
         .collect();
-    let ruleset = render(&pods).expect("render");
-    assert!(
-        ruleset.not_enforced.is_empty(),
-        "{:?}",
-        ruleset.not_enforced
-    );
-    ruleset
+    render(&pods).expect("render")
 }
 
 impl Lab {
@@ -403,22 +436,27 @@ impl Lab {
         took
     }
 
-    /// Every cell: client → server, protocol, port → connected.
-    fn probe_all(&self) -> BTreeMap<(String, String, Protocol, u16), bool> {
+    /// Every cell: client → server's address (each of its families), protocol, port → connected.
+    fn probe_all(&self) -> BTreeMap<(String, String, IpAddr, Protocol, u16), bool> {
         let mut clients = Vec::new();
         for (client, name) in &self.pods {
-            let (client, name) = (client.clone(), name.clone());
+            let (client, name, stack) = (client.clone(), name.clone(), self.stack);
             clients.push(std::thread::spawn(move || {
                 enter(&name);
                 // Threads spawned here share this thread's namespace.
                 let mut probes = Vec::new();
                 for ns in NAMESPACES {
                     for pod in PODS {
-                        for protocol in [Protocol::Tcp, Protocol::Udp] {
-                            for port in PORTS {
-                                let to = SocketAddr::from((ip_of(ns, pod), port));
-                                let key = (client.clone(), format!("{ns}/{pod}"), protocol, port);
-                                probes.push(std::thread::spawn(move || (key, probe(protocol, to))));
+                        for ip in stack.addresses(ns, pod) {
+                            for protocol in [Protocol::Tcp, Protocol::Udp] {
+                                for port in PORTS {
+                                    let to = SocketAddr::from((ip, port));
+                                    let key =
+                                        (client.clone(), format!("{ns}/{pod}"), ip, protocol, port);
+                                    probes.push(std::thread::spawn(move || {
+                                        (key, probe(protocol, to))
+                                    }));
+                                }
                             }
                         }
                     }
@@ -453,35 +491,36 @@ impl Lab {
         };
         let mut wrong = Vec::new();
         let mut denied = 0;
-        for ((c, s, protocol, port), got) in self.probe_all() {
+        for ((c, s, to, protocol, port), got) in self.probe_all() {
             denied += usize::from(!got);
             let (client, server) = (pod(&c), pod(&s));
+            // The client's address of the server's family: the one its packets carry.
+            let from = *client
+                .ips
+                .iter()
+                .find(|ip| ip.is_ipv6() == to.is_ipv6())
+                .expect("the client has the server's family");
             let want = c == s
-                || if local(client) && local(server) {
+                || if local(client) && local(server) && self.stack == Stack::V4 {
                     connection_allowed(cluster, client, server, protocol, port)
                 } else {
+                    // Per family (the model's `connection_allowed` reads a pod's first address):
+                    // the client's egress to the server's address, the server's ingress from the
+                    // client's, each only where its pod is the node's.
                     (!local(client)
                         || compile(cluster, client)
                             .egress
-                            .verdict(
-                                IpAddr::V4(ip_of(&server.namespace, &server.name)),
-                                protocol,
-                                port,
-                            )
+                            .verdict(to, protocol, port)
                             .is_allowed())
                         && (!local(server)
                             || compile(cluster, server)
                                 .ingress
-                                .verdict(
-                                    IpAddr::V4(ip_of(&client.namespace, &client.name)),
-                                    protocol,
-                                    port,
-                                )
+                                .verdict(from, protocol, port)
                                 .is_allowed())
                 };
             if got != want {
                 wrong.push(format!(
-                    "{c} → {s} {protocol:?}/{port}: kernel {}, model {}",
+                    "{c} → {s} ({to}) {protocol:?}/{port}: kernel {}, model {}",
                     verb(got),
                     verb(want)
                 ));
@@ -491,9 +530,9 @@ impl Lab {
     }
 
     /// Applies `policies`, probes, and fails naming every cell where kernel and model differ;
-    /// returns how many of the 324 cells were denied.
+    /// returns how many of the 324 cells (648 dual-stack) were denied.
     pub fn case(&self, name: &str, policies: &[Value]) -> usize {
-        let cluster = world(policies);
+        let cluster = world_in(policies, self.stack);
         for p in &cluster.pods {
             let problems = compile(&cluster, p).problems;
             assert!(problems.is_empty(), "{name}: {problems:?}");
@@ -548,7 +587,8 @@ pub fn probe(protocol: Protocol, to: SocketAddr) -> bool {
             s.read_exact(&mut line).is_ok() && &line == b"ok\n"
         }),
         Protocol::Udp => {
-            let s = UdpSocket::bind("0.0.0.0:0").expect("udp client");
+            let any = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
+            let s = UdpSocket::bind(any).expect("udp client");
             s.set_read_timeout(Some(PROBE_WAIT)).unwrap();
             s.connect(to).expect("udp connect");
             let _ = s.send(b"probe");

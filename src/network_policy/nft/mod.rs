@@ -18,14 +18,18 @@
 //!   client's egress chain said yes (a connection needs both, as the model says). Each verdict
 //!   counts in the chain's named counters, `<chain>_allowed` and `<chain>_denied` (new
 //!   connections only; read back with [`parse_counters`]);
-//! - peers and ports live in named sets, so they can later be updated in place: the addresses of
-//!   a rule's selected pods are a set of `ipv4_addr` (`_pods`), its `ipBlock`s (an `except`
-//!   already cut out of the CIDR) an interval set of `ipv4_addr` (`_blocks`), each matched by a
-//!   line of its own (the pods' set is not an interval set: `nft` reads every interval set's
-//!   elements back before it changes one, which at thousands of peer pods costs seconds per
-//!   change); ports and ranges an interval set of
+//! - peers and ports live in named sets, so they can later be updated in place, each family in
+//!   sets of its own (a set has one type) matched by lines of its own (`ip saddr`/`ip daddr` for
+//!   IPv4, `ip6 saddr`/`ip6 daddr` for IPv6; a line matches packets of its family only): the
+//!   addresses of a rule's selected pods are a set of `ipv4_addr` (`_pods`) and one of
+//!   `ipv6_addr` (`_pods6`), its `ipBlock`s (an `except` already cut out of the CIDR) an interval
+//!   set per family a block is of (`_blocks`, `_blocks6`) (the pods' sets are not interval sets:
+//!   `nft` reads every interval set's elements back before it changes one, which at thousands of
+//!   peer pods costs seconds per change); ports and ranges an interval set of
 //!   `inet_proto . inet_service`; egress named ports, resolved on each peer pod, a set of
-//!   `ipv4_addr . inet_proto . inet_service`;
+//!   `ipv4_addr . inet_proto . inet_service` (`_named`) and one of
+//!   `ipv6_addr . inet_proto . inet_service` (`_named6`). A dual-stack peer is in both families'
+//!   sets, so a rule naming it allows it over either;
 //! - every chain, jump and rule carries a comment naming the pod or the policy rule
 //!   (`x/p ingress[0]`), for `nft list` and `eniipamctl policy` later.
 //!
@@ -37,29 +41,28 @@
 //! is loaded through `host::Nft::apply`, the same `nft` binary and transaction the SNAT keeper
 //! uses, so no packet sees a half-built table.
 //!
-//! IPv4 only: IPv6 peer addresses and blocks are left out of the sets (named in
-//! [`Ruleset::not_enforced`]); an isolated pod's IPv6 traffic therefore meets the chain's `drop`
-//! unless a rule allows every peer. The daemon loads it through `super::enforce`;
-//! `tests/network_policy_nft.rs` loads it into network namespaces and checks the kernel's verdicts
-//! against the model's.
+//! IPv4 and IPv6 alike: the base chain hooks both families (table family `inet`) and
+//! dispatches by interface, and every peer set has its IPv6 twin. The daemon loads it through
+//! `super::enforce`; `tests/network_policy_nft.rs` loads it into network namespaces and checks the
+//! kernel's verdicts against the model's, over IPv4, IPv6 and dual-stack pods.
 //!
-//! `update` writes the scripts, `counters` reads the counters back, and `text` holds the pieces: names and comments made safe for `nft`, address and port ranges cut
-//! (an `except`) and merged (an interval set refuses overlapping elements).
+//! `chain` renders an isolated direction's chain and its sets, `update` writes the scripts,
+//! `counters` reads the counters back, and `text` holds the pieces: names and comments made safe
+//! for `nft`, address and port ranges cut (an `except`) and merged (an interval set refuses
+//! overlapping elements), for both families.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 
-use ipnet::IpNet;
+use super::compile::{Compiled, Direction};
 
-use super::compile::{Compiled, Direction, Peers, Ports, Protocol, Rule};
-
+mod chain;
 mod check;
 mod counters;
 mod text;
 mod update;
 pub use check::{base_chain_differs, chains_differ};
 pub use counters::{CounterReading, CounterVerdict, parse_counters};
-use text::{comment, ident, is_ifname, merge, proto, range, subtract};
+use text::{comment, ident, is_ifname};
 pub use update::Changes;
 
 /// The table's name (family `inet`).
@@ -86,8 +89,6 @@ pub struct Ruleset {
     /// The base chain's rules after its `ct state established,related accept`, in order: per
     /// isolated pod, its hairpin accept and its jumps.
     pub jumps: Vec<String>,
-    /// Parts of the policies this ruleset cannot enforce (IPv6 peers), each naming the pod and rule.
-    pub not_enforced: Vec<String>,
 }
 
 /// A named set: its type, whether it holds ranges, and its elements as `nft` spells them (ranges
@@ -197,203 +198,6 @@ impl PolicyType {
             Self::Ingress => "in",
             Self::Egress => "eg",
         }
-    }
-    /// The peer's address: where the packet comes from (ingress) or goes to (egress).
-    fn peer(self) -> &'static str {
-        match self {
-            Self::Ingress => "ip saddr",
-            Self::Egress => "ip daddr",
-        }
-    }
-}
-
-impl Ruleset {
-    fn set(&mut self, name: &str, kind: &str, interval: bool, elements: Vec<String>) {
-        self.sets.insert(
-            name.to_owned(),
-            Set {
-                kind: kind.to_owned(),
-                interval,
-                elements,
-            },
-        );
-    }
-
-    fn chain(
-        &mut self,
-        pod: &LocalPod,
-        dir: PolicyType,
-        chain: &str,
-        policies: &[String],
-        rules: &[Rule],
-    ) {
-        let (allowed, denied) = (format!("{chain}_allowed"), format!("{chain}_denied"));
-        // Every verdict of the chain counts in its two counters (new connections only: replies
-        // and established flows were accepted before the jump).
-        let count = format!("counter name \"{allowed}\" ");
-        let mut uses = BTreeSet::from([allowed.clone(), denied.clone()]);
-        let mut lines = Vec::new();
-        for (j, rule) in rules.iter().enumerate() {
-            let what = format!(
-                "{} {}[{}]",
-                rule.source.policy,
-                dir.word(),
-                rule.source.index
-            );
-            let note = comment(&what);
-            // Each way a peer can match is a prefix of the rule's lines: none (every peer), the
-            // pods' addresses, the blocks' ranges.
-            let peers: Vec<String> = match &rule.peers {
-                Peers::Any => vec![String::new()],
-                Peers::Listed { pods, blocks } => {
-                    let mut addresses = Vec::new();
-                    let mut v4 = Vec::new();
-                    let mut v6 = 0;
-                    for ip in pods {
-                        match ip {
-                            IpAddr::V4(a) => addresses.push(a.to_string()),
-                            IpAddr::V6(_) => v6 += 1,
-                        }
-                    }
-                    for b in blocks {
-                        match b.cidr {
-                            IpNet::V4(net) => v4.extend(subtract(
-                                (u32::from(net.network()), u32::from(net.broadcast())),
-                                b.except.iter().filter_map(|e| match e {
-                                    IpNet::V4(e) => {
-                                        Some((u32::from(e.network()), u32::from(e.broadcast())))
-                                    }
-                                    IpNet::V6(_) => None,
-                                }),
-                            )),
-                            IpNet::V6(_) => v6 += 1,
-                        }
-                    }
-                    if v6 > 0 {
-                        self.not_enforced.push(format!(
-                            "pod {}: {what}: {v6} IPv6 peer address(es) or block(s) (IPv4 only)",
-                            pod.name
-                        ));
-                    }
-                    let mut prefixes = Vec::new();
-                    // Pods' addresses: a plain set, not an interval one. `nft` reads every
-                    // interval set's elements back from the kernel before it changes one, so
-                    // thousands of peer pods there would make each `add element` cost seconds.
-                    // A rule whose selectors match no pod keeps its (empty) set, so a pod that
-                    // comes is an element added, not a chain refilled.
-                    if !addresses.is_empty() || blocks.is_empty() {
-                        let name = format!("{chain}_r{j}_pods");
-                        self.set(&name, "ipv4_addr", false, addresses);
-                        uses.insert(name.clone());
-                        prefixes.push(format!("{} @{name} ", dir.peer()));
-                    }
-                    // `ipBlock`s, their `except`s cut out: few ranges, an interval set.
-                    if !blocks.is_empty() {
-                        let name = format!("{chain}_r{j}_blocks");
-                        let elements: Vec<String> = merge(v4).into_iter().map(range).collect();
-                        self.set(&name, "ipv4_addr", true, elements);
-                        uses.insert(name.clone());
-                        prefixes.push(format!("{} @{name} ", dir.peer()));
-                    }
-                    prefixes
-                }
-            };
-            // Each way the ports can match, as the middle of a line.
-            let mut port_matches = Vec::new();
-            match &rule.ports {
-                Ports::Any => port_matches.push(String::new()),
-                Ports::Listed {
-                    ranges,
-                    protocols,
-                    per_peer,
-                } => {
-                    if !protocols.is_empty() {
-                        let list: Vec<&str> = protocols.iter().map(|p| proto(*p)).collect();
-                        port_matches.push(format!("meta l4proto {{ {} }} ", list.join(", ")));
-                    }
-                    if !ranges.is_empty() {
-                        let mut by_proto: BTreeMap<Protocol, Vec<(u32, u32)>> = BTreeMap::new();
-                        for r in ranges {
-                            by_proto
-                                .entry(r.protocol)
-                                .or_default()
-                                .push((u32::from(r.first), u32::from(r.last)));
-                        }
-                        let elements: Vec<String> = by_proto
-                            .into_iter()
-                            .flat_map(|(p, rs)| {
-                                merge(rs).into_iter().map(move |(a, b)| {
-                                    if a == b {
-                                        format!("{} . {a}", proto(p))
-                                    } else {
-                                        format!("{} . {a}-{b}", proto(p))
-                                    }
-                                })
-                            })
-                            .collect();
-                        let name = format!("{chain}_r{j}_ports");
-                        self.set(&name, "inet_proto . inet_service", true, elements);
-                        uses.insert(name.clone());
-                        port_matches.push(format!("meta l4proto . th dport @{name} "));
-                    }
-                    let named: BTreeSet<String> = per_peer
-                        .iter()
-                        .filter_map(|(ip, p, port)| match ip {
-                            IpAddr::V4(a) => Some(format!("{a} . {} . {port}", proto(*p))),
-                            IpAddr::V6(_) => None,
-                        })
-                        .collect();
-                    if named.len() < per_peer.len() {
-                        self.not_enforced.push(format!(
-                            "pod {}: {what}: named ports of IPv6 peers (IPv4 only)",
-                            pod.name
-                        ));
-                    }
-                    if !named.is_empty() {
-                        let name = format!("{chain}_r{j}_named");
-                        let elements: Vec<String> = named.into_iter().collect();
-                        self.set(
-                            &name,
-                            "ipv4_addr . inet_proto . inet_service",
-                            false,
-                            elements,
-                        );
-                        uses.insert(name.clone());
-                        port_matches
-                            .push(format!("{} . meta l4proto . th dport @{name} ", dir.peer()));
-                    }
-                }
-            }
-            for peer in &peers {
-                for ports in &port_matches {
-                    lines.push(format!("{peer}{ports}{count}return comment \"{note}\""));
-                }
-            }
-        }
-        lines.push(format!(
-            "counter name \"{denied}\" drop comment \"{}\"",
-            comment(&format!(
-                "{} {}: no rule of {} allows it",
-                pod.name,
-                dir.word(),
-                policies.join(", ")
-            ))
-        ));
-        // The veth leads the counters' comment: a comment longer than `nft` takes is cut at its
-        // end, and `parse_counters` reads the veth back from it.
-        let about = comment(&format!("{} {} {}", pod.veth, pod.name, dir.word()));
-        self.counters.insert(allowed, about.clone());
-        self.counters.insert(denied, about);
-        self.chains.insert(
-            chain.to_owned(),
-            Chain {
-                // Fixed for the chain's life (an `add chain` does not change a comment): the
-                // policies that isolate it are named on its `drop`.
-                comment: comment(&format!("{} {} ({})", pod.name, dir.word(), pod.veth)),
-                rules: lines,
-                uses,
-            },
-        );
     }
 }
 

@@ -2,7 +2,8 @@
 
 use super::text::{merge, range, subtract};
 use super::*;
-use std::net::Ipv4Addr;
+use crate::network_policy::compile::{Peers, Ports, Protocol, Rule};
+use std::net::{IpAddr, Ipv4Addr};
 
 #[test]
 fn an_except_is_cut_out_of_its_cidr_and_overlaps_merge() {
@@ -117,7 +118,6 @@ fn a_pod_renders_to_named_sets_and_commented_chains() {
         },
     };
     let r = render(&[pod]).unwrap();
-    assert!(r.not_enforced.is_empty());
     let want = r#"table inet eniipam_policy {}
 delete table inet eniipam_policy
 table inet eniipam_policy {
@@ -230,8 +230,13 @@ fn a_pod_reaching_itself_is_accepted_before_its_chains() {
 }
 
 #[test]
-fn ipv6_peers_are_named_as_not_enforced() {
+fn ipv6_peers_blocks_and_named_ports_have_sets_of_their_own() {
     use crate::network_policy::compile::{IpBlock, RuleSource};
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let source = |index| RuleSource {
+        policy: "x/p".into(),
+        index,
+    };
     let pod = LocalPod {
         name: "x/a".into(),
         veth: "eni1".into(),
@@ -239,37 +244,93 @@ fn ipv6_peers_are_named_as_not_enforced() {
             ingress: Direction::Isolated {
                 policies: vec!["x/p".into()],
                 rules: vec![Rule {
-                    source: RuleSource {
-                        policy: "x/p".into(),
-                        index: 1,
-                    },
+                    source: source(1),
+                    // A dual-stack peer, an IPv6-only one, and an IPv6 block less an except.
                     peers: Peers::Listed {
-                        pods: BTreeSet::new(),
+                        pods: [ip("10.1.0.11"), ip("2001:db8:1::11"), ip("2001:db8:1::12")].into(),
                         blocks: vec![IpBlock {
-                            cidr: "2001:db8::/32".parse().unwrap(),
-                            except: vec![],
+                            cidr: "2001:db8:2::/64".parse().unwrap(),
+                            except: vec![
+                                "2001:db8:2::/65".parse().unwrap(),
+                                "10.0.0.0/8".parse().unwrap(),
+                            ],
                         }],
                     },
                     ports: Ports::Any,
                 }],
             },
-            egress: Direction::Open,
+            egress: Direction::Isolated {
+                policies: vec!["x/p".into()],
+                rules: vec![Rule {
+                    source: source(0),
+                    peers: Peers::Any,
+                    ports: Ports::Listed {
+                        ranges: vec![],
+                        protocols: BTreeSet::new(),
+                        per_peer: [
+                            (ip("10.1.2.10"), Protocol::Udp, 53),
+                            (ip("2001:db8:1::10"), Protocol::Udp, 53),
+                        ]
+                        .into(),
+                    },
+                }],
+            },
             problems: vec![],
         },
     };
     let r = render(&[pod]).unwrap();
+    let set = |name: &str| r.sets.get(name).unwrap_or_else(|| panic!("{name}: {r:#?}"));
+    assert_eq!(set("in_eni1_r0_pods").elements, ["10.1.0.11"]);
+    assert_eq!(set("in_eni1_r0_pods6").kind, "ipv6_addr");
     assert_eq!(
-        r.not_enforced,
-        ["pod x/a: x/p ingress[1]: 1 IPv6 peer address(es) or block(s) (IPv4 only)"]
+        set("in_eni1_r0_pods6").elements,
+        ["2001:db8:1::11", "2001:db8:1::12"]
     );
-    // The blocks' set is declared empty (and there is no pods' set, the rule naming only a
-    // block): the rule matches no IPv4 peer, as the policy says.
-    assert!(!r.script().contains("in_eni1_r0_pods"), "{}", r.script());
+    // The block's upper half: the except of its own family cut out, the IPv4 one cutting nothing.
+    let blocks6 = set("in_eni1_r0_blocks6");
+    assert!(blocks6.interval);
+    assert_eq!(
+        blocks6.elements,
+        ["2001:db8:2:0:8000::-2001:db8:2:0:ffff:ffff:ffff:ffff"]
+    );
+    // No IPv4 block, no IPv4 blocks' set.
+    assert!(!r.sets.contains_key("in_eni1_r0_blocks"));
+    assert_eq!(set("eg_eni1_r0_named").elements, ["10.1.2.10 . udp . 53"]);
+    assert_eq!(
+        set("eg_eni1_r0_named6").kind,
+        "ipv6_addr . inet_proto . inet_service"
+    );
+    assert_eq!(
+        set("eg_eni1_r0_named6").elements,
+        ["2001:db8:1::10 . udp . 53"]
+    );
+    // Each family's set is matched on its own family's address.
+    let ingress = &r.chains["in_eni1"].rules;
     assert!(
-        r.script()
-            .contains("set in_eni1_r0_blocks {\n    type ipv4_addr;\n    flags interval;\n  }"),
-        "{}",
-        r.script()
+        ingress[0].starts_with("ip saddr @in_eni1_r0_pods counter"),
+        "{ingress:?}"
+    );
+    assert!(
+        ingress[1].starts_with("ip6 saddr @in_eni1_r0_pods6 counter"),
+        "{ingress:?}"
+    );
+    assert!(
+        ingress[2].starts_with("ip6 saddr @in_eni1_r0_blocks6 counter"),
+        "{ingress:?}"
+    );
+    let egress = &r.chains["eg_eni1"].rules;
+    assert!(
+        egress[1].starts_with("ip6 daddr . meta l4proto . th dport @eg_eni1_r0_named6 "),
+        "{egress:?}"
+    );
+    // An IPv4-only peer list still declares the (empty) IPv6 set, so an IPv6 peer that comes is
+    // an element added, not a chain refilled.
+    let v4 = render(&[from_peers(&["10.1.0.11"])]).unwrap();
+    assert_eq!(v4.sets["in_eni1_r0_pods6"].elements, Vec::<String>::new());
+    let both = render(&[from_peers(&["10.1.0.11", "2001:db8:1::11"])]).unwrap();
+    assert_eq!(
+        both.update_script(&v4),
+        "add element inet eniipam_policy in_eni1_r0_pods6 { 2001:db8:1::11 }\n"
     );
 }
 
@@ -335,8 +396,9 @@ fn a_peer_change_updates_set_elements_in_place() {
         }
     );
     assert_eq!(b.update_script(&b), "");
-    // The base chain's established accept, x/a's hairpin accept and jump; its chain's two rules.
-    assert_eq!((b.rule_count(), b.element_count()), (5, 5));
+    // The base chain's established accept, x/a's hairpin accept and jump; its chain's three
+    // rules (the IPv4 peers', the IPv6 peers', the drop).
+    assert_eq!((b.rule_count(), b.element_count()), (6, 5));
 }
 
 #[test]

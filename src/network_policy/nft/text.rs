@@ -1,7 +1,10 @@
 //! The text pieces of the ruleset: names and comments made safe for `nft`, and address and
-//! port ranges cut and merged (an interval set refuses overlapping elements).
+//! port ranges cut and merged (an interval set refuses overlapping elements), the same code for
+//! IPv4 and IPv6 addresses and ports ([`Point`]).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::network_policy::compile::Protocol;
 
@@ -54,11 +57,56 @@ pub(super) fn comment(text: &str) -> String {
     s
 }
 
+/// A point of a line that ranges are cut from and merged on: an IPv4 address (`u32`), an IPv6
+/// address (`u128`), or a port (`u32`).
+pub(super) trait Point: Copy + Ord {
+    /// The next point, or this one at the line's end.
+    fn next(self) -> Self;
+    /// The point before (never asked of the line's start: a hole above `a` has `lo > a`).
+    fn before(self) -> Self;
+    /// The point as an address in `nft` syntax.
+    fn address(self) -> String;
+}
+
+impl Point for u32 {
+    fn next(self) -> Self {
+        self.saturating_add(1)
+    }
+    fn before(self) -> Self {
+        self - 1
+    }
+    fn address(self) -> String {
+        Ipv4Addr::from(self).to_string()
+    }
+}
+
+impl Point for u128 {
+    fn next(self) -> Self {
+        self.saturating_add(1)
+    }
+    fn before(self) -> Self {
+        self - 1
+    }
+    fn address(self) -> String {
+        Ipv6Addr::from(self).to_string()
+    }
+}
+
+/// A CIDR as the inclusive range of its addresses, on the line of its family.
+pub(super) fn span4(net: Ipv4Net) -> (u32, u32) {
+    (u32::from(net.network()), u32::from(net.broadcast()))
+}
+
+/// An IPv6 CIDR as the inclusive range of its addresses.
+pub(super) fn span6(net: Ipv6Net) -> (u128, u128) {
+    (u128::from(net.network()), u128::from(net.broadcast()))
+}
+
 /// `whole` less every range of `holes` (inclusive ranges of addresses).
-pub(super) fn subtract(
-    whole: (u32, u32),
-    holes: impl Iterator<Item = (u32, u32)>,
-) -> Vec<(u32, u32)> {
+pub(super) fn subtract<T: Point>(
+    whole: (T, T),
+    holes: impl Iterator<Item = (T, T)>,
+) -> Vec<(T, T)> {
     let mut left = vec![whole];
     for (lo, hi) in holes {
         left = left
@@ -69,10 +117,10 @@ pub(super) fn subtract(
                 }
                 let mut parts = Vec::new();
                 if lo > a {
-                    parts.push((a, lo - 1));
+                    parts.push((a, lo.before()));
                 }
                 if hi < b {
-                    parts.push((hi + 1, b));
+                    parts.push((hi.next(), b));
                 }
                 parts
             })
@@ -82,22 +130,23 @@ pub(super) fn subtract(
 }
 
 /// Sorted, overlapping and adjacent ranges joined: an interval set refuses overlaps.
-pub(super) fn merge(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+pub(super) fn merge<T: Point>(mut ranges: Vec<(T, T)>) -> Vec<(T, T)> {
     ranges.sort_unstable();
-    let mut out: Vec<(u32, u32)> = Vec::new();
+    let mut out: Vec<(T, T)> = Vec::new();
     for (a, b) in ranges {
         match out.last_mut() {
-            Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
+            Some(last) if a <= last.1.next() => last.1 = last.1.max(b),
             _ => out.push((a, b)),
         }
     }
     out
 }
 
-pub(super) fn range((a, b): (u32, u32)) -> String {
+/// An address range as an interval set's element: one address, or `first-last`.
+pub(super) fn range<T: Point>((a, b): (T, T)) -> String {
     if a == b {
-        Ipv4Addr::from(a).to_string()
+        a.address()
     } else {
-        format!("{}-{}", Ipv4Addr::from(a), Ipv4Addr::from(b))
+        format!("{}-{}", a.address(), b.address())
     }
 }
