@@ -310,6 +310,57 @@ fn a_bad_part_of_a_policy_is_named_and_allows_nothing() {
     }
 }
 
+/// Issue 47, case 9: `policyTypes` defaults as the API server defaults it
+/// (`SetDefaults_NetworkPolicy`): unset and `[]` alike mean `Ingress`, plus `Egress` only when
+/// `spec.egress` has a rule; `egress: []` present but empty adds no `Egress`.
+#[test]
+fn policy_types_default_as_the_api_server_does() {
+    let to_y = json!([{"to": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]);
+    // (spec, x/a isolated for ingress, for egress)
+    let specs = [
+        (json!({"podSelector": {}}), true, false),
+        (json!({"podSelector": {}, "policyTypes": []}), true, false),
+        (json!({"podSelector": {}, "egress": []}), true, false),
+        (
+            json!({"podSelector": {}, "policyTypes": [], "egress": []}),
+            true,
+            false,
+        ),
+        (json!({"podSelector": {}, "egress": to_y}), true, true),
+        (
+            json!({"podSelector": {}, "policyTypes": [], "egress": to_y}),
+            true,
+            true,
+        ),
+        (
+            json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": []}),
+            false,
+            true,
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (spec, ingress, egress) in specs {
+        let cluster = world(&[policy("x", "p", spec.clone())]);
+        let xa = cluster
+            .pods
+            .iter()
+            .find(|p| p.namespace == "x" && p.name == "a")
+            .unwrap();
+        let c = compile(&cluster, xa);
+        let isolated = |d: &eniipam::network_policy::Direction| {
+            matches!(d, eniipam::network_policy::Direction::Isolated { .. })
+        };
+        let got = (isolated(&c.ingress), isolated(&c.egress));
+        if got != (ingress, egress) {
+            wrong.push(format!(
+                "{spec}: (ingress, egress) isolated {got:?}, the API server's defaults say {:?}",
+                (ingress, egress)
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 /// A random cluster: 4 namespaces (one without a Namespace object), 30 pods (some on the host
 /// network, some without an address, some with an IPv6 one too), 10 policies mixing every kind
 /// of peer and port, a few of them malformed as the API server would have refused.
