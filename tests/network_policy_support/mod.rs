@@ -82,6 +82,31 @@ pub fn world(policies: &[Value]) -> Cluster {
     c
 }
 
+/// [`world`] with labels added: (namespace, key, value) to namespaces and (namespace, pod, key,
+/// value) to pods (a stage of upstream's dynamic cases).
+pub fn world_at(
+    policies: &[Value],
+    namespace_labels: &[(&str, &str, &str)],
+    pod_labels: &[(&str, &str, &str, &str)],
+) -> Cluster {
+    let mut c = world(policies);
+    for (ns, key, value) in namespace_labels {
+        c.namespaces
+            .get_mut(*ns)
+            .unwrap_or_else(|| panic!("no namespace {ns} in the world"))
+            .insert((*key).to_owned(), (*value).to_owned());
+    }
+    for (ns, name, key, value) in pod_labels {
+        c.pods
+            .iter_mut()
+            .find(|p| p.namespace == *ns && p.name == *name)
+            .unwrap_or_else(|| panic!("no pod {ns}/{name} in the world"))
+            .labels
+            .insert((*key).to_owned(), (*value).to_owned());
+    }
+    c
+}
+
 pub fn policy(ns: &str, name: &str, spec: Value) -> Value {
     json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
            "metadata": {"namespace": ns, "name": name}, "spec": spec})
