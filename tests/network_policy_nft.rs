@@ -13,6 +13,8 @@
 //! Needs root, `ip` and `nft`; skipped with a notice otherwise, a failure under `CI=true`.
 //! Namespaces are deleted on drop, also when a case fails.
 
+#[path = "netpol_cases/mod.rs"]
+mod netpol_cases;
 #[path = "network_policy_support/mod.rs"]
 mod support;
 
@@ -30,6 +32,28 @@ fn pod_a() -> Value {
 
 /// One client's row of the matrix: 9 servers × 2 protocols × 2 ports.
 const ROW: usize = 9 * 2 * 2;
+
+/// Issue 47, case 8: every stage of every shared upstream case (`tests/netpol_cases`, upstream's
+/// policies), the full matrix over TCP, UDP and SCTP (probed by its `INIT`:
+/// `network_policy_support/sctp.rs`) on 80 and 81, equal to the model cell by cell.
+#[test]
+fn every_upstream_case_agrees_with_the_model_over_tcp_udp_and_sctp() {
+    let test = "every_upstream_case_agrees_with_the_model_over_tcp_udp_and_sctp";
+    let Some(mut lab) = Lab::new(test) else {
+        return;
+    };
+    lab.probe_sctp_too();
+    let mut stages = 0;
+    for case in netpol_cases::cases(support::ip_of) {
+        for stage in case.stages() {
+            let cluster =
+                support::world_at(&stage.policies, &stage.namespace_labels, &stage.pod_labels);
+            lab.case_in(&format!("{} ({})", case.name, stage.what), &cluster);
+            stages += 1;
+        }
+    }
+    eprintln!("{test}: {stages} stages, 486 cells each, agree with the model");
+}
 
 #[test]
 fn ingress_cases_agree_with_the_model() {

@@ -1,12 +1,15 @@
 //! Test support for `tests/network_policy_nft.rs`: upstream's world (namespaces `x`, `y`, `z`,
 //! pods `a`, `b`, `c`) as network namespaces on host veths of a node namespace, TCP and UDP
-//! servers on 80 and 81 in every pod, the ruleset loaded with the daemon's `Nft`, and the probe
-//! matrix compared with the model cell by cell. Everything it makes is deleted on drop.
+//! servers on 80 and 81 in every pod and an SCTP `INIT` listener ([`sctp`]: the lab's kernel has no
+//! SCTP sockets), the ruleset loaded with the daemon's `Nft`, and the probe matrix (TCP, UDP and
+//! SCTP on 80 and 81) compared with the model cell by cell. Everything it makes is deleted on drop.
 //!
 //! The world as the model sees it ([`world`], [`policy`], [`ip_of`]) also serves
 //! `tests/network_policy_cases.rs`, which checks the model alone.
 
 #![allow(dead_code)]
+
+pub mod sctp;
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
@@ -151,6 +154,10 @@ pub struct Lab {
     pub node: String,
     /// `ns/pod` → its namespace's name.
     pods: BTreeMap<String, String>,
+    /// `ns/pod` → the SCTP `INIT`s its namespace receives.
+    sctp: BTreeMap<String, Arc<sctp::InitListener>>,
+    /// What [`Lab::check`] probes: TCP and UDP, and SCTP after [`Lab::probe_sctp_too`].
+    protocols: Vec<Protocol>,
     stop: Arc<AtomicBool>,
     servers: Vec<std::thread::JoinHandle<()>>,
 }
@@ -176,6 +183,8 @@ impl Lab {
         let mut lab = Lab {
             node,
             pods: BTreeMap::new(),
+            sctp: BTreeMap::new(),
+            protocols: vec![Protocol::Tcp, Protocol::Udp],
             stop: Arc::new(AtomicBool::new(false)),
             servers: Vec::new(),
         };
@@ -225,9 +234,25 @@ impl Lab {
                 run(&["ip", "-n", &name, "-batch", "-"], Some(&batch.join("\n")))
                     .expect("pod links");
                 lab.serve(&name);
+                let fd = std::thread::spawn(move || {
+                    enter(&name);
+                    sctp::raw_socket(false)
+                })
+                .join()
+                .expect("the SCTP socket");
+                lab.sctp.insert(
+                    format!("{ns}/{pod}"),
+                    Arc::new(sctp::InitListener::start(fd, false)),
+                );
             }
         }
         Some(lab)
+    }
+
+    /// Probes SCTP too (by its `INIT`, [`sctp`]) in every matrix from now on: 486 cells instead
+    /// of 324.
+    pub fn probe_sctp_too(&mut self) {
+        self.protocols = vec![Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
     }
 
     /// TCP and UDP on 80 and 81 inside pod namespace `name`, until the lab is dropped.
@@ -375,9 +400,13 @@ impl Lab {
     ) -> bool {
         let name = self.pods[client].clone();
         let to = SocketAddr::from((ip_of(server.0, server.1), port));
+        let listener = self.sctp[&format!("{}/{}", server.0, server.1)].clone();
         std::thread::spawn(move || {
             enter(&name);
-            probe(protocol, to)
+            match protocol {
+                Protocol::Sctp => sctp::probe(&listener, to, PROBE_WAIT),
+                _ => probe(protocol, to),
+            }
         })
         .join()
         .expect("probe")
@@ -433,17 +462,27 @@ impl Lab {
         let mut clients = Vec::new();
         for (client, name) in &self.pods {
             let (client, name) = (client.clone(), name.clone());
+            let listeners = self.sctp.clone();
+            let protocols = self.protocols.clone();
             clients.push(std::thread::spawn(move || {
                 enter(&name);
                 // Threads spawned here share this thread's namespace.
                 let mut probes = Vec::new();
                 for ns in NAMESPACES {
                     for pod in PODS {
-                        for protocol in [Protocol::Tcp, Protocol::Udp] {
+                        let server = format!("{ns}/{pod}");
+                        for protocol in protocols.iter().copied() {
                             for port in PORTS {
                                 let to = SocketAddr::from((ip_of(ns, pod), port));
-                                let key = (client.clone(), format!("{ns}/{pod}"), protocol, port);
-                                probes.push(std::thread::spawn(move || (key, probe(protocol, to))));
+                                let key = (client.clone(), server.clone(), protocol, port);
+                                let listener = listeners[&server].clone();
+                                probes.push(std::thread::spawn(move || {
+                                    let got = match protocol {
+                                        Protocol::Sctp => sctp::probe(&listener, to, PROBE_WAIT),
+                                        _ => probe(protocol, to),
+                                    };
+                                    (key, got)
+                                }));
                             }
                         }
                     }
@@ -516,7 +555,7 @@ impl Lab {
     }
 
     /// Applies `policies`, probes, and fails naming every cell where kernel and model differ;
-    /// returns how many of the 324 cells were denied.
+    /// returns how many of the cells (324, or 486 with SCTP) were denied.
     pub fn case(&self, name: &str, policies: &[Value]) -> usize {
         let cluster = world(policies);
         for p in &cluster.pods {
@@ -525,6 +564,14 @@ impl Lab {
         }
         let script = self.apply(&cluster);
         self.check(name, &cluster, &|_| true, &script)
+    }
+
+    /// Loads the ruleset of `cluster` (a stage of a shared case: its policies and labels; a part
+    /// the compiler refuses is allowed here, the model judges it alike), probes, and fails naming
+    /// every cell where kernel and model differ; returns how many cells were denied.
+    pub fn case_in(&self, name: &str, cluster: &Cluster) -> usize {
+        let script = self.apply(cluster);
+        self.check(name, cluster, &|_| true, &script)
     }
 
     /// Probes everything and fails naming every cell where the kernel differs from the model
@@ -564,6 +611,20 @@ impl Drop for Lab {
     }
 }
 
+/// A UDP client socket on a source port of its own: a cycle over 20000..60000, so no probe of a
+/// run reuses a 5-tuple whose conntrack entry (30 s for UDP) an earlier probe left, which would let
+/// a now-denied datagram through as `established` (an ephemeral port can repeat within a run).
+fn udp_client() -> UdpSocket {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    for _ in 0..100 {
+        let port = 20_000 + (NEXT.fetch_add(1, Ordering::Relaxed) % 40_000) as u16;
+        if let Ok(s) = UdpSocket::bind(("0.0.0.0", port)) {
+            return s;
+        }
+    }
+    panic!("no free UDP source port in 100 tries")
+}
+
 /// One connection attempt: a TCP handshake and the server's line, or a UDP datagram echoed back.
 pub fn probe(protocol: Protocol, to: SocketAddr) -> bool {
     match protocol {
@@ -573,7 +634,7 @@ pub fn probe(protocol: Protocol, to: SocketAddr) -> bool {
             s.read_exact(&mut line).is_ok() && &line == b"ok\n"
         }),
         Protocol::Udp => {
-            let s = UdpSocket::bind("0.0.0.0:0").expect("udp client");
+            let s = udp_client();
             s.set_read_timeout(Some(PROBE_WAIT)).unwrap();
             s.connect(to).expect("udp connect");
             let _ = s.send(b"probe");
@@ -584,6 +645,6 @@ pub fn probe(protocol: Protocol, to: SocketAddr) -> bool {
                 Err(_) => false,
             }
         }
-        Protocol::Sctp => unreachable!("SCTP is not probed here"),
+        Protocol::Sctp => unreachable!("SCTP is probed by its INIT: Lab::probe_one, sctp::probe"),
     }
 }
