@@ -17,6 +17,8 @@
 //! Needs root, `ip` and `nft`; skipped with a notice otherwise, a failure under `CI=true`.
 //! Namespaces are deleted on drop, also when a case fails.
 
+#[path = "netpol_cases/mod.rs"]
+mod netpol_cases;
 #[path = "network_policy_support/mod.rs"]
 mod support;
 
@@ -54,6 +56,8 @@ macro_rules! over_stacks {
     };
 }
 
+over_stacks!(every_upstream_case: every_upstream_case_agrees_with_the_model_over_tcp_udp_and_sctp,
+    every_upstream_case_agrees_with_the_model_over_ipv6, every_upstream_case_agrees_with_the_model_dual_stack);
 over_stacks!(ingress_cases: ingress_cases_agree_with_the_model,
     ingress_cases_agree_with_the_model_over_ipv6, ingress_cases_agree_with_the_model_dual_stack);
 over_stacks!(egress_cases: egress_cases_agree_with_the_model,
@@ -62,6 +66,34 @@ over_stacks!(a_changed_policy: a_changed_policy_re_rendered_and_re_applied_takes
     a_changed_policy_takes_effect_over_ipv6, a_changed_policy_takes_effect_dual_stack);
 over_stacks!(updates_in_place: updates_in_place_equal_a_fresh_load,
     updates_in_place_equal_a_fresh_load_over_ipv6, updates_in_place_equal_a_fresh_load_dual_stack);
+
+/// Issue 47, case 8: every stage of every shared upstream case (`tests/netpol_cases`, upstream's
+/// policies), the full matrix over TCP, UDP and SCTP (probed by its `INIT`:
+/// `network_policy_support/sctp.rs`) on 80 and 81, equal to the model cell by cell; over IPv4,
+/// IPv6-only and dual-stack pods (case 7).
+fn every_upstream_case(test: &str, stack: Stack) {
+    let Some(mut lab) = Lab::with_stack(test, stack) else {
+        return;
+    };
+    lab.probe_sctp_too();
+    let mut stages = 0;
+    for case in netpol_cases::cases(support::ip_of) {
+        for stage in case.stages() {
+            let cluster = support::world_at_in(
+                &stage.policies,
+                &stage.namespace_labels,
+                &stage.pod_labels,
+                stack,
+            );
+            lab.case_in(&format!("{} ({})", case.name, stage.what), &cluster);
+            stages += 1;
+        }
+    }
+    eprintln!(
+        "{test}: {stages} stages, {} cells each, agree with the model",
+        486 * stack.families()
+    );
+}
 
 fn ingress_cases(test: &str, stack: Stack) {
     let Some(lab) = Lab::with_stack(test, stack) else {

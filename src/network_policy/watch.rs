@@ -30,7 +30,9 @@ use super::compile::{Cluster, NamedPort, PodView, Protocol};
 use crate::network_profiles::watch::View;
 
 /// What the policies need of a pod: namespace, name, labels, addresses (none once it has
-/// terminated: its IP may already be another pod's), host networking and named container ports.
+/// terminated: its IP may already be another pod's), host networking and named container ports
+/// (its containers' and its sidecars': init containers with `restartPolicy: Always`; a plain init
+/// container has ended before the pod serves).
 pub fn pod_view(pod: &Pod) -> PodView {
     let spec = pod.spec.as_ref();
     let status = pod.status.as_ref();
@@ -48,9 +50,16 @@ pub fn pod_view(pod: &Pod) -> PodView {
             }
         }
     }
+    // Sidecars (init containers with `restartPolicy: Always`) run beside the containers for the
+    // pod's life: their named ports count alike.
+    let sidecars = spec
+        .into_iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"));
     let ports = spec
         .into_iter()
         .flat_map(|s| s.containers.iter())
+        .chain(sidecars)
         .flat_map(|c| c.ports.iter().flatten())
         .filter_map(|p| {
             let name = p.name.clone()?;
@@ -354,6 +363,46 @@ mod tests {
                 "a {phase} pod's IP may be another pod's"
             );
         }
+    }
+
+    /// Issue 47, case 9: a native sidecar's named port counts like a container's; a plain init
+    /// container's does not (it has exited before the pod serves).
+    #[test]
+    fn a_sidecars_named_ports_count_like_a_containers() {
+        let mut p = pod("Running");
+        let port = |name: &str, port: i32| ContainerPort {
+            name: Some(name.into()),
+            container_port: port,
+            ..ContainerPort::default()
+        };
+        p.spec.as_mut().unwrap().init_containers = Some(vec![
+            Container {
+                name: "proxy".into(),
+                restart_policy: Some("Always".into()),
+                ports: Some(vec![port("proxy-http", 15001)]),
+                ..Container::default()
+            },
+            Container {
+                name: "setup".into(),
+                ports: Some(vec![port("setup-http", 9000)]),
+                ..Container::default()
+            },
+        ]);
+        let view = pod_view(&p);
+        let names: Vec<&str> = view.ports.iter().map(|n| n.name.as_str()).collect();
+        assert!(
+            view.ports.contains(&NamedPort {
+                name: "proxy-http".into(),
+                protocol: Protocol::Tcp,
+                port: 15001
+            }),
+            "the sidecar's named port is missing: {names:?}"
+        );
+        assert!(
+            !names.contains(&"setup-http"),
+            "a plain init container's port counted: {names:?}"
+        );
+        assert!(names.contains(&"serve-80-udp"), "{names:?}");
     }
 
     #[test]

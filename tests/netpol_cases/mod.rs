@@ -1,24 +1,61 @@
-//! The upstream network-policy e2e cases (Kubernetes' `test/e2e/network/netpol`) as data: each
-//! case's name and the NetworkPolicies it applies, in upstream's world (namespaces `x`, `y`, `z`
-//! labelled `ns=<name>`, pods `a`, `b`, `c` labelled `pod=<name>`, ports 80 and 81 named
-//! `serve-<port>-<protocol>`). Shared by `tests/network_policy_cases.rs`, which holds each case's
-//! expected matrices and checks the model, and `tests/datapath_policy.rs`, which runs the same
-//! policies through the real daemon and plugin and compares the kernel with the model.
+//! The upstream network-policy e2e cases (Kubernetes' `test/e2e/network/netpol/network_policy.go`)
+//! as data: each case's name and the NetworkPolicies it applies, with upstream's policies (names,
+//! selectors, ports, policy types) in upstream's world: namespaces `x`, `y`, `z` (labelled
+//! `ns=<name>` and `kubernetes.io/metadata.name=<name>`), pods `a`, `b`, `c` labelled
+//! `pod=<name>`, ports 80 and 81 named `serve-<port>-<protocol>`.
+//!
+//! Upstream's dynamic cases change the world between two checks (a policy updated in place under
+//! its name, a label added to a namespace or a pod): a case is a list of [`Stage`]s, each the whole
+//! state to check (its policies and the labels added so far). [`Case::policies`] is the first
+//! stage's; [`Case::then`] the later ones.
+//!
+//! Shared by `tests/network_policy_cases.rs` (each stage's expected matrices, against the model),
+//! `tests/network_policy_nft.rs` (the kernel, loaded with the daemon's ruleset),
+//! `tests/datapath_policy.rs` (every case's first stage through the real daemon and plugin) and
+//! `tests/datapath_policy_upstream.rs` (every stage, through the daemon's watch and in-place
+//! updates).
 //!
 //! The `ipBlock` cases name pod addresses, so the list is built from the world's addresses
-//! (`ip_of`): the model's world numbers each namespace's pods in a /24 of its own, the lab's get
-//! theirs from the VPC.
+//! (`ip_of`, IPv4 or IPv6): the model's world numbers each namespace's pods in a /24 of its own,
+//! the lab's get theirs from the VPC.
 
 #![allow(dead_code)] // each test binary reads its own part
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde_json::{Value, json};
 
-/// One case: upstream's name (or ours, for the cases upstream does not name) and its policies.
+/// One case: upstream's name (or ours, for the cases upstream does not have) and its stages.
 pub struct Case {
     pub name: &'static str,
+    /// The first stage's policies (no label added).
     pub policies: Vec<Value>,
+    /// The later stages, in order (upstream's dynamic cases); empty for most.
+    pub then: Vec<Stage>,
+}
+
+/// One state of the world to check: the policies then, and the labels added to upstream's.
+#[derive(Clone, Debug, Default)]
+pub struct Stage {
+    /// What changed to reach it, in upstream's words.
+    pub what: &'static str,
+    pub policies: Vec<Value>,
+    /// Labels added to namespaces: (namespace, key, value).
+    pub namespace_labels: Vec<(&'static str, &'static str, &'static str)>,
+    /// Labels added to pods: (namespace, pod, key, value).
+    pub pod_labels: Vec<(&'static str, &'static str, &'static str, &'static str)>,
+}
+
+impl Case {
+    /// Every stage, the first one included.
+    pub fn stages(&self) -> Vec<Stage> {
+        let first = Stage {
+            what: "the policies created",
+            policies: self.policies.clone(),
+            ..Stage::default()
+        };
+        std::iter::once(first).chain(self.then.clone()).collect()
+    }
 }
 
 /// A NetworkPolicy `ns/name` with `spec`.
@@ -27,272 +64,539 @@ pub fn policy(ns: &str, name: &str, spec: Value) -> Value {
            "metadata": {"namespace": ns, "name": name}, "spec": spec})
 }
 
-fn pod_a() -> Value {
-    json!({"matchLabels": {"pod": "a"}})
-}
-
-fn ns_y() -> Value {
-    json!({"matchLabels": {"ns": "y"}})
-}
-
-/// `x/a` takes ingress only `from` these peers.
-fn x_a_from(peers: Value) -> Value {
+/// Upstream's `GenNetworkPolicyWithNameAndPodSelector(name, selector, SetSpecIngressRules(rules))`
+/// in namespace `ns`: `policyTypes: [Ingress]`, `ingress` the rules (maybe none).
+fn ingress(ns: &str, name: &str, selector: Value, rules: Value) -> Value {
     policy(
-        "x",
-        "p",
-        json!({"podSelector": pod_a(), "ingress": [{"from": peers}]}),
-    )
-}
-
-/// `x/a` takes ingress only from namespace `y`, on `ports`.
-fn x_a_from_y_on(name: &str, ports: Value) -> Value {
-    policy(
-        "x",
+        ns,
         name,
-        json!({"podSelector": pod_a(), "ingress": [{"from": [{"namespaceSelector": ns_y()}], "ports": ports}]}),
+        json!({"podSelector": selector, "ingress": rules, "policyTypes": ["Ingress"]}),
     )
 }
 
-/// `x/a` takes ingress on every port of `protocol` only.
-fn x_a_protocol(protocol: &str) -> Value {
+/// The same with `SetSpecEgressRules(rules)`: `policyTypes: [Egress]`.
+fn egress(ns: &str, name: &str, selector: Value, rules: Value) -> Value {
     policy(
-        "x",
-        "p",
-        json!({"podSelector": pod_a(), "ingress": [{"ports": [{"protocol": protocol}]}]}),
-    )
-}
-
-/// `x/a` sends only `to` these peers (policy `name`).
-fn x_a_to(name: &str, to: Value) -> Value {
-    policy(
-        "x",
+        ns,
         name,
-        json!({"podSelector": pod_a(), "policyTypes": ["Egress"], "egress": [{"to": to}]}),
+        json!({"podSelector": selector, "egress": rules, "policyTypes": ["Egress"]}),
     )
+}
+
+/// `podSelector` / `matchLabels` `pod: <name>`.
+fn pod(name: &str) -> Value {
+    json!({"matchLabels": {"pod": name}})
+}
+
+/// `GenNetworkPolicyWithNameAndPodMatchLabel(name, {})`: every pod of the namespace.
+fn every() -> Value {
+    json!({"matchLabels": {}})
+}
+
+/// A namespace selector on the API server's own label.
+fn ns_named(ns: &str) -> Value {
+    json!({"matchLabels": {"kubernetes.io/metadata.name": ns}})
+}
+
+fn ns_not_in(ns: &str) -> Value {
+    json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [ns]}]})
+}
+
+/// `ip`'s host CIDR (/32 or /128).
+fn host(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(_) => format!("{ip}/32"),
+        IpAddr::V6(_) => format!("{ip}/128"),
+    }
+}
+
+/// Upstream's `makeLargeCIDRForIP`: the /4 holding `ip`.
+fn large_cidr(ip: IpAddr) -> String {
+    let net = ipnet::IpNet::new(ip, 4).expect("a /4").trunc();
+    net.to_string()
+}
+
+/// A case of one stage.
+fn case(name: &'static str, policies: Vec<Value>) -> Case {
+    Case {
+        name,
+        policies,
+        then: Vec::new(),
+    }
+}
+
+/// A case whose world changes: `first`, then each stage in turn.
+fn dynamic(name: &'static str, first: Vec<Value>, then: Vec<Stage>) -> Case {
+    Case {
+        name,
+        policies: first,
+        then,
+    }
+}
+
+/// A later stage with `policies` and no label added.
+fn policies_then(what: &'static str, policies: Vec<Value>) -> Stage {
+    Stage {
+        what,
+        policies,
+        ..Stage::default()
+    }
 }
 
 /// Every case, in the order they run; `ip_of(namespace, pod)` is a pod's address.
-pub fn cases(ip_of: impl Fn(&str, &str) -> Ipv4Addr) -> Vec<Case> {
-    let case = |name, policies| Case { name, policies };
-    let allow_all = policy(
-        "x",
-        "allow-all",
-        json!({"podSelector": {}, "ingress": [{}]}),
+pub fn cases<A: Into<IpAddr>>(ip_of: impl Fn(&str, &str) -> A) -> Vec<Case> {
+    let ip_of = |ns: &str, p: &str| -> IpAddr { ip_of(ns, p).into() };
+    let x = "x";
+    let deny_ingress = |name| ingress(x, name, json!({}), json!([]));
+    let from = |peers: Value| json!([{"from": peers}]);
+    let from_y_on = |ports: Value| json!([{"from": [{"namespaceSelector": ns_named("y")}], "ports": ports}]);
+    let allow_81_from_y = ingress(
+        x,
+        "allow-client-a-via-ns-selector",
+        pod("a"),
+        from_y_on(json!([{"port": 81, "protocol": "TCP"}])),
     );
-    let only_80 = policy(
-        "x",
-        "allow-80",
-        json!({"podSelector": pod_a(), "ingress": [{"ports": [{"port": 80}]}]}),
+    let xb = ip_of("x", "b");
+    let around_xb = egress(
+        x,
+        "allow-client-a-via-cidr-egress-rule",
+        pod("a"),
+        json!([{"to": [{"ipBlock": {"cidr": large_cidr(xb), "except": [host(xb)]}}]}]),
     );
-    let egress_80 = policy(
-        "x",
-        "egress-80",
-        json!({"podSelector": pod_a(), "egress": [{"ports": [{"port": 80}]}], "policyTypes": ["Egress"]}),
+    let from_xa = from(json!([{"namespaceSelector": ns_named("x"), "podSelector": pod("a")}]));
+    let egress_80 = egress(
+        x,
+        "allow-egress-port-80",
+        every(),
+        json!([{"ports": [{"port": 80}]}]),
     );
-    let egress_all = policy(
-        "x",
-        "egress-all",
-        json!({"podSelector": pod_a(), "egress": [{}], "policyTypes": ["Egress"]}),
+    let ingress_80 = ingress(
+        x,
+        "allow-ingress-port-80",
+        every(),
+        json!([{"ports": [{"port": 80}]}]),
     );
-    let not_x = json!({"matchExpressions": [{"key": "ns", "operator": "NotIn", "values": ["x"]}]});
-    let pod_b = json!({"matchLabels": {"pod": "b"}});
-    let yb = ip_of("y", "b");
-    // The /24 holding y/b, y/b itself cut out.
-    let around_yb = Ipv4Addr::from(u32::from(yb) & 0xffff_ff00);
-    let block_but_yb =
-        json!([{"ipBlock": {"cidr": format!("{around_yb}/24"), "except": [format!("{yb}/32")]}}]);
+    let deny_all = policy(
+        x,
+        "deny-all",
+        json!({"podSelector": {}, "ingress": [], "egress": [], "policyTypes": ["Ingress", "Egress"]}),
+    );
+    let egress_for_a = egress(x, "allow-egress-for-target", pod("a"), json!([{}]));
     vec![
         case(
             "should support a 'default-deny-ingress' policy",
-            vec![policy(
-                "x",
-                "deny-ingress",
-                json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
-            )],
+            vec![deny_ingress("deny-ingress")],
         ),
-        case(
-            "should support a 'default-deny-all' policy",
-            vec![policy(
-                "x",
-                "deny-all",
-                json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
-            )],
-        ),
-        case("should support allow-all policy", vec![allow_all.clone()]),
-        case("ingress on 80 only", vec![only_80.clone()]),
-        case(
-            "should enforce multiple ingress policies with ingress allow-all policy taking precedence",
-            vec![only_80, allow_all],
-        ),
-        case("egress on 80 only", vec![egress_80.clone()]),
-        case(
-            "should enforce multiple egress policies with egress allow-all policy taking precedence",
-            vec![egress_80, egress_all],
-        ),
+        case("should support a 'default-deny-all' policy", vec![deny_all.clone()]),
         case(
             "should enforce policy to allow traffic from pods within server namespace based on PodSelector",
-            vec![x_a_from(json!([{"podSelector": pod_b}]))],
+            vec![ingress(x, "x-a-allows-x-b", pod("a"), from(json!([{"podSelector": pod("b")}])))],
         ),
         case(
-            "should enforce policy based on PodSelector with MatchExpressions",
-            vec![x_a_from(
-                json!([{"podSelector": {"matchExpressions": [{"key": "pod", "operator": "In", "values": ["b"]}]}}]),
-            )],
+            "should enforce policy to allow ingress traffic for a target",
+            vec![
+                deny_ingress("deny-all"),
+                ingress(
+                    x,
+                    "allow-all-to-a",
+                    pod("a"),
+                    from(json!([{"podSelector": {}, "namespaceSelector": {}}])),
+                ),
+            ],
         ),
         case(
             "should enforce policy to allow ingress traffic from pods in all namespaces",
-            vec![x_a_from(json!([{"namespaceSelector": {}}]))],
-        ),
-        case(
-            "should enforce policy to allow traffic only from a different namespace, based on NamespaceSelector",
-            vec![x_a_from(json!([{"namespaceSelector": ns_y()}]))],
-        ),
-        case(
-            "should enforce policy based on NamespaceSelector with MatchExpressions",
-            vec![x_a_from(
-                json!([{"namespaceSelector": {"matchExpressions": [{"key": "ns", "operator": "In", "values": ["y"]}]}}]),
+            vec![ingress(
+                x,
+                "allow-from-another-ns",
+                pod("a"),
+                from(json!([{"namespaceSelector": {"matchLabels": {}}}])),
             )],
         ),
         case(
-            "should enforce policy to allow traffic based on NamespaceSelector with MatchLabels using default ns label",
-            vec![x_a_from(
-                json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}}]),
+            "should enforce policy to allow traffic only from a different namespace, based on NamespaceSelector",
+            vec![ingress(
+                x,
+                "allow-client-a-via-ns-selector",
+                pod("a"),
+                from(json!([{"namespaceSelector": ns_named("y")}])),
+            )],
+        ),
+        case(
+            "should enforce policy based on PodSelector with MatchExpressions",
+            vec![ingress(
+                x,
+                "x-a-allows-x-b",
+                pod("a"),
+                from(json!([{"podSelector": {"matchExpressions": [{"key": "pod", "operator": "In", "values": ["b"]}]}}])),
+            )],
+        ),
+        case(
+            "should enforce policy based on NamespaceSelector with MatchExpressions",
+            vec![ingress(
+                x,
+                "allow-ns-y-match-selector",
+                pod("a"),
+                from(json!([{"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["y"]}]}}])),
             )],
         ),
         case(
             "should enforce policy based on PodSelector or NamespaceSelector",
-            vec![x_a_from(
-                json!([{"podSelector": pod_b}, {"namespaceSelector": not_x}]),
+            vec![ingress(
+                x,
+                "allow-ns-y-match-selector",
+                pod("a"),
+                from(json!([{"namespaceSelector": ns_not_in("x")}, {"podSelector": pod("b")}])),
             )],
         ),
         case(
             "should enforce policy based on PodSelector and NamespaceSelector",
-            vec![x_a_from(
-                json!([{"podSelector": pod_b, "namespaceSelector": not_x}]),
+            vec![ingress(
+                x,
+                "allow-ns-y-podselector-and-nsselector",
+                pod("a"),
+                from(json!([{"namespaceSelector": ns_not_in("x"), "podSelector": pod("b")}])),
             )],
         ),
         case(
             "should enforce policy based on Multiple PodSelectors and NamespaceSelectors",
-            vec![x_a_from(json!([{
-                "podSelector": {"matchExpressions": [{"key": "pod", "operator": "In", "values": ["b", "c"]}]},
-                "namespaceSelector": not_x
-            }]))],
+            vec![ingress(
+                x,
+                "allow-ns-y-z-pod-b-c",
+                pod("a"),
+                from(json!([{
+                    "namespaceSelector": ns_not_in("x"),
+                    "podSelector": {"matchExpressions": [{"key": "pod", "operator": "In", "values": ["b", "c"]}]}
+                }])),
+            )],
         ),
         case(
             "should enforce policy based on any PodSelectors",
-            vec![x_a_from(
-                json!([{"podSelector": pod_b}, {"podSelector": {"matchLabels": {"pod": "c"}}}]),
+            vec![ingress(
+                x,
+                "allow-ns-x-pod-b-c",
+                pod("a"),
+                from(json!([{"podSelector": pod("b")}, {"podSelector": pod("c")}])),
             )],
         ),
         case(
             "should enforce policy to allow traffic only from a pod in a different namespace based on PodSelector and NamespaceSelector",
-            vec![x_a_from(
-                json!([{"namespaceSelector": ns_y(), "podSelector": pod_a()}]),
+            vec![ingress(
+                x,
+                "allow-ns-y-pod-a-via-namespace-pod-selector",
+                pod("a"),
+                from(json!([{"namespaceSelector": ns_named("y"), "podSelector": pod("a")}])),
+            )],
+        ),
+        case("should enforce policy based on Ports", vec![allow_81_from_y.clone()]),
+        dynamic(
+            "should enforce multiple, stacked policies with overlapping podSelectors",
+            vec![allow_81_from_y.clone()],
+            vec![policies_then(
+                "a second policy allows 80 from y",
+                vec![
+                    allow_81_from_y,
+                    ingress(
+                        x,
+                        "allow-client-a-via-ns-selector-80",
+                        pod("a"),
+                        from_y_on(json!([{"port": 80, "protocol": "TCP"}])),
+                    ),
+                ],
             )],
         ),
         case(
-            "should enforce policy based on Ports",
-            vec![x_a_from_y_on("p", json!([{"port": 81}]))],
+            "should support allow-all policy",
+            vec![ingress(x, "allow-all", every(), json!([{}]))],
+        ),
+        case(
+            "should allow ingress access on one named port",
+            vec![ingress(
+                x,
+                "allow-all",
+                every(),
+                json!([{"ports": [{"port": "serve-81-tcp"}]}]),
+            )],
         ),
         case(
             "should allow ingress access from namespace on one named port",
-            vec![x_a_from_y_on("p", json!([{"port": "serve-80-tcp"}]))],
-        ),
-        case(
-            "should enforce policy based on a port range (endPort)",
-            vec![x_a_from_y_on("p", json!([{"port": 80, "endPort": 81}]))],
-        ),
-        case(
-            "should enforce multiple, stacked policies with overlapping podSelectors",
-            vec![
-                x_a_from_y_on("p", json!([{"port": 80}])),
-                x_a_from_y_on("q", json!([{"port": 81}])),
-            ],
-        ),
-        case(
-            "should enforce ingress policy allowing any port traffic to a server on a specific protocol",
-            vec![x_a_protocol("TCP")],
-        ),
-        case(
-            "should not allow access by TCP when a policy specifies only UDP",
-            vec![x_a_protocol("UDP")],
-        ),
-        case(
-            "should not mistakenly treat 'protocol: SCTP' as 'protocol: TCP'",
-            vec![x_a_protocol("SCTP")],
+            vec![ingress(
+                x,
+                "allow-client-a-via-ns-selector-80",
+                pod("a"),
+                from_y_on(json!([{"port": "serve-80-tcp", "protocol": "TCP"}])),
+            )],
         ),
         case(
             "should allow egress access on one named port",
-            vec![policy(
-                "x",
-                "p",
-                json!({"podSelector": pod_a(), "policyTypes": ["Egress"], "egress": [{"ports": [{"port": "serve-80-tcp"}]}]}),
+            vec![egress(
+                x,
+                "allow-egress",
+                every(),
+                json!([{"ports": [{"port": "serve-80-tcp"}]}]),
             )],
+        ),
+        dynamic(
+            "should enforce updated policy",
+            vec![ingress(x, "allow-all-mutate-to-deny-all", every(), json!([{}]))],
+            vec![policies_then(
+                "the policy updated to deny all",
+                vec![ingress(x, "allow-all-mutate-to-deny-all", every(), json!([]))],
+            )],
+        ),
+        dynamic(
+            "should allow ingress access from updated namespace",
+            vec![ingress(
+                x,
+                "allow-client-a-via-ns-selector",
+                pod("a"),
+                from(json!([{"namespaceSelector": {"matchLabels": {"ns2": "updated"}}}])),
+            )],
+            vec![Stage {
+                what: "namespace y labelled ns2=updated",
+                policies: vec![ingress(
+                    x,
+                    "allow-client-a-via-ns-selector",
+                    pod("a"),
+                    from(json!([{"namespaceSelector": {"matchLabels": {"ns2": "updated"}}}])),
+                )],
+                namespace_labels: vec![("y", "ns2", "updated")],
+                pod_labels: Vec::new(),
+            }],
+        ),
+        dynamic(
+            "should allow ingress access from updated pod",
+            vec![ingress(
+                x,
+                "allow-client-a-via-pod-selector",
+                pod("a"),
+                from(json!([{"podSelector": {"matchLabels": {"pod": "b", "pod2": "updated"}}}])),
+            )],
+            vec![Stage {
+                what: "pod x/b labelled pod2=updated",
+                policies: vec![ingress(
+                    x,
+                    "allow-client-a-via-pod-selector",
+                    pod("a"),
+                    from(json!([{"podSelector": {"matchLabels": {"pod": "b", "pod2": "updated"}}}])),
+                )],
+                namespace_labels: Vec::new(),
+                pod_labels: vec![("x", "b", "pod2", "updated")],
+            }],
+        ),
+        case(
+            "should deny ingress from pods on other namespaces",
+            vec![ingress(
+                x,
+                "deny-empty-policy",
+                json!({}),
+                from(json!([{"podSelector": {"matchLabels": {}}}])),
+            )],
+        ),
+        dynamic(
+            "should deny ingress access to updated pod",
+            vec![ingress(
+                x,
+                "deny-ingress-via-label-selector",
+                json!({"matchLabels": {"target": "isolated"}}),
+                json!([]),
+            )],
+            vec![Stage {
+                what: "pod x/a labelled target=isolated",
+                policies: vec![ingress(
+                    x,
+                    "deny-ingress-via-label-selector",
+                    json!({"matchLabels": {"target": "isolated"}}),
+                    json!([]),
+                )],
+                namespace_labels: Vec::new(),
+                pod_labels: vec![("x", "a", "target", "isolated")],
+            }],
         ),
         case(
             "should deny egress from pods based on PodSelector",
-            vec![policy(
-                "x",
-                "p",
-                json!({"podSelector": pod_a(), "policyTypes": ["Egress"]}),
-            )],
+            vec![egress(x, "deny-egress-pod-a", pod("a"), json!([]))],
         ),
         case(
             "should deny egress from all pods in a namespace",
-            vec![policy(
-                "x",
-                "p",
-                json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": []}),
-            )],
-        ),
-        case(
-            "should enforce egress policy allowing traffic to a server in a different namespace based on PodSelector and NamespaceSelector",
-            vec![x_a_to(
-                "p",
-                json!([{"namespaceSelector": ns_y(), "podSelector": pod_a()}]),
-            )],
-        ),
-        case(
-            "should allow egress access to server in CIDR block",
-            vec![x_a_to(
-                "p",
-                json!([{"ipBlock": {"cidr": format!("{yb}/32")}}]),
-            )],
-        ),
-        case(
-            "should enforce except clause while egress access to server in CIDR block",
-            vec![x_a_to("p", block_but_yb.clone())],
-        ),
-        case(
-            "should ensure an IP overlapping both IPBlock.CIDR and IPBlock.Except is allowed",
-            vec![
-                x_a_to("p", block_but_yb),
-                x_a_to("q", json!([{"ipBlock": {"cidr": format!("{yb}/32")}}])),
-            ],
-        ),
-        case(
-            "should support denying of egress traffic on the client side (even if the server explicitly allows this traffic)",
-            vec![
-                policy(
-                    "x",
-                    "client",
-                    json!({"podSelector": pod_a(), "policyTypes": ["Egress"]}),
-                ),
-                policy(
-                    "y",
-                    "server",
-                    json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {}}]}]}),
-                ),
-            ],
+            vec![egress(x, "deny-egress-ns-x", json!({}), json!([]))],
         ),
         case(
             "should work with Ingress, Egress specified together",
             vec![policy(
-                "x",
+                x,
+                "allow-client-a-via-pod-selector",
+                json!({"podSelector": pod("a"),
+                       "ingress": [{"from": [{"podSelector": pod("b")}]}],
+                       "egress": [{"ports": [{"port": 80}]}],
+                       "policyTypes": ["Egress", "Ingress"]}),
+            )],
+        ),
+        case(
+            "should support denying of egress traffic on the client side (even if the server explicitly allows this traffic)",
+            vec![
+                egress(
+                    x,
+                    "allow-to-ns-y-pod-a",
+                    pod("a"),
+                    json!([{"to": [{"namespaceSelector": ns_named("y"), "podSelector": pod("a")}]}]),
+                ),
+                ingress("y", "allow-from-xa-on-ya-match-selector", pod("a"), from_xa.clone()),
+                ingress("y", "allow-from-xa-on-yb-match-selector", pod("b"), from_xa),
+            ],
+        ),
+        case(
+            "should enforce egress policy allowing traffic to a server in a different namespace based on PodSelector and NamespaceSelector",
+            vec![egress(
+                x,
+                "allow-to-ns-y-pod-a",
+                pod("a"),
+                json!([{"to": [{"namespaceSelector": ns_named("y"), "podSelector": pod("a")}]}]),
+            )],
+        ),
+        case(
+            "should enforce ingress policy allowing any port traffic to a server on a specific protocol",
+            vec![ingress(
+                x,
+                "allow-ingress-by-proto",
+                pod("a"),
+                json!([{"ports": [{"protocol": "TCP"}]}]),
+            )],
+        ),
+        dynamic(
+            "should enforce multiple ingress policies with ingress allow-all policy taking precedence",
+            vec![ingress_80.clone()],
+            vec![policies_then(
+                "an allow-all ingress policy added",
+                vec![ingress_80, ingress(x, "allow-ingress", every(), json!([{}]))],
+            )],
+        ),
+        dynamic(
+            "should enforce multiple egress policies with egress allow-all policy taking precedence",
+            vec![egress_80.clone()],
+            vec![policies_then(
+                "an allow-all egress policy added",
+                vec![egress_80, egress(x, "allow-egress", every(), json!([{}]))],
+            )],
+        ),
+        dynamic(
+            "should stop enforcing policies after they are deleted",
+            vec![deny_all],
+            vec![policies_then("the policies deleted", Vec::new())],
+        ),
+        case(
+            "should allow egress access to server in CIDR block",
+            vec![egress(
+                x,
+                "allow-client-a-via-cidr-egress-rule",
+                pod("a"),
+                json!([{"to": [{"ipBlock": {"cidr": host(ip_of("y", "b"))}}]}]),
+            )],
+        ),
+        case(
+            "should enforce except clause while egress access to server in CIDR block",
+            vec![around_xb.clone()],
+        ),
+        dynamic(
+            "should ensure an IP overlapping both IPBlock.CIDR and IPBlock.Except is allowed",
+            vec![around_xb],
+            vec![policies_then(
+                "the policy updated to allow x/b's address alone",
+                vec![egress(
+                    x,
+                    "allow-client-a-via-cidr-egress-rule",
+                    pod("a"),
+                    json!([{"to": [{"ipBlock": {"cidr": host(xb)}}]}]),
+                )],
+            )],
+        ),
+        dynamic(
+            "should enforce policies to check ingress and egress policies can be controlled independently based on PodSelector",
+            vec![egress_for_a.clone()],
+            vec![policies_then(
+                "a policy denying x/a's ingress added",
+                vec![
+                    egress_for_a,
+                    ingress(x, "deny-ingress-via-label-selector", pod("a"), json!([])),
+                ],
+            )],
+        ),
+        case(
+            "should not mistakenly treat 'protocol: SCTP' as 'protocol: TCP', even if the plugin doesn't support SCTP",
+            vec![
+                deny_ingress("deny-ingress"),
+                ingress(
+                    x,
+                    "allow-only-sctp-ingress-on-port-81",
+                    pod("a"),
+                    json!([{"ports": [{"port": 81, "protocol": "SCTP"}]}]),
+                ),
+            ],
+        ),
+        case(
+            "should properly isolate pods that are selected by a policy allowing SCTP, even if the plugin doesn't support SCTP",
+            vec![ingress(
+                x,
+                "allow-only-sctp-ingress-on-port-80",
+                pod("a"),
+                json!([{"ports": [{"port": 80, "protocol": "SCTP"}]}]),
+            )],
+        ),
+        case(
+            "should not allow access by TCP when a policy specifies only UDP",
+            vec![ingress(
+                x,
+                "allow-only-udp-ingress-on-port-81",
+                pod("a"),
+                json!([{"ports": [{"port": 81, "protocol": "UDP"}]}]),
+            )],
+        ),
+        case(
+            "should enforce policy to allow traffic based on NamespaceSelector with MatchLabels using default ns label",
+            vec![ingress(
+                x,
+                "allow-client-a-via-ns-selector-for-immutable-ns-label",
+                pod("a"),
+                from(json!([{"namespaceSelector": ns_named("y")}])),
+            )],
+        ),
+        case(
+            "should enforce policy based on NamespaceSelector with MatchExpressions using default ns label",
+            vec![egress(
+                x,
+                "allow-ns-y-match-selector-for-immutable-ns-label",
+                pod("a"),
+                json!([{"to": [{"namespaceSelector": ns_not_in("y")}]}]),
+            )],
+        ),
+        // Upstream's UDP and SCTP contexts repeat the TCP cases under the same names; only
+        // "based on Ports" changes its policy (the protocol of port 81).
+        case(
+            "using UDP: should enforce policy based on Ports",
+            vec![ingress(
+                x,
+                "allow-ingress-on-port-81-ns-x",
+                pod("a"),
+                from_y_on(json!([{"port": 81, "protocol": "UDP"}])),
+            )],
+        ),
+        case(
+            "using SCTP: should enforce policy based on Ports",
+            vec![ingress(
+                x,
+                "allow-ingress-on-port-81-ns-x",
+                pod("a"),
+                from_y_on(json!([{"port": 81, "protocol": "SCTP"}])),
+            )],
+        ),
+        // Ours: a port range (`endPort`) from namespace y.
+        case(
+            "ours: ingress on a port range (endPort) from namespace y",
+            vec![ingress(
+                x,
                 "p",
-                json!({"podSelector": pod_a(), "policyTypes": ["Ingress", "Egress"],
-                       "ingress": [{"from": [{"podSelector": pod_b}]}],
-                       "egress": [{"to": [{"namespaceSelector": ns_y()}]}]}),
+                pod("a"),
+                from_y_on(json!([{"port": 80, "endPort": 81}])),
             )],
         ),
         // Ours: the parts a compiler must refuse (a CIDR that is none, a port out of range,
@@ -301,9 +605,9 @@ pub fn cases(ip_of: impl Fn(&str, &str) -> Ipv4Addr) -> Vec<Case> {
         case(
             "a bad part of a policy is named and allows nothing",
             vec![policy(
-                "x",
+                x,
                 "bad",
-                json!({"podSelector": pod_a(), "ingress": [
+                json!({"podSelector": pod("a"), "ingress": [
                     {"from": [{"ipBlock": {"cidr": "10.1.1.0/33"}}]},
                     {"ports": [{"port": 70000}]},
                     {"ports": [{"port": "serve-80-tcp", "endPort": 81}]},
@@ -315,7 +619,7 @@ pub fn cases(ip_of: impl Fn(&str, &str) -> Ipv4Addr) -> Vec<Case> {
 }
 
 /// The case named `name` (panics naming it when there is none).
-pub fn case_named(ip_of: impl Fn(&str, &str) -> Ipv4Addr, name: &str) -> Case {
+pub fn case_named<A: Into<IpAddr>>(ip_of: impl Fn(&str, &str) -> A, name: &str) -> Case {
     cases(ip_of)
         .into_iter()
         .find(|c| c.name == name)

@@ -4,8 +4,8 @@
 //!
 //! The semantics are Kubernetes' (`networking.k8s.io/v1`):
 //! - a pod is isolated for a direction when some policy of its namespace selects it
-//!   (`spec.podSelector`) and has that direction in `spec.policyTypes` (unset: `Ingress`, plus
-//!   `Egress` when `spec.egress` is present). An isolated direction allows only what some rule of
+//!   (`spec.podSelector`) and has that direction in `spec.policyTypes` (unset or empty: `Ingress`,
+//!   plus `Egress` when `spec.egress` has a rule, as the API server defaults it). An isolated direction allows only what some rule of
 //!   some selecting policy allows (policies add up; none denies); a direction no policy isolates
 //!   allows everything;
 //! - a rule with no peers (`from`/`to` empty or absent) matches every peer; a peer is a
@@ -245,15 +245,22 @@ fn policy_name(p: &NetworkPolicy) -> String {
     )
 }
 
-/// The policy types of `p`: (ingress, egress).
+/// The policy types of `p`: (ingress, egress), defaulted as the API server defaults them
+/// (`SetDefaults_NetworkPolicy`): `policyTypes` unset or empty means `Ingress`, plus `Egress` when
+/// `spec.egress` has a rule (`egress: []` adds none). A policy read from the API server already
+/// has them; one read from a file or another source may not.
 fn types(p: &NetworkPolicy) -> (bool, bool) {
     let spec = p.spec.as_ref();
-    match spec.and_then(|s| s.policy_types.as_ref()) {
+    match spec.and_then(|s| s.policy_types.as_ref()).filter(|t| !t.is_empty()) {
         Some(t) => (
             t.iter().any(|t| t == "Ingress"),
             t.iter().any(|t| t == "Egress"),
         ),
-        None => (true, spec.is_some_and(|s| s.egress.is_some())),
+        None => (
+            true,
+            spec.and_then(|s| s.egress.as_ref())
+                .is_some_and(|rules| !rules.is_empty()),
+        ),
     }
 }
 
