@@ -271,7 +271,8 @@ async fn staged_cases(test: &str, rp_filter: RpFilter) {
     for ns in NAMESPACES {
         api.put_namespace_labels(ns, &[("ns", ns)]);
     }
-    let on_a = PolicyDaemon::start(&c, &api, &c.a.instance_id, NODE_A, Placement::SecondaryEni).await;
+    let on_a =
+        PolicyDaemon::start(&c, &api, &c.a.instance_id, NODE_A, Placement::SecondaryEni).await;
     let on_b = PolicyDaemon::start(&c, &api, &c.b.instance_id, NODE_B, Placement::Eth0).await;
     let mut pods = BTreeMap::new();
     for ns in NAMESPACES {
@@ -292,7 +293,10 @@ async fn staged_cases(test: &str, rp_filter: RpFilter) {
             .run_async(|| sctp::raw_socket(false))
             .await
             .expect("an SCTP socket in the pod");
-        listeners.insert(pod.key.clone(), Arc::new(sctp::InitListener::start(fd, false)));
+        listeners.insert(
+            pod.key.clone(),
+            Arc::new(sctp::InitListener::start(fd, false)),
+        );
     }
     let logs = || {
         [&on_a, &on_b]
@@ -308,10 +312,11 @@ async fn staged_cases(test: &str, rp_filter: RpFilter) {
         pod_labels: Vec::new(),
     };
     let started = tokio::time::Instant::now();
-    let staged: Vec<netpol_cases::Case> = netpol_cases::cases(|ns, p| pods[&format!("{ns}/{p}")].cni.ip)
-        .into_iter()
-        .filter(|case| !case.then.is_empty())
-        .collect();
+    let staged: Vec<netpol_cases::Case> =
+        netpol_cases::cases(|ns, p| pods[&format!("{ns}/{p}")].cni.ip)
+            .into_iter()
+            .filter(|case| !case.then.is_empty())
+            .collect();
     assert!(staged.len() >= 4, "the four dynamic cases at least");
     for case in &staged {
         for (i, stage) in case.stages().iter().enumerate() {
@@ -329,7 +334,8 @@ async fn staged_cases(test: &str, rp_filter: RpFilter) {
             if i > 0 {
                 let full_after = [counter(&on_a, FULL).await, counter(&on_b, FULL).await];
                 assert_eq!(
-                    full_before, full_after,
+                    full_before,
+                    full_after,
                     "{what}: a daemon loaded its whole table instead of updating it in place:\n{}",
                     logs()
                 );
