@@ -106,10 +106,10 @@ async fn probe_sctp(
     }
     let listeners = listeners.clone();
     tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + PROBE_WAIT;
+        let deadline = tokio::time::Instant::now() + PROBE_WAIT;
         sent.into_iter()
             .map(|(cell, to, port, tag)| {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let got = listeners[&cell.server].received((port, to.port(), tag), left);
                 (cell, got)
             })

@@ -27,6 +27,7 @@ use eniipam::network_policy::{Cluster, PodView, Protocol, compile, connection_al
 use nix::poll::{PollFd, PollFlags, poll};
 use nix::sched::CloneFlags;
 use serde_json::{Value, json};
+#[allow(unused_imports)] // each test binary reads its own part
 pub use world::{ip_of, policy, world, world_at};
 
 pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
