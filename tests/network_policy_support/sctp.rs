@@ -17,6 +17,8 @@
 //! what passes it is what an SCTP stack's association would have got. The replies an SCTP stack
 //! would send (`INIT ACK`) follow the connection through conntrack, as TCP's and UDP's do.
 
+#![allow(dead_code)] // each test binary uses its own part
+
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};

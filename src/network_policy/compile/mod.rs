@@ -251,7 +251,10 @@ fn policy_name(p: &NetworkPolicy) -> String {
 /// has them; one read from a file or another source may not.
 fn types(p: &NetworkPolicy) -> (bool, bool) {
     let spec = p.spec.as_ref();
-    match spec.and_then(|s| s.policy_types.as_ref()).filter(|t| !t.is_empty()) {
+    match spec
+        .and_then(|s| s.policy_types.as_ref())
+        .filter(|t| !t.is_empty())
+    {
         Some(t) => (
             t.iter().any(|t| t == "Ingress"),
             t.iter().any(|t| t == "Egress"),
