@@ -48,6 +48,10 @@ mod bins;
 mod datapath_support;
 #[path = "datapath_policy/issue47.rs"]
 mod issue47;
+#[path = "datapath_policy/spoofing.rs"]
+mod spoofing;
+#[path = "datapath_policy/udp.rs"]
+mod udp;
 #[path = "netpol_cases/mod.rs"]
 mod netpol_cases;
 

@@ -41,6 +41,7 @@
 //! - `nft`: the nftables rulesets;
 //! - [`netns`]: named namespaces, tools and code run inside them;
 //! - [`traffic`]: the echo server and client, the port forward into a namespace;
+//! - [`raw`]: a datagram sent with a source that is not the sender's (a pod's raw socket);
 //! - [`error`]: the error type, [`LabError`].
 
 pub mod error;
@@ -48,6 +49,7 @@ pub mod lab;
 pub mod netns;
 mod nft;
 mod plan;
+pub mod raw;
 pub mod state;
 pub mod traffic;
 

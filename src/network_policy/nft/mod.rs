@@ -53,11 +53,13 @@ use ipnet::IpNet;
 
 use super::compile::{Compiled, Direction, Peers, Ports, Protocol, Rule};
 
+mod base;
 mod check;
 mod counters;
 mod text;
 mod update;
-pub use check::{base_chain_differs, chains_differ};
+pub use base::{BASE_CHAINS, BaseChain, SPOOFED, spoofed_packets};
+pub use check::{base_chain_differs, chains_differ, maps_differ};
 pub use counters::{CounterReading, CounterVerdict, parse_counters};
 use text::{comment, ident, is_ifname, merge, proto, range, subtract};
 pub use update::Changes;
@@ -65,11 +67,13 @@ pub use update::Changes;
 /// The table's name (family `inet`).
 pub const TABLE: &str = "eniipam_policy";
 
-/// One pod on this node: its name (`namespace/name`, for comments), its host veth and its policy.
+/// One pod on this node: its name (`namespace/name`, for comments), its host veth, its own
+/// addresses (the only sources its veth may carry, [`base`]) and its policy.
 #[derive(Clone, Debug)]
 pub struct LocalPod {
     pub name: String,
     pub veth: String,
+    pub ips: Vec<IpAddr>,
     pub compiled: Compiled,
 }
 
@@ -81,11 +85,11 @@ pub struct Ruleset {
     pub sets: BTreeMap<String, Set>,
     /// The named counters, two per chain (`<chain>_allowed`, `<chain>_denied`): name → comment.
     pub counters: BTreeMap<String, String>,
-    /// The chains of isolated directions (the base chain `forward` is not one of them).
+    /// The chains of isolated directions (the base chains, [`BASE_CHAINS`], are not among them).
     pub chains: BTreeMap<String, Chain>,
-    /// The base chain's rules after its `ct state established,related accept`, in order: per
-    /// isolated pod, its hairpin accept and its jumps.
-    pub jumps: Vec<String>,
+    /// The verdict maps the base chains dispatch by (`<key type> : verdict`, each element
+    /// `<key> : jump <chain>`): a pod's veth or address to its chains ([`base`]).
+    pub maps: BTreeMap<String, Set>,
     /// Parts of the policies this ruleset cannot enforce (IPv6 peers), each naming the pod and rule.
     pub not_enforced: Vec<String>,
 }
@@ -140,37 +144,18 @@ pub fn render(pods: &[LocalPod]) -> Result<Ruleset, RenderError> {
         }
     }
     let mut out = Ruleset::default();
+    base::add_pod_sets(&mut out, pods);
     for pod in pods {
-        let isolated = [&pod.compiled.egress, &pod.compiled.ingress]
-            .into_iter()
-            .any(|d| matches!(d, Direction::Isolated { .. }));
-        if isolated {
-            // Hairpin: the pod reaching itself through its Service (DNAT to its own address)
-            // comes in and goes out by its own veth; a pod cannot block access to itself. Only
-            // its own veth both ways: another pod sending from its address meets its chains.
-            out.jumps.push(format!(
-                "iifname \"{0}\" oifname \"{0}\" accept comment \"{1}\"",
-                pod.veth,
-                comment(&format!(
-                    "{} to itself: a pod cannot block access to itself",
-                    pod.name
-                ))
-            ));
-        }
-        for (dir, compiled, hook) in [
-            (PolicyType::Egress, &pod.compiled.egress, "iifname"),
-            (PolicyType::Ingress, &pod.compiled.ingress, "oifname"),
+        for (dir, compiled) in [
+            (PolicyType::Egress, &pod.compiled.egress),
+            (PolicyType::Ingress, &pod.compiled.ingress),
         ] {
             let Direction::Isolated { policies, rules } = compiled else {
                 continue;
             };
             let chain = format!("{}_{}", dir.short(), ident(&pod.veth));
             out.chain(pod, dir, &chain, policies, rules);
-            out.jumps.push(format!(
-                "{hook} \"{}\" jump {chain} comment \"{}\"",
-                pod.veth,
-                comment(&format!("{} {}", pod.name, dir.word()))
-            ));
+            base::dispatch(&mut out, pod, dir, &chain);
         }
     }
     Ok(out)
