@@ -12,7 +12,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use vpclab::NetNs;
+use vpclab::service::{Service, ServiceMode};
 
 use super::udp::{received, record_udp, send_udp};
 use super::*;
@@ -104,26 +104,6 @@ async fn new_local_peer(test: &str, rp_filter: RpFilter) {
 /// The Service's ClusterIP (outside the VPC's 10.0.0.0/16).
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 
-/// kube-proxy's ClusterIP in the node, in its nftables mode's shape: [`CLUSTER_IP`] DNATed to
-/// `pod` (every port), and a packet of `pod` to itself masqueraded, so that its replies come back
-/// through the node (the pod would take a reply from its own address as a martian).
-async fn add_cluster_ip(node: &NetNs, pod: Ipv4Addr) {
-    node.nft(&format!(
-        "table ip labproxy {{
-  chain services {{
-    type nat hook prerouting priority dstnat; policy accept;
-    ip daddr {CLUSTER_IP} dnat to {pod}
-  }}
-  chain masquerading {{
-    type nat hook postrouting priority srcnat; policy accept;
-    ip saddr {pod} ip daddr {pod} masquerade
-  }}
-}}"
-    ))
-    .await
-    .expect("the emulated kube-proxy's Service");
-}
-
 /// Case 4. Before the fix, `x/a`'s packet to its own Service met its egress chain (iif = its veth)
 /// and its ingress chain (oif = its veth), which allow nothing to it: dropped.
 async fn hairpin(test: &str, rp_filter: RpFilter) {
@@ -150,7 +130,11 @@ async fn hairpin(test: &str, rp_filter: RpFilter) {
     )
     .await;
     let xa = pods["x/a"].cni.clone();
-    add_cluster_ip(&d.ns, xa.ip).await;
+    // kube-proxy's ClusterIP in its nftables mode's shape: DNATed to x/a, and x/a's packets to
+    // itself masqueraded, so that their replies come back through the node.
+    let _service = Service::start(&d.ns, ServiceMode::Dnat, CLUSTER_IP, xa.ip, &PORTS)
+        .await
+        .expect("the emulated kube-proxy's Service");
     let service = |port| SocketAddr::from((CLUSTER_IP, port));
 
     // The Service works: x/b (allowed) gets through it, y/a (denied) does not.

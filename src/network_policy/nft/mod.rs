@@ -3,14 +3,16 @@
 //! keeper (table `ip eniipam`) never fights it, loaded whole as one transaction.
 //!
 //! The ruleset, for the local pods, each known by its host veth:
-//! - a base chain `forward` (filter hook, policy accept) accepts `ct state established,related`
-//!   first: replies and ICMP errors of an allowed connection follow it, whatever the policies say
-//!   of the reverse direction. (A connection already open when a policy changes keeps flowing:
-//!   the new rules judge new connections only, as conntrack-based enforcers do.) Then, per pod
-//!   with an isolated direction, `iifname <veth> oifname <veth>` is accepted (the pod reaching
-//!   itself through its Service: a pod cannot block access to itself), then `iifname <veth>`
-//!   jumps to its egress chain and `oifname <veth>` to its ingress chain. An open direction has
-//!   no chain and no jump;
+//! - three base chains ([`base`]): `prerouting` (priority raw) ties each local pod's veth to its
+//!   own addresses (a spoofed source is counted and dropped); `forward` and `output` judge new
+//!   connections, pod traffic the node routes and what leaves through local-out with a pod's
+//!   source (kube-proxy's IPVS mode). Each accepts `ct state established,related` first: replies
+//!   and ICMP errors of an allowed connection follow it, whatever the policies say of the reverse
+//!   direction. (A connection already open when a policy changes keeps flowing: the new rules
+//!   judge new connections only, as conntrack-based enforcers do.) Then a pod reaching itself is
+//!   accepted (a pod cannot block access to itself), and verdict maps dispatch to the pods'
+//!   chains: by veth (`egress_dispatch`, `ingress_dispatch`) and, in `output`, by source address
+//!   (`egress_by_addr`). An open direction has no chain and no map element;
 //! - an isolated direction's chain holds one rule per way a policy rule can match (a whole
 //!   protocol, numbered ports and ranges, egress named ports per peer) and ends in `drop`. A
 //!   matching rule `return`s rather than `accept`s: an accept inside a jumped-to chain would end
@@ -26,10 +28,10 @@
 //!   change); ports and ranges an interval set of
 //!   `inet_proto . inet_service`; egress named ports, resolved on each peer pod, a set of
 //!   `ipv4_addr . inet_proto . inet_service`;
-//! - every chain, jump and rule carries a comment naming the pod or the policy rule
+//! - every chain and rule carries a comment naming the pod or the policy rule
 //!   (`x/p ingress[0]`), for `nft list` and `eniipamctl policy` later.
 //!
-//! [`render`] makes a [`Ruleset`]: the table's sets, counters and chains by name. Its
+//! [`render`] makes a [`Ruleset`]: the table's sets, maps, counters and chains by name. Its
 //! [`Ruleset::script`] makes the kernel's table exactly this one in one `nft -f -` transaction
 //! (declare, delete, define); [`Ruleset::update_script`] takes the kernel there from the ruleset
 //! last loaded, also in one transaction, changing set elements in place and refilling only the
@@ -43,8 +45,10 @@
 //! `tests/network_policy_nft.rs` loads it into network namespaces and checks the kernel's verdicts
 //! against the model's.
 //!
-//! `update` writes the scripts, `counters` reads the counters back, and `text` holds the pieces: names and comments made safe for `nft`, address and port ranges cut
-//! (an `except`) and merged (an interval set refuses overlapping elements).
+//! `base` holds the base chains and the sets and maps they read, `update` writes the scripts,
+//! `check` compares the kernel's table with the one loaded, `counters` reads the counters back,
+//! and `text` holds the pieces: names and comments made safe for `nft`, address and port ranges
+//! cut (an `except`) and merged (an interval set refuses overlapping elements).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
