@@ -54,14 +54,14 @@ mod bins;
 mod datapath_support;
 #[path = "datapath_policy/issue47.rs"]
 mod issue47;
+#[path = "netpol_cases/mod.rs"]
+mod netpol_cases;
 #[path = "datapath_policy/services.rs"]
 mod services;
 #[path = "datapath_policy/spoofing.rs"]
 mod spoofing;
 #[path = "datapath_policy/udp.rs"]
 mod udp;
-#[path = "netpol_cases/mod.rs"]
-mod netpol_cases;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

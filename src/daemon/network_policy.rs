@@ -42,7 +42,7 @@ use crate::metrics::network_policy::{Synced, VerdictCounts};
 use crate::model::PodRef;
 use crate::network_policy::Direction;
 use crate::network_policy::enforce::{Engine, LocalAttachment, Round, SyncKind, SyncReport};
-use crate::network_policy::nft::LocalPod;
+use crate::network_policy::nft::{LocalPod, SPOOFED};
 use crate::network_policy::watch::{ClusterWatch, pod_view};
 use crate::network_policy::{DirectionCounts, Explanation};
 use crate::pool::Pool;
@@ -320,7 +320,7 @@ async fn table_altered(engine: &mut Engine, deep: bool) -> Option<String> {
     }
 }
 
-/// Reads the kernel's per-chain counters into the verdict metrics.
+/// Reads the kernel's per-chain counters into the verdict metrics, and its `spoofed` counter.
 async fn count_verdicts(metrics: Metrics, cancel: CancellationToken) {
     let nft = Nft::default();
     loop {
@@ -335,6 +335,13 @@ async fn count_verdicts(metrics: Metrics, cancel: CancellationToken) {
                 egress_allowed: totals.egress_allowed,
                 egress_denied: totals.egress_denied,
             });
+        }
+        let table = crate::network_policy::nft::TABLE;
+        let args = ["-j", "list", "counter", "inet", table, SPOOFED];
+        if let Ok(json) = nft.run(&args, None).await
+            && let Ok(total) = crate::network_policy::nft::spoofed_packets(&json)
+        {
+            metrics.network_policy.spoofed(total);
         }
     }
 }

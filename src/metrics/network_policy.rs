@@ -66,6 +66,9 @@ pub struct PolicyMetrics {
     connections: Family<VerdictLabel, Counter>,
     superseded: Gauge,
     table_restored: Counter,
+    /// Packets dropped for a spoofed source, and the kernel's total last read.
+    spoofed: Counter,
+    last_spoofed: Arc<Mutex<u64>>,
     /// The kernel's totals last read (the counters restart when a table is loaded whole).
     last_counts: Arc<Mutex<VerdictCounts>>,
 }
@@ -84,6 +87,8 @@ impl Default for PolicyMetrics {
             connections: Family::default(),
             superseded: Gauge::default(),
             table_restored: Counter::default(),
+            spoofed: Counter::default(),
+            last_spoofed: Arc::default(),
             last_counts: Arc::default(),
         }
     }
@@ -121,6 +126,15 @@ impl PolicyMetrics {
     /// The table was found missing or altered in the kernel and loaded whole again.
     pub fn table_restored(&self) {
         self.table_restored.inc();
+    }
+
+    /// The kernel's `spoofed` counter (packets from a pod's veth with a source not its own):
+    /// what grew since the last reading is added (a smaller total restarted with a reloaded table).
+    pub fn spoofed(&self, total: u64) {
+        let mut last = self.last_spoofed.lock().unwrap_or_else(|p| p.into_inner());
+        self.spoofed
+            .inc_by(total.checked_sub(*last).unwrap_or(total));
+        *last = total;
     }
 
     /// Attachments left out of the last sync because a newer one names the same host veth.
@@ -196,6 +210,11 @@ impl PolicyMetrics {
             "eniipam_network_policy_table_restored",
             "Times the table inet eniipam_policy was found missing or altered in the kernel (another agent's nft flush ruleset) and loaded whole again",
             self.table_restored.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_spoofed_packets",
+            "Packets from a local pod's veth whose source was not one of the pod's own addresses, dropped (issue 47, case 2)",
+            self.spoofed.clone(),
         );
     }
 }

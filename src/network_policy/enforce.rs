@@ -167,9 +167,8 @@ impl Engine {
                 }
                 other => other?,
             };
-            let what = nft::base_chain_differs(&json, base.name).map_err(|e| {
-                NftError::Invalid(format!("reading `nft {}`: {e}", args.join(" ")))
-            })?;
+            let what = nft::base_chain_differs(&json, base.name)
+                .map_err(|e| NftError::Invalid(format!("reading `nft {}`: {e}", args.join(" "))))?;
             if what.is_some() {
                 return Ok(what);
             }

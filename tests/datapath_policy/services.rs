@@ -55,20 +55,25 @@ async fn services(test: &str, rp_filter: RpFilter) {
     .await;
 
     // Through the Services: the model's verdict on the pods behind them, but a pod to itself.
-    let through: Vec<Cell> = [("x/a", "y/a"), ("y/a", "x/a"), ("x/b", "x/a"), ("y/a", "x/b")]
-        .into_iter()
-        .chain([("x/a", "x/a")])
-        .flat_map(|(client, server)| {
-            PROTOCOLS.into_iter().flat_map(move |protocol| {
-                PORTS.map(|port| Cell {
-                    client: client.to_owned(),
-                    server: server.to_owned(),
-                    protocol,
-                    port,
-                })
+    let through: Vec<Cell> = [
+        ("x/a", "y/a"),
+        ("y/a", "x/a"),
+        ("x/b", "x/a"),
+        ("y/a", "x/b"),
+    ]
+    .into_iter()
+    .chain([("x/a", "x/a")])
+    .flat_map(|(client, server)| {
+        PROTOCOLS.into_iter().flat_map(move |protocol| {
+            PORTS.map(|port| Cell {
+                client: client.to_owned(),
+                server: server.to_owned(),
+                protocol,
+                port,
             })
         })
-        .collect();
+    })
+    .collect();
     let mut want = expected(&model(&pods, &policies), &through);
     for (cell, w) in &mut want {
         if cell.client == cell.server {

@@ -26,6 +26,9 @@ both_rp_filters!(
     a_pod_cannot_send_as_an_allowed_peer_loose_rp_filter
 );
 
+/// How long the daemon may take to export the kernel's count (it reads it every 15 s).
+const METRIC_WITHIN: Duration = Duration::from_secs(20);
+
 /// The spoofed datagrams each attempt sends.
 const SPOOFED: u32 = 5;
 
@@ -88,9 +91,10 @@ async fn spoofing(test: &str, rp_filter: RpFilter) {
     .await
     .expect("rp_filter off in the node");
 
-    for (victim, victim_name, allowed, allowed_name) in
-        [(xa, "x/a (isolated)", xb, "x/b"), (xb, "x/b (open)", xa, "x/a")]
-    {
+    for (victim, victim_name, allowed, allowed_name) in [
+        (xa, "x/a (isolated)", xb, "x/b"),
+        (xb, "x/b (open)", xa, "x/a"),
+    ] {
         let (recorder, mut rx) = record_udp(&victim.ns, 82).await;
         // The control: the real peer's datagrams arrive.
         send_udp(
@@ -123,6 +127,20 @@ async fn spoofing(test: &str, rp_filter: RpFilter) {
             after >= before + u64::from(SPOOFED),
             "the spoofed datagrams were not counted ({before} → {after})"
         );
+    }
+    // The daemon exports the kernel's count (read every 15 s).
+    let exported = tokio::time::Instant::now();
+    let total = spoofed(&d).await as f64;
+    loop {
+        let seen = metric(&d, "eniipam_network_policy_spoofed_packets_total").await;
+        if seen.is_some_and(|n| n >= total) {
+            break;
+        }
+        assert!(
+            exported.elapsed() < METRIC_WITHIN,
+            "eniipam_network_policy_spoofed_packets_total is {seen:?}, the kernel counted {total}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     // Nothing else changed: every pod's own traffic is judged as before.
     until_matrix(

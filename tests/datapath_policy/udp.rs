@@ -31,7 +31,13 @@ pub async fn record_udp(
 }
 
 /// Sends `count` datagrams `payload` from `from` (an address of `ns`) to `to`.
-pub async fn send_udp(ns: &NetNs, from: Ipv4Addr, to: SocketAddr, payload: &'static [u8], count: u32) {
+pub async fn send_udp(
+    ns: &NetNs,
+    from: Ipv4Addr,
+    to: SocketAddr,
+    payload: &'static [u8],
+    count: u32,
+) {
     ns.run_async(move || {
         let s = std::net::UdpSocket::bind((from, 0)).expect("udp bind");
         for _ in 0..count {
@@ -54,4 +60,3 @@ pub async fn received(
     }
     got
 }
-

@@ -115,7 +115,9 @@ impl Service {
                 ))
                 .await?;
                 // Shared by the node's Services: added once.
-                let rules = node.ip(&["rule", "list", "fwmark", &MARK.to_string()]).await?;
+                let rules = node
+                    .ip(&["rule", "list", "fwmark", &MARK.to_string()])
+                    .await?;
                 if rules.trim().is_empty() {
                     node.ip(&[
                         "rule",

@@ -221,7 +221,8 @@ pub(super) fn add_pod_sets(out: &mut Ruleset, pods: &[LocalPod]) {
 
 /// The packets `nft -j list counter inet eniipam_policy spoofed` counted.
 pub fn spoofed_packets(json: &str) -> Result<u64, String> {
-    let doc: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("not JSON: {e}"))?;
+    let doc: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("not JSON: {e}"))?;
     doc["nftables"]
         .as_array()
         .into_iter()

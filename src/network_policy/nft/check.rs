@@ -110,7 +110,9 @@ pub fn base_chain_differs(json: &str, name: &str) -> Result<Option<String>, Stri
     let rules = items.iter().filter(|i| i["rule"]["chain"] == name).count();
     let wanted = base_rules(name).len();
     Ok((rules != wanted).then(|| {
-        format!("table inet {TABLE}: its base chain {name} holds {rules} rule(s), loaded with {wanted}")
+        format!(
+            "table inet {TABLE}: its base chain {name} holds {rules} rule(s), loaded with {wanted}"
+        )
     }))
 }
 
@@ -125,7 +127,9 @@ pub fn maps_differ(json: &str, loaded: &Ruleset) -> Result<Option<String>, Strin
             .map(|i| &i["map"])
             .find(|m| m["table"] == TABLE && m["name"] == name.as_str())
         else {
-            return Ok(Some(format!("table inet {TABLE}: its map {name} is missing")));
+            return Ok(Some(format!(
+                "table inet {TABLE}: its map {name} is missing"
+            )));
         };
         let elements = found["elem"].as_array().map_or(0, Vec::len);
         if elements != map.elements.len() {
@@ -186,7 +190,11 @@ mod tests {
                 .iter()
                 .filter(|b| b.name != skip)
                 .map(|b| {
-                    let policy = if b.name == "forward" { policy } else { b.policy };
+                    let policy = if b.name == "forward" {
+                        policy
+                    } else {
+                        b.policy
+                    };
                     serde_json::json!({"chain": {"family": "inet", "table": TABLE,
                         "name": b.name, "type": b.kind, "hook": b.hook, "prio": b.priority,
                         "policy": policy}})

@@ -274,7 +274,11 @@ fn a_pod_reaching_itself_is_accepted_before_its_chains() {
     // Every local pod may reach itself (its veth both ways), isolated or not.
     assert_eq!(
         r.sets["hairpin"].elements,
-        ["\"eni1\" . \"eni1\"", "\"eni2\" . \"eni2\"", "\"eni3\" . \"eni3\""]
+        [
+            "\"eni1\" . \"eni1\"",
+            "\"eni2\" . \"eni2\"",
+            "\"eni3\" . \"eni3\""
+        ]
     );
     let forward = super::base::base_rules("forward");
     let hairpin = forward
@@ -287,7 +291,10 @@ fn a_pod_reaching_itself_is_accepted_before_its_chains() {
         .expect("the dispatch");
     assert!(hairpin < first_jump, "{forward:?}");
     // Issue 47, "Scale": the pods' chains are reached through verdict maps, not a list of jumps.
-    assert_eq!(r.maps["egress_dispatch"].elements, ["\"eni1\" : jump eg_eni1"]);
+    assert_eq!(
+        r.maps["egress_dispatch"].elements,
+        ["\"eni1\" : jump eg_eni1"]
+    );
     assert_eq!(
         r.maps["ingress_dispatch"].elements,
         ["\"eni1\" : jump in_eni1", "\"eni3\" : jump in_eni3"]
@@ -424,10 +431,15 @@ fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
     // Everything removed: the map element that jumps to the chain goes first, then the chain,
     // then what it used; the base chains are never touched.
     assert!(
-        at(&gone, "delete element inet eniipam_policy ingress_dispatch { \"eni1\" }")
-            < at(&gone, "flush chain inet eniipam_policy in_eni1")
+        at(
+            &gone,
+            "delete element inet eniipam_policy ingress_dispatch { \"eni1\" }"
+        ) < at(&gone, "flush chain inet eniipam_policy in_eni1")
     );
-    assert!(!gone.contains("forward") && !gone.contains("output"), "{gone}");
+    assert!(
+        !gone.contains("forward") && !gone.contains("output"),
+        "{gone}"
+    );
     assert!(
         at(&gone, "flush chain inet eniipam_policy in_eni1")
             < at(&gone, "delete chain inet eniipam_policy in_eni1")

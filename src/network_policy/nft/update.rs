@@ -143,9 +143,7 @@ impl Ruleset {
         for (name, map) in &self.maps {
             let old = applied.maps.get(name).unwrap_or(&empty);
             let (mut gone, mut added) = element_changes(old, map);
-            let renewed = |e: &&str| {
-                Ruleset::map_target(e).is_some_and(|c| recreated.contains(c))
-            };
+            let renewed = |e: &&str| Ruleset::map_target(e).is_some_and(|c| recreated.contains(c));
             gone.extend(old.elements.iter().map(String::as_str).filter(renewed));
             added.extend(map.elements.iter().map(String::as_str).filter(renewed));
             map_gone.push((name.as_str(), gone));
