@@ -173,12 +173,8 @@ impl Engine {
                 return Ok(what);
             }
         }
-        self.ask(
-            &["-j", "list", "maps", "table", "inet", nft::TABLE],
-            nft::maps_differ,
-            loaded,
-        )
-        .await
+        self.ask(&["-j", "list", "maps", "inet"], nft::maps_differ, loaded)
+            .await
     }
 
     /// Compiles `local` against `cluster` and makes the kernel's table enforce it.

@@ -9,7 +9,7 @@
 //!   element first), so it can run every few seconds;
 //! - [`base_chain_differs`], from `nft -j list chain inet eniipam_policy <base chain>`: the base
 //!   chain holds its rules (a chain flushed);
-//! - [`maps_differ`], from `nft -j list maps table inet eniipam_policy`: the dispatch maps hold
+//! - [`maps_differ`], from `nft -j list maps inet`: the dispatch maps hold
 //!   their elements, a jump to every pod chain (a map flushed). A pod chain cannot be deleted
 //!   while a map element jumps to it, so the elements also vouch for the chains; a pod chain
 //!   flushed by hand is not seen (the periodic whole reload repairs it).
@@ -116,7 +116,7 @@ pub fn base_chain_differs(json: &str, name: &str) -> Result<Option<String>, Stri
     }))
 }
 
-/// What the dispatch maps in `nft -j list maps table inet eniipam_policy` lack of `loaded`'s
+/// What the dispatch maps of the table in `nft -j list maps inet` lack of `loaded`'s
 /// (`None`: nothing): each map there, with as many elements, jumping to every pod chain.
 pub fn maps_differ(json: &str, loaded: &Ruleset) -> Result<Option<String>, String> {
     let items = items(json)?;
