@@ -42,7 +42,7 @@ use crate::metrics::network_policy::{Synced, VerdictCounts};
 use crate::model::PodRef;
 use crate::network_policy::Direction;
 use crate::network_policy::enforce::{Engine, LocalAttachment, Round, SyncKind, SyncReport};
-use crate::network_policy::nft::{LocalPod, SPOOFED};
+use crate::network_policy::nft::LocalPod;
 use crate::network_policy::watch::{ClusterWatch, pod_view};
 use crate::network_policy::{DirectionCounts, Explanation};
 use crate::pool::Pool;
@@ -328,53 +328,45 @@ async fn count_verdicts(metrics: Metrics, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(COUNTERS_EVERY) => {}
         }
-        if let Some(totals) = read_counters(&nft).await {
-            metrics.network_policy.verdicts(VerdictCounts {
-                ingress_allowed: totals.ingress_allowed,
-                ingress_denied: totals.ingress_denied,
-                egress_allowed: totals.egress_allowed,
-                egress_denied: totals.egress_denied,
-            });
+        let Some(json) = list_counters(&nft).await else {
+            continue;
+        };
+        if let Ok(readings) = crate::network_policy::enforce::counters_by_veth(&json) {
+            let mut t = VerdictCounts::default();
+            for (_, c) in readings {
+                t.ingress_allowed += c.ingress_allowed;
+                t.ingress_denied += c.ingress_denied;
+                t.egress_allowed += c.egress_allowed;
+                t.egress_denied += c.egress_denied;
+            }
+            metrics.network_policy.verdicts(t);
         }
-        let table = crate::network_policy::nft::TABLE;
-        let args = ["-j", "list", "counter", "inet", table, SPOOFED];
-        if let Ok(json) = nft.run(&args, None).await
-            && let Ok(total) = crate::network_policy::nft::spoofed_packets(&json)
-        {
+        if let Ok(total) = crate::network_policy::nft::spoofed_packets(&json) {
             metrics.network_policy.spoofed(total);
         }
     }
 }
 
-/// The kernel's counters summed over the node's pods; `None` when they cannot be read.
-async fn read_counters(nft: &Nft) -> Option<DirectionCounts> {
-    let readings = per_pod_counters(nft).await?;
-    let mut t = DirectionCounts::default();
-    for (_, c) in readings {
-        t.ingress_allowed += c.ingress_allowed;
-        t.ingress_denied += c.ingress_denied;
-        t.egress_allowed += c.egress_allowed;
-        t.egress_denied += c.egress_denied;
-    }
-    Some(t)
+/// `nft -j list counters table inet eniipam_policy`; `None` when it cannot be read.
+async fn list_counters(nft: &Nft) -> Option<String> {
+    nft.run(
+        &[
+            "-j",
+            "list",
+            "counters",
+            "table",
+            "inet",
+            crate::network_policy::nft::TABLE,
+        ],
+        None,
+    )
+    .await
+    .ok()
 }
 
 /// The kernel's counters per host veth.
 async fn per_pod_counters(nft: &Nft) -> Option<Vec<(String, DirectionCounts)>> {
-    let json = nft
-        .run(
-            &[
-                "-j",
-                "list",
-                "counters",
-                "table",
-                "inet",
-                crate::network_policy::nft::TABLE,
-            ],
-            None,
-        )
-        .await
-        .ok()?;
+    let json = list_counters(nft).await?;
     crate::network_policy::enforce::counters_by_veth(&json).ok()
 }
 

@@ -6,8 +6,10 @@
 //!   its source to the isolated `x/a`, which allows `x/b`: not delivered, counted as spoofed;
 //! - `y/a` sends the same to the open `x/b` with `x/a`'s address: not delivered either (every
 //!   local pod's veth is tied to its own addresses, isolated or not);
-//! - `x/b`'s own datagrams to `x/a` and `y/a`'s to `x/b` are delivered, and the matrix stays the
-//!   model's.
+//! - a new pod (`y/c`) is tied to its address when its ADD returns: its source entry is in the
+//!   table and its first spoofed datagrams are dropped;
+//! - `x/b`'s own datagrams to `x/a` and `x/a`'s to `x/b` are delivered, the daemon exports the
+//!   count (`eniipam_network_policy_spoofed_packets_total`), and the matrix stays the model's.
 //!
 //! `rp_filter` is turned off for the node (`all`) and the spoofer's host veth before the spoofed
 //! datagrams: a host veth has no address of its own, and for such an interface the kernel's loose
@@ -68,7 +70,7 @@ async fn send_spoofed(ns: &vpclab::NetNs, from: Ipv4Addr, to: Ipv4Addr, port: u1
 }
 
 async fn spoofing(test: &str, rp_filter: RpFilter) {
-    let Some((c, _api, d, policies, pods, _servers)) = small_world(test, rp_filter).await else {
+    let Some((c, api, d, policies, pods, _servers)) = small_world(test, rp_filter).await else {
         return;
     };
     let cells = all_cells(&pods);
@@ -128,6 +130,47 @@ async fn spoofing(test: &str, rp_filter: RpFilter) {
             "the spoofed datagrams were not counted ({before} → {after})"
         );
     }
+    // A new pod is tied to its address from its ADD, open as it is: when the plugin returns,
+    // its veth and address are in the table, and its first spoofed datagrams are dropped.
+    let yc = d.add_pod(&c, &api, "y", "c", None).await;
+    let veth = host_veth(&yc.cni);
+    d.ns.write_sysctls(&[rp_off(format!("net/ipv4/conf/{veth}/rp_filter"))])
+        .await
+        .expect("rp_filter off on y/c's veth");
+    let json =
+        d.ns.exec(
+            "nft",
+            &["-j", "list", "set", "inet", "eniipam_policy", "pod_sources"],
+        )
+        .await
+        .expect("nft list set pod_sources");
+    let entry = json!([veth, yc.cni.ip.to_string()]);
+    let listed = serde_json::from_str::<Value>(&json).expect("nft's JSON")["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["set"]["elem"].as_array())
+        .flatten()
+        .any(|e| e["concat"] == entry);
+    assert!(
+        listed,
+        "y/c's ADD returned before its source {entry} was in force:\n{json}"
+    );
+    let (recorder, mut rx) = record_udp(&xb.ns, 83).await;
+    let before = spoofed(&d).await;
+    send_spoofed(&yc.cni.ns, xa.ip, xb.ip, 83).await;
+    let got = received(&mut rx, Duration::from_secs(1)).await;
+    recorder.abort();
+    assert!(
+        got.is_empty(),
+        "the new y/c, sending as x/a right after its ADD, got through to x/b: {got:?}"
+    );
+    let after = spoofed(&d).await;
+    assert!(
+        after >= before + u64::from(SPOOFED),
+        "y/c's spoofed datagrams were not counted ({before} → {after})"
+    );
+
     // The daemon exports the kernel's count (read every 15 s).
     let exported = tokio::time::Instant::now();
     let total = spoofed(&d).await as f64;
