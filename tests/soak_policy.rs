@@ -20,7 +20,10 @@
 //!   another to a pod of its node (a raw datagram), a pod reaching itself through its Service,
 //!   and a pod reaching another through a Service, each Service in a random kube-proxy mode
 //!   (DNAT at prerouting, or IPVS's local-in/local-out path). The nodes run with `rp_filter` off,
-//!   so that only the policy table stands between a spoofed datagram and its target.
+//!   so that only the policy table stands between a spoofed datagram and its target;
+//! - another agent's `nft flush ruleset` in a node (issue 47, case 5), while the step's changes
+//!   are made: before the step's probes the node's table must be back (within
+//!   [`RESTORED_WITHIN`]; a violation otherwise, as the node would be open).
 //!
 //! Then, after a fixed settle of 2 s (twice the issue's p99 bound of 1 s from a change to rules in
 //! force; a fixed wait rather than the daemons' sync metrics, which live on each node's loopback),
@@ -71,6 +74,8 @@ const PODS_PER_NODE: (usize, usize) = (3, 6);
 const MAX_POLICIES: usize = 10;
 /// From the last change of a step to its probes.
 const SETTLE: Duration = Duration::from_secs(2);
+/// How long a node's daemon may take to load its table again after `nft flush ruleset`.
+const RESTORED_WITHIN: Duration = Duration::from_secs(15);
 /// Cells probed after each step.
 const SAMPLE: usize = 32;
 
@@ -100,6 +105,8 @@ struct Tally {
     hairpins: u64,
     services: u64,
     services_denied: u64,
+    /// `nft flush ruleset` in a node.
+    flushes: u64,
     /// The final check's findings (whole matrix).
     final_probes: u64,
     final_problems: Vec<String>,
@@ -337,6 +344,17 @@ impl Soak {
             self.api.hold_events();
             self.tally.holds += 1;
         }
+        let flushed = rng
+            .random_bool(0.1)
+            .then(|| rng.random_range(0..NODES.len()));
+        if let Some(node) = flushed {
+            self.daemons[node]
+                .ns
+                .exec("nft", &["flush", "ruleset"])
+                .await
+                .expect("nft flush ruleset");
+            self.tally.flushes += 1;
+        }
         if rng.random_bool(0.3) && !self.world.pods.is_empty() {
             let i = rng.random_range(0..self.world.pods.len());
             let labels = pod_labels(&mut rng);
@@ -395,6 +413,19 @@ impl Soak {
             }
         }
         tokio::time::sleep(SETTLE).await;
+        if let Some(node) = flushed {
+            let since = tokio::time::Instant::now();
+            while self.daemons[node].policy_table().await.is_none() {
+                if since.elapsed() > RESTORED_WITHIN {
+                    self.tally.violations.push(format!(
+                        "seed {} step {step}: {}'s table not restored within {RESTORED_WITHIN:?} of nft flush ruleset",
+                        self.seed, NODES[node]
+                    ));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
         let chains = self.chain_mismatches().await;
         for m in chains {
             self.tally
@@ -575,6 +606,7 @@ impl Soak {
             ("watches ended", t.watch_ends),
             ("compactions (410, re-list)", t.compactions),
             ("event streams held", t.holds),
+            ("nft flush ruleset in a node", t.flushes),
             ("cells probed after steps", t.probes),
             ("of which the model denies", t.denied),
             ("spoofing attempts (raw datagrams as another pod)", t.spoofs),
