@@ -35,6 +35,12 @@
 //!   posted by the kubelet yet, its first packets to a pod that allows it connect.
 //! - **Hairpin** (issue 47, case 4, `issue47`): a pod closed both ways reaches itself through its
 //!   Service (a ClusterIP DNAT in the node); another pod sending from its address does not.
+//! - **Spoofing** (issue 47, case 2, `spoofing`): a pod's raw datagrams with an allowed peer's
+//!   source reach neither an isolated pod nor an open one.
+//! - **Services in every kube-proxy mode** (issue 47, case 1, `services`): through a ClusterIP
+//!   DNATed at prerouting and through one taken at local-in and sent on through local-out with
+//!   the client's source (IPVS's path), connections are what the model says of the pods behind
+//!   them, and a pod reaches itself.
 //! - **Enforcement off:** the daemons restarted with `ENIIPAM_NETWORK_POLICY=false` delete the table,
 //!   and every cell connects although the policies are still in the API server.
 //!
@@ -50,6 +56,12 @@ mod datapath_support;
 mod issue47;
 #[path = "netpol_cases/mod.rs"]
 mod netpol_cases;
+#[path = "datapath_policy/services.rs"]
+mod services;
+#[path = "datapath_policy/spoofing.rs"]
+mod spoofing;
+#[path = "datapath_policy/udp.rs"]
+mod udp;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

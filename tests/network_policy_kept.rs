@@ -2,7 +2,8 @@
 //! network namespace the test makes (upstream's nine pods on their veths, as in
 //! `tests/network_policy_nft.rs`). The table is put in force by `Engine::sync` with the daemon's
 //! `Nft`, then changed behind the engine's back as another agent would: the base chain flushed, a
-//! rule inserted before the jumps, the base chain deleted, and `nft flush ruleset`. Each is named by the check (the cheap one where it can see it, the deep
+//! dispatch map flushed, a rule inserted before the dispatch, the base chains `forward` and
+//! `prerouting` deleted, and `nft flush ruleset`. Each is named by the check (the cheap one where it can see it, the deep
 //! one otherwise), and the next sync loads the table whole again, which a check then finds intact.
 //! The daemon's loop around it (checked every 3 s, restored, logged, counted) is proved on the data
 //! path by `tests/datapath_policy.rs` (`a_flushed_table_is_restored_within_seconds`).
@@ -74,7 +75,7 @@ fn a_table_changed_behind_the_engine_is_named_and_loaded_whole() {
             sync(&mut engine, SyncKind::Full).await;
             sync(&mut engine, SyncKind::Unchanged).await;
 
-            // The jumps flushed: the table is the same one, only the deep check sees it.
+            // The base chain flushed: the table is the same one, only the deep check sees it.
             nft(
                 &["flush", "chain", "inet", "eniipam_policy", "forward"],
                 None,
@@ -85,18 +86,33 @@ fn a_table_changed_behind_the_engine_is_named_and_loaded_whole() {
                 .check(true)
                 .await
                 .unwrap()
-                .expect("the jumps are gone");
-            assert!(
-                what.contains("lacks the jumps to 3 pod chain(s) (in_enixa, in_enixb, in_enixc)"),
-                "{what}"
-            );
+                .expect("the base chain's rules are gone");
+            assert!(what.contains("forward holds 0 rule(s), loaded with 4"), "{what}");
             sync(&mut engine, SyncKind::Full).await;
-            let base = nft(
-                &["list", "chain", "inet", "eniipam_policy", "forward"],
+
+            // The dispatch map flushed (the jumps to the pods' chains): the deep check names it.
+            nft(
+                &["flush", "map", "inet", "eniipam_policy", "ingress_dispatch"],
                 None,
             )
             .await;
-            assert_eq!(base.matches(" jump ").count(), 3, "{base}");
+            assert_eq!(engine.check(false).await.unwrap(), None);
+            let what = engine
+                .check(true)
+                .await
+                .unwrap()
+                .expect("the jumps are gone");
+            assert!(
+                what.contains("map ingress_dispatch holds 0 element(s), loaded with 3"),
+                "{what}"
+            );
+            sync(&mut engine, SyncKind::Full).await;
+            let map = nft(
+                &["list", "map", "inet", "eniipam_policy", "ingress_dispatch"],
+                None,
+            )
+            .await;
+            assert_eq!(map.matches(" jump ").count(), 3, "{map}");
 
             // A rule slipped in before the jumps (an accept there would bypass them).
             nft(
@@ -112,14 +128,20 @@ fn a_table_changed_behind_the_engine_is_named_and_loaded_whole() {
             )
             .await;
             let what = engine.check(true).await.unwrap().expect("an extra rule");
-            // Loaded: replies accepted, and per pod its hairpin accept and its jump.
-            assert!(what.contains("holds 8 rule(s), loaded with 7"), "{what}");
+            // Loaded: replies accepted, the hairpin accept, the two dispatches.
+            assert!(what.contains("holds 5 rule(s), loaded with 4"), "{what}");
             sync(&mut engine, SyncKind::Full).await;
 
             // The base chain deleted (after its rules): the frequent check names it.
             nft(&["-f", "-"], Some("flush chain inet eniipam_policy forward\ndelete chain inet eniipam_policy forward\n")).await;
             let what = engine.check(false).await.unwrap().expect("no base chain");
             assert_eq!(what, "table inet eniipam_policy: its base chain forward is missing");
+            sync(&mut engine, SyncKind::Full).await;
+
+            // The anti-spoofing chain deleted: the frequent check names it too.
+            nft(&["-f", "-"], Some("flush chain inet eniipam_policy prerouting\ndelete chain inet eniipam_policy prerouting\n")).await;
+            let what = engine.check(false).await.unwrap().expect("no prerouting chain");
+            assert_eq!(what, "table inet eniipam_policy: its base chain prerouting is missing");
             sync(&mut engine, SyncKind::Full).await;
 
             // Another agent's `nft flush ruleset`: the cheap check names it.
@@ -129,12 +151,12 @@ fn a_table_changed_behind_the_engine_is_named_and_loaded_whole() {
                 Some("table inet eniipam_policy is missing (no chain of it in the kernel)")
             );
             sync(&mut engine, SyncKind::Full).await;
-            let base = nft(
-                &["list", "chain", "inet", "eniipam_policy", "forward"],
+            let map = nft(
+                &["list", "map", "inet", "eniipam_policy", "ingress_dispatch"],
                 None,
             )
             .await;
-            assert_eq!(base.matches(" jump ").count(), 3, "{base}");
+            assert_eq!(map.matches(" jump ").count(), 3, "{map}");
         });
     })
     .join()

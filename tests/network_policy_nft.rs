@@ -575,6 +575,7 @@ fn a_node_of_110_isolated_pods_loads_in_one_transaction() {
                     IpAddr::V6(_) => unreachable!(),
                 })
             ),
+            ips: p.ips.clone(),
             compiled: compile(&c, p),
         })
         .collect();

@@ -16,6 +16,15 @@
 //!   keeps its table meanwhile), every watch ended, history compacted (the watches come back to a
 //!   410 and list again), the event stream held while the changes are made.
 //!
+//! - issue 47's attacks and Service traffic (`soak_policy_support::attacks`): a pod sending as
+//!   another to a pod of its node (a raw datagram), a pod reaching itself through its Service,
+//!   and a pod reaching another through a Service, each Service in a random kube-proxy mode
+//!   (DNAT at prerouting, or IPVS's local-in/local-out path). The nodes run with `rp_filter` off,
+//!   so that only the policy table stands between a spoofed datagram and its target;
+//! - another agent's `nft flush ruleset` in a node (issue 47, case 5), while the step's changes
+//!   are made: before the step's probes the node's table must be back (within
+//!   [`RESTORED_WITHIN`]; a violation otherwise, as the node would be open).
+//!
 //! Then, after a fixed settle of 2 s (twice the issue's p99 bound of 1 s from a change to rules in
 //! force; a fixed wait rather than the daemons' sync metrics, which live on each node's loopback),
 //! it checks against the model (`connection_allowed` on the cluster as the test holds it, with the
@@ -55,7 +64,7 @@ use rand::{Rng, SeedableRng};
 use soak_policy_support::world::{
     LivePod, NAMESPACES, World, namespace_labels, pod_labels, pod_object, random_policy,
 };
-use soak_policy_support::{Cell, probe_cells};
+use soak_policy_support::{Cell, attacks, probe_cells};
 use vpclab::Egress;
 
 const TEST: &str = "policies_under_churn";
@@ -65,6 +74,8 @@ const PODS_PER_NODE: (usize, usize) = (3, 6);
 const MAX_POLICIES: usize = 10;
 /// From the last change of a step to its probes.
 const SETTLE: Duration = Duration::from_secs(2);
+/// How long a node's daemon may take to load its table again after `nft flush ruleset`.
+const RESTORED_WITHIN: Duration = Duration::from_secs(15);
 /// Cells probed after each step.
 const SAMPLE: usize = 32;
 
@@ -89,6 +100,13 @@ struct Tally {
     violations: Vec<String>,
     not_converged: Vec<String>,
     chain_mismatches: Vec<String>,
+    /// Issue 47: spoofing attempts, hairpins and Service probes (of which the model denied).
+    spoofs: u64,
+    hairpins: u64,
+    services: u64,
+    services_denied: u64,
+    /// `nft flush ruleset` in a node.
+    flushes: u64,
     /// The final check's findings (whole matrix).
     final_probes: u64,
     final_problems: Vec<String>,
@@ -134,7 +152,14 @@ async fn policies_under_churn() {
     }
     let mut daemons = Vec::new();
     for (instance, node) in [&c.a.instance_id, &c.b.instance_id].into_iter().zip(NODES) {
-        daemons.push(PolicyDaemon::start(&c, &api, instance, node, Placement::Eth0).await);
+        let d = PolicyDaemon::start(&c, &api, instance, node, Placement::Eth0).await;
+        // rp_filter off (`all`, and `default` for the veths to come): spoofed datagrams meet
+        // only the policy table.
+        let off = |key: &str| (format!("net/ipv4/conf/{key}/rp_filter"), "0".to_owned());
+        d.ns.write_sysctls(&[off("all"), off("default")])
+            .await
+            .expect("rp_filter off");
+        daemons.push(d);
     }
     let vpc = Ipv4Net::new(c.a.private_ip, 16).expect("a prefix").trunc();
     let mut soak = Soak {
@@ -319,6 +344,17 @@ impl Soak {
             self.api.hold_events();
             self.tally.holds += 1;
         }
+        let flushed = rng
+            .random_bool(0.1)
+            .then(|| rng.random_range(0..NODES.len()));
+        if let Some(node) = flushed {
+            self.daemons[node]
+                .ns
+                .exec("nft", &["flush", "ruleset"])
+                .await
+                .expect("nft flush ruleset");
+            self.tally.flushes += 1;
+        }
         if rng.random_bool(0.3) && !self.world.pods.is_empty() {
             let i = rng.random_range(0..self.world.pods.len());
             let labels = pod_labels(&mut rng);
@@ -377,6 +413,19 @@ impl Soak {
             }
         }
         tokio::time::sleep(SETTLE).await;
+        if let Some(node) = flushed {
+            let since = tokio::time::Instant::now();
+            while self.daemons[node].policy_table().await.is_none() {
+                if since.elapsed() > RESTORED_WITHIN {
+                    self.tally.violations.push(format!(
+                        "seed {} step {step}: {}'s table not restored within {RESTORED_WITHIN:?} of nft flush ruleset",
+                        self.seed, NODES[node]
+                    ));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
         let chains = self.chain_mismatches().await;
         for m in chains {
             self.tally
@@ -399,6 +448,18 @@ impl Soak {
                 self.tally.not_converged.push(line);
             }
         }
+        let nodes: Vec<vpclab::NetNs> = self.daemons.iter().map(|d| d.ns.clone()).collect();
+        let x = u8::try_from(step % 200).expect("under 200") + 10;
+        let ips = [Ipv4Addr::new(10, 96, 2, x), Ipv4Addr::new(10, 96, 3, x)];
+        let found = attacks::attack(&self.world, &nodes, &mut rng, ips).await;
+        let t = &mut self.tally;
+        (t.spoofs, t.hairpins) = (t.spoofs + found.spoofs, t.hairpins + found.hairpins);
+        t.services += found.services;
+        t.services_denied += found.services_denied;
+        let line = |text: String| format!("seed {} step {step}: {text}", self.seed);
+        t.violations.extend(found.violations.into_iter().map(line));
+        t.not_converged
+            .extend(found.not_converged.into_iter().map(line));
     }
 
     /// Every (client, server, protocol, port) between two live pods, by index.
@@ -545,8 +606,13 @@ impl Soak {
             ("watches ended", t.watch_ends),
             ("compactions (410, re-list)", t.compactions),
             ("event streams held", t.holds),
+            ("nft flush ruleset in a node", t.flushes),
             ("cells probed after steps", t.probes),
             ("of which the model denies", t.denied),
+            ("spoofing attempts (raw datagrams as another pod)", t.spoofs),
+            ("hairpins through a Service", t.hairpins),
+            ("Service probes", t.services),
+            ("of which the model denies", t.services_denied),
             ("cells probed at the end (whole matrix)", t.final_probes),
             (
                 "**violations** (denied, connected)",

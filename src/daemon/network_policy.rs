@@ -355,7 +355,7 @@ async fn table_altered(engine: &mut Engine, deep: bool) -> Option<String> {
     }
 }
 
-/// Reads the kernel's per-chain counters into the verdict metrics.
+/// Reads the kernel's per-chain counters into the verdict metrics, and its `spoofed` counter.
 async fn count_verdicts(metrics: Metrics, cancel: CancellationToken) {
     let nft = Nft::default();
     loop {
@@ -363,46 +363,45 @@ async fn count_verdicts(metrics: Metrics, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(COUNTERS_EVERY) => {}
         }
-        if let Some(totals) = read_counters(&nft).await {
-            metrics.network_policy.verdicts(VerdictCounts {
-                ingress_allowed: totals.ingress_allowed,
-                ingress_denied: totals.ingress_denied,
-                egress_allowed: totals.egress_allowed,
-                egress_denied: totals.egress_denied,
-            });
+        let Some(json) = list_counters(&nft).await else {
+            continue;
+        };
+        if let Ok(readings) = crate::network_policy::enforce::counters_by_veth(&json) {
+            let mut t = VerdictCounts::default();
+            for (_, c) in readings {
+                t.ingress_allowed += c.ingress_allowed;
+                t.ingress_denied += c.ingress_denied;
+                t.egress_allowed += c.egress_allowed;
+                t.egress_denied += c.egress_denied;
+            }
+            metrics.network_policy.verdicts(t);
+        }
+        if let Ok(total) = crate::network_policy::nft::spoofed_packets(&json) {
+            metrics.network_policy.spoofed(total);
         }
     }
 }
 
-/// The kernel's counters summed over the node's pods; `None` when they cannot be read.
-async fn read_counters(nft: &Nft) -> Option<DirectionCounts> {
-    let readings = per_pod_counters(nft).await?;
-    let mut t = DirectionCounts::default();
-    for (_, c) in readings {
-        t.ingress_allowed += c.ingress_allowed;
-        t.ingress_denied += c.ingress_denied;
-        t.egress_allowed += c.egress_allowed;
-        t.egress_denied += c.egress_denied;
-    }
-    Some(t)
+/// `nft -j list counters table inet eniipam_policy`; `None` when it cannot be read.
+async fn list_counters(nft: &Nft) -> Option<String> {
+    nft.run(
+        &[
+            "-j",
+            "list",
+            "counters",
+            "table",
+            "inet",
+            crate::network_policy::nft::TABLE,
+        ],
+        None,
+    )
+    .await
+    .ok()
 }
 
 /// The kernel's counters per host veth.
 async fn per_pod_counters(nft: &Nft) -> Option<Vec<(String, DirectionCounts)>> {
-    let json = nft
-        .run(
-            &[
-                "-j",
-                "list",
-                "counters",
-                "table",
-                "inet",
-                crate::network_policy::nft::TABLE,
-            ],
-            None,
-        )
-        .await
-        .ok()?;
+    let json = list_counters(nft).await?;
     crate::network_policy::enforce::counters_by_veth(&json).ok()
 }
 

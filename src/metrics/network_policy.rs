@@ -67,6 +67,9 @@ pub struct PolicyMetrics {
     superseded: Gauge,
     table_restored: Counter,
     unwired_adds: Counter,
+    /// Packets dropped for a spoofed source, and the kernel's total last read.
+    spoofed: Counter,
+    last_spoofed: Arc<Mutex<u64>>,
     /// The kernel's totals last read (the counters restart when a table is loaded whole).
     last_counts: Arc<Mutex<VerdictCounts>>,
 }
@@ -86,6 +89,8 @@ impl Default for PolicyMetrics {
             superseded: Gauge::default(),
             table_restored: Counter::default(),
             unwired_adds: Counter::default(),
+            spoofed: Counter::default(),
+            last_spoofed: Arc::default(),
             last_counts: Arc::default(),
         }
     }
@@ -129,6 +134,15 @@ impl PolicyMetrics {
     /// node's table applies to it. Returns the count so far.
     pub fn unwired_add(&self) -> u64 {
         self.unwired_adds.inc() + 1
+    }
+
+    /// The kernel's `spoofed` counter (packets from a pod's veth with a source not its own):
+    /// what grew since the last reading is added (a smaller total restarted with a reloaded table).
+    pub fn spoofed(&self, total: u64) {
+        let mut last = self.last_spoofed.lock().unwrap_or_else(|p| p.into_inner());
+        self.spoofed
+            .inc_by(total.checked_sub(*last).unwrap_or(total));
+        *last = total;
     }
 
     /// Attachments left out of the last sync because a newer one names the same host veth.
@@ -209,6 +223,11 @@ impl PolicyMetrics {
             "eniipam_network_policy_unenforced_adds",
             "Pods given an address in the IPAM role (another plugin wired them) while enforcement is on: no rule applies to them",
             self.unwired_adds.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_spoofed_packets",
+            "Packets from a local pod's veth whose source was not one of the pod's own addresses, dropped (issue 47, case 2)",
+            self.spoofed.clone(),
         );
     }
 }

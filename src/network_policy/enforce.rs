@@ -126,10 +126,10 @@ impl Engine {
     }
 
     /// Whether the kernel still holds the table last put in force (issue 47, case 5): what is
-    /// missing or altered, in words naming it, or `None`. Always: the table, its base chain
+    /// missing or altered, in words naming it, or `None`. Always: the table, its base chains
     /// hooked as loaded and every pod chain ([`nft::chains_differ`], cheap); `deep` also reads
-    /// the base chain's rules (a jump to every pod chain; [`nft::base_chain_differs`], which
-    /// costs `nft` a read of every set element). When something is wrong the engine forgets the
+    /// the base chains' rules and the dispatch maps (a jump to every pod chain; each read costs
+    /// `nft` a read of every set element). When something is wrong the engine forgets the
     /// table, so the next [`Self::sync`] loads it whole. Nothing is checked before a table was put
     /// in force (the next sync loads it whole anyway).
     pub async fn check(&mut self, deep: bool) -> Result<Option<String>, NftError> {
@@ -144,19 +144,37 @@ impl Engine {
             )
             .await?;
         if what.is_none() && deep {
-            let args = ["-j", "list", "chain", "inet", nft::TABLE, "forward"];
-            what = match self.ask(&args, nft::base_chain_differs, loaded).await {
-                Err(e) if e.is_not_found() => Some(format!(
-                    "table inet {}: its base chain forward is missing",
-                    nft::TABLE
-                )),
-                other => other?,
-            };
+            what = self.deep_check(loaded).await?;
         }
         if what.is_some() {
             self.forget();
         }
         Ok(what)
+    }
+
+    /// The base chains' rules and the dispatch maps' elements ([`nft::base_chain_differs`],
+    /// [`nft::maps_differ`]): what is missing or altered, or `None`.
+    async fn deep_check(&self, loaded: &Ruleset) -> Result<Option<String>, NftError> {
+        for base in nft::BASE_CHAINS {
+            let args = ["-j", "list", "chain", "inet", nft::TABLE, base.name];
+            let json = match self.nft.run(&args, None).await {
+                Err(e) if e.is_not_found() => {
+                    return Ok(Some(format!(
+                        "table inet {}: its base chain {} is missing",
+                        nft::TABLE,
+                        base.name
+                    )));
+                }
+                other => other?,
+            };
+            let what = nft::base_chain_differs(&json, base.name)
+                .map_err(|e| NftError::Invalid(format!("reading `nft {}`: {e}", args.join(" "))))?;
+            if what.is_some() {
+                return Ok(what);
+            }
+        }
+        self.ask(&["-j", "list", "maps", "inet"], nft::maps_differ, loaded)
+            .await
     }
 
     /// Compiles `local` against `cluster` and makes the kernel's table enforce it.
@@ -330,6 +348,7 @@ pub fn local_pods(cluster: &Cluster, local: &[LocalAttachment]) -> Vec<LocalPod>
         .map(|(a, pod)| LocalPod {
             name: format!("{}/{}", a.namespace, a.name),
             veth: a.veth.clone(),
+            ips: a.ips.clone(),
             compiled: match pod {
                 Some(_) => compiled.next().expect("one compiled pod per known pod"),
                 None => unknown_pod(),
@@ -454,8 +473,9 @@ mod tests {
             // The node's rules render: the pod (unknown to this empty cluster: isolated) once.
             let pods = local_pods(&Cluster::default(), &kept);
             let ruleset = nft::render(&pods).expect("one pod's duplicate does not fail the node");
-            // Each: its hairpin accept and two jumps.
-            assert_eq!(ruleset.jumps.len(), 6, "{:?}", ruleset.jumps);
+            // Each: a jump by its veth each way, and by its address for egress.
+            let elements: usize = ruleset.maps.values().map(|m| m.elements.len()).sum();
+            assert_eq!(elements, 6, "{:?}", ruleset.maps);
         }
         // A tie in age: the choice does not depend on the pool's order.
         let twin = attachment("zz", "10.0.0.8", 600);

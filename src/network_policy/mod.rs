@@ -6,7 +6,8 @@
 //!   together, [`Compiled`]) and the verdict on one connection ([`connection_allowed`]); the
 //!   semantics are in its docs.
 //! - [`nft`]: the compiled policies of a node's pods rendered into table `inet eniipam_policy`
-//!   (IPv4 and IPv6), loaded whole or updated in place, and its verdict counters.
+//!   (IPv4 and IPv6; base chains at prerouting against spoofed sources, forward and output),
+//!   loaded whole or updated in place, and its verdict counters.
 //! - [`watch`]: the cluster's NetworkPolicies, pods and namespaces, listed and watched.
 //! - [`enforce`]: the engine, keeping the kernel's table in step with the cluster and the node's
 //!   pods (through `host`'s `nft`).

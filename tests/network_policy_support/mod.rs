@@ -381,6 +381,7 @@ pub fn ruleset(cluster: &Cluster, local: impl Fn(&PodView) -> bool) -> Ruleset {
         .map(|p| LocalPod {
             name: format!("{}/{}", p.namespace, p.name),
             veth: veth(&p.namespace, &p.name),
+            ips: p.ips.clone(),
             compiled: compile(cluster, p),
         })
         .collect();

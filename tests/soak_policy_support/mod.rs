@@ -4,10 +4,11 @@
 //! at once, each run from inside its client pod's namespace.
 //!
 //! The test's truth (namespaces, pods with their real IPs, policies) and its random changes are
-//! in [`world`].
+//! in [`world`]; the spoofing attempts, hairpins and Service traffic of each step in [`attacks`].
 
 #![allow(dead_code)]
 
+pub mod attacks;
 pub mod world;
 
 use std::net::SocketAddr;

@@ -41,6 +41,9 @@
 //! - `nft`: the nftables rulesets;
 //! - [`netns`]: named namespaces, tools and code run inside them;
 //! - [`traffic`]: the echo server and client, the port forward into a namespace;
+//! - [`raw`]: a datagram sent with a source that is not the sender's (a pod's raw socket);
+//! - [`service`]: a ClusterIP in a node, in kube-proxy's DNAT way or IPVS's local-in/local-out
+//!   way (a transparent proxy: the lab's kernel has no IPVS);
 //! - [`error`]: the error type, [`LabError`].
 
 pub mod error;
@@ -48,6 +51,8 @@ pub mod lab;
 pub mod netns;
 mod nft;
 mod plan;
+pub mod raw;
+pub mod service;
 pub mod state;
 pub mod traffic;
 

@@ -3,14 +3,16 @@
 //! keeper (table `ip eniipam`) never fights it, loaded whole as one transaction.
 //!
 //! The ruleset, for the local pods, each known by its host veth:
-//! - a base chain `forward` (filter hook, policy accept) accepts `ct state established,related`
-//!   first: replies and ICMP errors of an allowed connection follow it, whatever the policies say
-//!   of the reverse direction. (A connection already open when a policy changes keeps flowing:
-//!   the new rules judge new connections only, as conntrack-based enforcers do.) Then, per pod
-//!   with an isolated direction, `iifname <veth> oifname <veth>` is accepted (the pod reaching
-//!   itself through its Service: a pod cannot block access to itself), then `iifname <veth>`
-//!   jumps to its egress chain and `oifname <veth>` to its ingress chain. An open direction has
-//!   no chain and no jump;
+//! - three base chains ([`base`]): `prerouting` (priority raw) ties each local pod's veth to its
+//!   own addresses (a spoofed source is counted and dropped); `forward` and `output` judge new
+//!   connections, pod traffic the node routes and what leaves through local-out with a pod's
+//!   source (kube-proxy's IPVS mode). Each accepts `ct state established,related` first: replies
+//!   and ICMP errors of an allowed connection follow it, whatever the policies say of the reverse
+//!   direction. (A connection already open when a policy changes keeps flowing: the new rules
+//!   judge new connections only, as conntrack-based enforcers do.) Then a pod reaching itself is
+//!   accepted (a pod cannot block access to itself), and verdict maps dispatch to the pods'
+//!   chains: by veth (`egress_dispatch`, `ingress_dispatch`) and, in `output`, by source address
+//!   (`egress_by_addr`). An open direction has no chain and no map element;
 //! - an isolated direction's chain holds one rule per way a policy rule can match (a whole
 //!   protocol, numbered ports and ranges, egress named ports per peer) and ends in `drop`. A
 //!   matching rule `return`s rather than `accept`s: an accept inside a jumped-to chain would end
@@ -30,10 +32,10 @@
 //!   `ipv4_addr . inet_proto . inet_service` (`_named`) and one of
 //!   `ipv6_addr . inet_proto . inet_service` (`_named6`). A dual-stack peer is in both families'
 //!   sets, so a rule naming it allows it over either;
-//! - every chain, jump and rule carries a comment naming the pod or the policy rule
+//! - every chain and rule carries a comment naming the pod or the policy rule
 //!   (`x/p ingress[0]`), for `nft list` and `eniipamctl policy` later.
 //!
-//! [`render`] makes a [`Ruleset`]: the table's sets, counters and chains by name. Its
+//! [`render`] makes a [`Ruleset`]: the table's sets, maps, counters and chains by name. Its
 //! [`Ruleset::script`] makes the kernel's table exactly this one in one `nft -f -` transaction
 //! (declare, delete, define); [`Ruleset::update_script`] takes the kernel there from the ruleset
 //! last loaded, also in one transaction, changing set elements in place and refilling only the
@@ -46,21 +48,24 @@
 //! `super::enforce`; `tests/network_policy_nft.rs` loads it into network namespaces and checks the
 //! kernel's verdicts against the model's, over IPv4, IPv6 and dual-stack pods.
 //!
-//! `chain` renders an isolated direction's chain and its sets, `update` writes the scripts,
-//! `counters` reads the counters back, and `text` holds the pieces: names and comments made safe
-//! for `nft`, address and port ranges cut (an `except`) and merged (an interval set refuses
-//! overlapping elements), for both families.
+//! `base` holds the base chains and the sets and maps they read, `chain` renders an isolated
+//! direction's chain and its sets, `update` writes the scripts, `check` compares the kernel's table
+//! with the one loaded, `counters` reads the counters back, and `text` holds the pieces: names and
+//! comments made safe for `nft`, address and port ranges cut (an `except`) and merged (an interval
+//! set refuses overlapping elements), for both families.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::compile::{Compiled, Direction};
 
+mod base;
 mod chain;
 mod check;
 mod counters;
 mod text;
 mod update;
-pub use check::{base_chain_differs, chains_differ};
+pub use base::{BASE_CHAINS, BaseChain, SPOOFED, spoofed_packets};
+pub use check::{base_chain_differs, chains_differ, maps_differ};
 pub use counters::{CounterReading, CounterVerdict, parse_counters};
 use text::{comment, ident, is_ifname};
 pub use update::Changes;
@@ -68,11 +73,13 @@ pub use update::Changes;
 /// The table's name (family `inet`).
 pub const TABLE: &str = "eniipam_policy";
 
-/// One pod on this node: its name (`namespace/name`, for comments), its host veth and its policy.
+/// One pod on this node: its name (`namespace/name`, for comments), its host veth, its own
+/// addresses (the only sources its veth may carry, [`base`]) and its policy.
 #[derive(Clone, Debug)]
 pub struct LocalPod {
     pub name: String,
     pub veth: String,
+    pub ips: Vec<IpAddr>,
     pub compiled: Compiled,
 }
 
@@ -84,11 +91,11 @@ pub struct Ruleset {
     pub sets: BTreeMap<String, Set>,
     /// The named counters, two per chain (`<chain>_allowed`, `<chain>_denied`): name → comment.
     pub counters: BTreeMap<String, String>,
-    /// The chains of isolated directions (the base chain `forward` is not one of them).
+    /// The chains of isolated directions (the base chains, [`BASE_CHAINS`], are not among them).
     pub chains: BTreeMap<String, Chain>,
-    /// The base chain's rules after its `ct state established,related accept`, in order: per
-    /// isolated pod, its hairpin accept and its jumps.
-    pub jumps: Vec<String>,
+    /// The verdict maps the base chains dispatch by (`<key type> : verdict`, each element
+    /// `<key> : jump <chain>`): a pod's veth or address to its chains ([`base`]).
+    pub maps: BTreeMap<String, Set>,
 }
 
 /// A named set: its type, whether it holds ranges, and its elements as `nft` spells them (ranges
@@ -141,37 +148,18 @@ pub fn render(pods: &[LocalPod]) -> Result<Ruleset, RenderError> {
         }
     }
     let mut out = Ruleset::default();
+    base::add_pod_sets(&mut out, pods);
     for pod in pods {
-        let isolated = [&pod.compiled.egress, &pod.compiled.ingress]
-            .into_iter()
-            .any(|d| matches!(d, Direction::Isolated { .. }));
-        if isolated {
-            // Hairpin: the pod reaching itself through its Service (DNAT to its own address)
-            // comes in and goes out by its own veth; a pod cannot block access to itself. Only
-            // its own veth both ways: another pod sending from its address meets its chains.
-            out.jumps.push(format!(
-                "iifname \"{0}\" oifname \"{0}\" accept comment \"{1}\"",
-                pod.veth,
-                comment(&format!(
-                    "{} to itself: a pod cannot block access to itself",
-                    pod.name
-                ))
-            ));
-        }
-        for (dir, compiled, hook) in [
-            (PolicyType::Egress, &pod.compiled.egress, "iifname"),
-            (PolicyType::Ingress, &pod.compiled.ingress, "oifname"),
+        for (dir, compiled) in [
+            (PolicyType::Egress, &pod.compiled.egress),
+            (PolicyType::Ingress, &pod.compiled.ingress),
         ] {
             let Direction::Isolated { policies, rules } = compiled else {
                 continue;
             };
             let chain = format!("{}_{}", dir.short(), ident(&pod.veth));
             out.chain(pod, dir, &chain, policies, rules);
-            out.jumps.push(format!(
-                "{hook} \"{}\" jump {chain} comment \"{}\"",
-                pod.veth,
-                comment(&format!("{} {}", pod.name, dir.word()))
-            ));
+            base::dispatch(&mut out, pod, dir, &chain);
         }
     }
     Ok(out)

@@ -34,6 +34,7 @@ fn bad_and_shared_veths_are_named() {
     let pod = |name: &str, veth: &str| LocalPod {
         name: name.into(),
         veth: veth.into(),
+        ips: Vec::new(),
         compiled: open.clone(),
     };
     assert_eq!(
@@ -65,6 +66,7 @@ fn a_pod_renders_to_named_sets_and_commented_chains() {
     let pod = LocalPod {
         name: "x/a".into(),
         veth: "eni0a1b2c3d4e5".into(),
+        ips: vec!["10.1.0.5".parse().unwrap()],
         compiled: Compiled {
             ingress: Direction::Isolated {
                 policies: vec!["x/p".into()],
@@ -125,6 +127,10 @@ table inet eniipam_policy {
     type ipv4_addr . inet_proto . inet_service;
     elements = { 10.1.2.10 . udp . 53 }
   }
+  set hairpin {
+    type ifname . ifname;
+    elements = { "eni0a1b2c3d4e5" . "eni0a1b2c3d4e5" }
+  }
   set in_eni0a1b2c3d4e5_r0_blocks {
     type ipv4_addr;
     flags interval;
@@ -139,6 +145,20 @@ table inet eniipam_policy {
     flags interval;
     elements = { tcp . 80-90 }
   }
+  set pod_sources {
+    type ifname . ipv4_addr;
+    elements = { "eni0a1b2c3d4e5" . 10.1.0.5 }
+  }
+  set pod_sources6 {
+    type ifname . ipv6_addr;
+  }
+  set pod_veths {
+    type ifname;
+    elements = { "eni0a1b2c3d4e5" }
+  }
+  set pod_veths6 {
+    type ifname;
+  }
   counter eg_eni0a1b2c3d4e5_allowed {
     comment "eni0a1b2c3d4e5 x/a egress"
   }
@@ -151,12 +171,47 @@ table inet eniipam_policy {
   counter in_eni0a1b2c3d4e5_denied {
     comment "eni0a1b2c3d4e5 x/a ingress"
   }
+  counter spoofed {
+    comment "packets from a pod's veth with a source not its own, dropped"
+  }
+  map egress_by_addr {
+    type ipv4_addr : verdict;
+  }
+  map egress_by_addr6 {
+    type ipv6_addr : verdict;
+  }
+  map egress_dispatch {
+    type ifname : verdict;
+  }
+  map ingress_dispatch {
+    type ifname : verdict;
+  }
+  chain prerouting {
+    type filter hook prerouting priority -300; policy accept;
+    iifname != @pod_veths accept comment "not a local pod's veth"
+    iifname . ip saddr @pod_sources accept comment "a pod's own IPv4 address"
+    iifname . ip6 saddr @pod_sources6 accept comment "a pod's own IPv6 address"
+    ip6 saddr fe80::/10 accept comment "IPv6 link-local: neighbour discovery"
+    ip6 saddr :: accept comment "duplicate address detection"
+    meta nfproto ipv6 iifname != @pod_veths6 accept comment "IPv6 of the pod not known to the node: not checked"
+    counter name "spoofed" drop comment "a source address that is not the pod's own"
+  }
   chain forward {
-    type filter hook forward priority filter; policy accept;
+    type filter hook forward priority 0; policy accept;
     ct state established,related accept comment "replies of allowed connections"
-    iifname "eni0a1b2c3d4e5" oifname "eni0a1b2c3d4e5" accept comment "x/a to itself: a pod cannot block access to itself"
-    iifname "eni0a1b2c3d4e5" jump eg_eni0a1b2c3d4e5 comment "x/a egress"
-    oifname "eni0a1b2c3d4e5" jump in_eni0a1b2c3d4e5 comment "x/a ingress"
+    iifname . oifname @hairpin accept comment "a pod reaching itself: a pod cannot block access to itself"
+    iifname vmap @egress_dispatch comment "the sending pod's egress"
+    oifname vmap @ingress_dispatch comment "the receiving pod's ingress"
+  }
+  chain output {
+    type filter hook output priority 0; policy accept;
+    ct state established,related accept comment "replies of allowed connections"
+    fib saddr type local accept comment "the node's own traffic"
+    oifname . ip saddr @pod_sources accept comment "a pod reaching itself: a pod cannot block access to itself"
+    oifname . ip6 saddr @pod_sources6 accept comment "a pod reaching itself: a pod cannot block access to itself"
+    ip saddr vmap @egress_by_addr comment "the sending pod's egress, by its address"
+    ip6 saddr vmap @egress_by_addr6 comment "the sending pod's egress, by its address"
+    oifname vmap @ingress_dispatch comment "the receiving pod's ingress"
   }
   chain eg_eni0a1b2c3d4e5 {
     comment "x/a egress (eni0a1b2c3d4e5)"
@@ -173,6 +228,9 @@ table inet eniipam_policy {
     counter name "in_eni0a1b2c3d4e5_denied" drop comment "x/a ingress: no rule of x/p allows it"
   }
 }
+add element inet eniipam_policy egress_by_addr { 10.1.0.5 : jump eg_eni0a1b2c3d4e5 }
+add element inet eniipam_policy egress_dispatch { "eni0a1b2c3d4e5" : jump eg_eni0a1b2c3d4e5 }
+add element inet eniipam_policy ingress_dispatch { "eni0a1b2c3d4e5" : jump in_eni0a1b2c3d4e5 }
 "#;
     assert_eq!(r.script(), want, "{}", r.script());
 }
@@ -190,6 +248,7 @@ fn a_pod_reaching_itself_is_accepted_before_its_chains() {
     let pod = |name: &str, veth: &str, compiled: Compiled| LocalPod {
         name: name.into(),
         veth: veth.into(),
+        ips: vec![format!("10.1.0.{}", &veth[3..]).parse().unwrap()],
         compiled,
     };
     let open = Compiled {
@@ -212,20 +271,37 @@ fn a_pod_reaching_itself_is_accepted_before_its_chains() {
         pod("x/c", "eni3", only_ingress),
     ])
     .unwrap();
-    let hairpin = |name: &str, veth: &str| {
-        format!(
-            "iifname \"{veth}\" oifname \"{veth}\" accept comment \"{name} to itself: a pod cannot block access to itself\""
-        )
-    };
+    // Every local pod may reach itself (its veth both ways), isolated or not.
     assert_eq!(
-        r.jumps,
+        r.sets["hairpin"].elements,
         [
-            hairpin("x/a", "eni1"),
-            "iifname \"eni1\" jump eg_eni1 comment \"x/a egress\"".to_owned(),
-            "oifname \"eni1\" jump in_eni1 comment \"x/a ingress\"".to_owned(),
-            hairpin("x/c", "eni3"),
-            "oifname \"eni3\" jump in_eni3 comment \"x/c ingress\"".to_owned(),
+            "\"eni1\" . \"eni1\"",
+            "\"eni2\" . \"eni2\"",
+            "\"eni3\" . \"eni3\""
         ]
+    );
+    let forward = super::base::base_rules("forward");
+    let hairpin = forward
+        .iter()
+        .position(|r| r.starts_with("iifname . oifname @hairpin accept"))
+        .expect("the hairpin accept");
+    let first_jump = forward
+        .iter()
+        .position(|r| r.contains("vmap"))
+        .expect("the dispatch");
+    assert!(hairpin < first_jump, "{forward:?}");
+    // Issue 47, "Scale": the pods' chains are reached through verdict maps, not a list of jumps.
+    assert_eq!(
+        r.maps["egress_dispatch"].elements,
+        ["\"eni1\" : jump eg_eni1"]
+    );
+    assert_eq!(
+        r.maps["ingress_dispatch"].elements,
+        ["\"eni1\" : jump in_eni1", "\"eni3\" : jump in_eni3"]
+    );
+    assert_eq!(
+        r.maps["egress_by_addr"].elements,
+        ["10.1.0.1 : jump eg_eni1"]
     );
 }
 
@@ -240,6 +316,7 @@ fn ipv6_peers_blocks_and_named_ports_have_sets_of_their_own() {
     let pod = LocalPod {
         name: "x/a".into(),
         veth: "eni1".into(),
+        ips: vec!["10.1.0.5".parse().unwrap()],
         compiled: Compiled {
             ingress: Direction::Isolated {
                 policies: vec!["x/p".into()],
@@ -340,6 +417,7 @@ fn from_peers(peers: &[&str]) -> LocalPod {
     LocalPod {
         name: "x/a".into(),
         veth: "eni1".into(),
+        ips: vec!["10.1.0.5".parse().unwrap()],
         compiled: Compiled {
             ingress: Direction::Isolated {
                 policies: vec!["x/p".into()],
@@ -392,13 +470,14 @@ fn a_peer_change_updates_set_elements_in_place() {
             elements_added: 2,
             elements_deleted: 1,
             chains: 0,
-            forward: false
+            maps: 0
         }
     );
     assert_eq!(b.update_script(&b), "");
-    // The base chain's established accept, x/a's hairpin accept and jump; its chain's three
-    // rules (the IPv4 peers', the IPv6 peers', the drop).
-    assert_eq!((b.rule_count(), b.element_count()), (6, 5));
+    // The base chains' rules (anti-spoofing 7, forward 4, output 7) and x/a's chain's three (the
+    // IPv4 peers', the IPv6 peers', the drop); the peers and ports (5), x/a's veth, address and
+    // hairpin in the base sets, its ingress jump.
+    assert_eq!((b.rule_count(), b.element_count()), (21, 9));
 }
 
 #[test]
@@ -411,10 +490,17 @@ fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
             .find(what)
             .unwrap_or_else(|| panic!("no {what:?} in:\n{script}"))
     };
-    // Everything removed: the base chain's jump goes first, then the chain, then what it used.
+    // Everything removed: the map element that jumps to the chain goes first, then the chain,
+    // then what it used; the base chains are never touched.
     assert!(
-        at(&gone, "flush chain inet eniipam_policy forward")
-            < at(&gone, "flush chain inet eniipam_policy in_eni1")
+        at(
+            &gone,
+            "delete element inet eniipam_policy ingress_dispatch { \"eni1\" }"
+        ) < at(&gone, "flush chain inet eniipam_policy in_eni1")
+    );
+    assert!(
+        !gone.contains("forward") && !gone.contains("output"),
+        "{gone}"
     );
     assert!(
         at(&gone, "flush chain inet eniipam_policy in_eni1")
@@ -427,9 +513,6 @@ fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
     assert!(
         at(&gone, "delete chain") < at(&gone, "delete counter inet eniipam_policy in_eni1_denied")
     );
-    assert!(gone.ends_with(
-        "add rule inet eniipam_policy forward ct state established,related accept comment \"replies of allowed connections\"\n"
-    ));
     // And back: sets and counters before the chain that uses them, the chain before its jump.
     let back = a.update_script(&none);
     assert!(
@@ -440,7 +523,13 @@ fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
         at(&back, "add counter inet eniipam_policy in_eni1_allowed")
             < at(&back, "add rule inet eniipam_policy in_eni1 ")
     );
-    assert!(at(&back, "add chain inet eniipam_policy in_eni1") < at(&back, "jump in_eni1"));
+    assert!(
+        at(&back, "add rule inet eniipam_policy in_eni1 ")
+            < at(
+                &back,
+                "add element inet eniipam_policy ingress_dispatch { \"eni1\" : jump in_eni1 }"
+            )
+    );
     // A set whose type changed is deleted and declared anew, its chain flushed first and refilled.
     let mut retyped = a.clone();
     retyped.sets.get_mut("in_eni1_r0_pods").unwrap().interval = true;

@@ -1,21 +1,21 @@
 //! A [`Ruleset`] as `nft -f` scripts: the whole table, or the change from the ruleset last loaded.
 //!
 //! The change is one transaction, ordered so that nothing is deleted while something refers to it
-//! and nothing is referred to before it exists: chains that change are flushed first (the base
-//! chain too when its jumps change), then gone chains, sets and counters deleted, new ones
-//! declared, kept sets' elements deleted and added in place, and the flushed and new chains
-//! filled. A set or counter whose declaration changed (its names encode its kind, so only a veth
-//! reused by another pod could do it) is deleted and declared anew after the chains using it are
-//! flushed; a chain whose comment changed is deleted and added anew, its jumps refilled with it.
+//! and nothing is referred to before it exists: chains that change are flushed first and the
+//! verdict maps' elements that jump to a chain that goes (or is recreated) deleted, then gone
+//! chains, sets and counters deleted, new ones declared, kept sets' elements deleted and added in
+//! place, the flushed and new chains filled, and last the maps' new elements added (an element
+//! can only jump to a chain that exists). A set or counter whose declaration changed (its names
+//! encode its kind, so only a veth reused by another pod could do it) is deleted and declared
+//! anew after the chains using it are flushed; a chain whose comment changed is deleted and added
+//! anew, the map elements that jump to it with it. The base chains' rules are the same in every
+//! ruleset ([`super::base`]): an update never touches them.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
+use super::base::{BASE_CHAINS, base_rules};
 use super::{Chain, Ruleset, Set, TABLE};
-
-/// The base chain's first rule: replies of allowed connections pass before any jump.
-const ESTABLISHED: &str =
-    "ct state established,related accept comment \"replies of allowed connections\"";
 
 impl Ruleset {
     /// The full-replace transaction: declare, delete and define table `inet eniipam_policy`, so
@@ -41,16 +41,19 @@ impl Ruleset {
             let _ = writeln!(s, "    comment \"{about}\"");
             let _ = writeln!(s, "  }}");
         }
-        let _ = writeln!(s, "  chain forward {{");
-        let _ = writeln!(
-            s,
-            "    type filter hook forward priority filter; policy accept;"
-        );
-        let _ = writeln!(s, "    {ESTABLISHED}");
-        for j in &self.jumps {
-            let _ = writeln!(s, "    {j}");
+        for (name, map) in &self.maps {
+            let _ = writeln!(s, "  map {name} {{");
+            let _ = writeln!(s, "    type {};", map.kind);
+            let _ = writeln!(s, "  }}");
         }
-        let _ = writeln!(s, "  }}");
+        for base in BASE_CHAINS {
+            let _ = writeln!(s, "  chain {} {{", base.name);
+            let _ = writeln!(s, "    {}", base.declaration());
+            for r in base_rules(base.name) {
+                let _ = writeln!(s, "    {r}");
+            }
+            let _ = writeln!(s, "  }}");
+        }
         for (name, chain) in &self.chains {
             let _ = writeln!(s, "  chain {name} {{");
             let _ = writeln!(s, "    comment \"{}\"", chain.comment);
@@ -60,6 +63,16 @@ impl Ruleset {
             let _ = writeln!(s, "  }}");
         }
         let _ = writeln!(s, "}}");
+        // The maps' elements jump to the chains above, so they come after them.
+        for (name, map) in &self.maps {
+            if !map.elements.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "add element inet {TABLE} {name} {{ {} }}",
+                    map.elements.join(", ")
+                );
+            }
+        }
         s
     }
 
@@ -119,15 +132,41 @@ impl Ruleset {
             })
             .map(|(name, c)| (name.as_str(), c))
             .collect();
-        let forward = self.jumps != applied.jumps || !recreated.is_empty();
+        // Map elements that go, or jump to a recreated chain: deleted before the chains go.
+        let empty = Set {
+            kind: String::new(),
+            interval: false,
+            elements: Vec::new(),
+        };
+        let mut map_gone: Vec<(&str, Vec<&str>)> = Vec::new();
+        let mut map_added: Vec<(&str, Vec<&str>)> = Vec::new();
+        for (name, map) in &self.maps {
+            let old = applied.maps.get(name).unwrap_or(&empty);
+            let (mut gone, mut added) = element_changes(old, map);
+            let renewed = |e: &&str| Ruleset::map_target(e).is_some_and(|c| recreated.contains(c));
+            gone.extend(old.elements.iter().map(String::as_str).filter(renewed));
+            added.extend(map.elements.iter().map(String::as_str).filter(renewed));
+            map_gone.push((name.as_str(), gone));
+            map_added.push((name.as_str(), added));
+        }
 
         let mut s = String::new();
         let mut line = |l: std::fmt::Arguments<'_>| {
             let _ = writeln!(s, "{l}");
         };
-        // 1. Nothing may refer to what goes: flush the chains that change or go.
-        if forward {
-            line(format_args!("flush chain inet {TABLE} forward"));
+        // 1. Nothing may refer to what goes: flush the chains that change or go, and delete the
+        // map elements that jump to them (by key: a map's key names its element).
+        for (name, gone) in &map_gone {
+            if !gone.is_empty() {
+                let keys: Vec<&str> = gone
+                    .iter()
+                    .map(|e| e.rsplit_once(" : ").map_or(*e, |(k, _)| k))
+                    .collect();
+                line(format_args!(
+                    "delete element inet {TABLE} {name} {{ {} }}",
+                    keys.join(", ")
+                ));
+            }
         }
         for (name, _) in &refilled {
             line(format_args!("flush chain inet {TABLE} {name}"));
@@ -202,16 +241,18 @@ impl Ruleset {
                 c.comment
             ));
         }
-        // 4. Fill the flushed and new chains, then the base chain that jumps to them.
+        // 4. Fill the flushed and new chains, then the maps' elements that jump to them.
         for (name, c) in refilled.iter().chain(&new_chains) {
             for r in &c.rules {
                 line(format_args!("add rule inet {TABLE} {name} {r}"));
             }
         }
-        if forward {
-            line(format_args!("add rule inet {TABLE} forward {ESTABLISHED}"));
-            for j in &self.jumps {
-                line(format_args!("add rule inet {TABLE} forward {j}"));
+        for (name, added) in &map_added {
+            if !added.is_empty() {
+                line(format_args!(
+                    "add element inet {TABLE} {name} {{ {} }}",
+                    added.join(", ")
+                ));
             }
         }
         s
@@ -219,12 +260,20 @@ impl Ruleset {
 
     /// Rules over all chains, the base chain's included.
     pub fn rule_count(&self) -> usize {
-        1 + self.jumps.len() + self.chains.values().map(|c| c.rules.len()).sum::<usize>()
+        BASE_CHAINS
+            .iter()
+            .map(|b| base_rules(b.name).len())
+            .sum::<usize>()
+            + self.chains.values().map(|c| c.rules.len()).sum::<usize>()
     }
 
-    /// Elements over all sets.
+    /// Elements over all sets and maps.
     pub fn element_count(&self) -> usize {
-        self.sets.values().map(|s| s.elements.len()).sum()
+        self.sets
+            .values()
+            .chain(self.maps.values())
+            .map(|s| s.elements.len())
+            .sum()
     }
 }
 
@@ -251,14 +300,15 @@ fn element_changes<'a>(old: &'a Set, new: &'a Set) -> (Vec<&'a str>, Vec<&'a str
 }
 
 /// What an update touches, by kind (for the logs and the benchmark): sets whose elements
-/// changed, and chains flushed or added or deleted.
+/// changed, chains flushed or added or deleted, and dispatch maps changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     pub sets: usize,
     pub elements_added: usize,
     pub elements_deleted: usize,
     pub chains: usize,
-    pub forward: bool,
+    /// Verdict maps whose elements changed (a pod's chain came or went).
+    pub maps: usize,
 }
 
 impl Ruleset {
@@ -280,7 +330,11 @@ impl Ruleset {
             .into_iter()
             .filter(|n| self.chains.get(*n) != applied.chains.get(*n))
             .count();
-        c.forward = self.jumps != applied.jumps;
+        c.maps = self
+            .maps
+            .iter()
+            .filter(|(name, map)| applied.maps.get(*name) != Some(*map))
+            .count();
         c
     }
 }
