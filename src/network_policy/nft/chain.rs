@@ -6,9 +6,9 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::text::{comment, merge, proto, range, span4, span6, subtract};
+use super::text::{comment, ident, merge, proto, range, span4, span6, subtract};
 use super::{Chain, LocalPod, PolicyType, Ruleset, Set};
-use crate::network_policy::compile::{Peers, Ports, Protocol, Rule};
+use crate::network_policy::compile::{Peers, Ports, Protocol, Rule, RuleSource};
 
 impl Ruleset {
     pub(super) fn set(&mut self, name: &str, kind: &str, interval: bool, elements: Vec<String>) {
@@ -20,6 +20,30 @@ impl Ruleset {
                 elements,
             },
         );
+    }
+
+    /// Declares a peer set of a policy rule (`part` of the rule's sets, `shared`) and returns its
+    /// name: the rule's own name, which every pod the policy selects uses (declared by the first,
+    /// the same for the others), unless a pod's render of it differs (never so today: a rule's
+    /// peers do not depend on the pod it selects), in which case the chain keeps a set of its own
+    /// (`<chain>_r<j>_<part>`), so sharing never changes a verdict.
+    fn peer_set(
+        &mut self,
+        (shared, chain, j): (&str, &str, usize),
+        part: &str,
+        kind: &str,
+        interval: bool,
+        elements: Vec<String>,
+    ) -> String {
+        let name = format!("{shared}_{part}");
+        let same = |s: &Set| s.kind == kind && s.interval == interval && s.elements == elements;
+        let name = match self.sets.get(&name) {
+            None => name,
+            Some(s) if same(s) => return name,
+            Some(_) => format!("{chain}_r{j}_{part}"),
+        };
+        self.set(&name, kind, interval, elements);
+        name
     }
 
     pub(super) fn chain(
@@ -44,6 +68,8 @@ impl Ruleset {
                 rule.source.index
             );
             let note = comment(&what);
+            // The peers' sets are the policy rule's, shared by every pod it selects.
+            let shared = rule_sets(dir, &rule.source);
             // Each way a peer can match is a prefix of the rule's lines: none (every peer), or
             // per family, the pods' addresses and the blocks' ranges. Each way comes with the
             // family it matches (`None`: both).
@@ -91,15 +117,27 @@ impl Ruleset {
                         // family's (empty) set, so a pod that comes is an element added, not a
                         // chain refilled.
                         if !pods.is_empty() || blocks.is_empty() {
-                            let name = format!("{chain}_r{j}_pods{}", family.suffix());
-                            self.set(&name, family.addr(), false, pods);
+                            let part = format!("pods{}", family.suffix());
+                            let name = self.peer_set(
+                                (&shared, chain, j),
+                                &part,
+                                family.addr(),
+                                false,
+                                pods,
+                            );
                             uses.insert(name.clone());
                             prefixes.push((Some(family), format!("{} @{name} ", family.peer(dir))));
                         }
                         // The blocks of the family: few ranges, an interval set.
                         if let Some(elements) = blocks_of {
-                            let name = format!("{chain}_r{j}_blocks{}", family.suffix());
-                            self.set(&name, family.addr(), true, elements);
+                            let part = format!("blocks{}", family.suffix());
+                            let name = self.peer_set(
+                                (&shared, chain, j),
+                                &part,
+                                family.addr(),
+                                true,
+                                elements,
+                            );
                             uses.insert(name.clone());
                             prefixes.push((Some(family), format!("{} @{name} ", family.peer(dir))));
                         }
@@ -157,9 +195,11 @@ impl Ruleset {
                         if named.is_empty() {
                             continue;
                         }
-                        let name = format!("{chain}_r{j}_named{}", family.suffix());
+                        let part = format!("named{}", family.suffix());
                         let kind = format!("{} . inet_proto . inet_service", family.addr());
-                        self.set(&name, &kind, false, named.into_iter().collect());
+                        let elements = named.into_iter().collect();
+                        let name =
+                            self.peer_set((&shared, chain, j), &part, &kind, false, elements);
                         uses.insert(name.clone());
                         port_matches.push((
                             Some(family),
@@ -239,4 +279,18 @@ impl Family {
             (Self::V6, PolicyType::Egress) => "ip6 daddr",
         }
     }
+}
+
+/// The name prefix of the peer sets of policy rule `source` in direction `dir`:
+/// `<in|eg>_<policy>_<hash>_r<index>`, the policy's `namespace/name` made a name and cut to 24
+/// characters to be read, and a hash of the whole (64-bit FNV-1a, stable across runs and
+/// versions) to tell apart policies cut alike: about 60 bytes with a set's part, well within
+/// `nft`'s limit on names.
+pub(super) fn rule_sets(dir: PolicyType, source: &RuleSource) -> String {
+    let readable: String = ident(&source.policy).chars().take(24).collect();
+    let key = format!("{}\0{}\0{}", source.policy, dir.word(), source.index);
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{}_{readable}_{hash:016x}_r{}", dir.short(), source.index)
 }

@@ -31,7 +31,10 @@
 //!   `inet_proto . inet_service`; egress named ports, resolved on each peer pod, a set of
 //!   `ipv4_addr . inet_proto . inet_service` (`_named`) and one of
 //!   `ipv6_addr . inet_proto . inet_service` (`_named6`). A dual-stack peer is in both families'
-//!   sets, so a rule naming it allows it over either;
+//!   sets, so a rule naming it allows it over either. The peer sets are the policy rule's, shared
+//!   by every local pod the policy selects (`<in|eg>_<policy>_<hash>_r<index>_pods`, ...: a peer
+//!   that comes is one element added, whatever the number of pods); the ports' set stays the
+//!   chain's (`<chain>_r<j>_ports`: an ingress named port is looked up in the selected pod);
 //! - every chain and rule carries a comment naming the pod or the policy rule
 //!   (`x/p ingress[0]`), for `nft list` and `eniipamctl policy` later.
 //!

@@ -2,8 +2,19 @@
 
 use super::text::{merge, range, subtract};
 use super::*;
-use crate::network_policy::compile::{Peers, Ports, Protocol, Rule};
+use crate::network_policy::compile::{Peers, Ports, Protocol, Rule, RuleSource};
 use std::net::{IpAddr, Ipv4Addr};
+
+/// The name prefix of the peer sets of `policy`'s rule `index` in `dir`.
+fn sets_of(policy: &str, dir: PolicyType, index: usize) -> String {
+    super::chain::rule_sets(
+        dir,
+        &RuleSource {
+            policy: policy.into(),
+            index,
+        },
+    )
+}
 
 #[test]
 fn an_except_is_cut_out_of_its_cidr_and_overlaps_merge() {
@@ -123,7 +134,7 @@ fn a_pod_renders_to_named_sets_and_commented_chains() {
     let want = r#"table inet eniipam_policy {}
 delete table inet eniipam_policy
 table inet eniipam_policy {
-  set eg_eni0a1b2c3d4e5_r0_named {
+  set eg_x_q_074429ef23b3da72_r0_named {
     type ipv4_addr . inet_proto . inet_service;
     elements = { 10.1.2.10 . udp . 53 }
   }
@@ -131,19 +142,19 @@ table inet eniipam_policy {
     type ifname . ifname;
     elements = { "eni0a1b2c3d4e5" . "eni0a1b2c3d4e5" }
   }
-  set in_eni0a1b2c3d4e5_r0_blocks {
-    type ipv4_addr;
-    flags interval;
-    elements = { 10.1.1.0-10.1.1.7, 10.1.1.16-10.1.1.255 }
-  }
-  set in_eni0a1b2c3d4e5_r0_pods {
-    type ipv4_addr;
-    elements = { 10.1.0.11, 10.1.1.11 }
-  }
   set in_eni0a1b2c3d4e5_r0_ports {
     type inet_proto . inet_service;
     flags interval;
     elements = { tcp . 80-90 }
+  }
+  set in_x_p_f59c007f256f334f_r0_blocks {
+    type ipv4_addr;
+    flags interval;
+    elements = { 10.1.1.0-10.1.1.7, 10.1.1.16-10.1.1.255 }
+  }
+  set in_x_p_f59c007f256f334f_r0_pods {
+    type ipv4_addr;
+    elements = { 10.1.0.11, 10.1.1.11 }
   }
   set pod_sources {
     type ifname . ipv4_addr;
@@ -215,16 +226,16 @@ table inet eniipam_policy {
   }
   chain eg_eni0a1b2c3d4e5 {
     comment "x/a egress (eni0a1b2c3d4e5)"
-    ip daddr . meta l4proto . th dport @eg_eni0a1b2c3d4e5_r0_named counter name "eg_eni0a1b2c3d4e5_allowed" return comment "x/q egress[0]"
+    ip daddr . meta l4proto . th dport @eg_x_q_074429ef23b3da72_r0_named counter name "eg_eni0a1b2c3d4e5_allowed" return comment "x/q egress[0]"
     counter name "eg_eni0a1b2c3d4e5_allowed" return comment "x/r egress[2]"
     counter name "eg_eni0a1b2c3d4e5_denied" drop comment "x/a egress: no rule of x/q, x/r allows it"
   }
   chain in_eni0a1b2c3d4e5 {
     comment "x/a ingress (eni0a1b2c3d4e5)"
-    ip saddr @in_eni0a1b2c3d4e5_r0_pods meta l4proto { udp } counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
-    ip saddr @in_eni0a1b2c3d4e5_r0_pods meta l4proto . th dport @in_eni0a1b2c3d4e5_r0_ports counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
-    ip saddr @in_eni0a1b2c3d4e5_r0_blocks meta l4proto { udp } counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
-    ip saddr @in_eni0a1b2c3d4e5_r0_blocks meta l4proto . th dport @in_eni0a1b2c3d4e5_r0_ports counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
+    ip saddr @in_x_p_f59c007f256f334f_r0_pods meta l4proto { udp } counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
+    ip saddr @in_x_p_f59c007f256f334f_r0_pods meta l4proto . th dport @in_eni0a1b2c3d4e5_r0_ports counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
+    ip saddr @in_x_p_f59c007f256f334f_r0_blocks meta l4proto { udp } counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
+    ip saddr @in_x_p_f59c007f256f334f_r0_blocks meta l4proto . th dport @in_eni0a1b2c3d4e5_r0_ports counter name "in_eni0a1b2c3d4e5_allowed" return comment "x/p ingress[0]"
     counter name "in_eni0a1b2c3d4e5_denied" drop comment "x/a ingress: no rule of x/p allows it"
   }
 }
@@ -356,58 +367,69 @@ fn ipv6_peers_blocks_and_named_ports_have_sets_of_their_own() {
         },
     };
     let r = render(&[pod]).unwrap();
+    let (i, e) = (
+        sets_of("x/p", PolicyType::Ingress, 1),
+        sets_of("x/p", PolicyType::Egress, 0),
+    );
     let set = |name: &str| r.sets.get(name).unwrap_or_else(|| panic!("{name}: {r:#?}"));
-    assert_eq!(set("in_eni1_r0_pods").elements, ["10.1.0.11"]);
-    assert_eq!(set("in_eni1_r0_pods6").kind, "ipv6_addr");
+    assert_eq!(set(&format!("{i}_pods")).elements, ["10.1.0.11"]);
+    assert_eq!(set(&format!("{i}_pods6")).kind, "ipv6_addr");
     assert_eq!(
-        set("in_eni1_r0_pods6").elements,
+        set(&format!("{i}_pods6")).elements,
         ["2001:db8:1::11", "2001:db8:1::12"]
     );
     // The block's upper half: the except of its own family cut out, the IPv4 one cutting nothing.
-    let blocks6 = set("in_eni1_r0_blocks6");
+    let blocks6 = set(&format!("{i}_blocks6"));
     assert!(blocks6.interval);
     assert_eq!(
         blocks6.elements,
         ["2001:db8:2:0:8000::-2001:db8:2:0:ffff:ffff:ffff:ffff"]
     );
     // No IPv4 block, no IPv4 blocks' set.
-    assert!(!r.sets.contains_key("in_eni1_r0_blocks"));
-    assert_eq!(set("eg_eni1_r0_named").elements, ["10.1.2.10 . udp . 53"]);
+    assert!(!r.sets.contains_key(&format!("{i}_blocks")));
     assert_eq!(
-        set("eg_eni1_r0_named6").kind,
+        set(&format!("{e}_named")).elements,
+        ["10.1.2.10 . udp . 53"]
+    );
+    assert_eq!(
+        set(&format!("{e}_named6")).kind,
         "ipv6_addr . inet_proto . inet_service"
     );
     assert_eq!(
-        set("eg_eni1_r0_named6").elements,
+        set(&format!("{e}_named6")).elements,
         ["2001:db8:1::10 . udp . 53"]
     );
     // Each family's set is matched on its own family's address.
     let ingress = &r.chains["in_eni1"].rules;
     assert!(
-        ingress[0].starts_with("ip saddr @in_eni1_r0_pods counter"),
+        ingress[0].starts_with(&format!("ip saddr @{i}_pods counter")),
         "{ingress:?}"
     );
     assert!(
-        ingress[1].starts_with("ip6 saddr @in_eni1_r0_pods6 counter"),
+        ingress[1].starts_with(&format!("ip6 saddr @{i}_pods6 counter")),
         "{ingress:?}"
     );
     assert!(
-        ingress[2].starts_with("ip6 saddr @in_eni1_r0_blocks6 counter"),
+        ingress[2].starts_with(&format!("ip6 saddr @{i}_blocks6 counter")),
         "{ingress:?}"
     );
     let egress = &r.chains["eg_eni1"].rules;
     assert!(
-        egress[1].starts_with("ip6 daddr . meta l4proto . th dport @eg_eni1_r0_named6 "),
+        egress[1].starts_with(&format!("ip6 daddr . meta l4proto . th dport @{e}_named6 ")),
         "{egress:?}"
     );
     // An IPv4-only peer list still declares the (empty) IPv6 set, so an IPv6 peer that comes is
     // an element added, not a chain refilled.
+    let p = sets_of("x/p", PolicyType::Ingress, 0);
     let v4 = render(&[from_peers(&["10.1.0.11"])]).unwrap();
-    assert_eq!(v4.sets["in_eni1_r0_pods6"].elements, Vec::<String>::new());
+    assert_eq!(
+        v4.sets[&format!("{p}_pods6")].elements,
+        Vec::<String>::new()
+    );
     let both = render(&[from_peers(&["10.1.0.11", "2001:db8:1::11"])]).unwrap();
     assert_eq!(
         both.update_script(&v4),
-        "add element inet eniipam_policy in_eni1_r0_pods6 { 2001:db8:1::11 }\n"
+        format!("add element inet eniipam_policy {p}_pods6 {{ 2001:db8:1::11 }}\n")
     );
 }
 
@@ -458,10 +480,13 @@ fn a_peer_change_updates_set_elements_in_place() {
     ])])
     .unwrap();
     // The pods' addresses are the elements: a pod gone is deleted, a new one added.
+    let p = sets_of("x/p", PolicyType::Ingress, 0);
     assert_eq!(
         b.update_script(&a),
-        "delete element inet eniipam_policy in_eni1_r0_pods { 10.1.0.11 }\n\
-         add element inet eniipam_policy in_eni1_r0_pods { 10.1.0.13, 10.1.0.40 }\n"
+        format!(
+            "delete element inet eniipam_policy {p}_pods {{ 10.1.0.11 }}\n\
+             add element inet eniipam_policy {p}_pods {{ 10.1.0.13, 10.1.0.40 }}\n"
+        )
     );
     assert_eq!(
         b.changes_from(&a),
@@ -483,6 +508,7 @@ fn a_peer_change_updates_set_elements_in_place() {
 #[test]
 fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
     let a = render(&[from_peers(&["10.1.0.11"])]).unwrap();
+    let p = sets_of("x/p", PolicyType::Ingress, 0);
     let none = render(&[]).unwrap();
     let gone = none.update_script(&a);
     let at = |script: &str, what: &str| {
@@ -508,7 +534,7 @@ fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
     );
     assert!(
         at(&gone, "delete chain inet eniipam_policy in_eni1")
-            < at(&gone, "delete set inet eniipam_policy in_eni1_r0_pods")
+            < at(&gone, &format!("delete set inet eniipam_policy {p}_pods"))
     );
     assert!(
         at(&gone, "delete chain") < at(&gone, "delete counter inet eniipam_policy in_eni1_denied")
@@ -516,7 +542,7 @@ fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
     // And back: sets and counters before the chain that uses them, the chain before its jump.
     let back = a.update_script(&none);
     assert!(
-        at(&back, "add set inet eniipam_policy in_eni1_r0_pods")
+        at(&back, &format!("add set inet eniipam_policy {p}_pods"))
             < at(&back, "add rule inet eniipam_policy in_eni1 ")
     );
     assert!(
@@ -532,13 +558,13 @@ fn an_update_flushes_before_it_deletes_and_declares_before_it_refers() {
     );
     // A set whose type changed is deleted and declared anew, its chain flushed first and refilled.
     let mut retyped = a.clone();
-    retyped.sets.get_mut("in_eni1_r0_pods").unwrap().interval = true;
+    retyped.sets.get_mut(&format!("{p}_pods")).unwrap().interval = true;
     let u = a.update_script(&retyped);
     assert!(
         at(&u, "flush chain inet eniipam_policy in_eni1")
-            < at(&u, "delete set inet eniipam_policy in_eni1_r0_pods")
+            < at(&u, &format!("delete set inet eniipam_policy {p}_pods"))
     );
-    assert!(at(&u, "delete set") < at(&u, "add set inet eniipam_policy in_eni1_r0_pods"));
+    assert!(at(&u, "delete set") < at(&u, &format!("add set inet eniipam_policy {p}_pods")));
     assert!(at(&u, "add set") < at(&u, "add rule inet eniipam_policy in_eni1 "));
     assert!(!u.contains("forward"), "{u}");
 }
@@ -575,4 +601,75 @@ fn counters_are_read_back_by_veth_direction_and_verdict() {
     );
     assert!(parse_counters("[").unwrap_err().contains("not JSON"));
     assert!(parse_counters("{}").is_err());
+}
+
+/// The scale half of issue 47: a policy rule's peer sets are the rule's, not each pod's. Two pods
+/// selected by one policy share its sets (one set, its elements once); each keeps its own chain,
+/// counters and (pod-dependent) ports' set. A peer that comes is one element added for both.
+#[test]
+fn two_pods_selected_by_one_policy_share_its_peer_sets() {
+    let on = |name: &str, veth: &str, peers: &[&str]| LocalPod {
+        name: name.into(),
+        veth: veth.into(),
+        ..from_peers(peers)
+    };
+    let a = render(&[
+        on("x/a", "eni1", &["10.1.0.11", "2001:db8::11"]),
+        on("x/b", "eni2", &["10.1.0.11", "2001:db8::11"]),
+    ])
+    .unwrap();
+    let p = sets_of("x/p", PolicyType::Ingress, 0);
+    let peer_sets: Vec<&String> = a.sets.keys().filter(|n| !n.ends_with("_ports")).collect();
+    assert_eq!(peer_sets, [&format!("{p}_pods"), &format!("{p}_pods6")]);
+    assert_eq!(a.sets[&format!("{p}_pods")].elements, ["10.1.0.11"]);
+    for chain in ["in_eni1", "in_eni2"] {
+        assert!(
+            a.chains[chain].uses.contains(&format!("{p}_pods")),
+            "{chain}"
+        );
+        assert!(a.chains[chain].rules[0].starts_with(&format!("ip saddr @{p}_pods ")));
+    }
+    // 2 shared peer sets (one element each) and a ports' set per pod (one element each).
+    assert_eq!((a.sets.len(), a.element_count()), (4, 4));
+    let b = render(&[
+        on("x/a", "eni1", &["10.1.0.11", "10.1.0.12", "2001:db8::11"]),
+        on("x/b", "eni2", &["10.1.0.11", "10.1.0.12", "2001:db8::11"]),
+    ])
+    .unwrap();
+    assert_eq!(
+        b.update_script(&a),
+        format!("add element inet eniipam_policy {p}_pods {{ 10.1.0.12 }}\n")
+    );
+    // One pod goes: the set stays for the other; the last goes: the set goes, after its chain.
+    let one = render(&[on("x/b", "eni2", &["10.1.0.11", "2001:db8::11"])]).unwrap();
+    let left = one.update_script(&a);
+    assert!(
+        left.contains("delete set inet eniipam_policy in_eni1_r0_ports"),
+        "{left}"
+    );
+    assert!(
+        !left.contains(&format!("delete set inet eniipam_policy {p}_")),
+        "{left}"
+    );
+    let none = render(&[]).unwrap();
+    let gone = none.update_script(&one);
+    let at = |what: &str| gone.find(what).unwrap_or_else(|| panic!("{what}: {gone}"));
+    assert!(
+        at("delete chain inet eniipam_policy in_eni2")
+            < at(&format!("delete set inet eniipam_policy {p}_pods\n"))
+    );
+}
+
+/// A rule whose render differs between two pods (a hand-made one here: the compiler never
+/// makes one) keeps a set of its own for the second pod: sharing never changes a verdict.
+#[test]
+fn a_rule_rendered_otherwise_for_another_pod_keeps_its_own_set() {
+    let mut b = from_peers(&["10.1.0.12"]);
+    b.name = "x/b".into();
+    b.veth = "eni2".into();
+    let r = render(&[from_peers(&["10.1.0.11"]), b]).unwrap();
+    let p = sets_of("x/p", PolicyType::Ingress, 0);
+    assert_eq!(r.sets[&format!("{p}_pods")].elements, ["10.1.0.11"]);
+    assert_eq!(r.sets["in_eni2_r0_pods"].elements, ["10.1.0.12"]);
+    assert!(r.chains["in_eni2"].rules[0].starts_with("ip saddr @in_eni2_r0_pods "));
 }
