@@ -58,6 +58,7 @@
 //! set refuses overlapping elements), for both families.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
 use super::compile::{Compiled, Direction};
 
@@ -70,7 +71,7 @@ mod update;
 pub use base::{BASE_CHAINS, BaseChain, SPOOFED, spoofed_packets};
 pub use check::{base_chain_differs, chains_differ, maps_differ};
 pub use counters::{CounterReading, CounterVerdict, parse_counters};
-use text::{comment, ident, is_ifname};
+use text::{ident, is_ifname};
 pub use update::Changes;
 
 /// The table's name (family `inet`).
