@@ -21,6 +21,9 @@
 //!   unfiltered while its policies say otherwise. That same sync lists it in the peer sets of the
 //!   node's pods whose policies select it (by the pool's address, before the kubelet posts it:
 //!   [`crate::network_policy::enforce::local_pods`]), so it is a peer on its node from its ADD.
+//! - **Decisions reported** (`super::policy_decisions`): the chains carry per-rule counters and
+//!   the NFLOG statements of the decision log; each sync that changed the table hands the log's
+//!   reader and the counters' reader a new [`DecisionMap`].
 //! - **Off** (`network_policy = false`): the table is deleted at startup, so turning enforcement
 //!   off stops it.
 
@@ -41,6 +44,7 @@ use crate::metrics::Metrics;
 use crate::metrics::network_policy::{Synced, VerdictCounts};
 use crate::model::PodRef;
 use crate::network_policy::Direction;
+use crate::network_policy::decisions::{DecisionMap, LogConfig};
 use crate::network_policy::enforce::{Engine, LocalAttachment, Round, SyncKind, SyncReport};
 use crate::network_policy::nft::LocalPod;
 use crate::network_policy::watch::{ClusterWatch, pod_view};
@@ -140,8 +144,8 @@ fn local_attachments(pool: &Pool, veth_prefix: &str) -> Vec<LocalAttachment> {
 /// returned for the IPAM service.
 pub(super) fn start(
     client: kube::Client,
-    pool: Pool,
-    veth_prefix: String,
+    (pool, veth_prefix): (Pool, String),
+    log: LogConfig,
     metrics: Metrics,
     cancel: CancellationToken,
     background: &mut Vec<JoinHandle<()>>,
@@ -150,15 +154,23 @@ pub(super) fn start(
     background.extend(watches);
     let (tx, rx) = watch::channel(Applied::default());
     let status = Arc::new(Mutex::new(Status::default()));
+    let (map_tx, map) = watch::channel(Arc::new(DecisionMap::default()));
+    let engine = Engine::new(Nft::default()).with_reporting(log.reporting());
     background.push(tokio::spawn(sync_loop(
-        cluster.clone(),
+        (cluster.clone(), engine),
         (pool, veth_prefix),
-        tx,
+        (tx, map_tx),
         status.clone(),
         metrics.clone(),
         cancel.clone(),
     )));
-    background.push(tokio::spawn(count_verdicts(metrics, cancel)));
+    background.push(tokio::spawn(super::policy_decisions::run(
+        log,
+        map.clone(),
+        metrics.clone(),
+        cancel.clone(),
+    )));
+    background.push(tokio::spawn(count_verdicts(metrics, map, cancel)));
     Arc::new(Enforcer {
         watch: cluster,
         client,
@@ -181,14 +193,13 @@ pub(super) async fn remove_table() {
 }
 
 async fn sync_loop(
-    cluster: ClusterWatch,
+    (cluster, mut engine): (ClusterWatch, Engine),
     (pool, veth_prefix): (Pool, String),
-    applied: watch::Sender<Applied>,
+    (applied, decision_map): (watch::Sender<Applied>, watch::Sender<Arc<DecisionMap>>),
     status: Arc<Mutex<Status>>,
     metrics: Metrics,
     cancel: CancellationToken,
 ) {
-    let mut engine = Engine::new(Nft::default());
     let mut changes = cluster.subscribe();
     let mut failures = 0u32;
     let mut last_full = tokio::time::Instant::now();
@@ -265,6 +276,7 @@ async fn sync_loop(
                     since,
                 });
                 if report.kind != SyncKind::Unchanged {
+                    decision_map.send_replace(Arc::new(DecisionMap::new(&report.pods)));
                     tracing::debug!(kind = report.kind.as_str(), rules = report.rules,
                         elements = report.elements, bytes = report.script_bytes,
                         compile = ?report.compile, render = ?report.render, load = ?report.load,
@@ -320,15 +332,26 @@ async fn table_altered(engine: &mut Engine, deep: bool) -> Option<String> {
     }
 }
 
-/// Reads the kernel's per-chain counters into the verdict metrics.
-async fn count_verdicts(metrics: Metrics, cancel: CancellationToken) {
+/// Reads the kernel's per-chain and per-rule counters into the verdict metrics.
+async fn count_verdicts(
+    metrics: Metrics,
+    map: watch::Receiver<Arc<DecisionMap>>,
+    cancel: CancellationToken,
+) {
     let nft = Nft::default();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(COUNTERS_EVERY) => {}
         }
-        if let Some(totals) = read_counters(&nft).await {
+        let Some(json) = counters_json(&nft).await else {
+            continue;
+        };
+        let map = map.borrow().clone();
+        metrics
+            .network_policy
+            .rule_verdicts(&super::policy_decisions::per_rule(&json, &map));
+        if let Some(totals) = sum_counters(&json) {
             metrics.network_policy.verdicts(VerdictCounts {
                 ingress_allowed: totals.ingress_allowed,
                 ingress_denied: totals.ingress_denied,
@@ -340,8 +363,8 @@ async fn count_verdicts(metrics: Metrics, cancel: CancellationToken) {
 }
 
 /// The kernel's counters summed over the node's pods; `None` when they cannot be read.
-async fn read_counters(nft: &Nft) -> Option<DirectionCounts> {
-    let readings = per_pod_counters(nft).await?;
+fn sum_counters(json: &str) -> Option<DirectionCounts> {
+    let readings = crate::network_policy::enforce::counters_by_veth(json).ok()?;
     let mut t = DirectionCounts::default();
     for (_, c) in readings {
         t.ingress_allowed += c.ingress_allowed;
@@ -354,21 +377,25 @@ async fn read_counters(nft: &Nft) -> Option<DirectionCounts> {
 
 /// The kernel's counters per host veth.
 async fn per_pod_counters(nft: &Nft) -> Option<Vec<(String, DirectionCounts)>> {
-    let json = nft
-        .run(
-            &[
-                "-j",
-                "list",
-                "counters",
-                "table",
-                "inet",
-                crate::network_policy::nft::TABLE,
-            ],
-            None,
-        )
-        .await
-        .ok()?;
+    let json = counters_json(nft).await?;
     crate::network_policy::enforce::counters_by_veth(&json).ok()
+}
+
+/// `nft -j list counters table inet eniipam_policy`.
+async fn counters_json(nft: &Nft) -> Option<String> {
+    nft.run(
+        &[
+            "-j",
+            "list",
+            "counters",
+            "table",
+            "inet",
+            crate::network_policy::nft::TABLE,
+        ],
+        None,
+    )
+    .await
+    .ok()
 }
 
 impl Enforcer {

@@ -52,6 +52,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::compile::{Compiled, Direction, Peers, Ports, Protocol, Rule};
+use super::decisions::Reporting;
 
 mod check;
 mod counters;
@@ -79,7 +80,8 @@ pub struct LocalPod {
 pub struct Ruleset {
     /// The named sets of peers and ports.
     pub sets: BTreeMap<String, Set>,
-    /// The named counters, two per chain (`<chain>_allowed`, `<chain>_denied`): name → comment.
+    /// The named counters, two per chain (`<chain>_allowed`, `<chain>_denied`), and one per
+    /// policy rule when reported (`<chain>_r<j>`, `super::decisions`): name → comment.
     pub counters: BTreeMap<String, String>,
     /// The chains of isolated directions (the base chain `forward` is not one of them).
     pub chains: BTreeMap<String, Chain>,
@@ -122,6 +124,12 @@ pub enum RenderError {
 
 /// Renders the ruleset enforcing `pods`' policies (see the module docs).
 pub fn render(pods: &[LocalPod]) -> Result<Ruleset, RenderError> {
+    render_with(pods, &Reporting::default())
+}
+
+/// [`render`], each isolated chain also reporting its decisions as `reporting` says (per-rule
+/// counters, NFLOG statements: `super::decisions`).
+pub fn render_with(pods: &[LocalPod], reporting: &Reporting) -> Result<Ruleset, RenderError> {
     let mut seen: BTreeMap<String, &LocalPod> = BTreeMap::new();
     for pod in pods {
         if !is_ifname(&pod.veth) {
@@ -165,7 +173,7 @@ pub fn render(pods: &[LocalPod]) -> Result<Ruleset, RenderError> {
                 continue;
             };
             let chain = format!("{}_{}", dir.short(), ident(&pod.veth));
-            out.chain(pod, dir, &chain, policies, rules);
+            out.chain(pod, dir, &chain, (policies, rules), reporting);
             out.jumps.push(format!(
                 "{hook} \"{}\" jump {chain} comment \"{}\"",
                 pod.veth,
@@ -224,8 +232,8 @@ impl Ruleset {
         pod: &LocalPod,
         dir: PolicyType,
         chain: &str,
-        policies: &[String],
-        rules: &[Rule],
+        (policies, rules): (&[String], &[Rule]),
+        reporting: &Reporting,
     ) {
         let (allowed, denied) = (format!("{chain}_allowed"), format!("{chain}_denied"));
         // Every verdict of the chain counts in its two counters (new connections only: replies
@@ -364,12 +372,23 @@ impl Ruleset {
                     }
                 }
             }
+            // Decision reporting (`super::decisions`): the rule's counter, its log statement.
+            if let Some((name, about)) =
+                reporting.rule_counter(chain, &pod.veth, dir, j, &rule.source)
+            {
+                uses.insert(name.clone());
+                self.counters.insert(name, comment(&about));
+            }
+            let report = reporting.allow_statements(chain, &pod.veth, dir, j);
             for peer in &peers {
                 for ports in &port_matches {
-                    lines.push(format!("{peer}{ports}{count}return comment \"{note}\""));
+                    lines.push(format!(
+                        "{peer}{ports}{count}{report}return comment \"{note}\""
+                    ));
                 }
             }
         }
+        lines.extend(reporting.deny_line(&pod.veth, dir));
         lines.push(format!(
             "counter name \"{denied}\" drop comment \"{}\"",
             comment(&format!(
