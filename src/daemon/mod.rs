@@ -287,6 +287,9 @@ impl Daemon {
             selector.first_answer().await;
             ipam.set_profile_selector(selector);
         }
+        if config.manage_eni_routes {
+            ipam.forget_flows_on_release();
+        }
         if let Some(target) = config.network_policy_target() {
             ipam.set_policy_gate(network_policy::start(
                 api_server::client(&target)?,

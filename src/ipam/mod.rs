@@ -183,6 +183,8 @@ struct Inner {
     profiles: std::sync::OnceLock<Arc<dyn ProfileSelector>>,
     /// Set once, when NetworkPolicy enforcement is on.
     policy: std::sync::OnceLock<Arc<dyn PolicyGate>>,
+    /// A released address's conntrack entries are deleted (the daemon on a real node).
+    forget_flows: AtomicBool,
 }
 
 impl Ipam {
@@ -223,6 +225,7 @@ impl Ipam {
                 locks: AttachmentLocks::default(),
                 profiles: std::sync::OnceLock::new(),
                 policy: std::sync::OnceLock::new(),
+                forget_flows: AtomicBool::new(false),
             }),
         }
     }
@@ -235,6 +238,13 @@ impl Ipam {
 
     /// NetworkPolicy enforcement on: every new ADD waits for its pod's rules (once; later calls
     /// are ignored).
+    /// From now on a release deletes its addresses' conntrack entries before it returns
+    /// (`crate::host::conntrack`; issue 47, case 9): the next pod given the address inherits no
+    /// flow. Only where the daemon owns the host's networking.
+    pub fn forget_flows_on_release(&self) {
+        self.inner.forget_flows.store(true, Ordering::Relaxed);
+    }
+
     pub fn set_policy_gate(&self, gate: Arc<dyn PolicyGate>) {
         let _ = self.inner.policy.set(gate);
     }
@@ -419,6 +429,9 @@ impl Ipam {
             released.ipv6 = Some(ip);
             released.reservation = released.reservation.or(reservation);
         }
+        if self.inner.forget_flows.load(Ordering::Relaxed) {
+            forget_flows(key, &released).await;
+        }
         Ok((released.ip.is_some() || released.ipv6.is_some()).then_some(released))
     }
 
@@ -559,4 +572,23 @@ pub fn assigned_attachments(snapshot: &PoolSnapshot) -> Vec<AttachmentKey> {
             _ => None,
         })
         .collect()
+}
+
+/// Deletes the conntrack entries of `released`'s addresses; a failure is logged (the release
+/// stands: the entries time out on their own).
+async fn forget_flows(key: &AttachmentKey, released: &Released) {
+    let ips: Vec<std::net::IpAddr> = (released.ip.map(std::net::IpAddr::from).into_iter())
+        .chain(released.ipv6.map(std::net::IpAddr::from))
+        .collect();
+    if ips.is_empty() {
+        return;
+    }
+    match crate::host::conntrack::forget(&ips).await {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::debug!(attachment = %key, ?ips, entries = n, "conntrack entries of a released address deleted")
+        }
+        Err(e) => tracing::warn!(attachment = %key, ?ips, error = %e,
+            "cannot delete the conntrack entries of a released address; they time out on their own"),
+    }
 }

@@ -1,9 +1,6 @@
 //! The NFLOG group read over netlink (`NETLINK_NETFILTER`, subsystem `NFNL_SUBSYS_ULOG`): the
 //! group bound ([`NflogSocket::bind`]), and each packet's log prefix and IP header read
-//! ([`parse_packets`]). The messages are few and fixed (`linux/netfilter/nfnetlink_log.h`), so
-//! they are read here over `netlink-sys`'s socket rather than through another crate
-//! (`netlink-packet-netfilter` is built on an older `netlink-packet-core` than the one the daemon
-//! links).
+//! ([`parse_packets`]), with `crate::host::nfnetlink`'s framing.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -11,18 +8,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use netlink_sys::{AsyncSocket, AsyncSocketExt, TokioSocket, protocols::NETLINK_NETFILTER};
 
 use super::Flow;
+use crate::host::nfnetlink::{
+    NFGEN, NLM_F_ACK, NLM_F_REQUEST, attr, attributes, message, messages, request,
+};
 
 /// `NFNL_SUBSYS_ULOG << 8`.
 const ULOG: u16 = 4 << 8;
 const MSG_PACKET: u16 = ULOG;
 const MSG_CONFIG: u16 = ULOG | 1;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
-const HEADER: usize = 16;
-/// The netfilter header (`struct nfgenmsg`) after the netlink one.
-const NFGEN: usize = 4;
 const ATTR_PAYLOAD: u16 = 9;
 const ATTR_PREFIX: u16 = 10;
 const CFG_CMD: u16 = 1;
@@ -65,24 +58,15 @@ impl NflogSocket {
     }
 
     async fn configure(&mut self, group: u16, seq: u32, attrs: &[u8]) -> io::Result<()> {
-        let mut body = vec![0u8, 0]; // AF_UNSPEC, NFNETLINK_V0
-        body.extend(group.to_be_bytes());
-        body.extend(attrs);
-        let msg = message(MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, seq, &body);
-        self.socket.send(&msg).await?;
-        loop {
-            let (data, _) = self.socket.recv_from_full().await?;
-            for (kind, _, payload) in messages(&data) {
-                if kind == NLMSG_ERROR && payload.len() >= 4 {
-                    let code = i32::from_ne_bytes(payload[..4].try_into().expect("4 bytes"));
-                    return if code == 0 {
-                        Ok(())
-                    } else {
-                        Err(io::Error::from_raw_os_error(-code))
-                    };
-                }
-            }
-        }
+        // AF_UNSPEC, the group as the resource.
+        let msg = message(
+            MSG_CONFIG,
+            NLM_F_REQUEST | NLM_F_ACK,
+            seq,
+            (0, group),
+            attrs,
+        );
+        request(&mut self.socket, seq, &msg).await
     }
 
     /// The next batch of logged packets. `ENOBUFS` (the socket overflowed: packets were lost) is
@@ -93,76 +77,16 @@ impl NflogSocket {
     }
 }
 
-/// A netlink attribute, padded to 4 bytes.
-fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
-    let len = 4 + value.len();
-    let mut out = Vec::with_capacity(len.next_multiple_of(4));
-    out.extend((len as u16).to_ne_bytes());
-    out.extend(kind.to_ne_bytes());
-    out.extend(value);
-    out.resize(len.next_multiple_of(4), 0);
-    out
-}
-
-/// A netlink message: header and body.
-fn message(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
-    let len = (HEADER + body.len()) as u32;
-    let mut out = Vec::with_capacity(len as usize);
-    out.extend(len.to_ne_bytes());
-    out.extend(kind.to_ne_bytes());
-    out.extend(flags.to_ne_bytes());
-    out.extend(seq.to_ne_bytes());
-    out.extend(0u32.to_ne_bytes());
-    out.extend(body);
-    out
-}
-
-/// The messages of a datagram: type, flags, body (a truncated one ends the walk).
-fn messages(data: &[u8]) -> impl Iterator<Item = (u16, u16, &[u8])> {
-    let mut rest = data;
-    std::iter::from_fn(move || {
-        if rest.len() < HEADER {
-            return None;
-        }
-        let len = u32::from_ne_bytes(rest[..4].try_into().ok()?) as usize;
-        if len < HEADER || len > rest.len() {
-            return None;
-        }
-        let kind = u16::from_ne_bytes(rest[4..6].try_into().ok()?);
-        let flags = u16::from_ne_bytes(rest[6..8].try_into().ok()?);
-        let body = &rest[HEADER..len];
-        rest = &rest[len.next_multiple_of(4).min(rest.len())..];
-        Some((kind, flags, body))
-    })
-}
-
-/// The attributes of a body: type (flags masked off), value.
-fn attributes(mut rest: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if rest.len() < 4 {
-            return None;
-        }
-        let len = u16::from_ne_bytes(rest[..2].try_into().ok()?) as usize;
-        if len < 4 || len > rest.len() {
-            return None;
-        }
-        let kind = u16::from_ne_bytes(rest[2..4].try_into().ok()?) & 0x3fff;
-        let value = &rest[4..len];
-        rest = &rest[len.next_multiple_of(4).min(rest.len())..];
-        Some((kind, value))
-    })
-}
-
 /// The packets of an NFLOG datagram (others, and packets without a prefix, are skipped).
 pub fn parse_packets(data: &[u8]) -> Vec<Logged> {
     let mut out = Vec::new();
     for (kind, _, body) in messages(data) {
-        if kind == NLMSG_DONE || kind != MSG_PACKET || body.len() < NFGEN {
+        if kind != MSG_PACKET || body.len() < NFGEN {
             continue;
         }
         let mut prefix = None;
         let mut flow = None;
-        for (kind, value) in attributes(&body[NFGEN..]) {
+        for (kind, _, value) in attributes(&body[NFGEN..]) {
             match kind {
                 ATTR_PREFIX => {
                     let text = value.split(|b| *b == 0).next().unwrap_or_default();
@@ -233,13 +157,12 @@ pub(super) mod wire {
 
     /// One NFLOG packet message.
     pub fn packet(prefix: &str, payload: &[u8]) -> Vec<u8> {
-        let mut body = vec![2u8, 0, 0, 100]; // AF_INET, v0, group 100
-        body.extend(attr(1, &[8, 0, 2, 0])); // packet header: ETH_P_IP, hook forward
+        let mut body = attr(1, &[8, 0, 2, 0]); // packet header: ETH_P_IP, hook forward
         let mut p = prefix.as_bytes().to_vec();
         p.push(0);
         body.extend(attr(ATTR_PREFIX, &p));
         body.extend(attr(ATTR_PAYLOAD, payload));
-        let mut m = message(MSG_PACKET, 0, 0, &body);
+        let mut m = message(MSG_PACKET, 0, 0, (2, 100), &body); // AF_INET, group 100
         m.resize(m.len().next_multiple_of(4), 0);
         m
     }
