@@ -70,11 +70,12 @@ pub(super) fn spawn_api_server_gc(
 }
 
 /// The node's startup taint and condition, when there is something to do and an API server to tell
-/// (`config.node_status_target()`).
+/// (`config.node_status_target()`). With NetworkPolicy enforcement on, `policy_in_force` holds the
+/// taint until the first sync is in the kernel.
 pub(super) fn spawn_node_status(
     config: &DaemonConfig,
     clients: &CloudClients,
-    pool: &Pool,
+    (pool, policy_in_force): (&Pool, Option<tokio::sync::watch::Receiver<bool>>),
     b: &mut Building,
 ) -> Result<(), DaemonError> {
     let Some(target) = config.node_status_target() else {
@@ -89,7 +90,7 @@ pub(super) fn spawn_node_status(
     b.background.push(node::spawn(
         client,
         status,
-        pool.clone(),
+        (pool.clone(), policy_in_force),
         clients.stats.clone(),
         b.cancel.clone(),
     ));

@@ -290,15 +290,18 @@ impl Daemon {
         if config.manage_eni_routes {
             ipam.forget_flows_on_release();
         }
+        let mut policy_in_force = None;
         if let Some(target) = config.network_policy_target() {
-            ipam.set_policy_gate(network_policy::start(
+            let gate = network_policy::start(
                 api_server::client(&target)?,
                 (pool.clone(), config.veth_prefix.clone()),
                 policy_decisions::log_config(&config),
                 b.metrics.clone(),
                 b.cancel.clone(),
                 &mut b.background,
-            ));
+            );
+            policy_in_force = Some(gate.in_force());
+            ipam.set_policy_gate(gate);
         } else if config.manage_eni_routes {
             network_policy::remove_table().await;
         }
@@ -307,7 +310,7 @@ impl Daemon {
             b.background
                 .push(spawn_lookahead_on(a, &pool, &b.metrics, b.cancel.clone()));
         }
-        spawn_node_status(&config, &clients, &pool, &mut b)?;
+        spawn_node_status(&config, &clients, (&pool, policy_in_force), &mut b)?;
         let reconciler = Reconciler {
             ipam: ipam.clone(),
             cloud: clients.cloud.clone(),

@@ -21,6 +21,9 @@
 //!   unfiltered while its policies say otherwise. That same sync lists it in the peer sets of the
 //!   node's pods whose policies select it (by the pool's address, before the kubelet posts it:
 //!   [`crate::network_policy::enforce::local_pods`]), so it is a peer on its node from its ADD.
+//! - **The startup taint** (`remove_startup_taint`) stays until a first sync has put the rules in
+//!   the kernel ([`Enforcer::in_force`]), not only until the pool is warm: no pod is scheduled to
+//!   a node that would fail its ADD for want of its rules (issue 47, case 9).
 //! - **Decisions reported** (`super::policy_decisions`): the chains carry per-rule counters and
 //!   the NFLOG statements of the decision log; each sync that changed the table hands the log's
 //!   reader and the counters' reader a new [`DecisionMap`].
@@ -100,6 +103,15 @@ pub(super) struct Enforcer {
     client: kube::Client,
     applied: watch::Receiver<Applied>,
     status: Arc<Mutex<Status>>,
+    in_force: watch::Receiver<bool>,
+}
+
+/// What the sync task tells the others: the last sync (the gate), the decision map (the decision
+/// log and the per-rule counters), whether a sync has ever reached the kernel (the startup taint).
+struct SyncOutputs {
+    applied: watch::Sender<Applied>,
+    decision_map: watch::Sender<Arc<DecisionMap>>,
+    in_force: watch::Sender<bool>,
 }
 
 /// This node's pod attachments, from the pool, each with its host veth, in veth order: one per
@@ -155,11 +167,17 @@ pub(super) fn start(
     let (tx, rx) = watch::channel(Applied::default());
     let status = Arc::new(Mutex::new(Status::default()));
     let (map_tx, map) = watch::channel(Arc::new(DecisionMap::default()));
+    let (in_force_tx, in_force) = watch::channel(false);
     let engine = Engine::new(Nft::default()).with_reporting(log.reporting());
+    let outputs = SyncOutputs {
+        applied: tx,
+        decision_map: map_tx,
+        in_force: in_force_tx,
+    };
     background.push(tokio::spawn(sync_loop(
         (cluster.clone(), engine),
         (pool, veth_prefix),
-        (tx, map_tx),
+        outputs,
         status.clone(),
         metrics.clone(),
         cancel.clone(),
@@ -176,6 +194,7 @@ pub(super) fn start(
         client,
         applied: rx,
         status,
+        in_force,
     })
 }
 
@@ -195,7 +214,7 @@ pub(super) async fn remove_table() {
 async fn sync_loop(
     (cluster, mut engine): (ClusterWatch, Engine),
     (pool, veth_prefix): (Pool, String),
-    (applied, decision_map): (watch::Sender<Applied>, watch::Sender<Arc<DecisionMap>>),
+    outputs: SyncOutputs,
     status: Arc<Mutex<Status>>,
     metrics: Metrics,
     cancel: CancellationToken,
@@ -276,7 +295,9 @@ async fn sync_loop(
                     since,
                 });
                 if report.kind != SyncKind::Unchanged {
-                    decision_map.send_replace(Arc::new(DecisionMap::new(&report.pods)));
+                    outputs
+                        .decision_map
+                        .send_replace(Arc::new(DecisionMap::new(&report.pods)));
                     tracing::debug!(kind = report.kind.as_str(), rules = report.rules,
                         elements = report.elements, bytes = report.script_bytes,
                         compile = ?report.compile, render = ?report.render, load = ?report.load,
@@ -293,17 +314,20 @@ async fn sync_loop(
                 s.last = Some(report);
                 s.error = None;
                 drop(s);
-                applied.send_replace(Applied {
+                outputs.applied.send_replace(Applied {
                     generation,
                     error: None,
                 });
+                outputs
+                    .in_force
+                    .send_if_modified(|done| !std::mem::replace(done, true));
             }
             Err(e) => {
                 failures += 1;
                 metrics.network_policy.sync_failed();
                 tracing::warn!(error = %e, failures, "network policy: the rules could not be put in force; retrying");
                 status.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e.to_string());
-                applied.send_replace(Applied {
+                outputs.applied.send_replace(Applied {
                     generation,
                     error: Some(e.to_string()),
                 });
@@ -399,6 +423,12 @@ async fn counters_json(nft: &Nft) -> Option<String> {
 }
 
 impl Enforcer {
+    /// Turns `true` once a sync has put the node's rules in the kernel (and stays so): the
+    /// startup taint waits for it (issue 47, case 9).
+    pub(super) fn in_force(&self) -> watch::Receiver<bool> {
+        self.in_force.clone()
+    }
+
     /// Waits until the cluster's three lists have completed once, until `deadline`.
     async fn synced_by(&self, deadline: tokio::time::Instant) -> bool {
         let mut changes = self.watch.subscribe();

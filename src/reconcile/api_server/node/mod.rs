@@ -6,7 +6,9 @@
 //! IP" until the pool has warmed up. The AWS VPC CNI's users asked for a way to keep pods off such a
 //! node (aws/amazon-vpc-cni-k8s #2808, #2274). The node group puts a taint on the node at
 //! registration (Karpenter's `startupTaints`, a managed node group's `taints`); the daemon removes
-//! it — that taint alone — once the pool holds its first warm IPs ([`taint`]).
+//! it — that taint alone — once the pool holds its first warm IPs ([`taint`]) and, with
+//! NetworkPolicy enforcement on, once the node's policy rules are first in the kernel (issue 47,
+//! case 9: until then every ADD here would wait for them and could fail).
 //!
 //! The condition [`CONDITION_TYPE`] ([`condition`]) is `True` while the node can serve pods (free
 //! IPs or room to get them, EC2 reachable lately, the pod subnet not short) and `False` with the
@@ -26,6 +28,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -141,10 +144,11 @@ const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// Starts the keeper: every `check`, the startup taint (until it is gone) and the condition.
+/// `policy_in_force`, when given, must also be `true` before the taint goes.
 pub fn spawn(
     client: kube::Client,
     config: NodeStatusConfig,
-    pool: Pool,
+    pool: (Pool, Option<watch::Receiver<bool>>),
     calls: Arc<CallStats>,
     cancel: CancellationToken,
 ) -> JoinHandle<()> {
@@ -157,13 +161,19 @@ pub fn spawn(
     })
 }
 
-async fn run(api: Api<Node>, config: NodeStatusConfig, pool: Pool, calls: Arc<CallStats>) {
+async fn run(
+    api: Api<Node>,
+    config: NodeStatusConfig,
+    (pool, policy_in_force): (Pool, Option<watch::Receiver<bool>>),
+    calls: Arc<CallStats>,
+) {
     let node = config.node_name.as_str();
     let mut taint = config.startup_taint.clone();
     let mut reach = Ec2Reach::default();
     let mut published: Option<(Verdict, Instant)> = None;
     let mut backoff = BACKOFF_FIRST;
     let mut retry_at: Option<Instant> = None;
+    let mut said_policy = false;
     let mut tick = tokio::time::interval(config.check);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -175,7 +185,17 @@ async fn run(api: Api<Node>, config: NodeStatusConfig, pool: Pool, calls: Arc<Ca
             continue;
         }
         let mut failed = false;
-        if let Some((key, effect)) = &taint
+        let policy_ready = policy_in_force.as_ref().is_none_or(|r| *r.borrow());
+        if let Some((key, _)) = &taint
+            && warm(&snapshot)
+            && !policy_ready
+        {
+            if !said_policy {
+                tracing::info!(node, taint = %key,
+                    "startup taint: the pool holds warm IPs; kept until the NetworkPolicy rules are first in force");
+                said_policy = true;
+            }
+        } else if let Some((key, effect)) = &taint
             && warm(&snapshot)
         {
             match remove_taint(&api, node, key, *effect).await {
