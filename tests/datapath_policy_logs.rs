@@ -81,8 +81,8 @@ async fn rule_metric(d: &PolicyDaemon, labels: &[&str]) -> Option<f64> {
     // The last daemon's (a restart logs a new one).
     let addr = log
         .split_whitespace()
-        .filter_map(|w| w.strip_prefix("metrics="))
-        .last()
+        .rev()
+        .find_map(|w| w.strip_prefix("metrics="))
         .unwrap_or_else(|| panic!("no metrics address in the daemon's log:\n{}", d.tail()));
     let text =
         d.ns.exec("curl", &["-sf", &format!("http://{addr}/metrics")])
