@@ -90,6 +90,25 @@ pub async fn forget(ips: &[IpAddr]) -> io::Result<usize> {
     Ok(gone)
 }
 
+/// [`forget`] for a released attachment (`what` names it): how it went is logged; a failure
+/// leaves the release standing (the entries time out on their own).
+pub async fn forget_released(what: &str, ips: &[IpAddr]) {
+    if ips.is_empty() {
+        return;
+    }
+    match forget(ips).await {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(
+            attachment = what,
+            ?ips,
+            entries = n,
+            "conntrack entries of a released address deleted"
+        ),
+        Err(e) => tracing::warn!(attachment = what, ?ips, error = %e,
+            "cannot delete the conntrack entries of a released address; they time out on their own"),
+    }
+}
+
 /// The entry a dumped message describes, if an end of either of its tuples is in `wanted`.
 pub fn matching(kind: u16, body: &[u8], wanted: &BTreeSet<IpAddr>) -> Option<Entry> {
     if kind != MSG_NEW || body.len() < NFGEN {

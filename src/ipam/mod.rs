@@ -574,21 +574,10 @@ pub fn assigned_attachments(snapshot: &PoolSnapshot) -> Vec<AttachmentKey> {
         .collect()
 }
 
-/// Deletes the conntrack entries of `released`'s addresses; a failure is logged (the release
-/// stands: the entries time out on their own).
+/// Deletes the conntrack entries of `released`'s addresses (`crate::host::conntrack`).
 async fn forget_flows(key: &AttachmentKey, released: &Released) {
     let ips: Vec<std::net::IpAddr> = (released.ip.map(std::net::IpAddr::from).into_iter())
         .chain(released.ipv6.map(std::net::IpAddr::from))
         .collect();
-    if ips.is_empty() {
-        return;
-    }
-    match crate::host::conntrack::forget(&ips).await {
-        Ok(0) => {}
-        Ok(n) => {
-            tracing::debug!(attachment = %key, ?ips, entries = n, "conntrack entries of a released address deleted")
-        }
-        Err(e) => tracing::warn!(attachment = %key, ?ips, error = %e,
-            "cannot delete the conntrack entries of a released address; they time out on their own"),
-    }
+    crate::host::conntrack::forget_released(&key.to_string(), &ips).await;
 }
