@@ -17,7 +17,10 @@
 //!   the base chain, and a pod-to-pod packet must still meet the server's ingress chain after the
 //!   client's egress chain said yes (a connection needs both, as the model says). Each verdict
 //!   counts in the chain's named counters, `<chain>_allowed` and `<chain>_denied` (new
-//!   connections only; read back with [`parse_counters`]);
+//!   connections only; read back with [`parse_counters`]); rendered by [`render_with`], the
+//!   daemon's way, each rule also counts in its own `<chain>_r<j>` and the chain logs its
+//!   decisions to NFLOG (`super::decisions`, one statement on the allowing lines and one line
+//!   before the `drop`);
 //! - peers and ports live in named sets, so they can later be updated in place: the addresses of
 //!   a rule's selected pods are a set of `ipv4_addr` (`_pods`), its `ipBlock`s (an `except`
 //!   already cut out of the CIDR) an interval set of `ipv4_addr` (`_blocks`), each matched by a
