@@ -148,6 +148,15 @@ impl DaemonConfig {
                 }
             };
         }
+        if let Some(v) = get("network_policy_log") {
+            self.network_policy_log = crate::network_policy::decisions::Logged::parse(&v)
+                .map_err(|e| invalid("network_policy_log", e))?;
+        }
+        set!(network_policy_log_group, "an NFLOG group (0 ..= 65535)");
+        set!(network_policy_log_rate, "a whole number");
+        set_opt!(network_policy_log_file, "a path");
+        set!(network_policy_log_file_max_mb, "a whole number");
+        set!(network_policy_log_file_keep, "a whole number");
         set_opt!(api_server_url, "a URL");
         set!(api_server_token_file, "a path");
         set!(api_server_ca_file, "a path");

@@ -150,6 +150,21 @@ pub struct DaemonConfig {
     /// pod's address), where aws-node judged the Service's address (`docs/network-policy.md`,
     /// migrating). Default empty: no such warning.
     pub service_cidrs: Vec<ipnet::IpNet>,
+    /// Decision logs (`docs/network-policy.md`, "Decision logs"): `denied` (default) logs the new
+    /// connections the rules deny, `all` allowed ones too, `off` none; at most
+    /// `network_policy_log_rate` a second, to the daemon's log and `network_policy_log_file`.
+    pub network_policy_log: crate::network_policy::decisions::Logged,
+    /// The NFLOG group the table logs to (default 47; no other program on the node may use it).
+    pub network_policy_log_group: u16,
+    /// Decisions logged per second on the node, and denied packets copied per second per pod
+    /// direction in the kernel, at most (default 10; the rest are counted and said).
+    pub network_policy_log_rate: u32,
+    /// A file the decisions are written to as JSON lines, for a log shipper (default: none).
+    pub network_policy_log_file: Option<PathBuf>,
+    /// That file is rotated at this many MiB (default 50), keeping
+    /// `network_policy_log_file_keep` rotated files (default 2).
+    pub network_policy_log_file_max_mb: u64,
+    pub network_policy_log_file_keep: u32,
     /// Which addresses pods get: `ipv4` (default: from the ENI pool), `ipv6` (from one /80 the node
     /// takes on eth0 at startup; no IPv4 pool) or `dual` (both). The VPC CNI's `ENABLE_IPV6`.
     pub ip_family: IpFamily,
@@ -297,6 +312,12 @@ impl Default for DaemonConfig {
             network_profiles: false,
             network_policy: None,
             service_cidrs: Vec::new(),
+            network_policy_log: crate::network_policy::decisions::Logged::Denied,
+            network_policy_log_group: 47,
+            network_policy_log_rate: 10,
+            network_policy_log_file: None,
+            network_policy_log_file_max_mb: 50,
+            network_policy_log_file_keep: 2,
             eni_config_label: DEFAULT_ENI_CONFIG_KEY.to_owned(),
             eni_config_annotation: DEFAULT_ENI_CONFIG_KEY.to_owned(),
             ip_family: IpFamily::Ipv4,

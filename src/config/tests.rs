@@ -474,3 +474,66 @@ fn service_cidrs_are_a_list_of_cidrs_of_either_family() {
     c.validate().unwrap();
     assert_eq!(c.service_cidrs.len(), 1);
 }
+
+#[test]
+fn decision_log_knobs_are_read_and_bad_ones_named() {
+    use crate::network_policy::decisions::Logged;
+    let d = DaemonConfig::default();
+    assert_eq!(
+        (d.network_policy_log, d.network_policy_log_file.as_ref()),
+        (Logged::Denied, None),
+        "denials logged to the daemon's log; no file unless asked"
+    );
+    let c = DaemonConfig::load(
+        None,
+        &env(&[
+            ("ENIIPAM_NETWORK_POLICY_LOG", "all"),
+            ("ENIIPAM_NETWORK_POLICY_LOG_GROUP", "9"),
+            ("ENIIPAM_NETWORK_POLICY_LOG_RATE", "50"),
+            (
+                "ENIIPAM_NETWORK_POLICY_LOG_FILE",
+                "/var/log/eniipam/decisions.log",
+            ),
+            ("ENIIPAM_NETWORK_POLICY_LOG_FILE_MAX_MB", "5"),
+            ("ENIIPAM_NETWORK_POLICY_LOG_FILE_KEEP", "0"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.network_policy_log, Logged::All);
+    assert_eq!(
+        (c.network_policy_log_group, c.network_policy_log_rate),
+        (9, 50)
+    );
+    assert_eq!(
+        c.network_policy_log_file.as_deref(),
+        Some(Path::new("/var/log/eniipam/decisions.log"))
+    );
+    assert_eq!(
+        (
+            c.network_policy_log_file_max_mb,
+            c.network_policy_log_file_keep
+        ),
+        (5, 0)
+    );
+    for ((knob, value), says) in [
+        (
+            ("ENIIPAM_NETWORK_POLICY_LOG", "denies"),
+            "off, denied or all",
+        ),
+        (("ENIIPAM_NETWORK_POLICY_LOG_GROUP", "70000"), "NFLOG group"),
+        (("ENIIPAM_NETWORK_POLICY_LOG_RATE", "0"), "1 ..= 10000"),
+        (("ENIIPAM_NETWORK_POLICY_LOG_FILE", "/"), "not a file path"),
+        (
+            ("ENIIPAM_NETWORK_POLICY_LOG_FILE_MAX_MB", "0"),
+            "1 ..= 10240",
+        ),
+        (("ENIIPAM_NETWORK_POLICY_LOG_FILE_KEEP", "101"), "0 ..= 100"),
+    ] {
+        let e = DaemonConfig::load(None, &env(&[(knob, value)]))
+            .unwrap_err()
+            .to_string();
+        let name = knob.trim_start_matches("ENIIPAM_").to_ascii_lowercase();
+        assert!(e.starts_with(&name), "{knob}: {e}");
+        assert!(e.contains(says), "{knob}: {e}");
+    }
+}

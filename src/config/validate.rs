@@ -167,6 +167,7 @@ impl DaemonConfig {
         self.validate_custom_networking()?;
         self.validate_network_profiles()?;
         self.validate_network_policy()?;
+        self.validate_decision_log()?;
         self.validate_host_rules()?;
         if self.shutdown_grace_secs > 600 {
             return Err(invalid("shutdown_grace_secs", "allowed: 0 ..= 600"));
@@ -386,6 +387,45 @@ impl DaemonConfig {
         }
         if !(1..=600).contains(&self.eni_route_wait_secs) {
             return Err(invalid("eni_route_wait_secs", "allowed: 1 ..= 600"));
+        }
+        Ok(())
+    }
+}
+
+impl DaemonConfig {
+    /// The decision log's knobs (`network_policy_log*`).
+    fn validate_decision_log(&self) -> Result<(), ConfigError> {
+        if !(1..=10_000).contains(&self.network_policy_log_rate) {
+            return Err(invalid(
+                "network_policy_log_rate",
+                format!(
+                    "{} is not in 1 ..= 10000 (turn logging off with network_policy_log = off)",
+                    self.network_policy_log_rate
+                ),
+            ));
+        }
+        if !(1..=10_240).contains(&self.network_policy_log_file_max_mb) {
+            return Err(invalid(
+                "network_policy_log_file_max_mb",
+                format!(
+                    "{} is not in 1 ..= 10240",
+                    self.network_policy_log_file_max_mb
+                ),
+            ));
+        }
+        if self.network_policy_log_file_keep > 100 {
+            return Err(invalid(
+                "network_policy_log_file_keep",
+                format!("{} is not in 0 ..= 100", self.network_policy_log_file_keep),
+            ));
+        }
+        if let Some(p) = &self.network_policy_log_file
+            && (p.as_os_str().is_empty() || p.is_dir())
+        {
+            return Err(invalid(
+                "network_policy_log_file",
+                format!("{} is not a file path", p.display()),
+            ));
         }
         Ok(())
     }

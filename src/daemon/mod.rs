@@ -20,7 +20,8 @@
 //! (custom networking: the node's ENIConfig checked against EC2 and followed), `profiles`
 //! (network profiles: checked against EC2, handed to the pool, selected on ADD, advertised on the
 //! node), `network_policy` (NetworkPolicy: the cluster watched, the node's pods' rules kept in the
-//! kernel, a new pod's rules in force before its ADD returns), `reconciler`
+//! kernel, a new pod's rules in force before its ADD returns), `policy_decisions` (its decision
+//! log: the NFLOG group read and written to the log and a file), `reconciler`
 //! (the running reconcile), and [`run`]: the
 //! modes of the `eniipamd` binary (serve until a signal, prepare the host, remove the host rules).
 
@@ -31,6 +32,7 @@ mod host;
 mod ipv6;
 mod network_policy;
 mod pod_network;
+mod policy_decisions;
 mod profiles;
 mod reconciler;
 pub mod run;
@@ -286,6 +288,9 @@ impl Daemon {
             selector.first_answer().await;
             ipam.set_profile_selector(selector);
         }
+        if config.manage_eni_routes {
+            ipam.forget_flows_on_release();
+        }
         // What the node's startup taint waits for besides warm IPs.
         let mut startup_gates = Vec::new();
         if let Some(target) = config.network_policy_target() {
@@ -293,8 +298,11 @@ impl Daemon {
             startup_gates.push(first_sync.clone());
             ipam.set_policy_gate(network_policy::start(
                 api_server::client(&target)?,
-                ((pool.clone(), ipam.ipv6().cloned()), config.veth_prefix.clone()),
-                first_sync,
+                (
+                    (pool.clone(), ipam.ipv6().cloned()),
+                    config.veth_prefix.clone(),
+                ),
+                (first_sync, policy_decisions::log_config(&config)),
                 b.metrics.clone(),
                 b.cancel.clone(),
                 &mut b.background,

@@ -23,6 +23,12 @@
 //!   unfiltered while its policies say otherwise. That same sync lists it in the peer sets of the
 //!   node's pods whose policies select it (by the pool's address, before the kubelet posts it:
 //!   [`crate::network_policy::enforce::local_pods`]), so it is a peer on its node from its ADD.
+//! - **The startup taint** (`remove_startup_taint`) stays until a first sync has put the rules in
+//!   the kernel (the `StartupGate` [`start`] is given), not only until the pool is warm: no pod is scheduled to
+//!   a node that would fail its ADD for want of its rules (issue 47, case 9).
+//! - **Decisions reported** (`super::policy_decisions`): the chains carry per-rule counters and
+//!   the NFLOG statements of the decision log; each sync that changed the table hands the log's
+//!   reader and the counters' reader a new [`DecisionMap`].
 //! - **Off** (`network_policy = false`): the table is deleted at startup, so turning enforcement
 //!   off stops it.
 
@@ -44,6 +50,7 @@ use crate::metrics::Metrics;
 use crate::metrics::network_policy::{Synced, VerdictCounts};
 use crate::model::PodRef;
 use crate::network_policy::Direction;
+use crate::network_policy::decisions::{DecisionMap, LogConfig};
 use crate::network_policy::enforce::{Engine, LocalAttachment, Round, SyncKind, SyncReport};
 use crate::network_policy::nft::LocalPod;
 use crate::network_policy::watch::{ClusterWatch, pod_view};
@@ -100,6 +107,13 @@ pub(super) struct Enforcer {
     client: kube::Client,
     applied: watch::Receiver<Applied>,
     status: Arc<Mutex<Status>>,
+}
+
+/// What the sync task tells the others: the last sync (the gate), the decision map (the decision
+/// log and the per-rule counters).
+struct SyncOutputs {
+    applied: watch::Sender<Applied>,
+    decision_map: watch::Sender<Arc<DecisionMap>>,
 }
 
 /// This node's pod attachments, from the pool and the IPv6 book (ipv6 and dual), each with its
@@ -174,7 +188,7 @@ fn local_attachments(
 pub(super) fn start(
     client: kube::Client,
     (pool, veth_prefix): ((Pool, Option<Arc<Ipv6Pool>>), String),
-    first_sync: StartupGate,
+    (first_sync, log): (StartupGate, LogConfig),
     metrics: Metrics,
     cancel: CancellationToken,
     background: &mut Vec<JoinHandle<()>>,
@@ -183,15 +197,27 @@ pub(super) fn start(
     background.extend(watches);
     let (tx, rx) = watch::channel(Applied::default());
     let status = Arc::new(Mutex::new(Status::default()));
+    let (map_tx, map) = watch::channel(Arc::new(DecisionMap::default()));
+    let engine = Engine::new(Nft::default()).with_reporting(log.reporting());
+    let outputs = SyncOutputs {
+        applied: tx,
+        decision_map: map_tx,
+    };
     background.push(tokio::spawn(sync_loop(
-        cluster.clone(),
+        (cluster.clone(), engine),
         (pool, veth_prefix, first_sync),
-        tx,
+        outputs,
         status.clone(),
         metrics.clone(),
         cancel.clone(),
     )));
-    background.push(tokio::spawn(count_verdicts(metrics, cancel)));
+    background.push(tokio::spawn(super::policy_decisions::run(
+        log,
+        map.clone(),
+        metrics.clone(),
+        cancel.clone(),
+    )));
+    background.push(tokio::spawn(count_verdicts(metrics, map, cancel)));
     Arc::new(Enforcer {
         watch: cluster,
         client,
@@ -214,14 +240,13 @@ pub(super) async fn remove_table() {
 }
 
 async fn sync_loop(
-    cluster: ClusterWatch,
+    (cluster, mut engine): (ClusterWatch, Engine),
     (pool, veth_prefix, first_sync): ((Pool, Option<Arc<Ipv6Pool>>), String, StartupGate),
-    applied: watch::Sender<Applied>,
+    outputs: SyncOutputs,
     status: Arc<Mutex<Status>>,
     metrics: Metrics,
     cancel: CancellationToken,
 ) {
-    let mut engine = Engine::new(Nft::default());
     let mut changes = cluster.subscribe();
     let mut failures = 0u32;
     let mut last_full = tokio::time::Instant::now();
@@ -298,6 +323,9 @@ async fn sync_loop(
                     since,
                 });
                 if report.kind != SyncKind::Unchanged {
+                    outputs
+                        .decision_map
+                        .send_replace(Arc::new(DecisionMap::new(&report.pods)));
                     tracing::debug!(kind = report.kind.as_str(), rules = report.rules,
                         elements = report.elements, bytes = report.script_bytes,
                         compile = ?report.compile, render = ?report.render, load = ?report.load,
@@ -314,7 +342,7 @@ async fn sync_loop(
                 s.last = Some(report);
                 s.error = None;
                 drop(s);
-                applied.send_replace(Applied {
+                outputs.applied.send_replace(Applied {
                     generation,
                     error: None,
                 });
@@ -326,7 +354,7 @@ async fn sync_loop(
                 metrics.network_policy.sync_failed();
                 tracing::warn!(error = %e, failures, "network policy: the rules could not be put in force; retrying");
                 status.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e.to_string());
-                applied.send_replace(Applied {
+                outputs.applied.send_replace(Applied {
                     generation,
                     error: Some(e.to_string()),
                 });
@@ -355,26 +383,33 @@ async fn table_altered(engine: &mut Engine, deep: bool) -> Option<String> {
     }
 }
 
-/// Reads the kernel's per-chain counters into the verdict metrics, and its `spoofed` counter.
-async fn count_verdicts(metrics: Metrics, cancel: CancellationToken) {
+/// Reads the kernel's per-chain and per-rule counters into the verdict metrics, and its `spoofed`
+/// counter.
+async fn count_verdicts(
+    metrics: Metrics,
+    map: watch::Receiver<Arc<DecisionMap>>,
+    cancel: CancellationToken,
+) {
     let nft = Nft::default();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(COUNTERS_EVERY) => {}
         }
-        let Some(json) = list_counters(&nft).await else {
+        let Some(json) = counters_json(&nft).await else {
             continue;
         };
-        if let Ok(readings) = crate::network_policy::enforce::counters_by_veth(&json) {
-            let mut t = VerdictCounts::default();
-            for (_, c) in readings {
-                t.ingress_allowed += c.ingress_allowed;
-                t.ingress_denied += c.ingress_denied;
-                t.egress_allowed += c.egress_allowed;
-                t.egress_denied += c.egress_denied;
-            }
-            metrics.network_policy.verdicts(t);
+        let map = map.borrow().clone();
+        metrics
+            .network_policy
+            .rule_verdicts(&super::policy_decisions::per_rule(&json, &map));
+        if let Some(totals) = sum_counters(&json) {
+            metrics.network_policy.verdicts(VerdictCounts {
+                ingress_allowed: totals.ingress_allowed,
+                ingress_denied: totals.ingress_denied,
+                egress_allowed: totals.egress_allowed,
+                egress_denied: totals.egress_denied,
+            });
         }
         if let Ok(total) = crate::network_policy::nft::spoofed_packets(&json) {
             metrics.network_policy.spoofed(total);
@@ -382,8 +417,27 @@ async fn count_verdicts(metrics: Metrics, cancel: CancellationToken) {
     }
 }
 
-/// `nft -j list counters table inet eniipam_policy`; `None` when it cannot be read.
-async fn list_counters(nft: &Nft) -> Option<String> {
+/// The kernel's counters summed over the node's pods; `None` when they cannot be read.
+fn sum_counters(json: &str) -> Option<DirectionCounts> {
+    let readings = crate::network_policy::enforce::counters_by_veth(json).ok()?;
+    let mut t = DirectionCounts::default();
+    for (_, c) in readings {
+        t.ingress_allowed += c.ingress_allowed;
+        t.ingress_denied += c.ingress_denied;
+        t.egress_allowed += c.egress_allowed;
+        t.egress_denied += c.egress_denied;
+    }
+    Some(t)
+}
+
+/// The kernel's counters per host veth.
+async fn per_pod_counters(nft: &Nft) -> Option<Vec<(String, DirectionCounts)>> {
+    let json = counters_json(nft).await?;
+    crate::network_policy::enforce::counters_by_veth(&json).ok()
+}
+
+/// `nft -j list counters table inet eniipam_policy`.
+async fn counters_json(nft: &Nft) -> Option<String> {
     nft.run(
         &[
             "-j",
@@ -397,12 +451,6 @@ async fn list_counters(nft: &Nft) -> Option<String> {
     )
     .await
     .ok()
-}
-
-/// The kernel's counters per host veth.
-async fn per_pod_counters(nft: &Nft) -> Option<Vec<(String, DirectionCounts)>> {
-    let json = list_counters(nft).await?;
-    crate::network_policy::enforce::counters_by_veth(&json).ok()
 }
 
 impl Enforcer {

@@ -14,14 +14,19 @@
 //!   back and removed by [`HostRules`] (nftables table `ip eniipam`).
 //! - [`rules_keeper`]: [`RulesKeeper`], which keeps those rules in step with the config and IMDS
 //!   (VPC CIDRs re-read periodically) and heals drift.
+//! - [`conntrack`]: a released pod address's conntrack entries deleted (over ctnetlink), so its
+//!   next pod inherits no flow; [`nfnetlink`]: the netfilter netlink framing it shares with the
+//!   NetworkPolicy decision log.
 //! - [`prepare`]: `eniipamd --prepare-host` (loose `rp_filter` on the primary interface) and
 //!   `--uninstall-host-rules`.
 //!
 //! The pool's ENIs reach the route keeper as [`EniRoute`]s the daemon derives from the pool's
 //! snapshot: this module never imports the pool.
 
+pub mod conntrack;
 pub mod keeper;
 pub mod netfilter;
+pub mod nfnetlink;
 pub mod nodeport;
 pub mod prepare;
 pub mod routes;

@@ -186,6 +186,8 @@ struct Inner {
     profiles: std::sync::OnceLock<Arc<dyn ProfileSelector>>,
     /// Set once, when NetworkPolicy enforcement is on.
     policy: std::sync::OnceLock<Arc<dyn PolicyGate>>,
+    /// A released address's conntrack entries are deleted (the daemon on a real node).
+    forget_flows: AtomicBool,
 }
 
 impl Ipam {
@@ -226,6 +228,7 @@ impl Ipam {
                 locks: AttachmentLocks::default(),
                 profiles: std::sync::OnceLock::new(),
                 policy: std::sync::OnceLock::new(),
+                forget_flows: AtomicBool::new(false),
             }),
         }
     }
@@ -238,6 +241,13 @@ impl Ipam {
 
     /// NetworkPolicy enforcement on: every new ADD waits for its pod's rules (once; later calls
     /// are ignored).
+    /// From now on a release deletes its addresses' conntrack entries before it returns
+    /// (`crate::host::conntrack`; issue 47, case 9): the next pod given the address inherits no
+    /// flow. Only where the daemon owns the host's networking.
+    pub fn forget_flows_on_release(&self) {
+        self.inner.forget_flows.store(true, Ordering::Relaxed);
+    }
+
     pub fn set_policy_gate(&self, gate: Arc<dyn PolicyGate>) {
         let _ = self.inner.policy.set(gate);
     }
@@ -448,6 +458,9 @@ impl Ipam {
             released.ipv6 = Some(ip);
             released.reservation = released.reservation.or(reservation);
         }
+        if self.inner.forget_flows.load(Ordering::Relaxed) {
+            forget_flows(key, &released).await;
+        }
         Ok((released.ip.is_some() || released.ipv6.is_some()).then_some(released))
     }
 
@@ -588,4 +601,12 @@ pub fn assigned_attachments(snapshot: &PoolSnapshot) -> Vec<AttachmentKey> {
             _ => None,
         })
         .collect()
+}
+
+/// Deletes the conntrack entries of `released`'s addresses (`crate::host::conntrack`).
+async fn forget_flows(key: &AttachmentKey, released: &Released) {
+    let ips: Vec<std::net::IpAddr> = (released.ip.map(std::net::IpAddr::from).into_iter())
+        .chain(released.ipv6.map(std::net::IpAddr::from))
+        .collect();
+    crate::host::conntrack::forget_released(&key.to_string(), &ips).await;
 }

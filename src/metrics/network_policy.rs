@@ -1,8 +1,13 @@
 //! NetworkPolicy enforcement's metrics (`eniipam_network_policy_*`, listed in `docs/metrics.md`):
 //! the policies, the node's isolated pods, the size of the rules in the kernel, how long a change
-//! takes to be in force, and the connections the rules allowed and denied. The daemon records them
-//! from each sync (`crate::daemon`'s `network_policy`); plain numbers in, so this layer knows
-//! nothing of the enforcer.
+//! takes to be in force, and the connections the rules allowed and denied, in all and per policy
+//! rule; and the decision log's own counts. The daemon records them from each sync and its
+//! counter readings (`crate::daemon`'s `network_policy` and `policy_decisions`); plain numbers
+//! in, so this layer knows nothing of the enforcer.
+//!
+//! The per-rule family's labels are bounded: its series are the policy rules that select this
+//! node's pods (namespace, policy, direction, rule index, verdict: not pods or peers), at most
+//! [`MAX_RULE_SERIES`]; past that, new ones count under `policy="_other"` (rule `_other`).
 
 use std::sync::{Arc, Mutex};
 
@@ -13,6 +18,44 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
+
+/// Distinct label sets of `eniipam_network_policy_rule_verdicts_total` at most; the rest are
+/// folded into `policy="_other"`.
+pub const MAX_RULE_SERIES: usize = 2000;
+
+/// One per-rule counter's reading: what it counts for, and its total in the kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleCount {
+    /// What its growth is tracked by (the kernel counter, and for a denial the policy).
+    pub key: String,
+    pub namespace: String,
+    pub policy: String,
+    pub direction: &'static str,
+    /// The rule's index (`none` for a denial: no rule allowed it).
+    pub rule: String,
+    pub verdict: &'static str,
+    pub packets: u64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabel {
+    pub namespace: String,
+    pub policy: String,
+    pub direction: &'static str,
+    pub rule: String,
+    pub verdict: &'static str,
+}
+
+#[derive(Debug, Default)]
+struct RuleTotals {
+    last: std::collections::HashMap<String, u64>,
+    series: std::collections::HashSet<RuleLabel>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoggedLabel {
+    pub verdict: &'static str,
+}
 
 /// New connections of the node's isolated pods the kernel counted, by direction and verdict.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,6 +113,12 @@ pub struct PolicyMetrics {
     /// Packets dropped for a spoofed source, and the kernel's total last read.
     spoofed: Counter,
     last_spoofed: Arc<Mutex<u64>>,
+    rule_verdicts: Family<RuleLabel, Counter>,
+    /// Each per-rule counter's last total, by key, and the family's label sets.
+    last_rules: Arc<Mutex<RuleTotals>>,
+    decisions_logged: Family<LoggedLabel, Counter>,
+    decisions_suppressed: Counter,
+    decisions_unmapped: Counter,
     /// The kernel's totals last read (the counters restart when a table is loaded whole).
     last_counts: Arc<Mutex<VerdictCounts>>,
 }
@@ -91,6 +140,11 @@ impl Default for PolicyMetrics {
             unwired_adds: Counter::default(),
             spoofed: Counter::default(),
             last_spoofed: Arc::default(),
+            rule_verdicts: Family::default(),
+            last_rules: Arc::default(),
+            decisions_logged: Family::default(),
+            decisions_suppressed: Counter::default(),
+            decisions_unmapped: Counter::default(),
             last_counts: Arc::default(),
         }
     }
@@ -173,6 +227,57 @@ impl PolicyMetrics {
         *last = now;
     }
 
+    /// The per-rule counters read from the kernel: what grew since the last reading is added (a
+    /// total that shrank restarted: counted from 0). A counter not read again is forgotten.
+    pub fn rule_verdicts(&self, now: &[RuleCount]) {
+        let mut totals = self.last_rules.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = std::collections::HashMap::with_capacity(now.len());
+        for c in now {
+            let old = totals.last.get(&c.key).copied().unwrap_or(0);
+            let grown = if c.packets >= old {
+                c.packets - old
+            } else {
+                c.packets
+            };
+            seen.insert(c.key.clone(), c.packets);
+            let mut label = RuleLabel {
+                namespace: c.namespace.clone(),
+                policy: c.policy.clone(),
+                direction: c.direction,
+                rule: c.rule.clone(),
+                verdict: c.verdict,
+            };
+            if !totals.series.contains(&label) {
+                if totals.series.len() >= MAX_RULE_SERIES {
+                    label.namespace = String::new();
+                    label.policy = "_other".into();
+                    label.rule = "_other".into();
+                }
+                totals.series.insert(label.clone());
+            }
+            self.rule_verdicts.get_or_create(&label).inc_by(grown);
+        }
+        totals.last = seen;
+    }
+
+    /// A decision written to the decision log (`deny` or `allow`).
+    pub fn decision_logged(&self, verdict: &'static str) {
+        self.decisions_logged
+            .get_or_create(&LoggedLabel { verdict })
+            .inc();
+    }
+
+    /// Decisions the log's rate left out.
+    pub fn decisions_suppressed(&self, n: u64) {
+        self.decisions_suppressed.inc_by(n);
+    }
+
+    /// Logged packets the daemon could not map to a pod (the table changed under them) or
+    /// lost (the socket overflowed).
+    pub fn decision_unmapped(&self) {
+        self.decisions_unmapped.inc();
+    }
+
     pub fn register(&self, reg: &mut Registry) {
         reg.register(
             "eniipam_network_policy_policies",
@@ -229,6 +334,26 @@ impl PolicyMetrics {
             "Packets from a local pod's veth whose source was not one of the pod's own addresses, dropped (issue 47, case 2)",
             self.spoofed.clone(),
         );
+        reg.register(
+            "eniipam_network_policy_rule_verdicts",
+            "New connections of this node's isolated pods by the policy rule that allowed them (verdict allowed, rule = its index in the policy's ingress/egress) or by each policy isolating the pod when none did (verdict denied, rule none); at most 2000 label sets, the rest under policy _other",
+            self.rule_verdicts.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_decisions_logged",
+            "Decisions written to the decision log (the daemon's log and network_policy_log_file), by verdict",
+            self.decisions_logged.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_decisions_suppressed",
+            "Decisions the decision log left out to keep to network_policy_log_rate",
+            self.decisions_suppressed.clone(),
+        );
+        reg.register(
+            "eniipam_network_policy_decisions_unmapped",
+            "Logged packets not written: their pod or rule no longer in the table, or lost when the log socket overflowed",
+            self.decisions_unmapped.clone(),
+        );
     }
 }
 
@@ -262,5 +387,41 @@ mod tests {
             ..VerdictCounts::default()
         });
         assert_eq!(denied(), 9);
+    }
+
+    #[test]
+    fn rule_verdicts_grow_per_rule_and_fold_past_the_series_bound() {
+        let m = PolicyMetrics::default();
+        let count = |key: &str, policy: &str, packets| RuleCount {
+            key: key.into(),
+            namespace: "x".into(),
+            policy: policy.into(),
+            direction: "ingress",
+            rule: "0".into(),
+            verdict: "allowed",
+            packets,
+        };
+        let get = |policy: &str| {
+            m.rule_verdicts
+                .get_or_create(&RuleLabel {
+                    namespace: if policy == "_other" { "" } else { "x" }.into(),
+                    policy: policy.into(),
+                    direction: "ingress",
+                    rule: if policy == "_other" { "_other" } else { "0" }.into(),
+                    verdict: "allowed",
+                })
+                .get()
+        };
+        // Two pods' chains under one rule add up; a reading that shrank restarted from 0.
+        m.rule_verdicts(&[count("in_a_r0", "p", 3), count("in_b_r0", "p", 4)]);
+        m.rule_verdicts(&[count("in_a_r0", "p", 5), count("in_b_r0", "p", 1)]);
+        assert_eq!(get("p"), 3 + 4 + 2 + 1);
+        // Past the bound, new label sets go to _other; known ones keep counting.
+        let many: Vec<RuleCount> = (0..MAX_RULE_SERIES + 5)
+            .map(|i| count(&format!("in_{i}_r0"), &format!("q{i}"), 1))
+            .collect();
+        m.rule_verdicts(&many);
+        assert_eq!(get("_other"), 6, "p and 1,999 q's fit; 6 more fold");
+        assert_eq!(get("q0"), 1);
     }
 }

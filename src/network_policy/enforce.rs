@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::compile::{Cluster, Compiled, Direction, PodView, compile_all};
+use super::decisions::Reporting;
 use super::nft::{self, LocalPod, RenderError, Ruleset};
 use super::watch::ClusterWatch;
 use crate::host::{Nft, NftError};
@@ -105,11 +106,23 @@ pub struct Round {
 pub struct Engine {
     nft: Nft,
     applied: Option<Ruleset>,
+    /// What the chains report of their decisions (`super::decisions`).
+    reporting: Reporting,
 }
 
 impl Engine {
     pub fn new(nft: Nft) -> Self {
-        Self { nft, applied: None }
+        Self {
+            nft,
+            applied: None,
+            reporting: Reporting::default(),
+        }
+    }
+
+    /// The engine, its chains reporting their decisions as `reporting` says.
+    pub fn with_reporting(mut self, reporting: Reporting) -> Self {
+        self.reporting = reporting;
+        self
     }
 
     /// `nft -j <args>`, its reading by `read` (a [`nft::chains_differ`] or
@@ -187,7 +200,7 @@ impl Engine {
         let (local, superseded) = newest_per_veth(local);
         let pods = local_pods(cluster, &local);
         let compiled = started.elapsed();
-        let ruleset = nft::render(&pods)?;
+        let ruleset = nft::render_with(&pods, &self.reporting)?;
         let rendered = started.elapsed();
         let (kind, script) = match &self.applied {
             Some(applied) => {

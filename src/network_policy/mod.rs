@@ -12,11 +12,14 @@
 //! - [`enforce`]: the engine, keeping the kernel's table in step with the cluster and the node's
 //!   pods (through `host`'s `nft`).
 //! - [`explain`]: what `eniipamctl policy <pod>` shows.
+//! - [`decisions`]: decision logs (NFLOG) and per-rule counters: what the table reports of its
+//!   verdicts, read back and mapped to pods and policy rules.
 //!
 //! The daemon's half (the sync task, a new pod's rules in force before its ADD returns) is
 //! `crate::daemon`'s `network_policy`; the metrics are `crate::metrics::network_policy`.
 
 pub mod compile;
+pub mod decisions;
 pub mod enforce;
 pub mod explain;
 pub mod nft;

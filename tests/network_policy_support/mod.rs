@@ -430,7 +430,8 @@ impl Lab {
                                 for port in PORTS {
                                     let to = SocketAddr::from((ip, port));
                                     let key = (client.clone(), server.clone(), ip, protocol, port);
-                                    let listener = listeners[&(server.clone(), ip.is_ipv6())].clone();
+                                    let listener =
+                                        listeners[&(server.clone(), ip.is_ipv6())].clone();
                                     probes.push(std::thread::spawn(move || {
                                         let got = match protocol {
                                             Protocol::Sctp => {

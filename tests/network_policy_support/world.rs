@@ -106,4 +106,3 @@ pub fn policy(ns: &str, name: &str, spec: Value) -> Value {
     json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
            "metadata": {"namespace": ns, "name": name}, "spec": spec})
 }
-

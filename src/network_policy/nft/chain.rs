@@ -9,6 +9,7 @@ use ipnet::IpNet;
 use super::text::{comment, ident, merge, proto, range, span4, span6, subtract};
 use super::{Chain, LocalPod, PolicyType, Ruleset, Set};
 use crate::network_policy::compile::{Peers, Ports, Protocol, Rule, RuleSource};
+use crate::network_policy::decisions::Reporting;
 
 impl Ruleset {
     pub(super) fn set(&mut self, name: &str, kind: &str, interval: bool, elements: Vec<String>) {
@@ -51,8 +52,8 @@ impl Ruleset {
         pod: &LocalPod,
         dir: PolicyType,
         chain: &str,
-        policies: &[String],
-        rules: &[Rule],
+        (policies, rules): (&[String], &[Rule]),
+        reporting: &Reporting,
     ) {
         let (allowed, denied) = (format!("{chain}_allowed"), format!("{chain}_denied"));
         // Every verdict of the chain counts in its two counters (new connections only: replies
@@ -208,6 +209,15 @@ impl Ruleset {
                     }
                 }
             }
+            // Decision reporting (`super::super::decisions`): the rule's counter, its log
+            // statement.
+            if let Some((name, about)) =
+                reporting.rule_counter(chain, &pod.veth, dir, j, &rule.source)
+            {
+                uses.insert(name.clone());
+                self.counters.insert(name, comment(&about));
+            }
+            let report = reporting.allow_statements(chain, &pod.veth, dir, j);
             // Every peer match with every ports match of a family they share (an IPv4 peer's
             // line cannot also match an IPv6 named port: no packet is both).
             for (peer_family, peer) in &peers {
@@ -215,10 +225,13 @@ impl Ruleset {
                     .iter()
                     .filter(|(f, _)| peer_family.is_none() || f.is_none() || f == peer_family)
                 {
-                    lines.push(format!("{peer}{ports}{count}return comment \"{note}\""));
+                    lines.push(format!(
+                        "{peer}{ports}{count}{report}return comment \"{note}\""
+                    ));
                 }
             }
         }
+        lines.extend(reporting.deny_line(&pod.veth, dir));
         lines.push(format!(
             "counter name \"{denied}\" drop comment \"{}\"",
             comment(&format!(

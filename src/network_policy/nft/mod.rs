@@ -19,7 +19,10 @@
 //!   the base chain, and a pod-to-pod packet must still meet the server's ingress chain after the
 //!   client's egress chain said yes (a connection needs both, as the model says). Each verdict
 //!   counts in the chain's named counters, `<chain>_allowed` and `<chain>_denied` (new
-//!   connections only; read back with [`parse_counters`]);
+//!   connections only; read back with [`parse_counters`]); rendered by [`render_with`], the
+//!   daemon's way, each rule also counts in its own `<chain>_r<j>` and the chain logs its
+//!   decisions to NFLOG (`super::decisions`, one statement on the allowing lines and one line
+//!   before the `drop`);
 //! - peers and ports live in named sets, so they can later be updated in place, each family in
 //!   sets of its own (a set has one type) matched by lines of its own (`ip saddr`/`ip daddr` for
 //!   IPv4, `ip6 saddr`/`ip6 daddr` for IPv6; a line matches packets of its family only): the
@@ -61,6 +64,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::compile::{Compiled, Direction};
+use super::decisions::Reporting;
 
 mod base;
 mod chain;
@@ -93,7 +97,8 @@ pub struct LocalPod {
 pub struct Ruleset {
     /// The named sets of peers and ports.
     pub sets: BTreeMap<String, Set>,
-    /// The named counters, two per chain (`<chain>_allowed`, `<chain>_denied`): name → comment.
+    /// The named counters, two per chain (`<chain>_allowed`, `<chain>_denied`), and one per
+    /// policy rule when reported (`<chain>_r<j>`, `super::decisions`): name → comment.
     pub counters: BTreeMap<String, String>,
     /// The chains of isolated directions (the base chains, [`BASE_CHAINS`], are not among them).
     pub chains: BTreeMap<String, Chain>,
@@ -134,6 +139,12 @@ pub enum RenderError {
 
 /// Renders the ruleset enforcing `pods`' policies (see the module docs).
 pub fn render(pods: &[LocalPod]) -> Result<Ruleset, RenderError> {
+    render_with(pods, &Reporting::default())
+}
+
+/// [`render`], each isolated chain also reporting its decisions as `reporting` says (per-rule
+/// counters, NFLOG statements: `super::decisions`).
+pub fn render_with(pods: &[LocalPod], reporting: &Reporting) -> Result<Ruleset, RenderError> {
     let mut seen: BTreeMap<String, &LocalPod> = BTreeMap::new();
     for pod in pods {
         if !is_ifname(&pod.veth) {
@@ -162,7 +173,7 @@ pub fn render(pods: &[LocalPod]) -> Result<Ruleset, RenderError> {
                 continue;
             };
             let chain = format!("{}_{}", dir.short(), ident(&pod.veth));
-            out.chain(pod, dir, &chain, policies, rules);
+            out.chain(pod, dir, &chain, (policies, rules), reporting);
             base::dispatch(&mut out, pod, dir, &chain);
         }
     }
