@@ -152,6 +152,22 @@ async fn policies_over_ipv6(test: &str, rp_filter: RpFilter) {
         "{table}"
     );
     assert!(table.contains(&pods["b"].ip.to_string()), "{table}");
+    // Issue 47, case 2 over IPv6: each pod's veth is tied to its IPv6 address (the daemon knows
+    // it from the node's /80 book), so a packet from it with another source is dropped.
+    let sources =
+        d.ns.exec(
+            "nft",
+            &["list", "set", "inet", "eniipam_policy", "pod_sources6"],
+        )
+        .await
+        .expect("the IPv6 anti-spoofing set");
+    for pod in pods.values() {
+        assert!(
+            sources.contains(&pod.ip.to_string()),
+            "{} not tied to its veth:\n{sources}",
+            pod.ip
+        );
+    }
     drop(servers);
     for pod in pods.values() {
         d.del_pod6(pod).await;

@@ -38,8 +38,8 @@ async fn metric(d: &PolicyDaemon, name: &str) -> Option<f64> {
     // The last start's address (each start binds a port of its own).
     let addr = log
         .split_whitespace()
-        .filter_map(|w| w.strip_prefix("metrics="))
-        .last()
+        .rev()
+        .find_map(|w| w.strip_prefix("metrics="))
         .unwrap_or_else(|| panic!("no metrics address in the daemon's log:\n{}", d.tail()));
     let text =
         d.ns.exec("curl", &["-sf", &format!("http://{addr}/metrics")])

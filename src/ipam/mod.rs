@@ -367,7 +367,7 @@ impl Ipam {
     /// and logged as a warning at the first such ADD and every 100th after (then at debug).
     fn unenforced(&self, pod: &PodRef) {
         let n = self.inner.metrics.network_policy.unwired_add();
-        if n == 1 || n % 100 == 0 {
+        if n == 1 || n.is_multiple_of(100) {
             tracing::warn!(
                 pod = %format!("{}/{}", pod.namespace, pod.name),
                 adds = n,
