@@ -22,8 +22,9 @@ use std::time::Instant;
 
 use anyhow::{Context, ensure};
 use eniipam::host::Nft;
+use eniipam::network_policy::decisions::Reporting;
 use eniipam::network_policy::enforce::{Engine, Round, SyncKind, local_pods};
-use eniipam::network_policy::nft::{CounterVerdict, PolicyType, parse_counters, render};
+use eniipam::network_policy::nft::{CounterVerdict, PolicyType, parse_counters, render_with};
 use eniipam::network_policy::watch::ClusterWatch;
 use eniipam::reconcile::api_server::{self, ApiServerTarget};
 use eniipam_kubeapi::FakeApiServer;
@@ -126,9 +127,21 @@ impl Node {
             rt,
             api,
             watch,
-            engine: Engine::new(Nft::default()),
+            engine: Engine::new(Nft::default()).with_reporting(daemon_reporting()),
         })
     }
+}
+
+/// What the daemon's chains carry besides the verdicts, at its defaults (per-rule counters, denied
+/// connections logged to NFLOG at `network_policy_log_rate`): the table measured is the one a
+/// node runs.
+fn daemon_reporting() -> Reporting {
+    let c = eniipam::config::DaemonConfig::default();
+    Reporting::new(
+        c.network_policy_log,
+        c.network_policy_log_group,
+        c.network_policy_log_rate,
+    )
 }
 
 /// One change taken to the kernel on the daemon's path: `change` (if any) written to the API
@@ -245,7 +258,10 @@ fn measure() -> anyhow::Result<ScenarioReport> {
                     world.cluster.policies.len()
                 );
                 // The whole table as it now stands, for the packet-cost rounds to reload.
-                let ruleset = render(&local_pods(&watched, &world.attachments()))?;
+                let ruleset = render_with(
+                    &local_pods(&watched, &world.attachments()),
+                    &daemon_reporting(),
+                )?;
                 Ok(Measured {
                     first,
                     kinds,

@@ -66,7 +66,8 @@ fn chains_carry_rule_counters_and_a_limited_log_before_their_drop() {
     assert_eq!(
         chain.rules,
         [
-            "ip saddr @in_eni0a1b2c3d4e5_r0_pods counter name \"in_eni0a1b2c3d4e5_allowed\" counter name \"in_eni0a1b2c3d4e5_r0\" return comment \"x/p ingress[0]\"",
+            "ip saddr @in_x_p_f59c007f256f334f_r0_pods counter name \"in_eni0a1b2c3d4e5_allowed\" counter name \"in_eni0a1b2c3d4e5_r0\" return comment \"x/p ingress[0]\"",
+            "ip6 saddr @in_x_p_f59c007f256f334f_r0_pods6 counter name \"in_eni0a1b2c3d4e5_allowed\" counter name \"in_eni0a1b2c3d4e5_r0\" return comment \"x/p ingress[0]\"",
             "meta l4proto { udp } counter name \"in_eni0a1b2c3d4e5_allowed\" counter name \"in_eni0a1b2c3d4e5_r1\" return comment \"x/p ingress[1]\"",
             "limit rate 5/second burst 10 packets log prefix \"eniipam deny eni0a1b2c3d4e5 in\" group 100",
             "counter name \"in_eni0a1b2c3d4e5_denied\" drop comment \"x/a ingress: no rule of x/p, x/q allows it\"",
