@@ -82,7 +82,20 @@ async fn the_operator_is_told_what_is_not_enforced() {
     // With the cluster's Service CIDRs: the rule naming one is a warning, the other is not.
     d.restart_with(&[("ENIIPAM_SERVICE_CIDRS", "10.100.0.0/16,fd00:10::/108")])
         .await;
-    let xa = d.ctl_policy("x/a");
+    // Ready is not synced: the restarted daemon's first sync puts x/a back in its rules.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let xa = loop {
+        let xa = d.ctl_policy("x/a");
+        if xa["local"] == true {
+            break xa;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "x/a not in the restarted daemon's rules within 30 s: {xa}\n{}",
+            d.tail()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
     let warnings: Vec<String> = serde_json::from_value(xa["warnings"].clone()).unwrap();
     assert_eq!(warnings.len(), 1, "{xa}");
     assert!(
