@@ -34,9 +34,11 @@ use crate::store::{Store, StoreError};
 mod drift;
 mod ipv6;
 mod journal;
+mod policy;
 
 pub use ipv6::Allocated6;
 pub use journal::StoreJournal;
+pub use policy::PolicyGate;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -81,20 +83,6 @@ pub trait ProfileSelector: Send + Sync {
     /// Whether pods of `profile` leave by their own ENI with their own address (its egress mode,
     /// `strict` unless the profile asks for `standard`; `strict` for a profile no longer known).
     fn own_eni_egress(&self, profile: &str) -> bool;
-}
-
-/// NetworkPolicy enforcement (the daemon's `network_policy`, `crate::daemon`'s `network_policy`):
-/// a new pod's rules are in force before its ADD is answered, so its first packet already meets
-/// them.
-#[async_trait::async_trait]
-pub trait PolicyGate: Send + Sync {
-    /// Returns once the rules of `pod` (its IP just allocated here) are in the kernel; an error
-    /// fails the ADD, and the allocation is undone.
-    async fn admit(&self, pod: &PodRef) -> Result<(), IpamError>;
-    /// An attachment was released: its pod's rules go at the next sync (not waited for).
-    fn released(&self);
-    /// What applies to pod `namespace/name` on this node now, for `eniipamctl policy`.
-    async fn explain(&self, namespace: &str, name: &str) -> crate::network_policy::Explanation;
 }
 
 /// One allocation request, as the service sees it: the pool's request as it goes down to the ENI
@@ -360,25 +348,6 @@ impl Ipam {
             ipv6: v6,
             vpc_cidrs: self.inner.vpc_cidrs.clone(),
         })
-    }
-
-    /// A pod allocated for in the IPAM role while NetworkPolicy enforcement is on: another plugin
-    /// wired it, under names eniipam's rules do not match, so nothing is enforced for it. Counted,
-    /// and logged as a warning at the first such ADD and every 100th after (then at debug).
-    fn unenforced(&self, pod: &PodRef) {
-        let n = self.inner.metrics.network_policy.unwired_add();
-        if n == 1 || n.is_multiple_of(100) {
-            tracing::warn!(
-                pod = %format!("{}/{}", pod.namespace, pod.name),
-                adds = n,
-                "NetworkPolicy is NOT enforced for this pod: eniipam runs as another plugin's IPAM \
-                 (\"ipam\": {{\"type\": \"eniipam\"}}), so that plugin wires the pod and eniipam's \
-                 rules match nothing of it; run eniipam as the main plugin, or set \
-                 network_policy = false and let the parent plugin (Calico, Cilium) enforce policy"
-            );
-        } else {
-            tracing::debug!(pod = %format!("{}/{}", pod.namespace, pod.name), "NetworkPolicy not enforced: IPAM role");
-        }
     }
 
     /// The IPv4 part, under the attachment's lock: the allocation and whether this call made it.
