@@ -44,10 +44,10 @@
 //! - **Enforcement off:** the daemons restarted with `ENIIPAM_NETWORK_POLICY=false` delete the table,
 //!   and every cell connects although the policies are still in the API server.
 //!
-//! SCTP is not probed: the lab's kernel may lack the protocol in a namespace (`socket(…,
-//! IPPROTO_SCTP)` fails with `EPROTONOSUPPORT` on the CI image's); the model's and the nft tests
-//! cover SCTP's rendering, and the SCTP case here still proves TCP and UDP are denied. Needs what
-//! `tests/datapath.rs` needs.
+//! SCTP is not probed here (TCP and UDP only): the lab's kernel has no SCTP sockets, so SCTP is
+//! probed by its `INIT` on raw sockets (`network_policy_support/sctp.rs`) in
+//! `tests/datapath_policy_upstream.rs` (every upstream case through two real daemons) and in
+//! `tests/network_policy_nft.rs`. Needs what `tests/datapath.rs` needs.
 
 mod bins;
 #[macro_use]
