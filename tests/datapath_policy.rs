@@ -396,22 +396,6 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
 /// daemon checks the kernel's table every few seconds; generous for a loaded lab.
 const RESTORED_WITHIN: Duration = Duration::from_secs(15);
 
-/// A value of the node daemon's `/metrics` (`None`: not exported), read inside the node.
-async fn metric(d: &PolicyDaemon, name: &str) -> Option<f64> {
-    let log = d.log_text();
-    let addr = log
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("metrics="))
-        .unwrap_or_else(|| panic!("no metrics address in the daemon's log:\n{}", d.tail()));
-    let url = format!("http://{addr}/metrics");
-    let text =
-        d.ns.exec("curl", &["-sf", &url])
-            .await
-            .expect("curl /metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
 /// One node, `x/a` taking ingress only from `x/b`, and pods `x/a`, `x/b`, `y/a` serving.
 async fn small_world(
     test: &str,
@@ -508,7 +492,8 @@ async fn a_flushed_table_is_restored_within_seconds() {
         d.tail()
     );
     assert_eq!(
-        metric(&d, "eniipam_network_policy_table_restored_total").await,
+        d.metric("eniipam_network_policy_table_restored_total")
+            .await,
         Some(1.0),
         "the restore is counted once"
     );
@@ -562,7 +547,8 @@ async fn a_recreated_sandbox_does_not_fail_the_node() {
     assert!(reported, "the superseded attachment is not reported: {xa}");
     eprintln!("{test}: x/a reports {}", xa["not_enforced"]);
     assert_eq!(
-        metric(&d, "eniipam_network_policy_superseded_attachments").await,
+        d.metric("eniipam_network_policy_superseded_attachments")
+            .await,
         Some(1.0)
     );
     assert!(
@@ -575,7 +561,11 @@ async fn a_recreated_sandbox_does_not_fail_the_node() {
     // The old sandbox's DEL ends it: nothing superseded, the new x/a still enforced.
     d.del_pod(&old.cni).await;
     let gauge = tokio::time::Instant::now();
-    while metric(&d, "eniipam_network_policy_superseded_attachments").await != Some(0.0) {
+    while d
+        .metric("eniipam_network_policy_superseded_attachments")
+        .await
+        != Some(0.0)
+    {
         assert!(
             gauge.elapsed() < IN_FORCE_WITHIN,
             "still superseded after the DEL:\n{}",

@@ -32,23 +32,6 @@ use vpclab::Egress;
 
 const NODE: &str = "node-a";
 
-/// A value of the node daemon's `/metrics` (`None`: not exported), read inside the node.
-async fn metric(d: &PolicyDaemon, name: &str) -> Option<f64> {
-    let log = d.log_text();
-    // The last start's address (each start binds a port of its own).
-    let addr = log
-        .split_whitespace()
-        .rev()
-        .find_map(|w| w.strip_prefix("metrics="))
-        .unwrap_or_else(|| panic!("no metrics address in the daemon's log:\n{}", d.tail()));
-    let text =
-        d.ns.exec("curl", &["-sf", &format!("http://{addr}/metrics")])
-            .await
-            .expect("curl /metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_is_told_what_is_not_enforced() {
     let test = "the_operator_is_told_what_is_not_enforced";
@@ -71,7 +54,8 @@ async fn the_operator_is_told_what_is_not_enforced() {
     // The main role: enforced, nothing counted; no Service CIDR known, no warning.
     d.add_pod(&c, &api, "x", "a", None).await;
     assert_eq!(
-        metric(&d, "eniipam_network_policy_unenforced_adds_total").await,
+        d.metric("eniipam_network_policy_unenforced_adds_total")
+            .await,
         Some(0.0),
         "a main-role ADD is enforced"
     );
@@ -116,7 +100,8 @@ async fn the_operator_is_told_what_is_not_enforced() {
         chained.result
     );
     assert_eq!(
-        metric(&d, "eniipam_network_policy_unenforced_adds_total").await,
+        d.metric("eniipam_network_policy_unenforced_adds_total")
+            .await,
         Some(1.0),
         "the IPAM-role ADD is counted"
     );

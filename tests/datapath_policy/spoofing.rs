@@ -175,7 +175,9 @@ async fn spoofing(test: &str, rp_filter: RpFilter) {
     let exported = tokio::time::Instant::now();
     let total = spoofed(&d).await as f64;
     loop {
-        let seen = metric(&d, "eniipam_network_policy_spoofed_packets_total").await;
+        let seen = d
+            .metric("eniipam_network_policy_spoofed_packets_total")
+            .await;
         if seen.is_some_and(|n| n >= total) {
             break;
         }
