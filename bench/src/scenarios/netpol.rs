@@ -34,6 +34,7 @@ use crate::report::ScenarioReport;
 use crate::stats::{ms, percentile};
 
 mod cluster;
+mod designs;
 mod lab;
 mod report;
 
@@ -48,7 +49,9 @@ const TARGET_MS: f64 = 1000.0;
 const DELIVERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Traffic: seconds per throughput and connection-rate measurement, and rounds of each.
 const TRAFFIC_SECS: f64 = 2.0;
-const TRAFFIC_ROUNDS: usize = 3;
+const TRAFFIC_ROUNDS: usize = 5;
+/// Issue 47's target: new connections per second with isolation on, at least this share of off.
+const CONNECTIONS_TARGET: f64 = 0.95;
 /// New connections per connection-rate measurement, at most.
 /// (Each leaves a conntrack entry in the node for two minutes: the rounds stay far below its
 /// table's size.)
@@ -284,7 +287,7 @@ fn measure() -> anyhow::Result<ScenarioReport> {
         world.local.len()
     );
 
-    let traffic = packet_cost(&lab, &server_veth, &measured.script)?;
+    let traffic = packet_cost(&lab, (&client_veth, &server_veth), &measured.script)?;
     Ok(report::report(&world, &measured, &traffic))
 }
 
@@ -361,28 +364,51 @@ fn changes(node: &mut Node, world: &mut World) -> anyhow::Result<Vec<Kind>> {
     Ok(kinds)
 }
 
-/// Throughput and connection rate without and with the table, and what the server's counters saw.
+/// Traffic figures, per round, on the three sides [`packet_cost`] measures.
 struct Traffic {
+    /// A bare node: no table at all, so no conntrack in its namespace.
+    bytes_bare: Vec<f64>,
+    conns_bare: Vec<f64>,
+    /// The node as kube-proxy leaves every Kubernetes node: its tables, conntrack on.
     bytes_off: Vec<f64>,
-    bytes_on: Vec<f64>,
     conns_off: Vec<f64>,
+    /// kube-proxy's tables and eniipam's, the server pod isolated.
+    bytes_on: Vec<f64>,
     conns_on: Vec<f64>,
+    /// New connections with kube-proxy's tables and each least design ([`designs`]) instead of
+    /// eniipam's table.
+    designs: Vec<(&'static str, Vec<f64>)>,
     counted_allowed: u64,
 }
 
-fn packet_cost(lab: &Lab, server_veth: &str, script: &str) -> anyhow::Result<Traffic> {
+/// Each round measures throughput and new connections on three sides, in turn so drift (other
+/// work on the machine) falls on all of them: the bare node, the node with kube-proxy's tables
+/// ([`Lab::kube_proxy`], as every Kubernetes node runs: conntrack on), and that node with
+/// eniipam's table loaded. Issue 47's target compares the last two: isolation on against off on a
+/// node as it runs. The bare node shows what turning conntrack on costs, which no node avoids. Then
+/// each least design ([`designs`]) in eniipam's table's place: the floor of each shape of table.
+fn packet_cost(
+    lab: &Lab,
+    (client_veth, server_veth): (&str, &str),
+    script: &str,
+) -> anyhow::Result<Traffic> {
     let table = lab.nft(&["list", "table", "inet", "eniipam_policy"], None)?;
     ensure!(
         table.contains(&format!("jump in_{server_veth}")),
         "the server pod is not isolated"
     );
     let mut t = Traffic {
+        bytes_bare: vec![],
+        conns_bare: vec![],
         bytes_off: vec![],
-        bytes_on: vec![],
         conns_off: vec![],
+        bytes_on: vec![],
         conns_on: vec![],
+        designs: Vec::new(),
         counted_allowed: 0,
     };
+    let designs = designs::designs((client_veth, CLIENT_IP), (server_veth, SERVER_IP));
+    t.designs = designs.iter().map(|d| (d.name, Vec::new())).collect();
     let allowed = |lab: &Lab| -> anyhow::Result<u64> {
         let json = lab.nft(
             &["-j", "list", "counters", "table", "inet", "eniipam_policy"],
@@ -399,22 +425,34 @@ fn packet_cost(lab: &Lab, server_veth: &str, script: &str) -> anyhow::Result<Tra
             .map(|c| c.packets)
             .sum())
     };
+    let measure = |bytes: &mut Vec<f64>, conns: &mut Vec<f64>| -> anyhow::Result<()> {
+        bytes.push(lab.throughput(SERVER_IP, TRAFFIC_SECS)?);
+        conns.push(lab.connection_rate(SERVER_IP, TRAFFIC_SECS, CONNECTIONS_CAP)?);
+        Ok(())
+    };
+    lab.nft(&["delete", "table", "inet", "eniipam_policy"], None)?;
     for round in 0..TRAFFIC_ROUNDS {
-        // Alternate, so drift (other work on the machine) falls on both sides.
-        lab.nft(&["delete", "table", "inet", "eniipam_policy"], None)?;
-        t.bytes_off.push(lab.throughput(SERVER_IP, TRAFFIC_SECS)?);
-        t.conns_off
-            .push(lab.connection_rate(SERVER_IP, TRAFFIC_SECS, CONNECTIONS_CAP)?);
+        measure(&mut t.bytes_bare, &mut t.conns_bare)?;
+        lab.kube_proxy(true)?;
+        measure(&mut t.bytes_off, &mut t.conns_off)?;
         lab.nft(&["-f", "-"], Some(script))?;
         let before = allowed(lab)?;
-        t.bytes_on.push(lab.throughput(SERVER_IP, TRAFFIC_SECS)?);
-        t.conns_on
-            .push(lab.connection_rate(SERVER_IP, TRAFFIC_SECS, CONNECTIONS_CAP)?);
+        measure(&mut t.bytes_on, &mut t.conns_on)?;
         t.counted_allowed += allowed(lab)? - before;
+        lab.nft(&["delete", "table", "inet", "eniipam_policy"], None)?;
+        for (design, (_, conns)) in designs.iter().zip(&mut t.designs) {
+            lab.nft(&["-f", "-"], Some(&design.script))?;
+            conns.push(lab.connection_rate(SERVER_IP, TRAFFIC_SECS, CONNECTIONS_CAP)?);
+            lab.nft(&["delete", "table", "inet", "bench_design"], None)?;
+        }
+        lab.kube_proxy(false)?;
         eprintln!(
-            "netpol: traffic round {round}: {:.2} / {:.2} Gbit/s, {:.0} / {:.0} conn/s (off / on)",
+            "netpol: traffic round {round}: {:.2} / {:.2} / {:.2} Gbit/s, {:.0} / {:.0} / {:.0} conn/s \
+             (bare / kube-proxy / kube-proxy + eniipam)",
+            t.bytes_bare[round] * 8e-9,
             t.bytes_off[round] * 8e-9,
             t.bytes_on[round] * 8e-9,
+            t.conns_bare[round],
             t.conns_off[round],
             t.conns_on[round]
         );

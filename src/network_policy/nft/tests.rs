@@ -199,9 +199,9 @@ table inet eniipam_policy {
   }
   chain prerouting {
     type filter hook prerouting priority -300; policy accept;
-    iifname != @pod_veths accept comment "not a local pod's veth"
     iifname . ip saddr @pod_sources accept comment "a pod's own IPv4 address"
     iifname . ip6 saddr @pod_sources6 accept comment "a pod's own IPv6 address"
+    iifname != @pod_veths accept comment "not a local pod's veth"
     ip6 saddr fe80::/10 accept comment "IPv6 link-local: neighbour discovery"
     ip6 saddr :: accept comment "duplicate address detection"
     meta nfproto ipv6 iifname != @pod_veths6 accept comment "IPv6 of the pod not known to the node: not checked"

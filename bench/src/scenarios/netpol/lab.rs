@@ -147,6 +147,75 @@ impl Lab {
         run(ip_binary(), &all, stdin)
     }
 
+    /// Loads (`on`) or deletes kube-proxy's tables in the node, as its nftables mode lays them out
+    /// on every Kubernetes node: `nat` chains at prerouting, output and postrouting (which turn
+    /// conntrack on for the namespace), the Services' verdict map, the masquerade mark, and the
+    /// filter chains that drop `ct state invalid` and judge new flows against Services without
+    /// endpoints. One Service (a ClusterIP DNATed to one backend) keeps the maps
+    /// non-empty; the measured traffic goes pod to pod, as it would in a cluster.
+    pub fn kube_proxy(&self, on: bool) -> anyhow::Result<()> {
+        if !on {
+            self.nft(&["delete", "table", "ip", "kube-proxy"], None)?;
+            return Ok(());
+        }
+        let table = r#"
+table ip kube-proxy {
+  map service-ips {
+    type ipv4_addr . inet_proto . inet_service : verdict
+  }
+  map no-endpoint-services {
+    type ipv4_addr . inet_proto . inet_service : verdict
+  }
+  chain mark-for-masquerade {
+    meta mark set meta mark | 0x4000
+  }
+  chain masquerading {
+    meta mark & 0x4000 == 0 return
+    meta mark set meta mark ^ 0x4000
+    masquerade fully-random
+  }
+  chain svc-backend {
+    ip saddr 10.1.0.7 jump mark-for-masquerade
+    meta l4proto tcp dnat to 10.1.0.7:5202
+  }
+  chain services {
+    ip daddr . meta l4proto . th dport vmap @service-ips
+    fib daddr type local ip daddr != 127.0.0.0/8 jump nodeports
+  }
+  chain nodeports {
+  }
+  chain service-endpoints-check {
+    ip daddr . meta l4proto . th dport vmap @no-endpoint-services
+  }
+  chain filter-forward {
+    type filter hook forward priority -110; policy accept;
+    ct state new jump service-endpoints-check
+    ct state invalid drop
+  }
+  chain filter-output {
+    type filter hook output priority -110; policy accept;
+    ct state new jump service-endpoints-check
+  }
+  chain nat-prerouting {
+    type nat hook prerouting priority -100; policy accept;
+    jump services
+  }
+  chain nat-output {
+    type nat hook output priority -100; policy accept;
+    jump services
+  }
+  chain nat-postrouting {
+    type nat hook postrouting priority 100; policy accept;
+    jump masquerading
+  }
+}
+add element ip kube-proxy service-ips { 10.96.0.10 . tcp . 80 : goto svc-backend }
+add element ip kube-proxy no-endpoint-services { 10.96.0.11 . tcp . 80 : drop }
+"#;
+        self.nft(&["-f", "-"], Some(table))?;
+        Ok(())
+    }
+
     /// TCP throughput client → server for `secs`: bytes per second the server received.
     pub fn throughput(&self, server_ip: Ipv4Addr, secs: f64) -> anyhow::Result<f64> {
         let (server, client) = (self.server.clone(), self.client.clone());
