@@ -22,7 +22,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::boot::{self, Launched, Node, warm_target};
-use super::bound::{NodeStart, fleet_min_calls};
+use super::bound::{Calls, NodeStart, fleet_min_calls, node_alternatives};
 use super::pods::{Drive, NodeIo, Recorder, running_name, spawn_drivers, spawn_node_driver};
 use super::policy::Policy;
 use super::traffic::{KUBELET_READY, Life, Pattern, Plan};
@@ -115,6 +115,9 @@ pub struct PairResult {
     /// The calls per EC2 API the first wave cannot do without, from each node's state at the start
     /// (see `bound`).
     pub min_calls: BTreeMap<String, u64>,
+    /// Each node's ways to serve its first wave, whatever the policy's call structure (see
+    /// `bound::least_bound`).
+    pub alternatives: Vec<Vec<Calls>>,
     /// Boot and settle, simulated seconds (node-boot: from the pattern's start until the last node
     /// was Ready).
     pub boot_s: f64,
@@ -474,6 +477,11 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         first_wave[p.node] += 1;
     }
     let min_calls = fleet_min_calls(&first_wave, &starts);
+    let alternatives = first_wave
+        .iter()
+        .zip(&starts)
+        .map(|(p, n)| node_alternatives(*p, n))
+        .collect();
     let (start_free, start_short) = at_start(&frees);
     // All at once: a daemon waiting out a throttling pause takes its grace period to stop.
     futures::future::join_all(nodes.into_iter().map(|n| n.handle.shutdown())).await;
@@ -535,6 +543,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         start_free,
         start_short,
         min_calls,
+        alternatives,
         boot_s,
         ran_s,
         real_s: real.elapsed().as_secs_f64(),

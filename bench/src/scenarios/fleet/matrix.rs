@@ -114,13 +114,17 @@ pub fn matrix(
             let bounds: Vec<String> = of
                 .iter()
                 .map(|r| {
+                    let (least, ways) = super::targets::least_of(r);
                     let (secs, parts) = super::targets::bound_of(r);
-                    format!("- {}: {secs:.1} s ({parts})", r.policy)
+                    format!(
+                        "- {}: {least:.1} s, least over call structures ({ways}); its own structure's last-call time {secs:.1} s ({parts})",
+                        r.policy
+                    )
                 })
                 .collect();
             let _ = writeln!(
                 s,
-                "\nThe account bound, per policy (the least time the account's buckets need for the calls the pattern cannot do without from that policy's nodes at the start{}; `docs/performance.md`):\n\n{}",
+                "\nThe account bound, per policy (the least time the account's buckets need for one of the ways EC2 allows each node to grow, from that policy's nodes at the start{}; beside it the last-call time of the policy's own structure, which is not a bound; `docs/performance.md`):\n\n{}",
                 match pattern {
                     Pattern::NodeBoot => ", each node counted from empty",
                     Pattern::AccountContention =>

@@ -1,11 +1,12 @@
 //! The fleet's scenario report: eniipam's defaults against each VPC CNI policy on issue 25's
-//! targets, the account bound of the scale-up, and the set-up lines.
+//! targets, the account bound of the scale-up (the least over call structures, and eniipam's own
+//! structure's last-call time beside it), and the set-up lines.
 
 use eniipam::config::DaemonConfig;
 use mockcloud::Throttling;
 
 use super::boot::SETTLE_HOLD;
-use super::bound::account_bound;
+use super::bound::{account_bound, least_bound};
 use super::harness::{INSTANCE, PairResult};
 use super::pareto::{dominance, sentence};
 use super::pods::{BIND_TO_ADD, KUBELET_BACKOFF, KUBELET_JITTER, add_deadline};
@@ -20,10 +21,11 @@ pub const P99_LIMIT_S: f64 = 5.0;
 pub const FREE_RATIO: f64 = 0.6;
 /// eniipam's throttled calls at most this share of each VPC CNI policy's.
 pub const THROTTLED_RATIO: f64 = 0.1;
-/// In the cold scale-up, eniipam's p99 at most this multiple of the account bound.
+/// In the cold scale-up, eniipam's p99 at most this multiple of the account bound (the least over
+/// call structures, [`least_of`]).
 pub const BOUND_RATIO: f64 = 1.2;
-/// ADDs failed by throttling or back-off, at most this percentage of the pods.
-pub const THROTTLE_RETRY_PCT: f64 = 1.0;
+/// Failed ADDs, whatever the cause, at most this percentage of the pods.
+pub const RETRY_PCT: f64 = 1.0;
 
 /// Whether the issue holds eniipam's p99 wait to [`P99_LIMIT_S`] in this pattern.
 fn has_p99_limit(p: Pattern) -> bool {
@@ -41,8 +43,22 @@ pub fn has_bound(p: Pattern) -> bool {
     is_cold_scale_up(p) || matches!(p, Pattern::Mixed | Pattern::NodeBoot)
 }
 
-/// A pattern's account bound from the minimum calls `r` needs (see `bound`), on the buckets the
-/// fleet has to itself ([`buckets_left`]), s, and each API's share as a phrase.
+/// The pattern's account bound, s: the least time the buckets the fleet has to itself
+/// ([`buckets_left`]) need for one of each node's ways to serve its first wave, whatever the
+/// structure (`bound::least_bound`), and the calls per API of the way that reaches it as a phrase.
+pub fn least_of(r: &PairResult) -> (f64, String) {
+    let (secs, used) = least_bound(&r.alternatives, &buckets_left(r.pattern));
+    let parts: Vec<String> = used.iter().map(|(api, n)| format!("{api} {n}")).collect();
+    if parts.is_empty() {
+        return (secs, "no call needed: the nodes held enough".into());
+    }
+    (secs, parts.join(", "))
+}
+
+/// The last-call time of eniipam's call structure (`bound::account_bound`: an assign for the room,
+/// a create + attach + modify per new ENI) from the minimum calls `r` needs, on the buckets the
+/// fleet has to itself ([`buckets_left`]), s, and each API's share as a phrase. Not a bound on
+/// every design: [`least_of`] is.
 pub fn bound_of(r: &PairResult) -> (f64, String) {
     let (secs, per_api) = account_bound(&r.min_calls, &buckets_left(r.pattern));
     let parts: Vec<String> = per_api
@@ -116,12 +132,14 @@ pub fn report(args: &FleetArgs, results: &[PairResult]) -> ScenarioReport {
             );
         }
         if pattern == Pattern::NodeBoot {
+            let (least, ways) = least_of(ours);
             let (bound, parts) = bound_of(ours);
             notes.push(format!(
-                "{pattern}: the account bound, {bound:.1} s (shown, not a target; each node counted from empty, its first pod ENI's room with nothing assigned, launches and boot not in it): {parts}"
+                "{pattern}: the account bound, {least:.1} s, the least over call structures ({ways}); eniipam's structure's last-call time {bound:.1} s (shown, not targets; each node counted from empty, its first pod ENI's room with nothing assigned, launches and boot not in them): {parts}"
             ));
         }
         if is_cold_scale_up(pattern) {
+            let (least, ways) = least_of(ours);
             let (bound, parts) = bound_of(ours);
             let buckets = if pattern.has_tenant() {
                 format!(
@@ -139,12 +157,18 @@ pub fn report(args: &FleetArgs, results: &[PairResult]) -> ScenarioReport {
                 )
                 .anchor(Anchor::Reference {
                     name: "account bound".into(),
-                    value: bound,
+                    value: least,
                 })
-                .target(Target::RatioAtMost(BOUND_RATIO)),
+                // Within every burst (a bound of 0) only latency is left: the churn and mixed
+                // patterns' limit over the bound then.
+                .target(if least > 0.0 {
+                    Target::RatioAtMost(BOUND_RATIO)
+                } else {
+                    Target::AtMostAnchorPlus(P99_LIMIT_S)
+                }),
             );
             notes.push(format!(
-                "{pattern}: the account bound, {bound:.1} s = the slowest API's max(0, (calls − burst) / refill) on {buckets}, over the calls the pattern cannot do without, from eniipam's nodes at the start: {parts}"
+                "{pattern}: the account bound, {least:.1} s = the least time {buckets} need for one growth structure per node, each node's chosen among the ways EC2 allows (one prefix assign, or creates carrying their addresses, or both), from eniipam's nodes at the start; the choice that reaches it: {ways}. Not a p99 floor: create, attach and IMDS latency come on top. eniipam's own structure's last-call time (an assign for the room, a chain per new ENI; not a bound), {bound:.1} s: {parts}"
             ));
         }
         let theirs: Vec<&PairResult> = Policy::ALL
@@ -210,14 +234,21 @@ pub fn report(args: &FleetArgs, results: &[PairResult]) -> ScenarioReport {
             );
             notes.push(sentence(pattern, &d));
         }
+        // Every failed ADD counts, whatever its text (issue 46): a retry is a pod's wait however
+        // the daemon words the refusal. The throttling share is shown beside it.
         rows.push(
             Row::single(
-                format!("{pattern}: ADDs failed by EC2 throttling or back-off, % of pods"),
+                format!("{pattern}: ADDs failed, any cause, % of pods"),
                 Unit::Ratio,
-                100.0 * ours.throttle_retries as f64 / ours.pods.max(1) as f64,
+                100.0 * ours.retries as f64 / ours.pods.max(1) as f64,
             )
-            .target(Target::AtMost(THROTTLE_RETRY_PCT)),
+            .target(Target::AtMost(RETRY_PCT)),
         );
+        rows.push(Row::single(
+            format!("{pattern}: of which EC2 throttling or back-off, % of pods"),
+            Unit::Ratio,
+            100.0 * ours.throttle_retries as f64 / ours.pods.max(1) as f64,
+        ));
         if !theirs.is_empty() {
             notes.push(format!(
                 "{pattern}: throttled calls per API, {}",
@@ -235,7 +266,7 @@ pub fn report(args: &FleetArgs, results: &[PairResult]) -> ScenarioReport {
         })
         .collect();
     notes.insert(0, format!(
-        "Targets (issue 25): p99 wait ≤ {P99_LIMIT_S} s in churn, mixed and node-boot; in scale-up and account-contention p99 ≤ warm-ip's and ≤ {BOUND_RATIO} × the pattern's account bound (account-contention's on the buckets the other tenant leaves); free IPs ≤ {FREE_RATIO} × warm-eni's and warm-prefix's; throttled calls ≤ {THROTTLED_RATIO} × each VPC CNI policy's; ADDs failed by throttling or back-off ≤ {THROTTLE_RETRY_PCT} % of pods. Anchor = the same pattern under that VPC CNI policy, same run and code; ratio = eniipam / anchor; rows marked — are shown for comparison. EC2 calls are mockcloud's counts over the pattern (background reconciles included)."
+        "Targets (issue 25): p99 wait ≤ {P99_LIMIT_S} s in churn, mixed and node-boot; in scale-up and account-contention p99 ≤ warm-ip's and ≤ {BOUND_RATIO} × the pattern's account bound, the least over call structures (account-contention's on the buckets the other tenant leaves; ≤ the bound + {P99_LIMIT_S} s when it is 0); free IPs ≤ {FREE_RATIO} × warm-eni's and warm-prefix's; throttled calls ≤ {THROTTLED_RATIO} × each VPC CNI policy's; ADDs failed, whatever the cause, ≤ {RETRY_PCT} % of pods (issue 46; the throttling share beside it). Anchor = the same pattern under that VPC CNI policy, same run and code; ratio = eniipam / anchor; rows marked — are shown for comparison. EC2 calls are mockcloud's counts over the pattern (background reconciles included)."
     ));
     notes.push(format!(
         "The full matrix (every policy, calls by purpose) and the plots: {}",
