@@ -7,7 +7,8 @@
 //! policy model's `connection_allowed`.
 //!
 //! Probes run all at once on the test's runtime, their sockets made inside the client pods'
-//! namespaces; a probe is denied when the SYN or datagram gets no answer within [`PROBE_WAIT`]. Each
+//! namespaces; a probe is denied when the SYN or datagram gets no answer within [`PROBE_WAIT`], or
+//! sooner in a sweep of cells ([`probe_cells`]) once the answers have settled. Each
 //! probe binds a source port of its own from a cycle of 40,000, so no probe reuses a 5-tuple whose
 //! conntrack entry (30 s for UDP) a probe before a policy change left: an entry of an allowed flow
 //! would let a now-denied one through as `established`.
@@ -428,14 +429,62 @@ pub async fn probe_cells(
         }
     }))
     .await;
-    let probes = made.into_iter().flatten().map(|(cell, socket)| {
-        let to = SocketAddr::from((pods[&cell.server].cni.ip, cell.port));
-        async move { (cell.clone(), socket.probe(to, wait).await) }
-    });
-    futures::future::join_all(probes)
-        .await
+    // One sweep (as `network_policy_support::sweep` does it): every probe starts now, and once the
+    // last answer has come the silent ones get `settle` more before they count as denials, a
+    // pod's probe to itself always answering along the same path.
+    let start = tokio::time::Instant::now();
+    let (over, ended) = tokio::sync::watch::channel(false);
+    let mut probes: futures::stream::FuturesUnordered<_> = made
         .into_iter()
-        .collect()
+        .flatten()
+        .map(|(cell, socket)| {
+            let to = SocketAddr::from((pods[&cell.server].cni.ip, cell.port));
+            let mut ended = ended.clone();
+            async move {
+                let got = tokio::select! {
+                    got = socket.probe(to, wait) => got,
+                    _ = ended.wait_for(|over| *over) => false,
+                };
+                (cell.clone(), got)
+            }
+        })
+        .collect();
+    let mut got = BTreeMap::new();
+    let mut last = None;
+    loop {
+        let deadline = start + settle(last, wait);
+        tokio::select! {
+            next = futures::StreamExt::next(&mut probes) => match next {
+                Some((cell, ok)) => {
+                    if ok {
+                        last = Some(start.elapsed());
+                    }
+                    got.insert(cell, ok);
+                }
+                None => break,
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                let _ = over.send(true);
+                while let Some((cell, ok)) = futures::StreamExt::next(&mut probes).await {
+                    got.insert(cell, ok);
+                }
+                break;
+            }
+        }
+    }
+    got
+}
+
+/// How long after its start a sweep of probes waits when its last answer came `last` after the
+/// start: three times as long, and 250 ms more, at least 400 ms, never past `wait` (all of `wait`
+/// when nothing answered). A loaded machine slows the answers and lengthens the wait with them.
+fn settle(last: Option<Duration>, wait: Duration) -> Duration {
+    match last {
+        None => wait,
+        Some(t) => (t * 3 + Duration::from_millis(250))
+            .max(Duration::from_millis(400))
+            .min(wait),
+    }
 }
 
 /// The pods as the policy model sees them: namespaces labelled `ns=<name>` (and

@@ -14,8 +14,8 @@ pub mod sctp;
 mod world;
 
 use std::collections::BTreeMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::os::fd::AsFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -34,13 +34,16 @@ pub use world::{ip_of, policy, world, world_at, world_at_in, world_in};
 pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
 pub const PODS: [&str; 3] = ["a", "b", "c"];
 pub const PORTS: [u16; 2] = [80, 81];
-/// How long a probe waits: a dropped SYN or datagram is a denial after this.
+/// How long a probe waits at most: a dropped SYN or datagram is a denial after this, or sooner once
+/// the sweep it belongs to has settled ([`sweep`]).
 pub const PROBE_WAIT: Duration = Duration::from_millis(1500);
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 mod stack;
 pub use stack::{Stack, twin};
+pub mod sweep;
+use sweep::Sweep;
 
 pub fn veth(ns: &str, pod: &str) -> String {
     format!("eni{ns}{pod}")
@@ -363,7 +366,7 @@ impl Lab {
         std::thread::spawn(move || {
             enter(&name);
             match protocol {
-                Protocol::Sctp => sctp::probe(&listener, to, PROBE_WAIT),
+                Protocol::Sctp => sweep::sctp_in(&Sweep::default(), &listener, to),
                 _ => probe(protocol, to),
             }
         })
@@ -412,50 +415,59 @@ impl Lab {
     }
 
     /// Every cell: client → server's address (each of its families), protocol, port → connected.
+    /// All at once, as one [`Sweep`]: the silent cells are denials once the answers have settled.
     fn probe_all(&self) -> BTreeMap<(String, String, IpAddr, Protocol, u16), bool> {
+        let sweep = Arc::new(Sweep::default());
+        let (tx, rx) = mpsc::channel();
+        let mut total = 0;
         let mut clients = Vec::new();
         for (client, name) in &self.pods {
-            let (client, name, stack) = (client.clone(), name.clone(), self.stack);
-            let listeners = self.sctp.clone();
-            let protocols = self.protocols.clone();
-            clients.push(std::thread::spawn(move || {
-                enter(&name);
-                // Threads spawned here share this thread's namespace.
-                let mut probes = Vec::new();
-                for ns in NAMESPACES {
-                    for pod in PODS {
-                        let server = format!("{ns}/{pod}");
-                        for ip in stack.addresses(ns, pod) {
-                            for protocol in protocols.iter().copied() {
-                                for port in PORTS {
-                                    let to = SocketAddr::from((ip, port));
-                                    let key = (client.clone(), server.clone(), ip, protocol, port);
-                                    let listener =
-                                        listeners[&(server.clone(), ip.is_ipv6())].clone();
-                                    probes.push(std::thread::spawn(move || {
-                                        let got = match protocol {
-                                            Protocol::Sctp => {
-                                                sctp::probe(&listener, to, PROBE_WAIT)
-                                            }
-                                            _ => probe(protocol, to),
-                                        };
-                                        (key, got)
-                                    }));
-                                }
+            let mut cells = Vec::new();
+            for ns in NAMESPACES {
+                for pod in PODS {
+                    let server = format!("{ns}/{pod}");
+                    for ip in self.stack.addresses(ns, pod) {
+                        for protocol in self.protocols.iter().copied() {
+                            for port in PORTS {
+                                let listener = self.sctp[&(server.clone(), ip.is_ipv6())].clone();
+                                let key = (client.clone(), server.clone(), ip, protocol, port);
+                                cells.push((key, listener));
                             }
                         }
                     }
                 }
-                probes
+            }
+            total += cells.len();
+            let (name, tx, sweep) = (name.clone(), tx.clone(), sweep.clone());
+            clients.push(std::thread::spawn(move || {
+                enter(&name);
+                // Threads spawned here share this thread's namespace.
+                let probes: Vec<_> = cells
                     .into_iter()
-                    .map(|p| p.join().expect("probe"))
-                    .collect::<Vec<_>>()
+                    .map(|(key, listener)| {
+                        let (tx, sweep) = (tx.clone(), sweep.clone());
+                        std::thread::spawn(move || {
+                            let (_, _, ip, protocol, port) = key;
+                            let to = SocketAddr::from((ip, port));
+                            let got = match protocol {
+                                Protocol::Sctp => sweep::sctp_in(&sweep, &listener, to),
+                                _ => sweep::probe_in(&sweep, protocol, to),
+                            };
+                            let _ = tx.send((key, got));
+                        })
+                    })
+                    .collect();
+                for p in probes {
+                    p.join().expect("probe");
+                }
             }));
         }
-        clients
-            .into_iter()
-            .flat_map(|c| c.join().expect("client"))
-            .collect()
+        drop(tx);
+        sweep.collect(rx, total, || {
+            for c in clients {
+                c.join().expect("client");
+            }
+        })
     }
 
     /// Probes everything and compares with the model, its verdicts enforced on the pods `local`
@@ -571,45 +583,8 @@ impl Drop for Lab {
     }
 }
 
-/// A UDP client socket on a source port of its own: a cycle over 20000..60000, so no probe of a
-/// run reuses a 5-tuple whose conntrack entry (30 s for UDP) an earlier probe left, which would let
-/// a now-denied datagram through as `established` (an ephemeral port can repeat within a run).
-fn udp_client(v6: bool) -> UdpSocket {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let any: IpAddr = if v6 {
-        std::net::Ipv6Addr::UNSPECIFIED.into()
-    } else {
-        std::net::Ipv4Addr::UNSPECIFIED.into()
-    };
-    for _ in 0..100 {
-        let port = 20_000 + (NEXT.fetch_add(1, Ordering::Relaxed) % 40_000) as u16;
-        if let Ok(s) = UdpSocket::bind((any, port)) {
-            return s;
-        }
-    }
-    panic!("no free UDP source port in 100 tries")
-}
-
-/// One connection attempt: a TCP handshake and the server's line, or a UDP datagram echoed back.
+/// One connection attempt from the calling thread's namespace, waiting up to [`PROBE_WAIT`]: a TCP
+/// handshake and the server's line, or a UDP datagram echoed back.
 pub fn probe(protocol: Protocol, to: SocketAddr) -> bool {
-    match protocol {
-        Protocol::Tcp => TcpStream::connect_timeout(&to, PROBE_WAIT).is_ok_and(|mut s| {
-            s.set_read_timeout(Some(PROBE_WAIT)).unwrap();
-            let mut line = [0u8; 3];
-            s.read_exact(&mut line).is_ok() && &line == b"ok\n"
-        }),
-        Protocol::Udp => {
-            let s = udp_client(to.is_ipv6());
-            s.set_read_timeout(Some(PROBE_WAIT)).unwrap();
-            s.connect(to).expect("udp connect");
-            let _ = s.send(b"probe");
-            let mut buf = [0u8; 16];
-            match s.recv(&mut buf) {
-                Ok(n) => &buf[..n] == b"probe",
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => false,
-                Err(_) => false,
-            }
-        }
-        Protocol::Sctp => unreachable!("SCTP is probed by its INIT: Lab::probe_one, sctp::probe"),
-    }
+    sweep::probe_in(&Sweep::default(), protocol, to)
 }

@@ -203,14 +203,6 @@ impl Drop for InitListener {
     }
 }
 
-/// One SCTP probe from the calling thread's namespace (the client's) to `to`, which `listener`
-/// watches: the `INIT` sent, and received within `wait`.
-pub fn probe(listener: &InitListener, to: SocketAddr, wait: Duration) -> bool {
-    let (src_port, tag) = next_probe();
-    send_init(to, src_port, tag);
-    listener.received((src_port, to.port(), tag), wait)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,204 @@
+//! Probing every cell of a matrix at once, and when to stop waiting for the silent ones.
+//!
+//! A denied cell is a SYN or datagram that gets no answer, so only a wait can show it. Waiting
+//! [`PROBE_WAIT`] for every sweep made the wait most of the suite's time (issue 45): 1.5 s per
+//! stage, hundreds of stages. A sweep instead waits as long as its own answers say the path
+//! takes: all its probes start together, a pod's probe to itself always connects (the matrix
+//! holds one per pod), and a cell the rules wrongly allowed would answer along the same path as
+//! the allowed ones. So once the last answer has come, the sweep waits [`Sweep::settle`]: three
+//! times as long as that answer took, and 250 ms more, at least 400 ms, never past [`PROBE_WAIT`];
+//! then the probes still silent are denials. A loaded machine slows the answers and so lengthens
+//! the wait with them; a sweep with no answer at all waits the whole [`PROBE_WAIT`].
+
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use eniipam::network_policy::Protocol;
+use nix::poll::{PollFd, PollFlags, poll};
+use socket2::{Domain, SockAddr, Socket, Type};
+
+use super::PROBE_WAIT;
+use super::sctp::{self, InitListener};
+
+/// How often a waiting probe looks whether its sweep is over.
+const SLICE: Duration = Duration::from_millis(20);
+
+/// What the probes of one sweep share: when they started, and whether the sweep stopped waiting.
+pub struct Sweep {
+    start: Instant,
+    over: AtomicBool,
+}
+
+impl Default for Sweep {
+    fn default() -> Self {
+        Self {
+            start: Instant::now(),
+            over: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Sweep {
+    /// Whether a probe still silent should give up: the sweep is over, or [`PROBE_WAIT`] passed.
+    fn done(&self) -> bool {
+        self.over.load(Ordering::Acquire) || self.start.elapsed() >= PROBE_WAIT
+    }
+
+    /// How long after its start a sweep waits when its last answer came `last` after the start
+    /// (see the module docs).
+    pub fn settle(last: Option<Duration>) -> Duration {
+        match last {
+            None => PROBE_WAIT,
+            Some(t) => {
+                (t * 3 + Duration::from_millis(250)).clamp(Duration::from_millis(400), PROBE_WAIT)
+            }
+        }
+    }
+
+    /// Collects the `total` results the sweep's probes send on `rx`, until all came or the sweep
+    /// has waited [`Self::settle`]; then ends the sweep (its silent probes give up within a
+    /// [`SLICE`]) and runs `join`, which waits for every probe thread. A result that comes after
+    /// the end is kept as it came: a probe that connected did connect.
+    pub fn collect<K: Ord>(
+        &self,
+        rx: mpsc::Receiver<(K, bool)>,
+        total: usize,
+        join: impl FnOnce(),
+    ) -> BTreeMap<K, bool> {
+        let mut got = BTreeMap::new();
+        let mut last = None;
+        while got.len() < total {
+            let deadline = self.start + Self::settle(last);
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            match rx.recv_timeout(left) {
+                Ok((key, ok)) => {
+                    if ok {
+                        last = Some(self.start.elapsed());
+                    }
+                    got.insert(key, ok);
+                }
+                Err(_) => break,
+            }
+        }
+        self.over.store(true, Ordering::Release);
+        join();
+        got.extend(rx.try_iter());
+        got
+    }
+}
+
+/// One connection attempt from the calling thread's namespace, given up when `sweep` is over: a
+/// TCP handshake and the server's line, or a UDP datagram echoed back. (SCTP: [`sctp_in`].)
+pub fn probe_in(sweep: &Sweep, protocol: Protocol, to: SocketAddr) -> bool {
+    match protocol {
+        Protocol::Tcp => tcp(sweep, to),
+        Protocol::Udp => udp(sweep, to),
+        Protocol::Sctp => unreachable!("SCTP is probed by its INIT: sweep::sctp_in"),
+    }
+}
+
+/// One SCTP probe: its `INIT` sent, and seen by `listener` before `sweep` is over.
+pub fn sctp_in(sweep: &Sweep, listener: &InitListener, to: SocketAddr) -> bool {
+    let (src_port, tag) = sctp::next_probe();
+    sctp::send_init(to, src_port, tag);
+    let key = (src_port, to.port(), tag);
+    loop {
+        if listener.received(key, SLICE) {
+            return true;
+        }
+        if sweep.done() {
+            return false;
+        }
+    }
+}
+
+/// Waits until `socket` is ready for `flags` or the sweep is over (false).
+fn ready(sweep: &Sweep, socket: &impl AsFd, flags: PollFlags) -> bool {
+    loop {
+        let mut fds = [PollFd::new(socket.as_fd(), flags)];
+        if poll(&mut fds, SLICE.as_millis() as u16).unwrap_or(0) > 0 {
+            return true;
+        }
+        if sweep.done() {
+            return false;
+        }
+    }
+}
+
+fn tcp(sweep: &Sweep, to: SocketAddr) -> bool {
+    let socket = Socket::new(Domain::for_address(to), Type::STREAM, None).expect("a TCP socket");
+    socket.set_nonblocking(true).expect("non-blocking");
+    match socket.connect(&SockAddr::from(to)) {
+        Ok(()) => {}
+        Err(e)
+            if e.kind() == ErrorKind::WouldBlock
+                || e.raw_os_error() == Some(nix::errno::Errno::EINPROGRESS as i32) => {}
+        Err(_) => return false,
+    }
+    if !ready(sweep, &socket, PollFlags::POLLOUT) {
+        return false;
+    }
+    if !matches!(socket.take_error(), Ok(None)) {
+        return false;
+    }
+    let mut stream: TcpStream = socket.into();
+    let mut line = Vec::new();
+    let mut buf = [0u8; 8];
+    while line.len() < 3 {
+        if !ready(sweep, &stream, PollFlags::POLLIN) {
+            return false;
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => return false,
+            Ok(n) => line.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(_) => return false,
+        }
+    }
+    line == b"ok\n"
+}
+
+fn udp(sweep: &Sweep, to: SocketAddr) -> bool {
+    let s = udp_client(to.is_ipv6());
+    s.set_read_timeout(Some(SLICE)).unwrap();
+    s.connect(to).expect("udp connect");
+    let _ = s.send(b"probe");
+    let mut buf = [0u8; 16];
+    loop {
+        match s.recv(&mut buf) {
+            Ok(n) => return &buf[..n] == b"probe",
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if sweep.done() {
+                    return false;
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+}
+
+/// A UDP client socket on a source port of its own: a cycle over 20000..60000, so no probe of a
+/// run reuses a 5-tuple whose conntrack entry (30 s for UDP) an earlier probe left, which would let
+/// a now-denied datagram through as `established` (an ephemeral port can repeat within a run).
+fn udp_client(v6: bool) -> UdpSocket {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let any: IpAddr = if v6 {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    };
+    for _ in 0..100 {
+        let port = 20_000 + (NEXT.fetch_add(1, Ordering::Relaxed) % 40_000) as u16;
+        if let Ok(s) = UdpSocket::bind((any, port)) {
+            return s;
+        }
+    }
+    panic!("no free UDP source port in 100 tries")
+}
