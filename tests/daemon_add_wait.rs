@@ -13,8 +13,11 @@ use std::time::Duration;
 use eniipam_cni::client::DaemonClient;
 use mockcloud::Fault;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On tokio's paused clock, as the startup test below: the pods that come while the throttled
+/// assign backs off come within the back-off on any machine, however loaded.
+#[tokio::test(start_paused = true)]
 async fn adds_wait_out_throttled_assigns_and_one_call_serves_the_pods_that_came_meanwhile() {
+    eniipam::store::hold_the_clock_on_disk_waits(true);
     let mock = mockcloud::MockCloud::start(mockcloud::Config::fast())
         .await
         .unwrap();
@@ -77,9 +80,12 @@ async fn adds_wait_out_throttled_assigns_and_one_call_serves_the_pods_that_came_
 /// A fleet booting together shares the account's buckets (the fleet benchmark's node-boot pattern
 /// at 500 nodes): the startup's describes can be throttled past the limiter's six attempts. The
 /// daemon rides that out and starts, rather than exiting into the kubelet's crash-loop back-off;
-/// a failure EC2's slowness does not explain still ends the start at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// a failure EC2's slowness does not explain still ends the start at once. On tokio's paused clock
+/// (daemon, mockcloud and client in this process; store waits hold the clock): the back-offs took
+/// 40 s of real time.
+#[tokio::test(start_paused = true)]
 async fn the_startup_rides_out_throttled_describes_and_the_daemon_starts() {
+    eniipam::store::hold_the_clock_on_disk_waits(true);
     let mock = mockcloud::MockCloud::start(mockcloud::Config::fast())
         .await
         .unwrap();
