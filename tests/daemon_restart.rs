@@ -747,8 +747,12 @@ async fn a_restart_does_not_take_back_an_ip_the_reconcile_found_lost() {
 /// pods addresses, then a restart. EC2 lists the ENI by id, unattached: it was detached, not
 /// lagging, so the start does not wait the journal's minute for it (the profiles soak: 13 starts
 /// of 43–60 s each before), and its pods' records go (their IPs are gone with the ENI).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+///
+/// On tokio's paused clock (daemon, mockcloud and client in this process; store waits hold the
+/// clock): its waits on EC2's describe lag cost simulated seconds, not real ones.
+#[tokio::test(start_paused = true)]
 async fn a_restart_right_after_an_out_of_band_detach_does_not_wait_the_minute() {
+    eniipam::store::hold_the_clock_on_disk_waits(true);
     let mock = mock().await;
     let dir = TempDir::new("restart-detached");
     let mut cfg = config(&mock, &dir.0);
@@ -892,8 +896,12 @@ async fn a_restart_counts_the_describes_silence_as_a_journalled_ips_first_miss()
 /// the first, handed to a new pod once its holder left, would be an address no ENI has (the
 /// profiles soak, seed 27; the CI soak, seed 8 dual). The lost one is forgotten at the first pass;
 /// the lagging one serves again once a describe shows it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+///
+/// On tokio's paused clock (daemon, mockcloud and client in this process; store waits hold the
+/// clock): its waits on EC2's describe lag cost simulated seconds, not real ones.
+#[tokio::test(start_paused = true)]
 async fn an_ip_placed_without_the_describe_goes_to_no_new_pod_until_ec2_shows_it() {
+    eniipam::store::hold_the_clock_on_disk_waits(true);
     let mock = mock().await;
     let dir = TempDir::new("restart-held-unconfirmed");
     let mut cfg = config(&mock, &dir.0);
