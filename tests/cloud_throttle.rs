@@ -1,5 +1,10 @@
 //! The cloud layer under pressure: a throttling storm with injected 5xx still completes, and the
 //! calls that reach EC2 never exceed the configured rates.
+//!
+//! Both run on tokio's paused clock (issue 45): the limiter, the retries' backoff, the SDK's
+//! deadlines and mockcloud's latency, buckets and call log all read tokio's clock, which moves only
+//! when nothing is runnable, so a loaded machine slows the test down but cannot change what it
+//! measures (calls bunched by a slow scheduler, deadlines missed while waiting for a CPU).
 
 mod cloud_support;
 
@@ -13,7 +18,7 @@ use mockcloud::{Bucket, Fault, Throttling};
 
 use cloud_support::*;
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_throttling_storm_with_5xx_still_completes_the_sequence() {
     let mut mock_config = mockcloud::Config::fast();
     // A tiny budget on every API: most of a burst is answered RequestLimitExceeded. EC2 (and
@@ -106,7 +111,7 @@ async fn sequence(env: &Env, device_index: u32) {
     assert!(!env.eni_ids().contains(&eni.id.to_string()));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn calls_reaching_ec2_never_exceed_the_configured_rate() {
     const MUT_QPS: f64 = 10.0;
     const MUT_BURST: u32 = 3;
@@ -125,9 +130,9 @@ async fn calls_reaching_ec2_never_exceed_the_configured_rate() {
         },
         ..fast_limiter()
     };
-    // A per-call deadline far above the mock's latency: on a loaded machine a 500 ms one timed out
-    // calls the mock had served, and their retries reached EC2 as extra calls (36 CreateTags for 20),
-    // which is the deadline's business (tests/cloud_ec2.rs), not the limiter's.
+    // A per-call deadline far above the mock's latency: a timed-out call the mock had served would
+    // reach EC2 again as a retry, which is the deadline's business (tests/cloud_ec2.rs), not the
+    // limiter's.
     let env = Env::start_with(mockcloud::Config::fast(), limiter, Duration::from_secs(10)).await;
     // Let the buckets fill after the setup calls, then start counting.
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -158,9 +163,11 @@ async fn calls_reaching_ec2_never_exceed_the_configured_rate() {
     }
     let took = start.elapsed();
     // 20 mutating at 10/s after a burst of 3 needs ≥ 1.7 s; 40 describes at 25/s after 5, ≥ 1.4 s.
+    // On the paused clock CPU time costs nothing: the limiter's waits are all the time there is, so
+    // it also holds calls no longer than the rate asks (plus the mock's latency).
     assert!(took >= Duration::from_millis(1600), "{took:?}");
+    assert!(took < Duration::from_millis(2500), "{took:?}");
 
-    const ARRIVAL_JITTER_S: f64 = 0.2;
     let log = env.mock.call_log();
     for (action, qps, burst) in [
         ("CreateTags", MUT_QPS, MUT_BURST),
@@ -177,11 +184,11 @@ async fn calls_reaching_ec2_never_exceed_the_configured_rate() {
                 let n = (j - i + 1) as f64;
                 let window_s = (times[j] - times[i]) / 1000.0;
                 // Slack for the transport: arrival order at the mock can differ slightly from grant
-                // order (one call), and on a loaded machine calls granted apart can arrive bunched
-                // (up to ARRIVAL_JITTER_S). An unlimited client would put all 20 or 40 calls within
-                // a few milliseconds, far beyond either.
+                // order (one call). No slack for a loaded machine: on the paused clock calls
+                // granted apart arrive apart. An unlimited client would put all 20 or 40 calls at
+                // one instant, far beyond it.
                 assert!(
-                    n <= burst as f64 + qps * (window_s + ARRIVAL_JITTER_S) + 1.0,
+                    n <= burst as f64 + qps * window_s + 1.0,
                     "{action}: {n} calls in {window_s:.3}s exceeds burst {burst} + {qps}/s"
                 );
             }

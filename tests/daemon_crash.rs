@@ -6,6 +6,12 @@
 //! (every pod address inside a `/28` on eth0 or a secondary ENI), and (issue 26) `ip_family` ipv6 and
 //! dual: every IPv6 inside the /80 EC2 shows on eth0, and no IPv6 ever handed to two pods in the whole
 //! run, kills and restarts included (the /80's cursor is durable).
+//!
+//! Issue 45: the daemon is a real child process, so no paused clock; each life is counted in
+//! operations, not milliseconds: the kill comes after a random number of ADD/DELs answered in that
+//! life (plus a random sub-millisecond-to-milliseconds phase, so it lands inside the operations
+//! still in flight), however slowly a loaded machine serves them. Waits are on events, with
+//! [`HANG_GUARD`] only against a hang.
 
 #[path = "daemon_support/mod.rs"]
 mod daemon_support;
@@ -23,6 +29,14 @@ use mockcloud::{Config, MockCloud};
 use rand::Rng;
 
 const KILLS: usize = 50;
+
+/// ADD/DELs answered in one life before its SIGKILL: at least the 6 the final check asks for on
+/// average, a few dozen at most.
+const OPS_PER_LIFE: std::ops::RangeInclusive<u64> = 6..=30;
+
+/// How long any one awaited event (a start, a life's operations) may take before the test calls it
+/// a hang: generous, since a loaded machine may be slow; it never decides an outcome.
+const HANG_GUARD: Duration = Duration::from_secs(120);
 
 fn spawn_daemon(
     mock: &MockCloud,
@@ -59,7 +73,8 @@ fn spawn_daemon(
 
 /// Waits until the daemon answers Status with ready.
 async fn wait_ready(socket: &std::path::Path, child: &mut tokio::process::Child) {
-    for _ in 0..400 {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    while tokio::time::Instant::now() < deadline {
         if let Some(status) = child.try_wait().unwrap() {
             panic!("eniipamd exited during startup: {status}");
         }
@@ -309,11 +324,14 @@ async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
             return;
         }
 
-        // Churn: 4 workers doing ADD/DEL, then SIGKILL at a random moment.
+        // Churn: 4 workers doing ADD/DEL, then SIGKILL at a random moment: after a random number
+        // of answered operations, at a random phase of the ones in flight.
+        let (answered, mut answered_rx) = tokio::sync::watch::channel(0u64);
         let mut workers = Vec::new();
         for w in 0..4 {
             let mut c = ipam.clone();
             let model = model.clone();
+            let answered = answered.clone();
             let base = kill as u64 * 10_000_000 + w * 1_000_000;
             workers.push(tokio::spawn(async move {
                 let mut n = base;
@@ -341,6 +359,7 @@ async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
                             m.live.remove(&k);
                             m.uncertain.remove(&k);
                             m.ops += 1;
+                            answered.send_modify(|n| *n += 1);
                         }
                         None => {
                             let k = format!("pod-{n}");
@@ -354,6 +373,7 @@ async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
                                         m.live.insert(k.clone(), addrs(&r.ip, &r.ipv6));
                                         m.uncertain.remove(&k);
                                         m.ops += 1;
+                                        answered.send_modify(|n| *n += 1);
                                         false
                                     }
                                     Err(s) if s.code() == tonic::Code::ResourceExhausted => {
@@ -371,7 +391,15 @@ async fn crash_run(instance_type: &str, extra: &[(&str, &str)], kills: usize) {
                 }
             }));
         }
-        tokio::time::sleep(Duration::from_millis(rng.random_range(20..250))).await;
+        drop(answered);
+        let target = rng.random_range(OPS_PER_LIFE);
+        tokio::time::timeout(HANG_GUARD, answered_rx.wait_for(|n| *n >= target))
+            .await
+            .unwrap_or_else(|_| panic!("life {kill}: {target} operations never answered"))
+            .unwrap_or_else(|_| {
+                panic!("life {kill}: every worker stopped before {target} operations")
+            });
+        tokio::time::sleep(Duration::from_micros(rng.random_range(0..3_000))).await;
         child.start_kill().unwrap();
         let _ = child.wait().await;
         for w in workers {

@@ -1,5 +1,9 @@
 //! Issue 7: `eniipamd --simulate` as a subprocess; `eniipamctl status --json` and `/metrics` agree with
 //! the pool; SIGTERM ends it cleanly with exit 0; bad flags and knobs are refused by name.
+//!
+//! Issue 45: a loaded machine cannot fail these. The subprocess tests wait on events (a line
+//! printed, a metric or the pool reaching a value), with [`HANG_GUARD`] only against a hang; the
+//! one that needs a minute of churn runs the simulation in-process on tokio's paused clock.
 
 mod bins;
 #[path = "daemon_support/mod.rs"]
@@ -11,10 +15,16 @@ use std::time::Duration;
 use daemon_support::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+/// How long any one awaited event may take before the test calls it a hang: generous, since a
+/// loaded machine may be slow; it never decides an outcome.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
 struct Sim {
     child: tokio::process::Child,
     socket: String,
     metrics: String,
+    /// What eniipamd prints on stdout after where it serves (read on, so it never blocks).
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
     _dir: TempDir,
 }
 
@@ -38,7 +48,7 @@ async fn start_sim_env(extra: &[&str], env: &[(&str, &str)]) -> Sim {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let (mut socket, mut metrics) = (String::new(), String::new());
     while socket.is_empty() || metrics.is_empty() {
-        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        let line = tokio::time::timeout(HANG_GUARD, lines.next_line())
             .await
             .expect("eniipamd prints where it serves")
             .unwrap()
@@ -51,13 +61,33 @@ async fn start_sim_env(extra: &[&str], env: &[(&str, &str)]) -> Sim {
         }
     }
     // Keep draining stdout so status lines never block the daemon.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(Some(l)) = lines.next_line().await {
+            let _ = tx.send(l);
+        }
+    });
     Sim {
         child,
         socket,
         metrics,
+        lines: rx,
         _dir: dir,
     }
+}
+
+/// SIGTERM, and its exit status (within [`HANG_GUARD`]).
+async fn sigterm_and_wait(sim: &mut Sim) -> std::process::ExitStatus {
+    let pid = sim.child.id().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    tokio::time::timeout(HANG_GUARD, sim.child.wait())
+        .await
+        .expect("eniipamd ends on SIGTERM")
+        .unwrap()
 }
 
 fn ctl(args: &[&str]) -> std::process::Output {
@@ -176,16 +206,7 @@ async fn simulate_status_metrics_and_sigterm() {
     assert!(ctl(&["--socket", &sim.socket, "health"]).status.success());
 
     // SIGTERM: clean exit 0, socket removed.
-    let pid = sim.child.id().unwrap() as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), sim.child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = sigterm_and_wait(&mut sim).await;
     assert!(status.success(), "exit status {status}");
     assert!(!std::path::Path::new(&sim.socket).exists());
     // With the daemon gone, eniipamctl says so clearly.
@@ -235,13 +256,7 @@ async fn simulate_m5_large_serves_the_vpc_cnis_pods_per_node() {
                 .unwrap_err();
             assert!(err.message().contains("all 27 IP slots"), "{err:?}");
         }
-        let pid = sim.child.id().unwrap() as i32;
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        let _ = tokio::time::timeout(Duration::from_secs(30), sim.child.wait()).await;
+        sigterm_and_wait(&mut sim).await;
     }
 }
 
@@ -256,14 +271,9 @@ fn status(sim: &Sim) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// Allocate requests by outcome, from `/metrics`.
-async fn add_outcomes(sim: &Sim) -> std::collections::BTreeMap<String, f64> {
-    let text = reqwest::get(&sim.metrics)
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+/// Allocate requests by outcome, from the `/metrics` at `url`.
+async fn add_outcomes(url: &str) -> std::collections::BTreeMap<String, f64> {
+    let text = reqwest::get(url).await.unwrap().text().await.unwrap();
     text.lines()
         .filter_map(|l| l.strip_prefix("eniipam_add_ip_req_total{outcome=\""))
         .filter_map(|l| l.split_once("\"} "))
@@ -271,72 +281,167 @@ async fn add_outcomes(sim: &Sim) -> std::collections::BTreeMap<String, f64> {
         .collect()
 }
 
+/// What the README's churn test reads of the pool: the `Introspect.Pool` reply `eniipamctl status
+/// --json` prints, as that JSON.
+async fn pool_status(socket: &std::path::Path) -> serde_json::Value {
+    let p = eniipam::rpc::pb::introspect_client::IntrospectClient::new(
+        eniipam::rpc::connect(socket).await.expect("connect"),
+    )
+    .pool(eniipam::rpc::pb::PoolRequest {})
+    .await
+    .expect("Introspect.Pool")
+    .into_inner();
+    serde_json::json!({
+        "capacity": p.capacity, "max_idle": p.max_idle, "idle": p.idle, "assigned": p.assigned,
+        "cooling": p.cooling, "exhausted": p.exhausted, "invariant_error": p.invariant_error,
+        "enis": p.enis.len(),
+    })
+}
+
+/// Runs `scenario` on simulated time: a `current_thread` runtime with a paused clock on its own
+/// thread (the SDK's futures are deep: a big stack, as the fleet bench gives them), with the store's
+/// disk waits holding the clock. The clock moves only when nothing is runnable, so the scenario's
+/// seconds are the daemon's, however loaded the machine is.
+fn on_simulated_time<F: std::future::Future<Output = ()>>(
+    scenario: impl FnOnce() -> F + Send + 'static,
+) {
+    eniipam::store::hold_the_clock_on_disk_waits(true);
+    std::thread::Builder::new()
+        .stack_size(32 << 20)
+        .spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap()
+                .block_on(scenario())
+        })
+        .unwrap()
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p));
+}
+
 /// The README's first command, `--churn 1` on the default node (an m5.4xlarge: 232 slots), does what
 /// the README says a healthy node looks like: every ADD succeeds, never EXHAUSTED, the pool settles
 /// on eth0 and one secondary ENI with about 17 pods alive (1/s × 5-30 s lifetimes), the released IPs
-/// cooling for 30 s and a few idle, and the accounting holds throughout. Fast EC2 profile, real time:
-/// the cooling count is the releases of the last 30 s, and releases reach their steady rate only once
-/// the first pods' longest lifetime (30 s) has passed, so cooling levels off after 30 + 30 = 60 s (at
-/// 35 s its expectation is only 17.5). This test samples from 60 s to 76 s and judges the medians;
-/// single samples only have to stay inside the loose bounds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_churn_settles_as_promised() {
-    let sim = start_sim(&["--churn", "1"]).await;
-    let started = tokio::time::Instant::now();
-    let (mut assigned, mut cooled) = (Vec::new(), Vec::new());
-    while started.elapsed() < Duration::from_secs(76) {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let st = status(&sim);
-        assert_eq!(
-            st["exhausted"], false,
-            "EXHAUSTED under the README's churn: {st}"
-        );
-        assert_eq!(st["invariant_error"], "", "{st}");
-        assert_eq!(st["capacity"], 232, "{st}");
-        let enis = st["enis"].as_array().unwrap().len();
-        assert!(
-            enis <= 2,
-            "the churn needs eth0 and one secondary ENI, not {enis}: {st}"
-        );
-        if started.elapsed() >= Duration::from_secs(60) {
-            let a = st["assigned"].as_u64().unwrap();
-            let cooling = st["cooling"].as_u64().unwrap();
-            let idle = st["idle"].as_u64().unwrap();
-            assert_eq!(enis, 2, "{st}");
-            // Steady state: ~17.5 pods alive (sd ~2), ~30 released IPs cooling, up to max_idle idle.
-            assert!((8..=28).contains(&a), "assigned {a} (README: 15-21): {st}");
-            assert!(
-                (10..=50).contains(&cooling),
-                "cooling {cooling} (README: 25-35): {st}"
+/// cooling for 30 s and a few idle, and the accounting holds throughout. The simulation `eniipamd
+/// --simulate --profile fast --churn 1` runs (embedded mockcloud, daemon, synthetic pods over gRPC),
+/// in-process on simulated time (issue 45: on real time a loaded machine served fewer pods in the
+/// window and the figures drifted; it took 76 s). The cooling count is the releases of the last 30 s,
+/// and releases reach their steady rate only once the first pods' longest lifetime (30 s) has passed,
+/// so cooling levels off after 30 + 30 = 60 s (at 35 s its expectation is only 17.5). This test
+/// samples from 60 s to 76 s and judges the medians; single samples only have to stay inside the
+/// loose bounds. `the_readme_churn_command_starts_its_churn` checks the command line itself.
+#[test]
+fn the_readme_churn_settles_as_promised() {
+    on_simulated_time(|| async {
+        let dir = TempDir::new("sim-churn");
+        let env: std::collections::BTreeMap<String, String> =
+            [("ENIIPAM_LOG_LEVEL".to_owned(), "warn".to_owned())].into();
+        let sim = eniipam::simulate::Simulation::start(eniipam::simulate::SimulationOptions {
+            instance_type: eniipam::simulate::DEFAULT_INSTANCE_TYPE.to_owned(),
+            state_dir: dir.0.clone(),
+            metrics_addr: "127.0.0.1:0".parse().unwrap(),
+            profile: "fast".to_owned(),
+            base: eniipam::config::DaemonConfig::load(None, &env).unwrap(),
+        })
+        .await
+        .expect("the simulation starts");
+        let socket = sim.daemon.socket_path.clone();
+        let churn = eniipam::simulate::spawn_churn(socket.clone(), sim.cni_cache_dir.clone(), 1.0);
+        let started = tokio::time::Instant::now();
+        let (mut assigned, mut cooled) = (Vec::new(), Vec::new());
+        while started.elapsed() < Duration::from_secs(76) {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let st = pool_status(&socket).await;
+            assert_eq!(
+                st["exhausted"], false,
+                "EXHAUSTED under the README's churn: {st}"
             );
+            assert_eq!(st["invariant_error"], "", "{st}");
+            assert_eq!(st["capacity"], 232, "{st}");
+            let enis = st["enis"].as_u64().unwrap();
             assert!(
-                idle <= st["max_idle"].as_u64().unwrap().max(3),
-                "idle {idle} above max_idle: {st}"
+                enis <= 2,
+                "the churn needs eth0 and one secondary ENI, not {enis}: {st}"
             );
-            assigned.push(a);
-            cooled.push(cooling);
+            if started.elapsed() >= Duration::from_secs(60) {
+                let a = st["assigned"].as_u64().unwrap();
+                let cooling = st["cooling"].as_u64().unwrap();
+                let idle = st["idle"].as_u64().unwrap();
+                assert_eq!(enis, 2, "{st}");
+                // Steady state: ~17.5 pods alive (sd ~2), ~30 released IPs cooling, up to max_idle idle.
+                assert!((8..=28).contains(&a), "assigned {a} (README: 15-21): {st}");
+                assert!(
+                    (10..=50).contains(&cooling),
+                    "cooling {cooling} (README: 25-35): {st}"
+                );
+                assert!(
+                    idle <= st["max_idle"].as_u64().unwrap().max(3),
+                    "idle {idle} above max_idle: {st}"
+                );
+                assigned.push(a);
+                cooled.push(cooling);
+            }
         }
+        cooled.sort_unstable();
+        let median = cooled[cooled.len() / 2];
+        assert!(
+            (20..=40).contains(&median),
+            "median cooling {median} over the last 16 s (README: 25-35): {cooled:?}"
+        );
+        assigned.sort_unstable();
+        let median = assigned[assigned.len() / 2];
+        assert!(
+            (13..=23).contains(&median),
+            "median assigned {median} over the last 16 s (README: 15-21): {assigned:?}"
+        );
+        let outcomes = add_outcomes(&format!("http://{}/metrics", sim.daemon.metrics_addr)).await;
+        let ok = outcomes.get("ok").copied().unwrap_or(0.0);
+        assert!(ok >= 70.0, "one ADD per second: {outcomes:?}");
+        assert_eq!(
+            outcomes.values().sum::<f64>(),
+            ok,
+            "every ADD of the README's churn succeeds: {outcomes:?}"
+        );
+        churn.abort();
+        sim.daemon.shutdown().await;
+    });
+}
+
+/// The README's first command line, `eniipamd --simulate --churn 1` on the default node: accepted
+/// (the node holds it), says it settles into a steady state, and its synthetic pods get IPs. Waits
+/// on those events only; how the churn settles is `the_readme_churn_settles_as_promised`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_churn_command_starts_its_churn() {
+    let mut sim = start_sim(&["--churn", "1"]).await;
+    let said = tokio::time::timeout(HANG_GUARD, async {
+        while let Some(line) = sim.lines.recv().await {
+            if line.trim_start().starts_with("churn:") {
+                return line;
+            }
+        }
+        panic!("eniipamd exited without describing its churn");
+    })
+    .await
+    .expect("eniipamd describes its churn");
+    assert!(said.contains("settles into a steady state"), "{said}");
+    let mut outcomes = add_outcomes(&sim.metrics).await;
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    while outcomes.get("ok").copied().unwrap_or(0.0) < 2.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no churn pod got an IP: {outcomes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        outcomes = add_outcomes(&sim.metrics).await;
     }
-    cooled.sort_unstable();
-    let median = cooled[cooled.len() / 2];
-    assert!(
-        (20..=40).contains(&median),
-        "median cooling {median} over the last 16 s (README: 25-35): {cooled:?}"
-    );
-    assigned.sort_unstable();
-    let median = assigned[assigned.len() / 2];
-    assert!(
-        (13..=23).contains(&median),
-        "median assigned {median} over the last 16 s (README: 15-21): {assigned:?}"
-    );
-    let outcomes = add_outcomes(&sim).await;
-    let ok = outcomes.get("ok").copied().unwrap_or(0.0);
-    assert!(ok >= 60.0, "about one ADD per second: {outcomes:?}");
     assert_eq!(
         outcomes.values().sum::<f64>(),
-        ok,
-        "every ADD of the README's churn succeeds: {outcomes:?}"
+        outcomes["ok"],
+        "{outcomes:?}"
     );
+    sigterm_and_wait(&mut sim).await;
 }
 
 /// The README's way to watch a node run out: `--instance-type m5.large --exhaust` (27 slots). The
@@ -347,15 +452,16 @@ async fn an_exhausted_node_says_so_and_hands_out_nothing_twice() {
     // 50 pods/s outgrow any node within seconds: --exhaust asks for it.
     let sim = start_sim(&["--instance-type", "m5.large", "--churn", "50", "--exhaust"]).await;
     // Until the node is full: EXHAUSTED, and the ADDs that were waiting on EC2 answered.
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
     let mut st = status(&sim);
-    for _ in 0..300 {
-        if st["exhausted"] == true && st["assigned"].as_u64().unwrap() >= 20 {
-            break;
-        }
+    while !(st["exhausted"] == true && st["assigned"].as_u64().unwrap() >= 20) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never EXHAUSTED and full: {st}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
         st = status(&sim);
     }
-    assert_eq!(st["exhausted"], true, "never EXHAUSTED: {st}");
     assert!(
         !st["exhausted_reason"].as_str().unwrap().is_empty(),
         "EXHAUSTED without a reason: {st}"
@@ -372,13 +478,15 @@ async fn an_exhausted_node_says_so_and_hands_out_nothing_twice() {
     assert!(held <= 27, "more IPs held than the node's capacity: {st}");
 
     // The churn keeps coming at 50/s: the next ADDs find the node full.
-    let mut outcomes = add_outcomes(&sim).await;
-    for _ in 0..300 {
-        if outcomes.keys().any(|o| o != "ok") {
-            break;
-        }
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    let mut outcomes = add_outcomes(&sim.metrics).await;
+    while !outcomes.keys().any(|o| o != "ok") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no ADD was refused: {outcomes:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
-        outcomes = add_outcomes(&sim).await;
+        outcomes = add_outcomes(&sim.metrics).await;
     }
     assert!(
         outcomes.get("ok").copied().unwrap_or(0.0) >= 20.0,

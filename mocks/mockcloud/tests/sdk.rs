@@ -377,7 +377,9 @@ async fn eni_lifecycle_through_the_sdk() {
     assert_eq!(s.subnets()[0].available_ip_address_count(), Some(4090));
 }
 
-#[tokio::test]
+/// On tokio's paused clock, which mockcloud's attach delay and IMDS lag follow (issue 45): on real
+/// time a loaded machine could let the 300 ms pass between the attach and the describe after it.
+#[tokio::test(start_paused = true)]
 async fn attach_takes_time_and_imds_lags_ec2() {
     let mut config = Config::fast();
     config.latency.attach_delay = Duration::from_millis(300);
@@ -385,6 +387,7 @@ async fn attach_takes_time_and_imds_lags_ec2() {
     let c = ec2(&mock);
     let d = mock.default_world().unwrap();
     let id = create_eni(&c, &mock, 2).await;
+    let attached = tokio::time::Instant::now();
     c.attach_network_interface()
         .network_interface_id(&id)
         .instance_id(&d.instance.instance_id)
@@ -431,6 +434,12 @@ async fn attach_takes_time_and_imds_lags_ec2() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(status, "in-use");
+    // The attach delay, no less (and the poll's 20 ms at most more).
+    let took = attached.elapsed();
+    assert!(
+        (Duration::from_millis(300)..Duration::from_millis(330)).contains(&took),
+        "{took:?}"
+    );
     let macs = md
         .get("/latest/meta-data/network/interfaces/macs/")
         .await
@@ -1021,7 +1030,7 @@ async fn subnet_capacity_and_address_rules() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn client_token_makes_create_idempotent() {
     let mock = fast().await;
     let d = mock.default_world().unwrap();
@@ -1127,7 +1136,7 @@ where
     out
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn injected_faults_errors_hangs_and_denials() {
     let mock = fast().await;
     let c = ec2(&mock);
