@@ -13,11 +13,17 @@
 //! on the daemon; `crates/cloud`, where it exists, depends on no workspace crate but `eniipam-api` and
 //! `eniipam-limits`.
 //!
+//! And no import circle between files, in `src/` and every other crate of the workspace (issue 45):
+//! the rule is in `module_map/file_cycles.rs`, which holds that checker and its tests.
+//!
 //! The checker's own tests feed it bad examples, so it is known to fail when it should.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+#[path = "module_map/file_cycles.rs"]
+mod file_cycles;
 
 const BEGIN: &str = "<!-- module-map";
 const END: &str = "<!-- /module-map -->";
@@ -477,6 +483,14 @@ fn the_module_map_is_true() {
         "the module map is not true:\n{}",
         problems.join("\n")
     );
+}
+
+#[test]
+fn no_import_circle_between_files() {
+    let crates = file_cycles::workspace_crates(&root());
+    assert!(crates.len() >= 12, "crates read: {}", crates.len());
+    let circles: Vec<String> = crates.iter().flat_map(file_cycles::file_circles).collect();
+    assert!(circles.is_empty(), "{}", circles.join("\n"));
 }
 
 // ---------------------------------------------------------------------------------------------
