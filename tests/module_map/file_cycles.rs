@@ -18,8 +18,10 @@
 //!   included (a child using its parent's items).
 //! - A circle is a cycle of such arrows: two files beside each other (siblings, cousins, or a file
 //!   and its uncle) that reach each other, directly or through a chain. So a child using its
-//!   parent's items is not a circle by itself; it becomes part of one only if the parent (outside
-//!   its own subtree) leads back to the child.
+//!   parent's items is not a circle by itself; it is in one only if the parent leads back to the
+//!   child through files outside the parent's subtree.
+//! - Not arrows: paths in comments and strings, `$crate::` in macros, paths without a
+//!   `crate`/`super`/`self` head (a parent naming its child `x::Y`, or another crate by name).
 
 use super::{code_only, ident_at, is_ident};
 use std::collections::{BTreeMap, BTreeSet};
@@ -212,7 +214,6 @@ fn use_tree(s: &str) -> (Vec<Vec<String>>, usize) {
     let after = &t[id.len()..];
     let gap = after.len() - after.trim_start().len();
     if let Some(next) = after.trim_start().strip_prefix("::") {
-        let n_lead = next.len() - next.trim_start().len();
         let next_t = next.trim_start();
         if next_t.starts_with('{') || !ident_at(next_t).is_empty() {
             let (subs, n) = use_tree(next);
@@ -226,7 +227,6 @@ fn use_tree(s: &str) -> (Vec<Vec<String>>, usize) {
                 .collect();
             return (paths, used);
         }
-        let _ = n_lead;
     }
     (vec![vec![id.to_owned()]], lead + id.len())
 }
@@ -453,7 +453,7 @@ fn siblings_that_import_each_other_are_a_circle() {
 }
 
 #[test]
-fn a_chain_of_cousins_and_an_uncle_is_a_circle() {
+fn cousins_and_chains_through_a_parent_are_circles() {
     let c = krate(&[
         ("main.rs", "mod soak;\nmod scenarios;\n"),
         (
@@ -465,8 +465,8 @@ fn a_chain_of_cousins_and_an_uncle_is_a_circle() {
             "pub fn f() { super::super::scenarios::fleet::run() }\n",
         ),
         ("scenarios/mod.rs", "pub mod fleet;\n"),
-        // Back to the uncle (`soak/mod.rs`), whose arrow leads down to... no one: `world` is its own
-        // child. So the circle is soak/mod.rs ⇄ scenarios/fleet.rs only.
+        // `fleet` names `soak/mod.rs`, which names `fleet`: a circle. `soak/world.rs` names `fleet`
+        // too, but nothing leads back to it (its parent's arrow into its subtree is the tree).
         (
             "scenarios/fleet.rs",
             "pub struct Fleet;\npub fn run() {}\nfn g(_: crate::soak::Report) {}\n",
