@@ -23,7 +23,7 @@
 //! - Not arrows: paths in comments and strings, `$crate::` in macros, paths without a
 //!   `crate`/`super`/`self` head (a parent naming its child `x::Y`, or another crate by name).
 
-use super::{code_only, ident_at, is_ident};
+use super::lexer::{code_only, ident_at, is_ident};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
