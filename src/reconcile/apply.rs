@@ -3,7 +3,7 @@
 //! logged and the rest goes on; the next pass decides again.
 
 use super::decide::Drift;
-use super::pass::PassReport;
+use super::report::PassReport;
 use crate::cloud::Cloud;
 use crate::ipam::Ipam;
 use crate::pool::Forgotten;

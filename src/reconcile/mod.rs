@@ -22,12 +22,14 @@ mod apply;
 pub mod decide;
 mod evidence;
 mod pass;
+mod quarantine;
 mod rebuild;
+mod report;
 
 pub use apply::apply;
 pub use decide::{Drift, Memory, Snapshot, decide, decide_store};
 pub use evidence::{HostClaim, HostEvidence, NetnsState, NetnsView, host_evidence};
-pub use pass::{HostView, NodeEnis, PassReport, pass};
-pub use rebuild::{
-    Inputs, QUARANTINE_NO_EVIDENCE, QUARANTINE_UNSETTLED, Rebuilt, ReconcileReport, merge, rebuild,
-};
+pub use pass::{HostView, NodeEnis, pass};
+pub use quarantine::{QUARANTINE_NO_EVIDENCE, QUARANTINE_UNSETTLED};
+pub use rebuild::{Inputs, Rebuilt, ReconcileReport, merge, rebuild};
+pub use report::PassReport;

@@ -8,9 +8,9 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::Ipv6Net;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use super::Reply;
 use super::StoreError;
 use super::queries::{conflict_or, text_column};
-use super::task::Reply;
 
 /// The node's delegated /80.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -38,6 +38,10 @@ pub use schema::SCHEMA_VERSION;
 
 use task::{Command, Request};
 
+/// Where a request's answer goes: the owner thread ([`task`]) and the IPv6 tables' requests
+/// ([`ipv6`]) both answer through it, so it lives here, above both.
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
 /// How many commands may wait for the owner thread before callers wait to enqueue.
 const QUEUE_DEPTH: usize = 256;
 

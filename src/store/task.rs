@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::Reply;
 use super::{
     Durability, OpenReport, QUEUE_DEPTH, RowRepair, StoreError, StoredAssignment, StoredDemand,
     StoredEni, StoredIdle, StoredState, demand, queries,
@@ -24,9 +25,6 @@ use super::{
 
 /// A queue wait or a transaction longer than this is logged as a warning.
 const SLOW: Duration = Duration::from_millis(250);
-
-/// Where a request's answer goes.
-pub(super) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 /// One request, with the context of the caller that sent it.
 pub(super) struct Command {

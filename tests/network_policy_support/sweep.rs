@@ -16,7 +16,9 @@ use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use eniipam::network_policy::Protocol;
 use nix::poll::{PollFd, PollFlags, poll};

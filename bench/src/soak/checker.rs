@@ -31,20 +31,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::findings::{Found, Rules, describe_att};
 use super::model::{AttState, Key, Model};
 use super::witnesses::{Observation, StoreRow};
-
-/// One broken invariant, as found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Found {
-    pub kind: &'static str,
-    /// What it is about (an IP, an attachment, an ENI): with the kind, what makes it distinct.
-    pub subject: String,
-    pub text: String,
-    /// Could be a moment between two writes of one change (pool, then store): only reported when it
-    /// persists over several observations.
-    pub settle: bool,
-}
 
 fn key_str(k: &Key) -> String {
     format!("{}/{}", k.0, k.1)
@@ -79,16 +68,6 @@ pub struct Evaluation {
     pub found: Vec<Found>,
     /// Out-of-band-hit attachments the daemon no longer claims.
     pub reported_lost: Vec<Key>,
-}
-
-/// Options of one evaluation.
-pub struct Rules {
-    /// How long the daemon gets to notice an out-of-band change.
-    pub grace: Duration,
-    pub network_names: Vec<String>,
-    pub family: super::IpFamily,
-    /// The network-profiles mode's subnets and groups (`None`: not that mode).
-    pub profiles: Option<super::profiles::ProfileWorld>,
 }
 
 /// Holds `obs` against `model`.
@@ -495,29 +474,4 @@ pub fn evaluate(
         super::checker_profiles::evaluate(obs, model, world, grace, eni_of, &mut ev.found);
     }
     ev
-}
-
-/// "live on soak-a (ADD step 12, 10.0.3.4)" and the like.
-pub fn describe_att(a: &super::model::Attachment, networks: &[String]) -> String {
-    let net = networks.get(a.network).map(String::as_str).unwrap_or("?");
-    let mut s = format!("{} on {net}", a.state.name());
-    let given: Vec<String> =
-        a.ip.map(|ip| ip.to_string())
-            .into_iter()
-            .chain(a.ip6.map(|ip| ip.to_string()))
-            .collect();
-    if !given.is_empty() {
-        s.push_str(&format!(
-            ", ADD step {} gave {}",
-            a.added_step,
-            given.join(" + ")
-        ));
-    }
-    if let Some(e) = a.ended_step {
-        s.push_str(&format!(", ended step {e}"));
-    }
-    if let Some(m) = &a.oob {
-        s.push_str(&format!(", IP taken out of band at step {}", m.step));
-    }
-    s
 }

@@ -31,7 +31,7 @@ use std::net::Ipv6Addr;
 
 use ipnet::Ipv6Net;
 
-use super::checker::{Found, Rules, describe_att};
+use super::findings::{Found, Rules, describe_att};
 use super::model::{AttState, Key, Model};
 use super::witnesses::Observation;
 

@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use super::checker::Found;
+use super::findings::Found;
 use super::model::{Key, Model};
 use super::profiles::ProfileWorld;
 use super::witnesses::Observation;

@@ -1,60 +1,23 @@
-//! The soak's driver: the run's state, the step loop, restarts, GC, the checks and the end.
+//! The soak's driver: the step loop, restarts, GC, the checks and the end (the run's state,
+//! [`Soak`], is the parent's).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::net::Ipv4Addr;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::Context;
-use mockcloud::{MockCloud, Throttling};
+use mockcloud::Throttling;
 use rand::Rng as _;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::checker::{self, CheckerState, Found, Rules};
-use super::daemon::{DaemonProc, StartError};
+use super::checker;
+use super::daemon::StartError;
 use super::faults::{self, FaultKind, step_rng};
-use super::host::Host;
-use super::inject::PendingUndo;
-use super::model::{AttState, Key, Model};
+use super::findings::{Found, Rules};
+use super::model::{AttState, Key};
 use super::pods::{Job, run_job};
-use super::runtime::Runtime;
 use super::witnesses::Witnesses;
-use super::{
-    BASE_IMDS_LAG, Budget, Counts, GC_CHANCE, NETWORKS, READY_DEADLINE, SoakConfig, Violation,
-};
-
-pub(super) struct Soak {
-    pub(super) cfg: SoakConfig,
-    pub(super) host: Host,
-    pub(super) mock: MockCloud,
-    pub(super) instance_id: String,
-    pub(super) daemon: DaemonProc,
-    pub(super) runtime: Runtime,
-    pub(super) network_names: Vec<String>,
-    pub(super) model: Model,
-    pub(super) counts: Counts,
-    pub(super) violations: Vec<Violation>,
-    pub(super) reported: BTreeSet<(&'static str, String)>,
-    pub(super) undos: Vec<PendingUndo>,
-    pub(super) checker: CheckerState,
-    pub(super) recent: VecDeque<(u64, String)>,
-    pub(super) notes: Vec<String>,
-    pub(super) capacity: u32,
-    pub(super) target_pods: usize,
-    pub(super) ips_seen: BTreeSet<Ipv4Addr>,
-    pub(super) last_oob: Option<Instant>,
-    pub(super) grace: Duration,
-    pub(super) iam: super::iam::IamState,
-    /// The network-profiles mode's API-server double and world (`None`: not that mode).
-    pub(super) cluster: Option<super::profiles::ProfileCluster>,
-    /// Network-profiles mode: the ENIs EC2 showed attached, per network tag (`default` untagged).
-    pub(super) network_enis: BTreeMap<String, BTreeSet<String>>,
-    /// Network-profiles mode: an overcommit seen at the last check, to be confirmed by the next.
-    pub(super) promised_breach: Option<(u64, String)>,
-    /// The next step's batch is cut by a SIGKILL whatever the schedule says ([`super::inject`]'s
-    /// restart after an out-of-band unassign).
-    pub(super) kill_next: bool,
-}
+use super::{BASE_IMDS_LAG, Budget, GC_CHANCE, NETWORKS, READY_DEADLINE, Soak, Violation};
 
 impl Soak {
     pub(super) async fn drive(&mut self, started: Instant) -> anyhow::Result<()> {

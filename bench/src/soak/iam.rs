@@ -16,7 +16,7 @@ use std::path::Path;
 
 use mockcloud::iam::Policy;
 
-use super::driver::Soak;
+use super::Soak;
 
 /// The cluster name the soak's daemon runs with (`ENIIPAM_CLUSTER_NAME`).
 pub const CLUSTER: &str = "soak";

@@ -10,7 +10,7 @@ use rand::Rng as _;
 use rand::seq::{IndexedRandom as _, SliceRandom as _};
 use tokio::time::Instant;
 
-use super::driver::Soak;
+use super::Soak;
 use super::faults::{FaultKind, step_rng};
 use super::host::RACKS;
 use super::model::{Key, OobEvent, OobMark, PodPhase};

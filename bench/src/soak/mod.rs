@@ -43,6 +43,7 @@ pub mod runtime;
 pub mod witnesses;
 
 mod driver;
+mod findings;
 mod inject;
 mod pods;
 
@@ -57,7 +58,6 @@ use tokio::time::Instant;
 
 use checker::CheckerState;
 use daemon::{DaemonKnobs, DaemonProc};
-use driver::Soak;
 use faults::FaultKind;
 use host::Host;
 use model::Model;
@@ -241,6 +241,41 @@ impl std::fmt::Display for Violation {
         }
         Ok(())
     }
+}
+
+/// One run's state: driven by [`driver`] and added to by [`iam`], [`inject`] and [`pods`] (each an
+/// `impl Soak` of its own). Here, above them all, so that none of them imports another for it.
+pub(super) struct Soak {
+    cfg: SoakConfig,
+    host: Host,
+    mock: MockCloud,
+    instance_id: String,
+    daemon: DaemonProc,
+    runtime: Runtime,
+    network_names: Vec<String>,
+    model: Model,
+    counts: Counts,
+    violations: Vec<Violation>,
+    reported: BTreeSet<(&'static str, String)>,
+    undos: Vec<inject::PendingUndo>,
+    checker: CheckerState,
+    recent: VecDeque<(u64, String)>,
+    notes: Vec<String>,
+    capacity: u32,
+    target_pods: usize,
+    ips_seen: BTreeSet<std::net::Ipv4Addr>,
+    last_oob: Option<Instant>,
+    grace: Duration,
+    iam: iam::IamState,
+    /// The network-profiles mode's API-server double and world (`None`: not that mode).
+    cluster: Option<profiles::ProfileCluster>,
+    /// Network-profiles mode: the ENIs EC2 showed attached, per network tag (`default` untagged).
+    network_enis: BTreeMap<String, BTreeSet<String>>,
+    /// Network-profiles mode: an overcommit seen at the last check, to be confirmed by the next.
+    promised_breach: Option<(u64, String)>,
+    /// The next step's batch is cut by a SIGKILL whatever the schedule says ([`inject`]'s
+    /// restart after an out-of-band unassign).
+    kill_next: bool,
 }
 
 /// A run's result.

@@ -7,7 +7,7 @@ use rand::Rng as _;
 use rand::seq::IndexedRandom as _;
 use tokio::time::Instant;
 
-use super::driver::Soak;
+use super::Soak;
 use super::faults::{self, FaultKind};
 use super::host::RACKS;
 use super::model::{AttState, Attachment, Key, Pod, PodPhase};
@@ -500,7 +500,8 @@ impl Soak {
             .or_insert_with(|| key.clone())
             .clone();
         if &first != key {
-            let state = super::checker::describe_att(&self.model.atts[&first], &self.network_names);
+            let state =
+                super::findings::describe_att(&self.model.atts[&first], &self.network_names);
             self.violation(
                 step,
                 "ipv6-reissued",

@@ -33,6 +33,7 @@ use eniipam_cloud::{
 mod action;
 mod ec2;
 mod ipv6;
+mod ipv6_block;
 mod metadata;
 mod state;
 #[cfg(test)]
@@ -68,7 +69,7 @@ impl MemoryCloud {
             cidr: spec.subnet_cidr,
             availability_zone: spec.availability_zone.clone(),
             used: BTreeSet::new(),
-            ipv6: spec.subnet_ipv6_cidr.map(|cidr| ipv6::MemIpv6 {
+            ipv6: spec.subnet_ipv6_cidr.map(|cidr| ipv6_block::MemIpv6 {
                 cidr,
                 held: BTreeSet::new(),
             }),

@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use eniipam_api::model::EniId;
 use eniipam_cloud::{CloudError, CloudResult, Eni, InstanceLimits, MetadataEni};
 
-use crate::ipv6::MemIpv6;
+use crate::ipv6_block::MemIpv6;
 use crate::{Action, CallRecord};
 
 /// The node [`MemoryCloud::with_node`] builds: instance type, limits, subnet.
@@ -41,7 +41,7 @@ impl Default for NodeSpec {
     /// An `m5.large`-like node: 3 ENIs × 10 IPv4 each, in a /24 subnet of 10.0.0.0/16; the VPC
     /// has a /56 and the subnet a /64 of it, as mockcloud's default world does.
     fn default() -> Self {
-        let (vpc6, subnet6) = crate::ipv6::default_blocks();
+        let (vpc6, subnet6) = crate::ipv6_block::default_blocks();
         Self {
             cluster_name: "test-cluster".into(),
             instance_id: "i-0123456789abcdef0".into(),

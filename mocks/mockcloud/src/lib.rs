@@ -43,6 +43,7 @@ pub mod iam;
 pub mod imds;
 pub mod new_eni_lag;
 pub mod query;
+mod splitmix;
 pub mod subnet_api;
 pub mod throttling;
 pub mod traffic;

@@ -78,7 +78,7 @@ impl NewEniLag {
     pub(crate) fn refusals_for(&self, id: &str) -> u32 {
         let hash = id
             .bytes()
-            .fold(0u64, |h, b| crate::world::splitmix(h ^ u64::from(b)));
+            .fold(0u64, |h, b| crate::splitmix::splitmix(h ^ u64::from(b)));
         let picked =
             self.refused_share >= 1.0 || (hash as f64 / u64::MAX as f64) < self.refused_share;
         if picked { self.refusals } else { 0 }

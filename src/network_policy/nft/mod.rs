@@ -64,17 +64,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::compile::{Compiled, Direction};
-use super::decisions::Reporting;
 
 mod base;
 mod chain;
 mod check;
 mod counters;
+pub mod reporting;
 mod text;
 mod update;
 pub use base::{BASE_CHAINS, BaseChain, SPOOFED, spoofed_packets};
 pub use check::{base_chain_differs, chains_differ, maps_differ};
 pub use counters::{CounterReading, CounterVerdict, parse_counters};
+use reporting::Reporting;
 use text::{ident, is_ifname};
 pub use update::Changes;
 

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
 use super::evidence::{HostClaim, HostEvidence, NetnsState};
-use super::rebuild::QUARANTINE_UNSETTLED;
+use super::quarantine::QUARANTINE_UNSETTLED;
 use crate::cloud::DESCRIBE_SETTLES;
 use crate::cloud::{Eni, Subnet};
 use crate::model::{AttachmentKey, EniId};

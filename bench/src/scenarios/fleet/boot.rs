@@ -17,8 +17,8 @@ use mockcloud::{LaunchedInstance, MockCloud};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use super::harness::{INSTANCE, PairSpec};
 use super::pods::running_name;
+use super::spec::{INSTANCE, PairSpec};
 use super::traffic::PodPlan;
 use crate::support;
 

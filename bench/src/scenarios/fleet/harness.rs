@@ -25,10 +25,10 @@ use super::boot::{self, Launched, Node, warm_target};
 use super::bound::{Calls, NodeStart, fleet_min_calls, node_alternatives};
 use super::pods::{Drive, NodeIo, Recorder, running_name, spawn_drivers, spawn_node_driver};
 use super::policy::Policy;
+use super::spec::{INSTANCE, PairSpec};
 use super::traffic::{KUBELET_READY, Life, Pattern, Plan};
 use crate::support::TempDir;
 
-pub const INSTANCE: &str = "m5.xlarge";
 /// A pod still without an IP this long after the pattern's window is given up (counted unserved,
 /// its wait censored there).
 const OVERTIME: Duration = Duration::from_secs(30 * 60);
@@ -38,24 +38,6 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// The node whose free IPs and pods are kept second by second (a busy one in `mixed`).
 pub const TRACKED_NODE: usize = 0;
-
-/// What to run.
-#[derive(Clone, Debug)]
-pub struct PairSpec {
-    pub pattern: Pattern,
-    pub policy: Policy,
-    pub nodes: usize,
-    pub pods_per_node: u32,
-    pub seed: u64,
-    /// Each daemon's lookahead sees the pods bound to its node before their ADDs.
-    pub lookahead: bool,
-}
-
-impl PairSpec {
-    fn tag(&self) -> String {
-        format!("{}/{}", self.pattern, self.policy)
-    }
-}
 
 /// EC2 attempts of one purpose and API, summed over the fleet's daemons.
 #[derive(Clone, Debug, PartialEq, Eq)]

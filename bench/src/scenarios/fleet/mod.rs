@@ -26,6 +26,7 @@ mod matrix;
 mod pareto;
 mod pods;
 mod policy;
+mod spec;
 mod targets;
 mod tenant;
 mod traffic;
@@ -42,7 +43,8 @@ pub use traffic::Pattern;
 
 use crate::report::ScenarioReport;
 use crate::stats::percentile;
-use harness::{INSTANCE, PairResult, PairSpec};
+use harness::PairResult;
+use spec::{INSTANCE, PairSpec};
 
 /// Pairs run at most at once (each on its own thread and runtime; the machine has 2 cores).
 const PARALLEL: usize = 2;

@@ -7,9 +7,10 @@ use mockcloud::Throttling;
 
 use super::boot::SETTLE_HOLD;
 use super::bound::{account_bound, least_bound};
-use super::harness::{INSTANCE, PairResult};
+use super::harness::PairResult;
 use super::pareto::{dominance, sentence};
 use super::pods::{BIND_TO_ADD, KUBELET_BACKOFF, KUBELET_JITTER, add_deadline};
+use super::spec::INSTANCE;
 use super::tenant::buckets_left;
 use super::{FleetArgs, Pattern, Policy, p, pod_ips_per_eni, spelled};
 use crate::report::{Anchor, Row, ScenarioReport, Series, Target, Unit};
@@ -144,7 +145,7 @@ pub fn report(args: &FleetArgs, results: &[PairResult]) -> ScenarioReport {
             let buckets = if pattern.has_tenant() {
                 format!(
                     "the buckets the other tenant leaves (burst/2 and refill/2 of {})",
-                    super::tenant::TENANT_APIS.join(", ")
+                    super::traffic::TENANT_APIS.join(", ")
                 )
             } else {
                 "EC2's buckets".into()

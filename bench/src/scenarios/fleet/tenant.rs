@@ -15,16 +15,8 @@ use std::time::Duration;
 use mockcloud::{MockCloud, Throttling};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::traffic::Pattern;
+use super::traffic::{Pattern, TENANT_APIS};
 
-/// The APIs the tenant spends: the ones a node's growth and shrinkage go through.
-pub const TENANT_APIS: [&str; 5] = [
-    "CreateNetworkInterface",
-    "AttachNetworkInterface",
-    "ModifyNetworkInterfaceAttribute",
-    "AssignPrivateIpAddresses",
-    "UnassignPrivateIpAddresses",
-];
 /// The share of each bucket's burst spent before the pattern, and of its refill rate during it.
 pub const TENANT_SHARE: f64 = 0.5;
 /// How often the tenant makes the calls it owes (a call when a whole one is owed: every 400 ms at

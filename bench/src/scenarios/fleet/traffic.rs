@@ -9,6 +9,15 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The APIs the account-contention pattern's other tenant spends: the ones a node's growth and
+/// shrinkage go through (`super::tenant` spends them).
+pub const TENANT_APIS: [&str; 5] = [
+    "CreateNetworkInterface",
+    "AttachNetworkInterface",
+    "ModifyNetworkInterfaceAttribute",
+    "AssignPrivateIpAddresses",
+    "UnassignPrivateIpAddresses",
+];
 /// A scale-up's pods start at uniformly random instants within this window (the scheduler binding
 /// them; a cluster-wide scale-up does not reach every node in the same millisecond).
 pub const SPREAD: Duration = Duration::from_secs(10);
@@ -240,7 +249,7 @@ impl Pattern {
             ),
             Pattern::AccountContention => format!(
                 "account-contention: the scale-up's pods ({pods_per_node} per node within {s} s, the same instants) while another tenant of the account spends the same buckets: it has spent half the burst of each of {} when the pattern starts, and keeps spending half of each one's refill rate (its calls take tokens from mockcloud's buckets as real calls would; a throttled one is made again later); the account bound uses what is left, burst/2 and refill/2; watched {} min",
-                super::tenant::TENANT_APIS.join(", "),
+                TENANT_APIS.join(", "),
                 SCALE_UP_WINDOW.as_secs() / 60
             ),
         }

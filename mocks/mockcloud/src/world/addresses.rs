@@ -12,34 +12,8 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
-use super::{Ec2Error, Ec2Result, World, insufficient, insufficient_cidr_blocks, splitmix};
-
-/// A small deterministic generator (SplitMix64): the same seed gives the same addresses.
-#[derive(Debug, Clone)]
-pub(super) struct Rng(u64);
-
-impl Rng {
-    pub(super) fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        let r = splitmix(self.0);
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        r
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    pub(super) fn below(&mut self, n: u64) -> u64 {
-        let zone = u64::MAX - u64::MAX % n;
-        loop {
-            let x = self.next();
-            if x < zone {
-                return x % n;
-            }
-        }
-    }
-}
+use super::rng::Rng;
+use super::{Ec2Error, Ec2Result, World, insufficient, insufficient_cidr_blocks};
 
 /// `ReservationType` of a subnet CIDR reservation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

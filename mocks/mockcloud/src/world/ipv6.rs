@@ -15,7 +15,7 @@ use std::net::Ipv6Addr;
 use ipnet::Ipv6Net;
 use tokio::time::Instant;
 
-use super::addresses::Rng;
+use super::rng::Rng;
 use super::{Ec2Error, Ec2Result, World};
 use crate::catalog::MAX_IPV4_PER_ENI;
 

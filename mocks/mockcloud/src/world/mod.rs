@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use crate::catalog::InstanceType;
 use crate::error::{Ec2Error, Ec2Result};
 use crate::new_eni_lag::NewEniLag;
+use crate::splitmix::splitmix;
 
 mod addresses;
 mod assign;
@@ -36,6 +37,7 @@ mod enis;
 mod iam;
 mod instances;
 mod ipv6;
+mod rng;
 mod security_groups;
 mod settling;
 mod subnets;
@@ -55,7 +57,8 @@ pub use subnets::ReservationView;
 pub use views::{AttachmentView, EniView, ImdsEni, ImdsInstance, InstanceView, SubnetView};
 pub use vpc_cidrs::{VPC_IPV4_CIDR_LIMIT, VpcCidrAssociation};
 
-use addresses::{Rng, Subnet};
+use addresses::Subnet;
+use rng::Rng;
 
 /// The allocation seed mockcloud starts with (reproducible runs unless told otherwise).
 pub const DEFAULT_ALLOCATION_SEED: u64 = 0x6d6f_636b_636c_6f75;
@@ -258,13 +261,6 @@ pub struct World {
     client_tokens: HashMap<String, (String, EniView)>,
     /// Drives EC2's random choice of free addresses and /28 blocks.
     rng: Rng,
-}
-
-pub(crate) fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// Whether `id` looks like `<prefix>-` followed by 8 or 17 hex digits.

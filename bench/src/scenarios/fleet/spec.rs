@@ -1,0 +1,27 @@
+//! What one pair of the fleet scenario runs (pattern, policy, size) and on which instance type: read
+//! by the harness that runs it ([`super::harness`]) and by the boot it calls ([`super::boot`]), so
+//! it lives beside both.
+
+use super::policy::Policy;
+use super::traffic::Pattern;
+
+/// The instance type every node of the fleet is.
+pub const INSTANCE: &str = "m5.xlarge";
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct PairSpec {
+    pub pattern: Pattern,
+    pub policy: Policy,
+    pub nodes: usize,
+    pub pods_per_node: u32,
+    pub seed: u64,
+    /// Each daemon's lookahead sees the pods bound to its node before their ADDs.
+    pub lookahead: bool,
+}
+
+impl PairSpec {
+    pub(super) fn tag(&self) -> String {
+        format!("{}/{}", self.pattern, self.policy)
+    }
+}
