@@ -430,8 +430,9 @@ pub async fn probe_cells(
     }))
     .await;
     // One sweep (as `network_policy_support::sweep` does it): every probe starts now, and once the
-    // last answer has come the silent ones get `settle` more before they count as denials, a
-    // pod's probe to itself always answering along the same path.
+    // last answer has come the silent ones get `settle` more before they count as denials (a cell
+    // wrongly allowed answers along the same paths as the allowed ones; a sweep where nothing
+    // answers waits the whole `wait`).
     let start = tokio::time::Instant::now();
     let (over, ended) = tokio::sync::watch::channel(false);
     let mut probes: futures::stream::FuturesUnordered<_> = made
