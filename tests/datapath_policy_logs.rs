@@ -81,18 +81,10 @@ async fn until_logged(
 
 /// The per-rule metric's value for the labels `labels` (each `name="value"`), read inside the node.
 async fn rule_metric(d: &PolicyDaemon, labels: &[&str]) -> Option<f64> {
-    let log = d.log_text();
     // The last daemon's (a restart logs a new one).
-    let addr = log
-        .split_whitespace()
-        .rev()
-        .find_map(|w| w.strip_prefix("metrics="))
-        .unwrap_or_else(|| panic!("no metrics address in the daemon's log:\n{}", d.tail()));
-    let text =
-        d.ns.exec("curl", &["-sf", &format!("http://{addr}/metrics")])
-            .await
-            .expect("curl /metrics");
-    text.lines()
+    d.metrics_text()
+        .await
+        .lines()
         .filter(|l| l.starts_with("eniipam_network_policy_rule_verdicts_total{"))
         .find(|l| labels.iter().all(|want| l.contains(want)))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())

@@ -222,21 +222,26 @@ impl PolicyDaemon {
             .ok()
     }
 
-    /// A value of this daemon's `/metrics` (`None`: not exported), read inside the node, from the
-    /// address its last start logged (each start binds a port of its own).
-    pub async fn metric(&self, name: &str) -> Option<f64> {
+    /// This daemon's `/metrics` text, read inside the node, from the address its last start
+    /// logged (each start binds a port of its own).
+    pub async fn metrics_text(&self) -> String {
         let log = self.log_text();
         let addr = log
             .split_whitespace()
             .rev()
             .find_map(|w| w.strip_prefix("metrics="))
             .unwrap_or_else(|| panic!("no metrics address in the daemon's log:\n{}", self.tail()));
-        let text = self
-            .ns
+        self.ns
             .exec("curl", &["-sf", &format!("http://{addr}/metrics")])
             .await
-            .expect("curl /metrics");
-        text.lines()
+            .expect("curl /metrics")
+    }
+
+    /// A value of this daemon's `/metrics` (`None`: not exported).
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        self.metrics_text()
+            .await
+            .lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
