@@ -119,8 +119,32 @@ async fn cold_burst(instance_type: &str, config: PoolConfig, pods: usize) -> Bur
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cold_burst_of_100_pods_costs_the_fewest_calls() {
+async fn a_cold_burst_of_100_pods_with_burst_prefixes_costs_one_call() {
+    // The shipped default on a Nitro type: eth0's free slots take whole /28s for a burst.
     let b = cold_burst("c5.4xlarge", PoolConfig::default(), 100).await;
+    assert_eq!(
+        b.mutating, 1,
+        "one AssignPrivateIpAddresses of whole /28s serves the burst"
+    );
+    let inst = b.env.mock.instance(&b.env.instance.instance_id).unwrap();
+    assert_eq!(inst.enis.len(), 1, "no new ENI: eth0's slots hold the burst");
+    let prefixes = inst.enis[0].ipv4_prefixes.len();
+    // 100 pods in seven /28s; one more when the adaptive warm-ups ride along.
+    assert!((7..=8).contains(&prefixes), "{prefixes} /28s for 100 pods");
+    assert!(b.allocations.iter().all(|a| a.device_index == 0));
+    // The node's capacity stays the secondary-IP mode's (the kubelet's max-pods is unchanged).
+    assert_eq!(b.pool.snapshot().capacity, 8 * 29);
+    b.pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_burst_of_100_pods_costs_the_fewest_calls() {
+    // Without burst prefixes (as on a non-Nitro type): single secondary IPs.
+    let config = PoolConfig {
+        burst_prefixes: false,
+        ..PoolConfig::default()
+    };
+    let b = cold_burst("c5.4xlarge", config, 100).await;
     // eth0 first: one AssignPrivateIpAddresses for its 29 slots. Then each new ENI costs Create +
     // Attach + ModifyNetworkInterfaceAttribute (DeleteOnTermination) and carries up to
     // ipv4_per_eni - 1 pod IPs in the create call itself.
@@ -176,6 +200,76 @@ async fn a_cold_burst_of_100_pods_with_prefixes_costs_at_most_three_calls() {
     // burst. What this test holds fixed is the calls; the /28 count only bounds the over-warming.
     assert!((7..=9).contains(&prefixes), "{prefixes} /28s for 100 pods");
     b.pool.shutdown().await;
+}
+
+/// With burst prefixes, pods whose assign EC2 throttles (the account's AssignPrivateIpAddresses
+/// bucket kept dry by another tenant) fall over to one new ENI that carries them in its create, in
+/// the round that follows the throttle: they neither wait out eth0's back-off nor try the assign
+/// again, and the create bucket, which has tokens, serves the burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_assign_falls_over_to_a_create_within_one_round() {
+    let mock_config = Config {
+        default_instance_type: "m5.xlarge".into(),
+        ..Config::realistic()
+    };
+    let env = Env::start_with(
+        mock_config,
+        LimiterConfig::default(),
+        Duration::from_secs(10),
+    )
+    .await;
+    // No warm-ups at start: the pods' own assign is the first, and the one throttled.
+    let pool = env
+        .pool(PoolConfig {
+            min_idle: 0,
+            ..PoolConfig::default()
+        })
+        .await;
+    let mock = env.mock.clone();
+    let tenant = tokio::spawn(async move {
+        loop {
+            let _ = mock.spend_tokens("AssignPrivateIpAddresses", 1_000);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let allocations = tokio::time::timeout(Duration::from_secs(60), acquire_range(&pool, 0..20))
+        .await
+        .expect("the burst is served while the assign bucket stays dry");
+    tenant.abort();
+    let counters = env.mock.counters();
+    println!("fall-over: {:?}", counters.actions);
+    assert_eq!(
+        counters.ok("AssignPrivateIpAddresses"),
+        0,
+        "the assign bucket stayed dry"
+    );
+    let throttled = counters.throttled("AssignPrivateIpAddresses");
+    assert_eq!(
+        throttled, 1,
+        "one throttled assign, then the pods went the create's way at once"
+    );
+    assert_eq!(
+        counters.ok("CreateNetworkInterface"),
+        1,
+        "one new ENI carries the burst"
+    );
+    assert!(
+        allocations.iter().all(|a| a.device_index == 1),
+        "every pod got its IP from the new ENI"
+    );
+    let inst = env.mock.instance(&env.instance.instance_id).unwrap();
+    let new_eni = inst
+        .enis
+        .iter()
+        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 1))
+        .expect("the new ENI is attached");
+    assert_eq!(
+        new_eni.ipv4_prefixes.len(),
+        2,
+        "its create carried the burst in whole /28s"
+    );
+    pool.check_invariants().expect("pool invariants");
+    pool.shutdown().await;
 }
 
 fn pod_key(i: usize) -> (AttachmentKey, PodRef) {

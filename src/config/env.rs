@@ -106,6 +106,7 @@ impl DaemonConfig {
         set_opt!(max_enis, "a whole number");
         set!(use_primary_eni, "true or false");
         set!(prefix_delegation, "true or false");
+        set!(burst_prefixes, "true or false");
         set!(reuse_cooldown_secs, "a whole number of seconds");
         set!(ip_stick_time_secs, "a whole number of seconds");
         set!(add_wait_secs, "a whole number of seconds");

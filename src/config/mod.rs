@@ -195,6 +195,10 @@ pub struct DaemonConfig {
     /// Slots are `/28` prefixes of 16 addresses (VPC CNI: ENABLE_PREFIX_DELEGATION). Nitro instance
     /// types only. Default false.
     pub prefix_delegation: bool,
+    /// Burst prefixes on Nitro types without `prefix_delegation`: a burst beyond the idle pool takes
+    /// whole `/28`s in one assign, or one new ENI when assigns are throttled. See
+    /// `PoolConfig::burst_prefixes`. Default true.
+    pub burst_prefixes: bool,
     /// Seconds before a released IP goes to another pod (VPC CNI: IP_COOLDOWN_PERIOD, 30 s).
     pub reuse_cooldown_secs: u64,
     /// Seconds a sticky IP stays reserved for its StatefulSet pod.
@@ -331,6 +335,7 @@ impl Default for DaemonConfig {
             max_enis: pool.max_enis,
             use_primary_eni: pool.use_primary_eni,
             prefix_delegation: pool.prefix_delegation,
+            burst_prefixes: pool.burst_prefixes,
             reuse_cooldown_secs: pool.reuse_cooldown.as_secs(),
             ip_stick_time_secs: pool.ip_stick_time.as_secs(),
             add_wait_secs: pool.add_wait.as_secs(),
@@ -564,6 +569,7 @@ impl DaemonConfig {
             use_primary_eni: self.eth0_serves_pods(),
             custom_networking: self.custom_networking,
             prefix_delegation: self.prefix_delegation,
+            burst_prefixes: self.burst_prefixes,
             reuse_cooldown: Duration::from_secs(self.reuse_cooldown_secs),
             ip_stick_time: Duration::from_secs(self.ip_stick_time_secs),
             add_wait: Duration::from_secs(self.add_wait_secs),

@@ -80,6 +80,12 @@ pub struct PoolConfig {
     /// only; the VPC CNI's `ENABLE_PREFIX_DELEGATION`). Counts (`min_idle`, `max_idle`, `max_ips`)
     /// stay in addresses. Default false.
     pub prefix_delegation: bool,
+    /// Burst prefixes (Nitro instance types, without `prefix_delegation`): slots hold single
+    /// secondary IPs, and a burst beyond the idle pool takes whole `/28`s in one assign on an ENI
+    /// with free slots (EC2 lets both share an ENI), or falls over to one new ENI carrying it when
+    /// the assign is throttled: one growth call per burst ([`super::growth`]). Counts and the node's
+    /// capacity stay the secondary-IP mode's. Ignored on other types. Default true.
+    pub burst_prefixes: bool,
     /// With prefix delegation, after EC2 answers `InsufficientCidrBlocks` (no free `/28` in a
     /// subnet), new slots in that subnet are single addresses packed into blocks already fragmented,
     /// and prefixes are tried again after this long, doubling with each failure up to 30 min.
@@ -221,6 +227,7 @@ impl Default for PoolConfig {
             use_primary_eni: true,
             custom_networking: false,
             prefix_delegation: false,
+            burst_prefixes: true,
             prefix_retry: Duration::from_secs(2 * 60),
             subnet_refresh: Duration::from_secs(30 * 60),
             add_wait: Duration::from_secs(100),

@@ -359,14 +359,14 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
             Some(groups) => groups.clone(),
             None => shared.lock().new_eni_security_groups(&plan.subnet_id),
         };
-        // With prefix delegation but no `/28` left in the subnet: single addresses packed into its
+        // Slots that take prefixes but no `/28` left in the subnet: single addresses packed into its
         // fragmented blocks, not EC2's scattered picks.
         let mut slots = plan.slots.clone();
         let pack = {
             let st = shared.lock();
             match &slots {
                 Slots::Ips(n)
-                    if st.config.prefix_delegation
+                    if (st.config.prefix_delegation || st.burst_prefixes())
                         && st.prefixes_blocked(&plan.subnet_id, Instant::now()) =>
                 {
                     st.subnets

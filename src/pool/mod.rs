@@ -13,6 +13,8 @@
 //!   to it and not ADDed yet, and the warm levels (top up below, fill to, give back beyond) that
 //!   follow, within `[min_idle, max_idle]`; what it learned goes to the state file through the
 //!   daemon ([`Pool::demand_memory`], [`Pool::restore_demand`]).
+//! - [`growth`]: how a burst beyond the idle IPs grows the node, as pure decisions: single IPs or
+//!   whole `/28`s in one assign, or one new ENI carrying the burst when the assign bucket is dry.
 //! - `maintainer`: keeps idle IPs at those levels in batches, creates an ENI (with its IPs in the
 //!   create call) when every ENI is full, releases ENIs that hold no IP.
 //! - `state`: the bookkeeping every part reads and writes under one lock, in short critical
@@ -56,6 +58,7 @@ pub mod demand;
 mod drift;
 mod eni;
 pub mod error;
+pub mod growth;
 pub mod idle;
 mod maintainer;
 pub mod pod_network;

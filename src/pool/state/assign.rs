@@ -15,6 +15,7 @@ use crate::cloud::CloudError;
 use crate::model::EniId;
 use crate::pool::config::{PREFIX_ADDRESSES, WarmPolicy};
 use crate::pool::error::{BackoffTarget, ExhaustionReason, PoolError};
+use crate::pool::growth::{self, AssignSize};
 use crate::pool::types::{AssignBatch, AssignOutcome, AssignPlan, EniPhase, Packed, Waiter};
 
 /// The longest an ENI backs off after EC2 throttled a pods' assign: the throttle gate's longest
@@ -42,6 +43,9 @@ impl PoolState {
             self.reject_assign(eni, pods, warm, err.clone(), now);
             return AssignPlan::Refused(err);
         }
+        if self.burst_sized(eni, now) {
+            return self.plan_burst(eni, batch, now);
+        }
         match self.how_to_assign(eni, batch.count(), now) {
             AssignPlan::Prefixes { count, extra } => {
                 batch.warm += extra;
@@ -56,6 +60,53 @@ impl PoolState {
                 }
             }
             plan => plan,
+        }
+    }
+
+    /// Whether an assign on `eni` is sized by [`growth::assign_size`]: burst prefixes on, a
+    /// default-network ENI, its subnet with free `/28`s as far as the pool knows.
+    fn burst_sized(&self, eni: &EniId, now: Instant) -> bool {
+        self.burst_prefixes()
+            && self
+                .enis
+                .get(eni)
+                .is_some_and(|r| r.profile.is_none() && !self.prefixes_blocked(&r.subnet_id, now))
+    }
+
+    /// The plan for `batch` on `eni` with burst prefixes: the warm-ups that ride along first (a
+    /// pods' call), then one call sized to the whole ([`growth::assign_size`]): whole `/28`s whose
+    /// rounding up joins the batch as warm-ups (their tokens taken), or single IPs cut to the
+    /// ENI's free slots (the pods beyond go back in line and come again in one batch).
+    fn plan_burst(&mut self, eni: &EniId, batch: &mut AssignBatch, now: Instant) -> AssignPlan {
+        if !batch.pods.is_empty() {
+            batch.warm += self.ride_along(eni, now);
+        }
+        let free_slots = self
+            .enis
+            .get(eni)
+            .map_or(0, |r| self.per_eni.saturating_sub(r.slots_used()));
+        let size = growth::assign_size(
+            batch.count(),
+            free_slots,
+            true,
+            self.capacity.available(),
+        );
+        match size {
+            AssignSize::Prefixes { count, extra } => {
+                let got = self.capacity.take_up_to(extra);
+                debug_assert_eq!(got, extra, "assign_size checked the tokens");
+                let r = self.enis.get_mut(eni).expect("checked above");
+                r.inflight += got;
+                self.warming += got;
+                batch.warm += got;
+                AssignPlan::Prefixes { count, extra: got }
+            }
+            AssignSize::Singles(_) => {
+                batch.warm = self.fit_single_addresses(eni, &mut batch.pods, batch.warm);
+                AssignPlan::Ips {
+                    count: batch.count(),
+                }
+            }
         }
     }
 

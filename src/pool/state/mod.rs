@@ -252,9 +252,31 @@ impl EniRecord {
 }
 
 impl PoolState {
-    /// Free slots on `r`, requests in flight counted (in prefix mode, a prefix per 16 of them).
+    /// Burst prefixes are on for this node (configured, a Nitro type, and no prefix delegation):
+    /// a default-network ENI's free slots take single IPs or whole `/28`s ([`crate::pool::growth`]).
+    pub(crate) fn burst_prefixes(&self) -> bool {
+        self.config.burst_prefixes && !self.config.prefix_delegation && self.node.limits.nitro
+    }
+
+    /// Whether `r`'s free slots may take whole `/28`s: prefix delegation, or burst prefixes on a
+    /// default-network ENI (a profile's ENIs keep the mode its advertised capacity counts).
+    fn slots_take_prefixes(&self, r: &EniRecord) -> bool {
+        self.config.prefix_delegation || (self.burst_prefixes() && r.profile.is_none())
+    }
+
+    /// Addresses a free slot of `r` counts for in its room: 16 when it may take a `/28`, else 1.
+    fn room_per_slot(&self, r: &EniRecord) -> u32 {
+        if self.slots_take_prefixes(r) {
+            PREFIX_ADDRESSES
+        } else {
+            1
+        }
+    }
+
+    /// Free slots on `r`, requests in flight counted (when slots take prefixes, a prefix per 16 of
+    /// them).
     fn eni_room(&self, r: &EniRecord) -> u32 {
-        let inflight_slots = r.inflight.div_ceil(self.config.addresses_per_slot());
+        let inflight_slots = r.inflight.div_ceil(self.room_per_slot(r));
         self.per_eni.saturating_sub(r.slots_used() + inflight_slots)
     }
 
@@ -267,17 +289,17 @@ impl PoolState {
 
     /// Addresses `r` can still take.
     fn eni_room_addresses(&self, r: &EniRecord) -> u32 {
-        let per_slot = self.config.addresses_per_slot();
+        let per_slot = self.room_per_slot(r);
         let slots_free = self.per_eni.saturating_sub(r.slots_used());
         (slots_free * per_slot).saturating_sub(r.inflight)
     }
 
-    /// Addresses the next assign on `r` can bring now: with prefix delegation, while its subnet has
-    /// no free `/28` the assign asks for single packed addresses, one per slot, so the room is
-    /// counted in single addresses (else a batch of a prefix's worth of singles exceeds the ENI's
-    /// per-interface limit, and EC2 refuses the whole batch).
+    /// Addresses the next assign on `r` can bring now: when its slots take prefixes but its subnet
+    /// has no free `/28` for now, the assign asks for single addresses, one per slot, so the room
+    /// is counted in single addresses (else a batch of a prefix's worth of singles exceeds the
+    /// ENI's per-interface limit, and EC2 refuses the whole batch).
     fn eni_room_now(&self, r: &EniRecord, now: Instant) -> u32 {
-        if self.config.prefix_delegation && self.prefixes_blocked(&r.subnet_id, now) {
+        if self.slots_take_prefixes(r) && self.prefixes_blocked(&r.subnet_id, now) {
             self.per_eni
                 .saturating_sub(r.slots_used())
                 .saturating_sub(r.inflight)

@@ -13,7 +13,8 @@ use crate::cloud::{Eni, LiveCount};
 use crate::model::EniId;
 use crate::pool::config::{PREFIX_ADDRESSES, WarmPolicy};
 use crate::pool::demand::{self, NodeLoad, WarmLevels};
-use crate::pool::error::PoolError;
+use crate::pool::error::{BackoffTarget, PoolError};
+use crate::pool::growth;
 use crate::pool::types::{EniHandle, EniPhase, Waiter};
 
 /// One ENI creation the maintainer decided on.
@@ -145,6 +146,30 @@ impl PoolState {
         deadlines.chain(enis).chain(subnets).min()
     }
 
+    /// Where a waiter of the default network (`default_network`) blocked by `err` goes
+    /// ([`growth::blocked_path`]).
+    fn blocked_path(
+        &self,
+        err: &PoolError,
+        default_network: bool,
+        now: Instant,
+    ) -> growth::BlockedPath {
+        let blockage = match err {
+            PoolError::BackingOff {
+                target: BackoffTarget::Eni(_),
+                last_error,
+                ..
+            } if last_error.is_throttle() => growth::Blockage::Throttled,
+            _ => growth::Blockage::Other,
+        };
+        growth::blocked_path(
+            self.burst_prefixes() && default_network,
+            blockage,
+            self.growth_contended,
+            self.free_device_index_for(None, now).is_some(),
+        )
+    }
+
     /// Plans one maintainer round: serve waiters for a new ENI, top up below the warm level, give
     /// back beyond it (past cooldown, not reserved, longest idle first, one unassign per ENI),
     /// create the ENIs the waiters need (in parallel; warming alone creates one per subnet, and none
@@ -206,7 +231,12 @@ impl PoolState {
                     let handle = r.handle.clone().expect("pod ENIs have actors");
                     plan.reroutes.push((id, handle, w));
                 }
-                Pick::Blocked(err) => blocked.extend(self.hold_or_fail(w, err, now)),
+                Pick::Blocked(err) => match self.blocked_path(&err, network.is_none(), now) {
+                    // EC2 throttled the assign on the ENI with room: a new ENI carries the pod in
+                    // its create, on the create bucket, now (step 3).
+                    growth::BlockedPath::NewEni => self.create_waiters.push_back(w),
+                    growth::BlockedPath::Wait => blocked.extend(self.hold_or_fail(w, err, now)),
+                },
                 Pick::NeedNewEni => self.create_waiters.push_back(w),
             }
         }
@@ -283,11 +313,19 @@ impl PoolState {
                 .partition(|w| w.req.network.is_some());
         self.create_waiters = default_waiters.into();
         let subnet_id = self.pick_subnet(now);
-        // While the subnet has no free /28, a new ENI comes with single addresses, one per slot.
-        let per_eni_addresses = if self.prefixes_blocked(&subnet_id, now) {
-            self.per_eni
+        // Slots of a new ENI here may take whole /28s (prefix delegation, or burst prefixes) unless
+        // the subnet has no free /28: then it comes with single addresses, one per slot.
+        let prefixes_here = (self.config.prefix_delegation || self.burst_prefixes())
+            && !self.prefixes_blocked(&subnet_id, now);
+        let per_slot = if self.config.prefix_delegation || self.burst_prefixes() {
+            PREFIX_ADDRESSES
         } else {
-            self.per_eni * self.config.addresses_per_slot()
+            1
+        };
+        let per_eni_addresses = if prefixes_here {
+            self.per_eni * per_slot
+        } else {
+            self.per_eni
         };
         let blocked_for_ip = self.enis.values().any(|r| {
             r.serves
@@ -370,22 +408,36 @@ impl PoolState {
             if count == 0 {
                 break;
             }
-            // With prefix delegation the ENI comes with whole prefixes: the addresses beyond the
-            // count join as warm-ups, when the node has the tokens; else single addresses.
-            let slots = if self.config.prefix_delegation && !self.prefixes_blocked(&subnet_id, now)
-            {
-                let k = count.div_ceil(PREFIX_ADDRESSES);
+            // With prefix delegation the ENI comes with whole prefixes; with burst prefixes, with
+            // whole prefixes when the burst it carries is large enough ([`growth::create_prefixes`]).
+            // The addresses beyond the count join as warm-ups, when the node has the tokens; else
+            // single addresses.
+            let prefixes = if !prefixes_here {
+                None
+            } else if self.config.prefix_delegation {
+                Some(count.div_ceil(PREFIX_ADDRESSES))
+            } else {
+                growth::create_prefixes(count, self.per_eni, true, self.capacity.available())
+            };
+            let mut whole = None;
+            if let Some(k) = prefixes {
                 let extra = k * PREFIX_ADDRESSES - count;
                 let got = self.capacity.take_up_to(extra);
                 if got == extra {
                     warm += extra;
                     count += extra;
-                    Slots::Prefixes(k)
+                    whole = Some(Slots::Prefixes(k));
                 } else {
-                    // Too few tokens for whole prefixes: single addresses, one per slot. Beyond
-                    // the ENI's slots, warm-ups' tokens return and the newest waiters go back to
-                    // the queue (EC2 refuses a create beyond the per-interface limit outright).
                     self.capacity.give_back(got);
+                }
+            }
+            let slots = match whole {
+                Some(prefixes) => prefixes,
+                None if prefixes_here => {
+                    // Single addresses where slots take prefixes (too few tokens for whole
+                    // prefixes, or a burst small enough for singles): one per slot. Beyond the
+                    // ENI's slots, warm-ups' tokens return and the newest waiters go back to the
+                    // queue (EC2 refuses a create beyond the per-interface limit outright).
                     let over = count.saturating_sub(self.per_eni);
                     let dropped_warm = over.min(warm);
                     warm -= dropped_warm;
@@ -398,13 +450,12 @@ impl PoolState {
                     singles_in_prefix_mode = true;
                     Slots::Ips(count)
                 }
-            } else {
-                Slots::Ips(count)
+                None => Slots::Ips(count),
             };
             self.warming += warm;
             room_coming += if singles_in_prefix_mode {
                 // Its free slots take prefixes later.
-                (self.per_eni - count) * self.config.addresses_per_slot()
+                (self.per_eni - count) * per_slot
             } else {
                 per_eni_addresses - count
             };

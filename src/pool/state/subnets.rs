@@ -75,8 +75,8 @@ impl PoolState {
                 .and_then(|s| s.subnet.as_ref())
                 .map_or(0, |s| s.available_ips)
         };
-        let prefixes_ok =
-            |id: &str| !self.config.prefix_delegation || !self.prefixes_blocked(id, now);
+        let takes_prefixes = self.config.prefix_delegation || self.burst_prefixes();
+        let prefixes_ok = |id: &str| !takes_prefixes || !self.prefixes_blocked(id, now);
         let Some(best) = candidates
             .iter()
             .max_by_key(|id| {

@@ -16,7 +16,8 @@ const WIDE_OPEN: u32 = 10_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Policy {
     /// eniipam as shipped: `DaemonConfig::default()`'s knobs (the adaptive warm pool, the node rate
-    /// limiter), single secondary IPs.
+    /// limiter), single secondary IPs with burst prefixes (a burst beyond the idle IPs takes whole
+    /// `/28`s in one assign, or one new ENI when the assign bucket is dry).
     Eniipam,
     /// eniipam as shipped with prefix delegation on: slots are `/28`s, counts stay in addresses.
     EniipamPd,
@@ -101,6 +102,7 @@ impl Policy {
             max_idle: shipped.max_idle,
             minimum_ips: shipped.minimum_ips,
             prefix_delegation: false,
+            burst_prefixes: shipped.burst_prefixes,
             ec2_mutating_qps: shipped.ec2_mutating_qps,
             ec2_mutating_burst: shipped.ec2_mutating_burst,
             ec2_describe_qps: shipped.ec2_describe_qps,
@@ -118,6 +120,8 @@ impl Policy {
             max_idle,
             minimum_ips,
             prefix_delegation: pd,
+            // ipamd has no burst prefixes: secondary IPs, or prefixes with prefix delegation.
+            burst_prefixes: false,
             ec2_mutating_qps: f64::from(WIDE_OPEN),
             ec2_mutating_burst: WIDE_OPEN,
             ec2_describe_qps: f64::from(WIDE_OPEN),
@@ -151,6 +155,8 @@ impl Policy {
         }
         if c.prefix_delegation {
             s.push_str(", prefix delegation");
+        } else if c.burst_prefixes {
+            s.push_str(", burst prefixes (Nitro)");
         }
         if self.is_vpc_cni() {
             s.push_str(", no node rate limiter");
