@@ -105,9 +105,11 @@ async fn a_create_ec2_may_have_acted_on_keeps_its_count() {
 #[tokio::test]
 async fn pods_that_come_while_the_create_is_throttled_ride_in_it() {
     let env = Env::start().await;
-    // Secondary ENIs only (the first pod needs a new ENI), no warm pool.
+    // Secondary ENIs only (the first pod needs a new ENI), no warm pool; single IPs, as on a
+    // non-Nitro type (with burst prefixes the create carries a whole /28 and has no count to grow).
     let config = PoolConfig {
         use_primary_eni: false,
+        burst_prefixes: false,
         warm_policy: WarmPolicy::Fixed,
         min_idle: 0,
         max_idle: 100,

@@ -85,6 +85,9 @@ fn secondary_only(mock: &mockcloud::MockCloud, dir: &Path) -> eniipam::config::D
     cfg.use_primary_eni = false;
     cfg.min_idle = 0;
     cfg.max_idle = 0;
+    // One address per assign, so each pod's ADD makes its own call (burst prefixes would bring a
+    // /28 with the first pod and serve the next from it).
+    cfg.burst_prefixes = false;
     cfg
 }
 
@@ -964,6 +967,8 @@ async fn a_late_del_keeps_the_new_owners_rules() {
     let mut cfg = config(&mock, &dir.0);
     // About secondary ENIs: eth0 serves no pod here.
     cfg.use_primary_eni = false;
+    // Single addresses: B must get A's IP back as the only idle one.
+    cfg.burst_prefixes = false;
     cfg.reuse_cooldown_secs = 0;
     cfg.min_idle = 0;
     cfg.max_idle = 100;

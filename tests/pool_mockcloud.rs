@@ -451,8 +451,10 @@ async fn eth0_pool_giving_back_at_once() -> (Env, Pool) {
         Duration::from_secs(10),
     )
     .await;
+    // Single secondary IPs (burst prefixes off): what these tests give back is single addresses.
     let config = PoolConfig {
         use_primary_eni: true,
+        burst_prefixes: false,
         warm_policy: eniipam::pool::config::WarmPolicy::Fixed,
         min_idle: 0,
         max_idle: 0,

@@ -7,8 +7,8 @@
 //! burst beyond the idle pool is served by **one** call:
 //!
 //! - on an attached ENI with a free slot, one `AssignPrivateIpAddresses` of whole `/28`s sized to
-//!   the burst (its rounding up is the rest of the burst's IPs, waiting for the pods that follow);
-//!   a small batch (a trickle, the warm posture) stays single IPs, so the free IPs stay few;
+//!   the pods waiting (its rounding up is the rest of the burst's IPs, waiting for the pods that
+//!   follow); a small top-up of the warm posture stays single IPs, so the free IPs stay few;
 //! - when that ENI's assigns are throttled (the `AssignPrivateIpAddresses` bucket is dry), one new
 //!   ENI that carries the burst's addresses in its `CreateNetworkInterface`, on the create bucket,
 //!   at once rather than after the ENI's back-off;
@@ -22,47 +22,79 @@
 
 use super::config::PREFIX_ADDRESSES;
 
-/// A batch of at least this many addresses goes as whole `/28`s when prefixes may serve it: from
-/// half a prefix up, the rounding up is at most as many addresses as the batch uses, and they serve
-/// the pods of the burst still to come without another call. Below it, single IPs (one call as
-/// well, and no free IPs beyond the batch).
+/// A warm-up alone of at least this many addresses goes as a whole `/28` when prefixes may serve it:
+/// from half a prefix up, the rounding up is at most as many addresses as the warm-up asked for.
+/// Below it, single IPs (one call as well, and no free IPs beyond the level).
 pub const PREFIX_MIN_BATCH: u32 = PREFIX_ADDRESSES / 2;
 
 /// What one assign on an ENI asks EC2 for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AssignSize {
-    /// Single secondary IPs: the batch's count, cut by the caller to the ENI's free slots (the
+    /// Single secondary IPs: the batch as it is, cut by the caller to the ENI's free slots (the
     /// rest waits for the next call).
-    Singles(u32),
-    /// `count` whole `/28`s; `extra` addresses beyond the batch join it as warm-ups (their tokens
-    /// must be taken).
-    Prefixes { count: u32, extra: u32 },
+    Singles,
+    /// `count` whole `/28`s; of their addresses, `warm` go to the idle pool (the rest to the
+    /// batch's pods): more warm-ups than the batch had take tokens, fewer return theirs.
+    Prefixes { count: u32, warm: u32 },
 }
 
-/// The size of an assign of `count` addresses on an ENI with `free_slots` slots, when prefixes may
-/// serve it (`prefixes_allowed`: burst prefixes on and the subnet not out of free `/28`s) and the
-/// node has `tokens` capacity tokens left for the rounding up.
+/// The size of an assign of `pods` waiting pods and `warm` warm-ups on an ENI with `free_slots`
+/// slots, when prefixes may serve it (`prefixes_allowed`: burst prefixes on and the subnet not out
+/// of free `/28`s) and the node has `tokens` capacity tokens left.
 ///
-/// Whole `/28`s when the batch is at least [`PREFIX_MIN_BATCH`] or beyond the single slots, and
-/// they fit the free slots and the tokens; else single IPs.
-pub fn assign_size(count: u32, free_slots: u32, prefixes_allowed: bool, tokens: u32) -> AssignSize {
-    let k = count.div_ceil(PREFIX_ADDRESSES);
-    let extra = k * PREFIX_ADDRESSES - count;
-    let wanted = count >= PREFIX_MIN_BATCH || count > free_slots;
-    if prefixes_allowed && wanted && k >= 1 && k <= free_slots && extra <= tokens {
-        AssignSize::Prefixes { count: k, extra }
-    } else {
-        AssignSize::Singles(count)
+/// - Pods are waiting: the idle pool did not absorb them, so a burst is on. Whole `/28`s, as many
+///   as the pods need, or more when the warm-ups fill more whole prefixes; warm-ups never start a
+///   prefix of their own beyond that (a level between two prefixes would hold one and call for the
+///   next). The rounding up waits for the burst's next pods, so they cost no call.
+/// - Warm-ups alone during a burst (`in_burst`: pods started in a run, see `pool::demand`): as for
+///   waiting pods, at least one whole prefix, so the burst's next pods need no call of their own.
+/// - Warm-ups alone outside a burst: single IPs when fewer than [`PREFIX_MIN_BATCH`] and within
+///   the free slots, so a top-up of a few keeps the free IPs few; else whole prefixes as above.
+/// - Single IPs when the prefixes do not fit the free slots or the tokens.
+pub fn assign_size(
+    pods: u32,
+    warm: u32,
+    free_slots: u32,
+    prefixes_allowed: bool,
+    tokens: u32,
+    in_burst: bool,
+) -> AssignSize {
+    let total = pods + warm;
+    if !prefixes_allowed || total == 0 {
+        return AssignSize::Singles;
+    }
+    if pods == 0 && !in_burst && total < PREFIX_MIN_BATCH && total <= free_slots {
+        return AssignSize::Singles;
+    }
+    let k = pods
+        .div_ceil(PREFIX_ADDRESSES)
+        .max(total / PREFIX_ADDRESSES)
+        .max(1);
+    let new_warm = k * PREFIX_ADDRESSES - pods;
+    let more_tokens = new_warm.saturating_sub(warm);
+    if k > free_slots || more_tokens > tokens {
+        return AssignSize::Singles;
+    }
+    AssignSize::Prefixes {
+        count: k,
+        warm: new_warm,
     }
 }
 
-/// Whether a new ENI is created with whole `/28`s (`Some(k)`, `k * 16 - count` addresses of warm-ups
-/// beyond the `count` it carries) or single addresses (`None`), on an ENI of `slots` slots with the
-/// node's `tokens` left for the rounding up. The same rule as [`assign_size`].
-pub fn create_prefixes(count: u32, slots: u32, prefixes_allowed: bool, tokens: u32) -> Option<u32> {
-    match assign_size(count, slots, prefixes_allowed, tokens) {
+/// Whether a new ENI is created with whole `/28`s (`Some(k)`) or single addresses (`None`), for
+/// `pods` waiters and `warm` warm-ups, on an ENI of `slots` slots with the node's `tokens` left.
+/// The same rule as [`assign_size`].
+pub fn create_prefixes(
+    pods: u32,
+    warm: u32,
+    slots: u32,
+    prefixes_allowed: bool,
+    tokens: u32,
+    in_burst: bool,
+) -> Option<u32> {
+    match assign_size(pods, warm, slots, prefixes_allowed, tokens, in_burst) {
         AssignSize::Prefixes { count, .. } => Some(count),
-        AssignSize::Singles(_) => None,
+        AssignSize::Singles => None,
     }
 }
 
@@ -108,57 +140,84 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_trickle_takes_single_ips() {
-        assert_eq!(assign_size(1, 14, true, 50), AssignSize::Singles(1));
-        assert_eq!(assign_size(7, 14, true, 50), AssignSize::Singles(7));
+    fn a_small_top_up_takes_single_ips() {
+        assert_eq!(assign_size(0, 1, 14, true, 50, false), AssignSize::Singles);
+        assert_eq!(assign_size(0, 7, 14, true, 50, false), AssignSize::Singles);
     }
 
     #[test]
-    fn a_burst_takes_whole_prefixes_sized_to_it() {
+    fn a_small_top_up_during_a_burst_takes_a_whole_prefix() {
         assert_eq!(
-            assign_size(8, 14, true, 50),
-            AssignSize::Prefixes { count: 1, extra: 8 }
-        );
-        assert_eq!(
-            assign_size(16, 14, true, 50),
-            AssignSize::Prefixes { count: 1, extra: 0 }
-        );
-        assert_eq!(
-            assign_size(20, 14, true, 50),
-            AssignSize::Prefixes {
-                count: 2,
-                extra: 12
-            }
+            assign_size(0, 3, 14, true, 50, true),
+            AssignSize::Prefixes { count: 1, warm: 16 }
         );
     }
 
     #[test]
-    fn beyond_the_single_slots_a_small_batch_takes_a_prefix_too() {
+    fn waiting_pods_take_whole_prefixes_sized_to_them() {
+        // One pod the idle pool did not absorb: a burst is on, one /28 serves its next 15 pods.
+        assert_eq!(
+            assign_size(1, 0, 14, true, 50, false),
+            AssignSize::Prefixes { count: 1, warm: 15 }
+        );
+        assert_eq!(
+            assign_size(16, 0, 14, true, 50, false),
+            AssignSize::Prefixes { count: 1, warm: 0 }
+        );
+        assert_eq!(
+            assign_size(20, 0, 14, true, 50, false),
+            AssignSize::Prefixes { count: 2, warm: 12 }
+        );
+    }
+
+    #[test]
+    fn warm_ups_fill_whole_prefixes_and_never_start_one() {
+        // 5 pods and 14 warm-ups: one /28 (19 would need a second, for warm-ups alone).
+        assert_eq!(
+            assign_size(5, 14, 14, true, 50, false),
+            AssignSize::Prefixes { count: 1, warm: 11 }
+        );
+        // 5 pods and 27 warm-ups fill two.
+        assert_eq!(
+            assign_size(5, 27, 14, true, 50, false),
+            AssignSize::Prefixes { count: 2, warm: 27 }
+        );
+        // A top-up of 10 alone: one /28.
+        assert_eq!(
+            assign_size(0, 10, 14, true, 50, false),
+            AssignSize::Prefixes { count: 1, warm: 16 }
+        );
+    }
+
+    #[test]
+    fn beyond_the_single_slots_a_small_top_up_takes_a_prefix_too() {
         // Three free slots, five addresses: singles do not fit, one /28 does.
         assert_eq!(
-            assign_size(5, 3, true, 50),
-            AssignSize::Prefixes {
-                count: 1,
-                extra: 11
-            }
+            assign_size(0, 5, 3, true, 50, false),
+            AssignSize::Prefixes { count: 1, warm: 16 }
         );
     }
 
     #[test]
     fn without_prefixes_tokens_or_slots_it_stays_single_ips() {
-        assert_eq!(assign_size(20, 14, false, 50), AssignSize::Singles(20));
-        // 12 tokens short of the rounding up.
-        assert_eq!(assign_size(20, 14, true, 11), AssignSize::Singles(20));
+        assert_eq!(assign_size(20, 0, 14, false, 50, false), AssignSize::Singles);
+        // 12 more tokens needed for the rounding up, 11 left.
+        assert_eq!(assign_size(20, 0, 14, true, 11, false), AssignSize::Singles);
+        // The warm-ups' own tokens count: 20 pods, 12 warm-ups held, none left.
+        assert_eq!(
+            assign_size(20, 12, 14, true, 0, false),
+            AssignSize::Prefixes { count: 2, warm: 12 }
+        );
         // Two prefixes wanted, one slot free.
-        assert_eq!(assign_size(20, 1, true, 50), AssignSize::Singles(20));
-        assert_eq!(assign_size(0, 14, true, 50), AssignSize::Singles(0));
+        assert_eq!(assign_size(20, 0, 1, true, 50, false), AssignSize::Singles);
+        assert_eq!(assign_size(0, 0, 14, true, 50, false), AssignSize::Singles);
     }
 
     #[test]
     fn a_create_follows_the_same_rule() {
-        assert_eq!(create_prefixes(20, 14, true, 50), Some(2));
-        assert_eq!(create_prefixes(3, 14, true, 50), None);
-        assert_eq!(create_prefixes(20, 14, false, 50), None);
+        assert_eq!(create_prefixes(20, 0, 14, true, 50, false), Some(2));
+        assert_eq!(create_prefixes(0, 3, 14, true, 50, false), None);
+        assert_eq!(create_prefixes(20, 0, 14, false, 50, false), None);
     }
 
     #[test]

@@ -86,22 +86,34 @@ impl PoolState {
             .get(eni)
             .map_or(0, |r| self.per_eni.saturating_sub(r.slots_used()));
         let size = growth::assign_size(
-            batch.count(),
+            batch.pods.len() as u32,
+            batch.warm,
             free_slots,
             true,
             self.capacity.available(),
+            self.demand.ongoing_burst(now).is_some(),
         );
         match size {
-            AssignSize::Prefixes { count, extra } => {
-                let got = self.capacity.take_up_to(extra);
-                debug_assert_eq!(got, extra, "assign_size checked the tokens");
+            AssignSize::Prefixes { count, warm } => {
                 let r = self.enis.get_mut(eni).expect("checked above");
-                r.inflight += got;
-                self.warming += got;
-                batch.warm += got;
-                AssignPlan::Prefixes { count, extra: got }
+                if warm >= batch.warm {
+                    let more = warm - batch.warm;
+                    let got = self.capacity.take_up_to(more);
+                    debug_assert_eq!(got, more, "assign_size checked the tokens");
+                    r.inflight += got;
+                    self.warming += got;
+                } else {
+                    // Warm-ups beyond whole prefixes wait for the next top-up.
+                    let less = batch.warm - warm;
+                    r.inflight = r.inflight.saturating_sub(less);
+                    self.warming = self.warming.saturating_sub(less);
+                    self.capacity.give_back(less);
+                }
+                let extra = warm.saturating_sub(batch.warm);
+                batch.warm = warm;
+                AssignPlan::Prefixes { count, extra }
             }
-            AssignSize::Singles(_) => {
+            AssignSize::Singles => {
                 batch.warm = self.fit_single_addresses(eni, &mut batch.pods, batch.warm);
                 AssignPlan::Ips {
                     count: batch.count(),

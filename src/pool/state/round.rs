@@ -146,6 +146,16 @@ impl PoolState {
         deadlines.chain(enis).chain(subnets).min()
     }
 
+    /// With burst prefixes, the node took the create path for a burst (an ENI of the default
+    /// network is being created) while EC2 throttles its assigns (`assign_contended`): one growth
+    /// call per burst, so the burst's later pods wait for that ENI's room, not for an assign on
+    /// eth0 too, which would take a token of the bucket other nodes' pods wait on.
+    fn committed_to_create(&self) -> bool {
+        self.burst_prefixes()
+            && self.assign_contended
+            && self.creating.values().any(|c| c.profile.is_none())
+    }
+
     /// Where a waiter of the default network (`default_network`) blocked by `err` goes
     /// ([`growth::blocked_path`]).
     fn blocked_path(
@@ -222,6 +232,12 @@ impl PoolState {
                 // The idle IP already holds a token; the waiter's goes back.
                 self.capacity.give_back(1);
                 self.fulfil(w, entry.ip, entry.eni, now);
+                continue;
+            }
+            if network.is_none() && self.committed_to_create() {
+                // The burst fell over to a new ENI while the assign bucket is dry: its pods wait
+                // for that ENI's room (step 3 counts it) rather than spend an assign as well.
+                self.create_waiters.push_back(w);
                 continue;
             }
             match self.pick_eni(now, network.as_ref()) {
@@ -417,11 +433,27 @@ impl PoolState {
             } else if self.config.prefix_delegation {
                 Some(count.div_ceil(PREFIX_ADDRESSES))
             } else {
-                growth::create_prefixes(count, self.per_eni, true, self.capacity.available())
+                growth::create_prefixes(
+                    n_wait,
+                    warm,
+                    self.per_eni,
+                    true,
+                    self.capacity.available(),
+                    self.demand.ongoing_burst(now).is_some(),
+                )
             };
             let mut whole = None;
             if let Some(k) = prefixes {
-                let extra = k * PREFIX_ADDRESSES - count;
+                let addresses = k * PREFIX_ADDRESSES;
+                if addresses < count {
+                    // Burst prefixes: warm-ups beyond whole prefixes wait for a later top-up.
+                    let dropped_warm = count - addresses;
+                    warm -= dropped_warm;
+                    self.capacity.give_back(dropped_warm);
+                    deficit += dropped_warm;
+                    count = addresses;
+                }
+                let extra = addresses - count;
                 let got = self.capacity.take_up_to(extra);
                 if got == extra {
                     warm += extra;
