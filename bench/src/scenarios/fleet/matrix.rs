@@ -372,6 +372,15 @@ fn header(s: &mut String, first: &str, rule: &str, of: &[&Runs<'_>]) {
     s.push('\n');
 }
 
+/// The bound's or the floor's figure, for the patterns they frame (a burst), else `—`.
+fn framed(r: &PairResult, f: impl Fn(&PairResult) -> f64) -> String {
+    if super::targets::has_bound(r.pattern) {
+        tenth(f(r))
+    } else {
+        "—".into()
+    }
+}
+
 /// Every run of every policy of a pattern, one row each.
 fn every_run(s: &mut String, of: &[&Runs<'_>]) {
     let _ = writeln!(
@@ -381,7 +390,7 @@ fn every_run(s: &mut String, of: &[&Runs<'_>]) {
     for r in of.iter().flat_map(|g| g.runs.iter()) {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {:.1} | {:.1} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {:.0} |",
             r.policy,
             r.run + 1,
             r.seed,
@@ -396,8 +405,8 @@ fn every_run(s: &mut String, of: &[&Runs<'_>]) {
             r.calls,
             r.throttled,
             r.retries,
-            super::targets::least_of(r).0,
-            r.floor.p99_s,
+            framed(r, |r| super::targets::least_of(r).0),
+            framed(r, |r| r.floor.p99_s),
             r.real_s
         );
     }

@@ -66,8 +66,17 @@ pub fn json(args: &FleetArgs, results: &[PairResult]) -> Value {
     let pairs: Vec<Value> = results
         .iter()
         .map(|r| {
-            let (least, _) = super::targets::least_of(r);
-            let (structure, _) = super::targets::bound_of(r);
+            // The bound and the floor frame a burst: patterns without one (churn, down-up) get none.
+            let framed = super::targets::has_bound(r.pattern);
+            let (least, structure, floor) = if framed {
+                (
+                    Some(super::targets::least_of(r).0),
+                    Some(super::targets::bound_of(r).0),
+                    Some(&r.floor),
+                )
+            } else {
+                (None, None, None)
+            };
             let actions: serde_json::Map<String, Value> = r
                 .by_action
                 .iter()
@@ -96,10 +105,10 @@ pub fn json(args: &FleetArgs, results: &[PairResult]) -> Value {
                 "free_per_node_at_start_median": r.start_free.1,
                 "account_bound_s": least,
                 "own_structure_last_call_s": structure,
-                "modelled_p99_floor_s": r.floor.p99_s,
-                "floor_nodes_by_assign": r.floor.by_assign,
-                "floor_nodes_by_creates": r.floor.by_chains,
-                "floor_nodes_by_both": r.floor.by_both,
+                "modelled_p99_floor_s": floor.map(|f| f.p99_s),
+                "floor_nodes_by_assign": floor.map(|f| f.by_assign),
+                "floor_nodes_by_creates": floor.map(|f| f.by_chains),
+                "floor_nodes_by_both": floor.map(|f| f.by_both),
                 "launch_to_pods_bound_median_s": median(&r.schedulable_s),
                 "boot_s": r.boot_s,
                 "ran_s": r.ran_s,
