@@ -418,6 +418,35 @@ mod tests {
         assert!((waits[0] - 10.5).abs() < 1e-9, "{waits:?}");
     }
 
+    /// Issue 46's scale-up, all asking at once: the greedy schedule splits the nodes between the
+    /// assign and the create buckets as the least bound does, so the last pods wait about the bound
+    /// (35 s) plus an assign's or a chain's latency.
+    #[test]
+    fn at_five_hundred_nodes_the_floor_lies_near_the_least_bound() {
+        use super::super::bound::{NodeStart, least_bound, node_alternatives};
+        let start = NodeStart {
+            free: 3,
+            room: 11,
+            per_new_eni: 14,
+            enis_left: 2,
+            prefix_room: 11 * 16,
+            prefix_per_new_eni: 14 * 16,
+        };
+        let t = Throttling::default();
+        let ways = node_alternatives(20, &start);
+        let nodes = vec![node(3, 0.0, ways.clone(), vec![0.0; 20]); 500];
+        let floor = model_floor(&nodes, &t, &LAT);
+        let (bound, _) = least_bound(&vec![ways; 500], &t);
+        assert!((34.9..=35.1).contains(&bound), "{bound}");
+        assert!(
+            (bound..=bound + LAT.create + LAT.attach).contains(&floor.p99_s),
+            "floor {} against the bound {bound}",
+            floor.p99_s
+        );
+        assert_eq!(floor.by_assign + floor.by_chains, 500);
+        assert!(floor.by_chains > 150, "{floor:?}");
+    }
+
     #[test]
     fn a_node_needing_both_waits_for_the_slower_part() {
         let t = Throttling::default();
