@@ -121,47 +121,6 @@ pub struct PairResult {
     pub real_s: f64,
 }
 
-#[cfg(test)]
-impl PairResult {
-    /// A pair that measured nothing: what the aggregation's tests fill in.
-    pub fn blank(pattern: Pattern, policy: Policy, run: usize) -> Self {
-        Self {
-            pattern,
-            policy,
-            run,
-            seed: 17 + run as u64,
-            pods: 0,
-            all_done_s: None,
-            waits_ms: Vec::new(),
-            add_waits_ms: Vec::new(),
-            last_wave_waits_ms: Vec::new(),
-            unserved: 0,
-            retries: 0,
-            throttle_retries: 0,
-            retry_reasons: Vec::new(),
-            release_errors: 0,
-            calls: 0,
-            mutating: 0,
-            throttled: 0,
-            free_series: Vec::new(),
-            free_mean: 0.0,
-            free_end: 0,
-            node_series: Vec::new(),
-            by_purpose: Vec::new(),
-            by_action: Vec::new(),
-            start_free: (0, 0),
-            start_short: 0,
-            min_calls: BTreeMap::new(),
-            alternatives: Vec::new(),
-            floor: Floor::default(),
-            schedulable_s: Vec::new(),
-            boot_s: 0.0,
-            ran_s: 0.0,
-            real_s: 0.0,
-        }
-    }
-}
-
 /// Runs the pair on its own thread and paused-clock runtime; blocks until it is done.
 pub fn run_pair(spec: PairSpec) -> anyhow::Result<PairResult> {
     let name = format!("fleet-{}", spec.tag().replace('/', "-"));

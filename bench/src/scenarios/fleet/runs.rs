@@ -131,7 +131,48 @@ pub fn json(args: &FleetArgs, results: &[PairResult]) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::scenarios::fleet::floor::Floor;
+
+    /// A pair that measured nothing: what the aggregation's tests fill in.
+    fn blank(pattern: Pattern, policy: Policy, run: usize) -> PairResult {
+        PairResult {
+            pattern,
+            policy,
+            run,
+            seed: 17 + run as u64,
+            pods: 0,
+            all_done_s: None,
+            waits_ms: Vec::new(),
+            add_waits_ms: Vec::new(),
+            last_wave_waits_ms: Vec::new(),
+            unserved: 0,
+            retries: 0,
+            throttle_retries: 0,
+            retry_reasons: Vec::new(),
+            release_errors: 0,
+            calls: 0,
+            mutating: 0,
+            throttled: 0,
+            free_series: Vec::new(),
+            free_mean: 0.0,
+            free_end: 0,
+            node_series: Vec::new(),
+            by_purpose: Vec::new(),
+            by_action: Vec::new(),
+            start_free: (0, 0),
+            start_short: 0,
+            min_calls: BTreeMap::new(),
+            alternatives: Vec::new(),
+            floor: Floor::default(),
+            schedulable_s: Vec::new(),
+            boot_s: 0.0,
+            ran_s: 0.0,
+            real_s: 0.0,
+        }
+    }
 
     #[test]
     fn run_zero_keeps_the_given_seed() {
@@ -145,7 +186,7 @@ mod tests {
     #[test]
     fn the_runs_of_a_pair_are_grouped_and_summarised() {
         let result = |policy, run, p99_ms: f64, free: f64| {
-            let mut r = PairResult::blank(Pattern::ScaleUp, policy, run);
+            let mut r = blank(Pattern::ScaleUp, policy, run);
             r.waits_ms = vec![p99_ms; 10];
             r.free_mean = free;
             r
