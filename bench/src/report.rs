@@ -38,6 +38,13 @@ pub enum Anchor {
     Measured { name: String, value: f64 },
     /// A published or computed figure (a bound, a threshold), not run here.
     Reference { name: String, value: f64 },
+    /// A figure of each run (measured in the same runs, or computed from each run's own start),
+    /// compared by its median run and printed with its range.
+    Across {
+        name: String,
+        across: AcrossRuns,
+        measured: bool,
+    },
     /// Nothing comparable can run here; why.
     None(String),
 }
@@ -101,6 +108,7 @@ impl Row {
     fn anchor_value(&self) -> Option<f64> {
         match &self.anchor {
             Anchor::Measured { value, .. } | Anchor::Reference { value, .. } => Some(*value),
+            Anchor::Across { across, .. } => Some(across.median),
             Anchor::None(_) => None,
         }
     }
@@ -168,6 +176,11 @@ impl Row {
     }
 }
 
+/// A figure over runs: the median run, and `[min – max]` when the runs differ.
+fn spread(a: &AcrossRuns, unit: Unit) -> String {
+    a.shown(|v| unit.format(v))
+}
+
 /// A distribution to plot.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Series {
@@ -218,21 +231,21 @@ impl ScenarioReport {
              | --- | --- | --- | --- | --- | --- |\n",
         );
         for r in &self.rows {
-            let ours = if r.ours.runs > 1 && r.ours.min != r.ours.max {
-                format!(
-                    "{} [{} – {}]",
-                    r.unit.format(r.ours.median),
-                    r.unit.format(r.ours.min),
-                    r.unit.format(r.ours.max)
-                )
-            } else {
-                r.unit.format(r.ours.median)
-            };
+            let ours = spread(&r.ours, r.unit);
             let anchor = match &r.anchor {
                 Anchor::Measured { name, value } => {
                     format!("{}: {} (measured)", name, r.unit.format(*value))
                 }
                 Anchor::Reference { name, value } => format!("{}: {}", name, r.unit.format(*value)),
+                Anchor::Across {
+                    name,
+                    across,
+                    measured,
+                } => format!(
+                    "{name}: {}{}",
+                    spread(across, r.unit),
+                    if *measured { " (measured)" } else { "" }
+                ),
                 Anchor::None(why) if why.is_empty() => "—".into(),
                 Anchor::None(why) => why.clone(),
             };

@@ -94,6 +94,17 @@ impl AcrossRuns {
         })
     }
 
+    /// As the tables print it: `fmt` of the median run, and ` [min – max]` after it when the runs
+    /// differ (one run, or runs that agree, print the figure alone).
+    pub fn shown(&self, fmt: impl Fn(f64) -> String) -> String {
+        let (min, max) = (fmt(self.min), fmt(self.max));
+        if self.runs > 1 && min != max {
+            format!("{} [{min} – {max}]", fmt(self.median))
+        } else {
+            fmt(self.median)
+        }
+    }
+
     /// Applies `stat` to each run's samples and summarises.
     pub fn of_runs(runs: &[Vec<f64>], stat: impl Fn(&[f64]) -> Option<f64>) -> Option<Self> {
         let per_run: Vec<f64> = runs.iter().filter_map(|r| stat(r)).collect();
@@ -189,5 +200,25 @@ mod tests {
         assert_eq!(AcrossRuns::of(&[]), None);
         let one = AcrossRuns::of(&[4.0]).unwrap();
         assert_eq!((one.median, one.min, one.max), (4.0, 4.0, 4.0));
+    }
+
+    #[test]
+    fn runs_are_shown_as_their_median_and_range_and_one_run_as_its_figure_alone() {
+        let secs = |v: f64| format!("{v:.1}");
+        let three = AcrossRuns::of(&[93.0, 86.5, 104.2]).unwrap();
+        assert_eq!(three.shown(secs), "93.0 [86.5 – 104.2]");
+        assert_eq!(AcrossRuns::of(&[93.0]).unwrap().shown(secs), "93.0");
+        // Runs that agree print one figure.
+        assert_eq!(AcrossRuns::of(&[4.0, 4.0, 4.0]).unwrap().shown(secs), "4.0");
+        // So do runs that differ below the figure's precision.
+        assert_eq!(
+            AcrossRuns::of(&[4.01, 4.0, 4.04]).unwrap().shown(secs),
+            "4.0"
+        );
+        // Two runs: the median is their mean.
+        assert_eq!(
+            AcrossRuns::of(&[1.0, 2.0]).unwrap().shown(secs),
+            "1.5 [1.0 – 2.0]"
+        );
     }
 }

@@ -127,6 +127,30 @@ impl Launched {
     }
 }
 
+/// When the daemon's taint keeper (`reconcile::api_server::node`) would lift the startup taint: at
+/// the first of its looks, every `check` from the daemon's start, that finds the pool warm (the
+/// keeper's own predicate, `node::warm`). The patch's round trip is not counted.
+pub async fn taint_lifted(
+    pool: &eniipam::pool::Pool,
+    started: Instant,
+    check: Duration,
+) -> Instant {
+    use eniipam::reconcile::api_server::node::warm;
+    let check = check.max(Duration::from_millis(1));
+    let mut at = started;
+    loop {
+        let now = Instant::now();
+        while at < now {
+            at += check;
+        }
+        tokio::time::sleep_until(at).await;
+        if warm(&pool.snapshot()) {
+            return at;
+        }
+        at += check;
+    }
+}
+
 /// Starts a daemon and connects to its gRPC server: once this returns, the node's server answers.
 pub async fn start(config: DaemonConfig) -> anyhow::Result<Node> {
     let handle = support::start_daemon(config).await?;

@@ -23,10 +23,11 @@ use tokio::time::Instant;
 
 use super::boot::{self, Launched, Node, warm_target};
 use super::bound::{Calls, NodeStart, fleet_min_calls, node_alternatives};
+use super::floor::{Floor, PathLatency, model_floor};
 use super::pods::{Drive, NodeIo, Recorder, running_name, spawn_drivers, spawn_node_driver};
 use super::policy::Policy;
 use super::spec::{INSTANCE, PairSpec};
-use super::traffic::{KUBELET_READY, Life, Pattern, Plan};
+use super::traffic::{KUBELET_READY, Life, Pattern, Plan, TAINT_TO_BIND};
 use crate::support::TempDir;
 
 /// A pod still without an IP this long after the pattern's window is given up (counted unserved,
@@ -53,13 +54,19 @@ pub struct PurposeCount {
 pub struct PairResult {
     pub pattern: Pattern,
     pub policy: Policy,
+    /// Which of `--runs` (0-based), and its seed.
+    pub run: usize,
+    pub seed: u64,
     /// Pods started during the pattern (not the ones running before it).
     pub pods: u64,
     /// From the last wave's start until its last pod had an IP, s (`None`: churn, or a pod never had
     /// one).
     pub all_done_s: Option<f64>,
-    /// Each pod's wait, ms, from its ADD's first attempt to its IP (retries included).
+    /// Each pod's wait, ms, from its ADD's first attempt to its IP (retries included); node-boot
+    /// with the startup taint modelled: from its node's launch.
     pub waits_ms: Vec<f64>,
+    /// Each pod's wait from its ADD's first attempt, whatever the pattern counts from.
+    pub add_waits_ms: Vec<f64>,
     /// The same for the last wave alone (down-up's second scale-up).
     pub last_wave_waits_ms: Vec<f64>,
     /// Pods that had no IP `OVERTIME` after the window (their waits are censored there).
@@ -100,8 +107,13 @@ pub struct PairResult {
     /// Each node's ways to serve its first wave, whatever the policy's call structure (see
     /// `bound::least_bound`).
     pub alternatives: Vec<Vec<Calls>>,
+    /// The modelled p99 floor of the first wave from these nodes' start (`floor`).
+    pub floor: Floor,
+    /// Node-boot: each node's time from its launch until its pods were bound (Ready, and with the
+    /// startup taint the taint lifted), s.
+    pub schedulable_s: Vec<f64>,
     /// Boot and settle, simulated seconds (node-boot: from the pattern's start until the last node
-    /// was Ready).
+    /// took pods).
     pub boot_s: f64,
     /// How long the pattern ran, simulated seconds (the window, or more while pods waited).
     pub ran_s: f64,
@@ -151,8 +163,9 @@ struct Slot {
     free: Option<(u32, bool)>,
     /// Its EC2 attempts before the pattern (none when it boots within it).
     calls_before: Purposes,
-    /// Node-boot: when it was Ready, from the pattern's start, s.
+    /// Node-boot: when it took pods, from the pattern's start, s, and from its launch.
     ready_s: Option<f64>,
+    schedulable_s: Option<f64>,
 }
 
 /// The fleet's nodes as they come up: all before the pattern, or each at its launch in node-boot.
@@ -221,7 +234,10 @@ fn go_realistic(mock: &MockCloud, pattern: Pattern, tasks: &Mutex<Vec<AbortHandl
 }
 
 /// Node-boot: node `i`'s eniipamd starts at its launch instant on the pattern's cloud; it is
-/// counted from empty; `KUBELET_READY` after its gRPC server answers, its pods start.
+/// counted from empty; `KUBELET_READY` after its gRPC server answers its pods start, or with the
+/// startup taint on eniipam's nodes, `TAINT_TO_BIND` after the daemon would lift the taint if that is
+/// later (the VPC CNI has no such taint: its nodes take pods at Ready). With the taint modelled,
+/// every policy's pod waits run from the node's launch.
 fn spawn_node_boot(
     i: usize,
     launched: &Arc<Launched>,
@@ -235,9 +251,17 @@ fn spawn_node_boot(
     let launch = plan.launches[i];
     let pods: Vec<_> = plan.pods.iter().filter(|p| p.node == i).copied().collect();
     let (prefix, lookahead) = (spec.policy.prefix(), spec.lookahead);
+    let gated = spec.startup_taint && !spec.policy.is_vpc_cni();
+    let from_launch = spec.startup_taint;
     let h = tokio::spawn(async move {
-        tokio::time::sleep_until(d.t0 + launch).await;
-        let node = match async { boot::start(launched.config(i)?).await }.await {
+        let launched_at = d.t0 + launch;
+        tokio::time::sleep_until(launched_at).await;
+        let started = async {
+            let config = launched.config(i)?;
+            let check = Duration::from_secs(config.node_check_secs);
+            anyhow::Ok((boot::start(config).await?, check))
+        };
+        let (node, check) = match started.await {
             Ok(n) => n,
             Err(e) => {
                 let mut failed = fleet.failed.lock().expect("failed");
@@ -250,20 +274,23 @@ fn spawn_node_boot(
             lookahead: lookahead.then(|| node.handle.pool.clone()),
         };
         let empty = NodeStart::empty(&node.handle.pool.snapshot(), slots_per_eni, prefix);
+        let pool = node.handle.pool.clone();
         fleet.with(|s| {
             s[i].start = Some(empty);
             s[i].node = Some(node);
         });
-        tokio::time::sleep(KUBELET_READY).await;
-        let ready = Instant::now();
+        let mut ready = Instant::now() + KUBELET_READY;
+        if gated {
+            ready = ready.max(boot::taint_lifted(&pool, launched_at, check).await + TAINT_TO_BIND);
+        }
+        tokio::time::sleep_until(ready).await;
         fleet.with(|s| {
-            s[i].free = s[i]
-                .node
-                .as_ref()
-                .map(|n| standing(&n.handle.pool.snapshot()));
+            s[i].free = Some(standing(&pool.snapshot()));
             s[i].ready_s = Some((ready - d.t0).as_secs_f64());
+            s[i].schedulable_s = Some((ready - launched_at).as_secs_f64());
         });
-        spawn_node_driver(i, pods, io, ready, &d);
+        let since = from_launch.then_some(launched_at);
+        spawn_node_driver(i, pods, io, (ready, since), &d);
     });
     drive.tasks.lock().expect("tasks").push(h.abort_handle());
 }
@@ -425,6 +452,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
     let mut frees = Vec::with_capacity(slots.len());
     let mut nodes = Vec::with_capacity(slots.len());
     let mut boot_s = settled_s.unwrap_or(0.0);
+    let mut schedulable_s = Vec::new();
     for (i, slot) in slots.into_iter().enumerate() {
         let n = slot
             .node
@@ -442,6 +470,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         starts.push(slot.start.context("a node with no start")?);
         frees.push(slot.free.unwrap_or((0, true)));
         boot_s = boot_s.max(slot.ready_s.unwrap_or(0.0));
+        schedulable_s.extend(slot.schedulable_s);
         nodes.push(n);
     }
     let by_purpose = by_purpose
@@ -459,11 +488,16 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         first_wave[p.node] += 1;
     }
     let min_calls = fleet_min_calls(&first_wave, &starts);
-    let alternatives = first_wave
+    let alternatives: Vec<Vec<Calls>> = first_wave
         .iter()
         .zip(&starts)
         .map(|(p, n)| node_alternatives(*p, n))
         .collect();
+    let floor = model_floor(
+        &super::floor::nodes_of(&spec, &plan, &starts, &alternatives),
+        &super::tenant::buckets_left(spec.pattern),
+        &PathLatency::of(&LatencyProfile::realistic()),
+    );
     let (start_free, start_short) = at_start(&frees);
     // All at once: a daemon waiting out a throttling pause takes its grace period to stop.
     futures::future::join_all(nodes.into_iter().map(|n| n.handle.shutdown())).await;
@@ -477,6 +511,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
     let records = std::mem::take(&mut *rec.records.lock().expect("records"));
     let unserved = records.iter().filter(|r| !r.served).count() as u64;
     let waits_ms: Vec<f64> = records.iter().map(|r| r.wait_ms).collect();
+    let add_waits_ms: Vec<f64> = records.iter().map(|r| r.add_wait_ms).collect();
     let last_wave_waits_ms: Vec<f64> = records
         .iter()
         .filter(|r| r.wave == last_wave)
@@ -493,9 +528,12 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
     let result = PairResult {
         pattern: spec.pattern,
         policy: spec.policy,
+        run: spec.run,
+        seed: spec.seed,
         pods: expected,
         all_done_s,
         waits_ms,
+        add_waits_ms,
         last_wave_waits_ms,
         unserved,
         retries: rec.retries.load(Ordering::Relaxed),
@@ -526,6 +564,8 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         start_short,
         min_calls,
         alternatives,
+        floor,
+        schedulable_s,
         boot_s,
         ran_s,
         real_s: real.elapsed().as_secs_f64(),

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use super::harness::{self, PairResult};
+use super::runs::Runs;
 use super::{FleetArgs, Pattern, p};
 use crate::report::ScenarioReport;
 
@@ -13,10 +14,50 @@ fn secs(v: f64) -> String {
     format!("{v:.2}")
 }
 
-/// `fleet.md`: the full matrix, calls by purpose, the targets and the plots.
+fn whole(v: f64) -> String {
+    format!("{v:.0}")
+}
+
+/// `f` over `g`'s runs as a cell: the median run, `[min – max]` when they differ.
+fn cell(g: &Runs<'_>, f: impl Fn(&PairResult) -> f64, fmt: fn(f64) -> String) -> String {
+    g.across(f).shown(fmt)
+}
+
+/// "All have IPs": the time when every run served every pod, else how many runs did not.
+fn done_cell(g: &Runs<'_>, pattern: Pattern) -> String {
+    if !pattern.has_finish() {
+        return "n/a".into();
+    }
+    let missed: Vec<&&PairResult> = g.runs.iter().filter(|r| r.all_done_s.is_none()).collect();
+    match (missed.len(), g.runs.len()) {
+        (0, _) => cell(g, |r| r.all_done_s.unwrap_or(0.0), secs),
+        (_, 1) => format!("NO: {} unserved", g.first().unserved),
+        (k, n) => format!(
+            "NO in {k} of {n} runs: {} unserved",
+            missed
+                .iter()
+                .map(|r| r.unserved.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// Calls and throttled calls over the runs, `—` when no run made any.
+fn calls_cell(g: &Runs<'_>, count: impl Fn(&PairResult) -> Option<(u64, u64)>) -> String {
+    if g.runs.iter().all(|r| count(r).is_none()) {
+        return "—".into();
+    }
+    let calls = cell(g, |r| count(r).map_or(0, |c| c.0) as f64, whole);
+    let throttled = cell(g, |r| count(r).map_or(0, |c| c.1) as f64, whole);
+    format!("{calls} ({throttled})")
+}
+
+/// `fleet.md`: the full matrix, calls by purpose, the targets and the plots; with several runs each
+/// cell is the median run and its range, and a last table per pattern lists every run.
 pub fn matrix(
     args: &FleetArgs,
-    results: &[PairResult],
+    groups: &[Runs<'_>],
     report: &ScenarioReport,
     plots: &BTreeMap<Pattern, (PathBuf, PathBuf, PathBuf)>,
     failures: &[String],
@@ -26,8 +67,16 @@ pub fn matrix(
         let _ = writeln!(s, "- {line}");
     }
     let _ = writeln!(s, "\nReproduce: `{}`\n", report.reproduce);
+    let several = args.runs > 1;
+    if several {
+        let _ = writeln!(
+            s,
+            "Each cell is the median of {} runs with its range [min – max] (run r on seed {} + r); every run is listed at the end of each pattern and in `fleet.json`; the plots draw run 1.\n",
+            args.runs, args.seed
+        );
+    }
     for &pattern in &args.patterns {
-        let of: Vec<&PairResult> = results.iter().filter(|r| r.pattern == pattern).collect();
+        let of: Vec<&Runs<'_>> = groups.iter().filter(|g| g.pattern == pattern).collect();
         if of.is_empty() {
             continue;
         }
@@ -48,57 +97,54 @@ pub fn matrix(
             s.push_str("---|");
         }
         s.push_str("---|---|---|---|---|---|---|---|---|---|---|---|\n");
-        for r in &of {
-            let done = match (r.all_done_s, pattern.has_finish()) {
-                (Some(v), _) => secs(v),
-                (None, false) => "n/a".into(),
-                (None, true) => format!("NO: {} unserved", r.unserved),
-            };
+        for g in &of {
             let _ = write!(
                 s,
                 "| {} | {} | {} | {} | {} |",
-                r.policy,
-                r.pods,
-                done,
-                secs(p(&r.waits_ms, 50.0)),
-                secs(p(&r.waits_ms, 99.0))
+                g.policy,
+                g.first().pods,
+                done_cell(g, pattern),
+                cell(g, |r| p(&r.waits_ms, 50.0), secs),
+                cell(g, |r| p(&r.waits_ms, 99.0), secs)
             );
             if two_waves {
                 let _ = write!(
                     s,
                     " {} / {} |",
-                    secs(p(&r.last_wave_waits_ms, 50.0)),
-                    secs(p(&r.last_wave_waits_ms, 99.0))
+                    cell(g, |r| p(&r.last_wave_waits_ms, 50.0), secs),
+                    cell(g, |r| p(&r.last_wave_waits_ms, 99.0), secs)
                 );
             }
             let _ = writeln!(
                 s,
-                " {:.0} | {} | {} | {:.2} | {} | {} | {} | {} | {} / {} | {:.0} | {:.0} | {:.0} |",
-                r.free_mean,
-                r.free_end,
-                r.calls,
-                r.calls as f64 / r.pods.max(1) as f64,
-                r.mutating,
-                r.throttled,
-                r.retries,
-                r.throttle_retries,
-                r.start_free.0,
-                r.start_free.1,
-                r.boot_s,
-                r.ran_s,
-                r.real_s
+                " {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} |",
+                cell(g, |r| r.free_mean, whole),
+                cell(g, |r| r.free_end as f64, whole),
+                cell(g, |r| r.calls as f64, whole),
+                cell(g, |r| r.calls as f64 / r.pods.max(1) as f64, secs),
+                cell(g, |r| r.mutating as f64, whole),
+                cell(g, |r| r.throttled as f64, whole),
+                cell(g, |r| r.retries as f64, whole),
+                cell(g, |r| r.throttle_retries as f64, whole),
+                cell(g, |r| f64::from(r.start_free.0), whole),
+                cell(g, |r| f64::from(r.start_free.1), whole),
+                cell(g, |r| r.boot_s, whole),
+                cell(g, |r| r.ran_s, whole),
+                cell(g, |r| r.real_s, whole)
             );
         }
         let odd: Vec<String> = of
             .iter()
+            .flat_map(|g| g.runs.iter())
             .filter(|r| r.start_short > 0 || r.unserved > 0 || r.release_errors > 0)
             .map(|r| {
                 format!(
-                    "{}: {} nodes below their warm target {}, {} pods unserved, {} releases failed",
+                    "{}{}: {} nodes below their warm target {}, {} pods unserved, {} releases failed",
                     r.policy,
+                    if several { format!(" (run {})", r.run + 1) } else { String::new() },
                     r.start_short,
                     if pattern.boots_in_pattern() {
-                        "when Ready"
+                        "when they took pods"
                     } else {
                         "at the start"
                     },
@@ -110,129 +156,93 @@ pub fn matrix(
         if !odd.is_empty() {
             let _ = writeln!(s, "\nNote: {}.", odd.join("; "));
         }
-        if super::targets::has_bound(pattern) {
-            let bounds: Vec<String> = of
+        if pattern == Pattern::NodeBoot && args.startup_taint {
+            let lines: Vec<String> = of
                 .iter()
-                .map(|r| {
-                    let (least, ways) = super::targets::least_of(r);
-                    let (secs, parts) = super::targets::bound_of(r);
+                .map(|g| {
                     format!(
-                        "- {}: {least:.1} s, least over call structures ({ways}); its own structure's last-call time {secs:.1} s ({parts})",
-                        r.policy
+                        "- {}: p99 from the first ADD {} s; from launch to its pods bound, median over nodes {} s, slowest node {} s",
+                        g.policy,
+                        cell(g, |r| p(&r.add_waits_ms, 99.0), secs),
+                        cell(g, |r| crate::stats::median(&r.schedulable_s).unwrap_or(0.0), secs),
+                        cell(g, |r| r.schedulable_s.iter().copied().fold(0.0, f64::max), secs)
                     )
                 })
                 .collect();
             let _ = writeln!(
                 s,
-                "\nThe account bound, per policy (the least time the account's buckets need for one of the ways EC2 allows each node to grow, from that policy's nodes at the start{}; beside it the last-call time of the policy's own structure, which is not a bound; `docs/performance.md`):\n\n{}",
+                "\nWaits above run from each node's launch (the startup taint modelled). Beside them:\n\n{}",
+                lines.join("\n")
+            );
+        }
+        if super::targets::has_bound(pattern) {
+            let bounds: Vec<String> = of
+                .iter()
+                .map(|g| {
+                    let (_, ways) = super::targets::least_of(g.first());
+                    let (_, parts) = super::targets::bound_of(g.first());
+                    let f = &g.first().floor;
+                    format!(
+                        "- {}: account bound {} s, least over call structures ({ways}); modelled p99 floor {} s ({} nodes by one assign, {} by creates, {} by both; a model, not a bound); its own structure's last-call time {} s ({parts})",
+                        g.policy,
+                        cell(g, |r| super::targets::least_of(r).0, tenth),
+                        cell(g, |r| r.floor.p99_s, tenth),
+                        f.by_assign,
+                        f.by_chains,
+                        f.by_both,
+                        cell(g, |r| super::targets::bound_of(r).0, tenth),
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "\nThe account bound, per policy (the least time the account's buckets need for one of the ways EC2 allows each node to grow, from that policy's nodes at the start{}), the modelled p99 floor from the same start (the report's legend says what it assumes), and the last-call time of the policy's own structure, which is not a bound; `docs/performance.md`{}:\n\n{}",
                 match pattern {
                     Pattern::NodeBoot => ", each node counted from empty",
                     Pattern::AccountContention =>
                         ", on the buckets the other tenant leaves: burst/2 and refill/2",
                     _ => "",
                 },
+                if several {
+                    "; the ways and parts are run 1's"
+                } else {
+                    ""
+                },
                 bounds.join("\n")
             );
         }
         let reasons: Vec<String> = of
             .iter()
-            .filter(|r| !r.retry_reasons.is_empty())
-            .map(|r| {
-                let top: Vec<String> = r
-                    .retry_reasons
+            .filter_map(|g| {
+                let mut sum: BTreeMap<&str, u64> = BTreeMap::new();
+                for r in &g.runs {
+                    for (why, n) in &r.retry_reasons {
+                        *sum.entry(why.as_str()).or_default() += n;
+                    }
+                }
+                let mut v: Vec<(&str, u64)> = sum.into_iter().collect();
+                v.sort_by_key(|r| std::cmp::Reverse(r.1));
+                let top: Vec<String> = v
                     .iter()
                     .take(3)
                     .map(|(why, n)| format!("{n} × `{why}`"))
                     .collect();
-                format!("- {}: {}", r.policy, top.join("; "))
+                (!top.is_empty()).then(|| format!("- {}: {}", g.policy, top.join("; ")))
             })
             .collect();
         if !reasons.is_empty() {
             let _ = writeln!(
                 s,
-                "\nWhy ADDs failed (and were retried), the most frequent reasons:\n\n{}",
+                "\nWhy ADDs failed (and were retried), the most frequent reasons{}:\n\n{}",
+                if several {
+                    ", summed over the runs"
+                } else {
+                    ""
+                },
                 reasons.join("\n")
             );
         }
-        // Calls by action, as EC2 (mockcloud) counted them: rows actions, a column per policy.
-        let actions: BTreeSet<&str> = of
-            .iter()
-            .flat_map(|r| r.by_action.iter().map(|a| a.0.as_str()))
-            .collect();
-        if !actions.is_empty() {
-            let _ = writeln!(
-                s,
-                "\nEC2 calls by action, as mockcloud counted them (throttled in brackets):\n"
-            );
-            s.push_str("| action |");
-            for r in &of {
-                let _ = write!(s, " {} |", r.policy);
-            }
-            s.push_str("\n|---|");
-            for _ in &of {
-                s.push_str("---|");
-            }
-            s.push('\n');
-            for action in actions {
-                let _ = write!(s, "| {action} |");
-                for r in &of {
-                    let cell = r
-                        .by_action
-                        .iter()
-                        .find(|a| a.0 == action)
-                        .map_or("—".into(), |a| format!("{} ({})", a.1, a.2));
-                    let _ = write!(s, " {cell} |");
-                }
-                s.push('\n');
-            }
-        }
-        // Calls by purpose: rows (purpose, api), a column per policy.
-        let mut keys: BTreeSet<(&str, &str)> = BTreeSet::new();
-        for r in &of {
-            for c in &r.by_purpose {
-                keys.insert((c.purpose, c.api.as_str()));
-            }
-        }
-        if !keys.is_empty() {
-            let _ = writeln!(
-                s,
-                "\nEC2 attempts by purpose, summed over the daemons (throttled in brackets):\n"
-            );
-            s.push_str("| purpose | API |");
-            for r in &of {
-                let _ = write!(s, " {} |", r.policy);
-            }
-            s.push_str("\n|---|---|");
-            for _ in &of {
-                s.push_str("---|");
-            }
-            s.push('\n');
-            let purposes: BTreeSet<&str> = keys.iter().map(|k| k.0).collect();
-            for purpose in purposes {
-                for &(_, api) in keys.iter().filter(|k| k.0 == purpose) {
-                    let _ = write!(s, "| {purpose} | {api} |");
-                    for r in &of {
-                        let cell = r
-                            .by_purpose
-                            .iter()
-                            .find(|c| c.purpose == purpose && c.api == api)
-                            .map_or("—".into(), |c| format!("{} ({})", c.calls, c.throttled));
-                        let _ = write!(s, " {cell} |");
-                    }
-                    s.push('\n');
-                }
-                let _ = write!(s, "| **{purpose}, all** | |");
-                for r in &of {
-                    let (c, t) = r
-                        .by_purpose
-                        .iter()
-                        .filter(|c| c.purpose == purpose)
-                        .fold((0, 0), |(c, t), x| (c + x.calls, t + x.throttled));
-                    let _ = write!(s, " **{c} ({t})** |");
-                }
-                s.push('\n');
-            }
-        }
+        calls_tables(&mut s, &of);
         if let Some(d) = super::pareto::dominance(&of) {
             let _ = writeln!(s, "\n{}.", super::pareto::sentence(pattern, &d));
         }
@@ -255,6 +265,9 @@ pub fn matrix(
                 name(pareto)
             );
         }
+        if several {
+            every_run(&mut s, &of);
+        }
         s.push('\n');
     }
     if !report.rows.is_empty() {
@@ -268,4 +281,133 @@ pub fn matrix(
         let _ = writeln!(s, "\n**FAILED**: {f}");
     }
     s
+}
+
+fn tenth(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+/// Calls by action as mockcloud counted them, and attempts by purpose as the daemons did: rows the
+/// actions (purposes), a column per policy.
+fn calls_tables(s: &mut String, of: &[&Runs<'_>]) {
+    let actions: BTreeSet<&str> = of
+        .iter()
+        .flat_map(|g| g.runs.iter())
+        .flat_map(|r| r.by_action.iter().map(|a| a.0.as_str()))
+        .collect();
+    if !actions.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nEC2 calls by action, as mockcloud counted them (throttled in brackets):\n"
+        );
+        header(s, "| action |", "\n|---|", of);
+        for action in actions {
+            let _ = write!(s, "| {action} |");
+            for g in of {
+                let c = calls_cell(g, |r| {
+                    r.by_action
+                        .iter()
+                        .find(|a| a.0 == action)
+                        .map(|a| (a.1, a.2))
+                });
+                let _ = write!(s, " {c} |");
+            }
+            s.push('\n');
+        }
+    }
+    let mut keys: BTreeSet<(&str, &str)> = BTreeSet::new();
+    for r in of.iter().flat_map(|g| g.runs.iter()) {
+        for c in &r.by_purpose {
+            keys.insert((c.purpose, c.api.as_str()));
+        }
+    }
+    if keys.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nEC2 attempts by purpose, summed over the daemons (throttled in brackets):\n"
+    );
+    header(s, "| purpose | API |", "\n|---|---|", of);
+    let purposes: BTreeSet<&str> = keys.iter().map(|k| k.0).collect();
+    for purpose in purposes {
+        for &(_, api) in keys.iter().filter(|k| k.0 == purpose) {
+            let _ = write!(s, "| {purpose} | {api} |");
+            for g in of {
+                let c = calls_cell(g, |r| {
+                    r.by_purpose
+                        .iter()
+                        .find(|c| c.purpose == purpose && c.api == api)
+                        .map(|c| (c.calls, c.throttled))
+                });
+                let _ = write!(s, " {c} |");
+            }
+            s.push('\n');
+        }
+        let _ = write!(s, "| **{purpose}, all** | |");
+        for g in of {
+            let sum = |r: &PairResult| {
+                r.by_purpose
+                    .iter()
+                    .filter(|c| c.purpose == purpose)
+                    .fold((0, 0), |(c, t), x| (c + x.calls, t + x.throttled))
+            };
+            let c = cell(g, |r| sum(r).0 as f64, whole);
+            let t = cell(g, |r| sum(r).1 as f64, whole);
+            let _ = write!(s, " **{c} ({t})** |");
+        }
+        s.push('\n');
+    }
+}
+
+fn header(s: &mut String, first: &str, rule: &str, of: &[&Runs<'_>]) {
+    s.push_str(first);
+    for g in of {
+        let _ = write!(s, " {} |", g.policy);
+    }
+    s.push_str(rule);
+    for _ in of {
+        s.push_str("---|");
+    }
+    s.push('\n');
+}
+
+/// The bound's or the floor's figure, for the patterns they frame (a burst), else `—`.
+fn framed(r: &PairResult, f: impl Fn(&PairResult) -> f64) -> String {
+    if super::targets::has_bound(r.pattern) {
+        tenth(f(r))
+    } else {
+        "—".into()
+    }
+}
+
+/// Every run of every policy of a pattern, one row each.
+fn every_run(s: &mut String, of: &[&Runs<'_>]) {
+    let _ = writeln!(
+        s,
+        "\nEvery run:\n\n| policy | run | seed | all have IPs, s | p50 wait, s | p99 wait, s | free IPs, mean | EC2 calls | throttled | ADD retries | account bound, s | modelled p99 floor, s | real s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in of.iter().flat_map(|g| g.runs.iter()) {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {:.0} |",
+            r.policy,
+            r.run + 1,
+            r.seed,
+            match (r.all_done_s, r.pattern.has_finish()) {
+                (Some(v), _) => secs(v),
+                (None, false) => "n/a".into(),
+                (None, true) => format!("NO: {} unserved", r.unserved),
+            },
+            secs(p(&r.waits_ms, 50.0)),
+            secs(p(&r.waits_ms, 99.0)),
+            r.free_mean,
+            r.calls,
+            r.throttled,
+            r.retries,
+            framed(r, |r| super::targets::least_of(r).0),
+            framed(r, |r| r.floor.p99_s),
+            r.real_s
+        );
+    }
 }

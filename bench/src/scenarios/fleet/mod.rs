@@ -11,6 +11,8 @@
 //! - `boot`: the nodes' instances and daemons, started before the pattern or (node-boot) within it.
 //! - `tenant`: account-contention's other tenant, spending the account's buckets.
 //! - `bound`: the account bound of a pattern's pods.
+//! - `floor`: the modelled p99 floor (a model, not a bound) of a pattern's pods.
+//! - `runs`: `--runs N`, every pair N times; the median run and the range.
 //! - `pods`: the pattern's pods (ADD retried as kubelet does, DEL at the end of their life) and the
 //!   recorder of what they saw.
 //! - `chart`: the per-pattern plots.
@@ -21,11 +23,13 @@
 mod boot;
 mod bound;
 mod chart;
+mod floor;
 mod harness;
 mod matrix;
 mod pareto;
 mod pods;
 mod policy;
+mod runs;
 mod spec;
 mod targets;
 mod tenant;
@@ -79,6 +83,11 @@ pub struct FleetArgs {
     pub seed: u64,
     /// Each daemon's lookahead is fed the pods bound to its node (`--fleet-lookahead`).
     pub lookahead: bool,
+    /// Node-boot models eniipam's startup taint and counts waits from launch
+    /// (`--fleet-startup-taint`).
+    pub startup_taint: bool,
+    /// Every pair this many times, run `r` on seed `seed + r` (`--runs`).
+    pub runs: usize,
     /// Where `fleet.md` and the plots go.
     pub out: PathBuf,
     /// `--out` as given, for the reproduce line.
@@ -144,6 +153,12 @@ impl FleetArgs {
         if !self.lookahead {
             s.push_str(" --fleet-lookahead off");
         }
+        if !self.startup_taint {
+            s.push_str(" --fleet-startup-taint off");
+        }
+        if self.runs > 1 {
+            let _ = write!(s, " --runs {}", self.runs);
+        }
         if let Some(out) = &self.out_given {
             let _ = write!(s, " --out {}", out.display());
         }
@@ -152,17 +167,20 @@ impl FleetArgs {
 }
 
 pub async fn run(args: &FleetArgs) -> anyhow::Result<ScenarioReport> {
-    let specs: Vec<PairSpec> = args
-        .patterns
-        .iter()
-        .flat_map(|&pattern| {
-            args.policies.iter().map(move |&policy| PairSpec {
-                pattern,
-                policy,
-                nodes: args.nodes,
-                pods_per_node: args.pods_per_node,
-                seed: args.seed,
-                lookahead: args.lookahead,
+    // Run by run: the first run's pairs all come before the second's.
+    let specs: Vec<PairSpec> = (0..args.runs.max(1))
+        .flat_map(|run| {
+            args.patterns.iter().flat_map(move |&pattern| {
+                args.policies.iter().map(move |&policy| PairSpec {
+                    pattern,
+                    policy,
+                    nodes: args.nodes,
+                    pods_per_node: args.pods_per_node,
+                    seed: runs::seed_of(args.seed, run),
+                    lookahead: args.lookahead,
+                    startup_taint: args.startup_taint,
+                    run,
+                })
             })
         })
         .collect();
@@ -176,26 +194,25 @@ pub async fn run(args: &FleetArgs) -> anyhow::Result<ScenarioReport> {
     for (spec, outcome) in outcomes {
         match outcome {
             Ok(r) => results.push(r),
-            Err(e) => failures.push(format!(
-                "{}/{}: {e:#}",
-                spec.pattern.name(),
-                spec.policy.name()
-            )),
+            Err(e) => failures.push(format!("{}: {e:#}", spec.tag())),
         }
     }
-    let report = targets::report(args, &results);
+    let groups = runs::group(&results);
+    let report = targets::report(args, &groups);
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let mut plots = BTreeMap::new();
     for &pattern in &args.patterns {
-        let of: Vec<&PairResult> = results.iter().filter(|r| r.pattern == pattern).collect();
+        let of: Vec<&runs::Runs<'_>> = groups.iter().filter(|g| g.pattern == pattern).collect();
         if of.is_empty() {
             continue;
         }
-        let drawn = chart::fleet_free(&args.out, pattern, &of).and_then(|a| {
+        // The time series of the first run; the Pareto points are the median runs'.
+        let first: Vec<&PairResult> = of.iter().map(|g| g.first()).collect();
+        let drawn = chart::fleet_free(&args.out, pattern, &first).and_then(|a| {
             Ok((
                 a,
-                chart::one_node(&args.out, pattern, &of)?,
+                chart::one_node(&args.out, pattern, &first)?,
                 pareto::plot(&args.out, pattern, &of)?,
             ))
         });
@@ -206,9 +223,14 @@ pub async fn run(args: &FleetArgs) -> anyhow::Result<ScenarioReport> {
             Err(e) => eprintln!("NOTICE: fleet {pattern}: no plot: {e:#}"),
         }
     }
-    let md = matrix::matrix(args, &results, &report, &plots, &failures);
+    let md = matrix::matrix(args, &groups, &report, &plots, &failures);
     let path = args.out.join("fleet.md");
     std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    let path = args.out.join("fleet.json");
+    let json =
+        serde_json::to_string_pretty(&runs::json(args, &results)).context("the runs as JSON")?;
+    std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("wrote {}", path.display());
     if !failures.is_empty() {
         return Err(anyhow!(

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 
 use super::chart::err;
-use super::harness::PairResult;
 use super::policy::Policy;
+use super::runs::Runs;
 use super::traffic::Pattern;
 
 /// One policy's place: (free IPs, mean; p99 wait, s).
@@ -21,10 +21,11 @@ pub struct Point {
 }
 
 impl Point {
-    pub fn of(r: &PairResult) -> Self {
+    /// A policy's point: its median run's free IPs and p99 wait (each axis's median on its own).
+    pub fn of(g: &Runs<'_>) -> Self {
         Self {
-            free: r.free_mean,
-            p99_s: super::p(&r.waits_ms, 99.0),
+            free: g.across(|r| r.free_mean).median,
+            p99_s: g.across(|r| super::p(&r.waits_ms, 99.0)).median,
         }
     }
 
@@ -46,7 +47,7 @@ pub struct Dominance {
 }
 
 /// `None` when the pattern has no eniipam default in `results`.
-pub fn dominance(results: &[&PairResult]) -> Option<Dominance> {
+pub fn dominance(results: &[&Runs<'_>]) -> Option<Dominance> {
     let ours = Point::of(results.iter().find(|r| r.policy == Policy::Eniipam)?);
     let mut d = Dominance::default();
     for r in results.iter().filter(|r| r.policy.is_vpc_cni()) {
@@ -78,13 +79,13 @@ pub fn sentence(pattern: Pattern, d: &Dominance) -> String {
 }
 
 /// `fleet-pareto-<pattern>.png`.
-pub fn plot(dir: &Path, pattern: Pattern, results: &[&PairResult]) -> anyhow::Result<PathBuf> {
+pub fn plot(dir: &Path, pattern: Pattern, results: &[&Runs<'_>]) -> anyhow::Result<PathBuf> {
     let path = dir.join(format!("fleet-pareto-{}.png", pattern.name()));
     draw(&path, pattern, results)?;
     Ok(path)
 }
 
-fn draw(path: &Path, pattern: Pattern, results: &[&PairResult]) -> anyhow::Result<()> {
+fn draw(path: &Path, pattern: Pattern, results: &[&Runs<'_>]) -> anyhow::Result<()> {
     let text = crate::plot::fonts();
     let points: Vec<(Policy, Point)> = results.iter().map(|r| (r.policy, Point::of(r))).collect();
     let x_max = points.iter().map(|p| p.1.free).fold(1.0, f64::max) * 1.15;

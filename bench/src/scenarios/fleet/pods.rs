@@ -52,6 +52,14 @@ pub const KUBELET_JITTER: f64 = 0.5;
 pub const BIND_TO_ADD: (Duration, Duration) =
     (Duration::from_millis(200), Duration::from_millis(600));
 
+/// The `i`th pod of `node`'s own stream: a pod's lead and retries do not depend on the order pods
+/// run in, and the floor model (`super::floor`) draws the same leads.
+pub fn pod_rng(seed: u64, node: usize, i: usize) -> StdRng {
+    StdRng::seed_from_u64(
+        seed ^ ((node as u64) << 32 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    )
+}
+
 /// One pod's lead from binding to ADD, drawn from `rng`.
 pub fn bind_to_add(rng: &mut impl Rng) -> Duration {
     let (lo, hi) = BIND_TO_ADD;
@@ -117,17 +125,18 @@ pub fn spawn_drivers(plan: &Plan, nodes: &[NodeIo], drive: &Drive) {
         by_node.entry(p.node).or_default().push(*p);
     }
     for (node, pods) in by_node {
-        spawn_node_driver(node, pods, nodes[node].clone(), drive.t0, drive);
+        spawn_node_driver(node, pods, nodes[node].clone(), (drive.t0, None), drive);
     }
 }
 
 /// The task that binds `node`'s pods, each at `origin` + its `start` (the pattern's start, or in
-/// node-boot the node's Ready); each pod's ADD follows [`bind_to_add`] later.
+/// node-boot the instant the node takes pods); each pod's ADD follows [`bind_to_add`] later. A
+/// pod's wait runs from `since` when given (node-boot: the node's launch), else from its ADD.
 pub fn spawn_node_driver(
     node: usize,
     pods: Vec<PodPlan>,
     io: NodeIo,
-    origin: Instant,
+    (origin, since): (Instant, Option<Instant>),
     drive: &Drive,
 ) {
     let d = drive.clone();
@@ -136,10 +145,7 @@ pub fn spawn_node_driver(
         for (i, p) in pods.into_iter().enumerate() {
             tokio::time::sleep_until(origin + p.start).await;
             let name = format!("pod-{node}-{i}");
-            // Its own stream: a pod's lead and retries do not depend on the order pods run in.
-            let mut rng = StdRng::seed_from_u64(
-                d.seed ^ ((node as u64) << 32 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            );
+            let mut rng = pod_rng(d.seed, node, i);
             let lead = bind_to_add(&mut rng);
             if let Some(v) = &view {
                 v.bind(&name);
@@ -152,6 +158,7 @@ pub fn spawn_node_driver(
                 rng,
                 lead,
                 view: view.clone(),
+                since,
             };
             let h = tokio::spawn(pod.run(d.t0, d.deadline));
             d.tasks.lock().expect("tasks").push(h.abort_handle());
@@ -172,6 +179,8 @@ struct Pod {
     lead: Duration,
     /// The node's bound pods as its daemon's lookahead sees them (`None`: the lookahead is off).
     view: Option<BoundView>,
+    /// Its wait runs from here (node-boot: its node's launch) rather than from its ADD.
+    since: Option<Instant>,
 }
 
 /// The pods bound to one node and not deleted, as eniipamd's pod watch shows them: each change is
@@ -248,7 +257,8 @@ impl Pod {
         let now = Instant::now();
         self.rec.record(PodRecord {
             wave: self.plan.wave,
-            wait_ms: (now - started).as_secs_f64() * 1e3,
+            wait_ms: (now - self.since.unwrap_or(started)).as_secs_f64() * 1e3,
+            add_wait_ms: (now - started).as_secs_f64() * 1e3,
             done_at_s: (now - t0).as_secs_f64(),
             served,
         });
@@ -272,7 +282,10 @@ impl Pod {
 #[derive(Clone, Copy, Debug)]
 pub struct PodRecord {
     pub wave: u8,
+    /// From its node's launch when the pattern counts from there, else from its ADD's first attempt.
     pub wait_ms: f64,
+    /// From its ADD's first attempt.
+    pub add_wait_ms: f64,
     /// When it had its IP (or was given up), from the pattern's start.
     pub done_at_s: f64,
     pub served: bool,

@@ -18,10 +18,19 @@ pub struct PairSpec {
     pub seed: u64,
     /// Each daemon's lookahead sees the pods bound to its node before their ADDs.
     pub lookahead: bool,
+    /// Node-boot: eniipam's nodes carry the startup taint, so their pods are bound only once the
+    /// daemon would lift it, and every policy's pod waits run from the node's launch.
+    pub startup_taint: bool,
+    /// Which of `--runs` this is (0-based); `seed` is already this run's.
+    pub run: usize,
 }
 
 impl PairSpec {
     pub(super) fn tag(&self) -> String {
-        format!("{}/{}", self.pattern, self.policy)
+        if self.run == 0 {
+            format!("{}/{}", self.pattern, self.policy)
+        } else {
+            format!("{}/{}#{}", self.pattern, self.policy, self.run + 1)
+        }
     }
 }

@@ -53,6 +53,11 @@ pub const LAUNCH_SPREAD: Duration = Duration::from_secs(30);
 /// it updates the node status every 100 ms until Ready, `fastStatusUpdateOnce`), then the scheduler
 /// binds the waiting pods and the kubelet's pod watch sees them: about a second each. 2 s, a figure.
 pub const KUBELET_READY: Duration = Duration::from_secs(2);
+/// Node-boot with the startup taint: from the daemon lifting the taint to the node's pods being bound.
+/// The scheduler's node informer sees the update and moves the pods it had left unschedulable back
+/// to its active queue, binds them, and the kubelet's pod watch sees them: the scheduler's and the
+/// kubelet's share of [`KUBELET_READY`], about a second. A figure, not a measurement.
+pub const TAINT_TO_BIND: Duration = Duration::from_secs(1);
 
 /// A traffic pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -242,7 +247,7 @@ impl Pattern {
                 SCALE_UP_WINDOW.as_secs() / 60
             ),
             Pattern::NodeBoot => format!(
-                "node-boot (Karpenter-style): no node booted beforehand; from the pattern's start the realistic latency and the account's buckets are on, and each node's eniipamd starts at a uniformly random instant within {} s (a batch of launches, spread by instance boot times); the node is Ready {} s after its gRPC server answers (kubelet status, scheduler binding), and its {pods_per_node} pods start within {s} s of that, so boot (describes), warm-up and ADDs overlap across the fleet; watched {} min from the first launch. `free per node at start` = idle IPs when the node is Ready, `boot + settle` = when the last node was Ready; the account bound counts each node from empty (its first pod ENI's room with nothing assigned)",
+                "node-boot (Karpenter-style): no node booted beforehand; from the pattern's start the realistic latency and the account's buckets are on, and each node's eniipamd starts at a uniformly random instant within {} s (a batch of launches, spread by instance boot times); the node is Ready {} s after its gRPC server answers (kubelet status, scheduler binding), and its {pods_per_node} pods start within {s} s of that, so boot (describes), warm-up and ADDs overlap across the fleet; watched {} min from the first launch. With the startup taint modelled (`--fleet-startup-taint on`), eniipam's nodes take their pods only once the taint would be lifted, and every pod's wait runs from its node's launch (the next line). `free per node at start` = idle IPs when the node takes pods, `boot + settle` = when the last node did; the account bound counts each node from empty (its first pod ENI's room with nothing assigned)",
                 LAUNCH_SPREAD.as_secs(),
                 KUBELET_READY.as_secs(),
                 SCALE_UP_WINDOW.as_secs() / 60
