@@ -66,30 +66,41 @@ struct Ran {
 /// The four soaks run side by side (issue 45): each is a real `eniipamd` process, the real plugin
 /// and its own mockcloud, mostly waiting on the real time its faults and grace periods take (a
 /// tenth of a core each), so together they take about as long as the longest alone rather than
-/// the sum. Each has its own node (tmpfs, namespaces, socket) and daemon. The first test to ask
-/// starts all four, and each test then judges its own; a filtered run of one test therefore runs
-/// all four, in about the same time.
+/// the sum. Each has its own node (tmpfs, namespaces, socket) and daemon, and its own thread and
+/// runtime, as each had as a test of its own: a soak's checks read the state file in place, and one
+/// soak's blocking reads must not stall another's mockcloud. The first test to ask starts all four,
+/// and each test then judges its own; a filtered run of one test therefore runs all four, in about
+/// the same time.
 static RUNS: OnceLock<BTreeMap<Mode, Result<Ran, String>>> = OnceLock::new();
 
 fn ran(mode: Mode) -> &'static Ran {
     let runs = RUNS.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime")
-            .block_on(async {
-                let running: Vec<_> = MODES.map(|m| (m, tokio::spawn(run(m)))).into();
-                let mut runs = BTreeMap::new();
-                for (m, h) in running {
-                    let r = match h.await {
-                        Ok(r) => r.map_err(|e| format!("{e:#}")),
-                        Err(e) => Err(format!("the soak panicked: {e}")),
-                    };
-                    runs.insert(m, r);
-                }
-                runs
+        let running: Vec<_> = MODES
+            .map(|m| {
+                let t = std::thread::Builder::new()
+                    .name(format!("soak-{m:?}"))
+                    .spawn(move || {
+                        tokio::runtime::Builder::new_multi_thread()
+                            .worker_threads(2)
+                            .enable_all()
+                            .build()
+                            .expect("a runtime")
+                            .block_on(run(m))
+                    })
+                    .expect("a thread");
+                (m, t)
             })
+            .into();
+        running
+            .into_iter()
+            .map(|(m, t)| {
+                let r = match t.join() {
+                    Ok(r) => r.map_err(|e| format!("{e:#}")),
+                    Err(_) => Err("the soak panicked (its message is above)".to_owned()),
+                };
+                (m, r)
+            })
+            .collect()
     });
     match &runs[&mode] {
         Ok(r) => r,
