@@ -5,7 +5,7 @@
 //!
 //! "Caught up" is judged strictly enough that ending early cannot hide what the wait would show: an
 //! observation of every attachment ever made, held against the invariants as if every grace period
-//! were over (a grace of zero, every span of impeded EC2 ended, no discrepancy still being timed;
+//! were over (a grace of zero, every span of impeded EC2 or a full disk ended, no discrepancy still being timed;
 //! which attachments a change hit is told as the real checks tell it), finds nothing. Any later check is more lenient than that, so the final verdict can only be the
 //! one the full wait would have reached; a daemon that is still wrong keeps the old wait, and its
 //! violation is then reported by the final check, as before.
@@ -38,7 +38,7 @@ impl Soak {
     /// copy of the checker's memory, so the probe changes nothing the real checks see.
     async fn caught_up(&self, step: u64) -> bool {
         let now = Instant::now();
-        // While EC2 is (still taken to be) impeded, a grace period is open however small it is.
+        // While EC2 or the disk is (still taken to be) impeded, a grace period is open however small it is.
         if self
             .model
             .impeded
