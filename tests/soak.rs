@@ -59,6 +59,8 @@ const MODES: [Mode; 4] = [Mode::Ipv4, Mode::Ipv6, Mode::Dual, Mode::Profiles];
 /// One soak's run: what it was told and what came of it.
 struct Ran {
     steps: u64,
+    /// The daemon's log, kept.
+    log: PathBuf,
     enabled: BTreeSet<FaultKind>,
     out: soak::SoakOutcome,
 }
@@ -146,12 +148,28 @@ async fn run(mode: Mode) -> anyhow::Result<Ran> {
     cfg.ip_family = family;
     cfg.faults = enabled.clone();
     cfg.progress = true;
+    // Kept after a run with violations, so each can be read against the daemon's own account.
+    let log = daemon_log(&cfg);
+    cfg.log_file = Some(log.clone());
     let out = soak::run(cfg).await?;
+    if out.violations.is_empty() {
+        let _ = std::fs::remove_file(&log);
+    }
     Ok(Ran {
         steps,
+        log,
         enabled,
         out,
     })
+}
+
+/// Where a soak's daemon log is kept.
+fn daemon_log(cfg: &soak::SoakConfig) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "eniipam-soak-{}-{}-eniipamd.log",
+        cfg.tag(),
+        std::process::id()
+    ))
 }
 
 #[test]
@@ -172,6 +190,7 @@ fn fault_soak_keeps_every_invariant_dual_stack() {
 fn fault_soak(mode: Mode) {
     let Ran {
         steps,
+        log,
         enabled,
         out,
     } = ran(mode);
@@ -208,8 +227,9 @@ fn fault_soak(mode: Mode) {
     assert!(
         out.violations.is_empty(),
         "{} invariant violations (seed {SEED}; reproduce the long way with \
-         `cargo run --release -p eniipam-bench -- soak --soak-steps {steps} --seed {SEED} --ip-family {family}`):\n{summary}",
-        out.violations.len()
+         `cargo run --release -p eniipam-bench -- soak --soak-steps {steps} --seed {SEED} --ip-family {family}`; the daemon's log: {}):\n{summary}",
+        out.violations.len(),
+        log.display()
     );
 }
 
@@ -222,6 +242,7 @@ fn fault_soak(mode: Mode) {
 fn fault_soak_keeps_every_invariant_with_network_profiles() {
     let Ran {
         steps,
+        log,
         enabled,
         out,
     } = ran(Mode::Profiles);
@@ -272,7 +293,8 @@ fn fault_soak_keeps_every_invariant_with_network_profiles() {
     assert!(
         out.violations.is_empty(),
         "{} invariant violations (seed {SEED}; reproduce the long way with \
-         `cargo run --release -p eniipam-bench -- soak --soak-steps {steps} --seed {SEED} --network-profiles`):\n{summary}",
-        out.violations.len()
+         `cargo run --release -p eniipam-bench -- soak --soak-steps {steps} --seed {SEED} --network-profiles`; the daemon's log: {}):\n{summary}",
+        out.violations.len(),
+        log.display()
     );
 }
