@@ -35,7 +35,9 @@ mod bins;
 #[path = "../bench/src/soak/mod.rs"]
 mod soak;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use soak::faults::FaultKind;
 
@@ -43,28 +45,78 @@ use soak::faults::FaultKind;
 /// file with hidden evidence and the full disk each get room to show their consequences.
 const SEED: u64 = 8;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_soak_keeps_every_invariant() {
-    fault_soak(soak::IpFamily::Ipv4).await;
+/// The four soaks of this file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Mode {
+    Ipv4,
+    Ipv6,
+    Dual,
+    Profiles,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_soak_keeps_every_invariant_ipv6() {
-    fault_soak(soak::IpFamily::Ipv6).await;
+const MODES: [Mode; 4] = [Mode::Ipv4, Mode::Ipv6, Mode::Dual, Mode::Profiles];
+
+/// One soak's run: what it was told and what came of it.
+struct Ran {
+    steps: u64,
+    /// The daemon's log, kept.
+    log: PathBuf,
+    enabled: BTreeSet<FaultKind>,
+    out: soak::SoakOutcome,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_soak_keeps_every_invariant_dual_stack() {
-    fault_soak(soak::IpFamily::Dual).await;
+/// The four soaks run side by side (issue 45): each is a real `eniipamd` process, the real plugin
+/// and its own mockcloud, mostly waiting on the real time its faults and grace periods take (a
+/// tenth of a core each), so together they take about as long as the longest alone rather than
+/// the sum. Each has its own node (tmpfs, namespaces, socket) and daemon, and its own thread and
+/// runtime, as each had as a test of its own: a soak's checks read the state file in place, and one
+/// soak's blocking reads must not stall another's mockcloud. The first test to ask starts all four,
+/// and each test then judges its own; a filtered run of one test therefore runs all four, in about
+/// the same time.
+static RUNS: OnceLock<BTreeMap<Mode, Result<Ran, String>>> = OnceLock::new();
+
+fn ran(mode: Mode) -> &'static Ran {
+    let runs = RUNS.get_or_init(|| {
+        let running: Vec<_> = MODES
+            .map(|m| {
+                let t = std::thread::Builder::new()
+                    .name(format!("soak-{m:?}"))
+                    .spawn(move || {
+                        tokio::runtime::Builder::new_multi_thread()
+                            .worker_threads(2)
+                            .enable_all()
+                            .build()
+                            .expect("a runtime")
+                            .block_on(run(m))
+                    })
+                    .expect("a thread");
+                (m, t)
+            })
+            .into();
+        running
+            .into_iter()
+            .map(|(m, t)| {
+                let r = match t.join() {
+                    Ok(r) => r.map_err(|e| format!("{e:#}")),
+                    Err(_) => Err("the soak panicked (its message is above)".to_owned()),
+                };
+                (m, r)
+            })
+            .collect()
+    });
+    match &runs[&mode] {
+        Ok(r) => r,
+        Err(e) => panic!("the {mode:?} soak did not run: {e}"),
+    }
 }
 
-/// One soak at a time: each is timed against its own daemon's reconcile and the plugin's deadlines,
-/// and three at once on a small machine would soak the machine instead.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn fault_soak(family: soak::IpFamily) {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let enabled: std::collections::BTreeSet<FaultKind> = FaultKind::ALL
+async fn run(mode: Mode) -> anyhow::Result<Ran> {
+    let family = match mode {
+        Mode::Ipv4 | Mode::Profiles => soak::IpFamily::Ipv4,
+        Mode::Ipv6 => soak::IpFamily::Ipv6,
+        Mode::Dual => soak::IpFamily::Dual,
+    };
+    let enabled: BTreeSet<FaultKind> = FaultKind::ALL
         .into_iter()
         .filter(|k| k.applies(family))
         .collect();
@@ -80,22 +132,75 @@ async fn fault_soak(family: soak::IpFamily) {
     while family != soak::IpFamily::Ipv4 && kills_by(steps) < 2 {
         steps += 1;
     }
+    if mode == Mode::Profiles {
+        // Room for the ENIConfig to change a few times.
+        steps = steps.max(soak::profiles::SWITCH_EVERY * 4 + 1);
+    }
     let mut cfg = soak::SoakConfig::new(
         SEED,
         soak::Budget::Steps(steps),
         PathBuf::from(env!("CARGO_BIN_EXE_eniipamd")),
         bins::target_bin("eniipam"),
     );
+    if mode == Mode::Profiles {
+        cfg = cfg.with_network_profiles();
+    }
     cfg.ip_family = family;
     cfg.faults = enabled.clone();
     cfg.progress = true;
-    let out = soak::run(cfg).await.expect("the soak ran");
+    // Kept after a run with violations, so each can be read against the daemon's own account.
+    let log = daemon_log(&cfg);
+    cfg.log_file = Some(log.clone());
+    let out = soak::run(cfg).await?;
+    if out.violations.is_empty() {
+        let _ = std::fs::remove_file(&log);
+    }
+    Ok(Ran {
+        steps,
+        log,
+        enabled,
+        out,
+    })
+}
+
+/// Where a soak's daemon log is kept.
+fn daemon_log(cfg: &soak::SoakConfig) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "eniipam-soak-{}-{}-eniipamd.log",
+        cfg.tag(),
+        std::process::id()
+    ))
+}
+
+#[test]
+fn fault_soak_keeps_every_invariant() {
+    fault_soak(Mode::Ipv4);
+}
+
+#[test]
+fn fault_soak_keeps_every_invariant_ipv6() {
+    fault_soak(Mode::Ipv6);
+}
+
+#[test]
+fn fault_soak_keeps_every_invariant_dual_stack() {
+    fault_soak(Mode::Dual);
+}
+
+fn fault_soak(mode: Mode) {
+    let Ran {
+        steps,
+        log,
+        enabled,
+        out,
+    } = ran(mode);
+    let (steps, family) = (*steps, out.ip_family);
     let summary = out.summary(5);
     println!("{summary}");
 
     // The soak did what it says.
     let c = &out.counts;
-    for k in &enabled {
+    for k in enabled {
         assert!(
             c.faults.get(k.name()).copied().unwrap_or(0) > 0,
             "fault {k} was never injected\n{summary}"
@@ -122,8 +227,9 @@ async fn fault_soak(family: soak::IpFamily) {
     assert!(
         out.violations.is_empty(),
         "{} invariant violations (seed {SEED}; reproduce the long way with \
-         `cargo run --release -p eniipam-bench -- soak --soak-steps {steps} --seed {SEED} --ip-family {family}`):\n{summary}",
-        out.violations.len()
+         `cargo run --release -p eniipam-bench -- soak --soak-steps {steps} --seed {SEED} --ip-family {family}`; the daemon's log: {}):\n{summary}",
+        out.violations.len(),
+        log.display()
     );
 }
 
@@ -132,34 +238,20 @@ async fn fault_soak(family: soak::IpFamily) {
 /// `app` and the default network put in the API-server double before their ADD, and the profiles'
 /// invariants (each IP on an ENI of its pod's network with exactly its groups, eth0 serving none,
 /// no IP ever crossing networks, refusals only as error 11 naming the profile) after every step.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_soak_keeps_every_invariant_with_network_profiles() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let enabled: std::collections::BTreeSet<FaultKind> = FaultKind::ALL
-        .into_iter()
-        .filter(|k| k.applies(soak::IpFamily::Ipv4))
-        .collect();
-    // Every scheduled kind once, and room for the ENIConfig to change a few times.
-    let steps =
-        (soak::faults::first_cycle_steps(&enabled) + 12).max(soak::profiles::SWITCH_EVERY * 4 + 1);
-    let cfg = soak::SoakConfig::new(
-        SEED,
-        soak::Budget::Steps(steps),
-        PathBuf::from(env!("CARGO_BIN_EXE_eniipamd")),
-        bins::target_bin("eniipam"),
-    )
-    .with_network_profiles();
-    let cfg = soak::SoakConfig {
-        faults: enabled.clone(),
-        progress: true,
-        ..cfg
-    };
-    let out = soak::run(cfg).await.expect("the soak ran");
+#[test]
+fn fault_soak_keeps_every_invariant_with_network_profiles() {
+    let Ran {
+        steps,
+        log,
+        enabled,
+        out,
+    } = ran(Mode::Profiles);
+    let steps = *steps;
     let summary = out.summary(5);
     println!("{summary}");
 
     let c = &out.counts;
-    for k in &enabled {
+    for k in enabled {
         assert!(
             c.faults.get(k.name()).copied().unwrap_or(0) > 0,
             "fault {k} was never injected\n{summary}"
@@ -201,7 +293,8 @@ async fn fault_soak_keeps_every_invariant_with_network_profiles() {
     assert!(
         out.violations.is_empty(),
         "{} invariant violations (seed {SEED}; reproduce the long way with \
-         `cargo run --release -p eniipam-bench -- soak --soak-steps {steps} --seed {SEED} --network-profiles`):\n{summary}",
-        out.violations.len()
+         `cargo run --release -p eniipam-bench -- soak --soak-steps {steps} --seed {SEED} --network-profiles`; the daemon's log: {}):\n{summary}",
+        out.violations.len(),
+        log.display()
     );
 }

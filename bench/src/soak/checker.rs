@@ -40,7 +40,7 @@ fn key_str(k: &Key) -> String {
 }
 
 /// The checker's memory between observations.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct CheckerState {
     /// The IPv6 checks' memory.
     pub v6: super::checker6::State6,
@@ -80,6 +80,7 @@ pub fn evaluate(
     let mut ev = Evaluation::default();
     let now = obs.at;
     let grace = rules.grace;
+    let window = rules.oob_window;
     let mut push = |kind: &'static str, subject: String, text: String, settle: bool| {
         ev.found.push(Found {
             kind,
@@ -189,7 +190,7 @@ pub fn evaluate(
     // Who holds what: live pods (minus those whose IP the soak took), the pool, the store.
     let mut holders: BTreeMap<Ipv4Addr, BTreeMap<Key, BTreeSet<&'static str>>> = BTreeMap::new();
     for a in model.live() {
-        if model.oob_since(a, grace, eni_of).is_some() {
+        if model.oob_since(a, window, eni_of).is_some() {
             continue;
         }
         if let Some(ip) = a.ip {
@@ -259,7 +260,7 @@ pub fn evaluate(
             continue;
         }
         let att = model.atts.get(k);
-        let oob = att.and_then(|a| model.oob_since(a, grace, eni_of));
+        let oob = att.and_then(|a| model.oob_since(a, window, eni_of));
         if who == "pool" && oob.is_none() && att.is_some_and(|a| a.is_live() && a.ip == Some(ip)) {
             continue; // a live attachment's own IP: `live-ip-not-in-ec2` below
         }
@@ -313,7 +314,7 @@ pub fn evaluate(
             .get(a.network)
             .cloned()
             .unwrap_or_default();
-        if model.oob_since(a, grace, eni_of).is_some() {
+        if model.oob_since(a, window, eni_of).is_some() {
             let held =
                 obs.held.get(k) == Some(&ip) || store_by_key.get(k).map(|r| r.ip) == Some(ip);
             if !held && !a.lost_reported {
@@ -358,7 +359,7 @@ pub fn evaluate(
     // (An attachment whose IPv4 the soak took out of band is the out-of-band checks' business.)
     for a in model
         .live()
-        .filter(|a| model.oob_since(a, grace, eni_of).is_none())
+        .filter(|a| model.oob_since(a, window, eni_of).is_none())
     {
         let want = super::runtime::Addrs {
             v4: a.ip,
@@ -466,12 +467,12 @@ pub fn evaluate(
     let ipv4_taken: BTreeSet<Key> = model
         .atts
         .values()
-        .filter(|a| model.oob_since(a, grace, eni_of).is_some())
+        .filter(|a| model.oob_since(a, window, eni_of).is_some())
         .map(|a| a.key.clone())
         .collect();
     super::checker6::evaluate(obs, model, &mut state.v6, rules, &ipv4_taken, &mut ev.found);
     if let Some(world) = &rules.profiles {
-        super::checker_profiles::evaluate(obs, model, world, grace, eni_of, &mut ev.found);
+        super::checker_profiles::evaluate(obs, model, world, window, eni_of, &mut ev.found);
     }
     ev
 }

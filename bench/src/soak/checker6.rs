@@ -36,7 +36,7 @@ use super::model::{AttState, Key, Model};
 use super::witnesses::Observation;
 
 /// What the IPv6 checks remember between observations.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct State6 {
     /// The node's /80 as first seen (and since each time EC2 took it).
     prefix: Option<Ipv6Net>,

@@ -38,7 +38,7 @@ pub fn evaluate(
     obs: &Observation,
     model: &Model,
     world: &ProfileWorld,
-    grace: Duration,
+    oob_window: Duration,
     eni_of: &dyn Fn(Ipv4Addr) -> Option<String>,
     found: &mut Vec<Found>,
 ) {
@@ -46,7 +46,7 @@ pub fn evaluate(
     let mut held: BTreeMap<Key, Ipv4Addr> = BTreeMap::new();
     for a in model.live() {
         if let Some(ip) = a.ip
-            && model.oob_since(a, grace, eni_of).is_none()
+            && model.oob_since(a, oob_window, eni_of).is_none()
         {
             held.insert(a.key.clone(), ip);
         }

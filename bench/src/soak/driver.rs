@@ -38,7 +38,8 @@ impl Soak {
         }
         if self.cfg.progress {
             eprintln!(
-                "soak: seed {}, {} ({} pod IPs), {} network(s), target {} live pods, faults: {}",
+                "soak {}: seed {}, {} ({} pod IPs), {} network(s), target {} live pods, faults: {}",
+                self.cfg.tag(),
                 self.cfg.seed,
                 self.cfg.instance_type,
                 pool.capacity,
@@ -65,7 +66,8 @@ impl Soak {
             self.counts.steps = step + 1;
             if self.cfg.progress && step % 25 == 24 {
                 eprintln!(
-                    "soak: step {} at {:.0} s: {} live pods, {} ADDs ok, {} failed, {} kills, {} violations",
+                    "soak {}: step {} at {:.0} s: {} live pods, {} ADDs ok, {} failed, {} kills, {} violations",
+                    self.cfg.tag(),
                     step + 1,
                     started.elapsed().as_secs_f64(),
                     self.model.live_pods(),
@@ -116,7 +118,7 @@ impl Soak {
             context,
         };
         if self.cfg.progress {
-            eprintln!("VIOLATION {v}");
+            eprintln!("VIOLATION (soak {}) {v}", self.cfg.tag());
         }
         self.violations.push(v);
     }
@@ -298,6 +300,7 @@ impl Soak {
         let store_path = self.host.state_files()[0].clone();
         let rules = Rules {
             grace: self.grace,
+            oob_window: self.grace,
             network_names: self.network_names.clone(),
             family: self.cfg.ip_family,
             profiles: self.cluster.as_ref().map(|c| c.world.clone()),
@@ -463,7 +466,8 @@ impl Soak {
         }
     }
 
-    /// The end: every fault undone, the out-of-band changes given time to be noticed, a GC of every
+    /// The end: every fault undone, the out-of-band changes given time to be noticed (until the
+    /// daemon has caught up, at most their grace period: [`super::caught_up`]), a GC of every
     /// network, then a check of every attachment ever made.
     pub(super) async fn finish(&mut self, step: u64) -> anyhow::Result<()> {
         self.undo_due(step, true)?;
@@ -511,10 +515,8 @@ impl Soak {
         .flatten()
         .max();
         if let Some(until) = until {
-            let now = Instant::now();
-            if until > now {
-                tokio::time::sleep(until - now + Duration::from_millis(100)).await;
-            }
+            self.wait_caught_up(step, until + Duration::from_millis(100))
+                .await;
         }
         self.ensure_up(step).await?;
         for net in 0..self.cfg.networks {
@@ -525,7 +527,8 @@ impl Soak {
         self.check_advertised(step);
         if self.cfg.progress {
             eprintln!(
-                "soak: finished after {step} steps: {} live pods, {} violations",
+                "soak {}: finished after {step} steps: {} live pods, {} violations",
+                self.cfg.tag(),
                 self.model.live_pods(),
                 self.violations.len()
             );

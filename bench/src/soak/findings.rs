@@ -21,6 +21,10 @@ pub struct Found {
 pub struct Rules {
     /// How long the daemon gets to notice an out-of-band change.
     pub grace: Duration,
+    /// Which attachments an out-of-band change hit: those it took the IP of, and those handed an
+    /// IP it took up to this long after it (the daemon cannot have known yet). The grace period,
+    /// also when the end's probe ([`super::caught_up`]) judges with no grace at all.
+    pub oob_window: Duration,
     pub network_names: Vec<String>,
     pub family: super::IpFamily,
     /// The network-profiles mode's subnets and groups (`None`: not that mode).

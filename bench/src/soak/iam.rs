@@ -107,7 +107,7 @@ impl Soak {
         self.iam.revoked_since_check.insert(format!("ec2:{action}"));
         self.iam.denied_in_window = 0;
         self.iam.revocations += 1;
-        self.model.ec2_impeded("iam-revoke", None);
+        self.model.impeded_by("iam-revoke", None);
     }
 
     /// Grants the revoked action back (the shipped policy again), and checks that the daemon named
@@ -118,7 +118,7 @@ impl Soak {
             return;
         };
         self.mock.set_iam_policy(Some(self.iam.shipped.clone()));
-        self.model.ec2_recovered("iam-revoke");
+        self.model.recovered_from("iam-revoke");
         if self.iam.denied_in_window == 0 {
             return;
         }

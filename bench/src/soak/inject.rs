@@ -47,14 +47,17 @@ impl Soak {
             match u.undo {
                 Undo::ClearEc2Faults => {
                     self.mock.clear_faults();
-                    self.model.ec2_recovered("ec2-error-rate");
+                    self.model.recovered_from("ec2-error-rate");
                 }
                 Undo::Throttling => {
                     self.mock.set_throttling(Throttling::default());
-                    self.model.ec2_recovered("throttle-burst");
+                    self.model.recovered_from("throttle-burst");
                 }
                 Undo::ImdsLag => self.mock.set_imds_lag(BASE_IMDS_LAG),
-                Undo::Disk => self.host.free_disk()?,
+                Undo::Disk => {
+                    self.host.free_disk()?;
+                    self.model.recovered_from("disk-full");
+                }
                 Undo::Unhide(r) => self.unhide(r)?,
                 Undo::IamRestore => self.iam_restore(step),
                 Undo::Restart => self.kill_next = true,
@@ -80,14 +83,14 @@ impl Soak {
                 let code = *ERROR_CODES.choose(&mut rng).expect("not empty");
                 let count = rng.random_range(1..=4);
                 self.mock.inject_fault(Fault::error(action, code, count));
-                self.model.ec2_impeded("ec2-error", Some(Instant::now()));
+                self.model.impeded_by("ec2-error", Some(Instant::now()));
                 format!("next {count} {action} answer {code}")
             }
             FaultKind::Ec2ErrorRate => {
                 let code = *ERROR_CODES.choose(&mut rng).expect("not empty");
                 let p = rng.random_range(0.1..0.3);
                 self.mock.inject_fault(Fault::rate(None, code, p));
-                self.model.ec2_impeded("ec2-error-rate", None);
+                self.model.impeded_by("ec2-error-rate", None);
                 let steps = rng.random_range(2..=5);
                 self.undo_later(step, steps, Duration::ZERO, Undo::ClearEc2Faults);
                 format!(
@@ -106,7 +109,7 @@ impl Soak {
                 let count = rng.random_range(1..=2);
                 self.mock
                     .inject_fault(Fault::hang(action, Duration::from_millis(ms), count));
-                self.model.ec2_impeded(
+                self.model.impeded_by(
                     "ec2-hang",
                     Some(Instant::now() + Duration::from_millis(ms) * count),
                 );
@@ -125,7 +128,7 @@ impl Soak {
                     mockcloud::Bucket::new(4.0, 1.0),
                     mockcloud::Bucket::new(6.0, 2.0),
                 ));
-                self.model.ec2_impeded("throttle-burst", None);
+                self.model.impeded_by("throttle-burst", None);
                 let steps = rng.random_range(3..=7);
                 self.undo_later(step, steps, Duration::ZERO, Undo::Throttling);
                 format!("every API's bucket 4 + 1/s mutating, 6 + 2/s describe for {steps} steps")
@@ -218,6 +221,10 @@ impl Soak {
                 self.daemon.stop().await;
                 self.ensure_up(step).await?;
                 let ballast = self.host.fill_disk()?;
+                // Reporting an out-of-band loss is a write, and a daemon that cannot write cannot
+                // report it (nor start, once killed): its time to notice runs on after the disk is
+                // freed, as after EC2's own impediments.
+                self.model.impeded_by("disk-full", None);
                 let steps = rng.random_range(6..=10);
                 self.undo_later(step, steps, Duration::from_secs(4), Undo::Disk);
                 format!(

@@ -22,6 +22,7 @@
 //! of the daemon, the store, EC2 and the host), [`checker`] (the invariants, held against an
 //! observation), [`model`] (the runtime's truth), [`runtime`] (the plugin binary as libcni runs it),
 //! [`daemon`] (the eniipamd subprocess), [`host`] (the temporary node: state tmpfs, cache, namespaces),
+//! [`caught_up`] (the end's wait for the daemon to catch up with the last changes),
 //! [`profiles`] and [`checker_profiles`] (the network-profiles mode, issue 27: custom networking with
 //! ENIConfig changes and two network profiles served by an API-server double, and its invariants).
 //! Besides the checker's kinds, the driver reports `del-failed` (a DEL answered an error),
@@ -42,6 +43,7 @@ pub mod profiles;
 pub mod runtime;
 pub mod witnesses;
 
+mod caught_up;
 mod driver;
 mod findings;
 mod inject;
@@ -161,6 +163,17 @@ impl SoakConfig {
             progress: false,
             network_profiles: false,
         }
+    }
+
+    /// What names this soak in progress lines, where soaks run side by side (`tests/soak.rs`):
+    /// its address family, and `+profiles` in the network-profiles mode.
+    pub fn tag(&self) -> String {
+        let profiles = if self.network_profiles {
+            "+profiles"
+        } else {
+            ""
+        };
+        format!("{}{profiles}", self.ip_family)
     }
 
     /// The network-profiles mode, on a node with room for both profiles and the default network

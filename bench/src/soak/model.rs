@@ -130,9 +130,10 @@ pub struct Model {
     pub hidden_racks: BTreeSet<usize>,
     /// When each rack last became visible again.
     pub rack_shown_at: BTreeMap<usize, Instant>,
-    /// Spans in which EC2 was impeded (throttling bursts, failing or hanging calls); `None`: not
-    /// over yet. The daemon notices out-of-band changes by asking EC2, and backs off while EC2
-    /// throttles or fails, so its time to notice runs from when EC2 answers again.
+    /// Spans in which EC2 was impeded (throttling bursts, failing or hanging calls), or the daemon
+    /// could not record a change (its state disk full); `None`: not over yet. The daemon notices
+    /// out-of-band changes by asking EC2, and backs off while EC2 throttles or fails, and reports
+    /// one by writing it down, so its time to notice runs from when both work again.
     pub impeded: Vec<(&'static str, Instant, Option<Instant>)>,
     /// Every IPv6 an ADD handed out in the run, and to which attachment: the /80's contract is that
     /// none goes to a second one, restarts and a lost state file included.
@@ -166,14 +167,14 @@ impl Model {
         }
     }
 
-    /// EC2 is impeded by fault `kind` from now (until `end`, or until [`Model::ec2_recovered`]
-    /// when `None`).
-    pub fn ec2_impeded(&mut self, kind: &'static str, end: Option<Instant>) {
+    /// EC2 (or the daemon's state disk) is impeded by fault `kind` from now (until `end`, or
+    /// until [`Model::recovered_from`] when `None`).
+    pub fn impeded_by(&mut self, kind: &'static str, end: Option<Instant>) {
         self.impeded.push((kind, Instant::now(), end));
     }
 
     /// The open impeded spans of fault `kind` end now.
-    pub fn ec2_recovered(&mut self, kind: &'static str) {
+    pub fn recovered_from(&mut self, kind: &'static str) {
         let now = Instant::now();
         for (_, _, end) in self.impeded.iter_mut().filter(|(k, _, _)| *k == kind) {
             end.get_or_insert(now);
