@@ -653,12 +653,13 @@ async fn mixed_same_node(test: &str, rp_filter: RpFilter) {
         return;
     };
     // eth0 serves pods; warm more than it holds (9 secondary IPs on an m5.large), so an eth1 is
-    // created with idle IPs of its own.
+    // created with idle IPs of its own (single IPs: with burst prefixes eth0's /28s would hold them).
     let d = Daemon::start(
         &c,
         &c.a.instance_id,
         Placement::Eth0,
         &[
+            ("ENIIPAM_BURST_PREFIXES", "false"),
             ("ENIIPAM_WARM_POLICY", "fixed"),
             ("ENIIPAM_MIN_IDLE", "12"),
             ("ENIIPAM_MAX_IDLE", "24"),

@@ -22,6 +22,12 @@ pub const CLUSTER: &str = "test";
 /// shipped IAM policy for its cluster, as every daemon-level test does (a call the policy refuses
 /// fails the daemon as it would on AWS; a test that changes the cluster name calls
 /// `MockCloud::enforce_shipped_policy` again with the new name).
+///
+/// Single secondary IPs (`burst_prefixes` off): the daemon-level tests' assertions on ENIs, calls
+/// and addresses are written for that structure (a pod beyond eth0's slots starts a new ENI, each
+/// assign brings what its batch asked for). The shipped default, burst prefixes, is tested through
+/// the daemon in `tests/daemon_burst.rs`, through the pool in `tests/pool_mockcloud.rs`, and at
+/// fleet scale by `eniipam-bench fleet`.
 pub fn config(mock: &MockCloud, dir: &Path) -> DaemonConfig {
     let inst = mock.default_instance();
     mock.enforce_shipped_policy(CLUSTER)
@@ -47,6 +53,7 @@ pub fn config(mock: &MockCloud, dir: &Path) -> DaemonConfig {
         ec2_mutating_burst: 100,
         ec2_describe_qps: 100.0,
         ec2_describe_burst: 100,
+        burst_prefixes: false,
         ..DaemonConfig::default()
     }
 }

@@ -210,12 +210,17 @@ impl Cluster {
         self.lab.node(instance_id).expect("a lab node").ns
     }
 
-    /// The ENI holding `ip` and its device index, in EC2.
+    /// The ENI holding `ip` (its primary, a secondary IP, or inside one of its `/28` prefixes) and
+    /// its device index, in EC2.
     pub fn eni_of(&self, ip: Ipv4Addr) -> (String, u32) {
         self.mock
             .network_interfaces()
             .into_iter()
-            .find(|e| e.primary_ip == ip || e.secondary_ips.contains(&ip))
+            .find(|e| {
+                e.primary_ip == ip
+                    || e.secondary_ips.contains(&ip)
+                    || e.ipv4_prefixes.iter().any(|p| p.contains(&ip))
+            })
             .map(|e| {
                 let index = e.attachment.as_ref().map_or(u32::MAX, |a| a.device_index);
                 (e.id, index)
