@@ -1,8 +1,8 @@
-//! Burst prefixes through the real daemon (issue 46, item 1): on a Nitro type, with the shipped
-//! defaults and the shipped IAM policy enforced, a burst beyond the idle IPs is served by one
+//! Burst prefixes through the real daemon (issue 46, item 1): on a Nitro type, with
+//! `burst_prefixes` on and the shipped IAM policy enforced, a burst beyond the idle IPs is served by one
 //! AssignPrivateIpAddresses of whole `/28`s on eth0, no ENI is created for it, and the `/28`s
 //! survive a restart: the rebuild from IMDS and EC2 takes them back with the pods that hold their
-//! addresses, and the next pods are served from their idle addresses without a call.
+//! addresses and the unused ones as idle, and gives none back.
 
 #[path = "daemon_support/mod.rs"]
 mod daemon_support;
@@ -25,10 +25,9 @@ async fn mock() -> mockcloud::MockCloud {
     .unwrap()
 }
 
-fn shipped(mock: &mockcloud::MockCloud, dir: &std::path::Path) -> DaemonConfig {
+fn with_burst_prefixes(mock: &mockcloud::MockCloud, dir: &std::path::Path) -> DaemonConfig {
     DaemonConfig {
-        // The shipped default, which the daemon tests' base config turns off.
-        burst_prefixes: DaemonConfig::default().burst_prefixes,
+        burst_prefixes: true,
         ..config(mock, dir)
     }
 }
@@ -56,25 +55,33 @@ async fn allocate_all(socket: &std::path::Path, range: std::ops::Range<usize>) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_takes_whole_prefixes_on_eth0_in_one_call_and_keeps_them_across_a_restart() {
-    assert!(
-        DaemonConfig::default().burst_prefixes,
-        "burst prefixes are the shipped default"
-    );
     let mock = mock().await;
     let dir = TempDir::new("burst-prefixes");
-    let cfg = shipped(&mock, &dir.0);
+    let cfg = with_burst_prefixes(&mock, &dir.0);
     let d = start(cfg.clone()).await;
     let inst = mock.default_instance();
+    // The start's warm-up (the posture of single IPs) lands before the burst.
+    let warm = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let s = d.pool.snapshot();
+        if s.in_flight == 0 && s.creating_enis == 0 && s.idle > 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < warm, "the node never warmed: {s:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     mock.reset_counters();
 
     let ips = allocate_all(&d.socket_path, 0..PODS).await;
     let unique: BTreeSet<Ipv4Addr> = ips.iter().copied().collect();
     assert_eq!(unique.len(), PODS, "no IP handed out twice");
     let counters = mock.counters();
-    assert_eq!(
-        counters.ok(ASSIGN),
-        1,
-        "one assign serves the burst: {:?}",
+    // One assign when every ADD is in the actor's first batch; when the ADDs come spread out, at
+    // most one per /28 the burst needs (each call takes whole prefixes for the pods it has).
+    let assigns = counters.ok(ASSIGN);
+    assert!(
+        (1..=PODS.div_ceil(16) as u64).contains(&assigns),
+        "{assigns} assigns for a burst of {PODS}: {:?}",
         counters.actions
     );
     assert_eq!(
@@ -123,16 +130,26 @@ async fn a_burst_takes_whole_prefixes_on_eth0_in_one_call_and_keeps_them_across_
     assert_eq!(s.assigned as usize, PODS, "every pod kept its IP: {s:?}");
     assert!(s.idle >= idle_before.min(1), "the prefixes' idle addresses are back: {s:?}");
     d.pool.check_invariants().unwrap();
-    mock.reset_counters();
-    // The next pods are served from the prefixes' idle addresses (idle as before), no call needed.
-    let more = s.idle.min(4) as usize;
-    let next = allocate_all(&d.socket_path, PODS..PODS + more).await;
-    assert!(next.iter().all(|ip| !unique.contains(ip)));
-    assert_eq!(
-        mock.counters().ok(ASSIGN),
-        0,
-        "served from idle addresses of the /28s"
+    let eth0_after = mock
+        .instance(&inst.instance_id)
+        .unwrap()
+        .enis
+        .into_iter()
+        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+        .unwrap();
+    assert!(
+        eth0.ipv4_prefixes
+            .iter()
+            .all(|p| eth0_after.ipv4_prefixes.contains(p)),
+        "the restart gave no /28 back: {:?} then {:?}",
+        eth0.ipv4_prefixes,
+        eth0_after.ipv4_prefixes
     );
+    // The /28s' unused addresses are the pool's again (idle; after a restart they first cool
+    // down, as any address the rebuild cannot date), and new pods never get a held one.
+    assert!(s.idle > 0, "the /28s' unused addresses are back as idle: {s:?}");
+    let next = allocate_all(&d.socket_path, PODS..PODS + 4).await;
+    assert!(next.iter().all(|ip| !unique.contains(ip)));
     d.pool.check_invariants().unwrap();
     d.shutdown().await;
 }

@@ -84,7 +84,9 @@ pub struct PoolConfig {
     /// secondary IPs, and a burst beyond the idle pool takes whole `/28`s in one assign on an ENI
     /// with free slots (EC2 lets both share an ENI), or falls over to one new ENI carrying it when
     /// the assign is throttled: one growth call per burst ([`super::growth`]). Counts and the node's
-    /// capacity stay the secondary-IP mode's. Ignored on other types. Default true.
+    /// capacity stay the secondary-IP mode's. Ignored on other types. Default false (opt-in): the
+    /// fault soak found a restart after a lost state file counting a node's prefixes beyond its
+    /// secondary-IP capacity (see `docs/how-it-works.md`).
     pub burst_prefixes: bool,
     /// With prefix delegation, after EC2 answers `InsufficientCidrBlocks` (no free `/28` in a
     /// subnet), new slots in that subnet are single addresses packed into blocks already fragmented,
@@ -227,7 +229,7 @@ impl Default for PoolConfig {
             use_primary_eni: true,
             custom_networking: false,
             prefix_delegation: false,
-            burst_prefixes: true,
+            burst_prefixes: false,
             prefix_retry: Duration::from_secs(2 * 60),
             subnet_refresh: Duration::from_secs(30 * 60),
             add_wait: Duration::from_secs(100),

@@ -46,8 +46,9 @@ pub enum AssignSize {
 ///   as the pods need, or more when the warm-ups fill more whole prefixes; warm-ups never start a
 ///   prefix of their own beyond that (a level between two prefixes would hold one and call for the
 ///   next). The rounding up waits for the burst's next pods, so they cost no call.
-/// - Warm-ups alone during a burst (`in_burst`: pods started in a run, see `pool::demand`): as for
-///   waiting pods, at least one whole prefix, so the burst's next pods need no call of their own.
+/// - Warm-ups alone during a burst or a node's boot (`in_burst`: pods started in a run, see
+///   `pool::demand`, or no warm IP held yet since the start): as for waiting pods, at least one
+///   whole prefix, so the burst's next pods (a booting node's first ones) need no call of their own.
 /// - Warm-ups alone outside a burst: single IPs when fewer than [`PREFIX_MIN_BATCH`] and within
 ///   the free slots, so a top-up of a few keeps the free IPs few; else whole prefixes as above.
 /// - Single IPs when the prefixes do not fit the free slots or the tokens.

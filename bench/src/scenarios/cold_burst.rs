@@ -124,8 +124,8 @@ struct RunResult {
     by_action: Vec<(String, u64)>,
 }
 
-/// One run on a fresh node; `burst_prefixes`: the shipped default (a Nitro type's one assign of
-/// whole `/28`s), else single secondary IPs (a non-Nitro type's structure: eth0, then new ENIs).
+/// One run on a fresh node; `burst_prefixes`: on (a Nitro type's one assign of whole `/28`s), else
+/// single secondary IPs (the default, and a non-Nitro type's structure: eth0, then new ENIs).
 async fn one_run(r: usize, burst_prefixes: bool) -> anyhow::Result<RunResult> {
     let dir = TempDir::new("burst")?;
     let mock = support::mock(INSTANCE, true).await?;
@@ -296,7 +296,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let gap_ms = median(&gaps).unwrap_or(0.0);
     let rows = vec![
         Row::new(
-            "time until all 100 pods have an IP (shipped: burst prefixes)",
+            "time until all 100 pods have an IP, burst prefixes on",
             Unit::Secs,
             shipped_s,
         )
@@ -305,16 +305,16 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             value: least.chain_ms / 1e3,
         })
         .target(Target::RatioAtMost(1.2)),
-        Row::new("mutating EC2 calls (shipped)", Unit::Count, shipped_calls)
+        Row::new("  same: mutating EC2 calls", Unit::Count, shipped_calls)
             .anchor(Anchor::Reference {
                 name: "minimum (one assign)".into(),
                 value: f64::from(least.min_mutating),
             })
             .target(Target::RatioAtMost(1.0)),
-        Row::new("throttled EC2 calls (shipped)", Unit::Count, shipped_throttled)
+        Row::new("  same: throttled EC2 calls", Unit::Count, shipped_throttled)
             .target(Target::AtMost(0.0)),
         Row::new(
-            "secondary IPs only (a non-Nitro type's structure): time until all 100 pods have an IP",
+            "secondary IPs (the default; a non-Nitro type's structure): time until all 100 pods have an IP",
             Unit::Secs,
             total_s,
         )
@@ -347,7 +347,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
             v6_total_s,
         )
         .anchor(Anchor::Reference {
-            name: "the IPv4 burst above (shipped)".into(),
+            name: "the IPv4 burst above (burst prefixes)".into(),
             value: shipped_s.median,
         }),
         Row::new(
@@ -390,7 +390,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
                 bound.serial_ms / 1e3
             ),
             format!(
-                "the least call structure on this Nitro type: {PODS} pods in ⌈{PODS} / 16⌉ = {} /28s, which eth0's {} free slots hold, asked for in one AssignPrivateIpAddresses: assign {:.0} + IMDS lag {:.0} = {:.0} ms, 1 mutating call. The shipped daemon (`burst_prefixes`, on by default) takes that structure; the secondary-IP rows run the same burst with it off",
+                "the least call structure on this Nitro type: {PODS} pods in ⌈{PODS} / 16⌉ = {} /28s, which eth0's {} free slots hold, asked for in one AssignPrivateIpAddresses: assign {:.0} + IMDS lag {:.0} = {:.0} ms, 1 mutating call. With `burst_prefixes` on the daemon takes that structure; the secondary-IP rows run the same burst with it off (the default)",
                 least.prefixes,
                 bound.pod_ips_per_eni,
                 profile.latency("AssignPrivateIpAddresses").as_secs_f64() * 1e3,

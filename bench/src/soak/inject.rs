@@ -322,9 +322,24 @@ impl Soak {
         let now = Instant::now();
         let mut done = Vec::new();
         let mut ips = BTreeSet::new();
+        let mut prefixes_gone = BTreeSet::new();
         for k in candidates.choose_multiple(rng, n) {
             let ip = self.model.atts[k].ip.expect("filtered");
             let eni = ec2.ip_eni[&ip].clone();
+            if let Some((_, prefix)) = ec2.prefix_of.get(&ip) {
+                // An address of a /28 goes back with its whole prefix (EC2 unassigns a prefix
+                // only whole): every pod holding one of its addresses loses it.
+                if prefixes_gone.insert(*prefix) {
+                    self.mock
+                        .with_world(|w, at| w.unassign_ipv4_prefixes(&eni, &[*prefix], at))
+                        .map_err(|e| {
+                            anyhow::anyhow!("out-of-band unassign of {prefix} from {eni}: {e}")
+                        })?;
+                    ips.extend(prefix.hosts().chain([prefix.network(), prefix.broadcast()]));
+                    done.push(format!("{prefix} (with {ip} of {}/{}) from {eni}", k.0, k.1));
+                }
+                continue;
+            }
             self.mock
                 .with_world(|w, at| w.unassign_private_ip_addresses(&eni, &[ip], at))
                 .map_err(|e| anyhow::anyhow!("out-of-band unassign of {ip} from {eni}: {e}"))?;

@@ -34,6 +34,9 @@ pub struct Ec2View {
     pub eth0_prefixes6: Vec<ipnet::Ipv6Net>,
     /// The instance's eth0 (device 0) and its secondary IPs.
     pub eth0: Option<(String, Vec<Ipv4Addr>)>,
+    /// Addresses inside the `/28`s of the instance's attached ENIs (burst prefixes, prefix
+    /// delegation) → the ENI and the prefix. They also count among the ENI's IPs above.
+    pub prefix_of: BTreeMap<Ipv4Addr, (String, ipnet::Ipv4Net)>,
     /// Every ENI in the account: its subnet, groups and network tag.
     pub eni_meta: BTreeMap<String, EniMeta>,
 }
@@ -60,21 +63,26 @@ impl Ec2View {
                 continue;
             }
             v.attached.insert(e.id.clone());
-            for ip in &e.secondary_ips {
+            for p in &e.ipv4_prefixes {
+                for ip in p.hosts().chain([p.network(), p.broadcast()]) {
+                    v.prefix_of.insert(ip, (e.id.clone(), *p));
+                }
+            }
+            let ips = addresses(&e.secondary_ips, &e.ipv4_prefixes);
+            for ip in &ips {
                 v.ip_eni.insert(*ip, e.id.clone());
             }
             if att.device_index == 0 {
                 v.eth0_prefixes6.extend(e.ipv6_prefixes.iter().copied());
-                v.eth0 = Some((e.id.clone(), e.secondary_ips.clone()));
+                v.eth0 = Some((e.id.clone(), ips.clone()));
             }
             if att.device_index > 0 {
-                v.secondary_enis
-                    .insert(e.id.clone(), (att.id.clone(), e.secondary_ips.clone()));
+                v.secondary_enis.insert(e.id.clone(), (att.id.clone(), ips));
             }
         }
         for e in mock.network_interfaces() {
-            for ip in &e.secondary_ips {
-                v.all_ip_eni.insert(*ip, e.id.clone());
+            for ip in addresses(&e.secondary_ips, &e.ipv4_prefixes) {
+                v.all_ip_eni.insert(ip, e.id.clone());
             }
             let mut groups = e.security_groups.clone();
             groups.sort();
@@ -93,6 +101,17 @@ impl Ec2View {
         }
         Ok(v)
     }
+}
+
+/// An ENI's IPv4 addresses besides its primary: its secondary IPs and every address of its `/28`s.
+fn addresses(secondary: &[Ipv4Addr], prefixes: &[ipnet::Ipv4Net]) -> Vec<Ipv4Addr> {
+    let mut out = secondary.to_vec();
+    for p in prefixes {
+        out.extend(p.hosts().chain([p.network(), p.broadcast()]));
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// One assigned row of the state file.

@@ -91,7 +91,7 @@ impl PoolState {
             free_slots,
             true,
             self.capacity.available(),
-            self.demand.ongoing_burst(now).is_some(),
+            self.demand.ongoing_burst(now).is_some() || self.booting(),
         );
         match size {
             AssignSize::Prefixes { count, warm } => {

@@ -240,6 +240,11 @@ pub(crate) struct PoolState {
     /// EC2 throttled the node's assigns lately: warm-ups alone make no assign call (they ride along
     /// in pods' calls instead; see [`PoolState::plan_round`]).
     pub assign_contended: bool,
+    /// The node has not held a warm IP yet since the daemon started, and serves no pod: a booting
+    /// node (its startup taint keeps pods away until the pool is warm). Its first warm-up is what
+    /// its pods wait on, so it is not held under contention, and with burst prefixes it takes a
+    /// whole `/28` ([`PoolState::booting`]).
+    pub first_warm_pending: bool,
     pub shutting_down: bool,
 }
 
@@ -252,6 +257,12 @@ impl EniRecord {
 }
 
 impl PoolState {
+    /// Whether the node is booting: no warm IP held yet since the start, and no pod served or
+    /// asking ([`PoolState::first_warm_pending`]).
+    pub(crate) fn booting(&self) -> bool {
+        self.first_warm_pending && self.allocations.is_empty() && self.pending.is_empty()
+    }
+
     /// Burst prefixes are on for this node (configured, a Nitro type, and no prefix delegation):
     /// a default-network ENI's free slots take single IPs or whole `/28`s ([`crate::pool::growth`]).
     pub(crate) fn burst_prefixes(&self) -> bool {

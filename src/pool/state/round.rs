@@ -276,7 +276,12 @@ impl PoolState {
         // only the pods bound so far, then the later ones need another. At a 500-node scale-up
         // that made the first assign of many nodes a small one, and p99 went from 95 s to 118 s.
         // No ENI is created instead either, while one has room.
-        let hold_warm_ups = self.assign_contended;
+        // A booting node's first warm-up is what its pods wait on (its startup taint holds them
+        // until the pool is warm): never held.
+        if self.first_warm_pending && (!self.booting() || self.default_idle_unreserved(now) > 0) {
+            self.first_warm_pending = false;
+        }
+        let hold_warm_ups = self.assign_contended && !self.booting();
         if hold_warm_ups
             && self.enis.values().any(|r| {
                 r.serves && r.profile.is_none() && r.handle.is_some() && self.eni_room(r) > 0

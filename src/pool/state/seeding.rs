@@ -67,6 +67,7 @@ impl PoolState {
             next_create_id: 0,
             growth_contended: false,
             assign_contended: false,
+            first_warm_pending: true,
             shutting_down: false,
             config,
             node,
@@ -98,11 +99,17 @@ impl PoolState {
                 .iter()
                 .flat_map(|p| prefix_addresses(*p))
                 .collect();
+            // An address listed both as a secondary IP and inside one of the same ENI's prefixes
+            // (a source that lists a prefix's addresses one by one, such as the journal) is one
+            // address of that ENI; only another ENI's claim is a conflict.
             for ip in std::iter::once(e.primary_ip)
                 .chain(e.secondary_ips.iter().copied())
                 .chain(in_prefixes.iter().copied())
             {
-                if ip_owner.insert(ip, e.id.clone()).is_some() {
+                if ip_owner
+                    .insert(ip, e.id.clone())
+                    .is_some_and(|owner| owner != e.id)
+                {
                     return Err(SeedError::DuplicateIp { ip });
                 }
             }

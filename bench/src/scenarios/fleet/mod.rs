@@ -25,6 +25,7 @@ mod bound;
 mod chart;
 mod floor;
 mod harness;
+mod json;
 mod matrix;
 mod pareto;
 mod pods;
@@ -229,7 +230,7 @@ pub async fn run(args: &FleetArgs) -> anyhow::Result<ScenarioReport> {
     eprintln!("wrote {}", path.display());
     let path = args.out.join("fleet.json");
     let json =
-        serde_json::to_string_pretty(&runs::json(args, &results)).context("the runs as JSON")?;
+        serde_json::to_string_pretty(&json::json(args, &results)).context("the runs as JSON")?;
     std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("wrote {}", path.display());
     if !failures.is_empty() {

@@ -16,9 +16,11 @@ const WIDE_OPEN: u32 = 10_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Policy {
     /// eniipam as shipped: `DaemonConfig::default()`'s knobs (the adaptive warm pool, the node rate
-    /// limiter), single secondary IPs with burst prefixes (a burst beyond the idle IPs takes whole
-    /// `/28`s in one assign, or one new ENI when the assign bucket is dry).
+    /// limiter), single secondary IPs.
     Eniipam,
+    /// As shipped with burst prefixes on: a burst beyond the idle IPs takes whole `/28`s in one
+    /// assign, or one new ENI when the assign bucket is dry (`burst_prefixes`, issue 46 item 1).
+    EniipamBurst,
     /// eniipam as shipped with prefix delegation on: slots are `/28`s, counts stay in addresses.
     EniipamPd,
     /// eniipam's adaptive pool set leaner than shipped: `min_idle` 1, `max_idle` 8. A point of its
@@ -48,8 +50,9 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy, in the matrix's order.
-    pub const ALL: [Policy; 8] = [
+    pub const ALL: [Policy; 9] = [
         Policy::Eniipam,
+        Policy::EniipamBurst,
         Policy::EniipamPd,
         Policy::EniipamLean,
         Policy::EniipamWarm,
@@ -63,6 +66,7 @@ impl Policy {
     pub fn name(self) -> &'static str {
         match self {
             Policy::Eniipam => "eniipam",
+            Policy::EniipamBurst => "eniipam-burst",
             Policy::EniipamPd => "eniipam-pd",
             Policy::EniipamLean => "eniipam-lean",
             Policy::EniipamWarm => "eniipam-warm",
@@ -130,6 +134,10 @@ impl Policy {
         };
         match self {
             Policy::Eniipam => ours,
+            Policy::EniipamBurst => DaemonConfig {
+                burst_prefixes: true,
+                ..ours
+            },
             Policy::EniipamPd => DaemonConfig {
                 prefix_delegation: true,
                 ..ours
