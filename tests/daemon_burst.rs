@@ -32,6 +32,16 @@ fn with_burst_prefixes(mock: &mockcloud::MockCloud, dir: &std::path::Path) -> Da
     }
 }
 
+/// The instance's eth0 as EC2 has it.
+fn eth0_in_ec2(mock: &mockcloud::MockCloud, instance_id: &str) -> mockcloud::world::EniView {
+    mock.instance(instance_id)
+        .unwrap()
+        .enis
+        .into_iter()
+        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+        .expect("eth0")
+}
+
 async fn allocate_all(socket: &std::path::Path, range: std::ops::Range<usize>) -> Vec<Ipv4Addr> {
     // Every client connected first, then every ADD at once: one burst.
     let mut clients = Vec::new();
@@ -97,13 +107,7 @@ async fn a_burst_takes_whole_prefixes_on_eth0_in_one_call_and_keeps_them_across_
         "the shipped IAM policy allows the prefix assign: {:?}",
         counters.actions
     );
-    let eth0 = mock
-        .instance(&inst.instance_id)
-        .unwrap()
-        .enis
-        .into_iter()
-        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
-        .unwrap();
+    let eth0 = eth0_in_ec2(&mock, &inst.instance_id);
     assert!(
         eth0.ipv4_prefixes.len() >= PODS.div_ceil(16) - 1,
         "eth0 holds the burst in /28s: {:?}",
@@ -130,13 +134,7 @@ async fn a_burst_takes_whole_prefixes_on_eth0_in_one_call_and_keeps_them_across_
     assert_eq!(s.assigned as usize, PODS, "every pod kept its IP: {s:?}");
     assert!(s.idle >= idle_before.min(1), "the prefixes' idle addresses are back: {s:?}");
     d.pool.check_invariants().unwrap();
-    let eth0_after = mock
-        .instance(&inst.instance_id)
-        .unwrap()
-        .enis
-        .into_iter()
-        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
-        .unwrap();
+    let eth0_after = eth0_in_ec2(&mock, &inst.instance_id);
     assert!(
         eth0.ipv4_prefixes
             .iter()

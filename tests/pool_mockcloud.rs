@@ -140,8 +140,8 @@ async fn a_cold_burst_of_100_pods_with_burst_prefixes_costs_one_call() {
     // 100 pods in seven /28s; one more when the adaptive warm-ups ride along.
     assert!((7..=8).contains(&prefixes), "{prefixes} /28s for 100 pods");
     assert!(b.allocations.iter().all(|a| a.device_index == 0));
-    // The node's capacity stays the secondary-IP mode's (the kubelet's max-pods is unchanged).
-    assert_eq!(b.pool.snapshot().capacity, 8 * 29);
+    // The node's capacity (tokens) counts each slot as a /28, as with prefix delegation.
+    assert_eq!(b.pool.snapshot().capacity, 8 * 29 * 16);
     b.pool.shutdown().await;
 }
 

@@ -39,7 +39,9 @@ pub fn node_capacity(limits: InstanceLimits, config: &PoolConfig, foreign_enis: 
         enis: enis.saturating_sub(reserved),
         ..limits.eni_limits()
     };
-    let mode = if config.prefix_delegation {
+    // Burst prefixes hold addresses a /28 at a time too: counting their slots as single IPs would
+    // put a node whose slots hold prefixes over its own capacity (the fault soak's restart).
+    let mode = if config.prefix_delegation || (config.burst_prefixes && limits.nitro) {
         AddressMode::Prefixes
     } else {
         AddressMode::SecondaryIps
@@ -187,6 +189,21 @@ mod tests {
             112
         );
         assert_eq!(node_capacity(limits(2, 3), &pd, 0), 64);
+    }
+
+    #[test]
+    fn burst_prefixes_count_every_slot_in_whole_prefixes_on_nitro_types_only() {
+        let burst = PoolConfig {
+            burst_prefixes: true,
+            ..config(None, None, true, false)
+        };
+        let nitro = InstanceLimits {
+            nitro: true,
+            ..limits(3, 10)
+        };
+        assert_eq!(node_capacity(nitro, &burst, 0), 432);
+        // Not a Nitro type: burst prefixes are off, single IPs.
+        assert_eq!(node_capacity(limits(3, 10), &burst, 0), 27);
     }
 
     proptest! {

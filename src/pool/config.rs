@@ -83,10 +83,10 @@ pub struct PoolConfig {
     /// Burst prefixes (Nitro instance types, without `prefix_delegation`): slots hold single
     /// secondary IPs, and a burst beyond the idle pool takes whole `/28`s in one assign on an ENI
     /// with free slots (EC2 lets both share an ENI), or falls over to one new ENI carrying it when
-    /// the assign is throttled: one growth call per burst ([`super::growth`]). Counts and the node's
-    /// capacity stay the secondary-IP mode's. Ignored on other types. Default false (opt-in): the
-    /// fault soak found a restart after a lost state file counting a node's prefixes beyond its
-    /// secondary-IP capacity (see `docs/how-it-works.md`).
+    /// the assign is throttled: one growth call per burst ([`super::growth`]). Counts stay in
+    /// addresses; the node's capacity (tokens) counts every slot as a `/28`, as with prefix
+    /// delegation (the kubelet's max-pods keeps the pods under its own limit). Ignored on other
+    /// types. Default false (opt-in): see `docs/how-it-works.md` for what the fault soak found.
     pub burst_prefixes: bool,
     /// With prefix delegation, after EC2 answers `InsufficientCidrBlocks` (no free `/28` in a
     /// subnet), new slots in that subnet are single addresses packed into blocks already fragmented,

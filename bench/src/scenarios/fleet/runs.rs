@@ -64,6 +64,7 @@ mod tests {
 
     use super::*;
     use crate::scenarios::fleet::floor::Floor;
+    use crate::scenarios::fleet::p;
 
     /// A pair that measured nothing: what the aggregation's tests fill in.
     fn blank(pattern: Pattern, policy: Policy, run: usize) -> PairResult {
