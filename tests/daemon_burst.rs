@@ -77,7 +77,10 @@ async fn a_burst_takes_whole_prefixes_on_eth0_in_one_call_and_keeps_them_across_
         if s.in_flight == 0 && s.creating_enis == 0 && s.idle > 0 {
             break;
         }
-        assert!(tokio::time::Instant::now() < warm, "the node never warmed: {s:?}");
+        assert!(
+            tokio::time::Instant::now() < warm,
+            "the node never warmed: {s:?}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     mock.reset_counters();
@@ -132,7 +135,10 @@ async fn a_burst_takes_whole_prefixes_on_eth0_in_one_call_and_keeps_them_across_
     let d = start(cfg).await;
     let s = d.pool.snapshot();
     assert_eq!(s.assigned as usize, PODS, "every pod kept its IP: {s:?}");
-    assert!(s.idle >= idle_before.min(1), "the prefixes' idle addresses are back: {s:?}");
+    assert!(
+        s.idle >= idle_before.min(1),
+        "the prefixes' idle addresses are back: {s:?}"
+    );
     d.pool.check_invariants().unwrap();
     let eth0_after = eth0_in_ec2(&mock, &inst.instance_id);
     assert!(
@@ -145,7 +151,10 @@ async fn a_burst_takes_whole_prefixes_on_eth0_in_one_call_and_keeps_them_across_
     );
     // The /28s' unused addresses are the pool's again (idle; after a restart they first cool
     // down, as any address the rebuild cannot date), and new pods never get a held one.
-    assert!(s.idle > 0, "the /28s' unused addresses are back as idle: {s:?}");
+    assert!(
+        s.idle > 0,
+        "the /28s' unused addresses are back as idle: {s:?}"
+    );
     let next = allocate_all(&d.socket_path, PODS..PODS + 4).await;
     assert!(next.iter().all(|ip| !unique.contains(ip)));
     d.pool.check_invariants().unwrap();

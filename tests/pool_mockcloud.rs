@@ -135,7 +135,11 @@ async fn a_cold_burst_of_100_pods_with_burst_prefixes_costs_one_call() {
         b.mutating
     );
     let inst = b.env.mock.instance(&b.env.instance.instance_id).unwrap();
-    assert_eq!(inst.enis.len(), 1, "no new ENI: eth0's slots hold the burst");
+    assert_eq!(
+        inst.enis.len(),
+        1,
+        "no new ENI: eth0's slots hold the burst"
+    );
     let prefixes = inst.enis[0].ipv4_prefixes.len();
     // 100 pods in seven /28s; one more when the adaptive warm-ups ride along.
     assert!((7..=8).contains(&prefixes), "{prefixes} /28s for 100 pods");

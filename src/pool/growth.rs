@@ -201,7 +201,10 @@ mod tests {
 
     #[test]
     fn without_prefixes_tokens_or_slots_it_stays_single_ips() {
-        assert_eq!(assign_size(20, 0, 14, false, 50, false), AssignSize::Singles);
+        assert_eq!(
+            assign_size(20, 0, 14, false, 50, false),
+            AssignSize::Singles
+        );
         // 12 more tokens needed for the rounding up, 11 left.
         assert_eq!(assign_size(20, 0, 14, true, 11, false), AssignSize::Singles);
         // The warm-ups' own tokens count: 20 pods, 12 warm-ups held, none left.
@@ -229,8 +232,14 @@ mod tests {
             BlockedPath::NewEni
         );
         assert_eq!(blocked_path(true, Throttled, true, true), BlockedPath::Wait);
-        assert_eq!(blocked_path(true, Throttled, false, false), BlockedPath::Wait);
+        assert_eq!(
+            blocked_path(true, Throttled, false, false),
+            BlockedPath::Wait
+        );
         assert_eq!(blocked_path(true, Other, false, true), BlockedPath::Wait);
-        assert_eq!(blocked_path(false, Throttled, false, true), BlockedPath::Wait);
+        assert_eq!(
+            blocked_path(false, Throttled, false, true),
+            BlockedPath::Wait
+        );
     }
 }

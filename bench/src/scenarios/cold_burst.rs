@@ -253,11 +253,20 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     }
     let shipped_s = AcrossRuns::of(&shipped.iter().map(|r| r.total_ms / 1e3).collect::<Vec<_>>())
         .context("no runs")?;
-    let shipped_calls = AcrossRuns::of(&shipped.iter().map(|r| r.mutating as f64).collect::<Vec<_>>())
-        .context("no runs")?;
-    let shipped_throttled =
-        AcrossRuns::of(&shipped.iter().map(|r| r.throttled as f64).collect::<Vec<_>>())
-            .context("no runs")?;
+    let shipped_calls = AcrossRuns::of(
+        &shipped
+            .iter()
+            .map(|r| r.mutating as f64)
+            .collect::<Vec<_>>(),
+    )
+    .context("no runs")?;
+    let shipped_throttled = AcrossRuns::of(
+        &shipped
+            .iter()
+            .map(|r| r.throttled as f64)
+            .collect::<Vec<_>>(),
+    )
+    .context("no runs")?;
     let mut v6 = Vec::new();
     for r in 0..ctx.runs {
         let res = one_run_v6(r).await?;
@@ -432,7 +441,11 @@ mod tests {
         let least = b.prefixes.expect("7 /28s fit eth0's 29 slots");
         assert_eq!((least.prefixes, least.min_mutating), (7, 1));
         assert_eq!(least.chain_ms, 250.0 + 1000.0);
-        assert!(Bound::compute(&LatencyProfile::realistic(), 3, 4, 100).prefixes.is_none());
+        assert!(
+            Bound::compute(&LatencyProfile::realistic(), 3, 4, 100)
+                .prefixes
+                .is_none()
+        );
         let one = Bound::compute(&LatencyProfile::fast(), 3, 10, 9);
         assert_eq!((one.enis, one.chain_ms), (1, 0.0));
     }

@@ -336,7 +336,10 @@ impl Soak {
                             anyhow::anyhow!("out-of-band unassign of {prefix} from {eni}: {e}")
                         })?;
                     ips.extend(prefix.hosts().chain([prefix.network(), prefix.broadcast()]));
-                    done.push(format!("{prefix} (with {ip} of {}/{}) from {eni}", k.0, k.1));
+                    done.push(format!(
+                        "{prefix} (with {ip} of {}/{}) from {eni}",
+                        k.0, k.1
+                    ));
                 }
                 continue;
             }

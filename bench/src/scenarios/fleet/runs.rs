@@ -57,7 +57,6 @@ pub fn group(results: &[PairResult]) -> Vec<Runs<'_>> {
     groups
 }
 
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
