@@ -441,8 +441,9 @@ mod tests {
         let least = b.prefixes.expect("7 /28s fit eth0's 29 slots");
         assert_eq!((least.prefixes, least.min_mutating), (7, 1));
         assert_eq!(least.chain_ms, 250.0 + 1000.0);
+        // 7 /28s do not fit 6 free slots.
         assert!(
-            Bound::compute(&LatencyProfile::realistic(), 3, 4, 100)
+            Bound::compute(&LatencyProfile::realistic(), 18, 7, 100)
                 .prefixes
                 .is_none()
         );
