@@ -216,6 +216,11 @@ async fn one_run_v6(r: usize) -> anyhow::Result<(f64, u64, u64)> {
     Ok((total_ms, at_startup, in_burst))
 }
 
+/// One figure of `runs`, across them.
+fn across(runs: &[RunResult], f: impl Fn(&RunResult) -> f64) -> anyhow::Result<AcrossRuns> {
+    AcrossRuns::of(&runs.iter().map(f).collect::<Vec<_>>()).context("no runs")
+}
+
 pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let it = mockcloud::catalog::lookup(INSTANCE).context("instance type")?;
     let profile = LatencyProfile::realistic();
@@ -224,7 +229,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         .prefixes
         .context("the burst fits eth0's slots as /28s on this type")?;
     let mut runs = Vec::new();
-    let mut shipped = Vec::new();
+    let mut burst = Vec::new();
     for r in 0..ctx.runs {
         for burst_prefixes in [true, false] {
             let res = one_run(r, burst_prefixes).await?;
@@ -245,28 +250,15 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
                     .collect::<Vec<_>>()
             );
             if burst_prefixes {
-                shipped.push(res);
+                burst.push(res);
             } else {
                 runs.push(res);
             }
         }
     }
-    let shipped_s = AcrossRuns::of(&shipped.iter().map(|r| r.total_ms / 1e3).collect::<Vec<_>>())
-        .context("no runs")?;
-    let shipped_calls = AcrossRuns::of(
-        &shipped
-            .iter()
-            .map(|r| r.mutating as f64)
-            .collect::<Vec<_>>(),
-    )
-    .context("no runs")?;
-    let shipped_throttled = AcrossRuns::of(
-        &shipped
-            .iter()
-            .map(|r| r.throttled as f64)
-            .collect::<Vec<_>>(),
-    )
-    .context("no runs")?;
+    let burst_s = across(&burst, |r| r.total_ms / 1e3)?;
+    let burst_calls = across(&burst, |r| r.mutating as f64)?;
+    let burst_throttled = across(&burst, |r| r.throttled as f64)?;
     let mut v6 = Vec::new();
     for r in 0..ctx.runs {
         let res = one_run_v6(r).await?;
@@ -284,14 +276,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         AcrossRuns::of(&v6.iter().map(|r| r.0 / 1e3).collect::<Vec<_>>()).context("no runs")?;
     let v6_calls = AcrossRuns::of(&v6.iter().map(|r| (r.1 + r.2) as f64).collect::<Vec<_>>())
         .context("no runs")?;
-    let across = |f: fn(&RunResult) -> f64| {
-        AcrossRuns::of(&runs.iter().map(f).collect::<Vec<_>>()).context("no runs")
-    };
-    let total_s = across(|r| r.total_ms / 1e3)?;
-    let pod_p50_s = across(|r| median(&r.per_pod_ms).unwrap_or(0.0) / 1e3)?;
-    let mutating = across(|r| r.mutating as f64)?;
-    let describe = across(|r| r.describe as f64)?;
-    let throttled = across(|r| r.throttled as f64)?;
+    let total_s = across(&runs, |r| r.total_ms / 1e3)?;
+    let pod_p50_s = across(&runs, |r| median(&r.per_pod_ms).unwrap_or(0.0) / 1e3)?;
+    let mutating = across(&runs, |r| r.mutating as f64)?;
+    let describe = across(&runs, |r| r.describe as f64)?;
+    let throttled = across(&runs, |r| r.throttled as f64)?;
     // Serialization, from the call log: the gap between consecutive ENI creations.
     let gaps: Vec<f64> = runs
         .iter()
@@ -307,20 +296,20 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         Row::new(
             "time until all 100 pods have an IP, burst prefixes on",
             Unit::Secs,
-            shipped_s,
+            burst_s,
         )
         .anchor(Anchor::Reference {
             name: format!("least bound over call structures (one assign of {} /28s on eth0)", least.prefixes),
             value: least.chain_ms / 1e3,
         })
         .target(Target::RatioAtMost(1.2)),
-        Row::new("  same: mutating EC2 calls", Unit::Count, shipped_calls)
+        Row::new("  same: mutating EC2 calls", Unit::Count, burst_calls)
             .anchor(Anchor::Reference {
                 name: "minimum (one assign)".into(),
                 value: f64::from(least.min_mutating),
             })
             .target(Target::RatioAtMost(1.0)),
-        Row::new("  same: throttled EC2 calls", Unit::Count, shipped_throttled)
+        Row::new("  same: throttled EC2 calls", Unit::Count, burst_throttled)
             .target(Target::AtMost(0.0)),
         Row::new(
             "secondary IPs (the default; a non-Nitro type's structure): time until all 100 pods have an IP",
@@ -357,7 +346,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         )
         .anchor(Anchor::Reference {
             name: "the IPv4 burst above (burst prefixes)".into(),
-            value: shipped_s.median,
+            value: burst_s.median,
         }),
         Row::new(
             "IPv6 node: mutating EC2 calls, startup (the /80) + burst",
