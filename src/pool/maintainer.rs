@@ -366,7 +366,7 @@ async fn create(shared: Arc<Shared>, plan: CreatePlan, permits: Arc<Semaphore>) 
             let st = shared.lock();
             match &slots {
                 Slots::Ips(n)
-                    if (st.config.prefix_delegation || st.burst_prefixes())
+                    if st.prefix_slots()
                         && st.prefixes_blocked(&plan.subnet_id, Instant::now()) =>
                 {
                     st.subnets

@@ -269,6 +269,12 @@ impl PoolState {
         self.config.burst_prefixes && !self.config.prefix_delegation && self.node.limits.nitro
     }
 
+    /// Whether the default network's slots may take whole `/28`s: prefix delegation, or burst
+    /// prefixes.
+    pub(crate) fn prefix_slots(&self) -> bool {
+        self.config.prefix_delegation || self.burst_prefixes()
+    }
+
     /// Whether `r`'s free slots may take whole `/28`s: prefix delegation, or burst prefixes on a
     /// default-network ENI (a profile's ENIs keep the mode its advertised capacity counts).
     fn slots_take_prefixes(&self, r: &EniRecord) -> bool {

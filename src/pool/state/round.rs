@@ -336,9 +336,8 @@ impl PoolState {
         let subnet_id = self.pick_subnet(now);
         // Slots of a new ENI here may take whole /28s (prefix delegation, or burst prefixes) unless
         // the subnet has no free /28: then it comes with single addresses, one per slot.
-        let prefixes_here = (self.config.prefix_delegation || self.burst_prefixes())
-            && !self.prefixes_blocked(&subnet_id, now);
-        let per_slot = if self.config.prefix_delegation || self.burst_prefixes() {
+        let prefixes_here = self.prefix_slots() && !self.prefixes_blocked(&subnet_id, now);
+        let per_slot = if self.prefix_slots() {
             PREFIX_ADDRESSES
         } else {
             1

@@ -75,7 +75,7 @@ impl PoolState {
                 .and_then(|s| s.subnet.as_ref())
                 .map_or(0, |s| s.available_ips)
         };
-        let takes_prefixes = self.config.prefix_delegation || self.burst_prefixes();
+        let takes_prefixes = self.prefix_slots();
         let prefixes_ok = |id: &str| !takes_prefixes || !self.prefixes_blocked(id, now);
         let Some(best) = candidates
             .iter()
