@@ -2,8 +2,10 @@
 //! through the real EC2 client (DescribeInstanceTypes: ENIs of the default network card, IPv4 per
 //! ENI, vCPUs, hypervisor):
 //!
-//! - secondary IPs (the default, eth0 serving pods): exactly the VPC CNI's max-pods − 2 (its +2 are
-//!   host-network pods, which take no pod IP);
+//! - secondary IPs (`burst_prefixes` off, eth0 serving pods): exactly the VPC CNI's max-pods − 2
+//!   (its +2 are host-network pods, which take no pod IP);
+//! - burst prefixes (the default): on Nitro types every slot counts as a `/28` (16 × the above),
+//!   elsewhere the same as secondary IPs;
 //! - prefix delegation, on Nitro types: at least the VPC CNI's prefix max-pods − 2 (capped at 110,
 //!   250 above 30 vCPUs);
 //! - without eth0 (`use_primary_eni = false`): one ENI's worth fewer.
@@ -19,14 +21,19 @@ use mockcloud::catalog::CATALOG;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_matches_the_vpc_cni_for_every_type() {
     let env = Env::start().await;
-    let secondary = PoolConfig::default();
+    let secondary = PoolConfig {
+        burst_prefixes: false,
+        ..PoolConfig::default()
+    };
+    let shipped = PoolConfig::default();
+    assert!(shipped.burst_prefixes, "burst prefixes are shipped");
     let prefixes = PoolConfig {
         prefix_delegation: true,
         ..PoolConfig::default()
     };
     let no_eth0 = PoolConfig {
         use_primary_eni: false,
-        ..PoolConfig::default()
+        ..secondary.clone()
     };
     let mut lines = Vec::new();
     for t in CATALOG {
@@ -42,6 +49,13 @@ async fn capacity_matches_the_vpc_cni_for_every_type() {
         let vpc_cni = t.max_pods();
         let ours = node_capacity(limits, &secondary, 0);
         assert_eq!(ours + 2, vpc_cni, "{}: secondary IPs", t.name);
+        let per_slot = if t.is_nitro() { 16 } else { 1 };
+        assert_eq!(
+            node_capacity(limits, &shipped, 0),
+            ours * per_slot,
+            "{}: burst prefixes count each slot as a /28 on Nitro types only",
+            t.name
+        );
         let without_eth0 = node_capacity(limits, &no_eth0, 0);
         assert_eq!(
             without_eth0 + t.ipv4_per_eni - 1,

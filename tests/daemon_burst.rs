@@ -1,5 +1,5 @@
-//! Burst prefixes through the real daemon (issue 46, item 1): on a Nitro type, with
-//! `burst_prefixes` on and the shipped IAM policy enforced, a burst beyond the idle IPs is served by one
+//! Burst prefixes through the real daemon (issue 46, item 1): on a Nitro type, with the shipped
+//! default (`burst_prefixes` on) and the shipped IAM policy enforced, a burst beyond the idle IPs is served by one
 //! AssignPrivateIpAddresses of whole `/28`s on eth0, no ENI is created for it, and the `/28`s
 //! survive a restart: the rebuild from IMDS and EC2 takes them back with the pods that hold their
 //! addresses and the unused ones as idle, and gives none back.
@@ -25,9 +25,10 @@ async fn mock() -> mockcloud::MockCloud {
     .unwrap()
 }
 
-fn with_burst_prefixes(mock: &mockcloud::MockCloud, dir: &std::path::Path) -> DaemonConfig {
+/// The shipped default, which the daemon tests' base config turns off.
+fn shipped(mock: &mockcloud::MockCloud, dir: &std::path::Path) -> DaemonConfig {
     DaemonConfig {
-        burst_prefixes: true,
+        burst_prefixes: DaemonConfig::default().burst_prefixes,
         ..config(mock, dir)
     }
 }
@@ -67,7 +68,11 @@ async fn allocate_all(socket: &std::path::Path, range: std::ops::Range<usize>) -
 async fn a_burst_takes_whole_prefixes_on_eth0_in_one_call_and_keeps_them_across_a_restart() {
     let mock = mock().await;
     let dir = TempDir::new("burst-prefixes");
-    let cfg = with_burst_prefixes(&mock, &dir.0);
+    assert!(
+        DaemonConfig::default().burst_prefixes,
+        "burst prefixes are the shipped default"
+    );
+    let cfg = shipped(&mock, &dir.0);
     let d = start(cfg.clone()).await;
     let inst = mock.default_instance();
     // The start's warm-up (the posture of single IPs) lands before the burst.
@@ -158,5 +163,112 @@ async fn a_burst_takes_whole_prefixes_on_eth0_in_one_call_and_keeps_them_across_
     let next = allocate_all(&d.socket_path, PODS..PODS + 4).await;
     assert!(next.iter().all(|ip| !unique.contains(ip)));
     d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+}
+
+/// `Ipv4PrefixCount` of the shipped launch template's primary interface
+/// (`deploy/launch-template-network.json`), as an operator applies it.
+fn shipped_launch_prefixes() -> u32 {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/launch-template-network.json");
+    let data: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("the shipped template"))
+            .expect("JSON");
+    let eth0 = &data["NetworkInterfaces"][0];
+    assert_eq!(eth0["DeviceIndex"], 0, "the template sets eth0: {data}");
+    assert!(
+        eth0.get("SecondaryPrivateIpAddressCount").is_none(),
+        "EC2 refuses secondary IPs beside a prefix count: {data}"
+    );
+    eth0["Ipv4PrefixCount"].as_u64().expect("a prefix count") as u32
+}
+
+/// Issue 46, item 3: a node launched with the shipped launch template's `/28`s on eth0 serves its
+/// first pods from them. The daemon's first start on the instance, with no pod on the host, takes
+/// them as idle at once (no cooldown, no quarantine: no pod ever held them), makes no mutating EC2
+/// call for them or for its warm pool, and never gives them back while its pods are fewer. A later
+/// start that finds the state file lost is no first start: the same addresses are then held until a
+/// settled describe vouches for them, as any lost file's are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_launched_with_the_templates_prefixes_serves_its_first_pods_without_a_call() {
+    let mock = mock().await;
+    let dir = TempDir::new("launch-prefixes");
+    let prefixes = shipped_launch_prefixes();
+    let subnet = mock.default_instance().subnet_id;
+    mock.enforce_shipped_policy(CLUSTER).unwrap();
+    let launched = mock
+        .launch_instance_carrying(
+            "m5.xlarge",
+            &subnet,
+            &[],
+            mockcloud::LaunchAddresses {
+                secondary_count: 0,
+                prefix_count: prefixes,
+            },
+        )
+        .await
+        .expect("EC2 launches it");
+    let cfg = DaemonConfig {
+        imds_endpoint: Some(launched.imds_url.clone()),
+        ..shipped(&mock, &dir.0)
+    };
+    mock.reset_counters();
+    let d = start(cfg.clone()).await;
+    let launch_addresses = prefixes * 16;
+    let s = d.pool.snapshot();
+    assert_eq!(s.quarantined, 0, "{s:?}");
+    assert_eq!(s.idle, launch_addresses, "{s:?}");
+    assert_eq!(s.idle_eligible, launch_addresses, "eligible at once: {s:?}");
+
+    let pods = launch_addresses as usize - 4;
+    let ips = allocate_all(&d.socket_path, 0..pods).await;
+    assert_eq!(ips.iter().collect::<BTreeSet<_>>().len(), pods);
+    // The warm levels keep every idle address of the launch (pods included, the node holds what
+    // it launched with) and need no top-up: no maintainer round will call EC2 for them.
+    let s = d.pool.snapshot();
+    assert!(
+        s.warm_keep >= s.idle,
+        "the launch's addresses are kept: {s:?}"
+    );
+    assert!(s.idle >= s.warm_target, "no top-up needed: {s:?}");
+    let counters = mock.counters();
+    for action in [
+        ASSIGN,
+        "UnassignPrivateIpAddresses",
+        "CreateNetworkInterface",
+        "AttachNetworkInterface",
+    ] {
+        assert_eq!(
+            counters.calls(action),
+            0,
+            "{action}: the launch's /28s serve the pods and the warm pool: {:?}",
+            counters.actions
+        );
+    }
+    let eth0 = eth0_in_ec2(&mock, &launched.instance_id);
+    assert_eq!(
+        eth0.ipv4_prefixes.len(),
+        prefixes as usize,
+        "none given back"
+    );
+    assert!(
+        ips.iter()
+            .all(|ip| eth0.ipv4_prefixes.iter().any(|p| p.contains(ip))),
+        "every pod IP is from the launch's /28s"
+    );
+    d.pool.check_invariants().unwrap();
+    d.shutdown().await;
+
+    // The state file lost: the instance was served before (its start marker), so this is a loss.
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(dir.0.join(f));
+    }
+    let d = start(cfg).await;
+    let s = d.pool.snapshot();
+    assert_eq!(
+        s.idle_eligible, 0,
+        "a lost file's addresses are not fresh: {s:?}"
+    );
+    assert!(s.quarantined > 0, "held until a settled describe: {s:?}");
     d.shutdown().await;
 }

@@ -322,6 +322,7 @@ async fn a_pool_restarted_from_the_rebuilt_seed_knows_its_enis_profiles() {
         Inputs {
             stored: StoredState::default(),
             state_lost: false,
+            first_start: false,
             host: &host,
             netns: &netns,
             use_primary_eni: false,

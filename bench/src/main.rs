@@ -117,6 +117,12 @@ struct Args {
     /// launch; `off` is the measure before issue 46 (pods at Ready, waits from the first ADD).
     #[arg(long, default_value = "on", action = clap::ArgAction::Set, value_parser = scenarios::fleet::parse_on_off)]
     fleet_startup_taint: bool,
+    /// Scenario `fleet`, pattern node-boot: each node's eth0 carries this many `/28`s from its
+    /// launch, as a launch template's `Ipv4PrefixCount` gives them (no EC2 call of the daemon's;
+    /// RunInstances carries them), for the policies that take prefixes (eniipam's burst prefixes,
+    /// prefix delegation); the others launch bare. 0: every node launches bare.
+    #[arg(long, default_value_t = 0)]
+    fleet_boot_prefixes: u32,
     /// Do not build eniipam/eniipamd first (use the binaries already next to this one).
     #[arg(long)]
     no_build: bool,
@@ -225,6 +231,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
             seed: args.seed.unwrap_or(scenarios::fleet::DEFAULT_SEED),
             lookahead: args.fleet_lookahead,
             startup_taint: args.fleet_startup_taint,
+            boot_prefixes: args.fleet_boot_prefixes,
             runs: args.runs.unwrap_or(1) as usize,
             out: out.clone(),
             out_given: args.out.clone(),

@@ -197,7 +197,7 @@ pub struct DaemonConfig {
     pub prefix_delegation: bool,
     /// Burst prefixes on Nitro types without `prefix_delegation`: a burst beyond the idle pool takes
     /// whole `/28`s in one assign, or one new ENI when assigns are throttled. See
-    /// `PoolConfig::burst_prefixes`. Default false (opt-in).
+    /// `PoolConfig::burst_prefixes`. Default true.
     pub burst_prefixes: bool,
     /// Seconds before a released IP goes to another pod (VPC CNI: IP_COOLDOWN_PERIOD, 30 s).
     pub reuse_cooldown_secs: u64,

@@ -88,6 +88,14 @@ pub(super) async fn open_store(config: &DaemonConfig) -> Result<(Store, bool), D
     Ok((store, lost))
 }
 
+/// Beside the state file, the instance a daemon first completed a rebuild on (`state.db` →
+/// `state.started`): a start that finds none (or another instance's) is the instance's first, so
+/// the addresses it came with never served a pod here. It is not in the state file because losing
+/// that file is exactly when the difference matters.
+pub(super) fn start_marker(state_path: &std::path::Path) -> std::path::PathBuf {
+    state_path.with_extension("started")
+}
+
 /// Step 3: who we are (IMDS), and what EC2 says about us: instance type, limits, eth0, and the
 /// subnets new ENIs may go to. eth0 as EC2 described it comes back too, so the IPv6 step reads its
 /// /80 from this one DescribeInstances instead of making another at every node boot.
@@ -272,6 +280,9 @@ pub(super) async fn rebuild(
     }
     let netns = reconcile::NetnsView::of(&config.netns_dirs);
     let host = reconcile::host_evidence(&config.cni_cache_dir, &netns);
+    let marker = start_marker(&config.state_path);
+    let first_start = std::fs::read_to_string(&marker)
+        .map_or(true, |started_on| started_on.trim() != node.instance_id);
     let rebuilt = reconcile::rebuild(
         clients.cloud.as_ref(),
         clients.metadata.as_ref(),
@@ -279,6 +290,7 @@ pub(super) async fn rebuild(
         reconcile::Inputs {
             stored,
             state_lost,
+            first_start,
             host: &host,
             netns: &netns,
             use_primary_eni: config.eth0_serves_pods(),
@@ -327,6 +339,19 @@ pub(super) async fn rebuild(
         .filter_map(|(eni, ips)| Some((eni.parse().ok()?, ips)))
         .collect();
     store.replace_all(rebuilt.state).await?;
+    if report.fresh_ips > 0 {
+        tracing::info!(
+            addresses = report.fresh_ips,
+            "first start on this instance, no pod on the host: the addresses it was launched with are idle at once"
+        );
+    }
+    if first_start {
+        // From now on a lost state file is a loss, not a first start. A marker that cannot be
+        // written only costs the next start the fresh addresses' head start.
+        if let Err(e) = std::fs::write(&marker, &node.instance_id) {
+            tracing::warn!(path = %marker.display(), error = %e, "cannot write the start marker");
+        }
+    }
     let journal = crate::ipam::StoreJournal::new(store.clone());
     for (eni, ips) in &adopted {
         crate::pool::ChangeJournal::assigned(&journal, eni, ips, &[]).await;

@@ -86,7 +86,7 @@ pub struct PoolConfig {
     /// the assign is throttled: one growth call per burst ([`super::growth`]). Counts stay in
     /// addresses; the node's capacity (tokens) counts every slot as a `/28`, as with prefix
     /// delegation (the kubelet's max-pods keeps the pods under its own limit). Ignored on other
-    /// types. Default false (opt-in): see `docs/how-it-works.md` for what the fault soak found.
+    /// types. Default true (the fault soak keeps its invariants with it: `tests/soak.rs`).
     pub burst_prefixes: bool,
     /// With prefix delegation, after EC2 answers `InsufficientCidrBlocks` (no free `/28` in a
     /// subnet), new slots in that subnet are single addresses packed into blocks already fragmented,
@@ -229,7 +229,7 @@ impl Default for PoolConfig {
             use_primary_eni: true,
             custom_networking: false,
             prefix_delegation: false,
-            burst_prefixes: false,
+            burst_prefixes: true,
             prefix_retry: Duration::from_secs(2 * 60),
             subnet_refresh: Duration::from_secs(30 * 60),
             add_wait: Duration::from_secs(100),

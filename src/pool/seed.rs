@@ -81,6 +81,8 @@ pub struct IdleSeed {
     pub idle_since: Instant,
     /// A sticky reservation: key and end.
     pub reserved: Option<(String, Instant)>,
+    /// Never served a pod (a fresh node's launch addresses): eligible at once, no cooldown.
+    pub fresh: bool,
 }
 
 /// The pool's starting state. Secondary IPs on managed ENIs that are neither in `allocations` nor

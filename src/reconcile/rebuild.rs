@@ -42,6 +42,9 @@ pub struct ReconcileReport {
     pub quarantine_lifted: Vec<Ipv4Addr>,
     /// The state file was lost (new, moved aside as corrupt, or another instance's).
     pub state_lost: bool,
+    /// Addresses a first start found on its ENIs with no pod on the host: the instance's launch
+    /// addresses, idle and eligible at once.
+    pub fresh_ips: usize,
     /// IPs IMDS and EC2 disagreed on (EC2 won).
     pub imds_mismatches: usize,
     /// The file belonged to another instance and was ignored.
@@ -69,6 +72,12 @@ pub struct Inputs<'a> {
     pub stored: StoredState,
     /// Whether the state file was lost (created afresh or moved aside as corrupt).
     pub state_lost: bool,
+    /// No daemon ever started on this instance before (no start marker beside the state file,
+    /// [`crate::daemon`]'s `first start`): the addresses the instance came with (a launch
+    /// template's `SecondaryPrivateIpAddressCount` or `Ipv4PrefixCount` on eth0) never served a pod
+    /// here, so when the host shows no pod either they are fresh: idle at once, neither cooling
+    /// nor quarantined.
+    pub first_start: bool,
     pub host: &'a HostEvidence,
     pub netns: &'a NetnsView,
     /// eth0's secondary IPs are pod IPs (the pool's `use_primary_eni`).
@@ -247,6 +256,7 @@ pub fn merge(
     let Inputs {
         stored,
         state_lost,
+        first_start,
         host,
         netns,
         use_primary_eni,
@@ -264,6 +274,8 @@ pub fn merge(
         stored
     };
     report.state_lost = state_lost || report.foreign_state;
+    // Nothing can hold an address of a node no daemon served before and whose host shows no pod.
+    let fresh = first_start && state_lost && host.claims.is_empty();
     let ec2 = &with_recent_changes(ec2, &ec2_changes, now_ms, &mut report);
     let ec2 = &if report.state_lost {
         with_claimed(ec2, host, instance_id, &mut report)
@@ -413,6 +425,7 @@ pub fn merge(
                 .as_ref()
                 .filter(|(_, until)| *until > now_ms)
                 .map(|(k, until)| (k.clone(), now + Duration::from_millis(until - now_ms))),
+            fresh: false,
         });
         stored_idle.push(StoredIdle {
             eni_id: eni_id.clone(),
@@ -460,7 +473,7 @@ pub fn merge(
         let hold = if let Some(q) = was_quarantined.get(ip) {
             (!host.cache_visible || q.reason == QUARANTINE_UNSETTLED)
                 .then(|| (q.since_ms, q.reason.clone()))
-        } else if report.state_lost && !released.contains(ip) {
+        } else if report.state_lost && !fresh && !released.contains(ip) {
             Some((
                 now_ms,
                 if host.cache_visible {
@@ -491,14 +504,18 @@ pub fn merge(
         }
         if was_quarantined.contains_key(ip) {
             report.quarantine_lifted.push(*ip);
+        } else if fresh {
+            report.fresh_ips += 1;
         } else if !released.contains(ip) {
             report.unknown_ips += 1;
         }
-        // Unknown history (or just released): idle from now, so it cools before any pod gets it.
+        // Unknown history (or just released): idle from now, so it cools before any pod gets it;
+        // a fresh node's launch addresses served no pod, so they are eligible at once.
         idle.push(IdleSeed {
             ip: *ip,
             idle_since: now,
             reserved: None,
+            fresh,
         });
         stored_idle.push(StoredIdle {
             ip: *ip,

@@ -23,10 +23,10 @@ pub const CLUSTER: &str = "test";
 /// fails the daemon as it would on AWS; a test that changes the cluster name calls
 /// `MockCloud::enforce_shipped_policy` again with the new name).
 ///
-/// Single secondary IPs (`burst_prefixes` off, as shipped): the daemon-level tests' assertions on
-/// ENIs, calls and addresses are written for that structure (a pod beyond eth0's slots starts a
-/// new ENI, each assign brings what its batch asked for). Burst prefixes are tested through the
-/// daemon in `tests/daemon_burst.rs`, through the pool in `tests/pool_mockcloud.rs`, and at fleet
+/// Single secondary IPs (`burst_prefixes` off; the shipped default is on): the daemon-level tests'
+/// assertions on ENIs, calls and addresses are written for that structure (a pod beyond eth0's
+/// slots starts a new ENI, each assign brings what its batch asked for), which non-Nitro types
+/// keep. The shipped burst prefixes are tested through the daemon in `tests/daemon_burst.rs`, through the pool in `tests/pool_mockcloud.rs`, and at fleet
 /// scale by `eniipam-bench fleet`.
 pub fn config(mock: &MockCloud, dir: &Path) -> DaemonConfig {
     let inst = mock.default_instance();

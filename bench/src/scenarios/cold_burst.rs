@@ -125,7 +125,7 @@ struct RunResult {
 }
 
 /// One run on a fresh node; `burst_prefixes`: on (a Nitro type's one assign of whole `/28`s), else
-/// single secondary IPs (the default, and a non-Nitro type's structure: eth0, then new ENIs).
+/// single secondary IPs (`burst_prefixes` off, a non-Nitro type's structure: eth0, then new ENIs).
 async fn one_run(r: usize, burst_prefixes: bool) -> anyhow::Result<RunResult> {
     let dir = TempDir::new("burst")?;
     let mock = support::mock(INSTANCE, true).await?;
@@ -294,7 +294,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
     let gap_ms = median(&gaps).unwrap_or(0.0);
     let rows = vec![
         Row::new(
-            "time until all 100 pods have an IP, burst prefixes on",
+            "time until all 100 pods have an IP, burst prefixes (the default)",
             Unit::Secs,
             burst_s,
         )
@@ -312,7 +312,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
         Row::new("  same: throttled EC2 calls", Unit::Count, burst_throttled)
             .target(Target::AtMost(0.0)),
         Row::new(
-            "secondary IPs (the default; a non-Nitro type's structure): time until all 100 pods have an IP",
+            "secondary IPs (`burst_prefixes` off; a non-Nitro type's structure): time until all 100 pods have an IP",
             Unit::Secs,
             total_s,
         )
@@ -388,7 +388,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ScenarioReport> {
                 bound.serial_ms / 1e3
             ),
             format!(
-                "the least call structure on this Nitro type: {PODS} pods in ⌈{PODS} / 16⌉ = {} /28s, which eth0's {} free slots hold, asked for in one AssignPrivateIpAddresses: assign {:.0} + IMDS lag {:.0} = {:.0} ms, 1 mutating call. With `burst_prefixes` on the daemon takes that structure; the secondary-IP rows run the same burst with it off (the default)",
+                "the least call structure on this Nitro type: {PODS} pods in ⌈{PODS} / 16⌉ = {} /28s, which eth0's {} free slots hold, asked for in one AssignPrivateIpAddresses: assign {:.0} + IMDS lag {:.0} = {:.0} ms, 1 mutating call. With `burst_prefixes` (the default) the daemon takes that structure; the secondary-IP rows run the same burst with it off",
                 least.prefixes,
                 bound.pod_ips_per_eni,
                 profile.latency("AssignPrivateIpAddresses").as_secs_f64() * 1e3,

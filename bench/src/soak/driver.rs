@@ -32,7 +32,17 @@ impl Soak {
         let pool = self.pool().await.context("the first Pool call")?;
         self.capacity = pool.capacity;
         let per_pod = if self.cfg.networks == 2 { 1.2 } else { 1.0 };
-        self.target_pods = ((pool.capacity as f64 * 0.55) / per_pod).max(4.0) as usize;
+        // Pods as the kubelet would place them: its max-pods (the secondary-IP count) bounds a
+        // node's pods whatever its addresses, and with `/28`s in the slots (burst prefixes) the
+        // capacity is 16 times that.
+        let pods_room =
+            eniipam_limits::lookup(&self.cfg.instance_type).map_or(pool.capacity, |t| {
+                pool.capacity.min(
+                    t.max_pods()
+                        .saturating_sub(eniipam_limits::HOST_NETWORK_PODS),
+                )
+            });
+        self.target_pods = ((pods_room as f64 * 0.55) / per_pod).max(4.0) as usize;
         if self.cluster.is_some() {
             self.target_pods = self.target_pods.min(super::PROFILES_TARGET_POD_COUNT);
         }

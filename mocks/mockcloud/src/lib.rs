@@ -58,8 +58,8 @@ pub use throttling::{Bucket, BucketLevel, Category, Throttling, ThrottlingError}
 pub use traffic::{ActionCounters, CallRecord, Counters, Fault, FaultKind};
 pub use world::{
     AttachmentView, DEFAULT_ALLOCATION_SEED, EniView, ImdsEni, ImdsInstance, InstanceView,
-    OccupyPattern, ReservationType, ReservationView, SubnetUsage, SubnetView, VPC_IPV4_CIDR_LIMIT,
-    VpcCidrAssociation,
+    LaunchAddresses, OccupyPattern, ReservationType, ReservationView, SubnetUsage, SubnetView,
+    VPC_IPV4_CIDR_LIMIT, VpcCidrAssociation,
 };
 
 /// Shared state behind every listener.
@@ -318,6 +318,24 @@ impl MockCloud {
         subnet_id: &str,
         security_groups: &[String],
     ) -> Result<LaunchedInstance, Ec2Error> {
+        self.launch_instance_carrying(
+            instance_type,
+            subnet_id,
+            security_groups,
+            world::LaunchAddresses::default(),
+        )
+        .await
+    }
+
+    /// Launches an instance whose eth0 carries `addresses` from the launch (a launch template's
+    /// `SecondaryPrivateIpAddressCount` or `Ipv4PrefixCount`), and starts its IMDS.
+    pub async fn launch_instance_carrying(
+        &self,
+        instance_type: &str,
+        subnet_id: &str,
+        security_groups: &[String],
+        addresses: world::LaunchAddresses,
+    ) -> Result<LaunchedInstance, Ec2Error> {
         let listener = TcpListener::bind(SocketAddr::new(self.inner.ec2_addr.ip(), 0))
             .await
             .map_err(|e| {
@@ -333,7 +351,13 @@ impl MockCloud {
         let (id, view) = {
             let mut w = self.inner.world.lock().expect("world lock");
             let now = Instant::now();
-            let id = w.launch_instance(instance_type, subnet_id, security_groups, now)?;
+            let id = w.launch_instance_carrying(
+                instance_type,
+                subnet_id,
+                security_groups,
+                addresses,
+                now,
+            )?;
             let view = w.instance(&id, now).expect("just launched");
             (id, view)
         };

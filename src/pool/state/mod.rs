@@ -245,6 +245,11 @@ pub(crate) struct PoolState {
     /// its pods wait on, so it is not held under contention, and with burst prefixes it takes a
     /// whole `/28` ([`PoolState::booting`]).
     pub first_warm_pending: bool,
+    /// Addresses the instance was launched with, found fresh at the daemon's first start (its node
+    /// group's launch template asked RunInstances for them): the node holds at least this many,
+    /// pods included, as `minimum_ips` would, so the warm pool never gives back what the operator
+    /// sized for the node's pods before they come.
+    pub launch_floor: u32,
     pub shutting_down: bool,
 }
 

@@ -77,7 +77,20 @@ impl PoolState {
             in_use: self.allocations.len() as u32,
             subnet_short,
         };
-        demand::warm_levels(&self.config, &self.demand, load, now)
+        let levels = demand::warm_levels(&self.config, &self.demand, load, now);
+        if load.in_use >= self.launch_floor {
+            return levels;
+        }
+        // The launch's addresses (`launch_floor`) were sized for the node's pods: until the pods
+        // outgrow them, none is given back, and a burst within them wants no warm-up beyond them.
+        let left = self.launch_floor - load.in_use;
+        let ahead = left.max(self.config.min_idle);
+        WarmLevels {
+            low: levels.low.min(ahead),
+            fill: levels.fill.min(ahead),
+            keep: levels.keep.max(left),
+            down_to: levels.down_to.max(left),
+        }
     }
 
     /// Drops create waiters whose callers are gone, returning their tokens.

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::Ipv4Addr;
 
-use tokio::time::Instant;
+use tokio::time::{Duration, Instant};
 
 use super::{EniRecord, EniRole, PoolState, Quarantine, SubnetRecord};
 use crate::cloud::{NodeContext, Subnet};
@@ -68,6 +68,7 @@ impl PoolState {
             growth_contended: false,
             assign_contended: false,
             first_warm_pending: true,
+            launch_floor: 0,
             shutting_down: false,
             config,
             node,
@@ -219,6 +220,7 @@ impl PoolState {
                 },
             );
         }
+        st.launch_floor = seed.idle.iter().filter(|i| i.fresh).count() as u32;
         let idle_info: HashMap<Ipv4Addr, _> = seed.idle.into_iter().map(|i| (i.ip, i)).collect();
         let cooldown = st.config.reuse_cooldown;
         let mut held = 0;
@@ -239,6 +241,7 @@ impl PoolState {
                         key: key.clone(),
                         until: *until,
                     });
+                    let cooldown = if info.fresh { Duration::ZERO } else { cooldown };
                     st.idle
                         .push(ip, eni, info.idle_since, cooldown, reservation);
                 }

@@ -101,6 +101,17 @@ fn run(
     claims: Vec<HostClaim>,
     changes: Vec<StoredEc2Change>,
 ) -> Rebuilt {
+    run_as(described, stored, (state_lost, false), claims, changes)
+}
+
+/// `run` with `(state_lost, first_start)`.
+fn run_as(
+    described: &[Eni],
+    stored: StoredState,
+    (state_lost, first_start): (bool, bool),
+    claims: Vec<HostClaim>,
+    changes: Vec<StoredEc2Change>,
+) -> Rebuilt {
     let host = HostEvidence {
         cache_visible: true,
         claims,
@@ -114,6 +125,7 @@ fn run(
         Inputs {
             stored,
             state_lost,
+            first_start,
             host: &host,
             netns: &netns,
             use_primary_eni: false,
@@ -200,4 +212,73 @@ fn with_the_file_lost_a_live_pods_ip_the_describe_does_not_show_yet_is_placed_fr
     let r = run(&described, StoredState::default(), true, claims, Vec::new());
     assert_eq!(seeded(&r), vec![ip(10), ip(11)]);
     assert_eq!(r.report.adopted.len(), 1);
+}
+
+/// A node's first start finds the addresses its launch template asked for (eth0's secondary IPs)
+/// and no pod on the host: they never served a pod, so they are idle and eligible at once, neither
+/// quarantined nor cooling. The same addresses after a lost state file (a daemon served this
+/// instance before) stay quarantined until a settled describe; with a pod's cache entry on the
+/// host, a first start is not trusted either.
+#[test]
+fn a_first_starts_launch_addresses_are_fresh_only_with_no_pod_on_the_host() {
+    // (The runner's eth0 serves no pods: an ENI of ours at device 1 stands for it.)
+    let described = vec![eni("eni-00000001", 1, &[11, 12, 13])];
+    let first = run_as(
+        &described,
+        StoredState::default(),
+        (true, true),
+        Vec::new(),
+        Vec::new(),
+    );
+    assert!(first.report.quarantined.is_empty(), "{:?}", first.report);
+    assert_eq!(first.report.fresh_ips, 3, "{:?}", first.report);
+    assert_eq!(first.report.unknown_ips, 0);
+    assert_eq!(first.seed.idle.len(), 3);
+    assert!(
+        first.seed.idle.iter().all(|i| i.fresh),
+        "{:?}",
+        first.seed.idle
+    );
+
+    let lost = run_as(
+        &described,
+        StoredState::default(),
+        (true, false),
+        Vec::new(),
+        Vec::new(),
+    );
+    assert_eq!(lost.report.quarantined.len(), 3, "{:?}", lost.report);
+    assert_eq!(lost.report.fresh_ips, 0);
+    assert!(lost.seed.idle.iter().all(|i| !i.fresh));
+
+    let with_pod = run_as(
+        &described,
+        StoredState::default(),
+        (true, true),
+        vec![claim("a", 11, "eni-00000001")],
+        Vec::new(),
+    );
+    assert_eq!(with_pod.report.fresh_ips, 0, "{:?}", with_pod.report);
+    assert_eq!(
+        with_pod.report.quarantined.len(),
+        2,
+        "{:?}",
+        with_pod.report
+    );
+    assert!(with_pod.seed.idle.iter().all(|i| !i.fresh));
+
+    // A kept state file is never a first start's.
+    let kept = run_as(
+        &described,
+        StoredState {
+            instance_id: Some(INSTANCE.into()),
+            enis: vec![stored_eni(&described[0])],
+            ..StoredState::default()
+        },
+        (false, true),
+        Vec::new(),
+        Vec::new(),
+    );
+    assert_eq!(kept.report.fresh_ips, 0);
+    assert!(kept.seed.idle.iter().all(|i| !i.fresh));
 }

@@ -79,9 +79,17 @@ pub async fn launch(mock: &MockCloud, spec: &PairSpec, root: &Path) -> anyhow::R
     let mut instances = Vec::with_capacity(spec.nodes);
     for i in 0..spec.nodes {
         instances.push(
-            mock.launch_instance(INSTANCE, &subnets[i / NODES_PER_SUBNET])
-                .await
-                .map_err(|e| anyhow!("launching node {i}: {e}"))?,
+            mock.launch_instance_carrying(
+                INSTANCE,
+                &subnets[i / NODES_PER_SUBNET],
+                &[],
+                mockcloud::LaunchAddresses {
+                    secondary_count: 0,
+                    prefix_count: spec.launch_prefixes,
+                },
+            )
+            .await
+            .map_err(|e| anyhow!("launching node {i}: {e}"))?,
         );
     }
     Ok(Launched {

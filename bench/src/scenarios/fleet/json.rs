@@ -72,6 +72,7 @@ pub fn json(args: &FleetArgs, results: &[PairResult]) -> Value {
         "runs": args.runs,
         "lookahead": args.lookahead,
         "startup_taint": args.startup_taint,
+        "boot_prefixes": args.boot_prefixes,
         "reproduce": args.reproduce(),
         "pairs": pairs,
     })

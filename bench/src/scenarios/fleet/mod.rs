@@ -87,6 +87,9 @@ pub struct FleetArgs {
     /// Node-boot models eniipam's startup taint and counts waits from launch
     /// (`--fleet-startup-taint`).
     pub startup_taint: bool,
+    /// Node-boot: `/28`s each node's eth0 carries from its launch, for the policies that take
+    /// prefixes (`--fleet-boot-prefixes`; 0: launched bare).
+    pub boot_prefixes: u32,
     /// Every pair this many times, run `r` on seed `seed + r` (`--runs`).
     pub runs: usize,
     /// Where `fleet.md` and the plots go.
@@ -157,6 +160,9 @@ impl FleetArgs {
         if !self.startup_taint {
             s.push_str(" --fleet-startup-taint off");
         }
+        if self.boot_prefixes > 0 {
+            let _ = write!(s, " --fleet-boot-prefixes {}", self.boot_prefixes);
+        }
         if self.runs > 1 {
             let _ = write!(s, " --runs {}", self.runs);
         }
@@ -180,6 +186,11 @@ pub async fn run(args: &FleetArgs) -> anyhow::Result<ScenarioReport> {
                     seed: runs::seed_of(args.seed, run),
                     lookahead: args.lookahead,
                     startup_taint: args.startup_taint,
+                    launch_prefixes: if pattern == Pattern::NodeBoot && policy.takes_prefixes() {
+                        args.boot_prefixes
+                    } else {
+                        0
+                    },
                     run,
                 })
             })

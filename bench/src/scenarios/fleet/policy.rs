@@ -16,11 +16,12 @@ const WIDE_OPEN: u32 = 10_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Policy {
     /// eniipam as shipped: `DaemonConfig::default()`'s knobs (the adaptive warm pool, the node rate
-    /// limiter), single secondary IPs.
+    /// limiter, burst prefixes on Nitro types: a burst beyond the idle IPs takes whole `/28`s in one
+    /// assign, or one new ENI when the assign bucket is dry; issue 46 item 1).
     Eniipam,
-    /// As shipped with burst prefixes on: a burst beyond the idle IPs takes whole `/28`s in one
-    /// assign, or one new ENI when the assign bucket is dry (`burst_prefixes`, issue 46 item 1).
-    EniipamBurst,
+    /// As shipped with burst prefixes off: single secondary IPs, the structure non-Nitro types
+    /// keep (an assign for eth0's room, a create + attach + modify per new ENI).
+    EniipamSecondary,
     /// eniipam as shipped with prefix delegation on: slots are `/28`s, counts stay in addresses.
     EniipamPd,
     /// eniipam's adaptive pool set leaner than shipped: `min_idle` 1, `max_idle` 8. A point of its
@@ -52,7 +53,7 @@ impl Policy {
     /// Every policy, in the matrix's order.
     pub const ALL: [Policy; 9] = [
         Policy::Eniipam,
-        Policy::EniipamBurst,
+        Policy::EniipamSecondary,
         Policy::EniipamPd,
         Policy::EniipamLean,
         Policy::EniipamWarm,
@@ -66,7 +67,7 @@ impl Policy {
     pub fn name(self) -> &'static str {
         match self {
             Policy::Eniipam => "eniipam",
-            Policy::EniipamBurst => "eniipam-burst",
+            Policy::EniipamSecondary => "eniipam-secondary",
             Policy::EniipamPd => "eniipam-pd",
             Policy::EniipamLean => "eniipam-lean",
             Policy::EniipamWarm => "eniipam-warm",
@@ -134,8 +135,8 @@ impl Policy {
         };
         match self {
             Policy::Eniipam => ours,
-            Policy::EniipamBurst => DaemonConfig {
-                burst_prefixes: true,
+            Policy::EniipamSecondary => DaemonConfig {
+                burst_prefixes: false,
                 ..ours
             },
             Policy::EniipamPd => DaemonConfig {
@@ -149,6 +150,13 @@ impl Policy {
             Policy::WarmIp => theirs(5, 5, 10, false),
             Policy::WarmPrefix => theirs(16, 48, 0, true),
         }
+    }
+
+    /// Whether this policy's nodes hold `/28`s on the fleet's Nitro type (burst prefixes or prefix
+    /// delegation), so a launch template's prefixes serve its pods.
+    pub fn takes_prefixes(self) -> bool {
+        let c = self.apply(DaemonConfig::default(), 14);
+        c.prefix_delegation || c.burst_prefixes
     }
 
     /// The knobs as a phrase for the report's set-up lines.

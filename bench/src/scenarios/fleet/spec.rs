@@ -21,6 +21,9 @@ pub struct PairSpec {
     /// Node-boot: eniipam's nodes carry the startup taint, so their pods are bound only once the
     /// daemon would lift it, and every policy's pod waits run from the node's launch.
     pub startup_taint: bool,
+    /// `/28`s each node's eth0 carries from its launch (a launch template's `Ipv4PrefixCount`,
+    /// `--fleet-boot-prefixes`): node-boot, policies that take prefixes; else 0.
+    pub launch_prefixes: u32,
     /// Which of `--runs` this is (0-based); `seed` is already this run's.
     pub run: usize,
 }

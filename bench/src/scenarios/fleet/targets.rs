@@ -448,6 +448,18 @@ pub fn setup(args: &FleetArgs) -> Vec<String> {
         } else {
             "node-boot without the startup taint (`--fleet-startup-taint off`): every node takes pods at Ready, and a pod's wait runs from its ADD's first attempt (the measure before issue 46)".into()
         });
+        if args.boot_prefixes > 0 {
+            lines.push(format!(
+                "node-boot's launch addresses (`--fleet-boot-prefixes {n}`): the nodes of the policies that take prefixes ({}) launch with {n} `/28`s on eth0, as their node group's launch template asks RunInstances for them (`NetworkInterfaces[0].Ipv4PrefixCount`, `deploy/launch-template.md`): no EC2 call of the daemon's, no account bucket but RunInstances', which every policy's launch spends alike; a first start adopts them as idle at once (no pod ever held them). The other policies' nodes launch bare",
+                args.policies
+                    .iter()
+                    .filter(|p| p.takes_prefixes())
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                n = args.boot_prefixes
+            ));
+        }
     }
     for policy in &args.policies {
         lines.push(format!("policy {policy}: {}", policy.knobs(per_eni)));

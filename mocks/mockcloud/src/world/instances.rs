@@ -13,6 +13,15 @@ use super::{
 };
 use crate::catalog::{self, InstanceType};
 
+/// What RunInstances (or a launch template's first network interface) asks eth0 to carry beyond
+/// its primary IP: `SecondaryPrivateIpAddressCount` or `Ipv4PrefixCount`. EC2 refuses both at once,
+/// prefixes on a Xen type, and more than the instance type's addresses per interface.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchAddresses {
+    pub secondary_count: u32,
+    pub prefix_count: u32,
+}
+
 impl World {
     /// Launches a running instance with its primary ENI (device 0 on card 0) in `subnet_id`.
     pub fn launch_instance(
@@ -20,6 +29,53 @@ impl World {
         instance_type: &str,
         subnet_id: &str,
         security_groups: &[String],
+        now: Instant,
+    ) -> Ec2Result<String> {
+        self.launch_instance_carrying(
+            instance_type,
+            subnet_id,
+            security_groups,
+            LaunchAddresses::default(),
+            now,
+        )
+    }
+
+    /// [`World::launch_instance`] with eth0 carrying `addresses` from the launch, as RunInstances'
+    /// `NetworkInterface.N` would: checked as EC2 checks them, before anything is created.
+    pub fn launch_instance_carrying(
+        &mut self,
+        instance_type: &str,
+        subnet_id: &str,
+        security_groups: &[String],
+        addresses: LaunchAddresses,
+        now: Instant,
+    ) -> Ec2Result<String> {
+        let itype = catalog::lookup(instance_type).ok_or_else(|| {
+            Ec2Error::client(
+                "InvalidInstanceType",
+                format!("The instance type '{instance_type}' is not supported."),
+            )
+        })?;
+        if addresses.prefix_count > 0 && !itype.is_nitro() {
+            return Err(super::enis::prefixes_unsupported(&itype));
+        }
+        let slots = 1 + addresses.secondary_count + addresses.prefix_count;
+        if slots > itype.ipv4_per_eni {
+            return Err(super::limit_exceeded(
+                slots,
+                itype.ipv4_per_eni,
+                &format!(" (the primary network interface of a {instance_type})"),
+            ));
+        }
+        self.launch_checked(instance_type, subnet_id, security_groups, addresses, now)
+    }
+
+    fn launch_checked(
+        &mut self,
+        instance_type: &str,
+        subnet_id: &str,
+        security_groups: &[String],
+        addresses: LaunchAddresses,
         now: Instant,
     ) -> Ec2Result<String> {
         let itype = catalog::lookup(instance_type).ok_or_else(|| {
@@ -44,6 +100,8 @@ impl World {
                 subnet_id: subnet_id.to_owned(),
                 security_groups: sgs.clone(),
                 description: "Primary network interface".to_owned(),
+                secondary_count: addresses.secondary_count,
+                prefix_count: addresses.prefix_count,
                 ..Default::default()
             },
             now,

@@ -49,6 +49,7 @@ mod vpc_cidrs;
 pub use addresses::{OccupyPattern, ReservationType, SubnetUsage};
 pub use eni_describe::SERVER_SIDE_ENI_FILTERS;
 pub use iam::IamFacts;
+pub use instances::LaunchAddresses;
 pub use ipv6::{IPV6_PREFIX_LEN, Ipv6Args, Ipv6Assigned};
 pub use security_groups::{
     Direction, GROUPS_PER_INTERFACE, IpPermission, Peer, RULES_PER_DIRECTION, SecurityGroupView,

@@ -480,3 +480,60 @@ fn the_refused_share_of_new_enis_is_picked_by_id() {
         "reproducible"
     );
 }
+
+/// RunInstances' primary interface may carry secondary IPs or `/28`s from the launch, as EC2
+/// checks them: never both, prefixes only on Nitro, never beyond the type's addresses per
+/// interface; a refused launch creates nothing.
+#[test]
+fn a_launch_carries_addresses_on_eth0_as_ec2_checks_them() {
+    let t0 = Instant::now();
+    let mut w = World::new("us-east-1", timing());
+    let (vpc, _) = w.create_vpc("10.0.0.0/16".parse().unwrap()).unwrap();
+    let subnet = w
+        .create_subnet(&vpc, "10.0.0.0/22".parse().unwrap(), "us-east-1a")
+        .unwrap();
+    let carrying = |secondary_count, prefix_count| super::LaunchAddresses {
+        secondary_count,
+        prefix_count,
+    };
+    let inst = w
+        .launch_instance_carrying("m5.xlarge", &subnet, &[], carrying(0, 2), t0)
+        .unwrap();
+    let eth0 = &w.instance(&inst, t0).unwrap().enis[0];
+    assert_eq!(eth0.ipv4_prefixes.len(), 2);
+    assert!(eth0.secondary_ips.is_empty());
+    let inst = w
+        .launch_instance_carrying("m5.xlarge", &subnet, &[], carrying(14, 0), t0)
+        .unwrap();
+    assert_eq!(
+        w.instance(&inst, t0).unwrap().enis[0].secondary_ips.len(),
+        14
+    );
+
+    let enis_before = w.network_interfaces(t0).len();
+    let refused = [
+        (carrying(4, 1), "m5.xlarge", "InvalidParameterCombination"),
+        (carrying(0, 1), "m4.xlarge", "UnsupportedOperation"),
+        (
+            carrying(15, 0),
+            "m5.xlarge",
+            "PrivateIpAddressLimitExceeded",
+        ),
+        (
+            carrying(0, 15),
+            "m5.xlarge",
+            "PrivateIpAddressLimitExceeded",
+        ),
+    ];
+    for (addresses, itype, code) in refused {
+        let e = w
+            .launch_instance_carrying(itype, &subnet, &[], addresses, t0)
+            .unwrap_err();
+        assert_eq!(e.code, code, "{addresses:?} on {itype}: {e:?}");
+    }
+    assert_eq!(
+        w.network_interfaces(t0).len(),
+        enis_before,
+        "nothing created"
+    );
+}
