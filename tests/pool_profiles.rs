@@ -327,6 +327,7 @@ async fn a_pool_restarted_from_the_rebuilt_seed_knows_its_enis_profiles() {
             netns: &netns,
             use_primary_eni: false,
             ec2_changes: Vec::new(),
+            described: None,
         },
     )
     .await

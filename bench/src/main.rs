@@ -150,6 +150,11 @@ struct Args {
     /// `ENIIPAM_IP_FAMILY`); the checker adds the IPv6 invariants for the last two.
     #[arg(long, default_value = "ipv4")]
     ip_family: soak::IpFamily,
+    /// Scenario `soak`: the node's instance type (default c5.xlarge, c5.4xlarge with
+    /// `--network-profiles`): a Nitro type soaks the shipped burst prefixes, a Xen one (m4.xlarge,
+    /// the same 4 ENIs × 15 IPs) single secondary IPs.
+    #[arg(long)]
+    soak_instance_type: Option<String>,
     /// Scenario `soak`: keep eniipamd's log in this file (default: with the temporary directory).
     #[arg(long)]
     soak_log: Option<PathBuf>,
@@ -250,6 +255,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
             ip_family: args.ip_family,
             log: args.soak_log.clone(),
             network_profiles: args.network_profiles,
+            instance_type: args.soak_instance_type.clone(),
         },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -47,7 +47,7 @@ use demand::{restore_demand, save_demand, spawn_demand_writer, spawn_lookahead_o
 use host::{spawn_host_routing, spawn_host_rules};
 use reconciler::{Reconciler, spawn_reconcile};
 use serve::{serve_grpc, serve_metrics};
-use startup::{discover_node, open_store, patiently, rebuild};
+use startup::{discover_node, eth0_of, open_store, patiently, rebuild};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -167,16 +167,28 @@ impl Daemon {
         let (store, state_lost) = open_store(&config).await?;
         // Every EC2 call until the pool starts is the startup's.
         let (node, (seed, report, vpc_cidrs), ipv6) = with_purpose(Purpose::Startup, async {
-            let (node, eth0) =
+            let (node, instance) =
                 patiently("node discovery", || discover_node(&config, &clients)).await?;
+            let eth0 = eth0_of(&instance).cloned();
+            // The first try reads the node's ENIs from node discovery's describe; a retry
+            // describes them afresh.
+            let mut described = Some(instance);
             let rebuilt = patiently("rebuild", || {
-                rebuild(&config, &clients, &node, (&store, state_lost), &b.metrics)
+                let described = described.take();
+                rebuild(
+                    &config,
+                    &clients,
+                    &node,
+                    (&store, state_lost),
+                    &b.metrics,
+                    described,
+                )
             })
             .await?;
             let ipv6 = if config.ip_family.has_ipv6() {
                 // The first try reads eth0 from node discovery's describe; a retry describes it
                 // afresh (a /80 an interrupted try had assigned is then adopted, not doubled).
-                let mut described = Some(eth0);
+                let mut described = eth0;
                 let p = patiently("IPv6 prefix", || {
                     let eth0 = described.take();
                     ipv6::take_prefix(

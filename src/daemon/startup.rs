@@ -8,7 +8,7 @@ use ipnet::Ipv4Net;
 
 use super::{CloudClients, DaemonError};
 use crate::cloud::backoff::BackoffPolicy;
-use crate::cloud::{Eni, InstanceLimits, NodeContext};
+use crate::cloud::{Eni, Instance, InstanceLimits, NodeContext};
 use crate::config::DaemonConfig;
 use crate::metrics::Metrics;
 use crate::pool::PoolSeed;
@@ -97,12 +97,14 @@ pub(super) fn start_marker(state_path: &std::path::Path) -> std::path::PathBuf {
 }
 
 /// Step 3: who we are (IMDS), and what EC2 says about us: instance type, limits, eth0, and the
-/// subnets new ENIs may go to. eth0 as EC2 described it comes back too, so the IPv6 step reads its
-/// /80 from this one DescribeInstances instead of making another at every node boot.
+/// subnets new ENIs may go to. The instance as EC2 described it comes back too, so the rebuild's
+/// first describe of the node's ENIs and the IPv6 step's look at eth0's /80 reuse this one
+/// DescribeInstances instead of making more at every node boot (a fleet's boot shares the
+/// account's DescribeInstances bucket, 100 + 20/s: two calls a node throttled 500 booting nodes).
 pub(super) async fn discover_node(
     config: &DaemonConfig,
     clients: &CloudClients,
-) -> Result<(NodeContext, Eni), DaemonError> {
+) -> Result<(NodeContext, Instance), DaemonError> {
     let identity = clients.metadata.identity().await?;
     let instance = clients
         .cloud
@@ -126,10 +128,7 @@ pub(super) async fn discover_node(
             instance.instance_type
         )));
     }
-    let eth0 = instance
-        .enis
-        .iter()
-        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+    let eth0 = eth0_of(&instance)
         .ok_or_else(|| DaemonError::NoPrimaryEni(identity.instance_id.clone()))?;
     let subnet_id = config
         .subnet_id
@@ -151,7 +150,15 @@ pub(super) async fn discover_node(
         limits,
         pod_subnets,
     };
-    Ok((node, eth0.clone()))
+    Ok((node, instance))
+}
+
+/// The instance's eth0 (device 0), as EC2 described it.
+pub(super) fn eth0_of(instance: &Instance) -> Option<&Eni> {
+    instance
+        .enis
+        .iter()
+        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
 }
 
 /// The AWS VPC CNI's subnet tag: `0` excludes a subnet, any other value includes it.
@@ -266,6 +273,7 @@ pub(super) async fn rebuild(
     node: &NodeContext,
     (store, state_lost): (&Store, bool),
     metrics: &Metrics,
+    described: Option<Instance>,
 ) -> Result<(PoolSeed, ReconcileReport, Vec<Ipv4Net>), DaemonError> {
     let stored = store.load().await?;
     let ec2_changes = store.load_ec2_changes().await?;
@@ -295,6 +303,7 @@ pub(super) async fn rebuild(
             netns: &netns,
             use_primary_eni: config.eth0_serves_pods(),
             ec2_changes,
+            described,
         },
     )
     .await?;

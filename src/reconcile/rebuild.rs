@@ -84,6 +84,10 @@ pub struct Inputs<'a> {
     pub use_primary_eni: bool,
     /// The file's journal of the pool's own address changes (`store::changes`).
     pub ec2_changes: Vec<StoredEc2Change>,
+    /// The instance as node discovery described it moments ago: the first describe of the node's
+    /// ENIs reads it instead of asking EC2 again (a retry, or a describe asked again while EC2
+    /// lags a new ENI, asks afresh).
+    pub described: Option<crate::cloud::Instance>,
 }
 
 /// Reads IMDS and EC2 and merges them with the stored state.
@@ -91,15 +95,15 @@ pub async fn rebuild(
     cloud: &dyn Cloud,
     metadata: &dyn Metadata,
     instance_id: &str,
-    inputs: Inputs<'_>,
+    mut inputs: Inputs<'_>,
 ) -> Result<Rebuilt, CloudError> {
     let imds = metadata.interfaces().await?;
     let ec2 = settled::describe(
         cloud,
         instance_id,
         &imds,
-        &inputs.stored,
-        &inputs.ec2_changes,
+        (&inputs.stored, &inputs.ec2_changes),
+        inputs.described.take(),
     )
     .await?;
     // An ENI attached just before a crash may be in neither IMDS (which lags) nor the file: its
@@ -205,9 +209,11 @@ fn with_recent_changes(
 /// EC2's ENIs with the IPs live pods hold that the describe does not show yet: the plugin caches a
 /// pod's result, with the ENI the daemon answered from, only after the daemon recorded the IP, which
 /// EC2 had assigned; a describe that lags EC2's changes may not list it yet (a restart within seconds
-/// of the pod's ADD, its state file lost). Only for an ENI the describe shows attached here that
-/// holds single addresses (a prefix-delegated ENI's `/28`s come from the journal alone). Each is
-/// counted in `report.journal_corrections`.
+/// of the pod's ADD, its state file lost). Only for an ENI the describe shows attached here: a
+/// single address where the ENI holds no `/28`, or the `/28` IMDS lists holding it (IMDS shows
+/// EC2's assignment before the describe does); an address on an ENI with `/28`s that IMDS does not
+/// place in one is left out, as nothing tells which it is. Each is counted in
+/// `report.journal_corrections`.
 ///
 /// Only when the state file was lost: with the file, the journal holds every address EC2 gave an
 /// ENI in the last minute before any pod got it ([`crate::pool`] waits for the write), so a live
@@ -215,7 +221,7 @@ fn with_recent_changes(
 /// back from the cache would hold an address no ENI has (issue 44 case 8).
 fn with_claimed(
     ec2: &[Eni],
-    host: &HostEvidence,
+    (host, imds): (&HostEvidence, &[MetadataEni]),
     instance_id: &str,
     report: &mut ReconcileReport,
 ) -> Vec<Eni> {
@@ -226,13 +232,37 @@ fn with_claimed(
         }
         let Some(e) = enis.iter_mut().find(|e| {
             e.id.as_str() == c.eni_id
-                && e.ipv4_prefixes.is_empty()
                 && e.attachment
                     .as_ref()
                     .is_some_and(|a| a.instance_id == instance_id)
         }) else {
             continue;
         };
+        // Inside a `/28` the instance's metadata already lists on this ENI (IMDS shows EC2's
+        // assignment before its describe does): the prefix is taken whole, its addresses held
+        // from new pods until a describe shows it (burst prefixes put `/28`s beside single IPs on
+        // eth0, so a prefix on the ENI no longer means every address is in one).
+        let listed = imds
+            .iter()
+            .filter(|m| m.mac == e.mac)
+            .flat_map(|m| m.ipv4_prefixes.iter())
+            .find(|p| p.contains(&c.ip))
+            .copied();
+        if let Some(prefix) = listed {
+            tracing::info!(ip = %c.ip, %prefix, eni = %e.id, attachment = %c.attachment,
+                "a live pod holds an address of a /28 IMDS lists and EC2's describe does not show yet: the /28 is taken as on its ENI");
+            e.ipv4_prefixes.push(prefix);
+            report
+                .unconfirmed
+                .extend(prefix.hosts().chain([prefix.network(), prefix.broadcast()]));
+            report.journal_corrections += 1;
+            continue;
+        }
+        if !e.ipv4_prefixes.is_empty() {
+            // Whether it is a single address or in a /28 the metadata does not show yet, nothing
+            // tells: placing either could hand out addresses EC2 does not have.
+            continue;
+        }
         tracing::info!(ip = %c.ip, eni = %e.id, attachment = %c.attachment,
             "a live pod holds an IP EC2's describe does not show yet: taken as on its ENI");
         e.secondary_ips.push(c.ip);
@@ -261,6 +291,7 @@ pub fn merge(
         netns,
         use_primary_eni,
         ec2_changes,
+        described: _,
     } = inputs;
     let mut report = ReconcileReport::default();
     let stored = if stored
@@ -278,7 +309,7 @@ pub fn merge(
     let fresh = first_start && state_lost && host.claims.is_empty();
     let ec2 = &with_recent_changes(ec2, &ec2_changes, now_ms, &mut report);
     let ec2 = &if report.state_lost {
-        with_claimed(ec2, host, instance_id, &mut report)
+        with_claimed(ec2, (host, imds), instance_id, &mut report)
     } else {
         ec2.clone()
     };

@@ -21,6 +21,9 @@ pub struct SoakArgs {
     pub log: Option<std::path::PathBuf>,
     /// The network-profiles mode (`--network-profiles`).
     pub network_profiles: bool,
+    /// The node's instance type (`--soak-instance-type`): a Nitro type soaks burst prefixes (the
+    /// default), a Xen one single secondary IPs. None: the mode's own.
+    pub instance_type: Option<String>,
 }
 
 /// Violations described in the report, per kind.
@@ -77,6 +80,13 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<ScenarioReport> {
     );
     if args.network_profiles {
         cfg = cfg.with_network_profiles();
+    }
+    if let Some(t) = &args.instance_type {
+        anyhow::ensure!(
+            eniipam_limits::lookup(t).is_some(),
+            "--soak-instance-type {t:?} is not in the instance-type catalogue"
+        );
+        cfg.instance_type = t.clone();
     }
     cfg.networks = args.networks;
     cfg.faults = args.faults.clone();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::clock::unix_ms_now;
-use crate::cloud::{Cloud, CloudError, DESCRIBE_SETTLES, Eni, MetadataEni};
+use crate::cloud::{Cloud, CloudError, DESCRIBE_SETTLES, Eni, Instance, MetadataEni};
 use crate::model::EniId;
 use crate::store::{Ec2Change, StoredEc2Change, StoredState};
 
@@ -34,8 +34,8 @@ pub(super) async fn describe(
     cloud: &dyn Cloud,
     instance_id: &str,
     imds: &[MetadataEni],
-    stored: &StoredState,
-    changes: &[StoredEc2Change],
+    (stored, changes): (&StoredState, &[StoredEc2Change]),
+    mut described: Option<Instance>,
 ) -> Result<Vec<Eni>, CloudError> {
     // Every id the node knows of its ENIs: IMDS's, and the file's (its ENIs, and those pods hold
     // addresses on, the journal's new ENIs among them).
@@ -78,7 +78,7 @@ pub(super) async fn describe(
     let mut delay = Duration::from_millis(250);
     let mut asked = 0u32;
     loop {
-        let ec2 = attached(cloud, instance_id, vpc_id, &known).await?;
+        let ec2 = attached(cloud, (instance_id, described.take()), vpc_id, &known).await?;
         asked += 1;
         let shown = |id: &str| {
             ec2.iter().any(|e| {
@@ -118,11 +118,14 @@ pub(super) async fn describe(
 /// per 1,000.
 async fn attached(
     cloud: &dyn Cloud,
-    instance_id: &str,
+    (instance_id, described): (&str, Option<Instance>),
     vpc_id: &str,
     known: &BTreeSet<EniId>,
 ) -> Result<Vec<Eni>, CloudError> {
-    let instance = cloud.describe_instance(instance_id).await?;
+    let instance = match described {
+        Some(i) => i,
+        None => cloud.describe_instance(instance_id).await?,
+    };
     let mut enis = instance.enis;
     let extra: Vec<EniId> = known
         .iter()

@@ -130,6 +130,7 @@ fn run_as(
             netns: &netns,
             use_primary_eni: false,
             ec2_changes: changes,
+            described: None,
         },
         Instant::now(),
         NOW_MS,
@@ -281,4 +282,69 @@ fn a_first_starts_launch_addresses_are_fresh_only_with_no_pod_on_the_host() {
     );
     assert_eq!(kept.report.fresh_ips, 0);
     assert!(kept.seed.idle.iter().all(|i| !i.fresh));
+}
+
+/// The soak's path with burst prefixes (seed 46, step 42): a `/28` assigned to an ENI that already
+/// holds one, moments before a SIGKILL that lost the state file, is in IMDS but not yet in EC2's
+/// describe. The live pods on its addresses keep them: the `/28` is taken from IMDS, its addresses
+/// held from new pods until a describe shows it. An address on an ENI with `/28`s that IMDS places
+/// in none is left out (nothing tells a single address from one of a `/28` not listed yet).
+#[test]
+fn with_the_file_lost_a_live_pods_address_in_a_28_imds_lists_keeps_the_28() {
+    let old: Ipv4Net = "10.0.0.16/28".parse().unwrap();
+    let new: Ipv4Net = "10.0.0.32/28".parse().unwrap();
+    let mut e = eni("eni-00000001", 1, &[]);
+    e.ipv4_prefixes = vec![old];
+    let imds = vec![MetadataEni {
+        mac: e.mac.clone(),
+        eni_id: e.id.clone(),
+        device_number: 1,
+        subnet_id: e.subnet_id.clone(),
+        vpc_id: e.vpc_id.clone(),
+        subnet_cidr: "10.0.0.0/24".parse().unwrap(),
+        vpc_cidrs: Vec::new(),
+        security_groups: Vec::new(),
+        ips: vec![e.primary_ip],
+        ipv4_prefixes: vec![old, new],
+        ipv6s: Vec::new(),
+        ipv6_prefixes: Vec::new(),
+        subnet_ipv6_cidrs: Vec::new(),
+        vpc_ipv6_cidrs: Vec::new(),
+    }];
+    let host = HostEvidence {
+        cache_visible: true,
+        // .34 is in the new /28; .99 in no /28 IMDS lists.
+        claims: vec![
+            claim("a", 34, "eni-00000001"),
+            claim("b", 99, "eni-00000001"),
+        ],
+    };
+    let netns = NetnsView::default();
+    let r = merge(
+        INSTANCE,
+        &imds,
+        &[e],
+        &BTreeMap::from([("subnet-1".to_owned(), "10.0.0.0/24".parse().unwrap())]),
+        Inputs {
+            stored: StoredState::default(),
+            state_lost: true,
+            first_start: false,
+            host: &host,
+            netns: &netns,
+            use_primary_eni: false,
+            ec2_changes: Vec::new(),
+            described: None,
+        },
+        Instant::now(),
+        NOW_MS,
+    );
+    let held: Vec<Ipv4Addr> = r.seed.allocations.iter().map(|a| a.ip).collect();
+    assert_eq!(held, vec![ip(34)], "{:?}", r.report);
+    assert!(r.seed.enis[0].prefixes.contains(&new), "{:?}", r.seed.enis);
+    assert!(
+        new.hosts().all(|a| r.report.unconfirmed.contains(&a)),
+        "the /28's addresses wait for a describe: {:?}",
+        r.report.unconfirmed
+    );
+    assert!(!r.report.unconfirmed.contains(&ip(99)));
 }

@@ -136,8 +136,9 @@ impl Launched {
 }
 
 /// When the daemon's taint keeper (`reconcile::api_server::node`) would lift the startup taint: at
-/// the first of its looks, every `check` from the daemon's start, that finds the pool warm (the
-/// keeper's own predicate, `node::warm`). The patch's round trip is not counted.
+/// the first of its looks, at `started` (the keeper's start, with the pool's) and every `check`
+/// after, that finds the pool warm (the keeper's own predicate, `node::warm`). The patch's round
+/// trip is not counted.
 pub async fn taint_lifted(
     pool: &eniipam::pool::Pool,
     started: Instant,

@@ -281,7 +281,11 @@ fn spawn_node_boot(
         });
         let mut ready = Instant::now() + KUBELET_READY;
         if gated {
-            ready = ready.max(boot::taint_lifted(&pool, launched_at, check).await + TAINT_TO_BIND);
+            // The keeper starts with the pool (`Daemon::start_with` spawns it before it returns)
+            // and takes its first look at once: `interval`'s first tick.
+            let keeper_started = Instant::now();
+            ready =
+                ready.max(boot::taint_lifted(&pool, keeper_started, check).await + TAINT_TO_BIND);
         }
         tokio::time::sleep_until(ready).await;
         fleet.with(|s| {

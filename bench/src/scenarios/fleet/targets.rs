@@ -441,7 +441,7 @@ pub fn setup(args: &FleetArgs) -> Vec<String> {
     if args.patterns.contains(&Pattern::NodeBoot) {
         lines.push(if args.startup_taint {
             format!(
-                "node-boot's startup taint (`--fleet-startup-taint on`): eniipam's nodes register with it and take pods only once the daemon would lift it, at the first look of its keeper (every `node_check_secs`, {} s, from the daemon's start) that finds the pool warm (`reconcile::api_server::node::warm`: an idle IP any pod may have), the pods bound {} s later or at Ready if that is later; the VPC CNI has no such taint (aws/amazon-vpc-cni-k8s#2808), so its policies' nodes take pods at Ready. Every policy's pod waits run from the node's launch (its daemon's start); the matrix shows the p99 from the first ADD beside it",
+                "node-boot's startup taint (`--fleet-startup-taint on`): eniipam's nodes register with it and take pods only once the daemon would lift it, at the first look of its keeper (one as the pool starts, then every `node_check_secs`, {} s) that finds the pool warm (`reconcile::api_server::node::warm`: an idle IP any pod may have), the pods bound {} s later or at Ready if that is later; the VPC CNI has no such taint (aws/amazon-vpc-cni-k8s#2808), so its policies' nodes take pods at Ready. Every policy's pod waits run from the node's launch (its daemon's start); the matrix shows the p99 from the first ADD beside it",
                 DaemonConfig::default().node_check_secs,
                 TAINT_TO_BIND.as_secs()
             )
