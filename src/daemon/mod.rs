@@ -19,9 +19,9 @@
 //! learned demand to and from the state file, the lookahead on the pods bound here), `pod_network`
 //! (custom networking: the node's ENIConfig checked against EC2 and followed), `profiles`
 //! (network profiles: checked against EC2, handed to the pool, selected on ADD, advertised on the
-//! node), `network_policy` (NetworkPolicy: the cluster watched, the node's pods' rules kept in the
-//! kernel, a new pod's rules in force before its ADD returns), `policy_decisions` (its decision
-//! log: the NFLOG group read and written to the log and a file), `reconciler`
+//! node), `network_policy` (where the NetworkPolicy crate, `crate::network_policy`, meets the pool
+//! and the IPAM service: its enforcer started over the node's pods and wired into the service as
+//! the admission a new ADD waits on), `reconciler`
 //! (the running reconcile), and [`run`]: the
 //! modes of the `eniipamd` binary (serve until a signal, prepare the host, remove the host rules).
 
@@ -32,7 +32,6 @@ mod host;
 mod ipv6;
 mod network_policy;
 mod pod_network;
-mod policy_decisions;
 mod profiles;
 mod reconciler;
 pub mod run;
@@ -62,7 +61,7 @@ use crate::cloud::calls::CallStats;
 use crate::cloud::leak::LeakCollector;
 use crate::cloud::{CloudError, NodeContext, Purpose, with_purpose};
 use crate::config::DaemonConfig;
-use crate::ipam::Ipam;
+use crate::ipam::{Admission, Extensions, Ipam};
 use crate::metrics::Metrics;
 use crate::pool::{Pool, PoolError};
 use crate::reconcile::api_server::node::StartupGate;
@@ -267,15 +266,7 @@ impl Daemon {
             spawn_leak_collector(&config, &clients, &node, &mut b);
         }
         let api_server = spawn_api_server_gc(&config, &mut b)?;
-        let ipam = Ipam::with_family(
-            pool.clone(),
-            ipv6,
-            store.clone(),
-            b.ready.clone(),
-            vpc_cidrs,
-            b.metrics.clone(),
-        );
-        if let Some(target) = config.network_profiles_target() {
+        let profile_selector = if let Some(target) = config.network_profiles_target() {
             let selector = profiles::start(
                 api_server::client(&target)?,
                 &config.node_name,
@@ -286,27 +277,33 @@ impl Daemon {
                 &mut b.background,
             );
             selector.first_answer().await;
-            ipam.set_profile_selector(selector);
-        }
-        if config.manage_eni_routes {
-            ipam.forget_flows_on_release();
-        }
+            Some(selector)
+        } else {
+            None
+        };
         // What the node's startup taint waits for besides warm IPs.
         let mut startup_gates = Vec::new();
-        if let Some(target) = config.network_policy_target() {
+        // NetworkPolicy enforcement, started before the IPAM service so that the service is built
+        // with it as the admission every new ADD waits on.
+        let policy = if let Some(target) = config.network_policy_target() {
             let first_sync = StartupGate::new("network policy's first sync");
             startup_gates.push(first_sync.clone());
-            ipam.set_policy_gate(network_policy::start(
+            let pods = network_policy::PoolPods {
+                pool: pool.clone(),
+                ipv6: ipv6
+                    .as_ref()
+                    .filter(|(family, _)| family.has_ipv6())
+                    .map(|(_, p)| p.clone()),
+                veth_prefix: config.veth_prefix.clone(),
+            };
+            Some(network_policy::start(
                 api_server::client(&target)?,
-                (
-                    (pool.clone(), ipam.ipv6().cloned()),
-                    config.veth_prefix.clone(),
-                ),
-                (first_sync, policy_decisions::log_config(&config)),
-                b.metrics.clone(),
+                (&config, pods),
+                first_sync,
+                &b.metrics,
                 b.cancel.clone(),
                 &mut b.background,
-            ));
+            ))
         } else {
             let why = config.network_policy_off().unwrap_or_default();
             if config.network_policy.is_none() {
@@ -315,8 +312,28 @@ impl Daemon {
                 tracing::info!(why = %why, "network policy: not enforced on this node");
             }
             if config.manage_eni_routes {
-                network_policy::remove_table().await;
+                crate::network_policy::remove_table().await;
             }
+            None
+        };
+        let ipam = Ipam::with_family(
+            pool.clone(),
+            ipv6,
+            store.clone(),
+            b.ready.clone(),
+            vpc_cidrs,
+            b.metrics.clone(),
+            Extensions {
+                admission: policy.clone().map(|enforcer| {
+                    Arc::new(network_policy::PolicyAdmission(enforcer)) as Arc<dyn Admission>
+                }),
+            },
+        );
+        if let Some(selector) = profile_selector {
+            ipam.set_profile_selector(selector);
+        }
+        if config.manage_eni_routes {
+            ipam.forget_flows_on_release();
         }
         // The lookahead warms IPv4 for pods bound here: none with ip_family = ipv6.
         if let Some(a) = api_server.as_ref().filter(|_| config.ip_family.has_ipv4()) {
@@ -345,7 +362,7 @@ impl Daemon {
             Duration::from_secs(config.reconcile_period_secs),
             b.cancel.clone(),
         ));
-        let (health, grpc) = serve_grpc(&config, &node, &ipam, &b).await?;
+        let (health, grpc) = serve_grpc(&config, &node, (&ipam, policy), &b).await?;
 
         b.ready.store(true, Ordering::Release);
         let ms = started.elapsed().as_millis() as u64;

@@ -31,14 +31,14 @@ use crate::pool::snapshot::IpState;
 use crate::pool::{Acquire, Allocation, Pool, PoolError, PoolSnapshot, ProfileName};
 use crate::store::{Store, StoreError};
 
+mod admission;
 mod drift;
 mod ipv6;
 mod journal;
-mod policy;
 
+pub use admission::{Admission, Extensions};
 pub use ipv6::Allocated6;
 pub use journal::StoreJournal;
-pub use policy::PolicyGate;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -65,11 +65,11 @@ pub enum IpamError {
     /// nothing was allocated, and the runtime's next try asks again.
     #[error("cannot learn the pod's network profile: {0}")]
     PodProfile(String),
-    /// NetworkPolicy enforcement: the new pod's rules could not be put in force before its ADD
-    /// is answered (the policies are not listed yet, the pod is unknown, `nft` failed); the
-    /// addresses went back, and the runtime's next try asks again.
-    #[error("network policy: {0}")]
-    Policy(String),
+    /// The pod was not admitted before its ADD is answered ([`Admission::admit`]; NetworkPolicy
+    /// enforcement: its rules could not be put in force, the text says why, naming the feature);
+    /// the addresses went back, and the runtime's next try asks again.
+    #[error("{0}")]
+    Admission(String),
 }
 
 /// How the service learns, on a new ADD, which network profile the pod selects (network profiles
@@ -172,8 +172,8 @@ struct Inner {
     locks: AttachmentLocks,
     /// Set once, when network profiles are on.
     profiles: std::sync::OnceLock<Arc<dyn ProfileSelector>>,
-    /// Set once, when NetworkPolicy enforcement is on.
-    policy: std::sync::OnceLock<Arc<dyn PolicyGate>>,
+    /// What may hold a new pod's ADD (NetworkPolicy enforcement), wired at construction.
+    admission: Option<Arc<dyn Admission>>,
     /// A released address's conntrack entries are deleted (the daemon on a real node).
     forget_flows: AtomicBool,
 }
@@ -186,12 +186,21 @@ impl Ipam {
         vpc_cidrs: Vec<Ipv4Net>,
         metrics: Metrics,
     ) -> Self {
-        Self::with_family(pool, None, store, ready, vpc_cidrs, metrics)
+        Self::with_family(
+            pool,
+            None,
+            store,
+            ready,
+            vpc_cidrs,
+            metrics,
+            Extensions::default(),
+        )
     }
 
     /// The service of a node whose pods get IPv6: `ipv6` is the family and the node's /80 (`None`, or
     /// the `ipv4` family: IPv4 only). With `ipv6` pods get an IPv6 alone (the pool is held empty,
-    /// `DaemonConfig::pool_config`); with `dual` an IPv4 from `pool` too.
+    /// `DaemonConfig::pool_config`); with `dual` an IPv4 from `pool` too. `extensions` are the
+    /// features' extension points, wired here once (the daemon's).
     pub fn with_family(
         pool: Pool,
         ipv6: Option<(IpFamily, Arc<Ipv6Pool>)>,
@@ -199,6 +208,7 @@ impl Ipam {
         ready: Arc<AtomicBool>,
         vpc_cidrs: Vec<Ipv4Net>,
         metrics: Metrics,
+        extensions: Extensions,
     ) -> Self {
         let (family, ipv6) = match ipv6 {
             Some((family, p)) if family.has_ipv6() => (family, Some(p)),
@@ -215,7 +225,7 @@ impl Ipam {
                 metrics,
                 locks: AttachmentLocks::default(),
                 profiles: std::sync::OnceLock::new(),
-                policy: std::sync::OnceLock::new(),
+                admission: extensions.admission,
                 forget_flows: AtomicBool::new(false),
             }),
         }
@@ -227,22 +237,11 @@ impl Ipam {
         let _ = self.inner.profiles.set(selector);
     }
 
-    /// NetworkPolicy enforcement on: every new ADD waits for its pod's rules (once; later calls
-    /// are ignored).
     /// From now on a release deletes its addresses' conntrack entries before it returns
     /// (`crate::host::conntrack`; issue 47, case 9): the next pod given the address inherits no
     /// flow. Only where the daemon owns the host's networking.
     pub fn forget_flows_on_release(&self) {
         self.inner.forget_flows.store(true, Ordering::Relaxed);
-    }
-
-    pub fn set_policy_gate(&self, gate: Arc<dyn PolicyGate>) {
-        let _ = self.inner.policy.set(gate);
-    }
-
-    /// The NetworkPolicy gate, when enforcement is on.
-    pub fn policy_gate(&self) -> Option<&Arc<dyn PolicyGate>> {
-        self.inner.policy.get()
     }
 
     /// The pool.
@@ -307,10 +306,10 @@ impl Ipam {
                 }
             }
         }
-        // A new pod's rules are in force before it is answered (whichever family made it new:
-        // an IPv6-only pod is gated too); if they cannot be, it gets nothing.
+        // A new pod is admitted before it is answered (whichever family made it new: an
+        // IPv6-only pod too); if it cannot be, it gets nothing.
         let new = matches!(v4, Some((_, true))) || matches!(v6, Some((_, true)));
-        if let (Some(gate), true) = (self.inner.policy.get(), new)
+        if let (Some(gate), true) = (&self.inner.admission, new)
             && let Err(e) = gate.admit(&req.acquire.pod).await
         {
             if matches!(v4, Some((_, true))) {
@@ -322,8 +321,8 @@ impl Ipam {
             gate.released();
             return Err(e);
         }
-        if req.ipam_role && self.inner.policy.get().is_some() {
-            self.unenforced(&req.acquire.pod);
+        if let (Some(gate), true) = (&self.inner.admission, req.ipam_role) {
+            gate.unwired(&req.acquire.pod);
         }
         let allocation = v4.map(|(a, _)| a);
         let v6 = v6.map(|(a, _)| a);
@@ -409,7 +408,7 @@ impl Ipam {
         sticky: bool,
     ) -> Result<Option<Released>, IpamError> {
         let _serial = self.inner.locks.lock(key).await;
-        if let Some(gate) = self.inner.policy.get() {
+        if let Some(gate) = &self.inner.admission {
             gate.released();
         }
         let mut released = Released {

@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::compile::{Cluster, NamedPort, PodView, Protocol};
-use crate::network_profiles::watch::View;
+use eniipam_kubeview::View;
 
 /// What the policies need of a pod: namespace, name, labels, addresses (none once it has
 /// terminated: its IP may already be another pod's), host networking and named container ports
