@@ -43,7 +43,7 @@ pub use startup::{SUBNET_CLUSTER_TAG_PREFIX, SUBNET_ROLE_TAG, subnet_open_to_clu
 
 use collectors::{spawn_api_server_gc, spawn_leak_collector, spawn_node_status};
 use demand::{restore_demand, save_demand, spawn_demand_writer, spawn_lookahead_on};
-use host::{spawn_host_routing, spawn_host_rules};
+use host::{host_route_gate, spawn_host_routing, spawn_host_rules};
 use reconciler::{Reconciler, spawn_reconcile};
 use serve::{serve_grpc, serve_metrics};
 use startup::{discover_node, open_store, patiently, rebuild};
@@ -61,9 +61,9 @@ use crate::cloud::calls::CallStats;
 use crate::cloud::leak::LeakCollector;
 use crate::cloud::{CloudError, NodeContext, Purpose, with_purpose};
 use crate::config::DaemonConfig;
-use crate::ipam::{Admission, Extensions, Ipam};
+use crate::ipam::{Admission, Extensions, Ipam, ProfileSelector};
 use crate::metrics::Metrics;
-use crate::pool::{Pool, PoolError};
+use crate::pool::{Pool, PoolError, PoolSeams};
 use crate::reconcile::api_server::node::StartupGate;
 use crate::reconcile::api_server::{self, ApiServerGc, BoundPods};
 use crate::reconcile::{self, ReconcileReport};
@@ -215,15 +215,28 @@ impl Daemon {
             }
             None => None,
         };
-        let pool = Pool::start(
+        // The pool's seams, given when it is built: the state file journals its address changes;
+        // with the ENIs' route tables kept here, a new ENI serves no pod before its table is in.
+        let (readiness, routing) = if config.manage_eni_routes {
+            let wait = Duration::from_secs(config.eni_route_wait_secs);
+            let (gate, routing) = host_route_gate(&b, wait).await?;
+            (Some(gate), Some(routing))
+        } else {
+            (None, None)
+        };
+        let seams = PoolSeams {
+            readiness,
+            journal: Some(Arc::new(crate::ipam::StoreJournal::new(store.clone()))),
+        };
+        let pool = Pool::start_with_seams(
             config.pool_config(),
             clients.cloud.clone(),
             clients.metadata.clone(),
             node.clone(),
             seed,
+            seams,
         )?;
         pool.hold_unconfirmed(&report.unconfirmed);
-        pool.set_change_journal(Arc::new(crate::ipam::StoreJournal::new(store.clone())));
         let _ = b.pool_cell.set(pool.clone());
         if let Some((rx, resolved)) = custom {
             let pending = match resolved {
@@ -253,13 +266,8 @@ impl Daemon {
             store.clone(),
             b.cancel.clone(),
         ));
-        if config.manage_eni_routes {
-            spawn_host_routing(
-                &pool,
-                &mut b,
-                Duration::from_secs(config.eni_route_wait_secs),
-            )
-            .await?;
+        if let Some(routing) = routing {
+            spawn_host_routing(&pool, routing, &mut b);
             spawn_host_rules(&config, &clients, &mut b).await?;
         }
         if !config.cluster_name.is_empty() {
@@ -324,17 +332,13 @@ impl Daemon {
             vpc_cidrs,
             b.metrics.clone(),
             Extensions {
+                profiles: profile_selector.map(|s| s as Arc<dyn ProfileSelector>),
                 admission: policy.clone().map(|enforcer| {
                     Arc::new(network_policy::PolicyAdmission(enforcer)) as Arc<dyn Admission>
                 }),
+                forget_flows: config.manage_eni_routes,
             },
         );
-        if let Some(selector) = profile_selector {
-            ipam.set_profile_selector(selector);
-        }
-        if config.manage_eni_routes {
-            ipam.forget_flows_on_release();
-        }
         // The lookahead warms IPv4 for pods bound here: none with ip_family = ipv6.
         if let Some(a) = api_server.as_ref().filter(|_| config.ip_family.has_ipv4()) {
             b.background

@@ -26,17 +26,17 @@ use tokio::sync::OwnedMutexGuard;
 use crate::clock::{to_unix_ms, unix_ms_now};
 use crate::ipv6::{IpFamily, Ipv6Error, Ipv6Pool};
 use crate::metrics::Metrics;
-use crate::model::{AttachmentKey, PodRef};
+use crate::model::AttachmentKey;
 use crate::pool::snapshot::IpState;
-use crate::pool::{Acquire, Allocation, Pool, PoolError, PoolSnapshot, ProfileName};
+use crate::pool::{Acquire, Allocation, Pool, PoolError, PoolSnapshot};
 use crate::store::{Store, StoreError};
 
-mod admission;
 mod drift;
+mod extensions;
 mod ipv6;
 mod journal;
 
-pub use admission::{Admission, Extensions};
+pub use extensions::{Admission, Extensions, ProfileSelector};
 pub use ipv6::Allocated6;
 pub use journal::StoreJournal;
 
@@ -70,19 +70,6 @@ pub enum IpamError {
     /// the addresses went back, and the runtime's next try asks again.
     #[error("{0}")]
     Admission(String),
-}
-
-/// How the service learns, on a new ADD, which network profile the pod selects (network profiles
-/// on: the daemon answers from the API server, `crate::daemon`'s `profiles`).
-#[async_trait::async_trait]
-pub trait ProfileSelector: Send + Sync {
-    /// The profile `pod` selects (`None`: the node's default pod network), or why the pod cannot be
-    /// served: a profile that does not exist or cannot be used here is
-    /// [`PoolError::ProfileUnavailable`], naming it and why.
-    async fn select(&self, pod: &PodRef) -> Result<Option<ProfileName>, IpamError>;
-    /// Whether pods of `profile` leave by their own ENI with their own address (its egress mode,
-    /// `strict` unless the profile asks for `standard`; `strict` for a profile no longer known).
-    fn own_eni_egress(&self, profile: &str) -> bool;
 }
 
 /// One allocation request, as the service sees it: the pool's request as it goes down to the ENI
@@ -170,12 +157,12 @@ struct Inner {
     vpc_cidrs: Vec<Ipv4Net>,
     metrics: Metrics,
     locks: AttachmentLocks,
-    /// Set once, when network profiles are on.
-    profiles: std::sync::OnceLock<Arc<dyn ProfileSelector>>,
+    /// Which network profile a new pod selects (network profiles on), wired at construction.
+    profiles: Option<Arc<dyn ProfileSelector>>,
     /// What may hold a new pod's ADD (NetworkPolicy enforcement), wired at construction.
     admission: Option<Arc<dyn Admission>>,
     /// A released address's conntrack entries are deleted (the daemon on a real node).
-    forget_flows: AtomicBool,
+    forget_flows: bool,
 }
 
 impl Ipam {
@@ -224,24 +211,11 @@ impl Ipam {
                 vpc_cidrs,
                 metrics,
                 locks: AttachmentLocks::default(),
-                profiles: std::sync::OnceLock::new(),
+                profiles: extensions.profiles,
                 admission: extensions.admission,
-                forget_flows: AtomicBool::new(false),
+                forget_flows: extensions.forget_flows,
             }),
         }
-    }
-
-    /// Network profiles on: every new ADD asks `selector` for the pod's profile (once; later calls
-    /// are ignored).
-    pub fn set_profile_selector(&self, selector: Arc<dyn ProfileSelector>) {
-        let _ = self.inner.profiles.set(selector);
-    }
-
-    /// From now on a release deletes its addresses' conntrack entries before it returns
-    /// (`crate::host::conntrack`; issue 47, case 9): the next pod given the address inherits no
-    /// flow. Only where the daemon owns the host's networking.
-    pub fn forget_flows_on_release(&self) {
-        self.inner.forget_flows.store(true, Ordering::Relaxed);
     }
 
     /// The pool.
@@ -326,7 +300,7 @@ impl Ipam {
         }
         let allocation = v4.map(|(a, _)| a);
         let v6 = v6.map(|(a, _)| a);
-        let own_eni_egress = match (allocation.as_ref(), self.inner.profiles.get()) {
+        let own_eni_egress = match (allocation.as_ref(), self.inner.profiles.as_ref()) {
             (
                 Some(Allocation {
                     network: Some(profile),
@@ -360,7 +334,7 @@ impl Ipam {
         let mut network = req.acquire.network.clone();
         if !existed
             && network.is_none()
-            && let Some(selector) = self.inner.profiles.get()
+            && let Some(selector) = self.inner.profiles.as_ref()
         {
             network = selector.select(&req.acquire.pod).await?;
         }
@@ -426,7 +400,7 @@ impl Ipam {
             released.ipv6 = Some(ip);
             released.reservation = released.reservation.or(reservation);
         }
-        if self.inner.forget_flows.load(Ordering::Relaxed) {
+        if self.inner.forget_flows {
             forget_flows(key, &released).await;
         }
         Ok((released.ip.is_some() || released.ipv6.is_some()).then_some(released))
