@@ -23,10 +23,10 @@
 //! | 4 | `config` | the configuration: TOML file, `ENIIPAM_*` overrides, validation; each part's knobs |
 //! | 5 | `rpc` | the tonic services on the unix socket: protobuf ⇄ domain |
 //! | 6 | `reconcile` | the startup rebuild, the running reconcile, pods gone from the API server |
-//! | 7 | `ipam` | allocate / release / check / GC with the durable record (invariant 5); its extension point "admit a wired pod before ADD returns" (`ipam::Admission`), wired at construction |
+//! | 7 | `ipam` | allocate / release / check / GC with the durable record (invariant 5); its extension points, wired at construction (`ipam::Extensions`): "choose the network for a new pod" (`ipam::ProfileSelector`) and "admit a wired pod before ADD returns" (`ipam::Admission`) |
 //! | 8 | `pool`, `ipv6`, `host` | the IP pool (capacity, idle queue, one actor per ENI, maintainer); the node's IPv6 /80 and its address book; the node's own networking (ENI route tables, SNAT and NodePort rules, `--prepare-host`) |
-//! | 9 | `cloud`, `store`, `custom_networking`, `network_profiles` | the `Cloud` (EC2) and `Metadata` (IMDSv2) seams, limits, retries, ENI lifecycle; SQLite state (WAL), one owner thread; the node's ENIConfig from the API server; network profiles, the pod's choice and the node's extended resources |
-//! | 10 | `metrics`, `clock` | the metric families the request path records; tokio time and unix milliseconds |
+//! | 9 | `store`, `custom_networking`, `network_profiles` | SQLite state (WAL), one owner thread; the node's ENIConfig from the API server; network profiles, the pod's choice and the node's extended resources |
+//! | 10 | `cloud`, `metrics`, `clock` | the `eniipam-cloud` crate: the `Cloud` (EC2) and `Metadata` (IMDSv2) seams, limits, retries and the back-off every retrying task shares, ENI lifecycle; the metric families the request path records; tokio time and unix milliseconds |
 //! | 11 | `model`, `network_policy` | `eniipam-api`'s model types (IPs, ENI ids, attachment keys, pods); the `eniipam-netpol` crate, Kubernetes NetworkPolicy whole (policies, pods and namespaces watched, each local pod compiled into the nftables table `inet eniipam_policy` and kept in the kernel, the enforcer, decision logs, metrics): one room, wired by `daemon` |
 //! <!-- /module-map -->
 //!

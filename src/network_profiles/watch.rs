@@ -38,7 +38,7 @@ impl Profiles {
             known: view.synced,
             ..Self::default()
         };
-        for (name, judged) in &view.objects {
+        for (name, judged) in view.objects.iter() {
             match judged {
                 Ok(spec) => {
                     p.valid.insert(name.clone(), spec.clone());
