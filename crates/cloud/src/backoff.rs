@@ -139,8 +139,8 @@ impl Backoff {
     }
 }
 
-/// The pause of a task that retries for ever until it succeeds (publishing to the API server,
-/// checking a setting against EC2): the policy's ceiling for each consecutive failure, `first`
+/// The pause of a task that retries until it succeeds or its own deadline passes (publishing to the
+/// API server, checking a setting against EC2, asking again a describe that lags): the policy's ceiling for each consecutive failure, `first`
 /// doubling up to `cap`, without jitter (one such task per node and purpose: no herd of retries
 /// to spread), back to `first` after a success.
 #[derive(Clone, Debug)]
