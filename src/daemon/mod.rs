@@ -3,8 +3,9 @@
 //!
 //! Startup order (nothing is served before the rebuild): metrics listener (`/readyz` false) → state
 //! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
-//! the rebuilt state → the node's ENIConfig (custom networking only) → pool (with the demand it learned before) → host routing and rules (SNAT,
-//! NodePort) → leaked-ENI collector → API-server pod watch → network profiles (when on: their first
+//! the rebuilt state → the node's ENIConfig (custom networking only) → pool, built with its seams (the
+//! state file's journal; the host's readiness gate of new ENIs) and the demand it learned before →
+//! host routing and rules (SNAT, NodePort) → leaked-ENI collector → API-server pod watch → network profiles (when on: their first
 //! check against EC2) → NetworkPolicy enforcement (when on: its watches and sync task; off: its
 //! table deleted) → lookahead (when on) → node readiness:
 //! startup taint and condition (when on) → gRPC socket → ready.
@@ -18,8 +19,8 @@
 //! ENIs, pods gone from the API server, the node's startup taint and condition), `demand` (the
 //! learned demand to and from the state file, the lookahead on the pods bound here), `pod_network`
 //! (custom networking: the node's ENIConfig checked against EC2 and followed), `profiles`
-//! (network profiles: checked against EC2, handed to the pool, selected on ADD, advertised on the
-//! node), `network_policy` (where the NetworkPolicy crate, `crate::network_policy`, meets the pool
+//! (network profiles: checked against EC2, handed to the pool, selected on ADD through the IPAM
+//! service's `ProfileSelector`, advertised on the node), `network_policy` (where the NetworkPolicy crate, `crate::network_policy`, meets the pool
 //! and the IPAM service: its enforcer started over the node's pods and wired into the service as
 //! the admission a new ADD waits on), `reconciler`
 //! (the running reconcile), and [`run`]: the
