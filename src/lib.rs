@@ -3,7 +3,10 @@
 //! The daemon keeps a warm pool of secondary private IPs on the node's ENIs and serves them over gRPC
 //! on a unix socket to the CNI plugin (the `eniipam-cni` crate, which never links this one). The model
 //! types, the gRPC contract and the result-cache format are the `eniipam-api` crate's; the netlink
-//! primitives are `eniipam-netlink`'s.
+//! primitives are `eniipam-netlink`'s; the `nft` wrapper and netfilter framing `eniipam-netfilter`'s;
+//! NetworkPolicy, whole, is the `eniipam-netpol` crate's (a feature in one room, which depends on
+//! no part of this crate: the daemon gives it the node's pods and wires its enforcer into the IPAM
+//! service at construction).
 //!
 //! The modules, in layers (the map `tests/module_map.rs` checks against every `crate::…` path in
 //! `src/`, and against the same block in `docs/how-it-works.md`). `src/bin/eniipamd.rs`, the thin main,
@@ -20,12 +23,11 @@
 //! | 4 | `config` | the configuration: TOML file, `ENIIPAM_*` overrides, validation; each part's knobs |
 //! | 5 | `rpc` | the tonic services on the unix socket: protobuf ⇄ domain |
 //! | 6 | `reconcile` | the startup rebuild, the running reconcile, pods gone from the API server |
-//! | 7 | `ipam` | allocate / release / check / GC with the durable record (invariant 5) |
-//! | 8 | `network_policy` | Kubernetes NetworkPolicy: the cluster's policies, pods and namespaces watched, each local pod compiled into the nftables table `inet eniipam_policy` and kept in the kernel (the engine runs `host`'s `nft`) |
-//! | 9 | `pool`, `ipv6`, `host` | the IP pool (capacity, idle queue, one actor per ENI, maintainer); the node's IPv6 /80 and its address book; the node's own networking (ENI route tables, SNAT and NodePort rules, `--prepare-host`) |
-//! | 10 | `cloud`, `store`, `custom_networking`, `network_profiles` | the `Cloud` (EC2) and `Metadata` (IMDSv2) seams, limits, retries, ENI lifecycle; SQLite state (WAL), one owner thread; the node's ENIConfig from the API server; network profiles, the pod's choice and the node's extended resources |
-//! | 11 | `metrics`, `clock` | the metric families the request path records; tokio time and unix milliseconds |
-//! | 12 | `model` | `eniipam-api`'s model types (IPs, ENI ids, attachment keys, pods) |
+//! | 7 | `ipam` | allocate / release / check / GC with the durable record (invariant 5); its extension points, wired at construction (`ipam::Extensions`): "choose the network for a new pod" (`ipam::ProfileSelector`) and "admit a wired pod before ADD returns" (`ipam::Admission`) |
+//! | 8 | `pool`, `ipv6`, `host` | the IP pool (capacity, idle queue, one actor per ENI, maintainer); the node's IPv6 /80 and its address book; the node's own networking (ENI route tables, SNAT and NodePort rules, `--prepare-host`) |
+//! | 9 | `store`, `custom_networking`, `network_profiles` | SQLite state (WAL), one owner thread; the node's ENIConfig from the API server; network profiles, the pod's choice and the node's extended resources |
+//! | 10 | `cloud`, `metrics`, `clock` | the `eniipam-cloud` crate: the `Cloud` (EC2) and `Metadata` (IMDSv2) seams, limits, retries and the back-off every retrying task shares, ENI lifecycle; the metric families the request path records; tokio time and unix milliseconds |
+//! | 11 | `model`, `network_policy` | `eniipam-api`'s model types (IPs, ENI ids, attachment keys, pods); the `eniipam-netpol` crate, Kubernetes NetworkPolicy whole (policies, pods and namespaces watched, each local pod compiled into the nftables table `inet eniipam_policy` and kept in the kernel, the enforcer, decision logs, metrics): one room, wired by `daemon` |
 //! <!-- /module-map -->
 //!
 //! Where to look: the pool in [`pool`] (the ENI actor in `pool::eni`), the state file in [`store`], the
@@ -40,7 +42,6 @@ pub mod host;
 pub mod ipam;
 pub mod ipv6;
 pub mod metrics;
-pub mod network_policy;
 pub mod network_profiles;
 pub mod pool;
 pub mod reconcile;
@@ -53,3 +54,5 @@ pub mod telemetry;
 pub use eniipam_api::model;
 /// The cloud seam, its own crate (`crates/cloud`): `crate::cloud::…` paths read as before.
 pub use eniipam_cloud as cloud;
+/// NetworkPolicy, its own crate (`crates/netpol`): `crate::network_policy::…` paths read as before.
+pub use eniipam_netpol as network_policy;

@@ -30,7 +30,8 @@ fn bound(n: usize) -> BoundPod {
 }
 
 fn view(pods: impl IntoIterator<Item = BoundPod>) -> BoundPods {
-    let pods: BTreeMap<PodKey, BoundPod> = pods.into_iter().map(|p| (p.key.clone(), p)).collect();
+    let pods: BTreeMap<String, BoundPod> =
+        pods.into_iter().map(|p| (p.key.to_string(), p)).collect();
     BoundPods {
         synced: true,
         pods: Arc::new(pods),

@@ -17,7 +17,7 @@ use cloud_support::Env;
 use eniipam::cloud::limiter::LimiterConfig;
 use eniipam::cloud::{Cloud, Metadata};
 use eniipam::model::{AttachmentKey, PodRef};
-use eniipam::pool::{Pool, PoolConfig, PoolSeed};
+use eniipam::pool::{Pool, PoolConfig, PoolSeams, PoolSeed};
 use mockcloud::{ActionClass, Config};
 
 struct Burst {
@@ -461,6 +461,11 @@ async fn a_give_back_whose_prefix_call_fails_keeps_no_address_ec2_took_back() {
 
 /// A pool on eth0's secondary addresses that gives back every idle IP at its next round.
 async fn eth0_pool_giving_back_at_once() -> (Env, Pool) {
+    eth0_pool_giving_back_at_once_with(PoolSeams::default()).await
+}
+
+/// [`eth0_pool_giving_back_at_once`] built with `seams` (a journal).
+async fn eth0_pool_giving_back_at_once_with(seams: PoolSeams) -> (Env, Pool) {
     let env = Env::start_with(
         Config::fast(),
         cloud_support::fast_limiter(),
@@ -480,12 +485,13 @@ async fn eth0_pool_giving_back_at_once() -> (Env, Pool) {
         ..PoolConfig::default()
     };
     let interfaces = env.imds.interfaces().await.expect("IMDS interfaces");
-    let pool = Pool::start(
+    let pool = Pool::start_with_seams(
         config,
         env.cloud.clone(),
         env.imds.clone(),
         env.node.clone(),
         PoolSeed::from_metadata(&interfaces, &[]),
+        seams,
     )
     .expect("pool starts");
     (env, pool)
@@ -562,8 +568,11 @@ impl eniipam::pool::ChangeJournal for FullDisk {
 /// addresses as still the node's (the describe still showed them) and handed them to pods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_give_back_the_journal_cannot_record_is_not_sent() {
-    let (env, pool) = eth0_pool_giving_back_at_once().await;
-    pool.set_change_journal(std::sync::Arc::new(FullDisk));
+    let seams = PoolSeams {
+        journal: Some(std::sync::Arc::new(FullDisk)),
+        ..PoolSeams::default()
+    };
+    let (env, pool) = eth0_pool_giving_back_at_once_with(seams).await;
     let got = acquire_range(&pool, 0..3).await;
     let ips: BTreeSet<Ipv4Addr> = got.iter().map(|a| a.ip).collect();
     env.mock.reset_counters();

@@ -3,14 +3,15 @@
 //! one per zone, and the node may be relabelled to any), kube's `watcher` for both (paged list,
 //! watch from its resourceVersion, bookmarks, re-list on 410 Gone) with kube's default backoff.
 //!
-//! The view is replaced whole at each (re-)list's end (`InitDone`), so an object deleted while the
-//! watch was down does not linger. Errors (the API server away, RBAC refusing the list, the CRD not
+//! Each is kept as a [`View`] (`eniipam-kubeview`'s, the one every API-server watch shares): of the
+//! node only the ENIConfig name it selects, of the ENIConfigs the objects. The view is replaced
+//! whole at each (re-)list's end (`InitDone`), so an object deleted while the watch was down does
+//! not linger. Errors (the API server away, RBAC refusing the list, the CRD not
 //! installed: 404) are logged and retried; the published value stays at the last known one, since
 //! the cluster's ENIConfigs did not change because the daemon stopped seeing them. Until both lists
 //! have completed once, the value is [`NodeNetwork::Unknown`].
 
-use std::collections::BTreeMap;
-
+use eniipam_kubeview::View;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -23,66 +24,17 @@ use super::eniconfig::ENIConfig;
 use super::select::{config_name, judge};
 use super::{NodeNetwork, Selector};
 
-/// One list + watch's view: the objects by name, and whether a list has completed.
-struct View<K> {
-    objects: BTreeMap<String, K>,
-    /// Objects of a list in progress (between `Init` and `InitDone`).
-    listing: Option<BTreeMap<String, K>>,
-    synced: bool,
-}
-
-impl<K: kube::Resource> View<K> {
-    fn new() -> Self {
-        Self {
-            objects: BTreeMap::new(),
-            listing: None,
-            synced: false,
-        }
-    }
-
-    /// Applies one event; true when the objects changed (or the first list completed).
-    fn apply(&mut self, event: Event<K>) -> bool {
-        let name = |o: &K| o.meta().name.clone().unwrap_or_default();
-        match event {
-            Event::Init => {
-                self.listing = Some(BTreeMap::new());
-                false
-            }
-            Event::InitApply(o) => {
-                self.listing
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(name(&o), o);
-                false
-            }
-            Event::InitDone => {
-                self.objects = self.listing.take().unwrap_or_default();
-                self.synced = true;
-                true
-            }
-            Event::Apply(o) => {
-                self.objects.insert(name(&o), o);
-                true
-            }
-            Event::Delete(o) => self.objects.remove(&name(&o)).is_some(),
-        }
-    }
-}
-
-/// The node's [`NodeNetwork`] from the two views.
-fn network(
-    node: &View<Node>,
-    configs: &View<ENIConfig>,
-    node_name: &str,
-    sel: &Selector,
-) -> NodeNetwork {
+/// The node's [`NodeNetwork`] from the two views: of the node, the ENIConfig its labels and
+/// annotations name ([`config_name`]; `None`: none named); the ENIConfigs whole.
+fn network(node: &View<Option<String>>, configs: &View<ENIConfig>, node_name: &str) -> NodeNetwork {
     if !node.synced || !configs.synced {
         return NodeNetwork::Unknown;
     }
     // Not registered (or deleted: the node is going away): nothing to say yet.
-    let Some(n) = node.objects.get(node_name) else {
+    let Some(named) = node.objects.get(node_name) else {
         return NodeNetwork::Unknown;
     };
-    judge(config_name(n, sel).as_deref(), &configs.objects)
+    judge(named.as_deref(), &configs.objects)
 }
 
 enum Update {
@@ -120,14 +72,14 @@ pub fn spawn(
         while let Some(update) = updates.next().await {
             let changed = match update {
                 Update::Node(e) => match *e {
-                    Ok(e) => node.apply(e),
+                    Ok(e) => node.apply(e, |n: &Node| config_name(n, &sel)),
                     Err(e) => {
                         tracing::warn!(node = %node_name, error = %e, "watching this node for its ENIConfig failed; retrying");
                         false
                     }
                 },
                 Update::Config(e) => match *e {
-                    Ok(e) => configs.apply(e),
+                    Ok(e) => configs.apply(e, ENIConfig::clone),
                     Err(e) => {
                         tracing::warn!(error = %e, "watching ENIConfigs (crd.k8s.amazonaws.com/v1alpha1) failed; retrying (is the CRD installed, and may the daemon list and watch eniconfigs?)");
                         false
@@ -137,7 +89,7 @@ pub fn spawn(
             if !changed {
                 continue;
             }
-            let now = network(&node, &configs, &node_name, &sel);
+            let now = network(&node, &configs, &node_name);
             tx.send_if_modified(|old| {
                 if *old == now {
                     return false;

@@ -1,5 +1,6 @@
 //! The host's side of the data path, kept in step with the pool: each secondary ENI's route table
-//! (from the pool's snapshot), the pool's readiness gate of new ENIs, the SNAT and NodePort rules.
+//! (from the pool's snapshot), the pool's readiness gate of new ENIs (given to the pool when it is
+//! built, before the keeper it asks is spawned over the pool), the SNAT and NodePort rules.
 //! The daemon is where the pool and the host meet: neither imports the other.
 
 use std::sync::Arc;
@@ -9,34 +10,45 @@ use super::{Building, CloudClients, DaemonError};
 use crate::config::DaemonConfig;
 use crate::host::EniRoute;
 use crate::metrics::Metrics;
-use crate::pool::Pool;
+use crate::pool::{EniReadiness, Pool};
 use crate::pool::{EniRole, EniSnapshot, PoolSnapshot};
+
+/// The host's route keeper before the pool it keeps in step with exists: the rtnetlink handle and
+/// the requests of the pool's readiness gate ([`host_route_gate`]), which the pool is built with.
+pub(super) struct PendingRouting {
+    routing: crate::host::EniRouting,
+    ready_rx: tokio::sync::mpsc::Receiver<crate::host::ReadyRequest>,
+}
+
+/// The pool's readiness gate of new ENIs ([`HostRouteGate`], given to the pool when it is built)
+/// and the route keeper it will ask, to be spawned over the pool by [`spawn_host_routing`].
+pub(super) async fn host_route_gate(
+    b: &Building,
+    wait: Duration,
+) -> Result<(Arc<dyn EniReadiness>, PendingRouting), DaemonError> {
+    let routing = crate::host::EniRouting::new().await?;
+    let (ready_tx, ready_rx) = tokio::sync::mpsc::channel(16);
+    let gate = Arc::new(HostRouteGate {
+        requests: ready_tx,
+        wait,
+        metrics: b.metrics.clone(),
+    });
+    Ok((gate, PendingRouting { routing, ready_rx }))
+}
 
 /// Each secondary ENI's table (device_index + 1), kept in step with the pool: installed when an ENI
 /// appears (retried until its link shows up), flushed when it goes. A new ENI serves no pod before
 /// its table is installed: the pool's readiness gate ([`HostRouteGate`]) waits for the keeper.
-pub(super) async fn spawn_host_routing(
-    pool: &Pool,
-    b: &mut Building,
-    wait: Duration,
-) -> Result<(), DaemonError> {
-    let routing = crate::host::EniRouting::new().await?;
-    let (ready_tx, ready_rx) = tokio::sync::mpsc::channel(16);
-    pool.set_eni_readiness(Arc::new(HostRouteGate {
-        requests: ready_tx,
-        wait,
-        metrics: b.metrics.clone(),
-    }));
+pub(super) fn spawn_host_routing(pool: &Pool, pending: PendingRouting, b: &mut Building) {
     let pool = pool.clone();
     b.background.push(
-        crate::host::RouteKeeper::new(routing, Duration::from_secs(60)).spawn_gated(
+        crate::host::RouteKeeper::new(pending.routing, Duration::from_secs(60)).spawn_gated(
             move || pod_eni_routes(&pool.snapshot(), None),
             Duration::from_secs(2),
-            ready_rx,
+            pending.ready_rx,
             b.cancel.clone(),
         ),
     );
-    Ok(())
 }
 
 /// The pool's readiness gate of new ENIs when the daemon keeps their route tables: asks the route
@@ -49,7 +61,7 @@ struct HostRouteGate {
 }
 
 #[async_trait::async_trait]
-impl crate::pool::EniReadiness for HostRouteGate {
+impl EniReadiness for HostRouteGate {
     async fn ready(&self, eni: &crate::pool::NewEniFacts) -> Result<(), String> {
         let Some(cidr) = eni.subnet_cidr else {
             return Err(format!("the subnet of {} is not known", eni.id));

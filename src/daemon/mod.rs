@@ -3,8 +3,9 @@
 //!
 //! Startup order (nothing is served before the rebuild): metrics listener (`/readyz` false) → state
 //! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
-//! the rebuilt state → the node's ENIConfig (custom networking only) → pool (with the demand it learned before) → host routing and rules (SNAT,
-//! NodePort) → leaked-ENI collector → API-server pod watch → network profiles (when on: their first
+//! the rebuilt state → the node's ENIConfig (custom networking only) → pool, built with its seams (the
+//! state file's journal; the host's readiness gate of new ENIs) and the demand it learned before →
+//! host routing and rules (SNAT, NodePort) → leaked-ENI collector → API-server pod watch → network profiles (when on: their first
 //! check against EC2) → NetworkPolicy enforcement (when on: its watches and sync task; off: its
 //! table deleted) → lookahead (when on) → node readiness:
 //! startup taint and condition (when on) → gRPC socket → ready.
@@ -18,10 +19,10 @@
 //! ENIs, pods gone from the API server, the node's startup taint and condition), `demand` (the
 //! learned demand to and from the state file, the lookahead on the pods bound here), `pod_network`
 //! (custom networking: the node's ENIConfig checked against EC2 and followed), `profiles`
-//! (network profiles: checked against EC2, handed to the pool, selected on ADD, advertised on the
-//! node), `network_policy` (NetworkPolicy: the cluster watched, the node's pods' rules kept in the
-//! kernel, a new pod's rules in force before its ADD returns), `policy_decisions` (its decision
-//! log: the NFLOG group read and written to the log and a file), `reconciler`
+//! (network profiles: checked against EC2, handed to the pool, selected on ADD through the IPAM
+//! service's `ProfileSelector`, advertised on the node), `network_policy` (where the NetworkPolicy crate, `crate::network_policy`, meets the pool
+//! and the IPAM service: its enforcer started over the node's pods and wired into the service as
+//! the admission a new ADD waits on), `reconciler`
 //! (the running reconcile), and [`run`]: the
 //! modes of the `eniipamd` binary (serve until a signal, prepare the host, remove the host rules).
 
@@ -32,7 +33,6 @@ mod host;
 mod ipv6;
 mod network_policy;
 mod pod_network;
-mod policy_decisions;
 mod profiles;
 mod reconciler;
 pub mod run;
@@ -44,7 +44,7 @@ pub use startup::{SUBNET_CLUSTER_TAG_PREFIX, SUBNET_ROLE_TAG, subnet_open_to_clu
 
 use collectors::{spawn_api_server_gc, spawn_leak_collector, spawn_node_status};
 use demand::{restore_demand, save_demand, spawn_demand_writer, spawn_lookahead_on};
-use host::{spawn_host_routing, spawn_host_rules};
+use host::{host_route_gate, spawn_host_routing, spawn_host_rules};
 use reconciler::{Reconciler, spawn_reconcile};
 use serve::{serve_grpc, serve_metrics};
 use startup::{discover_node, eth0_of, open_store, patiently, rebuild};
@@ -62,9 +62,9 @@ use crate::cloud::calls::CallStats;
 use crate::cloud::leak::LeakCollector;
 use crate::cloud::{CloudError, NodeContext, Purpose, with_purpose};
 use crate::config::DaemonConfig;
-use crate::ipam::Ipam;
+use crate::ipam::{Admission, Extensions, Ipam, ProfileSelector};
 use crate::metrics::Metrics;
-use crate::pool::{Pool, PoolError};
+use crate::pool::{Pool, PoolError, PoolSeams};
 use crate::reconcile::api_server::node::StartupGate;
 use crate::reconcile::api_server::{self, ApiServerGc, BoundPods};
 use crate::reconcile::{self, ReconcileReport};
@@ -228,15 +228,28 @@ impl Daemon {
             }
             None => None,
         };
-        let pool = Pool::start(
+        // The pool's seams, given when it is built: the state file journals its address changes;
+        // with the ENIs' route tables kept here, a new ENI serves no pod before its table is in.
+        let (readiness, routing) = if config.manage_eni_routes {
+            let wait = Duration::from_secs(config.eni_route_wait_secs);
+            let (gate, routing) = host_route_gate(&b, wait).await?;
+            (Some(gate), Some(routing))
+        } else {
+            (None, None)
+        };
+        let seams = PoolSeams {
+            readiness,
+            journal: Some(Arc::new(crate::ipam::StoreJournal::new(store.clone()))),
+        };
+        let pool = Pool::start_with_seams(
             config.pool_config(),
             clients.cloud.clone(),
             clients.metadata.clone(),
             node.clone(),
             seed,
+            seams,
         )?;
         pool.hold_unconfirmed(&report.unconfirmed);
-        pool.set_change_journal(Arc::new(crate::ipam::StoreJournal::new(store.clone())));
         let _ = b.pool_cell.set(pool.clone());
         if let Some((rx, resolved)) = custom {
             let pending = match resolved {
@@ -266,28 +279,15 @@ impl Daemon {
             store.clone(),
             b.cancel.clone(),
         ));
-        if config.manage_eni_routes {
-            spawn_host_routing(
-                &pool,
-                &mut b,
-                Duration::from_secs(config.eni_route_wait_secs),
-            )
-            .await?;
+        if let Some(routing) = routing {
+            spawn_host_routing(&pool, routing, &mut b);
             spawn_host_rules(&config, &clients, &mut b).await?;
         }
         if !config.cluster_name.is_empty() {
             spawn_leak_collector(&config, &clients, &node, &mut b);
         }
         let api_server = spawn_api_server_gc(&config, &mut b)?;
-        let ipam = Ipam::with_family(
-            pool.clone(),
-            ipv6,
-            store.clone(),
-            b.ready.clone(),
-            vpc_cidrs,
-            b.metrics.clone(),
-        );
-        if let Some(target) = config.network_profiles_target() {
+        let profile_selector = if let Some(target) = config.network_profiles_target() {
             let selector = profiles::start(
                 api_server::client(&target)?,
                 &config.node_name,
@@ -298,27 +298,33 @@ impl Daemon {
                 &mut b.background,
             );
             selector.first_answer().await;
-            ipam.set_profile_selector(selector);
-        }
-        if config.manage_eni_routes {
-            ipam.forget_flows_on_release();
-        }
+            Some(selector)
+        } else {
+            None
+        };
         // What the node's startup taint waits for besides warm IPs.
         let mut startup_gates = Vec::new();
-        if let Some(target) = config.network_policy_target() {
+        // NetworkPolicy enforcement, started before the IPAM service so that the service is built
+        // with it as the admission every new ADD waits on.
+        let policy = if let Some(target) = config.network_policy_target() {
             let first_sync = StartupGate::new("network policy's first sync");
             startup_gates.push(first_sync.clone());
-            ipam.set_policy_gate(network_policy::start(
+            let pods = network_policy::PoolPods {
+                pool: pool.clone(),
+                ipv6: ipv6
+                    .as_ref()
+                    .filter(|(family, _)| family.has_ipv6())
+                    .map(|(_, p)| p.clone()),
+                veth_prefix: config.veth_prefix.clone(),
+            };
+            Some(network_policy::start(
                 api_server::client(&target)?,
-                (
-                    (pool.clone(), ipam.ipv6().cloned()),
-                    config.veth_prefix.clone(),
-                ),
-                (first_sync, policy_decisions::log_config(&config)),
-                b.metrics.clone(),
+                (&config, pods),
+                first_sync,
+                &b.metrics,
                 b.cancel.clone(),
                 &mut b.background,
-            ));
+            ))
         } else {
             let why = config.network_policy_off().unwrap_or_default();
             if config.network_policy.is_none() {
@@ -327,9 +333,25 @@ impl Daemon {
                 tracing::info!(why = %why, "network policy: not enforced on this node");
             }
             if config.manage_eni_routes {
-                network_policy::remove_table().await;
+                crate::network_policy::remove_table().await;
             }
-        }
+            None
+        };
+        let ipam = Ipam::with_family(
+            pool.clone(),
+            ipv6,
+            store.clone(),
+            b.ready.clone(),
+            vpc_cidrs,
+            b.metrics.clone(),
+            Extensions {
+                profiles: profile_selector.map(|s| s as Arc<dyn ProfileSelector>),
+                admission: policy.clone().map(|enforcer| {
+                    Arc::new(network_policy::PolicyAdmission(enforcer)) as Arc<dyn Admission>
+                }),
+                forget_flows: config.manage_eni_routes,
+            },
+        );
         // The lookahead warms IPv4 for pods bound here: none with ip_family = ipv6.
         if let Some(a) = api_server.as_ref().filter(|_| config.ip_family.has_ipv4()) {
             b.background
@@ -357,7 +379,7 @@ impl Daemon {
             Duration::from_secs(config.reconcile_period_secs),
             b.cancel.clone(),
         ));
-        let (health, grpc) = serve_grpc(&config, &node, &ipam, &b).await?;
+        let (health, grpc) = serve_grpc(&config, &node, (&ipam, policy), &b).await?;
 
         b.ready.store(true, Ordering::Release);
         let ms = started.elapsed().as_millis() as u64;

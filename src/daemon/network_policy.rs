@@ -1,579 +1,158 @@
-//! NetworkPolicy in the daemon (`network_policy`, on by default where it can be): the cluster's
-//! NetworkPolicies, pods and namespaces watched ([`ClusterWatch`]), this node's pods taken from the
-//! pool, and the kernel's table `inet eniipam_policy` kept enforcing what the policies say of them
-//! ([`Engine`]).
-//!
-//! - **This node's pods** come from the pool (IPv4) and the IPv6 book (ipv6 and dual), so every
-//!   family is enforced.
-//! - **Syncing**: one task. Every change of the watched objects (or a pod ADDed or DELeted here)
-//!   bumps a generation; the task takes the newest, compiles the node's pods and sends the kernel
-//!   one transaction (the whole table the first time, in-place updates after), so a burst of
-//!   changes costs one sync. The time from a change to its rules being in force is
-//!   `eniipam_network_policy_sync_seconds`. A failed sync is retried with back-off; every
-//!   [`RELOAD`] the whole table is loaded again.
-//! - **The table kept** (issue 47, case 5): every [`CHECK`] the kernel is asked whether the table,
-//!   its hooked base chain and every pod chain are still there, and every [`RESYNC`] whether the
-//!   base chain still holds its jumps ([`Engine::check`]). Another agent's `nft flush ruleset` is
-//!   logged at warn level (naming what was missing), the table loaded whole at once, and counted
-//!   in `eniipam_network_policy_table_restored_total`.
-//! - **A new pod starts with its rules in force**: its ADD ([`PolicyGate::admit`]) waits until a
-//!   sync that includes it has reached the kernel, before the plugin even creates the veth the
-//!   rules match; if that cannot happen within [`ADMIT_TIMEOUT`] (policies not listed yet, the pod
-//!   unknown to the API server, `nft` failing) the ADD fails and its IP goes back: a pod never runs
-//!   unfiltered while its policies say otherwise. That same sync lists it in the peer sets of the
-//!   node's pods whose policies select it (by the pool's address, before the kubelet posts it:
-//!   [`crate::network_policy::enforce::local_pods`]), so it is a peer on its node from its ADD.
-//! - **The startup taint** (`remove_startup_taint`) stays until a first sync has put the rules in
-//!   the kernel (the `StartupGate` [`start`] is given), not only until the pool is warm: no pod is scheduled to
-//!   a node that would fail its ADD for want of its rules (issue 47, case 9).
-//! - **Decisions reported** (`super::policy_decisions`): the chains carry per-rule counters and
-//!   the NFLOG statements of the decision log; each sync that changed the table hands the log's
-//!   reader and the counters' reader a new [`DecisionMap`].
-//! - **Off** (`network_policy = false`): the table is deleted at startup, so turning enforcement
-//!   off stops it.
+//! Where NetworkPolicy (the `eniipam-netpol` crate, `crate::network_policy`) meets the pool and the
+//! IPAM service: the crate's enforcer is started here, before the service is built, with the node's
+//! pods read from the pool and the IPv6 book ([`PoolPods`]), and handed to the service as its
+//! admission ([`PolicyAdmission`]): a new pod's ADD waits for its rules. Everything about policy
+//! itself (watches, compile, `nft`, the sync task, decision logs, metrics) is the crate's.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::host::Nft;
-use crate::ipam::{IpamError, PolicyGate};
+use crate::config::DaemonConfig;
+use crate::ipam::{Admission, IpamError};
 use crate::ipv6::Ipv6Pool;
 use crate::metrics::Metrics;
-use crate::metrics::network_policy::{Synced, VerdictCounts};
 use crate::model::PodRef;
-use crate::network_policy::Direction;
-use crate::network_policy::decisions::{DecisionMap, LogConfig};
-use crate::network_policy::enforce::{Engine, LocalAttachment, Round, SyncKind, SyncReport};
-use crate::network_policy::nft::LocalPod;
-use crate::network_policy::watch::{ClusterWatch, pod_view};
-use crate::network_policy::{DirectionCounts, Explanation};
+use crate::network_policy::decisions::LogConfig;
+use crate::network_policy::enforce::LocalAttachment;
+use crate::network_policy::{Enforcer, LocalPods, Setup};
 use crate::pool::Pool;
 use crate::pool::snapshot::IpState;
 use crate::reconcile::api_server::node::StartupGate;
 
-/// How long a new pod's ADD waits for its rules.
-const ADMIT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long an ADD waits for the API server when the pod watch does not know the pod.
-const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How often an ADD asks again for a pod the API server does not know yet.
-const LOOKUP_RETRY: Duration = Duration::from_millis(500);
-
-/// The whole table is loaded again this often.
-const RELOAD: Duration = Duration::from_secs(600);
-
-/// The sync is re-run this often even without a change (the pool's pods may have changed by a
-/// path that does not tell the gate: the running reconcile's releases).
-const RESYNC: Duration = Duration::from_secs(30);
-
-/// The kernel's table is checked this often (there, its base chain hooked, every pod chain
-/// there), so that another agent's `nft flush ruleset` leaves the node unenforced for seconds;
-/// each [`RESYNC`] also checks the base chain's jumps. The frequent check reads only the chains'
-/// list, which costs `nft` little whatever the sets hold.
-const CHECK: Duration = Duration::from_secs(3);
-
-/// Back-off of a failed sync: doubling from the first, up to the last.
-const RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(30));
-
-/// The kernel's counters are read this often for the verdict metrics.
-const COUNTERS_EVERY: Duration = Duration::from_secs(15);
-
-/// What the last sync left, for `eniipamctl policy`.
-#[derive(Default)]
-struct Status {
-    last: Option<SyncReport>,
-    error: Option<String>,
+/// This node's pod attachments, from the pool (IPv4) and the IPv6 book (ipv6 and dual), each with
+/// its host veth (named as the plugin names it, from `veth_prefix`).
+pub(super) struct PoolPods {
+    pub pool: Pool,
+    pub ipv6: Option<Arc<Ipv6Pool>>,
+    pub veth_prefix: String,
 }
 
-/// The last sync that reached the kernel (its generation), or its error.
-#[derive(Clone, Debug, Default)]
-struct Applied {
-    generation: u64,
-    error: Option<String>,
-}
-
-/// The gate the IPAM service asks on ADD, and what `eniipamctl policy` reads.
-pub(super) struct Enforcer {
-    watch: ClusterWatch,
-    client: kube::Client,
-    applied: watch::Receiver<Applied>,
-    status: Arc<Mutex<Status>>,
-}
-
-/// What the sync task tells the others: the last sync (the gate), the decision map (the decision
-/// log and the per-rule counters).
-struct SyncOutputs {
-    applied: watch::Sender<Applied>,
-    decision_map: watch::Sender<Arc<DecisionMap>>,
-}
-
-/// This node's pod attachments, from the pool and the IPv6 book (ipv6 and dual), each with its
-/// host veth and its addresses of both families, in veth order: one per attachment, whatever the
-/// number of its addresses (two attachments may still name one veth, see
-/// [`crate::network_policy::enforce::newest_per_veth`]).
-fn local_attachments(
-    (pool, ipv6): &(Pool, Option<Arc<Ipv6Pool>>),
-    veth_prefix: &str,
-) -> Vec<LocalAttachment> {
-    let snapshot = pool.snapshot();
-    let mut out: BTreeMap<(String, String), LocalAttachment> = BTreeMap::new();
-    // The book's pods (their IPv6; a node-local egress IPv4 is SNATed to the node's, no peer's).
-    if let Some(p) = ipv6 {
-        let now_ms = crate::clock::unix_ms_now();
-        p.with(|book| {
-            for (attachment, held) in book.held() {
-                if held.pod.namespace.is_empty() || held.pod.name.is_empty() {
-                    continue;
+impl LocalPods for PoolPods {
+    /// Its addresses of both families, in veth order: one per attachment, whatever the number of
+    /// its addresses (two attachments may still name one veth, see
+    /// [`crate::network_policy::enforce::newest_per_veth`]).
+    fn attachments(&self) -> Vec<LocalAttachment> {
+        let snapshot = self.pool.snapshot();
+        let veth_prefix = self.veth_prefix.as_str();
+        let mut out: BTreeMap<(String, String), LocalAttachment> = BTreeMap::new();
+        // The book's pods (their IPv6; a node-local egress IPv4 is SNATed to the node's, no peer's).
+        if let Some(p) = &self.ipv6 {
+            let now_ms = crate::clock::unix_ms_now();
+            p.with(|book| {
+                for (attachment, held) in book.held() {
+                    if held.pod.namespace.is_empty() || held.pod.name.is_empty() {
+                        continue;
+                    }
+                    let veth =
+                        eniipam_api::host_veth_name(veth_prefix, Some(&held.pod), attachment);
+                    let held_for =
+                        Duration::from_millis(now_ms.saturating_sub(held.assigned_at_ms));
+                    let a = out
+                        .entry((veth.clone(), attachment.to_string()))
+                        .or_insert_with(|| LocalAttachment {
+                            namespace: held.pod.namespace.clone(),
+                            name: held.pod.name.clone(),
+                            veth,
+                            ips: Vec::new(),
+                            container_id: attachment.container_id.clone(),
+                            held_for,
+                        });
+                    a.ips.push(IpAddr::V6(held.ip));
+                    a.held_for = a.held_for.min(held_for);
                 }
-                let veth = eniipam_api::host_veth_name(veth_prefix, Some(&held.pod), attachment);
-                let held_for = Duration::from_millis(now_ms.saturating_sub(held.assigned_at_ms));
-                let a = out
-                    .entry((veth.clone(), attachment.to_string()))
-                    .or_insert_with(|| LocalAttachment {
-                        namespace: held.pod.namespace.clone(),
-                        name: held.pod.name.clone(),
-                        veth,
-                        ips: Vec::new(),
-                        container_id: attachment.container_id.clone(),
-                        held_for,
-                    });
-                a.ips.push(IpAddr::V6(held.ip));
-                a.held_for = a.held_for.min(held_for);
-            }
-        });
-    }
-    for eni in &snapshot.enis {
-        for ip in &eni.ips {
-            if let IpState::Assigned {
-                attachment,
-                pod,
-                held_for,
-                ..
-            } = &ip.state
-            {
-                if pod.namespace.is_empty() || pod.name.is_empty() {
-                    // No pod identity: not a Kubernetes pod, no policy selects it.
-                    continue;
-                }
-                let veth = eniipam_api::host_veth_name(veth_prefix, Some(pod), attachment);
-                let a = out
-                    .entry((veth.clone(), attachment.to_string()))
-                    .or_insert_with(|| LocalAttachment {
-                        namespace: pod.namespace.clone(),
-                        name: pod.name.clone(),
-                        veth,
-                        ips: Vec::new(),
-                        container_id: attachment.container_id.clone(),
-                        held_for: *held_for,
-                    });
-                a.ips.push(IpAddr::V4(ip.ip));
-                a.held_for = a.held_for.min(*held_for);
-            }
-        }
-    }
-    out.into_values().collect()
-}
-
-/// Starts enforcement: the watches, the sync task and the verdict counters' reader. The gate is
-/// returned for the IPAM service.
-pub(super) fn start(
-    client: kube::Client,
-    (pool, veth_prefix): ((Pool, Option<Arc<Ipv6Pool>>), String),
-    (first_sync, log): (StartupGate, LogConfig),
-    metrics: Metrics,
-    cancel: CancellationToken,
-    background: &mut Vec<JoinHandle<()>>,
-) -> Arc<Enforcer> {
-    let (cluster, watches) = ClusterWatch::spawn(client.clone());
-    background.extend(watches);
-    let (tx, rx) = watch::channel(Applied::default());
-    let status = Arc::new(Mutex::new(Status::default()));
-    let (map_tx, map) = watch::channel(Arc::new(DecisionMap::default()));
-    let engine = Engine::new(Nft::default()).with_reporting(log.reporting());
-    let outputs = SyncOutputs {
-        applied: tx,
-        decision_map: map_tx,
-    };
-    background.push(tokio::spawn(sync_loop(
-        (cluster.clone(), engine),
-        (pool, veth_prefix, first_sync),
-        outputs,
-        status.clone(),
-        metrics.clone(),
-        cancel.clone(),
-    )));
-    background.push(tokio::spawn(super::policy_decisions::run(
-        log,
-        map.clone(),
-        metrics.clone(),
-        cancel.clone(),
-    )));
-    background.push(tokio::spawn(count_verdicts(metrics, map, cancel)));
-    Arc::new(Enforcer {
-        watch: cluster,
-        client,
-        applied: rx,
-        status,
-    })
-}
-
-/// Enforcement off: a table an earlier run left is deleted.
-pub(super) async fn remove_table() {
-    match Engine::new(Nft::default()).remove().await {
-        Ok(true) => tracing::info!(
-            "network policy: enforcement is off (network_policy = false); deleted the table an earlier run left"
-        ),
-        Ok(false) => {}
-        Err(e) => {
-            tracing::warn!(error = %e, "network policy: cannot delete table inet eniipam_policy")
-        }
-    }
-}
-
-async fn sync_loop(
-    (cluster, mut engine): (ClusterWatch, Engine),
-    (pool, veth_prefix, first_sync): ((Pool, Option<Arc<Ipv6Pool>>), String, StartupGate),
-    outputs: SyncOutputs,
-    status: Arc<Mutex<Status>>,
-    metrics: Metrics,
-    cancel: CancellationToken,
-) {
-    let mut changes = cluster.subscribe();
-    let mut failures = 0u32;
-    let mut last_full = tokio::time::Instant::now();
-    // The superseded attachments already warned of (a warning each, not one per sync).
-    let mut reported: Vec<String> = Vec::new();
-    let mut last_round = tokio::time::Instant::now();
-    let mut check = tokio::time::interval(CHECK);
-    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // What a check found missing, until the table is loaded whole again.
-    let mut restoring: Option<String> = None;
-    loop {
-        let wait = if failures > 0 {
-            (RETRY.0 * 2u32.saturating_pow(failures - 1)).min(RETRY.1)
-        } else {
-            RESYNC
-        };
-        let resync = tokio::select! {
-            _ = cancel.cancelled() => return,
-            r = changes.changed() => if r.is_err() { return } else { false },
-            _ = tokio::time::sleep_until(last_round + wait) => true,
-            _ = check.tick() => match table_altered(&mut engine, false).await {
-                Some(what) => {
-                    restoring = Some(what);
-                    false
-                }
-                None => continue,
-            },
-        };
-        last_round = tokio::time::Instant::now();
-        changes.borrow_and_update();
-        if !cluster.synced() {
-            continue;
-        }
-        if resync && let Some(what) = table_altered(&mut engine, true).await {
-            restoring = Some(what);
-        }
-        if last_full.elapsed() >= RELOAD {
-            engine.forget();
-            last_full = tokio::time::Instant::now();
-        }
-        let Round {
-            generation,
-            since,
-            policies,
-            result,
-            ..
-        } = engine
-            .sync_watched(&cluster, || local_attachments(&pool, &veth_prefix))
-            .await;
-        match result {
-            Ok(report) => {
-                failures = 0;
-                if let Some(what) = restoring.take() {
-                    metrics.network_policy.table_restored();
-                    tracing::info!(missing = %what, kind = report.kind.as_str(),
-                        "network policy: table inet eniipam_policy restored");
-                }
-                let isolated = |f: fn(&LocalPod) -> &Direction| {
-                    report
-                        .pods
-                        .iter()
-                        .filter(|p| matches!(f(p), Direction::Isolated { .. }))
-                        .count()
-                };
-                metrics.network_policy.synced(Synced {
-                    kind: report.kind.as_str(),
-                    policies,
-                    rules: report.rules,
-                    elements: report.elements,
-                    isolated: (
-                        isolated(|p| &p.compiled.ingress),
-                        isolated(|p| &p.compiled.egress),
-                    ),
-                    since,
-                });
-                if report.kind != SyncKind::Unchanged {
-                    outputs
-                        .decision_map
-                        .send_replace(Arc::new(DecisionMap::new(&report.pods)));
-                    tracing::debug!(kind = report.kind.as_str(), rules = report.rules,
-                        elements = report.elements, bytes = report.script_bytes,
-                        compile = ?report.compile, render = ?report.render, load = ?report.load,
-                        "network policy: rules in force");
-                }
-                metrics
-                    .network_policy
-                    .superseded_attachments(report.superseded.len());
-                for line in report.superseded.iter().filter(|l| !reported.contains(*l)) {
-                    tracing::warn!("network policy: {line}");
-                }
-                reported = report.superseded.clone();
-                let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
-                s.last = Some(report);
-                s.error = None;
-                drop(s);
-                outputs.applied.send_replace(Applied {
-                    generation,
-                    error: None,
-                });
-                // The node's startup taint may go now (it waited for this).
-                first_sync.set_open();
-            }
-            Err(e) => {
-                failures += 1;
-                metrics.network_policy.sync_failed();
-                tracing::warn!(error = %e, failures, "network policy: the rules could not be put in force; retrying");
-                status.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e.to_string());
-                outputs.applied.send_replace(Applied {
-                    generation,
-                    error: Some(e.to_string()),
-                });
-                // The changes not in force are still pending.
-                cluster.restore_pending(since);
-            }
-        }
-    }
-}
-
-/// [`Engine::check`] with its finding logged: what is missing or altered (the next sync loads the
-/// table whole), or `None` (also when the kernel cannot be read: the sync will say why).
-async fn table_altered(engine: &mut Engine, deep: bool) -> Option<String> {
-    match engine.check(deep).await {
-        Ok(Some(what)) => {
-            tracing::warn!(
-                "network policy: the kernel's rules were changed behind the daemon: {what}; loading table inet eniipam_policy whole"
-            );
-            Some(what)
-        }
-        Ok(None) => None,
-        Err(e) => {
-            tracing::debug!(error = %e, "network policy: cannot check table inet eniipam_policy");
-            None
-        }
-    }
-}
-
-/// Reads the kernel's per-chain and per-rule counters into the verdict metrics, and its `spoofed`
-/// counter.
-async fn count_verdicts(
-    metrics: Metrics,
-    map: watch::Receiver<Arc<DecisionMap>>,
-    cancel: CancellationToken,
-) {
-    let nft = Nft::default();
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(COUNTERS_EVERY) => {}
-        }
-        let Some(json) = counters_json(&nft).await else {
-            continue;
-        };
-        let map = map.borrow().clone();
-        metrics
-            .network_policy
-            .rule_verdicts(&super::policy_decisions::per_rule(&json, &map));
-        if let Some(totals) = sum_counters(&json) {
-            metrics.network_policy.verdicts(VerdictCounts {
-                ingress_allowed: totals.ingress_allowed,
-                ingress_denied: totals.ingress_denied,
-                egress_allowed: totals.egress_allowed,
-                egress_denied: totals.egress_denied,
             });
         }
-        if let Ok(total) = crate::network_policy::nft::spoofed_packets(&json) {
-            metrics.network_policy.spoofed(total);
-        }
-    }
-}
-
-/// The kernel's counters summed over the node's pods; `None` when they cannot be read.
-fn sum_counters(json: &str) -> Option<DirectionCounts> {
-    let readings = crate::network_policy::enforce::counters_by_veth(json).ok()?;
-    let mut t = DirectionCounts::default();
-    for (_, c) in readings {
-        t.ingress_allowed += c.ingress_allowed;
-        t.ingress_denied += c.ingress_denied;
-        t.egress_allowed += c.egress_allowed;
-        t.egress_denied += c.egress_denied;
-    }
-    Some(t)
-}
-
-/// The kernel's counters per host veth.
-async fn per_pod_counters(nft: &Nft) -> Option<Vec<(String, DirectionCounts)>> {
-    let json = counters_json(nft).await?;
-    crate::network_policy::enforce::counters_by_veth(&json).ok()
-}
-
-/// `nft -j list counters table inet eniipam_policy`.
-async fn counters_json(nft: &Nft) -> Option<String> {
-    nft.run(
-        &[
-            "-j",
-            "list",
-            "counters",
-            "table",
-            "inet",
-            crate::network_policy::nft::TABLE,
-        ],
-        None,
-    )
-    .await
-    .ok()
-}
-
-impl Enforcer {
-    /// Waits until the cluster's three lists have completed once, until `deadline`.
-    async fn synced_by(&self, deadline: tokio::time::Instant) -> bool {
-        let mut changes = self.watch.subscribe();
-        loop {
-            if self.watch.synced() {
-                return true;
-            }
-            // The lists' completion is a change; a missed one is caught by the poll.
-            let tick = tokio::time::sleep(Duration::from_millis(50));
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => return self.watch.synced(),
-                _ = changes.changed() => {}
-                _ = tick => {}
-            }
-        }
-    }
-}
-
-impl Enforcer {
-    /// Makes sure the watch knows `pod` (its labels decide which policies select it): the pod
-    /// watch, else a GET, asked again until `deadline` while the API server says it has no such
-    /// pod (a pod the watch has not delivered yet, a static pod's mirror not created yet).
-    async fn learn_pod(
-        &self,
-        pod: &PodRef,
-        deadline: tokio::time::Instant,
-    ) -> Result<(), IpamError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        let what = format!("{}/{}", pod.namespace, pod.name);
-        loop {
-            if self.watch.pod(&pod.namespace, &pod.name).is_some() {
-                return Ok(());
-            }
-            let answer = tokio::time::timeout(LOOKUP_TIMEOUT, api.get_opt(&pod.name)).await;
-            let why = match answer {
-                Ok(Ok(Some(p))) => {
-                    self.watch.remember(pod_view(&p));
-                    return Ok(());
+        for eni in &snapshot.enis {
+            for ip in &eni.ips {
+                if let IpState::Assigned {
+                    attachment,
+                    pod,
+                    held_for,
+                    ..
+                } = &ip.state
+                {
+                    if pod.namespace.is_empty() || pod.name.is_empty() {
+                        // No pod identity: not a Kubernetes pod, no policy selects it.
+                        continue;
+                    }
+                    let veth = eniipam_api::host_veth_name(veth_prefix, Some(pod), attachment);
+                    let a = out
+                        .entry((veth.clone(), attachment.to_string()))
+                        .or_insert_with(|| LocalAttachment {
+                            namespace: pod.namespace.clone(),
+                            name: pod.name.clone(),
+                            veth,
+                            ips: Vec::new(),
+                            container_id: attachment.container_id.clone(),
+                            held_for: *held_for,
+                        });
+                    a.ips.push(IpAddr::V4(ip.ip));
+                    a.held_for = a.held_for.min(*held_for);
                 }
-                Ok(Ok(None)) => format!(
-                    "pod {what} is not known to the API server, so the policies that select it cannot be known"
-                ),
-                Ok(Err(e)) => format!("cannot read pod {what} from the API server: {e}"),
-                Err(_) => {
-                    format!(
-                        "the API server did not answer for pod {what} within {LOOKUP_TIMEOUT:?}"
-                    )
-                }
-            };
-            if tokio::time::Instant::now() + LOOKUP_RETRY >= deadline {
-                return Err(IpamError::Policy(why));
             }
-            tokio::time::sleep(LOOKUP_RETRY).await;
         }
+        out.into_values().collect()
     }
 }
+
+/// The enforcer as the IPAM service's admission: its refusals become the service's error, named
+/// as NetworkPolicy's (`network policy: …`).
+pub(super) struct PolicyAdmission(pub Arc<Enforcer>);
 
 #[async_trait::async_trait]
-impl PolicyGate for Enforcer {
+impl Admission for PolicyAdmission {
     async fn admit(&self, pod: &PodRef) -> Result<(), IpamError> {
-        let deadline = tokio::time::Instant::now() + ADMIT_TIMEOUT;
-        if pod.namespace.is_empty() || pod.name.is_empty() {
-            // Not a Kubernetes pod (no K8S_POD_* arguments): no policy can select it.
-            return Ok(());
-        }
-        if !self.synced_by(deadline).await {
-            return Err(IpamError::Policy(format!(
-                "the cluster's NetworkPolicies, pods and namespaces are not listed yet (within {ADMIT_TIMEOUT:?}); is the API server reachable, and may the daemon list them (deploy/rbac.yaml)?"
-            )));
-        }
-        self.learn_pod(pod, deadline).await?;
-        let wanted = self.watch.touch();
-        let mut applied = self.applied.clone();
-        let result =
-            tokio::time::timeout_at(deadline, applied.wait_for(|a| a.generation >= wanted)).await;
-        match result {
-            Ok(Ok(a)) if a.generation >= wanted && a.error.is_none() => Ok(()),
-            Ok(Ok(a)) => Err(IpamError::Policy(format!(
-                "the rules could not be put in force: {}",
-                a.error.clone().unwrap_or_default()
-            ))),
-            Ok(Err(_)) => Err(IpamError::Policy("the enforcer stopped".into())),
-            Err(_) => Err(IpamError::Policy(format!(
-                "the rules were not in force within {ADMIT_TIMEOUT:?}"
-            ))),
-        }
+        self.0
+            .admit(pod)
+            .await
+            .map_err(|e| IpamError::Admission(format!("network policy: {e}")))
+    }
+
+    fn unwired(&self, pod: &PodRef) {
+        self.0.unwired(pod);
     }
 
     fn released(&self) {
-        self.watch.touch();
+        self.0.released();
     }
+}
 
-    async fn explain(&self, namespace: &str, name: &str) -> Explanation {
-        let mut e = {
-            let s = self.status.lock().unwrap_or_else(|p| p.into_inner());
-            let full = format!("{namespace}/{name}");
-            let prefix = format!("pod {full}:");
-            Explanation {
-                enforcing: true,
-                pod: s
-                    .last
-                    .as_ref()
-                    .and_then(|r| r.pods.iter().find(|p| p.name == full).cloned()),
-                not_enforced: s
-                    .last
-                    .iter()
-                    .flat_map(|r| r.not_enforced.iter())
-                    .filter(|n| n.starts_with(&prefix))
-                    .cloned()
-                    .collect(),
-                last_error: s.error.clone(),
-                counts: DirectionCounts::default(),
-            }
-        };
-        if let Some(veth) = e.pod.as_ref().map(|p| p.veth.clone())
-            && let Some(readings) = per_pod_counters(&Nft::default()).await
-            && let Some((_, c)) = readings.into_iter().find(|(v, _)| *v == veth)
-        {
-            e.counts = c;
-        }
-        e
+/// The decision log's knobs, from the daemon's.
+fn log_config(c: &DaemonConfig) -> LogConfig {
+    LogConfig {
+        logged: c.network_policy_log,
+        group: c.network_policy_log_group,
+        per_second: c.network_policy_log_rate,
+        file: c.network_policy_log_file.clone(),
+        file_max_bytes: c.network_policy_log_file_max_mb << 20,
+        file_keep: c.network_policy_log_file_keep,
     }
+}
+
+/// Starts enforcement over `pods`; `first_sync` opens at each sync that put the rules in force
+/// (the node's startup taint waits for the first).
+pub(super) fn start(
+    client: kube::Client,
+    (config, pods): (&DaemonConfig, PoolPods),
+    first_sync: StartupGate,
+    metrics: &Metrics,
+    cancel: CancellationToken,
+    background: &mut Vec<JoinHandle<()>>,
+) -> Arc<Enforcer> {
+    crate::network_policy::start(
+        Setup {
+            client,
+            pods: Arc::new(pods),
+            on_synced: Box::new(move || first_sync.set_open()),
+            log: log_config(config),
+            metrics: metrics.network_policy.clone(),
+        },
+        cancel,
+        background,
+    )
 }

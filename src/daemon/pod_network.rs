@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::cloud::backoff::RetryPause;
 use crate::cloud::{Cloud, CloudError, NodeContext, Subnet, SubnetFilter};
 use crate::custom_networking::{self as cn, NodeNetwork};
 use crate::metrics::Metrics;
@@ -277,7 +278,7 @@ pub(super) fn spawn_follower(
         }
         loop {
             let net = rx.borrow_and_update().clone();
-            let mut pause = RETRY.0;
+            let mut retry = RetryPause::new(RETRY.0, RETRY.1);
             let mut superseded = false;
             loop {
                 match resolve(&net, cloud.as_ref(), &node).await {
@@ -286,12 +287,12 @@ pub(super) fn spawn_follower(
                         break;
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?pause, "custom networking: cannot check the node's ENIConfig against EC2; the previous setting holds");
+                        tracing::warn!(error = %e, retry_in = ?retry.pause(), "custom networking: cannot check the node's ENIConfig against EC2; the previous setting holds");
                     }
                 }
                 tokio::select! {
                     _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(pause) => {}
+                    _ = tokio::time::sleep(retry.failed()) => {}
                     // A newer ENIConfig replaces the one being checked.
                     changed = rx.changed() => {
                         if changed.is_err() {
@@ -301,7 +302,6 @@ pub(super) fn spawn_follower(
                         break;
                     }
                 }
-                pause = (pause * 2).min(RETRY.1);
             }
             if superseded {
                 continue;

@@ -37,6 +37,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::pod_network::{groups_for_node, subnet_by_tags, subnet_for_node};
+use crate::cloud::backoff::RetryPause;
 use crate::cloud::{Cloud, CloudError, NodeContext, Subnet, SubnetFilter};
 use crate::ipam::{IpamError, ProfileSelector};
 use crate::metrics::{Metrics, ProfileLabel};
@@ -245,7 +246,7 @@ fn spawn_checker(
     cancel: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut pause = RETRY.0;
+        let mut retry = RetryPause::new(RETRY.0, RETRY.1);
         loop {
             let now = rx.borrow_and_update().clone();
             let previous = judged.read().unwrap_or_else(|e| e.into_inner()).clone();
@@ -258,17 +259,15 @@ fn spawn_checker(
             };
             let wait = match checked {
                 Ok(changed) => {
-                    pause = RETRY.0;
+                    retry.succeeded();
                     // An ENI whose create was in flight when the groups changed got the old ones:
                     // look again soon.
                     if changed > 0 { SETTLE } else { RECHECK }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?pause,
+                    tracing::warn!(error = %e, retry_in = ?retry.pause(),
                         "network profiles: cannot check them against EC2; the previous answers hold");
-                    let wait = pause;
-                    pause = (pause * 2).min(RETRY.1);
-                    wait
+                    retry.failed()
                 }
             };
             tokio::select! {

@@ -2,6 +2,7 @@
 //! gRPC socket last (nothing is served before the rebuild).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
@@ -9,6 +10,7 @@ use super::{Building, CloudClients, DaemonError};
 use crate::cloud::NodeContext;
 use crate::config::DaemonConfig;
 use crate::ipam::Ipam;
+use crate::network_policy::Enforcer;
 use crate::rpc::{IntrospectService, IpamService, bind_socket, pb};
 use crate::telemetry::{self, Sources};
 
@@ -43,7 +45,7 @@ pub(super) async fn serve_metrics(
 pub(super) async fn serve_grpc(
     config: &DaemonConfig,
     node: &NodeContext,
-    ipam: &Ipam,
+    (ipam, policy): (&Ipam, Option<Arc<Enforcer>>),
     b: &Building,
 ) -> Result<(tonic_health::server::HealthReporter, JoinHandle<()>), DaemonError> {
     let listener = bind_socket(&config.socket_path).await?;
@@ -60,6 +62,7 @@ pub(super) async fn serve_grpc(
         instance_id: node.instance_id.clone(),
         instance_type: node.instance_type.clone(),
         service_cidrs: config.service_cidrs.clone(),
+        policy,
     };
     let shutdown = b.cancel.clone();
     let grpc = tokio::spawn(async move {

@@ -25,8 +25,6 @@
 
 pub mod conntrack;
 pub mod keeper;
-pub mod netfilter;
-pub mod nfnetlink;
 pub mod nodeport;
 pub mod prepare;
 pub mod routes;
@@ -34,6 +32,10 @@ pub mod rules;
 pub mod rules_keeper;
 pub mod snat;
 
+/// The `nft` wrapper and the netfilter netlink framing, their own crate (`crates/netfilter`, shared
+/// with the NetworkPolicy crate): `host::netfilter::…` and `host::nfnetlink::…` read as before.
+pub use eniipam_netfilter as netfilter;
+pub use eniipam_netfilter::nfnetlink;
 pub use eniipam_netlink::TableRoute;
 pub use keeper::{ReadyRequest, RouteKeeper, SyncReport};
 pub use netfilter::{Nft, NftError, SnatPorts};

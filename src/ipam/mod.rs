@@ -26,19 +26,19 @@ use tokio::sync::OwnedMutexGuard;
 use crate::clock::{to_unix_ms, unix_ms_now};
 use crate::ipv6::{IpFamily, Ipv6Error, Ipv6Pool};
 use crate::metrics::Metrics;
-use crate::model::{AttachmentKey, PodRef};
+use crate::model::AttachmentKey;
 use crate::pool::snapshot::IpState;
-use crate::pool::{Acquire, Allocation, Pool, PoolError, PoolSnapshot, ProfileName};
+use crate::pool::{Acquire, Allocation, Pool, PoolError, PoolSnapshot};
 use crate::store::{Store, StoreError};
 
 mod drift;
+mod extensions;
 mod ipv6;
 mod journal;
-mod policy;
 
+pub use extensions::{Admission, Extensions, ProfileSelector};
 pub use ipv6::Allocated6;
 pub use journal::StoreJournal;
-pub use policy::PolicyGate;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -65,24 +65,11 @@ pub enum IpamError {
     /// nothing was allocated, and the runtime's next try asks again.
     #[error("cannot learn the pod's network profile: {0}")]
     PodProfile(String),
-    /// NetworkPolicy enforcement: the new pod's rules could not be put in force before its ADD
-    /// is answered (the policies are not listed yet, the pod is unknown, `nft` failed); the
-    /// addresses went back, and the runtime's next try asks again.
-    #[error("network policy: {0}")]
-    Policy(String),
-}
-
-/// How the service learns, on a new ADD, which network profile the pod selects (network profiles
-/// on: the daemon answers from the API server, `crate::daemon`'s `profiles`).
-#[async_trait::async_trait]
-pub trait ProfileSelector: Send + Sync {
-    /// The profile `pod` selects (`None`: the node's default pod network), or why the pod cannot be
-    /// served: a profile that does not exist or cannot be used here is
-    /// [`PoolError::ProfileUnavailable`], naming it and why.
-    async fn select(&self, pod: &PodRef) -> Result<Option<ProfileName>, IpamError>;
-    /// Whether pods of `profile` leave by their own ENI with their own address (its egress mode,
-    /// `strict` unless the profile asks for `standard`; `strict` for a profile no longer known).
-    fn own_eni_egress(&self, profile: &str) -> bool;
+    /// The pod was not admitted before its ADD is answered ([`Admission::admit`]; NetworkPolicy
+    /// enforcement: its rules could not be put in force, the text says why, naming the feature);
+    /// the addresses went back, and the runtime's next try asks again.
+    #[error("{0}")]
+    Admission(String),
 }
 
 /// One allocation request, as the service sees it: the pool's request as it goes down to the ENI
@@ -170,12 +157,12 @@ struct Inner {
     vpc_cidrs: Vec<Ipv4Net>,
     metrics: Metrics,
     locks: AttachmentLocks,
-    /// Set once, when network profiles are on.
-    profiles: std::sync::OnceLock<Arc<dyn ProfileSelector>>,
-    /// Set once, when NetworkPolicy enforcement is on.
-    policy: std::sync::OnceLock<Arc<dyn PolicyGate>>,
+    /// Which network profile a new pod selects (network profiles on), wired at construction.
+    profiles: Option<Arc<dyn ProfileSelector>>,
+    /// What may hold a new pod's ADD (NetworkPolicy enforcement), wired at construction.
+    admission: Option<Arc<dyn Admission>>,
     /// A released address's conntrack entries are deleted (the daemon on a real node).
-    forget_flows: AtomicBool,
+    forget_flows: bool,
 }
 
 impl Ipam {
@@ -186,12 +173,21 @@ impl Ipam {
         vpc_cidrs: Vec<Ipv4Net>,
         metrics: Metrics,
     ) -> Self {
-        Self::with_family(pool, None, store, ready, vpc_cidrs, metrics)
+        Self::with_family(
+            pool,
+            None,
+            store,
+            ready,
+            vpc_cidrs,
+            metrics,
+            Extensions::default(),
+        )
     }
 
     /// The service of a node whose pods get IPv6: `ipv6` is the family and the node's /80 (`None`, or
     /// the `ipv4` family: IPv4 only). With `ipv6` pods get an IPv6 alone (the pool is held empty,
-    /// `DaemonConfig::pool_config`); with `dual` an IPv4 from `pool` too.
+    /// `DaemonConfig::pool_config`); with `dual` an IPv4 from `pool` too. `extensions` are the
+    /// features' extension points, wired here once (the daemon's).
     pub fn with_family(
         pool: Pool,
         ipv6: Option<(IpFamily, Arc<Ipv6Pool>)>,
@@ -199,6 +195,7 @@ impl Ipam {
         ready: Arc<AtomicBool>,
         vpc_cidrs: Vec<Ipv4Net>,
         metrics: Metrics,
+        extensions: Extensions,
     ) -> Self {
         let (family, ipv6) = match ipv6 {
             Some((family, p)) if family.has_ipv6() => (family, Some(p)),
@@ -214,35 +211,11 @@ impl Ipam {
                 vpc_cidrs,
                 metrics,
                 locks: AttachmentLocks::default(),
-                profiles: std::sync::OnceLock::new(),
-                policy: std::sync::OnceLock::new(),
-                forget_flows: AtomicBool::new(false),
+                profiles: extensions.profiles,
+                admission: extensions.admission,
+                forget_flows: extensions.forget_flows,
             }),
         }
-    }
-
-    /// Network profiles on: every new ADD asks `selector` for the pod's profile (once; later calls
-    /// are ignored).
-    pub fn set_profile_selector(&self, selector: Arc<dyn ProfileSelector>) {
-        let _ = self.inner.profiles.set(selector);
-    }
-
-    /// NetworkPolicy enforcement on: every new ADD waits for its pod's rules (once; later calls
-    /// are ignored).
-    /// From now on a release deletes its addresses' conntrack entries before it returns
-    /// (`crate::host::conntrack`; issue 47, case 9): the next pod given the address inherits no
-    /// flow. Only where the daemon owns the host's networking.
-    pub fn forget_flows_on_release(&self) {
-        self.inner.forget_flows.store(true, Ordering::Relaxed);
-    }
-
-    pub fn set_policy_gate(&self, gate: Arc<dyn PolicyGate>) {
-        let _ = self.inner.policy.set(gate);
-    }
-
-    /// The NetworkPolicy gate, when enforcement is on.
-    pub fn policy_gate(&self) -> Option<&Arc<dyn PolicyGate>> {
-        self.inner.policy.get()
     }
 
     /// The pool.
@@ -307,10 +280,10 @@ impl Ipam {
                 }
             }
         }
-        // A new pod's rules are in force before it is answered (whichever family made it new:
-        // an IPv6-only pod is gated too); if they cannot be, it gets nothing.
+        // A new pod is admitted before it is answered (whichever family made it new: an
+        // IPv6-only pod too); if it cannot be, it gets nothing.
         let new = matches!(v4, Some((_, true))) || matches!(v6, Some((_, true)));
-        if let (Some(gate), true) = (self.inner.policy.get(), new)
+        if let (Some(gate), true) = (&self.inner.admission, new)
             && let Err(e) = gate.admit(&req.acquire.pod).await
         {
             if matches!(v4, Some((_, true))) {
@@ -322,12 +295,12 @@ impl Ipam {
             gate.released();
             return Err(e);
         }
-        if req.ipam_role && self.inner.policy.get().is_some() {
-            self.unenforced(&req.acquire.pod);
+        if let (Some(gate), true) = (&self.inner.admission, req.ipam_role) {
+            gate.unwired(&req.acquire.pod);
         }
         let allocation = v4.map(|(a, _)| a);
         let v6 = v6.map(|(a, _)| a);
-        let own_eni_egress = match (allocation.as_ref(), self.inner.profiles.get()) {
+        let own_eni_egress = match (allocation.as_ref(), self.inner.profiles.as_ref()) {
             (
                 Some(Allocation {
                     network: Some(profile),
@@ -361,7 +334,7 @@ impl Ipam {
         let mut network = req.acquire.network.clone();
         if !existed
             && network.is_none()
-            && let Some(selector) = self.inner.profiles.get()
+            && let Some(selector) = self.inner.profiles.as_ref()
         {
             network = selector.select(&req.acquire.pod).await?;
         }
@@ -409,7 +382,7 @@ impl Ipam {
         sticky: bool,
     ) -> Result<Option<Released>, IpamError> {
         let _serial = self.inner.locks.lock(key).await;
-        if let Some(gate) = self.inner.policy.get() {
+        if let Some(gate) = &self.inner.admission {
             gate.released();
         }
         let mut released = Released {
@@ -427,7 +400,7 @@ impl Ipam {
             released.ipv6 = Some(ip);
             released.reservation = released.reservation.or(reservation);
         }
-        if self.inner.forget_flows.load(Ordering::Relaxed) {
+        if self.inner.forget_flows {
             forget_flows(key, &released).await;
         }
         Ok((released.ip.is_some() || released.ipv6.is_some()).then_some(released))

@@ -5,8 +5,6 @@
 //! Metric names follow the AWS VPC CNI's where one measures the same thing, with `eniipam_` for
 //! `awscni_` (mapping in `docs/metrics.md`), so existing dashboards port by a prefix change.
 
-pub mod network_policy;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -87,8 +85,8 @@ pub struct Metrics {
     /// Network profiles: 1 while a profile is usable on this node (a valid NetworkProfile whose subnet
     /// and groups EC2 accepts here), 0 while not; a profile that is gone has no series.
     pub network_profile_usable: Family<ProfileLabel, Gauge>,
-    /// NetworkPolicy enforcement (`eniipam_network_policy_*`).
-    pub network_policy: network_policy::PolicyMetrics,
+    /// NetworkPolicy enforcement (`eniipam_network_policy_*`, the `eniipam-netpol` crate's).
+    pub network_policy: crate::network_policy::PolicyMetrics,
     startup_ms: Arc<AtomicU64>,
 }
 

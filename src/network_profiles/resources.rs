@@ -45,6 +45,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::cloud::backoff::RetryPause;
+
 /// Every profile's extended resource is this and the profile's name.
 pub const RESOURCE_PREFIX: &str = "eniipam.io/network-";
 
@@ -178,7 +180,7 @@ pub fn spawn(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut adv = Advertiser::new(client, node);
-        let mut backoff = BACKOFF_FIRST;
+        let mut retry = RetryPause::new(BACKOFF_FIRST, BACKOFF_MAX);
         let mut verify = tokio::time::interval(VERIFY_EVERY);
         verify.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         verify.tick().await;
@@ -186,15 +188,13 @@ pub fn spawn(
             let want = free.borrow_and_update().clone();
             let wait = match adv.advertise(&want).await {
                 Ok(_) => {
-                    backoff = BACKOFF_FIRST;
+                    retry.succeeded();
                     None
                 }
                 Err(e) => {
-                    tracing::warn!(node = %adv.node, error = %e, retry_in = ?backoff,
+                    tracing::warn!(node = %adv.node, error = %e, retry_in = ?retry.pause(),
                         "network profiles: cannot advertise the extended resources");
-                    let wait = backoff;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                    Some(wait)
+                    Some(retry.failed())
                 }
             };
             let retry = async {

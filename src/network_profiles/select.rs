@@ -8,14 +8,13 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
+use eniipam_kubeview::View;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use tokio::task::JoinHandle;
-
-use super::watch::View;
 
 /// The annotation that names a pod's network profile, on the pod or on its namespace.
 pub const ANNOTATION: &str = "eniipam.io/network";

@@ -1,7 +1,7 @@
 //! The watchers: kube's `watcher` (paged list, watch from its resourceVersion, bookmarks, re-list
 //! on 410 Gone, default backoff) over every `NetworkProfile` ([`spawn`]) and every namespace
 //! ([`super::select::spawn_namespaces`]), each kept as a [`View`] of what the daemon needs of an
-//! object, keyed by name.
+//! object, keyed by name (`eniipam-kubeview`'s, shared with the NetworkPolicy crate).
 //!
 //! As in `custom_networking`'s watcher, the view is replaced whole at each (re-)list's end
 //! (`InitDone`), so an object deleted while the watch was down does not linger; errors (API server
@@ -10,84 +10,15 @@
 
 use std::collections::BTreeMap;
 
+use eniipam_kubeview::View;
 use futures::StreamExt;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use tokio::sync::watch as notify;
 use tokio::task::JoinHandle;
 
 use super::profile::{NetworkProfile, ProfileSpec};
-
-/// What one list + watch says: `T` (what is kept of each object) by object name
-/// (`namespace/name` for namespaced objects).
-pub(crate) struct View<T> {
-    pub objects: BTreeMap<String, T>,
-    /// Objects of a list in progress (between `Init` and `InitDone`).
-    listing: Option<BTreeMap<String, T>>,
-    /// A list has completed once.
-    pub synced: bool,
-}
-
-impl<T: PartialEq> Default for View<T> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<T: PartialEq> View<T> {
-    pub fn new() -> Self {
-        Self {
-            objects: BTreeMap::new(),
-            listing: None,
-            synced: false,
-        }
-    }
-
-    /// The key of `object`: its name, or `namespace/name` for a namespaced object.
-    pub fn key_of<K: kube::Resource>(object: &K) -> String {
-        let meta = object.meta();
-        let name = meta.name.clone().unwrap_or_default();
-        match &meta.namespace {
-            Some(ns) => format!("{ns}/{name}"),
-            None => name,
-        }
-    }
-
-    /// Applies one event, keeping `keep(object)` of each; true when the view changed (or the first
-    /// list completed).
-    pub fn apply<K: kube::Resource>(&mut self, event: Event<K>, keep: impl Fn(&K) -> T) -> bool {
-        let name = |o: &K| Self::key_of(o);
-        match event {
-            Event::Init => {
-                self.listing = Some(BTreeMap::new());
-                false
-            }
-            Event::InitApply(o) => {
-                self.listing
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(name(&o), keep(&o));
-                false
-            }
-            Event::InitDone => {
-                let listed = self.listing.take().unwrap_or_default();
-                let changed = !self.synced || listed != self.objects;
-                self.objects = listed;
-                self.synced = true;
-                changed
-            }
-            Event::Apply(o) => {
-                let (n, kept) = (name(&o), keep(&o));
-                if self.objects.get(&n) == Some(&kept) {
-                    return false;
-                }
-                self.objects.insert(n, kept);
-                true
-            }
-            Event::Delete(o) => self.objects.remove(&name(&o)).is_some(),
-        }
-    }
-}
 
 /// The cluster's network profiles, as the API server says now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -107,7 +38,7 @@ impl Profiles {
             known: view.synced,
             ..Self::default()
         };
-        for (name, judged) in &view.objects {
+        for (name, judged) in view.objects.iter() {
             match judged {
                 Ok(spec) => {
                     p.valid.insert(name.clone(), spec.clone());
@@ -163,56 +94,4 @@ pub fn spawn(client: kube::Client) -> (notify::Receiver<Profiles>, JoinHandle<()
         }
     });
     (rx, task)
-}
-
-#[cfg(test)]
-mod tests {
-    use k8s_openapi::api::core::v1::Namespace;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
-    use super::*;
-
-    fn ns(name: &str, label: &str) -> Namespace {
-        Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(BTreeMap::from([("l".into(), label.into())])),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        }
-    }
-
-    /// What a change is: a change of what is kept, not of the object (so a relabelled namespace
-    /// or a re-list that finds the same publishes nothing).
-    #[test]
-    fn only_changes_of_what_is_kept_count() {
-        let keep = |n: &Namespace| n.metadata.labels.as_ref().map(|l| l["l"].len());
-        let mut v: View<Option<usize>> = View::new();
-        assert!(!v.apply(Event::Init, keep));
-        assert!(!v.apply(Event::InitApply(ns("a", "x")), keep));
-        assert!(v.apply(Event::InitDone, keep), "the first list completes");
-        assert!(
-            !v.apply(Event::Apply(ns("a", "y")), keep),
-            "same length kept"
-        );
-        assert!(v.apply(Event::Apply(ns("a", "yy")), keep));
-        assert!(v.apply(Event::Apply(ns("b", "x")), keep), "a new object");
-        assert!(!v.apply(Event::Init, keep));
-        assert!(!v.apply(Event::InitApply(ns("a", "zz")), keep));
-        assert!(!v.apply(Event::InitApply(ns("b", "z")), keep));
-        assert!(
-            !v.apply(Event::InitDone, keep),
-            "a re-list that finds the same"
-        );
-        assert!(!v.apply(Event::Init, keep));
-        assert!(!v.apply(Event::InitApply(ns("b", "z")), keep));
-        assert!(
-            v.apply(Event::InitDone, keep),
-            "a deleted while not watched"
-        );
-        assert_eq!(v.objects.keys().collect::<Vec<_>>(), ["b"]);
-        assert!(v.apply(Event::Delete(ns("b", "z")), keep));
-        assert!(!v.apply(Event::Delete(ns("b", "z")), keep));
-    }
 }

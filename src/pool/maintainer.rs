@@ -283,7 +283,7 @@ fn round(shared: &Arc<Shared>, creates: &Arc<Semaphore>) -> Vec<JoinHandle<()>> 
     tasks
 }
 
-/// The readiness gate (issue 23): with a gate installed ([`super::Pool::set_eni_readiness`], the
+/// The readiness gate (issue 23): with a gate given ([`super::PoolSeams::readiness`], the
 /// daemon's when it manages the ENIs' route tables), waits until the host routes through the new
 /// ENI, so that no pod gets one of its IPs (and no ADD returns) while the pod's `from <ip> lookup
 /// <table>` rule would still find an empty table and send its packets out of eth0 with the ENI's

@@ -80,7 +80,7 @@ pub use pod_network::PodNetwork;
 pub use profiles::{ProfileCapacity, ProfileName, ProfileNetwork};
 pub use seed::QuarantineSeed;
 pub use seed::{AllocationSeed, EniSeed, IdleSeed, PoolSeed, SeedError};
-pub use shared::{ChangeJournal, EniProvisioner, EniReadiness, NewEniFacts};
+pub use shared::{ChangeJournal, EniProvisioner, EniReadiness, NewEniFacts, PoolSeams};
 pub use snapshot::{
     EniPhaseSnapshot, EniSnapshot, IpSnapshot, IpState, PoolSnapshot, SubnetBackoffSnapshot,
     SubnetSnapshot,
@@ -203,8 +203,8 @@ impl std::fmt::Debug for Pool {
 
 impl Pool {
     /// Starts the pool for `node` from `seed` (ENIs already attached, assignments restored), with
-    /// the real ENI lifecycle. Must be called inside a tokio runtime: it spawns one actor per ENI
-    /// and the maintainer.
+    /// the real ENI lifecycle and no seams (nothing waits on a new ENI, nothing is journalled).
+    /// Must be called inside a tokio runtime: it spawns one actor per ENI and the maintainer.
     pub fn start(
         config: PoolConfig,
         cloud: Arc<dyn Cloud>,
@@ -212,13 +212,26 @@ impl Pool {
         node: NodeContext,
         seed: PoolSeed,
     ) -> Result<Self, PoolError> {
-        let lifecycle = EniLifecycle::new(
+        Self::start_with_seams(config, cloud, metadata, node, seed, PoolSeams::default())
+    }
+
+    /// [`Pool::start`] with the daemon's [`PoolSeams`] (the readiness gate of new ENIs, the journal
+    /// of address changes), in force from the first ENI actor on.
+    pub fn start_with_seams(
+        config: PoolConfig,
+        cloud: Arc<dyn Cloud>,
+        metadata: Arc<dyn Metadata>,
+        node: NodeContext,
+        seed: PoolSeed,
+        seams: PoolSeams,
+    ) -> Result<Self, PoolError> {
+        let lifecycle = Arc::new(EniLifecycle::new(
             cloud.clone(),
             metadata.clone(),
             node.clone(),
             config.lifecycle,
-        );
-        Self::start_with_provisioner(config, cloud, metadata, node, seed, Arc::new(lifecycle))
+        ));
+        Self::launch(config, (cloud, metadata), node, seed, (lifecycle, seams))
     }
 
     /// [`Pool::start`] with another ENI provisioner.
@@ -230,6 +243,18 @@ impl Pool {
         seed: PoolSeed,
         provisioner: Arc<dyn EniProvisioner>,
     ) -> Result<Self, PoolError> {
+        let seams = PoolSeams::default();
+        Self::launch(config, (cloud, metadata), node, seed, (provisioner, seams))
+    }
+
+    /// Builds the state from `seed` and spawns the ENI actors and the maintainer.
+    fn launch(
+        config: PoolConfig,
+        (cloud, metadata): (Arc<dyn Cloud>, Arc<dyn Metadata>),
+        node: NodeContext,
+        seed: PoolSeed,
+        (provisioner, seams): (Arc<dyn EniProvisioner>, PoolSeams),
+    ) -> Result<Self, PoolError> {
         config.validate()?;
         let state = PoolState::from_seed(config.clone(), node, seed, Instant::now())?;
         let pod_enis: Vec<(EniId, String)> = state
@@ -238,7 +263,14 @@ impl Pool {
             .filter(|r| r.serves)
             .map(|r| (r.id.clone(), r.mac.clone()))
             .collect();
-        let shared = Arc::new(Shared::new(config, cloud, metadata, provisioner, state));
+        let shared = Arc::new(Shared::new(
+            config,
+            cloud,
+            metadata,
+            provisioner,
+            seams,
+            state,
+        ));
         for (id, mac) in pod_enis {
             let (handle, task) = EniHandle::spawn(shared.clone(), id.clone(), mac);
             let mut st = shared.lock();
@@ -272,21 +304,6 @@ impl Pool {
 
     fn shared(&self) -> &Arc<Shared> {
         &self.inner.shared
-    }
-
-    /// Installs the readiness gate of new ENIs ([`EniReadiness`]): from now on, a created ENI serves
-    /// no pod (its create's waiters wait, its IPs stay out of the idle queue) until the gate says the
-    /// host routes through it. Read when a create finishes, so setting it right after
-    /// [`Pool::start`] covers every ENI the pool creates (a create takes EC2 round trips).
-    pub fn set_eni_readiness(&self, gate: Arc<dyn EniReadiness>) {
-        self.shared().set_readiness(gate);
-    }
-
-    /// Installs the journal of the pool's address changes ([`ChangeJournal`]): from now on each
-    /// assign's and create's answer, and each give-back, is written to it. Set it right after
-    /// [`Pool::start`], before the pool serves.
-    pub fn set_change_journal(&self, journal: Arc<dyn ChangeJournal>) {
-        self.shared().set_journal(journal);
     }
 
     /// An IP for `attachment`.

@@ -1,6 +1,9 @@
 //! What the pool's tasks share ([`Shared`]: the configuration, the cloud seam, the state behind its
-//! mutex) and the two seams the pool is given from outside: the [`EniProvisioner`] that creates and
-//! deletes ENIs, and the [`EniReadiness`] gate that says when the host routes through a new one.
+//! mutex) and the seams the pool is given from outside when it is built: the [`EniProvisioner`]
+//! that creates and deletes ENIs, and its [`PoolSeams`]: the [`EniReadiness`] gate that says when
+//! the host routes through a new ENI and the [`ChangeJournal`] of its address changes. Both are
+//! given at construction (never set later), so no ENI the pool creates or address it assigns
+//! escapes them.
 //!
 //! Below the pool handle, the ENI actors and the maintainer, which all hold an `Arc<Shared>`.
 
@@ -79,6 +82,17 @@ pub trait ChangeJournal: Send + Sync + 'static {
     async fn unassigning(&self, eni: &EniId, ips: &[Ipv4Addr], prefixes: &[Ipv4Net]) -> bool;
 }
 
+/// The pool's extension points other than its provisioner, given when it is built
+/// ([`crate::pool::Pool::start_with_seams`]; the daemon wires them). `None`: nothing waits, nothing
+/// is journalled (simulate's in-memory pools, unit tests).
+#[derive(Clone, Default)]
+pub struct PoolSeams {
+    /// The readiness gate of new ENIs (the daemon's when it keeps their route tables).
+    pub readiness: Option<Arc<dyn EniReadiness>>,
+    /// The journal of the pool's address changes (the daemon's: the state file's).
+    pub journal: Option<Arc<dyn ChangeJournal>>,
+}
+
 /// What the pool's tasks share.
 pub(crate) struct Shared {
     pub config: PoolConfig,
@@ -86,11 +100,8 @@ pub(crate) struct Shared {
     pub metadata: Arc<dyn Metadata>,
     pub provisioner: Arc<dyn EniProvisioner>,
     state: Mutex<PoolState>,
-    /// The readiness gate of new ENIs ([`crate::pool::Pool::set_eni_readiness`]); read when a
-    /// create completes.
-    readiness: Mutex<Option<Arc<dyn EniReadiness>>>,
-    /// The journal of the pool's address changes ([`crate::pool::Pool::set_change_journal`]).
-    journal: Mutex<Option<Arc<dyn ChangeJournal>>>,
+    /// The readiness gate of new ENIs and the journal of address changes, given at construction.
+    seams: PoolSeams,
     /// Wakes the maintainer (idle shrank or grew, pods wait for an ENI, a call finished).
     pub wake: Notify,
 }
@@ -101,6 +112,7 @@ impl Shared {
         cloud: Arc<dyn Cloud>,
         metadata: Arc<dyn Metadata>,
         provisioner: Arc<dyn EniProvisioner>,
+        seams: PoolSeams,
         state: PoolState,
     ) -> Self {
         Self {
@@ -109,8 +121,7 @@ impl Shared {
             metadata,
             provisioner,
             state: Mutex::new(state),
-            readiness: Mutex::new(None),
-            journal: Mutex::new(None),
+            seams,
             wake: Notify::new(),
         }
     }
@@ -125,34 +136,12 @@ impl Shared {
 
     /// The readiness gate of new ENIs, if any.
     pub(crate) fn readiness(&self) -> Option<Arc<dyn EniReadiness>> {
-        self.readiness
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
-    }
-
-    /// Installs the readiness gate of new ENIs.
-    pub(crate) fn set_readiness(&self, gate: Arc<dyn EniReadiness>) {
-        *self
-            .readiness
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(gate);
+        self.seams.readiness.clone()
     }
 
     /// The journal of the pool's address changes, if any.
     pub(crate) fn journal(&self) -> Option<Arc<dyn ChangeJournal>> {
-        self.journal
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
-    }
-
-    /// Installs the journal of the pool's address changes.
-    pub(crate) fn set_journal(&self, journal: Arc<dyn ChangeJournal>) {
-        *self
-            .journal
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(journal);
+        self.seams.journal.clone()
     }
 
     /// Journals that EC2 assigned `ips` and `prefixes` to `eni` (the addresses of `prefixes` among

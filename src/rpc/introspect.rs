@@ -15,6 +15,8 @@ pub struct IntrospectService {
     pub instance_type: String,
     /// The cluster's Service CIDRs (`service_cidrs`), for `eniipamctl policy`'s warnings.
     pub service_cidrs: Vec<ipnet::IpNet>,
+    /// The NetworkPolicy enforcer, when enforcement is on (`eniipamctl policy`).
+    pub policy: Option<std::sync::Arc<crate::network_policy::Enforcer>>,
 }
 
 fn eni_info(e: &crate::pool::snapshot::EniSnapshot) -> pb::EniInfo {
@@ -296,7 +298,7 @@ impl pb::introspect_server::Introspect for IntrospectService {
                 "a pod is named by its namespace and name, both non-empty",
             ));
         }
-        let Some(gate) = self.ipam.policy_gate() else {
+        let Some(gate) = &self.policy else {
             return Ok(Response::new(pb::PolicyReply::default()));
         };
         Ok(Response::new(policy_reply(

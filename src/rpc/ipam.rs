@@ -89,7 +89,7 @@ pub fn ipam_status(e: &IpamError) -> Status {
             status_with_reason(Code::Unavailable, e.to_string(), pb::ErrorReason::Exhausted)
         }
         // Retryable: the kubelet's next sandbox try finds the rules' cause gone or fixed.
-        IpamError::Policy(_) => {
+        IpamError::Admission(_) => {
             status_with_reason(Code::Unavailable, e.to_string(), pb::ErrorReason::NotReady)
         }
         IpamError::Record(_) | IpamError::Unrecorded(_) => {

@@ -1,12 +1,23 @@
 //! The crates' manifests: no shipped crate (`.`, `crates/*`) depends on anything under `mocks/`
 //! (except as a dev-dependency, or optionally for the `simulate` feature alone); no crate under
-//! `crates/` depends on the daemon; `crates/cloud` depends on no workspace crate but `eniipam-api`
-//! and `eniipam-limits`. With its bad examples.
+//! `crates/` depends on the daemon; each room that is a crate depends only on the workspace crates
+//! [`ROOMS`] lists for it (`crates/cloud`: `eniipam-api` and `eniipam-limits`; `crates/netpol`,
+//! NetworkPolicy whole: `eniipam-api`, `eniipam-netfilter` and `eniipam-kubeview`), so a feature's
+//! room never reaches into another's. With its bad examples.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use super::root;
+
+/// The rooms that are crates, each with the only workspace crates it may depend on.
+const ROOMS: &[(&str, &[&str])] = &[
+    ("crates/cloud", &["crates/api", "crates/limits"]),
+    (
+        "crates/netpol",
+        &["crates/api", "crates/netfilter", "crates/kubeview"],
+    ),
+];
 
 /// A dependency table's entries that are workspace crates: name → (package path, optional).
 fn path_deps(
@@ -126,14 +137,13 @@ fn crate_problems(
             if rel.starts_with("crates") && path == normalize(root) {
                 problems.push(format!("{name}: depends on the daemon (`{dep}`)"));
             }
-            if rel == Path::new("crates/cloud")
-                && !["crates/api", "crates/limits"]
-                    .iter()
-                    .any(|ok| path == normalize(&root.join(ok)))
+            if let Some((_, allowed)) = ROOMS.iter().find(|(room, _)| rel == Path::new(room))
+                && !allowed.iter().any(|ok| path == normalize(&root.join(ok)))
             {
                 problems.push(format!(
-                    "{name}: depends on `{dep}` ({dep_rel}); the cloud crate may depend on no workspace \
-                     crate but eniipam-api and eniipam-limits"
+                    "{name}: depends on `{dep}` ({dep_rel}); this room may depend on no workspace \
+                     crate but {}",
+                    allowed.join(", ")
                 ));
             }
         }
@@ -229,6 +239,18 @@ fn a_shipped_crate_on_test_support_is_refused() {
     );
     assert!(
         p.contains("crates/cloud: depends on `eniipam-netlink` (crates/netlink)"),
+        "{p}"
+    );
+    assert_eq!(p.lines().count(), 1, "{p}");
+    // The NetworkPolicy crate: the model, the netfilter primitives and the list + watch view only.
+    let p = check(
+        "crates/netpol",
+        "[dependencies]\neniipam-api = { path = \"../api\" }\n\
+         eniipam-netfilter = { path = \"../netfilter\" }\n\
+         eniipam-kubeview = { path = \"../kubeview\" }\neniipam-cloud = { path = \"../cloud\" }\n",
+    );
+    assert!(
+        p.contains("crates/netpol: depends on `eniipam-cloud` (crates/cloud)"),
         "{p}"
     );
     assert_eq!(p.lines().count(), 1, "{p}");

@@ -1,5 +1,7 @@
 //! Exponential backoff with full jitter, bounded in attempts and total time: the retry policy of every
-//! EC2 call ([`super::limiter`]) and of the ENI lifecycle's polling.
+//! EC2 call ([`super::limiter`]) and of the ENI lifecycle's polling. And [`RetryPause`], the same
+//! doubling for a task that retries for ever (the daemon's API-server publishers and its checks of a
+//! feature's settings against EC2), so no task rolls its own.
 
 use std::time::Duration;
 
@@ -137,6 +139,43 @@ impl Backoff {
     }
 }
 
+/// The pause of a task that retries until it succeeds or its own deadline passes (publishing to the
+/// API server, checking a setting against EC2, asking again a describe that lags): the policy's ceiling for each consecutive failure, `first`
+/// doubling up to `cap`, without jitter (one such task per node and purpose: no herd of retries
+/// to spread), back to `first` after a success.
+#[derive(Clone, Debug)]
+pub struct RetryPause {
+    policy: BackoffPolicy,
+    failures: u32,
+}
+
+impl RetryPause {
+    pub fn new(first: Duration, cap: Duration) -> Self {
+        Self {
+            policy: BackoffPolicy::polling(first, cap, Duration::MAX),
+            failures: 0,
+        }
+    }
+
+    /// The pause the next failure will wait (for a log line written before [`RetryPause::failed`]).
+    pub fn pause(&self) -> Duration {
+        self.policy.ceiling(self.failures)
+    }
+
+    /// A try failed: the pause before the next one (the next failure waits twice as long, up to
+    /// the cap).
+    pub fn failed(&mut self) -> Duration {
+        let pause = self.pause();
+        self.failures = self.failures.saturating_add(1);
+        pause
+    }
+
+    /// A try succeeded: the next failure waits `first` again.
+    pub fn succeeded(&mut self) {
+        self.failures = 0;
+    }
+}
+
 /// Serde for `Duration` fields as humantime strings (`"250ms"`, `"10s"`).
 mod humantime_serde_compat {
     use std::time::Duration;
@@ -176,6 +215,17 @@ mod tests {
         let c: Vec<u64> = (0..6).map(|n| p.ceiling(n).as_millis() as u64).collect();
         assert_eq!(c, vec![100, 200, 400, 800, 1000, 1000]);
         assert_eq!(p.ceiling(u32::MAX), Duration::from_millis(1000));
+    }
+
+    #[test]
+    fn a_retry_pause_doubles_up_to_its_cap_and_starts_over_after_a_success() {
+        let mut r = RetryPause::new(Duration::from_secs(1), Duration::from_secs(5));
+        assert_eq!(r.pause(), Duration::from_secs(1));
+        let waits: Vec<u64> = (0..5).map(|_| r.failed().as_secs()).collect();
+        assert_eq!(waits, vec![1, 2, 4, 5, 5]);
+        r.succeeded();
+        assert_eq!(r.failed(), Duration::from_secs(1));
+        assert_eq!(r.pause(), Duration::from_secs(2));
     }
 
     proptest! {

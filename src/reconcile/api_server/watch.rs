@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use eniipam_kubeview::View;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -141,30 +142,53 @@ pub struct BoundPods {
     /// The initial list is done and the watch has had no error since: a pod absent here is gone.
     /// When false the view may be stale or partial: pods are unknown, never gone.
     pub synced: bool,
-    pub pods: Arc<BTreeMap<PodKey, BoundPod>>,
+    /// By `namespace/name` (the [`PodKey`]'s text, the list + watch view's key).
+    pub pods: Arc<BTreeMap<String, BoundPod>>,
     /// Bumped at every change of the view (or of `synced`).
     pub generation: u64,
 }
 
 impl BoundPods {
     pub fn get(&self, namespace: &str, name: &str) -> Option<&BoundPod> {
-        self.pods.get(&PodKey::new(namespace, name))
+        self.pods.get(&format!("{namespace}/{name}"))
     }
 }
 
+/// The watch's view: the list + watch [`View`] (`eniipam-kubeview`'s, shared by every API-server
+/// watch) of the pods' [`BoundPod`]s, whose `synced` is also cleared by a watch error, and when each
+/// pod left.
 #[derive(Default)]
-struct View {
-    synced: bool,
-    pods: Arc<BTreeMap<PodKey, BoundPod>>,
+struct PodsView {
+    pods: View<BoundPod>,
     generation: u64,
     /// When each pod UID stopped being a live pod on this node, as the watch saw it: deleted, replaced
     /// by another pod of the same name, or finished.
     departed: HashMap<String, Instant>,
 }
 
-impl View {
-    fn depart(&mut self, uid: &str, now: Instant) {
-        self.departed.entry(uid.to_owned()).or_insert(now);
+/// The UID a change of one pod's entry ends, if it ends one: the pod gone (deleted, or missing from a
+/// re-list), replaced by another pod of the same name, or finished.
+fn departure<'a>(was: Option<&'a BoundPod>, now: Option<&'a BoundPod>) -> Option<&'a str> {
+    match (was?, now) {
+        (was, None) => Some(&was.uid),
+        (was, Some(p)) if p.uid != was.uid => Some(&was.uid),
+        (was, Some(p)) if p.phase.is_terminal() && !was.phase.is_terminal() => Some(&p.uid),
+        _ => None,
+    }
+}
+
+impl PodsView {
+    /// Applies one watch event: a completed list replaces the view (pods missing from it, or listed
+    /// with another uid, or now finished, departed now); an applied pod replaces its name's; a
+    /// deleted one leaves (only the pod of that uid: not a newer one of its name).
+    fn apply(&mut self, event: watcher::Event<Pod>, now: Instant) {
+        let departed = &mut self.departed;
+        self.pods.apply_with(event, BoundPod::from_pod, |c| {
+            if let Some(uid) = departure(c.was, c.now) {
+                departed.entry(uid.to_owned()).or_insert(now);
+            }
+        });
+        self.prune(now);
     }
 
     fn prune(&mut self, now: Instant) {
@@ -177,62 +201,28 @@ impl View {
             self.departed.retain(|_, at| *at >= cut);
         }
     }
-
-    /// A complete list replaces the view; pods missing from it (or listed with another uid, or now
-    /// finished) departed now.
-    fn replace_all(&mut self, pods: BTreeMap<PodKey, BoundPod>, now: Instant) {
-        let old = std::mem::take(&mut self.pods);
-        for (key, was) in old.iter() {
-            match pods.get(key) {
-                None => self.depart(&was.uid, now),
-                Some(p) if p.uid != was.uid => self.depart(&was.uid, now),
-                Some(p) if p.phase.is_terminal() && !was.phase.is_terminal() => {
-                    self.depart(&p.uid, now)
-                }
-                Some(_) => {}
-            }
-        }
-        self.pods = Arc::new(pods);
-        self.synced = true;
-        self.prune(now);
-    }
-
-    fn apply(&mut self, pod: BoundPod, now: Instant) {
-        match self.pods.get(&pod.key) {
-            Some(was) if was.uid != pod.uid => {
-                let uid = was.uid.clone();
-                self.depart(&uid, now);
-            }
-            Some(was) if pod.phase.is_terminal() && !was.phase.is_terminal() => {
-                self.depart(&pod.uid, now)
-            }
-            _ => {}
-        }
-        Arc::make_mut(&mut self.pods).insert(pod.key.clone(), pod);
-    }
-
-    fn delete(&mut self, pod: &BoundPod, now: Instant) {
-        if self.pods.get(&pod.key).is_some_and(|p| p.uid == pod.uid) {
-            Arc::make_mut(&mut self.pods).remove(&pod.key);
-        }
-        self.depart(&pod.uid, now);
-    }
 }
 
 struct Shared {
     node_name: String,
-    view: RwLock<View>,
+    view: RwLock<PodsView>,
     changed: notify::Sender<u64>,
     metrics: Metrics,
 }
 
 impl Shared {
-    fn update(&self, f: impl FnOnce(&mut View)) {
+    /// The view, for a change its readers need not hear of.
+    fn view_mut(&self) -> std::sync::RwLockWriteGuard<'_, PodsView> {
+        self.view.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes the view and tells its readers (a new generation), with the metrics.
+    fn update(&self, f: impl FnOnce(&mut PodsView)) {
         let (generation, synced, count) = {
-            let mut v = self.view.write().unwrap_or_else(|e| e.into_inner());
+            let mut v = self.view_mut();
             f(&mut v);
             v.generation += 1;
-            (v.generation, v.synced, v.pods.len())
+            (v.generation, v.pods.synced, v.pods.objects.len())
         };
         self.metrics.api_server_synced.set(i64::from(synced));
         self.metrics.api_server_bound_pods.set(count as i64);
@@ -259,7 +249,7 @@ impl PodWatch {
         let (changed, _) = notify::channel(0);
         let shared = Arc::new(Shared {
             node_name,
-            view: RwLock::new(View::default()),
+            view: RwLock::new(PodsView::default()),
             changed,
             metrics,
         });
@@ -277,8 +267,8 @@ impl PodWatch {
     pub fn bound_pods(&self) -> BoundPods {
         let v = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
         BoundPods {
-            synced: v.synced,
-            pods: v.pods.clone(),
+            synced: v.pods.synced,
+            pods: v.pods.objects.clone(),
             generation: v.generation,
         }
     }
@@ -289,6 +279,7 @@ impl PodWatch {
             .view
             .read()
             .unwrap_or_else(|e| e.into_inner())
+            .pods
             .synced
     }
 
@@ -354,7 +345,6 @@ async fn run(shared: Arc<Shared>, api: Api<Pod>, cancel: CancellationToken) {
     loop {
         let stream = watcher(api.clone(), config.clone());
         futures::pin_mut!(stream);
-        let mut listing: Option<BTreeMap<PodKey, BoundPod>> = None;
         loop {
             let next = tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -362,16 +352,16 @@ async fn run(shared: Arc<Shared>, api: Api<Pod>, cancel: CancellationToken) {
             };
             let now = Instant::now();
             match next {
-                Some(Ok(watcher::Event::Init)) => listing = Some(BTreeMap::new()),
-                Some(Ok(watcher::Event::InitApply(pod))) => {
-                    if let (Some(l), Some(p)) = (listing.as_mut(), BoundPod::from_pod(&pod)) {
-                        l.insert(p.key.clone(), p);
-                    }
+                // A list in progress changes nothing the readers see until it completes.
+                Some(Ok(e @ (watcher::Event::Init | watcher::Event::InitApply(_)))) => {
+                    shared.view_mut().apply(e, now);
                 }
-                Some(Ok(watcher::Event::InitDone)) => {
-                    let pods = listing.take().unwrap_or_default();
-                    let count = pods.len();
-                    shared.update(|v| v.replace_all(pods, now));
+                Some(Ok(e @ watcher::Event::InitDone)) => {
+                    let mut count = 0;
+                    shared.update(|v| {
+                        v.apply(e, now);
+                        count = v.pods.objects.len();
+                    });
                     if failures > 0 {
                         tracing::info!(node = %shared.node_name, pods = count, "API server watch is back: pods bound to this node listed again");
                     } else {
@@ -379,18 +369,9 @@ async fn run(shared: Arc<Shared>, api: Api<Pod>, cancel: CancellationToken) {
                     }
                     failures = 0;
                 }
-                Some(Ok(watcher::Event::Apply(pod))) => {
-                    if let Some(p) = BoundPod::from_pod(&pod) {
-                        shared.update(|v| v.apply(p, now));
-                    }
-                }
-                Some(Ok(watcher::Event::Delete(pod))) => {
-                    if let Some(p) = BoundPod::from_pod(&pod) {
-                        shared.update(|v| v.delete(&p, now));
-                    }
-                }
+                Some(Ok(e)) => shared.update(|v| v.apply(e, now)),
                 Some(Err(e)) => {
-                    shared.update(|v| v.synced = false);
+                    shared.update(|v| v.pods.synced = false);
                     shared.metrics.api_server_watch_errors.inc();
                     if is_expired(&e) {
                         // The normal end of a watch whose resourceVersion was compacted away.
@@ -407,7 +388,7 @@ async fn run(shared: Arc<Shared>, api: Api<Pod>, cancel: CancellationToken) {
                     break;
                 }
                 None => {
-                    shared.update(|v| v.synced = false);
+                    shared.update(|v| v.pods.synced = false);
                     break;
                 }
             }
@@ -425,51 +406,54 @@ async fn run(shared: Arc<Shared>, api: Api<Pod>, cancel: CancellationToken) {
 mod tests {
     use super::*;
 
-    fn pod(ns: &str, name: &str, uid: &str, phase: PodPhase) -> BoundPod {
-        BoundPod {
-            key: PodKey::new(ns, name),
-            uid: uid.into(),
-            mirror_of: None,
-            host_network: false,
-            phase,
-            deleting: false,
-            network: None,
+    fn pod(ns: &str, name: &str, uid: &str, phase: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.namespace = Some(ns.into());
+        p.metadata.name = Some(name.into());
+        p.metadata.uid = Some(uid.into());
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn list(v: &mut PodsView, pods: Vec<Pod>, now: Instant) {
+        v.apply(watcher::Event::Init, now);
+        for p in pods {
+            v.apply(watcher::Event::InitApply(p), now);
         }
+        v.apply(watcher::Event::InitDone, now);
     }
 
     #[tokio::test(start_paused = true)]
     async fn departures_from_events_and_relists() {
-        let mut v = View::default();
+        let mut v = PodsView::default();
         let t0 = Instant::now();
-        v.replace_all(
-            [
-                pod("a", "p1", "u1", PodPhase::Running),
-                pod("a", "p2", "u2", PodPhase::Running),
-                pod("a", "p3", "u3", PodPhase::Running),
-            ]
-            .into_iter()
-            .map(|p| (p.key.clone(), p))
-            .collect(),
-            t0,
-        );
-        assert!(v.synced && v.departed.is_empty());
+        let pods = vec![
+            pod("a", "p1", "u1", "Running"),
+            pod("a", "p2", "u2", "Running"),
+            pod("a", "p3", "u3", "Running"),
+        ];
+        list(&mut v, pods, t0);
+        assert!(v.pods.synced && v.departed.is_empty());
         let t1 = t0 + Duration::from_secs(5);
         // Replaced by a pod of the same name: the old uid departed.
-        v.apply(pod("a", "p1", "u1b", PodPhase::Pending), t1);
+        v.apply(watcher::Event::Apply(pod("a", "p1", "u1b", "Pending")), t1);
         // Finished.
-        v.apply(pod("a", "p2", "u2", PodPhase::Succeeded), t1);
+        v.apply(watcher::Event::Apply(pod("a", "p2", "u2", "Succeeded")), t1);
         // Deleted.
-        v.delete(&pod("a", "p3", "u3", PodPhase::Running), t1);
+        v.apply(watcher::Event::Delete(pod("a", "p3", "u3", "Running")), t1);
         assert_eq!(v.departed.get("u1"), Some(&t1));
         assert_eq!(v.departed.get("u2"), Some(&t1));
         assert_eq!(v.departed.get("u3"), Some(&t1));
-        assert_eq!(v.pods.len(), 2);
+        assert_eq!(v.pods.objects.len(), 2);
         // A late DELETE of an old uid does not remove the new pod of that name.
-        v.delete(&pod("a", "p1", "u1", PodPhase::Running), t1);
-        assert_eq!(v.pods.get(&PodKey::new("a", "p1")).unwrap().uid, "u1b");
+        v.apply(watcher::Event::Delete(pod("a", "p1", "u1", "Running")), t1);
+        assert_eq!(v.pods.objects.get("a/p1").unwrap().uid, "u1b");
         // A re-list that misses a pod: it departed at the re-list.
         let t2 = t1 + Duration::from_secs(5);
-        v.replace_all(BTreeMap::new(), t2);
+        list(&mut v, Vec::new(), t2);
         assert_eq!(v.departed.get("u1b"), Some(&t2));
         assert_eq!(v.departed.get("u1"), Some(&t1), "first departure kept");
         // Old departures are forgotten.

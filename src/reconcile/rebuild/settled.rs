@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::clock::unix_ms_now;
+use crate::cloud::backoff::RetryPause;
 use crate::cloud::{Cloud, CloudError, DESCRIBE_SETTLES, Eni, Instance, MetadataEni};
 use crate::model::EniId;
 use crate::store::{Ec2Change, StoredEc2Change, StoredState};
@@ -75,7 +76,7 @@ pub(super) async fn describe(
         let e = due.entry(c.eni_id.as_str()).or_insert(by);
         *e = (*e).min(by);
     }
-    let mut delay = Duration::from_millis(250);
+    let mut retry = RetryPause::new(Duration::from_millis(250), Duration::from_secs(4));
     let mut asked = 0u32;
     loop {
         let ec2 = attached(cloud, (instance_id, described.take()), vpc_id, &known).await?;
@@ -101,12 +102,11 @@ pub(super) async fn describe(
             return Ok(ec2);
         }
         let ids: Vec<&str> = due.keys().copied().collect();
-        tracing::info!(enis = ?ids, retry_ms = delay.as_millis() as u64,
+        tracing::info!(enis = ?ids, retry_ms = retry.pause().as_millis() as u64,
             "pods hold addresses EC2 gave these ENIs moments ago, but its describe does not show them \
              attached: EC2's describes lag a new ENI, asking again");
         let until = due.values().max().copied().unwrap_or(now);
-        tokio::time::sleep(delay.min(until - now)).await;
-        delay = (delay * 2).min(Duration::from_secs(4));
+        tokio::time::sleep(retry.failed().min(until - now)).await;
     }
 }
 

@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::cloud::backoff::RetryPause;
 use crate::cloud::calls::CallStats;
 use crate::pool::{Pool, PoolSnapshot};
 
@@ -199,7 +200,7 @@ async fn run(
     let mut held_by: Option<&'static str> = None;
     let mut reach = Ec2Reach::default();
     let mut published: Option<(Verdict, Instant)> = None;
-    let mut backoff = BACKOFF_FIRST;
+    let mut retry = RetryPause::new(BACKOFF_FIRST, BACKOFF_MAX);
     let mut retry_at: Option<Instant> = None;
     let mut tick = tokio::time::interval(config.check);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -232,7 +233,7 @@ async fn run(
                     taint = None;
                 }
                 Err(e) => {
-                    tracing::warn!(node, taint = %key, error = %e, retry_in = ?backoff,
+                    tracing::warn!(node, taint = %key, error = %e, retry_in = ?retry.pause(),
                         "startup taint: cannot remove it");
                     failed = true;
                 }
@@ -257,7 +258,7 @@ async fn run(
                         published = Some((verdict, now));
                     }
                     Err(e) => {
-                        tracing::warn!(node, condition = CONDITION_TYPE, error = %e, retry_in = ?backoff,
+                        tracing::warn!(node, condition = CONDITION_TYPE, error = %e, retry_in = ?retry.pause(),
                             "node condition: cannot publish it");
                         failed = true;
                     }
@@ -265,11 +266,10 @@ async fn run(
             }
         }
         if failed {
-            retry_at = Some(now + backoff);
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            retry_at = Some(now + retry.failed());
         } else {
             retry_at = None;
-            backoff = BACKOFF_FIRST;
+            retry.succeeded();
         }
     }
 }

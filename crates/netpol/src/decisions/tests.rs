@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use super::counters::rule_readings;
 use super::nflog::{parse_packets, read_flow, wire};
 use super::*;
-use crate::network_policy::compile::{Compiled, Peers, Ports, Rule};
-use crate::network_policy::nft::render_with;
+use crate::compile::{Compiled, Peers, Ports, Rule};
+use crate::nft::render_with;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -47,7 +47,7 @@ fn pod() -> LocalPod {
                         Peers::Any,
                         Ports::Listed {
                             ranges: vec![],
-                            protocols: [crate::network_policy::Protocol::Udp].into(),
+                            protocols: [crate::Protocol::Udp].into(),
                             per_peer: Default::default(),
                         },
                     ),

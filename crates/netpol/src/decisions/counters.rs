@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::DecisionMap;
-use crate::network_policy::nft::{PolicyType, TABLE};
+use crate::nft::{PolicyType, TABLE};
 
 /// One counter's reading for one policy rule (or, denied, one isolating policy).
 #[derive(Clone, Debug, PartialEq, Eq)]

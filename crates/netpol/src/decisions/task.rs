@@ -1,4 +1,4 @@
-//! The decision log in the daemon (`docs/network-policy.md`, "Decision logs"): the NFLOG group
+//! The decision log's task (`docs/network-policy.md`, "Decision logs"): the NFLOG group
 //! the table logs to is read, each packet mapped to its pod and policy rule through the
 //! [`DecisionMap`] of the sync in force, and written, at most `network_policy_log_rate` a second,
 //! to the daemon's log (target `eniipam::policy_decision`, level info) and, when configured, to
@@ -6,7 +6,7 @@
 //! said once a second. The group cannot be bound (another program holds it, no
 //! `CAP_NET_ADMIN`): a warning, and another try every [`REBIND`]; enforcement is not affected.
 //!
-//! The per-rule counters are read with the chains' (`network_policy`'s `count_verdicts`), through
+//! The per-rule counters are read with the chains' (the enforcer's `count_verdicts`), through
 //! [`per_rule`].
 
 use std::sync::Arc;
@@ -15,35 +15,21 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::DaemonConfig;
-use crate::metrics::Metrics;
-use crate::metrics::network_policy::RuleCount;
-use crate::network_policy::decisions::counters::rule_readings;
-use crate::network_policy::decisions::file::RotatingFile;
-use crate::network_policy::decisions::limit::RateLimit;
-use crate::network_policy::decisions::nflog::NflogSocket;
-use crate::network_policy::decisions::{Decision, DecisionMap, LogConfig, Logged, Tag};
+use super::counters::rule_readings;
+use super::file::RotatingFile;
+use super::limit::RateLimit;
+use super::nflog::NflogSocket;
+use super::{Decision, DecisionMap, LogConfig, Logged, Tag};
+use crate::metrics::{PolicyMetrics, RuleCount};
 
 /// How long after a failed bind the group is tried again.
 const REBIND: Duration = Duration::from_secs(30);
 
-/// The decision log's knobs, from the daemon's.
-pub(super) fn log_config(c: &DaemonConfig) -> LogConfig {
-    LogConfig {
-        logged: c.network_policy_log,
-        group: c.network_policy_log_group,
-        per_second: c.network_policy_log_rate,
-        file: c.network_policy_log_file.clone(),
-        file_max_bytes: c.network_policy_log_file_max_mb << 20,
-        file_keep: c.network_policy_log_file_keep,
-    }
-}
-
 /// Reads the group until `cancel`, logging what it maps (nothing to do when logging is off).
-pub(super) async fn run(
+pub(crate) async fn run(
     config: LogConfig,
     map: watch::Receiver<Arc<DecisionMap>>,
-    metrics: Metrics,
+    metrics: PolicyMetrics,
     cancel: CancellationToken,
 ) {
     if config.logged == Logged::Off {
@@ -84,7 +70,7 @@ pub(super) async fn run(
                 _ = said.tick() => {
                     let n = limit.take_suppressed();
                     if n > 0 {
-                        metrics.network_policy.decisions_suppressed(n);
+                        metrics.decisions_suppressed(n);
                         tracing::info!(target: "eniipam::policy_decision", suppressed = n,
                             "network policy: {n} decision(s) not logged (network_policy_log_rate {}/s)", config.per_second);
                     }
@@ -96,7 +82,7 @@ pub(super) async fn run(
                 Ok(p) => p,
                 Err(e) if e.raw_os_error() == Some(105) => {
                     // ENOBUFS: the socket overflowed, packets were lost; it reads on.
-                    metrics.network_policy.decision_unmapped();
+                    metrics.decision_unmapped();
                     continue;
                 }
                 Err(e) => {
@@ -110,13 +96,13 @@ pub(super) async fn run(
                     continue;
                 };
                 let Some(decision) = p.flow.and_then(|f| map.decide(&tag, &f)) else {
-                    metrics.network_policy.decision_unmapped();
+                    metrics.decision_unmapped();
                     continue;
                 };
                 if !limit.admit() {
                     continue;
                 }
-                metrics.network_policy.decision_logged(decision.verdict);
+                metrics.decision_logged(decision.verdict);
                 log(&decision);
                 if let Some(f) = file.as_mut()
                     && let Err(e) = f.write(std::time::SystemTime::now(), &decision)
@@ -143,7 +129,7 @@ fn log(d: &Decision) {
 }
 
 /// The per-rule readings of `nft -j list counters` for the metric.
-pub(super) fn per_rule(json: &str, map: &DecisionMap) -> Vec<RuleCount> {
+pub(crate) fn per_rule(json: &str, map: &DecisionMap) -> Vec<RuleCount> {
     let Ok(readings) = rule_readings(json, map) else {
         return Vec::new();
     };

@@ -1,9 +1,9 @@
 //! NetworkPolicy enforcement's metrics (`eniipam_network_policy_*`, listed in `docs/metrics.md`):
 //! the policies, the node's isolated pods, the size of the rules in the kernel, how long a change
 //! takes to be in force, and the connections the rules allowed and denied, in all and per policy
-//! rule; and the decision log's own counts. The daemon records them from each sync and its
-//! counter readings (`crate::daemon`'s `network_policy` and `policy_decisions`); plain numbers
-//! in, so this layer knows nothing of the enforcer.
+//! rule; and the decision log's own counts. The enforcer records them from each sync and its
+//! counter readings (`crate::enforcer`, `crate::decisions`'s task); plain numbers in. The daemon's
+//! `Metrics` holds one [`PolicyMetrics`] and registers it with its own families.
 //!
 //! The per-rule family's labels are bounded: its series are the policy rules that select this
 //! node's pods (namespace, policy, direction, rule index, verdict: not pods or peers), at most

@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use super::PolicyType;
-use crate::network_policy::compile::RuleSource;
+use crate::compile::RuleSource;
 
 /// The prefix every log line of the table starts with.
 pub(crate) const PREFIX: &str = "eniipam";

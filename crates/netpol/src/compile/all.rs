@@ -12,7 +12,7 @@ use super::{
     Cluster, Compiled, Gathered, Peers, PodView, Ports, Rule, RuleSource, Target, compiled,
     ip_block, peers, ports, selecting, types,
 };
-use crate::network_policy::selector::{check, matches};
+use crate::selector::{check, matches};
 
 /// What [`compile`] says of each of `pods`, in order, sharing the work between them (a node
 /// compiles its ~110 pods on every change, against thousands of pods and policies):

@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::compile::{Cluster, NamedPort, PodView, Protocol};
-use crate::network_profiles::watch::View;
+use eniipam_kubeview::View;
 
 /// What the policies need of a pod: namespace, name, labels, addresses (none once it has
 /// terminated: its IP may already be another pod's), host networking and named container ports
@@ -178,7 +178,7 @@ impl ClusterWatch {
     where
         K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
         K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-        T: PartialEq + Send + 'static,
+        T: PartialEq + Clone + Send + 'static,
     {
         let this = self.clone();
         let mut events = watcher::watcher(api, watcher::Config::default())
@@ -219,7 +219,7 @@ impl ClusterWatch {
     pub fn cluster(&self) -> Cluster {
         let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         Cluster {
-            namespaces: s.namespaces.objects.clone(),
+            namespaces: (*s.namespaces.objects).clone(),
             pods: s
                 .pods
                 .objects

@@ -7,7 +7,12 @@
 //! so no caller-supplied text can change a script's meaning.
 //!
 //! [`Nft`] runs the binary (load, list, delete); `script` holds the typed objects (tables, base
-//! chains, rules, matches, actions) and their rendering to `nft` syntax.
+//! chains, rules, matches, actions) and their rendering to `nft` syntax; [`nfnetlink`] the framing
+//! of netfilter's netlink messages.
+//!
+//! Its own crate because two rooms share it: the daemon's host rules (`eniipam`'s `host`, which
+//! re-exports it as `host::netfilter`) and the NetworkPolicy enforcer (`eniipam-netpol`), which
+//! must not depend on the daemon.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -15,6 +20,7 @@ use std::process::Stdio;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
+pub mod nfnetlink;
 mod script;
 #[cfg(test)]
 mod tests;

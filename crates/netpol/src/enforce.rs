@@ -23,7 +23,7 @@ use super::compile::{Cluster, Compiled, Direction, PodView, compile_all};
 use super::decisions::Reporting;
 use super::nft::{self, LocalPod, RenderError, Ruleset};
 use super::watch::ClusterWatch;
-use crate::host::{Nft, NftError};
+use eniipam_netfilter::{Nft, NftError};
 
 /// A pod attachment on this node, as the pool knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -279,7 +279,7 @@ impl Engine {
     pub async fn remove(&mut self) -> Result<bool, NftError> {
         self.forget();
         self.nft
-            .delete_table(crate::host::netfilter::Family::Inet, nft::TABLE)
+            .delete_table(eniipam_netfilter::Family::Inet, nft::TABLE)
             .await
     }
 }
@@ -503,7 +503,7 @@ mod tests {
     /// the API server's addresses only: `Listed { pods: {}, blocks: [] }`.
     #[test]
     fn a_local_pod_is_a_peer_from_its_add() {
-        use crate::network_policy::compile::Peers;
+        use crate::compile::Peers;
         use k8s_openapi::api::networking::v1::NetworkPolicy;
         let from_d: NetworkPolicy = serde_json::from_value(serde_json::json!({
             "metadata": {"namespace": "x", "name": "from-d"},

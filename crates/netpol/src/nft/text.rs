@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
-use crate::network_policy::compile::Protocol;
+use crate::compile::Protocol;
 
 /// The protocol's keyword in `nft` syntax.
 pub(super) fn proto(p: Protocol) -> &'static str {

@@ -12,7 +12,7 @@ use super::NftError;
 pub enum Family {
     /// `ip`: IPv4.
     Ip,
-    /// `inet`: IPv4 and IPv6 (the NetworkPolicy table, `crate::network_policy::nft`).
+    /// `inet`: IPv4 and IPv6 (the NetworkPolicy table, `eniipam-netpol`'s `nft`).
     Inet,
 }
 

@@ -1,6 +1,6 @@
 //! The framing of netfilter's netlink messages (`NETLINK_NETFILTER`): a message, its attributes,
-//! and the walk over a datagram's messages and a body's attributes. Shared by [`super::conntrack`]
-//! and the decision log's NFLOG reader (`crate::network_policy::decisions`); the messages are few
+//! and the walk over a datagram's messages and a body's attributes. Shared by the daemon's `host::conntrack`
+//! and the decision log's NFLOG reader (`eniipam-netpol`'s `decisions`); the messages are few
 //! and fixed, so they are written here over `netlink-sys`'s socket rather than through another
 //! crate (`netlink-packet-netfilter` is built on an older `netlink-packet-core` than the one the
 //! daemon links, and has no conntrack messages).

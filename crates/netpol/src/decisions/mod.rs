@@ -22,7 +22,7 @@
 //! few attributes are read here), [`DecisionMap::decide`] turns a packet into a [`Decision`],
 //! `limit` keeps the node's log to a rate (what it drops is counted and said once a second), and
 //! `file` writes JSON lines to a size-rotated file. `counters` reads the per-rule counters back
-//! for the metric.
+//! for the metric; `task` is the daemon-side task that runs them (started by the enforcer).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -39,6 +39,7 @@ pub mod counters;
 pub mod file;
 pub mod limit;
 pub mod nflog;
+pub(crate) mod task;
 
 /// A log prefix read back: the verdict, the pod's veth, the direction, the rule's index (allowed).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 
 use super::text::{merge, range, subtract};
 use super::*;
-use crate::network_policy::compile::{Peers, Ports, Protocol, Rule, RuleSource};
+use crate::compile::{Peers, Ports, Protocol, Rule, RuleSource};
 use std::net::{IpAddr, Ipv4Addr};
 
 /// The name prefix of the peer sets of `policy`'s rule `index` in `dir`.
@@ -68,7 +68,7 @@ fn bad_and_shared_veths_are_named() {
 
 #[test]
 fn a_pod_renders_to_named_sets_and_commented_chains() {
-    use crate::network_policy::compile::{IpBlock, PortRange, RuleSource};
+    use crate::compile::{IpBlock, PortRange, RuleSource};
     let ip = |s: &str| s.parse::<IpAddr>().unwrap();
     let source = |policy: &str, index| RuleSource {
         policy: policy.into(),
@@ -318,7 +318,7 @@ fn a_pod_reaching_itself_is_accepted_before_its_chains() {
 
 #[test]
 fn ipv6_peers_blocks_and_named_ports_have_sets_of_their_own() {
-    use crate::network_policy::compile::{IpBlock, RuleSource};
+    use crate::compile::{IpBlock, RuleSource};
     let ip = |s: &str| s.parse::<IpAddr>().unwrap();
     let source = |index| RuleSource {
         policy: "x/p".into(),
@@ -435,7 +435,7 @@ fn ipv6_peers_blocks_and_named_ports_have_sets_of_their_own() {
 
 /// Pod x/a on veth `eni1`, its ingress open to `peers` on TCP 80.
 fn from_peers(peers: &[&str]) -> LocalPod {
-    use crate::network_policy::compile::{PortRange, RuleSource};
+    use crate::compile::{PortRange, RuleSource};
     LocalPod {
         name: "x/a".into(),
         veth: "eni1".into(),

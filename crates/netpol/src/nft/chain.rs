@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use super::reporting::Reporting;
 use super::text::{comment, ident, merge, proto, range, span4, span6, subtract};
 use super::{Chain, LocalPod, PolicyType, Ruleset, Set};
-use crate::network_policy::compile::{Peers, Ports, Protocol, Rule, RuleSource};
+use crate::compile::{Peers, Ports, Protocol, Rule, RuleSource};
 
 impl Ruleset {
     pub(super) fn set(&mut self, name: &str, kind: &str, interval: bool, elements: Vec<String>) {

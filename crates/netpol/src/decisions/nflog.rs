@@ -1,6 +1,6 @@
 //! The NFLOG group read over netlink (`NETLINK_NETFILTER`, subsystem `NFNL_SUBSYS_ULOG`): the
 //! group bound ([`NflogSocket::bind`]), and each packet's log prefix and IP header read
-//! ([`parse_packets`]), with `crate::host::nfnetlink`'s framing.
+//! ([`parse_packets`]), with `eniipam_netfilter::nfnetlink`'s framing.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use netlink_sys::{AsyncSocket, AsyncSocketExt, TokioSocket, protocols::NETLINK_NETFILTER};
 
 use super::Flow;
-use crate::host::nfnetlink::{
+use eniipam_netfilter::nfnetlink::{
     NFGEN, NLM_F_ACK, NLM_F_REQUEST, attr, attributes, message, messages, request,
 };
 
