@@ -48,9 +48,9 @@ async fn an_ipv6_node_takes_one_slash_80_and_a_100_pod_burst_makes_no_ec2_call()
     );
     assert_eq!(
         action_ok(&mock, "DescribeInstances"),
-        2,
-        "node discovery's and the rebuild's (which lists the instance's ENIs by id, issue 46): the \
-         IPv6 step reads eth0 from node discovery's describe"
+        1,
+        "node discovery's alone (issue 46): the rebuild's first look at the instance's ENIs and the \
+         IPv6 step's at eth0 read node discovery's describe"
     );
     let prefixes = eth0_prefixes(&mock);
     assert_eq!(prefixes.len(), 1);

@@ -210,10 +210,10 @@ fn with_recent_changes(
 /// pod's result, with the ENI the daemon answered from, only after the daemon recorded the IP, which
 /// EC2 had assigned; a describe that lags EC2's changes may not list it yet (a restart within seconds
 /// of the pod's ADD, its state file lost). Only for an ENI the describe shows attached here: a
-/// single address where the ENI holds no `/28`, or the `/28` IMDS lists holding it (IMDS shows
-/// EC2's assignment before the describe does); an address on an ENI with `/28`s that IMDS does not
-/// place in one is left out, as nothing tells which it is. Each is counted in
-/// `report.journal_corrections`.
+/// single address where the ENI holds no `/28` or where IMDS lists it as one, or the `/28` IMDS
+/// lists holding it (IMDS shows EC2's assignment before the describe does); an address on an ENI
+/// with `/28`s that IMDS does not list is left out, as nothing tells which it is. Each is counted
+/// in `report.journal_corrections`.
 ///
 /// Only when the state file was lost: with the file, the journal holds every address EC2 gave an
 /// ENI in the last minute before any pod got it ([`crate::pool`] waits for the write), so a live
@@ -258,7 +258,8 @@ fn with_claimed(
             report.journal_corrections += 1;
             continue;
         }
-        if !e.ipv4_prefixes.is_empty() {
+        let listed_single = imds.iter().any(|m| m.mac == e.mac && m.ips.contains(&c.ip));
+        if !e.ipv4_prefixes.is_empty() && !listed_single {
             // Whether it is a single address or in a /28 the metadata does not show yet, nothing
             // tells: placing either could hand out addresses EC2 does not have.
             continue;

@@ -287,8 +287,9 @@ fn a_first_starts_launch_addresses_are_fresh_only_with_no_pod_on_the_host() {
 /// The soak's path with burst prefixes (seed 46, step 42): a `/28` assigned to an ENI that already
 /// holds one, moments before a SIGKILL that lost the state file, is in IMDS but not yet in EC2's
 /// describe. The live pods on its addresses keep them: the `/28` is taken from IMDS, its addresses
-/// held from new pods until a describe shows it. An address on an ENI with `/28`s that IMDS places
-/// in none is left out (nothing tells a single address from one of a `/28` not listed yet).
+/// held from new pods until a describe shows it; a single address IMDS lists is placed as one. An
+/// address on an ENI with `/28`s that IMDS lists in neither way is left out (nothing tells a single
+/// address from one of a `/28` not listed yet).
 #[test]
 fn with_the_file_lost_a_live_pods_address_in_a_28_imds_lists_keeps_the_28() {
     let old: Ipv4Net = "10.0.0.16/28".parse().unwrap();
@@ -304,7 +305,7 @@ fn with_the_file_lost_a_live_pods_address_in_a_28_imds_lists_keeps_the_28() {
         subnet_cidr: "10.0.0.0/24".parse().unwrap(),
         vpc_cidrs: Vec::new(),
         security_groups: Vec::new(),
-        ips: vec![e.primary_ip],
+        ips: vec![e.primary_ip, ip(77)],
         ipv4_prefixes: vec![old, new],
         ipv6s: Vec::new(),
         ipv6_prefixes: Vec::new(),
@@ -313,10 +314,11 @@ fn with_the_file_lost_a_live_pods_address_in_a_28_imds_lists_keeps_the_28() {
     }];
     let host = HostEvidence {
         cache_visible: true,
-        // .34 is in the new /28; .99 in no /28 IMDS lists.
+        // .34 is in the new /28; .77 a single address IMDS lists; .99 in neither.
         claims: vec![
             claim("a", 34, "eni-00000001"),
             claim("b", 99, "eni-00000001"),
+            claim("c", 77, "eni-00000001"),
         ],
     };
     let netns = NetnsView::default();
@@ -338,8 +340,9 @@ fn with_the_file_lost_a_live_pods_address_in_a_28_imds_lists_keeps_the_28() {
         Instant::now(),
         NOW_MS,
     );
-    let held: Vec<Ipv4Addr> = r.seed.allocations.iter().map(|a| a.ip).collect();
-    assert_eq!(held, vec![ip(34)], "{:?}", r.report);
+    let mut held: Vec<Ipv4Addr> = r.seed.allocations.iter().map(|a| a.ip).collect();
+    held.sort();
+    assert_eq!(held, vec![ip(34), ip(77)], "{:?}", r.report);
     assert!(r.seed.enis[0].prefixes.contains(&new), "{:?}", r.seed.enis);
     assert!(
         new.hosts().all(|a| r.report.unconfirmed.contains(&a)),
