@@ -165,33 +165,12 @@ impl ThrottleGate {
         })
     }
 
-    /// How long pods' deadlines are counted over when a throttled call's pause is shortened for
-    /// them ([`Self::pause_cap`]): the pool's default `add_wait`, 100 s.
-    pub(crate) const SLACK_SPAN: Duration = Duration::from_secs(100);
-
-    /// The longest pause after a throttle of a call made for pods whose earliest deadline is
-    /// `deadline` (the task's [`crate::deadline`]): the less time its pods have left, the shorter,
-    /// down to a tenth of [`Self::MAX_PAUSE`]; calls with no deadline (refills, the reconcile) pause
-    /// up to the whole of it. Across the account's nodes this serves waiting pods about
-    /// earliest-deadline-first: every node's attempts find the bucket dry alike, and the one whose
-    /// pods have waited longest comes back soonest, so the refill's next token goes to it more often
-    /// than to a node whose burst just began (with one cap for all, a node that lost a few times
-    /// kept losing at random while fresher ones won: the tail of account-contention).
-    pub(crate) fn pause_cap(deadline: Option<Instant>, now: Instant) -> Duration {
-        deadline.map_or(Self::MAX_PAUSE, |d| {
-            let slack = d.saturating_duration_since(now).as_secs_f64();
-            let share = (slack / Self::SLACK_SPAN.as_secs_f64()).clamp(0.1, 1.0);
-            Self::MAX_PAUSE.mul_f64(share).max(Self::FIRST_PAUSE)
-        })
-    }
-
     /// Records an attempt's outcome.
     pub(crate) fn observe(&self, throttled: bool) {
-        let cap = Self::pause_cap(crate::deadline::current_deadline(), Instant::now());
         let mut st = self.lock();
         if throttled {
             st.last_throttled = Some(Instant::now());
-            st.pause = (st.pause * 2).clamp(Self::FIRST_PAUSE, cap);
+            st.pause = (st.pause * 2).clamp(Self::FIRST_PAUSE, Self::MAX_PAUSE);
             let jittered = st.pause.mul_f64(rand::rng().random_range(0.5..=1.0));
             let until = Instant::now() + jittered;
             st.until = Some(st.until.map_or(until, |t| t.max(until)));
@@ -203,35 +182,5 @@ impl ThrottleGate {
         }
         drop(st);
         self.changed.notify_waiters();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn pods_closer_to_their_deadline_pause_less_after_a_throttle() {
-        let now = Instant::now();
-        let cap = |left: u64| ThrottleGate::pause_cap(Some(now + Duration::from_secs(left)), now);
-        assert_eq!(ThrottleGate::pause_cap(None, now), ThrottleGate::MAX_PAUSE);
-        assert_eq!(cap(100), ThrottleGate::MAX_PAUSE);
-        assert_eq!(cap(500), ThrottleGate::MAX_PAUSE, "never beyond the cap");
-        assert_eq!(cap(50), Duration::from_secs(5));
-        assert_eq!(cap(10), Duration::from_secs(1));
-        assert_eq!(cap(0), Duration::from_secs(1), "a tenth at least");
-        assert!(cap(30) < cap(60));
-
-        // The gate's pause follows the cap of the call that was throttled.
-        let gate = ThrottleGate::default();
-        let late = now + Duration::from_secs(10);
-        for _ in 0..6 {
-            crate::deadline::with_deadline(late, async { gate.observe(true) }).await;
-        }
-        assert_eq!(gate.state.lock().unwrap().pause, Duration::from_secs(1));
-        for _ in 0..6 {
-            gate.observe(true);
-        }
-        assert_eq!(gate.state.lock().unwrap().pause, ThrottleGate::MAX_PAUSE);
     }
 }
