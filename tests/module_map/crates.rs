@@ -2,7 +2,8 @@
 //! (except as a dev-dependency, or optionally for the `simulate` feature alone); no crate under
 //! `crates/` depends on the daemon; each room that is a crate depends only on the workspace crates
 //! [`ROOMS`] lists for it (`crates/cloud`: `eniipam-api` and `eniipam-limits`; `crates/netpol`,
-//! NetworkPolicy whole: `eniipam-api`, `eniipam-netfilter` and `eniipam-kubeview`), so a feature's
+//! NetworkPolicy whole: `eniipam-api`, `eniipam-netfilter` and `eniipam-kubeview`; `crates/host`, the
+//! node datapath whole: `eniipam-api`, `eniipam-netlink` and `eniipam-netfilter`), so a feature's
 //! room never reaches into another's. With its bad examples.
 
 use std::collections::BTreeSet;
@@ -16,6 +17,10 @@ const ROOMS: &[(&str, &[&str])] = &[
     (
         "crates/netpol",
         &["crates/api", "crates/netfilter", "crates/kubeview"],
+    ),
+    (
+        "crates/host",
+        &["crates/api", "crates/netlink", "crates/netfilter"],
     ),
 ];
 
