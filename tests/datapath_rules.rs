@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use eniipam::cloud::{CloudError, CloudResult, InstanceIdentity, Metadata, MetadataEni};
+use eniipam::daemon::ImdsPrimary;
 use eniipam::host::{
     HostRules, HostRulesConfig, Nft, RulesError, RulesKeeper, Snat, SnatPorts, TableChange,
 };
@@ -257,7 +258,7 @@ fn keeper(config: HostRulesConfig, imds: &Arc<FakeImds>) -> RulesKeeper {
     RulesKeeper::new(
         config,
         HostRules::new(Nft::default()).expect("netlink"),
-        imds.clone(),
+        Arc::new(ImdsPrimary(imds.clone())),
         Duration::from_secs(30),
     )
 }
@@ -572,7 +573,7 @@ fn a_missing_nft_is_a_clear_error() {
         RulesKeeper::new(
             HostRulesConfig::default(),
             HostRules::new(Nft::new("/nonexistent/nft")).unwrap(),
-            i,
+            Arc::new(ImdsPrimary(i)),
             Duration::from_secs(30),
         )
         .sync()

@@ -107,7 +107,7 @@ pub(super) async fn spawn_host_rules(
     let mut keeper = crate::host::RulesKeeper::new(
         config.host_rules_config(),
         rules,
-        clients.metadata.clone(),
+        Arc::new(ImdsPrimary(clients.metadata.clone())),
         Duration::from_secs(30),
     );
     keeper.sync().await?;
@@ -116,6 +116,25 @@ pub(super) async fn spawn_host_rules(
         b.cancel.clone(),
     ));
     Ok(())
+}
+
+/// The primary interface's facts the host's rules keeper reads ([`crate::host::PrimaryFacts`]),
+/// answered from IMDS: the host crate knows no cloud seam, the daemon gives it this one.
+pub struct ImdsPrimary(pub Arc<dyn crate::cloud::Metadata>);
+
+#[async_trait::async_trait]
+impl crate::host::PrimaryFacts for ImdsPrimary {
+    async fn primary_mac(&self) -> Result<String, String> {
+        Ok(self.0.identity().await.map_err(|e| e.to_string())?.mac)
+    }
+
+    async fn interface(&self, mac: &str) -> Result<Option<crate::host::InterfaceFacts>, String> {
+        let eni = self.0.interface(mac).await.map_err(|e| e.to_string())?;
+        Ok(eni.map(|eni| crate::host::InterfaceFacts {
+            ips: eni.ips,
+            vpc_cidrs: eni.vpc_cidrs,
+        }))
+    }
 }
 
 /// The route of a pool ENI: only ENIs that serve pods ([`EniRole::Pods`]), are not the primary

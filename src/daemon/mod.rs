@@ -40,6 +40,7 @@ mod serve;
 mod startup;
 
 pub use clients::CloudClients;
+pub use host::ImdsPrimary;
 pub use startup::{SUBNET_CLUSTER_TAG_PREFIX, SUBNET_ROLE_TAG, subnet_open_to_cluster};
 
 use collectors::{spawn_api_server_gc, spawn_leak_collector, spawn_node_status};

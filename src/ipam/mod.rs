@@ -233,6 +233,14 @@ impl Ipam {
         self.inner.ipv6.as_ref()
     }
 
+    /// The node's /80 (empty when IPv6 is off) and how many of its addresses pods hold: what both
+    /// gRPC status replies (`Status`, `Introspect`) report of IPv6.
+    pub fn ipv6_summary(&self) -> (String, usize) {
+        self.ipv6().map_or((String::new(), 0), |p| {
+            (p.prefix().to_string(), p.with(|b| b.assigned()))
+        })
+    }
+
     /// The state file.
     pub fn store(&self) -> &Store {
         &self.inner.store

@@ -154,6 +154,7 @@ impl pb::introspect_server::Introspect for IntrospectService {
                 });
             }
         }
+        let (ipv6_prefix, ipv6_assigned) = self.ipam.ipv6_summary();
         Ok(Response::new(pb::PoolReply {
             instance_id: self.instance_id.clone(),
             instance_type: self.instance_type.clone(),
@@ -187,15 +188,8 @@ impl pb::introspect_server::Introspect for IntrospectService {
             warm_fill: s.warm_fill,
             warm_keep: s.warm_keep,
             ip_family: self.ipam.family().to_string(),
-            ipv6_prefix: self
-                .ipam
-                .ipv6()
-                .map(|p| p.prefix().to_string())
-                .unwrap_or_default(),
-            ipv6_assigned: self
-                .ipam
-                .ipv6()
-                .map_or(0, |p| p.with(|b| b.assigned() as u32)),
+            ipv6_prefix,
+            ipv6_assigned: ipv6_assigned as u32,
         }))
     }
 

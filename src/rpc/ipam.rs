@@ -373,6 +373,7 @@ impl pb::ipam_server::Ipam for IpamService {
         check_version(req.into_inner().api_version)?;
         let s = self.ipam.pool().snapshot();
         let exhausted = s.exhaustion.is_some() && s.idle_eligible == 0;
+        let (ipv6_prefix, ipv6_assigned) = self.ipam.ipv6_summary();
         Ok(Response::new(pb::StatusReply {
             ready: self.ipam.is_ready(),
             exhausted,
@@ -385,15 +386,8 @@ impl pb::ipam_server::Ipam for IpamService {
             idle: s.idle,
             assigned: s.assigned,
             ip_family: self.ipam.family().to_string(),
-            ipv6_prefix: self
-                .ipam
-                .ipv6()
-                .map(|p| p.prefix().to_string())
-                .unwrap_or_default(),
-            ipv6_assigned: self
-                .ipam
-                .ipv6()
-                .map_or(0, |p| p.with(|b| b.assigned() as u64)),
+            ipv6_prefix,
+            ipv6_assigned: ipv6_assigned as u64,
         }))
     }
 }

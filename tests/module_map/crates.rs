@@ -2,7 +2,9 @@
 //! (except as a dev-dependency, or optionally for the `simulate` feature alone); no crate under
 //! `crates/` depends on the daemon; each room that is a crate depends only on the workspace crates
 //! [`ROOMS`] lists for it (`crates/cloud`: `eniipam-api` and `eniipam-limits`; `crates/netpol`,
-//! NetworkPolicy whole: `eniipam-api`, `eniipam-netfilter` and `eniipam-kubeview`), so a feature's
+//! NetworkPolicy whole: `eniipam-api`, `eniipam-netfilter` and `eniipam-kubeview`; `crates/host`, the
+//! node datapath whole: `eniipam-api`, `eniipam-netlink` and `eniipam-netfilter`; `crates/ipv6`, IPv6
+//! pods' half outside the pool: `eniipam-api` and `eniipam-cloud`), so a feature's
 //! room never reaches into another's. With its bad examples.
 
 use std::collections::BTreeSet;
@@ -17,6 +19,11 @@ const ROOMS: &[(&str, &[&str])] = &[
         "crates/netpol",
         &["crates/api", "crates/netfilter", "crates/kubeview"],
     ),
+    (
+        "crates/host",
+        &["crates/api", "crates/netlink", "crates/netfilter"],
+    ),
+    ("crates/ipv6", &["crates/api", "crates/cloud"]),
 ];
 
 /// A dependency table's entries that are workspace crates: name → (package path, optional).

@@ -154,6 +154,13 @@ pub fn route_table(device_index: u32) -> Option<u32> {
     (device_index > 0).then(|| device_index + 1)
 }
 
+/// The VPC router of a subnet whose network address is `network`: that address plus one, the gateway
+/// for routes out of an ENI (the cloud crate's `vpc_router` takes the CIDR; the host's ENI tables
+/// route through it).
+pub fn vpc_router(network: Ipv4Addr) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(network).wrapping_add(1))
+}
+
 /// The host veth name: `prefix` + the first 11 hex digits of SHA-1 over `namespace/name` (plus
 /// `/ifname` for interfaces other than `eth0`, so a pod with several eniipam interfaces gets distinct
 /// names). Without a pod identity the container id stands in for `namespace/name`. At most 15 bytes

@@ -184,7 +184,7 @@ pub fn prefix_addresses(prefix: Ipv4Net) -> impl Iterator<Item = Ipv4Addr> {
 
 /// The VPC router of a subnet: its network address plus one, the gateway for routes out of an ENI.
 pub fn vpc_router(cidr: Ipv4Net) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(cidr.network()).wrapping_add(1))
+    eniipam_api::model::vpc_router(cidr.network())
 }
 
 /// EC2's error code when an address asked for by name is taken (`AssignPrivateIpAddresses` or

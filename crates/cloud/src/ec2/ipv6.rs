@@ -5,14 +5,11 @@
 //! since its baseline, and a retry never leaves an unknown `/80` behind. The by-value assign (the
 //! node's /80 taken back) looks instead whether the prefixes it named are on the ENI.
 
-use std::collections::BTreeSet;
-
 use ipnet::Ipv6Net;
 
 use super::Ec2Cloud;
 use super::classify;
 use super::convert::{parse_ipv6_prefix, to_i32};
-use super::mutate::{Verify, mutate};
 use crate::CloudResult;
 use eniipam_api::model::EniId;
 
@@ -69,28 +66,7 @@ impl Ec2Cloud {
                 .map(|_| prefixes.to_vec())
                 .map_err(|e| classify(API, e))
         };
-        let assigned = || async {
-            let now: BTreeSet<Ipv6Net> = self.held(API, eni).await?;
-            let landed = prefixes.iter().all(|p| now.contains(p));
-            if landed {
-                tracing::info!(%eni, ?prefixes, "IPv6 prefix assign had succeeded despite the error; not assigning again");
-            }
-            Ok(landed.then(|| prefixes.to_vec()))
-        };
-        let result = mutate(
-            &self.limiter,
-            &self.holdings,
-            API,
-            send,
-            Verify::Describe(assigned),
-        )
-        .await;
-        match &result {
-            Ok(got) => self.holdings.added(eni, got),
-            // Not knowing which part of the story EC2 saw, the next assign describes the ENI.
-            Err(_) => self.holdings.forget(eni),
-        }
-        result
+        self.assign_named(API, eni, prefixes, send).await
     }
 
     pub(super) async fn unassign_ipv6_prefix_list(

@@ -20,7 +20,7 @@
 //! lags), unassign/attach check the ENI's state before retrying, delete takes a later not-found as its
 //! own lost success. CreateNetworkInterface is idempotent through its ClientToken.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_ec2::Client;
+use aws_sdk_ec2::operation::unassign_private_ip_addresses::builders::UnassignPrivateIpAddressesFluentBuilder as UnassignPrivate;
 use aws_sdk_ec2::types::{NetworkInterfaceAttachmentChanges, ResourceType, TagSpecification};
 use ipnet::{Ipv4Net, Ipv6Net};
 
@@ -119,6 +120,34 @@ impl Ec2Cloud {
             .filter_map(|a| a.private_ip_address())
             .map(|ip| parse_ip(API, ip))
             .collect()
+    }
+
+    /// One `UnassignPrivateIpAddresses` of IPv4 addresses or `/28` prefixes (`set` names the list),
+    /// verified after an ambiguous failure ([`Ec2Cloud::unassign_verified`]).
+    async fn unassign_private<T: holdings::Held + std::fmt::Display>(
+        &self,
+        eni: &EniId,
+        gone: &[T],
+        set: fn(UnassignPrivate, Option<Vec<String>>) -> UnassignPrivate,
+    ) -> CloudResult<()> {
+        const API: &str = "UnassignPrivateIpAddresses";
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = gone.iter().map(T::to_string).collect();
+        let send = || async {
+            let call = self
+                .client
+                .unassign_private_ip_addresses()
+                .network_interface_id(eni.as_str());
+            set(call, Some(names.clone()))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| classify(API, e))
+        };
+        self.settling(API, [eni], || self.unassign_verified(API, eni, gone, send))
+            .await
     }
 }
 
@@ -395,46 +424,12 @@ impl Cloud for Ec2Cloud {
                 .map(|_| ips.to_vec())
                 .map_err(|e| classify(API, e))
         };
-        let assigned = || async {
-            let now: BTreeSet<Ipv4Addr> = self.held(API, eni).await?;
-            Ok(ips.iter().all(|ip| now.contains(ip)).then(|| ips.to_vec()))
-        };
-        let result = self
-            .settling(API, [eni], || {
-                mutate(
-                    &self.limiter,
-                    &self.holdings,
-                    API,
-                    send,
-                    Verify::Describe(assigned),
-                )
-            })
-            .await;
-        match &result {
-            Ok(got) => self.holdings.added(eni, got),
-            // Not knowing which part of the story EC2 saw, the next assign describes the ENI.
-            Err(_) => self.holdings.forget(eni),
-        }
-        result
+        self.settling(API, [eni], || self.assign_named(API, eni, ips, send))
+            .await
     }
 
     async fn unassign_ips(&self, eni: &EniId, ips: &[Ipv4Addr]) -> CloudResult<()> {
-        const API: &str = "UnassignPrivateIpAddresses";
-        if ips.is_empty() {
-            return Ok(());
-        }
-        let gone: Vec<String> = ips.iter().map(Ipv4Addr::to_string).collect();
-        let send = || async {
-            self.client
-                .unassign_private_ip_addresses()
-                .network_interface_id(eni.as_str())
-                .set_private_ip_addresses(Some(gone.clone()))
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| classify(API, e))
-        };
-        self.settling(API, [eni], || self.unassign_verified(API, eni, ips, send))
+        self.unassign_private(eni, ips, UnassignPrivate::set_private_ip_addresses)
             .await
     }
 
@@ -468,25 +463,8 @@ impl Cloud for Ec2Cloud {
     }
 
     async fn unassign_prefixes(&self, eni: &EniId, prefixes: &[Ipv4Net]) -> CloudResult<()> {
-        const API: &str = "UnassignPrivateIpAddresses";
-        if prefixes.is_empty() {
-            return Ok(());
-        }
-        let gone: Vec<String> = prefixes.iter().map(Ipv4Net::to_string).collect();
-        let send = || async {
-            self.client
-                .unassign_private_ip_addresses()
-                .network_interface_id(eni.as_str())
-                .set_ipv4_prefixes(Some(gone.clone()))
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| classify(API, e))
-        };
-        self.settling(API, [eni], || {
-            self.unassign_verified(API, eni, prefixes, send)
-        })
-        .await
+        self.unassign_private(eni, prefixes, UnassignPrivate::set_ipv4_prefixes)
+            .await
     }
 
     async fn assign_ipv6_prefixes(&self, eni: &EniId, count: u32) -> CloudResult<Vec<Ipv6Net>> {

@@ -267,6 +267,45 @@ impl Ec2Cloud {
         Ok(got)
     }
 
+    /// An assign by value (IPv4 addresses, IPv6 prefixes, by `T`) that, after an ambiguous failure,
+    /// is done when EC2 shows all of `wanted` on the ENI (the lost attempt landed), so a retry is
+    /// never refused as "in use" by our own address. The holdings learn what was assigned; after a
+    /// failure, not knowing which part of the story EC2 saw, the next assign describes the ENI.
+    pub(super) async fn assign_named<T, S, SF>(
+        &self,
+        api: &'static str,
+        eni: &EniId,
+        wanted: &[T],
+        send: S,
+    ) -> CloudResult<Vec<T>>
+    where
+        T: Held,
+        S: FnMut() -> SF,
+        SF: Future<Output = CloudResult<Vec<T>>>,
+    {
+        let assigned = || async {
+            let now: BTreeSet<T> = self.held(api, eni).await?;
+            let landed = wanted.iter().all(|w| now.contains(w));
+            if landed {
+                tracing::info!(%eni, api, ?wanted, "assign had succeeded despite the error; not assigning again");
+            }
+            Ok(landed.then(|| wanted.to_vec()))
+        };
+        let result = mutate(
+            &self.limiter,
+            &self.holdings,
+            api,
+            send,
+            Verify::Describe(assigned),
+        )
+        .await;
+        match &result {
+            Ok(got) => self.holdings.added(eni, got),
+            Err(_) => self.holdings.forget(eni),
+        }
+        result
+    }
+
     /// An unassign (IPs or prefixes, by `T`) that, after an ambiguous failure, is done when EC2
     /// shows none of `gone` on the ENI any more. (IMDS cannot settle it: its lag may show an older
     /// state in which the addresses were not assigned yet.)

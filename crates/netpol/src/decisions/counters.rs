@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::DecisionMap;
-use crate::nft::{PolicyType, TABLE};
+use crate::nft::{PolicyType, table_counters};
 
 /// One counter's reading for one policy rule (or, denied, one isolating policy).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,17 +25,9 @@ pub struct RuleReading {
 
 /// The readings of the table's per-rule and denied counters whose pod `map` knows.
 pub fn rule_readings(json: &str, map: &DecisionMap) -> Result<Vec<RuleReading>, String> {
-    let doc: Value = serde_json::from_str(json).map_err(|e| format!("not JSON: {e}"))?;
-    let items = doc
-        .get("nftables")
-        .and_then(Value::as_array)
-        .ok_or("no \"nftables\" array")?;
     let mut out = Vec::new();
-    for c in items.iter().filter_map(|i| i.get("counter")) {
+    for c in &table_counters(json)? {
         let text = |key: &str| c.get(key).and_then(Value::as_str).unwrap_or_default();
-        if text("table") != TABLE || text("family") != "inet" {
-            continue;
-        }
         let name = text("name");
         // Both kinds of comment start "<veth> ", and name the direction after it (a rule's) or
         // last (the chain's).

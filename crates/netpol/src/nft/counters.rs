@@ -39,23 +39,32 @@ pub struct CounterReading {
     pub bytes: u64,
 }
 
-/// Reads the output of `nft -j list counters table inet eniipam_policy`: the table's counters
-/// that [`super::render`] declares (others, and other tables', are left out).
-pub fn parse_counters(json: &str) -> Result<Vec<CounterReading>, String> {
+/// The counter objects of our table (`inet eniipam_policy`) in the output of `nft -j list counters
+/// …`, other tables' left out: what the verdict counters ([`parse_counters`]) and the decision log's
+/// per-rule readings both start from.
+pub(crate) fn table_counters(json: &str) -> Result<Vec<Value>, String> {
     let doc: Value = serde_json::from_str(json).map_err(|e| format!("not JSON: {e}"))?;
     let items = doc
         .get("nftables")
         .and_then(Value::as_array)
         .ok_or("no \"nftables\" array")?;
+    Ok(items
+        .iter()
+        .filter_map(|i| i.get("counter"))
+        .filter(|c| {
+            let text = |key: &str| c.get(key).and_then(Value::as_str).unwrap_or_default();
+            text("table") == TABLE && text("family") == "inet"
+        })
+        .cloned()
+        .collect())
+}
+
+/// Reads the output of `nft -j list counters table inet eniipam_policy`: the table's counters
+/// that [`super::render`] declares (others, and other tables', are left out).
+pub fn parse_counters(json: &str) -> Result<Vec<CounterReading>, String> {
     let mut out = Vec::new();
-    for item in items {
-        let Some(c) = item.get("counter") else {
-            continue;
-        };
+    for c in &table_counters(json)? {
         let text = |key: &str| c.get(key).and_then(Value::as_str).unwrap_or_default();
-        if text("table") != TABLE || text("family") != "inet" {
-            continue;
-        }
         let name = text("name");
         let (chain, verdict) = if let Some(chain) = name.strip_suffix("_allowed") {
             (chain, CounterVerdict::Allowed)

@@ -74,6 +74,7 @@ mod text;
 mod update;
 pub use base::{BASE_CHAINS, BaseChain, SPOOFED, spoofed_packets};
 pub use check::{base_chain_differs, chains_differ, maps_differ};
+pub(crate) use counters::table_counters;
 pub use counters::{CounterReading, CounterVerdict, parse_counters};
 use reporting::Reporting;
 use text::{ident, is_ifname};

@@ -25,12 +25,12 @@ use netlink_packet_route::address::{AddressAttribute, AddressFlags};
 use netlink_packet_route::route::RouteScope;
 use rtnetlink::RouteMessageBuilder;
 
-use crate::cloud::vpc_router;
+use eniipam_api::model::vpc_router;
 
-/// The policy-routing table of the ENI at `device_index` ([`crate::model::route_table`]: the one
+/// The policy-routing table of the ENI at `device_index` ([`eniipam_api::model::route_table`]: the one
 /// convention the plugin's rules and these tables share).
 pub fn table_of(device_index: u32) -> Option<u32> {
-    crate::model::route_table(device_index)
+    eniipam_api::model::route_table(device_index)
 }
 
 /// Why the host's routing could not be read or changed.
@@ -107,7 +107,7 @@ impl EniRoute {
             mac: mac.to_ascii_lowercase(),
             device_index,
             subnet_cidr: cidr,
-            gateway: vpc_router(cidr),
+            gateway: vpc_router(cidr.network()),
             primary_ip,
             mtu,
         })

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::cloud::{ADDRESS_IN_USE, Cloud, CloudError, DESCRIBE_SETTLES, Eni, EniFilter};
-use crate::store::StoredPrefix6;
+use crate::stored::StoredPrefix6;
+use eniipam_cloud::{ADDRESS_IN_USE, Cloud, CloudError, DESCRIBE_SETTLES, Eni, EniFilter};
 
 use super::book::seed_offset;
 
@@ -178,7 +178,7 @@ mod tests {
     use ipnet::Ipv6Net;
 
     use super::*;
-    use crate::cloud::CreateEni;
+    use eniipam_cloud::CreateEni;
 
     const NOW: u64 = 1_700_000_000_000;
 

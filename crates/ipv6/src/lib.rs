@@ -14,6 +14,12 @@
 //! In `ipv6` mode with `ipv4_egress` (the default), each pod also gets a node-local IPv4 from
 //! 169.254.172.0/22 with its IPv6, in the same record, which the node SNATs to its primary IPv4
 //! ([`egress`]).
+//!
+//! One room (`eniipam-ipv6`; the daemon's `eniipam::ipv6`), depending on no part of the daemon: the
+//! model from `eniipam-api`, the /80 taken through `eniipam-cloud`'s `Cloud`, and the feature's rows
+//! as the state file keeps them ([`stored`]), which the daemon's store reads and writes. The pool
+//! half (a pod's IPv6 beside its IPv4 in the IPAM service, the running reconcile's /80 check) stays
+//! in the core.
 
 use std::fmt;
 use std::net::Ipv6Addr;
@@ -26,10 +32,11 @@ use serde::{Deserialize, Serialize};
 pub mod book;
 pub mod egress;
 pub mod prefix;
+pub mod stored;
 
 pub use book::{Book, Grant, Held, Ipv6Error, Meta, Released6, Reservation};
 
-use crate::store::{StoredAssignment6, StoredIpv6, StoredPrefix6, StoredReservation6};
+use crate::stored::{StoredAssignment6, StoredIpv6, StoredPrefix6, StoredReservation6};
 
 /// Which address families pods get.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,10 +126,11 @@ impl Ipv6Pool {
         }
         let mut dropped = Vec::new();
         for a in stored.assignments {
-            let key = crate::model::AttachmentKey::new(a.container_id.clone(), a.ifname.clone());
+            let key =
+                eniipam_api::model::AttachmentKey::new(a.container_id.clone(), a.ifname.clone());
             let held = Held {
                 ip: a.ip,
-                pod: crate::model::PodRef {
+                pod: eniipam_api::model::PodRef {
                     namespace: a.pod_namespace.clone(),
                     name: a.pod_name.clone(),
                     uid: a.pod_uid.clone(),
@@ -186,7 +194,7 @@ impl Ipv6Pool {
 }
 
 /// The row of one held address.
-pub fn stored_assignment(key: &crate::model::AttachmentKey, h: &Held) -> StoredAssignment6 {
+pub fn stored_assignment(key: &eniipam_api::model::AttachmentKey, h: &Held) -> StoredAssignment6 {
     StoredAssignment6 {
         ip: h.ip,
         network: h.meta.network.clone(),

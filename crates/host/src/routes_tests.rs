@@ -27,11 +27,11 @@ fn tables_follow_the_plugin_convention() {
 #[test]
 fn gateway_is_the_subnet_router() {
     assert_eq!(
-        vpc_router("10.1.2.0/24".parse().unwrap()),
+        vpc_router("10.1.2.0/24".parse::<Ipv4Net>().unwrap().network()),
         Ipv4Addr::new(10, 1, 2, 1)
     );
     assert_eq!(
-        vpc_router("172.31.32.0/20".parse().unwrap()),
+        vpc_router("172.31.32.0/20".parse::<Ipv4Net>().unwrap().network()),
         Ipv4Addr::new(172, 31, 32, 1)
     );
 }

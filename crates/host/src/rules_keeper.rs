@@ -31,7 +31,26 @@ use tokio_util::sync::CancellationToken;
 
 use super::netfilter::Table;
 use super::rules::{HostRules, HostRulesConfig, PrimaryInterface, RulesError, desired_table};
-use crate::cloud::Metadata;
+
+/// What the keeper reads of the node's primary interface. The daemon answers from IMDS (its
+/// `daemon::host::ImdsPrimary`); a trait of this crate, so the node's datapath needs no cloud crate.
+#[async_trait::async_trait]
+pub trait PrimaryFacts: Send + Sync + 'static {
+    /// The primary interface's MAC.
+    async fn primary_mac(&self) -> Result<String, String>;
+    /// The interface with `mac`: its IPv4 addresses (its primary first) and its VPC's IPv4 CIDRs;
+    /// `None` when it is not (yet) listed.
+    async fn interface(&self, mac: &str) -> Result<Option<InterfaceFacts>, String>;
+}
+
+/// One interface as [`PrimaryFacts::interface`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterfaceFacts {
+    /// Its IPv4 addresses, the primary first.
+    pub ips: Vec<std::net::Ipv4Addr>,
+    /// Its VPC's IPv4 CIDRs.
+    pub vpc_cidrs: Vec<Ipv4Net>,
+}
 
 /// What happened to the table in one round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +95,7 @@ struct Loaded {
 pub struct RulesKeeper {
     config: HostRulesConfig,
     rules: HostRules,
-    metadata: Arc<dyn Metadata>,
+    metadata: Arc<dyn PrimaryFacts>,
     imds_refresh: Duration,
     primary_mac: Option<String>,
     /// The last good IMDS facts: primary IP and VPC CIDRs.
@@ -104,7 +123,7 @@ impl RulesKeeper {
     pub fn new(
         config: HostRulesConfig,
         rules: HostRules,
-        metadata: Arc<dyn Metadata>,
+        metadata: Arc<dyn PrimaryFacts>,
         imds_refresh: Duration,
     ) -> Self {
         Self {
@@ -157,16 +176,19 @@ impl RulesKeeper {
     }
 
     async fn read_imds(&self) -> Result<(String, std::net::Ipv4Addr, Vec<Ipv4Net>), RulesError> {
-        let md = |e: crate::cloud::CloudError| RulesError::Metadata(e.to_string());
         let mac = match &self.primary_mac {
             Some(m) => m.clone(),
-            None => self.metadata.identity().await.map_err(md)?.mac,
+            None => self
+                .metadata
+                .primary_mac()
+                .await
+                .map_err(RulesError::Metadata)?,
         };
         let eni = self
             .metadata
             .interface(&mac)
             .await
-            .map_err(md)?
+            .map_err(RulesError::Metadata)?
             .ok_or_else(|| {
                 RulesError::Metadata(format!("IMDS does not list the primary interface {mac}"))
             })?;

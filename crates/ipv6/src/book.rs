@@ -18,7 +18,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::Ipv6Net;
 
 use super::egress::{EgressBook, EgressExhausted};
-use crate::model::{AttachmentKey, PodRef};
+use eniipam_api::model::{AttachmentKey, PodRef};
 
 /// How many addresses a /80 holds; offsets run from 1 to `SPAN - 1`.
 pub const SPAN: u64 = 1 << 48;

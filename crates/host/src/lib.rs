@@ -1,5 +1,8 @@
-//! Networking of the node itself that the daemon owns, as opposed to the per-pod plumbing the CNI
-//! plugin does. This module never touches a pod's netns.
+//! The node's datapath, one room (`eniipam-host`; the daemon's `eniipam::host`): networking of the
+//! node itself that the daemon owns, as opposed to the per-pod plumbing the CNI plugin does. This
+//! crate never touches a pod's netns, and depends on no part of the daemon: the model comes from
+//! `eniipam-api`, rtnetlink from `eniipam-netlink`, `nft` and netfilter framing from
+//! `eniipam-netfilter`, and the one fact it needs from IMDS through its own [`PrimaryFacts`].
 //!
 //! - [`routes`]: the policy-routing table of every secondary ENI (`device_index + 1`): the subnet
 //!   route and the default route via the subnet's VPC router on that ENI's link, which the plugin's
@@ -12,8 +15,8 @@
 //!   loose `rp_filter` on the primary interface.
 //! - [`rules`]: the node's whole rule set for a configuration ([`desired_table`]), installed, read
 //!   back and removed by [`HostRules`] (nftables table `ip eniipam`).
-//! - [`rules_keeper`]: [`RulesKeeper`], which keeps those rules in step with the config and IMDS
-//!   (VPC CIDRs re-read periodically) and heals drift.
+//! - [`rules_keeper`]: [`RulesKeeper`], which keeps those rules in step with the config and the
+//!   primary interface's facts ([`PrimaryFacts`]: VPC CIDRs re-read periodically) and heals drift.
 //! - [`conntrack`]: a released pod address's conntrack entries deleted (over ctnetlink), so its
 //!   next pod inherits no flow; [`nfnetlink`]: the netfilter netlink framing it shares with the
 //!   NetworkPolicy decision log.
@@ -21,7 +24,7 @@
 //!   `--uninstall-host-rules`.
 //!
 //! The pool's ENIs reach the route keeper as [`EniRoute`]s the daemon derives from the pool's
-//! snapshot: this module never imports the pool.
+//! snapshot: this crate never imports the pool.
 
 pub mod conntrack;
 pub mod keeper;
@@ -42,5 +45,5 @@ pub use netfilter::{Nft, NftError, SnatPorts};
 pub use prepare::{PrepareError, Prepared};
 pub use routes::{EniRoute, EniRouting, HostError};
 pub use rules::{HostRules, HostRulesConfig, PrimaryInterface, RulesError, TABLE, desired_table};
-pub use rules_keeper::{RulesKeeper, RulesReport, TableChange};
+pub use rules_keeper::{InterfaceFacts, PrimaryFacts, RulesKeeper, RulesReport, TableChange};
 pub use snat::Snat;

@@ -2,7 +2,7 @@ use std::net::Ipv6Addr;
 
 use super::book::{SPAN, seed_offset};
 use super::*;
-use crate::model::{AttachmentKey, PodRef};
+use eniipam_api::model::{AttachmentKey, PodRef};
 
 const PREFIX: &str = "2600:1f18:6d00:100:a1b2::/80";
 
@@ -175,7 +175,7 @@ fn the_cursor_wraps_past_the_end_and_skips_held_addresses() {
 
 #[test]
 fn restore_keeps_the_good_rows_and_says_why_it_dropped_the_others() {
-    use crate::store::{StoredAssignment6, StoredPrefix6, StoredReservation6};
+    use crate::stored::{StoredAssignment6, StoredPrefix6, StoredReservation6};
     let row = |ipv6: &str, c: &str| StoredAssignment6 {
         ip: ip(ipv6),
         network: "eniipam".into(),
@@ -351,7 +351,7 @@ fn running_out_of_egress_addresses_is_an_error_that_changes_nothing() {
 
 #[test]
 fn restore_keeps_egress_addresses_with_egress_on_and_drops_them_with_it_off() {
-    use crate::store::{StoredAssignment6, StoredPrefix6};
+    use crate::stored::{StoredAssignment6, StoredPrefix6};
     let row = |ipv6: &str, c: &str, egress: &str| StoredAssignment6 {
         ip: ip(ipv6),
         network: "eniipam".into(),
