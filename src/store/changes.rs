@@ -192,8 +192,20 @@ mod tests {
         .unwrap();
         let other = [Ec2Address::Ip(ip("10.0.1.5"))];
         record(&mut c, "eni-2", &other, Ec2Change::Assigned, 1_000, 60_000).unwrap();
-        super::super::queries::remove_ips(&mut c, &[a, d]).unwrap();
+        // A /28 one address of which is found gone loses its row too (EC2 takes prefixes whole).
+        let prefix = Ec2Address::Prefix("10.0.4.0/28".parse().unwrap());
+        record(
+            &mut c,
+            "eni-1",
+            &[prefix],
+            Ec2Change::Assigned,
+            1_000,
+            60_000,
+        )
+        .unwrap();
+        super::super::queries::remove_ips(&mut c, &[a, d, ip("10.0.4.2")]).unwrap();
         let left: Vec<_> = load(&c).unwrap().into_iter().map(|r| r.address).collect();
+        assert!(!left.contains(&prefix), "{left:?}");
         assert_eq!(left.len(), 3, "{left:?}");
         assert!(!left.contains(&Ec2Address::Ip(a)), "{left:?}");
         assert!(

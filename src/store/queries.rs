@@ -301,12 +301,19 @@ pub(super) fn remove_ips(conn: &mut Connection, ips: &[Ipv4Addr]) -> Result<(), 
     let tx = begin(conn)?;
     {
         let mut delete = tx.prepare_cached("DELETE FROM ips WHERE ip = ?1")?;
-        // The journal no longer vouches for EC2 having assigned them (issue 44 case 8).
+        // The journal no longer vouches for EC2 having assigned them (issue 44 case 8), nor the
+        // `/28` an address of which is gone: EC2 takes a prefix back whole (a restart within the
+        // minute read the journal's row of it and put the lost `/28` back, with a dead pod's
+        // address in it: the 30-minute soak, seed 46).
         let mut unjournal = tx
             .prepare_cached("DELETE FROM ec2_changes WHERE address = ?1 AND change = 'assigned'")?;
         for ip in ips {
             delete.execute([ip.to_string()])?;
             unjournal.execute([ip.to_string()])?;
+            let block = ipnet::Ipv4Net::new(*ip, 28)
+                .expect("28 is a prefix length")
+                .trunc();
+            unjournal.execute([block.to_string()])?;
         }
     }
     tx.commit()?;
