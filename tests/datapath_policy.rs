@@ -185,8 +185,11 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
     let started = tokio::time::Instant::now();
     let mut applied = Vec::new();
     let cases = netpol_cases::cases(|ns, p| pods[&format!("{ns}/{p}")].cni.ip);
+    let daemons: Vec<&PolicyDaemon> = [Some(&on_a), on_b.as_ref()].into_iter().flatten().collect();
     for case in &cases {
+        let before = syncs(&daemons).await;
         set_policies(&api, &mut applied, &case.policies);
+        synced_since(&daemons, &before).await;
         let want = expected(&model(&pods, &case.policies), &cells);
         if topology == Topology::TwoNodes {
             assert_crosses_nodes(case.name, &pods, &want);
@@ -215,7 +218,9 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
         json!({"podSelector": {}, "policyTypes": ["Ingress"],
                "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
     );
+    let before = syncs(&daemons).await;
     set_policies(&api, &mut applied, std::slice::from_ref(&gate));
+    synced_since(&daemons, &before).await;
     let want = expected(&model(&pods, std::slice::from_ref(&gate)), &cells);
     until_matrix("gate", &pods, &cells, &want, IN_FORCE_WITHIN, || {
         logs([Some(&on_a), on_b.as_ref()])
@@ -307,7 +312,9 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
                                       "podSelector": {"matchLabels": {"pod": "d"}}}]}]}),
     );
     let reuse_policies = [gate.clone(), only_d];
+    let before = syncs(&daemons).await;
     set_policies(&api, &mut applied, &reuse_policies);
+    synced_since(&daemons, &before).await;
     let cells_d = all_cells(&with_d);
     let want = expected(&model(&with_d, &reuse_policies), &cells_d);
     assert_eq!(

@@ -97,11 +97,12 @@ impl Sweep {
 }
 
 /// One connection attempt from the calling thread's namespace, given up when `sweep` is over: a
-/// TCP handshake and the server's line, or a UDP datagram echoed back. (SCTP: [`sctp_in`].)
-pub fn probe_in(sweep: &Sweep, protocol: Protocol, to: SocketAddr) -> bool {
+/// TCP handshake and the server's line, or a UDP datagram echoed back from a source port of
+/// `ports`. (SCTP: [`sctp_in`].)
+pub fn probe_in(sweep: &Sweep, protocol: Protocol, to: SocketAddr, ports: &SourcePorts) -> bool {
     match protocol {
         Protocol::Tcp => tcp(sweep, to),
-        Protocol::Udp => udp(sweep, to),
+        Protocol::Udp => udp(sweep, to, ports),
         Protocol::Sctp => unreachable!("SCTP is probed by its INIT: sweep::sctp_in"),
     }
 }
@@ -167,8 +168,8 @@ fn tcp(sweep: &Sweep, to: SocketAddr) -> bool {
     line == b"ok\n"
 }
 
-fn udp(sweep: &Sweep, to: SocketAddr) -> bool {
-    let s = udp_client(to.is_ipv6());
+fn udp(sweep: &Sweep, to: SocketAddr, ports: &SourcePorts) -> bool {
+    let s = ports.bind(to.is_ipv6());
     s.set_read_timeout(Some(SLICE)).unwrap();
     s.connect(to).expect("udp connect");
     let _ = s.send(b"probe");
@@ -186,21 +187,32 @@ fn udp(sweep: &Sweep, to: SocketAddr) -> bool {
     }
 }
 
-/// A UDP client socket on a source port of its own: a cycle over 20000..60000, so no probe of a
-/// run reuses a 5-tuple whose conntrack entry (30 s for UDP) an earlier probe left, which would let
-/// a now-denied datagram through as `established` (an ephemeral port can repeat within a run).
-fn udp_client(v6: bool) -> UdpSocket {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let any: IpAddr = if v6 {
-        std::net::Ipv6Addr::UNSPECIFIED.into()
-    } else {
-        std::net::Ipv4Addr::UNSPECIFIED.into()
-    };
-    for _ in 0..100 {
-        let port = 20_000 + (NEXT.fetch_add(1, Ordering::Relaxed) % 40_000) as u16;
-        if let Ok(s) = UdpSocket::bind((any, port)) {
-            return s;
-        }
+/// A cycle of UDP source ports over 20000..60000, so no probe reuses a 5-tuple whose conntrack
+/// entry (30 s for UDP) an earlier probe left, which would let a now-denied datagram through as
+/// `established` (an ephemeral port can repeat within a run). A lab keeps one per client pod
+/// ([`super::Lab`]): a client comes back to a port only after 40,000 probes of its own, however
+/// fast the probes of all labs together go (labs run side by side, issue 45).
+#[derive(Default)]
+pub struct SourcePorts(AtomicUsize);
+
+impl SourcePorts {
+    pub const fn new() -> Self {
+        Self(AtomicUsize::new(0))
     }
-    panic!("no free UDP source port in 100 tries")
+
+    /// A UDP client socket on the cycle's next free port.
+    fn bind(&self, v6: bool) -> UdpSocket {
+        let any: IpAddr = if v6 {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        };
+        for _ in 0..100 {
+            let port = 20_000 + (self.0.fetch_add(1, Ordering::Relaxed) % 40_000) as u16;
+            if let Ok(s) = UdpSocket::bind((any, port)) {
+                return s;
+            }
+        }
+        panic!("no free UDP source port in 100 tries")
+    }
 }
