@@ -588,10 +588,3 @@ impl Drop for Lab {
         }
     }
 }
-
-/// One connection attempt from the calling thread's namespace, waiting up to [`PROBE_WAIT`]: a TCP
-/// handshake and the server's line, or a UDP datagram echoed back.
-pub fn probe(protocol: Protocol, to: SocketAddr) -> bool {
-    static PORTS: SourcePorts = SourcePorts::new();
-    sweep::probe_in(&Sweep::default(), protocol, to, &PORTS)
-}
