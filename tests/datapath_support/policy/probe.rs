@@ -16,15 +16,15 @@
 //!   reached yet). The round that starts past the deadline is a whole one, and a failure names
 //!   every cell it found differing.
 //!
-//! Each probe binds a source port of its own from a cycle of 40,000, so no probe reuses a 5-tuple
-//! whose conntrack entry (30 s for UDP) a probe before a policy change left: an entry of an allowed
-//! flow would let a now-denied one through as `established`.
+//! Each probe binds a source port of its own from its client's cycle of 40,000 ([`source_ports`]),
+//! so no probe reuses a 5-tuple whose conntrack entry (30 s for UDP) a probe before a policy change
+//! left: an entry of an allowed flow would let a now-denied one through as `established`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use eniipam::network_policy::Protocol;
@@ -45,10 +45,21 @@ const SYNC_POLL: Duration = Duration::from_millis(40);
 /// machine's cores to put the change in force.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 
-/// The next probe's source port: a cycle over 20000..60000.
-fn source_port() -> u16 {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    20_000 + (NEXT.fetch_add(1, Ordering::Relaxed) % 40_000) as u16
+/// The next `n` source ports of the client pod whose namespace is `ns`: each client has a cycle of
+/// its own over 20000..60000, so it comes back to a 5-tuple only after 40,000 probes of its own,
+/// however many labs probe side by side (a cycle shared by the process wrapped within the 30 s of
+/// a UDP conntrack entry once labs ran together, issue 45).
+fn source_ports(ns: &str, n: usize) -> Vec<u16> {
+    static NEXT: Mutex<BTreeMap<String, u32>> = Mutex::new(BTreeMap::new());
+    let mut next = NEXT.lock().unwrap_or_else(|p| p.into_inner());
+    let at = next.entry(ns.to_owned()).or_default();
+    (0..n)
+        .map(|_| {
+            let port = 20_000 + (*at % 40_000) as u16;
+            *at += 1;
+            port
+        })
+        .collect()
 }
 
 /// A client socket made in a pod's namespace, bound to its own source port.
@@ -59,8 +70,8 @@ enum ClientSocket {
 
 impl ClientSocket {
     /// Made on a thread inside the pod's namespace (the socket stays there).
-    fn new(protocol: Protocol) -> ClientSocket {
-        let local = SocketAddr::from((Ipv4Addr::UNSPECIFIED, source_port()));
+    fn new(protocol: Protocol, port: u16) -> ClientSocket {
+        let local = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
         match protocol {
             Protocol::Tcp => {
                 let s = tokio::net::TcpSocket::new_v4().expect("tcp socket");
@@ -104,8 +115,9 @@ impl ClientSocket {
 /// One probe from the pod whose namespace is `from` to any address (a Service's, say): the
 /// handshake or the echo within [`PROBE_WAIT`].
 pub async fn probe_address(from: &NetNs, to: SocketAddr, protocol: Protocol) -> bool {
+    let port = source_ports(from.name(), 1)[0];
     let socket = from
-        .run_async(move || ClientSocket::new(protocol))
+        .run_async(move || ClientSocket::new(protocol, port))
         .await
         .expect("a client socket in the pod");
     socket.probe(to, PROBE_WAIT).await
@@ -135,14 +147,18 @@ pub async fn socket_probes(
         by_client.entry(&cell.client).or_default().push(cell);
     }
     let made = futures::future::join_all(by_client.into_iter().map(|(client, cells)| {
-        let protocols: Vec<Protocol> = cells.iter().map(|c| c.protocol).collect();
         let ns = pods[client].cni.ns.clone();
+        let protocols: Vec<(Protocol, u16)> = cells
+            .iter()
+            .map(|c| c.protocol)
+            .zip(source_ports(ns.name(), cells.len()))
+            .collect();
         async move {
             let sockets = ns
                 .run_async(move || {
                     protocols
                         .into_iter()
-                        .map(ClientSocket::new)
+                        .map(|(protocol, port)| ClientSocket::new(protocol, port))
                         .collect::<Vec<_>>()
                 })
                 .await
