@@ -161,7 +161,7 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
             })
         })
         .collect();
-    let got = probe_cells(&with_d, &first, PROBE_WAIT).await;
+    let got = probe_cells(&with_d, &first, FIRST_PACKETS_WAIT).await;
     let want = expected(&model(&with_d, std::slice::from_ref(&gate)), &first);
     assert_eq!(
         want.values().filter(|w| **w).count(),
@@ -267,7 +267,7 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
         want.iter().all(|(c, w)| *w == (c.server == "z/e")),
         "z/e is denied y/a, y/b reaches z/e"
     );
-    let got = probe_cells(&with_e, &stale, PROBE_WAIT).await;
+    let got = probe_cells(&with_e, &stale, FIRST_PACKETS_WAIT).await;
     let wrong = differences(&with_e, &got, &want);
     assert!(
         wrong.is_empty(),

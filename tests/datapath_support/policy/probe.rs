@@ -36,6 +36,11 @@ use vpclab::NetNs;
 
 use super::{PROBE_WAIT, PolicyDaemon, PolicyPod};
 
+/// How long a one-shot probe to or from a pod just ADDed waits: the node resolves the new pod's
+/// address on its host veth by ARP, and a first request sent while the veth comes up may go
+/// unanswered until its retry (1 s), delaying the first packets of an allowed cell past
+/// [`PROBE_WAIT`]. A denied cell has as long to leak.
+pub const FIRST_PACKETS_WAIT: Duration = Duration::from_millis(2500);
 /// How long [`synced_since`] waits at most for a daemon to count a sync: past it, the rounds
 /// themselves wait for the change (a daemon whose sync the metrics do not show, say).
 const SYNC_WAIT: Duration = Duration::from_secs(3);
