@@ -211,6 +211,12 @@ impl Lab {
                 }
             }
         }
+        let pods = NAMESPACES.iter().flat_map(|ns| PODS.map(|pod| (*ns, pod)));
+        let all = pods.flat_map(|(ns, pod)| stack.addresses(ns, pod));
+        sweep::warm_up(
+            &lab.node,
+            all.map(|ip| SocketAddr::from((ip, 80))).collect(),
+        );
         Some(lab)
     }
 
@@ -422,7 +428,9 @@ impl Lab {
     /// Every cell: client → server's address (each of its families), protocol, port → connected.
     /// All at once, as one [`Sweep`]: the silent cells are denials once the answers have settled.
     fn probe_all(&self) -> BTreeMap<(String, String, IpAddr, Protocol, u16), bool> {
-        let sweep = Arc::new(Sweep::default());
+        let servers = NAMESPACES.len() * PODS.len() * self.stack.families();
+        let cells = self.pods.len() * servers * self.protocols.len() * PORTS.len();
+        let sweep = Arc::new(Sweep::new(cells));
         let (tx, rx) = mpsc::channel();
         let mut total = 0;
         let mut clients = Vec::new();
@@ -469,6 +477,7 @@ impl Lab {
             }));
         }
         drop(tx);
+        assert_eq!(total, cells, "the sweep counts every probe");
         sweep.collect(rx, total, || {
             for c in clients {
                 c.join().expect("client");

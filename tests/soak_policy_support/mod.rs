@@ -36,7 +36,7 @@ pub async fn probe_cells(cells: Vec<Cell>) -> Vec<bool> {
     static PORTS: SourcePorts = SourcePorts::new();
     tokio::task::spawn_blocking(move || {
         let total = cells.len();
-        let sweep = Arc::new(Sweep::default());
+        let sweep = Arc::new(Sweep::new(total));
         let (tx, rx) = mpsc::channel();
         let threads: Vec<_> = cells
             .into_iter()
