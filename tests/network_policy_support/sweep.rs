@@ -257,30 +257,51 @@ impl SourcePorts {
     }
 }
 
-/// How long the node waits for a pod's first answer when a lab is made ([`warm_up`]): a TCP
-/// handshake whose first SYN waited on an unanswered ARP or neighbour solicitation is retried
-/// after 1 s.
+/// How long the node tries for a pod's first answer when a lab is made ([`warm_up`]); a
+/// datagram held for an unanswered ARP or neighbour solicitation goes out with its retry (1 s).
 const FIRST_CONTACT: Duration = Duration::from_secs(5);
 
-/// Makes the node namespace `node` reach every one of `pods`' addresses once (TCP), all at once,
-/// before any sweep: its first neighbour resolution of a pod may wait for a retry (1 s), which
-/// would have a lab's first sweep count that pod's cells as denied. Panics naming an address
-/// that did not answer within [`FIRST_CONTACT`].
+/// Makes the node namespace `node` reach every one of `pods`' addresses once (a UDP echo, sent
+/// again every 250 ms until answered), all at once, before any sweep: its first neighbour
+/// resolution of a pod may wait for a retry (1 s), which would have a lab's first sweep count that
+/// pod's cells as denied. UDP, so that no packet of it (a TCP close, a reset) is still on its way
+/// once a test loads its table and reads its counters. Panics naming an address that did not
+/// answer within [`FIRST_CONTACT`].
 pub fn warm_up(node: &str, pods: Vec<SocketAddr>) {
     let node = node.to_owned();
     std::thread::spawn(move || {
         super::enter(&node);
         let reached: Vec<_> = pods
             .into_iter()
-            .map(|to| {
-                std::thread::spawn(move || (to, TcpStream::connect_timeout(&to, FIRST_CONTACT)))
-            })
+            .map(|to| std::thread::spawn(move || (to, echoed(to))))
             .collect();
         for r in reached {
-            let (to, got) = r.join().expect("a first contact");
-            got.unwrap_or_else(|e| panic!("the node cannot reach pod address {to}: {e}"));
+            let (to, echoed) = r.join().expect("a first contact");
+            assert!(echoed, "the node cannot reach pod address {to}");
         }
     })
     .join()
     .unwrap_or_else(|e| std::panic::resume_unwind(e));
+}
+
+/// Whether `to` echoes a datagram within [`FIRST_CONTACT`], from the calling thread's namespace.
+fn echoed(to: SocketAddr) -> bool {
+    let any: IpAddr = if to.is_ipv6() {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    };
+    let s = UdpSocket::bind((any, 0)).expect("a UDP socket in the node");
+    s.set_read_timeout(Some(Duration::from_millis(250)))
+        .unwrap();
+    s.connect(to).expect("udp connect");
+    let start = Instant::now();
+    let mut buf = [0u8; 16];
+    while start.elapsed() < FIRST_CONTACT {
+        let _ = s.send(b"warm");
+        if matches!(s.recv(&mut buf), Ok(n) if &buf[..n] == b"warm") {
+            return true;
+        }
+    }
+    false
 }
