@@ -211,12 +211,13 @@ impl Lab {
                 }
             }
         }
+        // IPv6 only: the failure seen was a first neighbour solicitation's; an IPv4 lab with it
+        // showed an unexplained denied count in `verdict_counters_…` (2 runs of 6).
         let pods = NAMESPACES.iter().flat_map(|ns| PODS.map(|pod| (*ns, pod)));
-        let all = pods.flat_map(|(ns, pod)| stack.addresses(ns, pod));
-        sweep::warm_up(
-            &lab.node,
-            all.map(|ip| SocketAddr::from((ip, 80))).collect(),
-        );
+        let v6 = pods
+            .flat_map(|(ns, pod)| stack.addresses(ns, pod))
+            .filter(IpAddr::is_ipv6);
+        sweep::warm_up(&lab.node, v6.map(|ip| SocketAddr::from((ip, 80))).collect());
         Some(lab)
     }
 
