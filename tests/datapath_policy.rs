@@ -11,7 +11,8 @@
 //!   node A (secondary ENIs), pods `b` and `c` on node B (eth0), so every case has cells that cross
 //!   the VPC, allowed and denied (checked per case).
 //! - **Cases.** Every shared upstream case (`tests/netpol_cases`, the policies whose expected
-//!   matrices `tests/network_policy_cases.rs` holds) in turn: the previous case's policies are
+//!   matrices `tests/network_policy_cases.rs` holds), dealt over two labs of the topology side by
+//!   side (`datapath_policy/world.rs`), each case in turn in its lab: the previous case's policies are
 //!   deleted and the case's put in the API server, then the full matrix (9 × 9 pods, TCP and UDP,
 //!   80 and 81: 324 cells) is probed until every cell is what the model's `connection_allowed`
 //!   says, for at most [`IN_FORCE_WITHIN`]; the last round's differing cells are printed. The rounds
@@ -62,6 +63,8 @@ mod services;
 mod spoofing;
 #[path = "datapath_policy/udp.rs"]
 mod udp;
+#[path = "datapath_policy/world.rs"]
+mod world;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -73,6 +76,7 @@ use eniipam_kubeapi::FakeApiServer;
 use netpol_cases::policy;
 use serde_json::{Value, json};
 use vpclab::Egress;
+use world::{LABS, Topology, World};
 
 const NODE_A: &str = "node-a";
 const NODE_B: &str = "node-b";
@@ -80,12 +84,6 @@ const NAMESPACES: [&str; 3] = ["x", "y", "z"];
 const PODS: [&str; 3] = ["a", "b", "c"];
 /// How long the daemons may take to put a change in force before the matrix must agree.
 const IN_FORCE_WITHIN: Duration = Duration::from_secs(15);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Topology {
-    OneNode,
-    TwoNodes,
-}
 
 both_rp_filters!(one_node: one_node_strict_rp_filter, one_node_loose_rp_filter);
 both_rp_filters!(two_nodes: two_nodes_strict_rp_filter, two_nodes_loose_rp_filter);
@@ -98,115 +96,32 @@ async fn two_nodes(test: &str, rp_filter: RpFilter) {
     policies_in_force(test, rp_filter, Topology::TwoNodes).await;
 }
 
-/// The policies in the API server: `policies` put, the others of `applied` deleted.
-fn set_policies(api: &FakeApiServer, applied: &mut Vec<(String, String)>, policies: &[Value]) {
-    let key = |p: &Value| {
-        (
-            p["metadata"]["namespace"].as_str().unwrap().to_owned(),
-            p["metadata"]["name"].as_str().unwrap().to_owned(),
-        )
-    };
-    let wanted: Vec<(String, String)> = policies.iter().map(key).collect();
-    for (ns, name) in applied.iter().filter(|k| !wanted.contains(k)) {
-        assert!(api.delete_network_policy(ns, name), "{ns}/{name} was put");
-    }
-    for p in policies {
-        api.put_network_policy(p.clone());
-    }
-    *applied = wanted;
-}
-
-/// In the two-node topology, a case's cells that cross the VPC include allowed ones and, when the
-/// case denies anything, denied ones.
-fn assert_crosses_nodes(
-    case: &str,
-    pods: &BTreeMap<String, PolicyPod>,
-    want: &BTreeMap<Cell, bool>,
-) {
-    let across = |allowed: bool| {
-        want.iter()
-            .filter(|(c, w)| **w == allowed && pods[&c.client].node != pods[&c.server].node)
-            .count()
-    };
-    assert!(across(true) > 0, "{case}: no allowed cell crosses nodes");
-    if want.values().any(|w| !w) {
-        assert!(across(false) > 0, "{case}: no denied cell crosses nodes");
-    }
-}
-
 async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) {
-    let Some(c) = Cluster::start_with(test, Egress::InternetGateway, rp_filter).await else {
+    let worlds =
+        futures::future::join_all((0..LABS).map(|_| World::start(test, rp_filter, topology))).await;
+    let Some(mut worlds) = worlds.into_iter().collect::<Option<Vec<World>>>() else {
         return;
     };
-    let api = FakeApiServer::start().await;
-    for ns in NAMESPACES {
-        api.put_namespace_labels(ns, &[("ns", ns)]);
-    }
-    let mut on_a =
-        PolicyDaemon::start(&c, &api, &c.a.instance_id, NODE_A, Placement::SecondaryEni).await;
-    let mut on_b = match topology {
-        Topology::OneNode => None,
-        Topology::TwoNodes => {
-            Some(PolicyDaemon::start(&c, &api, &c.b.instance_id, NODE_B, Placement::Eth0).await)
-        }
-    };
-    let mut pods = BTreeMap::new();
-    for ns in NAMESPACES {
-        for name in PODS {
-            let d = match &on_b {
-                Some(b) if name != "a" => b,
-                _ => &on_a,
-            };
-            let pod = d.add_pod(&c, &api, ns, name, None).await;
-            pods.insert(pod.key.clone(), pod);
-        }
-    }
-    c.lab.sync().await.expect("lab sync");
-    let mut servers = Vec::new();
-    for pod in pods.values() {
-        servers.push(serve_ports(&pod.cni.ns).await);
-    }
-    let logs = |daemons: [Option<&PolicyDaemon>; 2]| {
-        daemons
-            .into_iter()
-            .flatten()
-            .map(|d| format!("{} daemon:\n{}", d.node, d.tail()))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    let cells = all_cells(&pods);
-    let open = expected(&model(&pods, &[]), &cells);
-    until_matrix("no policy", &pods, &cells, &open, IN_FORCE_WITHIN, || {
-        logs([Some(&on_a), on_b.as_ref()])
-    })
-    .await;
-
-    // Every shared case, in turn.
+    // Every shared case, dealt over the worlds.
+    let total = netpol_cases::cases(|_, _| std::net::Ipv4Addr::UNSPECIFIED).len();
     let started = tokio::time::Instant::now();
-    let mut applied = Vec::new();
-    let cases = netpol_cases::cases(|ns, p| pods[&format!("{ns}/{p}")].cni.ip);
-    for case in &cases {
-        set_policies(&api, &mut applied, &case.policies);
-        let want = expected(&model(&pods, &case.policies), &cells);
-        if topology == Topology::TwoNodes {
-            assert_crosses_nodes(case.name, &pods, &want);
-        }
-        let denied = want.values().filter(|w| !**w).count();
-        let rounds = until_matrix(case.name, &pods, &cells, &want, IN_FORCE_WITHIN, || {
-            logs([Some(&on_a), on_b.as_ref()])
-        })
-        .await;
-        eprintln!(
-            "{test}: {}: {denied} of {} cells denied, in force after {rounds} round(s)",
-            case.name,
-            cells.len()
-        );
-    }
+    let ran: usize = futures::future::join_all(
+        worlds
+            .iter_mut()
+            .enumerate()
+            .map(|(share, w)| w.cases(test, share)),
+    )
+    .await
+    .into_iter()
+    .sum();
+    assert_eq!(ran, total, "every shared case ran");
     eprintln!(
-        "{test}: {} cases in {:.1} s",
-        cases.len(),
+        "{test}: {ran} cases over {LABS} labs in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    // The other worlds stay up until the end: tearing a lab down (its namespaces) stalls the
+    // kernel's networking for the one going on.
+    let mut w = worlds.remove(0);
 
     // A new pod's rules are in force before its ADD returns.
     let gate = policy(
@@ -215,15 +130,14 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
         json!({"podSelector": {}, "policyTypes": ["Ingress"],
                "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
     );
-    set_policies(&api, &mut applied, std::slice::from_ref(&gate));
-    let want = expected(&model(&pods, std::slice::from_ref(&gate)), &cells);
-    until_matrix("gate", &pods, &cells, &want, IN_FORCE_WITHIN, || {
-        logs([Some(&on_a), on_b.as_ref()])
-    })
-    .await;
-    let xd = on_a.add_pod(&c, &api, "x", "d", None).await;
+    w.set_policies(std::slice::from_ref(&gate)).await;
+    let cells = all_cells(&w.pods);
+    let want = expected(&model(&w.pods, std::slice::from_ref(&gate)), &cells);
+    until_matrix("gate", &w.pods, &cells, &want, IN_FORCE_WITHIN, || w.logs()).await;
+    let xd = w.on_a.add_pod(&w.c, &w.api, "x", "d", None).await;
     let veth = host_veth(&xd.cni);
-    let table = on_a
+    let table = w
+        .on_a
         .policy_table()
         .await
         .expect("table inet eniipam_policy");
@@ -231,10 +145,10 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
         table.contains(&veth),
         "x/d's ADD returned before its veth {veth} had chains:\n{table}"
     );
-    servers.push(serve_ports(&xd.cni.ns).await);
+    w.servers.push(serve_ports(&xd.cni.ns).await);
     // The fabric learns the new address (EC2 knew it before the ADD returned).
-    c.lab.sync().await.expect("lab sync");
-    let mut with_d = pods.clone();
+    w.c.lab.sync().await.expect("lab sync");
+    let mut with_d = w.pods.clone();
     with_d.insert(xd.key.clone(), xd.clone());
     let first: Vec<Cell> = ["x/b", "y/a"]
         .into_iter()
@@ -247,7 +161,7 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
             })
         })
         .collect();
-    let got = probe_cells(&with_d, &first, PROBE_WAIT).await;
+    let got = probe_cells(&with_d, &first, FIRST_PACKETS_WAIT).await;
     let want = expected(&model(&with_d, std::slice::from_ref(&gate)), &first);
     assert_eq!(
         want.values().filter(|w| **w).count(),
@@ -262,7 +176,7 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
     );
 
     // What eniipamctl says of x/a, and its denied counter.
-    let xa = on_a.ctl_policy("x/a");
+    let xa = w.on_a.ctl_policy("x/a");
     let ingress = &xa["ingress"];
     assert_eq!(ingress["isolated"], true, "{xa}");
     assert!(
@@ -271,7 +185,7 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
             .is_some_and(|p| p.iter().any(|p| p == "x/gate")),
         "{xa}"
     );
-    let xb_ip = pods["x/b"].cni.ip.to_string();
+    let xb_ip = w.pods["x/b"].cni.ip.to_string();
     assert!(
         ingress["rules"]
             .as_array()
@@ -290,9 +204,9 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
         protocol: Protocol::Tcp,
         port: 80,
     }];
-    let got = probe_cells(&pods, &to_xa, PROBE_WAIT).await;
+    let got = probe_cells(&w.pods, &to_xa, PROBE_WAIT).await;
     assert_eq!(got.values().next(), Some(&false), "y/a → x/a connected");
-    let xa = on_a.ctl_policy("x/a");
+    let xa = w.on_a.ctl_policy("x/a");
     assert!(
         xa["ingress"]["denied"].as_u64().expect("a denied count") > denied_before,
         "the denied probe was not counted (before: {denied_before}): {xa}"
@@ -307,7 +221,7 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
                                       "podSelector": {"matchLabels": {"pod": "d"}}}]}]}),
     );
     let reuse_policies = [gate.clone(), only_d];
-    set_policies(&api, &mut applied, &reuse_policies);
+    w.set_policies(&reuse_policies).await;
     let cells_d = all_cells(&with_d);
     let want = expected(&model(&with_d, &reuse_policies), &cells_d);
     assert_eq!(
@@ -323,16 +237,19 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
         &cells_d,
         &want,
         IN_FORCE_WITHIN,
-        || logs([Some(&on_a), on_b.as_ref()]),
+        || w.logs(),
     )
     .await;
-    on_a.delete_pod(&api, &xd).await;
-    servers.pop();
-    let ze = on_a.add_pod(&c, &api, "z", "e", Some(xd.cni.ip)).await;
+    w.on_a.delete_pod(&w.api, &xd).await;
+    w.servers.pop();
+    let ze = w
+        .on_a
+        .add_pod(&w.c, &w.api, "z", "e", Some(xd.cni.ip))
+        .await;
     assert_eq!(ze.cni.ip, xd.cni.ip, "z/e did not get x/d's address");
-    servers.push(serve_ports(&ze.cni.ns).await);
-    c.lab.sync().await.expect("lab sync");
-    let mut with_e = pods.clone();
+    w.servers.push(serve_ports(&ze.cni.ns).await);
+    w.c.lab.sync().await.expect("lab sync");
+    let mut with_e = w.pods.clone();
     with_e.insert(ze.key.clone(), ze.clone());
     let stale: Vec<Cell> = PROTOCOLS
         .into_iter()
@@ -350,7 +267,7 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
         want.iter().all(|(c, w)| *w == (c.server == "z/e")),
         "z/e is denied y/a, y/b reaches z/e"
     );
-    let got = probe_cells(&with_e, &stale, PROBE_WAIT).await;
+    let got = probe_cells(&with_e, &stale, FIRST_PACKETS_WAIT).await;
     let wrong = differences(&with_e, &got, &want);
     assert!(
         wrong.is_empty(),
@@ -365,12 +282,12 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
         &cells_e,
         &want,
         IN_FORCE_WITHIN,
-        || logs([Some(&on_a), on_b.as_ref()]),
+        || w.logs(),
     )
     .await;
 
     // Enforcement off: the table goes, everything connects although the policies stay.
-    for d in [Some(&mut on_a), on_b.as_mut()].into_iter().flatten() {
+    for d in [Some(&mut w.on_a), w.on_b.as_mut()].into_iter().flatten() {
         d.restart_with(&[("ENIIPAM_NETWORK_POLICY", "false")]).await;
         assert_eq!(
             d.policy_table().await,
@@ -386,10 +303,13 @@ async fn policies_in_force(test: &str, rp_filter: RpFilter, topology: Topology) 
         &cells_e,
         &open,
         IN_FORCE_WITHIN,
-        || logs([Some(&on_a), on_b.as_ref()]),
+        || w.logs(),
     )
     .await;
-    c.assert_no_drops().await;
+    w.c.assert_no_drops().await;
+    for other in worlds {
+        other.c.assert_no_drops().await;
+    }
 }
 
 /// How long an outside `nft flush ruleset` may leave the node unenforced (issue 47, case 5): the

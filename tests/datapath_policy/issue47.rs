@@ -76,7 +76,7 @@ async fn new_local_peer(test: &str, rp_filter: RpFilter) {
         want.iter().all(|(c, w)| *w == (c.client == "x/d")),
         "x/d reaches x/a, y/a does not"
     );
-    let got = probe_cells(&with_d, &first, PROBE_WAIT).await;
+    let got = probe_cells(&with_d, &first, FIRST_PACKETS_WAIT).await;
     let wrong = differences(&with_d, &got, &want);
     assert!(
         wrong.is_empty(),

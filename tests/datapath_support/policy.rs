@@ -4,28 +4,23 @@
 //! their CNI ADD and get their `status.podIPs` after it, as the kubelet writes them, so the other
 //! nodes learn the address; TCP and UDP servers on 80 and 81 in every pod; and the probe matrix
 //! (every client pod → every server pod, TCP and UDP, 80 and 81) compared cell by cell with the
-//! policy model's `connection_allowed`.
-//!
-//! Probes run all at once on the test's runtime, their sockets made inside the client pods'
-//! namespaces; a probe is denied when the SYN or datagram gets no answer within [`PROBE_WAIT`], or
-//! sooner in a sweep of cells ([`probe_cells`]) once the answers have settled. Each
-//! probe binds a source port of its own from a cycle of 40,000, so no probe reuses a 5-tuple whose
-//! conntrack entry (30 s for UDP) a probe before a policy change left: an entry of an allowed flow
-//! would let a now-denied one through as `established`.
+//! policy model's `connection_allowed`. The probes, their sweeps and rounds are in [`probe`].
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use eniipam::network_policy::{Cluster, NamedPort, PodView, Protocol, connection_allowed};
 use eniipam_kubeapi::{FakeApiServer, pod_json};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::task::JoinHandle;
 use vpclab::{NetNs, PortForward};
+
+mod probe;
+pub use probe::*;
 
 use super::{Cluster as Lab, CniPod, Daemon, Placement, PodOptions};
 use crate::bins::target_bin;
@@ -245,6 +240,29 @@ impl PolicyDaemon {
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
+    /// This daemon's policy syncs, by outcome (`eniipam_network_policy_syncs_total`), from one
+    /// reading of its `/metrics`.
+    pub async fn syncs(&self) -> Syncs {
+        let text = self.metrics_text().await;
+        let kind = |kind: &str| {
+            let line = format!("eniipam_network_policy_syncs_total{{kind=\"{kind}\"}}");
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix(line.as_str())?
+                        .strip_prefix(' ')?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or(0.0)
+        };
+        Syncs {
+            full: kind("full"),
+            update: kind("update"),
+            unchanged: kind("unchanged"),
+        }
+    }
+
     /// `eniipamctl --json policy <pod>` against this node's daemon.
     pub fn ctl_policy(&self, pod: &str) -> Value {
         let out = std::process::Command::new(target_bin("eniipamctl"))
@@ -264,6 +282,24 @@ impl PolicyDaemon {
                 String::from_utf8_lossy(&out.stdout)
             )
         })
+    }
+}
+
+/// A daemon's policy syncs that reached the kernel, by kind (0 before the first of a kind).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Syncs {
+    /// The table loaded whole.
+    pub full: f64,
+    /// Only the changes sent.
+    pub update: f64,
+    /// The kernel already held the table.
+    pub unchanged: f64,
+}
+
+impl Syncs {
+    /// Every sync that put the daemon's view in force.
+    pub fn in_force(&self) -> f64 {
+        self.full + self.update + self.unchanged
     }
 }
 
@@ -329,168 +365,6 @@ pub async fn serve_ports(ns: &NetNs) -> Servers {
         }));
     }
     Servers(tasks)
-}
-
-/// The next probe's source port: a cycle over 20000..60000.
-fn source_port() -> u16 {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    20_000 + (NEXT.fetch_add(1, Ordering::Relaxed) % 40_000) as u16
-}
-
-/// A client socket made in a pod's namespace, bound to its own source port.
-enum ClientSocket {
-    Tcp(tokio::net::TcpSocket),
-    Udp(std::net::UdpSocket),
-}
-
-impl ClientSocket {
-    /// Made on a thread inside the pod's namespace (the socket stays there).
-    fn new(protocol: Protocol) -> ClientSocket {
-        let local = SocketAddr::from((Ipv4Addr::UNSPECIFIED, source_port()));
-        match protocol {
-            Protocol::Tcp => {
-                let s = tokio::net::TcpSocket::new_v4().expect("tcp socket");
-                s.set_reuseaddr(true).expect("SO_REUSEADDR");
-                s.bind(local).expect("tcp client bind");
-                ClientSocket::Tcp(s)
-            }
-            Protocol::Udp => {
-                let s = std::net::UdpSocket::bind(local).expect("udp client bind");
-                s.set_nonblocking(true).expect("nonblocking");
-                ClientSocket::Udp(s)
-            }
-            Protocol::Sctp => unreachable!("SCTP is not probed"),
-        }
-    }
-
-    /// One attempt: a TCP handshake and the server's line, or a datagram echoed back, within `wait`.
-    async fn probe(self, to: SocketAddr, wait: Duration) -> bool {
-        let attempt = async move {
-            match self {
-                ClientSocket::Tcp(s) => {
-                    let mut conn = s.connect(to).await?;
-                    let mut line = [0u8; 3];
-                    conn.read_exact(&mut line).await?;
-                    Ok::<bool, std::io::Error>(&line == b"ok\n")
-                }
-                ClientSocket::Udp(s) => {
-                    let s = tokio::net::UdpSocket::from_std(s)?;
-                    s.connect(to).await?;
-                    s.send(b"probe").await?;
-                    let mut buf = [0u8; 16];
-                    let n = s.recv(&mut buf).await?;
-                    Ok(&buf[..n] == b"probe")
-                }
-            }
-        };
-        matches!(tokio::time::timeout(wait, attempt).await, Ok(Ok(true)))
-    }
-}
-
-/// One probe from the pod whose namespace is `from` to any address (a Service's, say): the
-/// handshake or the echo within [`PROBE_WAIT`].
-pub async fn probe_address(from: &NetNs, to: SocketAddr, protocol: Protocol) -> bool {
-    let socket = from
-        .run_async(move || ClientSocket::new(protocol))
-        .await
-        .expect("a client socket in the pod");
-    socket.probe(to, PROBE_WAIT).await
-}
-
-/// One probe to run: from a client (its key), to a server (its key and address).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Cell {
-    pub client: String,
-    pub server: String,
-    pub protocol: Protocol,
-    pub port: u16,
-}
-
-/// Runs every `cells` probe at once, `wait` each; each cell's outcome (connected or not).
-pub async fn probe_cells(
-    pods: &BTreeMap<String, PolicyPod>,
-    cells: &[Cell],
-    wait: Duration,
-) -> BTreeMap<Cell, bool> {
-    // Sockets are made per client, on one thread inside its namespace.
-    let mut by_client: BTreeMap<&str, Vec<&Cell>> = BTreeMap::new();
-    for cell in cells {
-        by_client.entry(&cell.client).or_default().push(cell);
-    }
-    let made = futures::future::join_all(by_client.into_iter().map(|(client, cells)| {
-        let protocols: Vec<Protocol> = cells.iter().map(|c| c.protocol).collect();
-        let ns = pods[client].cni.ns.clone();
-        async move {
-            let sockets = ns
-                .run_async(move || {
-                    protocols
-                        .into_iter()
-                        .map(ClientSocket::new)
-                        .collect::<Vec<_>>()
-                })
-                .await
-                .expect("client sockets in the pod");
-            cells.into_iter().zip(sockets).collect::<Vec<_>>()
-        }
-    }))
-    .await;
-    // One sweep (as `network_policy_support::sweep` does it): every probe starts now, and once the
-    // last answer has come the silent ones get `settle` more before they count as denials (a cell
-    // wrongly allowed answers along the same paths as the allowed ones; a sweep where nothing
-    // answers waits the whole `wait`).
-    let start = tokio::time::Instant::now();
-    let (over, ended) = tokio::sync::watch::channel(false);
-    let mut probes: futures::stream::FuturesUnordered<_> = made
-        .into_iter()
-        .flatten()
-        .map(|(cell, socket)| {
-            let to = SocketAddr::from((pods[&cell.server].cni.ip, cell.port));
-            let mut ended = ended.clone();
-            async move {
-                let got = tokio::select! {
-                    got = socket.probe(to, wait) => got,
-                    _ = ended.wait_for(|over| *over) => false,
-                };
-                (cell.clone(), got)
-            }
-        })
-        .collect();
-    let mut got = BTreeMap::new();
-    let mut last = None;
-    loop {
-        let deadline = start + settle(last, wait);
-        tokio::select! {
-            next = futures::StreamExt::next(&mut probes) => match next {
-                Some((cell, ok)) => {
-                    if ok {
-                        last = Some(start.elapsed());
-                    }
-                    got.insert(cell, ok);
-                }
-                None => break,
-            },
-            _ = tokio::time::sleep_until(deadline) => {
-                let _ = over.send(true);
-                while let Some((cell, ok)) = futures::StreamExt::next(&mut probes).await {
-                    got.insert(cell, ok);
-                }
-                break;
-            }
-        }
-    }
-    got
-}
-
-/// How long after its start a sweep of probes waits when its last answer came `last` after the
-/// start: three times as long, and 250 ms more, at least 400 ms, never past `wait` (all of `wait`
-/// when nothing answered). A loaded machine slows the answers and lengthens the wait with them.
-fn settle(last: Option<Duration>, wait: Duration) -> Duration {
-    match last {
-        None => wait,
-        Some(t) => (t * 3 + Duration::from_millis(250))
-            .max(Duration::from_millis(400))
-            .min(wait),
-    }
 }
 
 /// The pods as the policy model sees them: namespaces labelled `ns=<name>` (and
@@ -580,67 +454,4 @@ pub fn expected(cluster: &Cluster, cells: &[Cell]) -> BTreeMap<Cell, bool> {
             (cell.clone(), allowed)
         })
         .collect()
-}
-
-pub fn verb(allowed: bool) -> &'static str {
-    if allowed { "connects" } else { "is denied" }
-}
-
-/// The cells where `got` differs from `want`, in words.
-pub fn differences(
-    pods: &BTreeMap<String, PolicyPod>,
-    got: &BTreeMap<Cell, bool>,
-    want: &BTreeMap<Cell, bool>,
-) -> Vec<String> {
-    want.iter()
-        .filter(|(cell, w)| got.get(*cell) != Some(*w))
-        .map(|(cell, w)| {
-            let (c, s) = (&pods[&cell.client], &pods[&cell.server]);
-            format!(
-                "{} ({}, {}) → {} ({}, {}) {:?}/{}: kernel {}, model {}",
-                cell.client,
-                c.cni.ip,
-                c.node,
-                cell.server,
-                s.cni.ip,
-                s.node,
-                cell.protocol,
-                cell.port,
-                got.get(cell).map_or("unprobed", |g| verb(*g)),
-                verb(*w)
-            )
-        })
-        .collect()
-}
-
-/// Probes `cells` until every one gives what `want` says, for up to `within`: the daemons put a
-/// change in force asynchronously, and the matrix itself is what must come out. Returns how many
-/// rounds it took; panics naming every differing cell of the last round.
-pub async fn until_matrix(
-    what: &str,
-    pods: &BTreeMap<String, PolicyPod>,
-    cells: &[Cell],
-    want: &BTreeMap<Cell, bool>,
-    within: Duration,
-    logs: impl Fn() -> String,
-) -> u32 {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut rounds = 0;
-    loop {
-        rounds += 1;
-        let got = probe_cells(pods, cells, PROBE_WAIT).await;
-        let wrong = differences(pods, &got, want);
-        if wrong.is_empty() {
-            return rounds;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            panic!(
-                "{what}: {} of {} cells differ from the model after {rounds} rounds ({within:?}):\n{}\n{}",
-                wrong.len(),
-                cells.len(),
-                wrong.join("\n"),
-                logs()
-            );
-        }
-    }
 }

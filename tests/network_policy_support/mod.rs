@@ -43,7 +43,7 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 mod stack;
 pub use stack::{Stack, twin};
 pub mod sweep;
-use sweep::Sweep;
+use sweep::{SourcePorts, Sweep};
 
 pub fn veth(ns: &str, pod: &str) -> String {
     format!("eni{ns}{pod}")
@@ -86,6 +86,8 @@ pub struct Lab {
     pub stack: Stack,
     /// `ns/pod` → its namespace's name.
     pods: BTreeMap<String, String>,
+    /// `ns/pod` → the UDP source ports its probes take, in turn.
+    ports: BTreeMap<String, Arc<SourcePorts>>,
     /// (`ns/pod`, IPv6?) → the SCTP `INIT`s its namespace receives in that family.
     sctp: BTreeMap<(String, bool), Arc<sctp::InitListener>>,
     /// What [`Lab::check`] probes: TCP and UDP, and SCTP after [`Lab::probe_sctp_too`].
@@ -122,6 +124,7 @@ impl Lab {
             node,
             stack,
             pods: BTreeMap::new(),
+            ports: BTreeMap::new(),
             sctp: BTreeMap::new(),
             protocols: vec![Protocol::Tcp, Protocol::Udp],
             stop: Arc::new(AtomicBool::new(false)),
@@ -133,6 +136,7 @@ impl Lab {
                 let name = format!("{base}-{ns}{pod}");
                 run(&["ip", "netns", "add", &name], None).expect("pod netns");
                 lab.pods.insert(format!("{ns}/{pod}"), name.clone());
+                lab.ports.insert(format!("{ns}/{pod}"), Arc::default());
                 let v = veth(ns, pod);
                 node_batch.extend([
                     format!("link add {v} type veth peer name eth0 netns {name}"),
@@ -207,6 +211,13 @@ impl Lab {
                 }
             }
         }
+        // IPv6 only: the failure seen was a first neighbour solicitation's; an IPv4 lab with it
+        // showed an unexplained denied count in `verdict_counters_…` (2 runs of 6).
+        let pods = NAMESPACES.iter().flat_map(|ns| PODS.map(|pod| (*ns, pod)));
+        let v6 = pods
+            .flat_map(|(ns, pod)| stack.addresses(ns, pod))
+            .filter(IpAddr::is_ipv6);
+        sweep::warm_up(&lab.node, v6.map(|ip| SocketAddr::from((ip, 80))).collect());
         Some(lab)
     }
 
@@ -363,11 +374,12 @@ impl Lab {
         let name = self.pods[client].clone();
         let to = SocketAddr::from((ip_of(server.0, server.1), port));
         let listener = self.sctp[&(format!("{}/{}", server.0, server.1), false)].clone();
+        let ports = self.ports[client].clone();
         std::thread::spawn(move || {
             enter(&name);
             match protocol {
                 Protocol::Sctp => sweep::sctp_in(&Sweep::default(), &listener, to),
-                _ => probe(protocol, to),
+                _ => sweep::probe_in(&Sweep::default(), protocol, to, &ports),
             }
         })
         .join()
@@ -417,7 +429,9 @@ impl Lab {
     /// Every cell: client → server's address (each of its families), protocol, port → connected.
     /// All at once, as one [`Sweep`]: the silent cells are denials once the answers have settled.
     fn probe_all(&self) -> BTreeMap<(String, String, IpAddr, Protocol, u16), bool> {
-        let sweep = Arc::new(Sweep::default());
+        let servers = NAMESPACES.len() * PODS.len() * self.stack.families();
+        let cells = self.pods.len() * servers * self.protocols.len() * PORTS.len();
+        let sweep = Arc::new(Sweep::new(cells));
         let (tx, rx) = mpsc::channel();
         let mut total = 0;
         let mut clients = Vec::new();
@@ -439,19 +453,20 @@ impl Lab {
             }
             total += cells.len();
             let (name, tx, sweep) = (name.clone(), tx.clone(), sweep.clone());
+            let ports = self.ports[client].clone();
             clients.push(std::thread::spawn(move || {
                 enter(&name);
                 // Threads spawned here share this thread's namespace.
                 let probes: Vec<_> = cells
                     .into_iter()
                     .map(|(key, listener)| {
-                        let (tx, sweep) = (tx.clone(), sweep.clone());
+                        let (tx, sweep, ports) = (tx.clone(), sweep.clone(), ports.clone());
                         std::thread::spawn(move || {
                             let (_, _, ip, protocol, port) = key;
                             let to = SocketAddr::from((ip, port));
                             let got = match protocol {
                                 Protocol::Sctp => sweep::sctp_in(&sweep, &listener, to),
-                                _ => sweep::probe_in(&sweep, protocol, to),
+                                _ => sweep::probe_in(&sweep, protocol, to, &ports),
                             };
                             let _ = tx.send((key, got));
                         })
@@ -463,6 +478,7 @@ impl Lab {
             }));
         }
         drop(tx);
+        assert_eq!(total, cells, "the sweep counts every probe");
         sweep.collect(rx, total, || {
             for c in clients {
                 c.join().expect("client");
@@ -581,10 +597,4 @@ impl Drop for Lab {
             let _ = run(&["ip", "netns", "del", name], None);
         }
     }
-}
-
-/// One connection attempt from the calling thread's namespace, waiting up to [`PROBE_WAIT`]: a TCP
-/// handshake and the server's line, or a UDP datagram echoed back.
-pub fn probe(protocol: Protocol, to: SocketAddr) -> bool {
-    sweep::probe_in(&Sweep::default(), protocol, to)
 }

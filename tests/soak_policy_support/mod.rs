@@ -9,13 +9,16 @@
 #![allow(dead_code)]
 
 pub mod attacks;
+pub mod checks;
 pub mod world;
 
 use std::net::SocketAddr;
+use std::sync::{Arc, mpsc};
 
 use eniipam::network_policy::Protocol;
 
-use crate::network_policy_support::{enter, probe};
+use crate::network_policy_support::enter;
+use crate::network_policy_support::sweep::{self, SourcePorts, Sweep};
 
 /// One probe: from the pod namespace named `client_ns` to `to` over `protocol`.
 #[derive(Clone, Debug)]
@@ -25,23 +28,34 @@ pub struct Cell {
     pub protocol: Protocol,
 }
 
-/// Runs every cell at once (each from inside its client's namespace); whether each connected, in
-/// order.
+/// Runs every cell at once (each from inside its client's namespace) as one [`Sweep`]: the cells
+/// still silent once the answers have settled are denials (`network_policy_support::sweep`);
+/// whether each connected, in order.
 pub async fn probe_cells(cells: Vec<Cell>) -> Vec<bool> {
+    /// The soak's UDP source ports, in turn (a 5-tuple comes back only after 40,000 probes).
+    static PORTS: SourcePorts = SourcePorts::new();
     tokio::task::spawn_blocking(move || {
+        let total = cells.len();
+        let sweep = Arc::new(Sweep::new(total));
+        let (tx, rx) = mpsc::channel();
         let threads: Vec<_> = cells
             .into_iter()
-            .map(|c| {
+            .enumerate()
+            .map(|(i, c)| {
+                let (tx, sweep) = (tx.clone(), sweep.clone());
                 std::thread::spawn(move || {
                     enter(&c.client_ns);
-                    probe(c.protocol, c.to)
+                    let _ = tx.send((i, sweep::probe_in(&sweep, c.protocol, c.to, &PORTS)));
                 })
             })
             .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().expect("a probe thread"))
-            .collect()
+        drop(tx);
+        let got = sweep.collect(rx, total, || {
+            for t in threads {
+                t.join().expect("a probe thread");
+            }
+        });
+        (0..total).map(|i| got.get(&i) == Some(&true)).collect()
     })
     .await
     .expect("the probes")
