@@ -86,7 +86,8 @@ pub struct PoolConfig {
     /// the assign is throttled: one growth call per burst ([`super::growth`]). Counts stay in
     /// addresses; the node's capacity (tokens) counts every slot as a `/28`, as with prefix
     /// delegation (the kubelet's max-pods keeps the pods under its own limit). Ignored on other
-    /// types. Default true (the fault soak keeps its invariants with it: `tests/soak.rs`).
+    /// types. Default true (the fault soak's CI versions keep their invariants with it,
+    /// `tests/soak.rs`; `docs/how-it-works.md` names the restart path a long run still finds).
     pub burst_prefixes: bool,
     /// With prefix delegation, after EC2 answers `InsufficientCidrBlocks` (no free `/28` in a
     /// subnet), new slots in that subnet are single addresses packed into blocks already fragmented,
