@@ -254,7 +254,7 @@ fn with_claimed(
             e.ipv4_prefixes.push(prefix);
             report
                 .unconfirmed
-                .extend(prefix.hosts().chain([prefix.network(), prefix.broadcast()]));
+                .extend(crate::cloud::prefix_addresses(prefix));
             report.journal_corrections += 1;
             continue;
         }

@@ -127,10 +127,12 @@ impl Eni {
         self.secondary_ips
             .iter()
             .copied()
-            .chain(self.ipv4_prefixes.iter().flat_map(|p| {
-                let (start, end) = (u32::from(p.network()), u32::from(p.broadcast()));
-                (start..=end).map(Ipv4Addr::from)
-            }))
+            .chain(
+                self.ipv4_prefixes
+                    .iter()
+                    .copied()
+                    .flat_map(prefix_addresses),
+            )
             .collect()
     }
 

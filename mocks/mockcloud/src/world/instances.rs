@@ -67,23 +67,6 @@ impl World {
                 &format!(" (the primary network interface of a {instance_type})"),
             ));
         }
-        self.launch_checked(instance_type, subnet_id, security_groups, addresses, now)
-    }
-
-    fn launch_checked(
-        &mut self,
-        instance_type: &str,
-        subnet_id: &str,
-        security_groups: &[String],
-        addresses: LaunchAddresses,
-        now: Instant,
-    ) -> Ec2Result<String> {
-        let itype = catalog::lookup(instance_type).ok_or_else(|| {
-            Ec2Error::client(
-                "InvalidInstanceType",
-                format!("The instance type '{instance_type}' is not supported."),
-            )
-        })?;
         let subnet = self
             .subnets
             .get(subnet_id)
