@@ -342,6 +342,10 @@ fn verdict_counters_count_allowed_and_denied_connections() {
     };
     let first = ruleset(&only_from("b"), |_| true);
     lab.load(&first.script());
+    // The node's own link messages are no pod's connection: an address added to x/a's veth makes
+    // the kernel send a duplicate-address probe and MLD reports from `::` towards x/a, now, under
+    // the loaded ruleset (before the rule that accepts them, each counted as denied).
+    lab.node_link_messages("enixa");
     let count = |verdict| {
         lab.counters()
             .into_iter()

@@ -21,7 +21,8 @@
 //!   or to a pod's veth: kube-proxy's IPVS mode (and any proxy that sends with the client's
 //!   address) schedules at local-in and re-sends the packet through local-out, so it never
 //!   traverses forward. The node's own traffic (`fib saddr type local`: kubelet probes, host
-//!   processes, masqueraded Service traffic) is not judged. A pod reaching itself (`oifname . ip
+//!   processes, masqueraded Service traffic) is not judged, nor are its neighbour discovery and
+//!   MLD messages (some leave from `::`, [`NODE_LINK_ICMPV6`]). A pod reaching itself (`oifname . ip
 //!   saddr @pod_sources`) is accepted; then `ip saddr vmap @egress_by_addr` jumps to the source
 //!   pod's egress chain (by its address: sound only because `prerouting` ties each pod's
 //!   addresses to its veth, so the address names the pod) and `oifname vmap @ingress_dispatch`
@@ -99,6 +100,7 @@ pub(super) fn base_rules(name: &str) -> Vec<String> {
         ],
         "output" => &[
             ESTABLISHED,
+            NODE_LINK_ICMPV6,
             "fib saddr type local accept comment \"the node's own traffic\"",
             "oifname . ip saddr @pod_sources accept comment \"a pod reaching itself: a pod cannot block access to itself\"",
             "oifname . ip6 saddr @pod_sources6 accept comment \"a pod reaching itself: a pod cannot block access to itself\"",
@@ -153,6 +155,13 @@ impl Ruleset {
         element.rsplit_once(" : jump ").map(|(_, chain)| chain)
     }
 }
+
+/// The node's own neighbour discovery and multicast-listener messages on a pod's veth. A link that
+/// comes up sends its duplicate-address probes and first MLD reports from `::`, which `fib saddr
+/// type local` does not call local, and conntrack leaves them untracked: without this rule they
+/// reached the pod's ingress chain and counted as denied connections no pod made. Only the node
+/// sends them at `output` (a pod's never pass there: they are link-local, not routed).
+pub(super) const NODE_LINK_ICMPV6: &str = "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, mld-listener-query, mld-listener-report, mld-listener-done, mld2-listener-report } accept comment \"the node's neighbour discovery and multicast listener reports\"";
 
 /// The first rule of the judging chains: replies of allowed connections pass before any jump.
 pub(super) const ESTABLISHED: &str =

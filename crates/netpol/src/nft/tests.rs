@@ -217,6 +217,7 @@ table inet eniipam_policy {
   chain output {
     type filter hook output priority 0; policy accept;
     ct state established,related accept comment "replies of allowed connections"
+    icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, mld-listener-query, mld-listener-report, mld-listener-done, mld2-listener-report } accept comment "the node's neighbour discovery and multicast listener reports"
     fib saddr type local accept comment "the node's own traffic"
     oifname . ip saddr @pod_sources accept comment "a pod reaching itself: a pod cannot block access to itself"
     oifname . ip6 saddr @pod_sources6 accept comment "a pod reaching itself: a pod cannot block access to itself"
@@ -499,10 +500,10 @@ fn a_peer_change_updates_set_elements_in_place() {
         }
     );
     assert_eq!(b.update_script(&b), "");
-    // The base chains' rules (anti-spoofing 7, forward 4, output 7) and x/a's chain's three (the
+    // The base chains' rules (anti-spoofing 7, forward 4, output 8) and x/a's chain's three (the
     // IPv4 peers', the IPv6 peers', the drop); the peers and ports (5), x/a's veth, address and
     // hairpin in the base sets, its ingress jump.
-    assert_eq!((b.rule_count(), b.element_count()), (21, 9));
+    assert_eq!((b.rule_count(), b.element_count()), (22, 9));
 }
 
 #[test]
