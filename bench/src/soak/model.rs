@@ -199,7 +199,11 @@ impl Model {
 
     /// When the attachment's IP was taken out of band, if it was: marked at the change, or handed out
     /// within `window` after it from what the change took (an IP it removed, or any IP of the ENI it
-    /// detached, even one assigned to that ENI afterwards): the daemon cannot have known yet.
+    /// detached, even one assigned to that ENI afterwards): the daemon cannot have known yet. The
+    /// latest such change: with burst prefixes EC2 hands the same `/28` back after an out-of-band
+    /// unassign, and a window that impeded spans kept stretching could still hold an address handed
+    /// out ten minutes on, its grace counted from the first change (the 20-minute soak's "584 s"
+    /// `lost-ip-kept` at seed 46, 1.5 s after the change that took it).
     pub fn oob_since(
         &self,
         a: &Attachment,
@@ -218,7 +222,7 @@ impl Model {
                     && e.took(ip, eni_of)
             })
             .map(|e| e.at)
-            .next()
+            .max()
     }
 
     /// Whether `ip` was taken out of band less than `window` ago.
@@ -261,5 +265,61 @@ impl Model {
             .filter(|a| a.network == network)
             .map(|a| a.key.clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(step: u64, at: Instant, ip: Ipv4Addr) -> OobEvent {
+        OobEvent {
+            step,
+            at,
+            ips: BTreeSet::from([ip]),
+            eni: None,
+            what: format!("unassigned {ip}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_address_taken_twice_counts_its_grace_from_the_change_before_its_add() {
+        let ip = Ipv4Addr::new(10, 0, 14, 112);
+        let t0 = Instant::now();
+        let mut m = Model::default();
+        // EC2 impeded from the start and still: every window stretches to now.
+        m.impeded.push(("ec2-error", t0, None));
+        m.oob.push(event(100, t0, ip));
+        tokio::time::advance(Duration::from_secs(584)).await;
+        let second = Instant::now();
+        m.oob.push(event(2098, second, ip));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let a = Attachment {
+            key: ("c1".into(), "eth0".into()),
+            network: 0,
+            pod: 0,
+            state: AttState::Live,
+            ip: Some(ip),
+            ip6: None,
+            added_step: 2099,
+            added_at: Some(Instant::now()),
+            ended_step: None,
+            oob: None,
+            lost_reported: false,
+            collected: None,
+            late_del: None,
+            record_lost_hidden: None,
+        };
+        let eni_of = |_: Ipv4Addr| None;
+        assert_eq!(
+            m.oob_since(&a, Duration::from_secs(30), &eni_of),
+            Some(second)
+        );
+        // An address no change took: none.
+        let other = Attachment {
+            ip: Some(Ipv4Addr::new(10, 0, 14, 200)),
+            ..a
+        };
+        assert_eq!(m.oob_since(&other, Duration::from_secs(30), &eni_of), None);
     }
 }
