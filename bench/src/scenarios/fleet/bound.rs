@@ -53,7 +53,9 @@ pub struct NodeStart {
 
 impl NodeStart {
     /// From a daemon's pool; `slots_per_eni` is the ENI's IPv4 addresses less its primary, each
-    /// slot one address, or one `/28` of `prefix_len` addresses with prefix delegation.
+    /// slot one address, or one `/28` of 16 addresses when the policy's nodes take `/28`s
+    /// (`prefix`: prefix delegation, or burst prefixes on a Nitro type). A slot is used by a single
+    /// secondary IP or by a `/28`, whichever the ENI holds there.
     pub fn of(s: &PoolSnapshot, slots_per_eni: u32, prefix: bool) -> Self {
         Self::counted(s, slots_per_eni, prefix, false)
     }
@@ -74,10 +76,8 @@ impl NodeStart {
             attached += 1;
             let used = if empty {
                 0
-            } else if prefix {
-                e.prefixes.len() as u32
             } else {
-                e.ips.len() as u32 + e.in_flight
+                slots_used(&e.prefixes, e.ips.iter().map(|i| i.ip), e.in_flight)
             };
             room += slots_per_eni.saturating_sub(used) * slot;
             prefix_room += slots_per_eni.saturating_sub(used) * 16;
@@ -92,6 +92,19 @@ impl NodeStart {
             prefix_per_new_eni: slots_per_eni * 16,
         }
     }
+}
+
+/// The slots an ENI uses: one per single secondary IP (those in none of its `/28`s, and those
+/// being assigned), one per `/28`. Burst prefixes put both on one ENI.
+fn slots_used(
+    prefixes: &[ipnet::Ipv4Net],
+    ips: impl Iterator<Item = std::net::Ipv4Addr>,
+    in_flight: u32,
+) -> u32 {
+    let singles = ips
+        .filter(|ip| !prefixes.iter().any(|p| p.contains(ip)))
+        .count() as u32;
+    singles + prefixes.len() as u32 + in_flight
 }
 
 /// The calls per API a node cannot do without to hold `pods` addresses: one batched assign on its
@@ -281,6 +294,25 @@ mod tests {
         prefix_room: 11 * 16,
         prefix_per_new_eni: 14 * 16,
     };
+
+    #[test]
+    fn an_eni_uses_a_slot_per_single_ip_and_per_prefix() {
+        let p: ipnet::Ipv4Net = "10.0.1.16/28".parse().unwrap();
+        let ip = |s: &str| s.parse::<std::net::Ipv4Addr>().unwrap();
+        // eth0 with burst prefixes: 3 single IPs beside a /28 of which 5 addresses are in use,
+        // and one single IP being assigned: 5 slots, not 9 (counting addresses) nor 1 (prefixes).
+        let ips = ["10.0.0.5", "10.0.0.6", "10.0.0.7"]
+            .map(ip)
+            .into_iter()
+            .chain((17..22).map(|i| ip(&format!("10.0.1.{i}"))));
+        assert_eq!(slots_used(&[p], ips, 1), 5);
+        // Single IPs only, and prefixes only.
+        assert_eq!(slots_used(&[], ["10.0.0.5"].map(ip).into_iter(), 0), 1);
+        assert_eq!(
+            slots_used(&[p], (16..32).map(|i| ip(&format!("10.0.1.{i}"))), 0),
+            1
+        );
+    }
 
     #[test]
     fn a_node_needs_one_assign_on_its_room_and_a_whole_chain_per_new_eni() {

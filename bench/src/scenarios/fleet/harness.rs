@@ -250,7 +250,7 @@ fn spawn_node_boot(
     let (launched, fleet, d) = (launched.clone(), fleet.clone(), drive.clone());
     let launch = plan.launches[i];
     let pods: Vec<_> = plan.pods.iter().filter(|p| p.node == i).copied().collect();
-    let (prefix, lookahead) = (spec.policy.prefix(), spec.lookahead);
+    let (prefix, lookahead) = (spec.policy.takes_prefixes(), spec.lookahead);
     let gated = spec.startup_taint && !spec.policy.is_vpc_cni();
     let from_launch = spec.startup_taint;
     let h = tokio::spawn(async move {
@@ -335,7 +335,11 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         fleet.with(|slots| {
             for (slot, n) in slots.iter_mut().zip(nodes) {
                 let s = n.handle.pool.snapshot();
-                slot.start = Some(NodeStart::of(&s, slots_per_eni, spec.policy.prefix()));
+                slot.start = Some(NodeStart::of(
+                    &s,
+                    slots_per_eni,
+                    spec.policy.takes_prefixes(),
+                ));
                 slot.free = Some(standing(&s));
                 slot.calls_before = purposes(&n);
                 slot.node = Some(n);

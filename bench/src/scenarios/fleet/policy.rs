@@ -92,11 +92,6 @@ impl Policy {
         )
     }
 
-    /// Slots are `/28` prefixes.
-    pub fn prefix(self) -> bool {
-        matches!(self, Policy::EniipamPd | Policy::WarmPrefix)
-    }
-
     /// `base` with this policy's knobs; `pod_ips_per_eni` is one ENI's pod IPs on the fleet's
     /// instance type (its IPv4 addresses less the ENI's primary).
     pub fn apply(self, base: DaemonConfig, pod_ips_per_eni: u32) -> DaemonConfig {
