@@ -114,10 +114,8 @@ pub(super) async fn take_prefix(
     }
     let vpc_cidrs = clients
         .metadata
-        .interfaces()
+        .primary_interface()
         .await?
-        .into_iter()
-        .find(|m| m.device_number == 0)
         .map(|m| m.vpc_ipv6_cidrs)
         .unwrap_or_default();
     let stick_ms = config.ip_stick_time_secs.saturating_mul(1000);

@@ -367,10 +367,8 @@ pub(super) async fn rebuild(
     }
     let vpc_cidrs = clients
         .metadata
-        .interfaces()
+        .primary_interface()
         .await?
-        .into_iter()
-        .find(|m| m.device_number == 0)
         .map(|m| m.vpc_cidrs)
         .unwrap_or_default();
     Ok((rebuilt.seed, report, vpc_cidrs))

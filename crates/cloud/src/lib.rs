@@ -543,6 +543,15 @@ pub trait Metadata: Send + Sync + 'static {
     async fn interfaces(&self) -> CloudResult<Vec<MetadataEni>>;
     /// One interface by MAC; `None` when IMDS does not (yet) list it.
     async fn interface(&self, mac: &str) -> CloudResult<Option<MetadataEni>>;
+    /// The primary interface (device number 0), with the VPC's CIDR blocks of both families;
+    /// `None` when IMDS does not list it.
+    async fn primary_interface(&self) -> CloudResult<Option<MetadataEni>> {
+        Ok(self
+            .interfaces()
+            .await?
+            .into_iter()
+            .find(|m| m.device_number == 0))
+    }
 }
 
 /// Who this node is, as the pool and the ENI lifecycle need it.
