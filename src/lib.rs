@@ -25,9 +25,9 @@
 //! | 6 | `reconcile` | the startup rebuild, the running reconcile, pods gone from the API server |
 //! | 7 | `ipam` | allocate / release / check / GC with the durable record (invariant 5); its extension points, wired at construction (`ipam::Extensions`): "choose the network for a new pod" (`ipam::ProfileSelector`) and "admit a wired pod before ADD returns" (`ipam::Admission`) |
 //! | 8 | `pool` | the IP pool (capacity, idle queue, one actor per ENI, maintainer) |
-//! | 9 | `store`, `custom_networking`, `network_profiles` | SQLite state (WAL), one owner thread; the node's ENIConfig from the API server; network profiles, the pod's choice and the node's extended resources |
+//! | 9 | `store` | SQLite state (WAL), one owner thread |
 //! | 10 | `cloud`, `metrics`, `clock` | the `eniipam-cloud` crate: the `Cloud` (EC2) and `Metadata` (IMDSv2) seams, limits, retries and the back-off every retrying task shares, ENI lifecycle; the metric families the request path records; tokio time and unix milliseconds |
-//! | 11 | `model`, `network_policy`, `host`, `ipv6` | `eniipam-api`'s model types (IPs, ENI ids, attachment keys, pods); the `eniipam-netpol` crate, Kubernetes NetworkPolicy whole (policies, pods and namespaces watched, each local pod compiled into the nftables table `inet eniipam_policy` and kept in the kernel, the enforcer, decision logs, metrics): one room, wired by `daemon`; the `eniipam-host` crate, the node datapath whole (ENI route tables and their keeper, SNAT and NodePort rules and their keeper, conntrack of released addresses, `--prepare-host`): one room, wired by `daemon`; the `eniipam-ipv6` crate, IPv6 pods' half outside the pool (the node's /80 taken and recorded, the address book, the egress addresses, the feature's stored rows): one room |
+//! | 11 | `model`, `network_policy`, `host`, `ipv6`, `network_profiles`, `custom_networking` | `eniipam-api`'s model types (IPs, ENI ids, attachment keys, pods); the `eniipam-netpol` crate, Kubernetes NetworkPolicy whole (policies, pods and namespaces watched, each local pod compiled into the nftables table `inet eniipam_policy` and kept in the kernel, the enforcer, decision logs, metrics): one room, wired by `daemon`; the `eniipam-host` crate, the node datapath whole (ENI route tables and their keeper, SNAT and NodePort rules and their keeper, conntrack of released addresses, `--prepare-host`): one room, wired by `daemon`; the `eniipam-ipv6` crate, IPv6 pods' half outside the pool (the node's /80 taken and recorded, the address book, the egress addresses, the feature's stored rows): one room; the `eniipam-profiles` crate, network profiles whole (the CRD read and validated, the pod's choice, the watches, the node's extended resources): one room; the `eniipam-custom-networking` crate, the node's ENIConfig read, validated and watched: one room |
 //! <!-- /module-map -->
 //!
 //! Where to look: the pool in [`pool`] (the ENI actor in `pool::eni`), the state file in [`store`], the
@@ -36,11 +36,9 @@
 
 pub mod clock;
 pub mod config;
-pub mod custom_networking;
 pub mod daemon;
 pub mod ipam;
 pub mod metrics;
-pub mod network_profiles;
 pub mod pool;
 pub mod reconcile;
 pub mod rpc;
@@ -52,6 +50,9 @@ pub mod telemetry;
 pub use eniipam_api::model;
 /// The cloud seam, its own crate (`crates/cloud`): `crate::cloud::…` paths read as before.
 pub use eniipam_cloud as cloud;
+/// Custom networking (the node's ENIConfig), its own crate (`crates/custom_networking`):
+/// `crate::custom_networking::…` paths read as before.
+pub use eniipam_custom_networking as custom_networking;
 /// The node datapath, its own crate (`crates/host`): `crate::host::…` paths read as before.
 pub use eniipam_host as host;
 /// IPv6 pods' /80, address book and egress, its own crate (`crates/ipv6`): `crate::ipv6::…` paths
@@ -59,3 +60,6 @@ pub use eniipam_host as host;
 pub use eniipam_ipv6 as ipv6;
 /// NetworkPolicy, its own crate (`crates/netpol`): `crate::network_policy::…` paths read as before.
 pub use eniipam_netpol as network_policy;
+/// Network profiles, their own crate (`crates/profiles`): `crate::network_profiles::…` paths read
+/// as before.
+pub use eniipam_profiles as network_profiles;

@@ -12,8 +12,9 @@
 //!
 //! And the crates: no shipped crate (`.`, `crates/*`) depends on anything under `mocks/` (except as a
 //! dev-dependency, or optionally for the `simulate` feature alone); no crate under `crates/` depends
-//! on the daemon; each room that is a crate (`crates/cloud`, `crates/netpol`, `crates/host`, `crates/ipv6`) depends only on the
-//! workspace crates listed for it.
+//! on the daemon; each room that is a crate (`crates/cloud`, `crates/netpol`, `crates/host`,
+//! `crates/ipv6`, `crates/profiles`, `crates/custom_networking`) depends only on the workspace crates
+//! listed for it.
 //!
 //! And no import circle between files, in `src/` and every other crate of the workspace (issue 45):
 //! the rule is in `module_map/file_cycles.rs`, which holds that checker and its tests. The crates'

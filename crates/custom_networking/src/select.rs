@@ -67,7 +67,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
-    use crate::custom_networking::PodNetwork;
+    use crate::PodNetwork;
 
     fn node(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Node {
         let map = |kv: &[(&str, &str)]| {
@@ -149,5 +149,5 @@ mod tests {
         );
     }
 
-    use crate::custom_networking::ENIConfigSpec;
+    use crate::ENIConfigSpec;
 }

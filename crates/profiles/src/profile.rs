@@ -1,7 +1,7 @@
 //! The `NetworkProfile` custom resource (`deploy/networkprofile-crd.yaml`): group `eniipam.io`,
 //! version `v1alpha1`, cluster-scoped, and its validation into a [`ProfileSpec`].
 //!
-//! As for the ENIConfig (`crate::custom_networking`'s type, whose reasons this follows), the type
+//! As for the ENIConfig (the `eniipam-custom-networking` crate's type, whose reasons this follows), the type
 //! implements [`kube::Resource`] by hand and keeps `spec` as raw JSON: the CRD's schema refuses bad
 //! objects at `kubectl apply`, but an object stored before the schema was installed (or with the
 //! schema changed by hand) must not fail the whole list: kube's watcher drops the entire list when

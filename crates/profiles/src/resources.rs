@@ -3,7 +3,7 @@
 //! requests one (`resources.limits: {eniipam.io/network-db: 1}`) only on a node with a slot free.
 //!
 //! The number is what the node can hold for the profile in all
-//! ([`crate::pool::ProfileCapacity::total`]), not what is free: the scheduler subtracts the
+//! (the daemon's `pool::ProfileCapacity::total`), not what is free: the scheduler subtracts the
 //! requests of the pods bound to the node from `allocatable` itself, so a free count would be
 //! subtracted twice (T − 2k with k pods running), and it would move, and be PATCHed, on every ADD
 //! and DEL (issue 44, case 1). The VPC resource controller's `vpc.amazonaws.com/pod-eni` is a
@@ -45,7 +45,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cloud::backoff::RetryPause;
+use eniipam_cloud::backoff::RetryPause;
 
 /// Every profile's extended resource is this and the profile's name.
 pub const RESOURCE_PREFIX: &str = "eniipam.io/network-";
