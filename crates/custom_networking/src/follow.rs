@@ -247,3 +247,6 @@ pub fn spawn_follower(
         }
     })
 }
+
+#[cfg(test)]
+mod tests;
