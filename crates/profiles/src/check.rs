@@ -158,3 +158,6 @@ fn network(spec: &ProfileSpec, subnet: Subnet) -> CheckedProfile {
         max_enis: spec.max_enis,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -350,3 +350,6 @@ fn apply(sink: &dyn ProfileSink, judged: &RwLock<Judged>, previous: &Judged, fre
     *judged.write().unwrap_or_else(|e| e.into_inner()) = fresh;
     sink.set_profiles(usable);
 }
+
+#[cfg(test)]
+mod tests;
