@@ -3,7 +3,7 @@
 //! subnet than the node (usually a secondary CIDR such as 100.64.0.0/10).
 //!
 //! Clusters that migrate from aws-node already have the CRD (`deploy/eniconfig-crd.yaml` is the VPC
-//! CNI's own, so applying it changes nothing) and the objects; this module reads them as the VPC
+//! CNI's own, so applying it changes nothing) and the objects; this crate reads them as the VPC
 //! CNI does, so the same objects and the same node labels keep working unchanged, and follows them:
 //!
 //! - [`eniconfig`]: the `ENIConfig` type (`crd.k8s.amazonaws.com/v1alpha1`, cluster-scoped,
@@ -18,11 +18,11 @@
 //!   [`PodNetworkSink`], which the daemon implements over its pool and metrics.
 //!
 //! Why a sink and a type of its own, not the pool's `PodNetwork`: the pool's setting also has "the
-//! discovered subnets", the default that is no ENIConfig's, and the pool is the core that knows no
-//! feature; so the pool keeps its type, this crate says only what an ENIConfig resolves to, and the
-//! daemon's adapter converts one into the other (a field for a field). What the pool does with the
-//! answer (new ENIs in that subnet with those groups; no pods on the primary ENI; existing pods kept
-//! when it changes) is the pool's.
+//! discovered subnets", the default that is no ENIConfig's, and the pool is the core, which imports
+//! no feature's crate; so the pool keeps its type, this crate says only what an ENIConfig resolves
+//! to, and the daemon's adapter converts one into the other (a field for a field). What the pool
+//! does with the answer (new ENIs in that subnet with those groups; no pods on the primary ENI;
+//! existing pods kept when it changes) is the pool's.
 
 pub mod eniconfig;
 pub mod follow;

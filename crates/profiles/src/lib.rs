@@ -23,8 +23,8 @@
 //! - [`resources`]: the node's extended resources ([`Advertiser`], [`resources::spawn`]), and why
 //!   they are patched as they are.
 //!
-//! Why [`CheckedProfile`] and not the pool's own type: the pool is the core that knows no feature,
-//! and it must not import this crate to learn what a profile's ENIs get; so the pool keeps its
+//! Why [`CheckedProfile`] and not the pool's own type: the pool is the core and imports no
+//! feature's crate (it must not learn from this one what a profile's ENIs get); so the pool keeps its
 //! `ProfileNetwork` (and its capacity split per profile), this crate says what a checked profile
 //! is, and the daemon's adapter converts one into the other, a field for a field.
 //!
