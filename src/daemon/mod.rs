@@ -18,9 +18,9 @@
 //! `host` (route tables, the pool's readiness gate, SNAT and NodePort rules), `collectors` (leaked
 //! ENIs, pods gone from the API server, the node's startup taint and condition), `demand` (the
 //! learned demand to and from the state file, the lookahead on the pods bound here), `pod_network`
-//! (custom networking: the node's ENIConfig checked against EC2 and followed), `profiles`
-//! (network profiles: checked against EC2, handed to the pool, selected on ADD through the IPAM
-//! service's `ProfileSelector`, advertised on the node), `network_policy` (where the NetworkPolicy crate, `crate::network_policy`, meets the pool
+//! (where custom networking's controller, `crate::custom_networking::follow`, meets the pool),
+//! `profiles` (where network profiles' controller, `crate::network_profiles::controller`, meets the
+//! pool, the metrics, the pod watch and the IPAM service's `ProfileSelector`), `network_policy` (where the NetworkPolicy crate, `crate::network_policy`, meets the pool
 //! and the IPAM service: its enforcer started over the node's pods and wired into the service as
 //! the admission a new ADD waits on), `reconciler`
 //! (the running reconcile), and [`run`]: the
@@ -217,12 +217,13 @@ impl Daemon {
                     annotation: config.eni_config_annotation.clone(),
                 };
                 let client = api_server::client(&target)?;
-                let (mut rx, watcher) = pod_network::watch(client, &config.node_name, selector);
+                let (mut rx, watcher) =
+                    crate::custom_networking::spawn(client, config.node_name.clone(), selector);
                 b.background.push(watcher);
-                let first = pod_network::first_answer(&mut rx).await;
+                let first = crate::custom_networking::first_answer(&mut rx).await;
                 let resolved = with_purpose(
                     Purpose::Startup,
-                    pod_network::resolve(&first, clients.cloud.as_ref(), &node),
+                    crate::custom_networking::resolve(&first, clients.cloud.as_ref(), &node),
                 )
                 .await;
                 Some((rx, resolved))
@@ -253,9 +254,13 @@ impl Daemon {
         pool.hold_unconfirmed(&report.unconfirmed);
         let _ = b.pool_cell.set(pool.clone());
         if let Some((rx, resolved)) = custom {
+            let sink = Arc::new(pod_network::PoolPodNetwork {
+                pool: pool.clone(),
+                metrics: b.metrics.clone(),
+            });
             let pending = match resolved {
                 Ok(network) => {
-                    pod_network::apply(&pool, &b.metrics, network);
+                    crate::custom_networking::apply(sink.as_ref(), network);
                     false
                 }
                 Err(e) => {
@@ -264,13 +269,11 @@ impl Daemon {
                     true
                 }
             };
-            b.background.push(pod_network::spawn_follower(
+            b.background.push(crate::custom_networking::spawn_follower(
                 rx,
                 pending,
-                pool.clone(),
-                clients.cloud.clone(),
-                node.clone(),
-                b.metrics.clone(),
+                sink,
+                (clients.cloud.clone(), node.clone()),
                 b.cancel.clone(),
             ));
         }

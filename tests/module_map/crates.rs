@@ -5,8 +5,9 @@
 //! NetworkPolicy whole: `eniipam-api`, `eniipam-netfilter` and `eniipam-kubeview`; `crates/host`, the
 //! node datapath whole: `eniipam-api`, `eniipam-netlink` and `eniipam-netfilter`; `crates/ipv6`, IPv6
 //! pods' half outside the pool: `eniipam-api` and `eniipam-cloud`; `crates/profiles`, network
-//! profiles: `eniipam-cloud` and `eniipam-kubeview`; `crates/custom_networking`, the node's
-//! ENIConfig: `eniipam-kubeview`), so a feature's
+//! profiles with their controller: `eniipam-api`, `eniipam-cloud` and `eniipam-kubeview`;
+//! `crates/custom_networking`, the node's ENIConfig and its controller: `eniipam-cloud` and
+//! `eniipam-kubeview`), so a feature's
 //! room never reaches into another's. With its bad examples.
 
 use std::collections::BTreeSet;
@@ -26,8 +27,14 @@ const ROOMS: &[(&str, &[&str])] = &[
         &["crates/api", "crates/netlink", "crates/netfilter"],
     ),
     ("crates/ipv6", &["crates/api", "crates/cloud"]),
-    ("crates/profiles", &["crates/cloud", "crates/kubeview"]),
-    ("crates/custom_networking", &["crates/kubeview"]),
+    (
+        "crates/profiles",
+        &["crates/api", "crates/cloud", "crates/kubeview"],
+    ),
+    (
+        "crates/custom_networking",
+        &["crates/cloud", "crates/kubeview"],
+    ),
 ];
 
 /// A dependency table's entries that are workspace crates: name → (package path, optional).

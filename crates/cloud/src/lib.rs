@@ -12,6 +12,8 @@
 //!   with [`with_purpose`] where the work starts; counted per call, and refills yield to pods under
 //!   throttling ([`purpose`]).
 //! - [`lifecycle`]: an ENI's create, attach and release; [`leak`]: the leaked-ENI collector.
+//! - [`node_fit`]: whether a subnet and security groups an object names can serve this node's new
+//!   ENIs (custom networking's ENIConfig and network profiles both ask).
 //!
 //! Errors are classified once, here, into [`CloudError`]: callers decide on kinds (throttled, capacity,
 //! not found), never on strings.
@@ -36,6 +38,7 @@ mod instance_limits;
 pub mod leak;
 pub mod lifecycle;
 pub mod limiter;
+pub mod node_fit;
 pub mod purpose;
 mod throttle;
 

@@ -3,8 +3,8 @@
 //! subnet than the node (usually a secondary CIDR such as 100.64.0.0/10).
 //!
 //! Clusters that migrate from aws-node already have the CRD (`deploy/eniconfig-crd.yaml` is the VPC
-//! CNI's own, so applying it changes nothing) and the objects; this module reads them as the VPC
-//! CNI does, so the same objects and the same node labels keep working unchanged:
+//! CNI's own, so applying it changes nothing) and the objects; this crate reads them as the VPC
+//! CNI does, so the same objects and the same node labels keep working unchanged, and follows them:
 //!
 //! - [`eniconfig`]: the `ENIConfig` type (`crd.k8s.amazonaws.com/v1alpha1`, cluster-scoped,
 //!   `spec.subnet`, `spec.securityGroups`) and its validation into a [`PodNetwork`].
@@ -12,15 +12,27 @@
 //! - [`watch`]: [`spawn`], one watch of the node (by name) and one of the ENIConfigs, publishing the
 //!   node's [`NodeNetwork`] on a `tokio::sync::watch` channel whenever it changes.
 //!
-//! What the daemon does with the answer (new ENIs in that subnet with those groups; no pods on the
-//! primary ENI; existing pods kept when it changes) is the pool's and the daemon's business; this
-//! module only says what the API server says, and why an object cannot be used.
+//! - [`follow`]: the controller. The node's ENIConfig checked against EC2 ([`resolve`]: its subnet
+//!   in the node's VPC and zone, its groups in the VPC) into a [`ResolvedNetwork`], and every change
+//!   followed ([`first_answer`], [`spawn_follower`]), handed to the pool through the seam
+//!   [`PodNetworkSink`], which the daemon implements over its pool and metrics.
+//!
+//! Why a sink and a type of its own, not the pool's `PodNetwork`: the pool's setting also has "the
+//! discovered subnets", the default that is no ENIConfig's, and the pool is the core, which imports
+//! no feature's crate; so the pool keeps its type, this crate says only what an ENIConfig resolves
+//! to, and the daemon's adapter converts one into the other (a field for a field). What the pool
+//! does with the answer (new ENIs in that subnet with those groups; no pods on the primary ENI;
+//! existing pods kept when it changes) is the pool's.
 
 pub mod eniconfig;
+pub mod follow;
 pub mod select;
 pub mod watch;
 
 pub use eniconfig::{ENIConfig, ENIConfigSpec};
+pub use follow::{
+    FIRST_ANSWER, PodNetworkSink, ResolvedNetwork, apply, first_answer, resolve, spawn_follower,
+};
 pub use select::{DEFAULT_CONFIG, DEFAULT_KEY, EXTERNAL_LABEL, config_name};
 pub use watch::spawn;
 

@@ -6,8 +6,14 @@
 //! profile's total slots as the extended resource `eniipam.io/network-<name>`, so the scheduler
 //! places a pod that requests one only where a slot exists.
 //!
-//! What this module gives the daemon, which wires it to the pool (ENIs per profile, their capacity):
+//! What this crate gives the daemon, which wires it to the pool (ENIs per profile, their capacity):
 //!
+//! - [`controller`]: [`start`], everything running: the watches, the checker that hands the usable
+//!   profiles to the pool, the selector asked on ADD ([`PodProfiles`]) and the advertiser. It meets
+//!   the pool through the seam [`ProfileSink`] and the daemon's pod watch through [`KnownPods`],
+//!   both implemented by the daemon.
+//! - [`check`]: each profile checked against EC2 for this node into a [`CheckedProfile`] (or why
+//!   not), and a profile's ENIs brought to its groups.
 //! - [`profile`]: the `NetworkProfile` type and its validation into a [`ProfileSpec`], each refusal
 //!   naming the object and the field.
 //! - [`watch`]: [`spawn`], the profiles published as [`Profiles`] on a `tokio::sync::watch` channel
@@ -17,15 +23,24 @@
 //! - [`resources`]: the node's extended resources ([`Advertiser`], [`resources::spawn`]), and why
 //!   they are patched as they are.
 //!
+//! Why [`CheckedProfile`] and not the pool's own type: the pool is the core and imports no
+//! feature's crate (it must not learn from this one what a profile's ENIs get); so the pool keeps its
+//! `ProfileNetwork` (and its capacity split per profile), this crate says what a checked profile
+//! is, and the daemon's adapter converts one into the other, a field for a field.
+//!
 //! Why ENIs and not branch ENIs: trunking (what the VPC CNI's security groups for pods use) is not a
 //! public EC2 API. An ENI already carries security groups, so a profile is a set of ENIs; since a
 //! node has few ENI slots, capacity is per profile, and the scheduler must see it.
 
+pub mod check;
+pub mod controller;
 pub mod profile;
 pub mod resources;
 pub mod select;
 pub mod watch;
 
+pub use check::CheckedProfile;
+pub use controller::{KnownPods, PodProfiles, ProfileSink, SelectError, start};
 pub use profile::{EgressMode, NetworkProfile, ProfileSpec, SubnetChoice};
 pub use resources::{Advertiser, RESOURCE_PREFIX, resource_name};
 pub use select::{ANNOTATION, Namespaces, pod_profile, spawn_namespaces};
