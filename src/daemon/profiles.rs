@@ -1,7 +1,7 @@
 //! Where network profiles (the `eniipam-profiles` crate, [`crate::network_profiles`]) meet the pool,
 //! the metrics, the pod watch and the IPAM service: [`PoolProfiles`] is the crate's
-//! [`ProfileSink`] over the pool (its `CheckedProfile`s converted into the pool's
-//! [`ProfileNetwork`]s) and the per-profile gauge; the pod watch answers the crate's [`KnownPods`];
+//! [`ProfileSink`] over the pool (its `CheckedProfile`s are the pool's `ProfileNetwork`s, one type
+//! in the cloud crate) and the per-profile gauge; the pod watch answers the crate's [`KnownPods`];
 //! [`Selector`] is the service's [`ProfileSelector`] over the crate's [`PodProfiles`], its refusals
 //! turned into the pool's error (CNI error 11). The watches, the checks against EC2, the selection
 //! and the advertising are the crate's ([`crate::network_profiles::controller`]).
@@ -19,7 +19,7 @@ use crate::model::PodRef;
 use crate::network_profiles::{
     self as np, CheckedProfile, KnownPods, PodProfiles, ProfileSink, SelectError,
 };
-use crate::pool::{Pool, PoolError, ProfileName, ProfileNetwork, ProfileUnavailableReason};
+use crate::pool::{Pool, PoolError, ProfileName, ProfileUnavailableReason};
 use crate::reconcile::api_server::PodWatch;
 
 /// The pool and the metrics, as the profiles' controller sees them.
@@ -30,15 +30,7 @@ struct PoolProfiles {
 
 impl ProfileSink for PoolProfiles {
     fn set_profiles(&self, usable: BTreeMap<String, CheckedProfile>) {
-        let usable = usable.into_iter().map(|(name, p)| {
-            let net = ProfileNetwork {
-                subnet: p.subnet,
-                security_groups: p.security_groups,
-                max_enis: p.max_enis,
-            };
-            (name, net)
-        });
-        self.pool.set_profiles(usable.collect());
+        self.pool.set_profiles(usable);
     }
 
     fn totals(&self) -> BTreeMap<String, u32> {

@@ -39,12 +39,7 @@ impl PodNetwork {
                 eni_config,
                 subnet,
                 security_groups,
-            } => format!(
-                "ENIConfig {eni_config} (subnet {} {}, security groups {})",
-                subnet.id,
-                subnet.cidr,
-                security_groups.join(",")
-            ),
+            } => crate::cloud::node_fit::describe_eni_config(eni_config, subnet, security_groups),
             Self::Unavailable { reason } => format!("unavailable: {reason}"),
         }
     }

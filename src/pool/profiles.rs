@@ -20,21 +20,16 @@
 //! The daemon sets the profiles the node serves with [`super::Pool::set_profiles`] and reads the
 //! numbers with [`super::Pool::profile_capacity`].
 
-use crate::cloud::{Eni, Subnet};
+use crate::cloud::Eni;
 
 pub use crate::cloud::lifecycle::NETWORK_TAG;
 
 /// A profile's name (the `eniipam.io/network` annotation's value).
 pub type ProfileName = String;
 
-/// What the daemon resolved for one profile (subnet described by EC2, groups checked).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProfileNetwork {
-    pub subnet: Subnet,
-    pub security_groups: Vec<String>,
-    /// At most this many ENIs of the node serve the profile (`None`: as many as the node has free).
-    pub max_enis: Option<u32>,
-}
+/// What the daemon resolved for one profile (subnet described by EC2, groups checked): the cloud
+/// crate's type, which the profiles' controller hands over as it is.
+pub use crate::cloud::node_fit::ProfileNetwork;
 
 /// One profile's use of the node, and what it could still take.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -12,6 +12,34 @@ use std::collections::BTreeMap;
 
 use crate::{Cloud, CloudError, NodeContext, Subnet, SubnetFilter};
 
+/// Where one network's new ENIs go, as checked against EC2 for this node: a network profile's (the
+/// pool creates the profile's ENIs with it, `pool::profiles`) and what the profiles' controller
+/// hands over. Here, below both, so the pool (the core) and the feature's crate share one type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProfileNetwork {
+    /// Its subnet, as EC2 describes it (in the node's VPC and zone).
+    pub subnet: Subnet,
+    /// Its groups, each shown by EC2 in the node's VPC.
+    pub security_groups: Vec<String>,
+    /// At most this many ENIs of the node serve the profile (`None`: as many as the node has free).
+    pub max_enis: Option<u32>,
+}
+
+/// One line for logs and status naming an ENIConfig's setting: `ENIConfig x (subnet … cidr,
+/// security groups sg-…)`: the pool's and custom networking's wording for the same setting.
+pub fn describe_eni_config(
+    eni_config: &str,
+    subnet: &Subnet,
+    security_groups: &[String],
+) -> String {
+    format!(
+        "ENIConfig {eni_config} (subnet {} {}, security groups {})",
+        subnet.id,
+        subnet.cidr,
+        security_groups.join(",")
+    )
+}
+
 /// Subnet `id` as EC2 describes it, if new ENIs of this node may use it: it exists, in the node's
 /// VPC and availability zone.
 pub async fn subnet_for_node(

@@ -66,12 +66,7 @@ impl ResolvedNetwork {
                 eni_config,
                 subnet,
                 security_groups,
-            } => format!(
-                "ENIConfig {eni_config} (subnet {} {}, security groups {})",
-                subnet.id,
-                subnet.cidr,
-                security_groups.join(",")
-            ),
+            } => eniipam_cloud::node_fit::describe_eni_config(eni_config, subnet, security_groups),
             Self::Unavailable { reason } => format!("unavailable: {reason}"),
         }
     }

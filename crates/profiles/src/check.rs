@@ -21,16 +21,9 @@ use eniipam_cloud::{Cloud, CloudError, NodeContext, Subnet};
 
 use crate::{ProfileSpec, Profiles, SubnetChoice};
 
-/// A profile usable on this node, as checked against EC2: what the pool creates its ENIs with.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckedProfile {
-    /// Its subnet, as EC2 describes it (in the node's VPC and zone).
-    pub subnet: Subnet,
-    /// Its groups, each shown by EC2 in the node's VPC.
-    pub security_groups: Vec<String>,
-    /// At most this many ENIs of the node serve the profile (`None`: as many as the node has free).
-    pub max_enis: Option<u32>,
-}
+/// A profile usable on this node, as checked against EC2: what the pool creates its ENIs with (the
+/// cloud crate's type, which the pool takes as it is).
+pub use eniipam_cloud::node_fit::ProfileNetwork as CheckedProfile;
 
 /// Each profile the cluster has, as this node judged it: usable here, or why not.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -23,10 +23,9 @@
 //! - [`resources`]: the node's extended resources ([`Advertiser`], [`resources::spawn`]), and why
 //!   they are patched as they are.
 //!
-//! Why [`CheckedProfile`] and not the pool's own type: the pool is the core and imports no
-//! feature's crate (it must not learn from this one what a profile's ENIs get); so the pool keeps its
-//! `ProfileNetwork` (and its capacity split per profile), this crate says what a checked profile
-//! is, and the daemon's adapter converts one into the other, a field for a field.
+//! [`CheckedProfile`] is the cloud crate's `node_fit::ProfileNetwork`, the pool's type too: the pool
+//! is the core and imports no feature's crate, so the one type both need sits below both, beside
+//! the EC2 checks that make it (`eniipam_cloud::node_fit`).
 //!
 //! Why ENIs and not branch ENIs: trunking (what the VPC CNI's security groups for pods use) is not a
 //! public EC2 API. An ENI already carries security groups, so a profile is a set of ENIs; since a
