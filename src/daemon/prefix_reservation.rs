@@ -6,10 +6,13 @@
 //!
 //! It runs in the background once the pool serves: pods never wait on it. Per subnet: read the
 //! subnet's reservations; a `prefix` one already there (anyone's) is enough, nothing is made.
-//! Otherwise reserve a block every node of the subnet chooses alike ([`reservation_blocks`]: the
-//! highest aligned block of the size, then the next lower one), so that a fleet starting together
-//! makes one reservation: the first create wins, the others are refused as overlapping it and see
-//! it when they read again. A block covering addresses in use sends the node to the next block.
+//! Otherwise reserve a block every node of the subnet chooses alike: the highest aligned block of
+//! the size ([`reservation_blocks`]), and when EC2 says it holds addresses in use, the next lower
+//! one, reading the reservations again before each. A fleet starting together so makes one
+//! reservation: the first create wins, the others are refused as overlapping it and see it when
+//! they read again. (Choosing by a describe of the subnet's addresses instead would let nodes
+//! whose views differ by a moment's churn, or by a describe's lag, choose different blocks and
+//! reserve both: `tests/prefix_reservation.rs` saw it.)
 //! A throttled create is not retried at once: the node pauses (jittered, as the fleet is a herd)
 //! and reads again first, when another node's reservation is likely there. A role without
 //! `ec2:CreateSubnetCidrReservation` gets one warning and the step ends; pods are served as
@@ -195,7 +198,8 @@ async fn run(plan: Plan, cloud: &dyn Cloud) {
 }
 
 /// One round for one subnet: done when the subnet has a `prefix` reservation (found or made).
-/// `next` is the index of the next block to try, kept across rounds.
+/// `next` indexes the next block to try, kept across rounds: a refused block is not tried again
+/// before the others.
 async fn round(
     plan: &Plan,
     cloud: &dyn Cloud,
@@ -216,7 +220,15 @@ async fn round(
         tracing::warn!(subnet = %subnet_id, %cidr, "prefix reservation: the subnet is smaller than a /26, too small to keep a block for prefixes; none made");
         return Ok(());
     }
-    for _ in 0..CREATES_PER_ROUND.min(blocks.len()) {
+    // Every node walks the same blocks in the same order, from where its last round stopped; each
+    // try after a refusal reads the reservations first, so a node stops at another's reservation.
+    for tried in 0..CREATES_PER_ROUND.min(blocks.len()) {
+        if tried > 0
+            && let Some(found) = existing(cloud, subnet_id).await?
+        {
+            tracing::info!(subnet = %subnet_id, reservations = ?found, "prefix reservation: another node made it");
+            return Ok(());
+        }
         let block = blocks[*next % blocks.len()];
         let req = PrefixReservation {
             subnet_id: subnet_id.to_owned(),
@@ -237,19 +249,26 @@ async fn round(
                     return Ok(());
                 }
                 tracing::info!(subnet = %subnet_id, %block, message, "prefix reservation: the block overlaps another reservation; trying the next one");
+                *next += 1;
             }
             Err(ReserveError::AddressesInUse { message, .. }) => {
                 tracing::debug!(subnet = %subnet_id, %block, message, "prefix reservation: the block holds addresses in use; trying the next one");
+                *next += 1;
             }
             Err(ReserveError::Cloud(e @ CloudError::Rejected { .. })) => {
                 tracing::warn!(subnet = %subnet_id, %block, error = %e, "prefix reservation: EC2 refused the block; trying the next one");
+                *next += 1;
             }
             Err(ReserveError::Cloud(e)) => return Err(e.into()),
         }
-        *next += 1;
     }
     Err(Stop::Later {
-        why: "the blocks tried were refused (addresses in use)".into(),
+        why: format!(
+            "the blocks of {} addresses tried hold addresses in use ({} candidates): lower \
+             prefix_reservation_percent if it stays so",
+            1u64 << (32 - blocks[0].prefix_len()),
+            blocks.len()
+        ),
         throttled: false,
     })
 }
