@@ -337,4 +337,106 @@ mod tests {
     fn every_node_computes_the_same_blocks_from_any_address_of_the_subnet() {
         assert_eq!(blocks("10.0.1.77/24", 10), blocks("10.0.1.0/24", 10));
     }
+
+    use eniipam_memcloud::{Action, MemoryCloud, NodeSpec};
+
+    use crate::cloud::InstanceLimits;
+
+    /// A Nitro node of memcloud's 10.0.1.0/24, and 10 % of it (one /28) to reserve.
+    fn nitro() -> (Arc<MemoryCloud>, Plan) {
+        let (cloud, node) = MemoryCloud::with_node(NodeSpec {
+            limits: InstanceLimits {
+                nitro: true,
+                ..InstanceLimits::new(3, 10)
+            },
+            ..NodeSpec::default()
+        });
+        let config = DaemonConfig {
+            prefix_reservation_percent: 10,
+            ..DaemonConfig::default()
+        };
+        (
+            cloud,
+            Plan::of(&config, &node).expect("a Nitro node with burst prefixes"),
+        )
+    }
+
+    fn reservation_calls(cloud: &MemoryCloud) -> Vec<Action> {
+        let ours = [
+            Action::GetSubnetCidrReservations,
+            Action::CreateSubnetCidrReservation,
+        ];
+        let calls = cloud.calls().into_iter().map(|c| c.action);
+        calls.filter(|a| ours.contains(a)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttle_pauses_and_reads_again_and_a_block_in_use_sends_to_the_next() {
+        let (cloud, plan) = nitro();
+        // Another node's address in the highest block.
+        cloud.another_node_takes(&["10.0.1.230".parse().unwrap()]);
+        let throttled = CloudError::Throttled {
+            api: "CreateSubnetCidrReservation".into(),
+            code: "RequestLimitExceeded".into(),
+        };
+        cloud.fail_next(Action::CreateSubnetCidrReservation, 1, throttled);
+        let started = tokio::time::Instant::now();
+        run(plan, cloud.as_ref()).await;
+        let paused = started.elapsed();
+        assert!(
+            (RETRY.0 / 2..=RETRY.0).contains(&paused),
+            "one jittered pause after the throttle: {paused:?}"
+        );
+        use Action::{CreateSubnetCidrReservation as Create, GetSubnetCidrReservations as Get};
+        assert_eq!(
+            reservation_calls(&cloud),
+            [Get, Create, Get, Create, Get, Create],
+            "throttled; after the pause a read, the highest block (in use), a read, the next"
+        );
+        let made = cloud.subnet_reservations();
+        assert_eq!(made.len(), 1);
+        assert_eq!(made[0].cidr.to_string(), "10.0.1.208/28");
+        assert_eq!(made[0].tags[tags::CLUSTER], "test-cluster");
+        assert_eq!(made[0].tags[tags::OWNER], tags::OWNER_VALUE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_role_without_the_permission_stops_the_step_at_once() {
+        let (cloud, plan) = nitro();
+        let denied = CloudError::Unauthorized {
+            api: "CreateSubnetCidrReservation".into(),
+            permission: "ec2:CreateSubnetCidrReservation".into(),
+            message: String::new(),
+        };
+        cloud.fail_next(Action::CreateSubnetCidrReservation, 1, denied);
+        let started = tokio::time::Instant::now();
+        run(plan, cloud.as_ref()).await;
+        assert_eq!(started.elapsed(), Duration::ZERO, "no pause, no retry");
+        assert_eq!(cloud.call_count(Action::CreateSubnetCidrReservation), 1);
+        assert!(cloud.subnet_reservations().is_empty());
+    }
+
+    #[test]
+    fn only_a_node_that_takes_prefixes_plans_the_step() {
+        let (_, node) = MemoryCloud::with_node(NodeSpec::default());
+        let on = DaemonConfig {
+            prefix_reservation_percent: 10,
+            ..DaemonConfig::default()
+        };
+        assert!(Plan::of(&on, &node).is_none(), "not Nitro");
+        let (_, plan) = nitro();
+        assert_eq!(plan.subnets, [(NodeSpec::default().subnet_id, None)]);
+        let mut nitro_node = node.clone();
+        nitro_node.limits.nitro = true;
+        let singles = DaemonConfig {
+            burst_prefixes: false,
+            ..on.clone()
+        };
+        assert!(
+            Plan::of(&singles, &nitro_node).is_none(),
+            "no prefixes taken"
+        );
+        let off = DaemonConfig::default();
+        assert!(Plan::of(&off, &nitro_node).is_none(), "off by default");
+    }
 }
