@@ -17,10 +17,15 @@ use crate::{CloudError, PrefixReservation, ReserveError, ReserveResult};
 impl Ec2Cloud {
     pub(super) async fn create_prefix_reservation(&self, req: &PrefixReservation) -> ReserveResult {
         const API: &str = "CreateSubnetCidrReservation";
-        let tags = TagSpecification::builder()
-            .resource_type(ResourceType::SubnetCidrReservation)
-            .set_tags(Some(sdk_tags(&req.tags)))
-            .build();
+        // EC2 refuses a tag specification without tags: none then.
+        let tags = (!req.tags.is_empty()).then(|| {
+            vec![
+                TagSpecification::builder()
+                    .resource_type(ResourceType::SubnetCidrReservation)
+                    .set_tags(Some(sdk_tags(&req.tags)))
+                    .build(),
+            ]
+        });
         let send = || async {
             let out = self
                 .client
@@ -29,7 +34,7 @@ impl Ec2Cloud {
                 .cidr(req.cidr.to_string())
                 .reservation_type(SubnetCidrReservationType::Prefix)
                 .description(&req.description)
-                .tag_specifications(tags.clone())
+                .set_tag_specifications(tags.clone())
                 .send()
                 .await
                 .map_err(|e| classify(API, e))?;
