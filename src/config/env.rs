@@ -107,6 +107,7 @@ impl DaemonConfig {
         set!(use_primary_eni, "true or false");
         set!(prefix_delegation, "true or false");
         set!(burst_prefixes, "true or false");
+        set!(prefix_reservation_percent, "a whole number of percent");
         set!(reuse_cooldown_secs, "a whole number of seconds");
         set!(ip_stick_time_secs, "a whole number of seconds");
         set!(add_wait_secs, "a whole number of seconds");

@@ -17,8 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::cloud::limiter::{BucketConfig, LimiterConfig, RateLimitConfig};
 use crate::host::{HostRulesConfig, Snat, SnatPorts};
 use crate::ipv6::IpFamily;
-use crate::pool::PoolConfig;
-use crate::pool::config::WarmPolicy;
+use crate::pool::{PoolConfig, config::WarmPolicy};
 use crate::reconcile::api_server::ApiServerTarget;
 use crate::reconcile::api_server::node::{NodeStatusConfig, TaintEffect};
 
@@ -199,6 +198,8 @@ pub struct DaemonConfig {
     /// whole `/28`s in one assign, or one new ENI when assigns are throttled. See
     /// `PoolConfig::burst_prefixes`. Default true.
     pub burst_prefixes: bool,
+    /// Percent of each pod subnet a `prefix` CIDR reservation keeps for `/28`s (0: off; `docs/config.md`).
+    pub prefix_reservation_percent: u8,
     /// Seconds before a released IP goes to another pod (VPC CNI: IP_COOLDOWN_PERIOD, 30 s).
     pub reuse_cooldown_secs: u64,
     /// Seconds a sticky IP stays reserved for its StatefulSet pod.
@@ -336,6 +337,7 @@ impl Default for DaemonConfig {
             use_primary_eni: pool.use_primary_eni,
             prefix_delegation: pool.prefix_delegation,
             burst_prefixes: pool.burst_prefixes,
+            prefix_reservation_percent: 0,
             reuse_cooldown_secs: pool.reuse_cooldown.as_secs(),
             ip_stick_time_secs: pool.ip_stick_time.as_secs(),
             add_wait_secs: pool.add_wait.as_secs(),

@@ -537,3 +537,29 @@ fn decision_log_knobs_are_read_and_bad_ones_named() {
         assert!(e.contains(says), "{knob}: {e}");
     }
 }
+
+#[test]
+fn prefix_reservation_percent_is_off_by_default_and_names_a_bad_value() {
+    assert_eq!(DaemonConfig::default().prefix_reservation_percent, 0);
+    let on = |v: &str| DaemonConfig::load(None, &env(&[("ENIIPAM_PREFIX_RESERVATION_PERCENT", v)]));
+    assert_eq!(on("10").unwrap().prefix_reservation_percent, 10);
+    let e = on("40").unwrap_err().to_string();
+    assert!(
+        e.starts_with("prefix_reservation_percent: 40 is above 25"),
+        "{e}"
+    );
+    let e = on("ten").unwrap_err().to_string();
+    assert!(e.starts_with("prefix_reservation_percent:"), "{e}");
+    let e = DaemonConfig::load(
+        None,
+        &env(&[
+            ("ENIIPAM_PREFIX_RESERVATION_PERCENT", "10"),
+            ("ENIIPAM_IP_FAMILY", "ipv6"),
+        ]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("ip_family = ipv6"), "{e}");
+    let toml: DaemonConfig = toml::from_str("prefix_reservation_percent = 5").unwrap();
+    assert_eq!(toml.prefix_reservation_percent, 5);
+}

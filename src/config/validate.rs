@@ -29,6 +29,7 @@ impl DaemonConfig {
                  ip_family = dual",
             ));
         }
+        self.validate_prefix_reservation()?;
         if self.min_idle > self.max_idle {
             return Err(invalid(
                 "min_idle",
@@ -393,6 +394,32 @@ impl DaemonConfig {
 }
 
 impl DaemonConfig {
+    /// `prefix_reservation_percent`: at most a quarter of the subnet (the block is a power of two
+    /// clear of the subnet's first and last blocks, which hold the addresses AWS reserves, so it
+    /// cannot be more than a quarter), and only where pods take IPv4.
+    fn validate_prefix_reservation(&self) -> Result<(), ConfigError> {
+        let p = self.prefix_reservation_percent;
+        if p > 25 {
+            return Err(invalid(
+                "prefix_reservation_percent",
+                format!(
+                    "{p} is above 25 (allowed: 0 = off, or 1 ..= 25: the reserved block is a \
+                     power of two clear of the subnet's first and last blocks, at most a quarter)"
+                ),
+            ));
+        }
+        if p > 0 && self.ip_family == crate::ipv6::IpFamily::Ipv6 {
+            return Err(invalid(
+                "prefix_reservation_percent",
+                format!(
+                    "{p} keeps IPv4 blocks for prefixes, and with ip_family = ipv6 pods take no \
+                     IPv4: set it to 0, or use ip_family = dual"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The decision log's knobs (`network_policy_log*`).
     fn validate_decision_log(&self) -> Result<(), ConfigError> {
         if !(1..=10_000).contains(&self.network_policy_log_rate) {

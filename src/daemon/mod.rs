@@ -33,6 +33,7 @@ mod host;
 mod ipv6;
 mod network_policy;
 mod pod_network;
+mod prefix_reservation;
 mod profiles;
 mod reconciler;
 pub mod run;
@@ -384,6 +385,12 @@ impl Daemon {
             b.cancel.clone(),
         ));
         let (health, grpc) = serve_grpc(&config, &node, (&ipam, policy), &b).await?;
+        b.background.extend(prefix_reservation::spawn(
+            &config,
+            clients.cloud.clone(),
+            &node,
+            b.cancel.clone(),
+        ));
 
         b.ready.store(true, Ordering::Release);
         let ms = started.elapsed().as_millis() as u64;

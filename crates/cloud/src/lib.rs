@@ -40,12 +40,14 @@ pub mod lifecycle;
 pub mod limiter;
 pub mod node_fit;
 pub mod purpose;
+pub mod reservation;
 mod throttle;
 
 pub use deadline::{current_deadline, with_deadline, without_throttle_retries};
 pub use filters::{EniFilter, SubnetFilter};
 pub use instance_limits::InstanceLimits;
 pub use purpose::{Purpose, current_purpose, with_purpose};
+pub use reservation::{PrefixReservation, ReserveError, ReserveResult};
 
 /// Tag keys eniipam writes on the ENIs it creates.
 pub mod tags {
@@ -513,6 +515,9 @@ pub trait Cloud: Send + Sync + 'static {
     /// GetSubnetCidrReservations: the subnet's `prefix`-type reservations (kept for prefixes: single
     /// addresses are never packed into them).
     async fn subnet_prefix_reservations(&self, subnet_id: &str) -> CloudResult<Vec<Ipv4Net>>;
+    /// CreateSubnetCidrReservation of type `prefix`, on its own bucket; EC2's refusals of the block
+    /// (overlap, addresses in use) are typed ([`ReserveError`]). Made only, never deleted.
+    async fn create_subnet_prefix_reservation(&self, req: &PrefixReservation) -> ReserveResult;
     /// CreateTags on one resource.
     async fn create_tags(
         &self,

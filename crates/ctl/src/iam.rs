@@ -25,6 +25,10 @@
 //!   (its `docs/iam-policy.md`);
 //! - the subnet and security-group side of ModifyNetworkInterfaceAttribute, in the cluster's VPC:
 //!   the service authorization reference lists both as resources of the action.
+//! - CreateSubnetCidrReservation on the cluster's VPC's subnets (`prefix_reservation_percent`: one
+//!   `prefix` reservation per pod subnet; never deleted, so no DeleteSubnetCidrReservation), and
+//!   CreateTags on the new reservation only as part of that create, tagged for this cluster. A
+//!   daemon whose role lacks it warns once naming `ec2:CreateSubnetCidrReservation` and goes on.
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -303,6 +307,25 @@ pub fn policy(cluster: &str, vpc_id: &str, partition: Partition) -> Result<Polic
                 Some(json!({"StringEquals": ours})),
             ),
             allow(
+                "ReservePrefixBlocksInThisVpcsSubnets",
+                json!("ec2:CreateSubnetCidrReservation"),
+                json!(format!("arn:{p}:ec2:*:*:subnet/*")),
+                Some(in_vpc.clone()),
+            ),
+            allow(
+                "TagPrefixReservationOnlyWhileCreatingIt",
+                json!("ec2:CreateTags"),
+                json!(format!("arn:{p}:ec2:*:*:subnet-cidr-reservation/*")),
+                Some(json!({
+                    "StringEquals": {
+                        "ec2:CreateAction": "CreateSubnetCidrReservation",
+                        format!("aws:RequestTag/{OWNER_TAG}"): OWNER_VALUE,
+                        format!("aws:RequestTag/{CLUSTER_TAG}"): cluster,
+                    },
+                    "ForAllValues:StringEquals": {"aws:TagKeys": [OWNER_TAG, CLUSTER_TAG]},
+                })),
+            ),
+            allow(
                 "AssignAndUnassignOnThisVpcsEnis",
                 json!(VPC_ENI_MUTATIONS),
                 json!(eni),
@@ -392,7 +415,7 @@ mod tests {
             }
         }
         let all = actions(&v);
-        assert_eq!(all.len(), 16, "{all:?}");
+        assert_eq!(all.len(), 17, "{all:?}");
         assert!(all.iter().all(|a| a.starts_with("ec2:")));
     }
 
@@ -435,6 +458,33 @@ mod tests {
             deny["Condition"]["Null"]["aws:ResourceTag/eniipam.io/cluster"],
             "false"
         );
+    }
+
+    /// The prefix reservation: made in the VPC's subnets only, tagged for this cluster only.
+    #[test]
+    fn prefix_reservations_are_made_in_the_vpc_and_tagged_for_the_cluster() {
+        let v = doc("prod-1", Partition::Aws);
+        let st = |sid: &str| {
+            v["Statement"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["Sid"] == sid)
+                .unwrap()
+                .clone()
+        };
+        let reserve = st("ReservePrefixBlocksInThisVpcsSubnets");
+        assert_eq!(reserve["Action"], "ec2:CreateSubnetCidrReservation");
+        assert_eq!(reserve["Resource"], "arn:aws:ec2:*:*:subnet/*");
+        assert_eq!(
+            reserve["Condition"],
+            json!({"ArnEquals": {"ec2:Vpc": "arn:aws:ec2:*:*:vpc/vpc-0a1b2c3d"}})
+        );
+        let tag = st("TagPrefixReservationOnlyWhileCreatingIt");
+        assert_eq!(tag["Resource"], "arn:aws:ec2:*:*:subnet-cidr-reservation/*");
+        let eq = &tag["Condition"]["StringEquals"];
+        assert_eq!(eq["ec2:CreateAction"], "CreateSubnetCidrReservation");
+        assert_eq!(eq["aws:RequestTag/eniipam.io/cluster"], "prod-1");
     }
 
     #[test]

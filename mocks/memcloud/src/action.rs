@@ -34,6 +34,8 @@ pub enum Action {
     UnassignIpv6Prefixes,
     /// GetSubnetCidrReservations.
     GetSubnetCidrReservations,
+    /// CreateSubnetCidrReservation (of type `prefix`).
+    CreateSubnetCidrReservation,
     /// DescribeSecurityGroups (by id).
     DescribeSecurityGroups,
     CreateTags,
@@ -67,6 +69,7 @@ impl Action {
             Self::AssignSpecificIpv6Prefixes => "AssignIpv6Addresses(specific prefix)",
             Self::UnassignIpv6Prefixes => "UnassignIpv6Addresses(prefix)",
             Self::GetSubnetCidrReservations => "GetSubnetCidrReservations",
+            Self::CreateSubnetCidrReservation => "CreateSubnetCidrReservation",
             Self::DescribeSecurityGroups => "DescribeSecurityGroups",
             Self::CreateTags => "CreateTags",
             Self::MetadataIdentity => "imds:identity",

@@ -9,7 +9,8 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use eniipam_api::model::EniId;
 use eniipam_cloud::{
     AttachmentStatus, Cloud, CloudError, CloudResult, CreateEni, Eni, EniAttachment, EniFilter,
-    EniStatus, Instance, InstanceLimits, SecurityGroup, Subnet, SubnetFilter,
+    EniStatus, Instance, InstanceLimits, PrefixReservation, ReserveResult, SecurityGroup, Subnet,
+    SubnetFilter,
 };
 
 use crate::state::{eni_not_found, rejected, remove_all};
@@ -562,9 +563,11 @@ impl Cloud for MemoryCloud {
     }
 
     async fn subnet_prefix_reservations(&self, subnet_id: &str) -> CloudResult<Vec<Ipv4Net>> {
-        let api = Action::GetSubnetCidrReservations;
-        self.call(api, format!("subnet={subnet_id}"), |_| Ok(Vec::new()))
-            .await
+        self.prefix_reservations(subnet_id).await
+    }
+
+    async fn create_subnet_prefix_reservation(&self, req: &PrefixReservation) -> ReserveResult {
+        self.create_prefix_reservation(req).await
     }
 
     async fn create_tags(

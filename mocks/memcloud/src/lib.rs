@@ -35,11 +35,13 @@ mod ec2;
 mod ipv6;
 mod ipv6_block;
 mod metadata;
+mod reservations;
 mod state;
 #[cfg(test)]
 mod tests;
 
 pub use action::{Action, CallRecord};
+pub use reservations::MemReservation;
 pub use state::NodeSpec;
 use state::{Faults, MemInstance, MemSubnet, MemoryState};
 
@@ -73,6 +75,7 @@ impl MemoryCloud {
                 cidr,
                 held: BTreeSet::new(),
             }),
+            reservations: Vec::new(),
         };
         let primary_ip = subnet
             .allocate("RunInstances", 1)

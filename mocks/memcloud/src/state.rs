@@ -69,6 +69,8 @@ pub(crate) struct MemSubnet {
     pub(crate) used: BTreeSet<Ipv4Addr>,
     /// The subnet's IPv6 block and the `/80`s delegated from it (`None`: IPv4 only).
     pub(crate) ipv6: Option<MemIpv6>,
+    /// Its `prefix` CIDR reservations (`reservations.rs`).
+    pub(crate) reservations: Vec<crate::MemReservation>,
 }
 
 impl MemSubnet {
@@ -89,11 +91,12 @@ impl MemSubnet {
         n >= u32::from(self.cidr.network()) + 4 && n < u32::from(self.cidr.broadcast())
     }
 
-    /// Takes the `count` lowest free addresses, or fails without taking any.
+    /// Takes the `count` lowest free addresses outside every reservation, or fails without taking
+    /// any.
     pub(crate) fn allocate(&mut self, api: &str, count: u32) -> CloudResult<Vec<Ipv4Addr>> {
         let free: Vec<Ipv4Addr> = self
             .usable()
-            .filter(|ip| !self.used.contains(ip))
+            .filter(|ip| !self.used.contains(ip) && !self.in_reservation(*ip))
             .take(count as usize)
             .collect();
         if free.len() < count as usize {
@@ -110,14 +113,14 @@ impl MemSubnet {
         Ok(free)
     }
 
-    /// Takes the `count` lowest aligned `/28` blocks with every address free (EC2 never hands out
-    /// a prefix overlapping the subnet's reserved first four or last address), or none.
+    /// Takes `count` aligned `/28` blocks with every address free (EC2 never hands out a prefix
+    /// overlapping the subnet's reserved first four or last address), or none.
     pub(crate) fn allocate_prefixes(&mut self, api: &str, count: u32) -> CloudResult<Vec<Ipv4Net>> {
         let network = u32::from(self.cidr.network());
         let broadcast = u32::from(self.cidr.broadcast());
         let mut blocks = Vec::new();
         let mut start = network;
-        while start + 15 <= broadcast && blocks.len() < count as usize {
+        while start + 15 <= broadcast {
             let all_free = (start..=start + 15).all(|n| {
                 let ip = Ipv4Addr::from(n);
                 self.is_usable(ip) && !self.used.contains(&ip)
@@ -127,6 +130,9 @@ impl MemSubnet {
             }
             start += 16;
         }
+        // A reservation's blocks first (as EC2's automatic prefixes), each group lowest first.
+        blocks.sort_by_key(|b| !self.inside_reservation(*b));
+        blocks.truncate(count as usize);
         if blocks.len() < count as usize {
             return Err(CloudError::NoFreePrefix {
                 api: api.into(),

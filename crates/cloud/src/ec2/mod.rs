@@ -11,7 +11,7 @@
 //! `created` (a not-found about an ENI this client created lately is retried, as EC2 may not
 //! show it yet), `ipv6` (AssignIpv6Addresses / UnassignIpv6Addresses for the node's `/80`), `describe` (the
 //! describes of instances, instance types, subnets, subnet reservations and ENIs), `groups`
-//! (DescribeSecurityGroups).
+//! (DescribeSecurityGroups), `reservation` (CreateSubnetCidrReservation of type `prefix`).
 //!
 //! Calls that EC2 cannot make idempotent themselves are made safe after ambiguous failures
 //! (timeouts and 5xx, where the request may have taken effect), all in `mutate`:
@@ -41,6 +41,7 @@ mod groups;
 mod holdings;
 mod ipv6;
 mod mutate;
+mod reservation;
 
 pub use classify::{classify, classify_code};
 pub use config::{DESCRIBE_PAGE_SIZE, Ec2BuildError, Ec2Config};
@@ -54,7 +55,7 @@ use super::calls::CallStats;
 use super::limiter::Limiter;
 use super::{
     Cloud, CloudResult, CreateEni, Eni, EniFilter, Instance, InstanceLimits, Metadata,
-    SecurityGroup, Subnet, SubnetFilter,
+    PrefixReservation, ReserveResult, SecurityGroup, Subnet, SubnetFilter,
 };
 use eniipam_api::model::EniId;
 
@@ -171,6 +172,10 @@ impl Cloud for Ec2Cloud {
 
     async fn subnet_prefix_reservations(&self, subnet_id: &str) -> CloudResult<Vec<Ipv4Net>> {
         self.prefix_reservations(subnet_id).await
+    }
+
+    async fn create_subnet_prefix_reservation(&self, req: &PrefixReservation) -> ReserveResult {
+        self.create_prefix_reservation(req).await
     }
 
     async fn describe_subnets(&self, filter: &SubnetFilter) -> CloudResult<Vec<Subnet>> {

@@ -15,11 +15,12 @@ use super::{
 };
 
 /// Every EC2 API eniipam calls: the names [`LimiterConfig::per_api`] accepts.
-pub const EC2_APIS: [&str; 15] = [
+pub const EC2_APIS: [&str; 16] = [
     "AssignIpv6Addresses",
     "AssignPrivateIpAddresses",
     "AttachNetworkInterface",
     "CreateNetworkInterface",
+    "CreateSubnetCidrReservation",
     "CreateTags",
     "DeleteNetworkInterface",
     "DescribeInstanceTypes",
