@@ -5,10 +5,11 @@
 //! file → IMDS identity → EC2 instance, limits and eth0 → rebuild from file + IMDS + EC2 + host → write
 //! the rebuilt state → the node's ENIConfig (custom networking only) → pool, built with its seams (the
 //! state file's journal; the host's readiness gate of new ENIs) and the demand it learned before →
-//! host routing and rules (SNAT, NodePort) → leaked-ENI collector → API-server pod watch → network profiles (when on: their first
-//! check against EC2) → NetworkPolicy enforcement (when on: its watches and sync task; off: its
-//! table deleted) → lookahead (when on) → node readiness:
-//! startup taint and condition (when on) → gRPC socket → ready.
+//! host routing and rules (SNAT, NodePort) → leaked-ENI collector → API-server pod watch → network
+//! profiles (when on: their first check against EC2) → NetworkPolicy enforcement (when on: its
+//! watches and sync task; off: its table deleted) → lookahead (when on) → node readiness: startup
+//! taint and condition (when on) → gRPC socket → the pod subnets' `prefix` CIDR reservation (when
+//! on, in the background: `prefix_reservation`) → ready.
 //!
 //! Shutdown in three steps: stop accepting, let in-flight requests finish within the grace period, then
 //! stop the pool and close the file. Live pods' IPs are left alone (they are in the file and in EC2).
@@ -20,11 +21,12 @@
 //! learned demand to and from the state file, the lookahead on the pods bound here), `pod_network`
 //! (where custom networking's controller, `crate::custom_networking::follow`, meets the pool),
 //! `profiles` (where network profiles' controller, `crate::network_profiles::controller`, meets the
-//! pool, the metrics, the pod watch and the IPAM service's `ProfileSelector`), `network_policy` (where the NetworkPolicy crate, `crate::network_policy`, meets the pool
-//! and the IPAM service: its enforcer started over the node's pods and wired into the service as
-//! the admission a new ADD waits on), `reconciler`
-//! (the running reconcile), and [`run`]: the
-//! modes of the `eniipamd` binary (serve until a signal, prepare the host, remove the host rules).
+//! pool, the metrics, the pod watch and the IPAM service's `ProfileSelector`), `network_policy`
+//! (where the NetworkPolicy crate, `crate::network_policy`, meets the pool and the IPAM service: its
+//! enforcer started over the node's pods and wired into the service as the admission a new ADD
+//! waits on), `reconciler` (the running reconcile), `prefix_reservation` (each pod subnet's
+//! `prefix` CIDR reservation, made once per fleet), and [`run`]: the modes of the `eniipamd` binary
+//! (serve until a signal, prepare the host, remove the host rules).
 
 mod clients;
 mod collectors;
