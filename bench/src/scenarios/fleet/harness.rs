@@ -27,6 +27,7 @@ use super::floor::{Floor, PathLatency, model_floor};
 use super::pods::{Drive, NodeIo, Recorder, running_name, spawn_drivers, spawn_node_driver};
 use super::policy::Policy;
 use super::spec::{INSTANCE, PairSpec};
+use super::tail::{NodeOutcome, NodeTail, slowest};
 use super::traffic::{KUBELET_READY, Life, Pattern, Plan, TAINT_TO_BIND};
 use crate::support::TempDir;
 
@@ -119,7 +120,12 @@ pub struct PairResult {
     pub ran_s: f64,
     /// Wall-clock seconds for the whole pair.
     pub real_s: f64,
+    /// The nodes whose pods waited longest, with their growth calls ([`super::tail`]).
+    pub tail: Vec<NodeTail>,
 }
+
+/// How many of the slowest nodes a pair's report names.
+const TAIL_NODES: usize = 8;
 
 /// Runs the pair on its own thread and paused-clock runtime; blocks until it is done.
 pub fn run_pair(spec: PairSpec) -> anyhow::Result<PairResult> {
@@ -461,10 +467,23 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
     let mut nodes = Vec::with_capacity(slots.len());
     let mut boot_s = settled_s.unwrap_or(0.0);
     let mut schedulable_s = Vec::new();
+    let mut node_calls = Vec::with_capacity(slots.len());
     for (i, slot) in slots.into_iter().enumerate() {
         let n = slot
             .node
             .ok_or_else(|| anyhow!("{tag}: node {i} never booted"))?;
+        // This node's attempts over the pattern: all of them less those before it started.
+        let mut own: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+        for ((purpose, api), (c, t)) in purposes(&n) {
+            let e = own.entry((purpose.to_owned(), api)).or_default();
+            e.0 += c;
+            e.1 += t;
+        }
+        for ((purpose, api), (c, t)) in &slot.calls_before {
+            let e = own.entry(((*purpose).to_owned(), api.clone())).or_default();
+            e.0 -= c;
+            e.1 -= t;
+        }
         for (k, (c, t)) in purposes(&n) {
             let e = by_purpose.entry(k).or_default();
             e.0 += c;
@@ -475,6 +494,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
             e.0 -= c;
             e.1 -= t;
         }
+        node_calls.push(own);
         starts.push(slot.start.context("a node with no start")?);
         frees.push(slot.free.unwrap_or((0, true)));
         boot_s = boot_s.max(slot.ready_s.unwrap_or(0.0));
@@ -517,6 +537,21 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
     let free_end = in_window.last().copied().unwrap_or(0);
     let last_wave = plan.last_wave();
     let records = std::mem::take(&mut *rec.records.lock().expect("records"));
+    let mut outcomes: Vec<NodeOutcome> = node_calls
+        .into_iter()
+        .map(|calls| NodeOutcome {
+            pods: (0.0, 0.0, 0),
+            calls,
+        })
+        .collect();
+    for r in &records {
+        if let Some(o) = outcomes.get_mut(r.node) {
+            o.pods.0 = o.pods.0.max(r.add_wait_ms / 1e3);
+            o.pods.1 = o.pods.1.max(r.done_at_s);
+            o.pods.2 += r.failed_adds;
+        }
+    }
+    let tail = slowest(&outcomes, TAIL_NODES);
     let unserved = records.iter().filter(|r| !r.served).count() as u64;
     let waits_ms: Vec<f64> = records.iter().map(|r| r.wait_ms).collect();
     let add_waits_ms: Vec<f64> = records.iter().map(|r| r.add_wait_ms).collect();
@@ -534,6 +569,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
             - plan.waves[usize::from(last_wave)].as_secs_f64()
     });
     let result = PairResult {
+        tail,
         pattern: spec.pattern,
         policy: spec.policy,
         run: spec.run,

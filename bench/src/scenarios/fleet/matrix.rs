@@ -242,6 +242,30 @@ pub fn matrix(
                 reasons.join("\n")
             );
         }
+        let tails: Vec<String> = of
+            .iter()
+            .filter(|g| !g.first().tail.is_empty())
+            .map(|g| {
+                format!(
+                    "- {}{}:\n{}",
+                    g.policy,
+                    if several { " (run 1)" } else { "" },
+                    super::tail::lines(&g.first().tail)
+                        .iter()
+                        .map(|l| format!("  - {l}"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                )
+            })
+            .collect();
+        if !tails.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nThe nodes whose pods waited longest (each pod's wait from its ADD's first attempt; growth \
+                 attempts over the pattern, pods' and refills'):\n\n{}",
+                tails.join("\n")
+            );
+        }
         calls_tables(&mut s, &of);
         if let Some(d) = super::pareto::dominance(&of) {
             let _ = writeln!(s, "\n{}.", super::pareto::sentence(pattern, &d));

@@ -32,6 +32,7 @@ mod pods;
 mod policy;
 mod runs;
 mod spec;
+mod tail;
 mod targets;
 mod tenant;
 mod traffic;

@@ -235,6 +235,7 @@ impl Pod {
     async fn run(mut self, t0: Instant, deadline: Instant) {
         tokio::time::sleep(self.lead).await;
         let started = Instant::now();
+        let mut failed = 0u32;
         let add = async {
             let per_attempt = add_deadline();
             loop {
@@ -250,12 +251,15 @@ impl Pod {
                         )),
                     };
                 self.rec.retried(&status);
+                failed += 1;
                 tokio::time::sleep(kubelet_retry(&mut self.rng)).await;
             }
         };
         let served = tokio::time::timeout_at(deadline, add).await.is_ok();
         let now = Instant::now();
         self.rec.record(PodRecord {
+            node: self.plan.node,
+            failed_adds: failed,
             wave: self.plan.wave,
             wait_ms: (now - self.since.unwrap_or(started)).as_secs_f64() * 1e3,
             add_wait_ms: (now - started).as_secs_f64() * 1e3,
@@ -281,6 +285,9 @@ impl Pod {
 /// One pod's outcome.
 #[derive(Clone, Copy, Debug)]
 pub struct PodRecord {
+    pub node: usize,
+    /// Its ADD attempts that failed (each retried).
+    pub failed_adds: u32,
     pub wave: u8,
     /// From its node's launch when the pattern counts from there, else from its ADD's first attempt.
     pub wait_ms: f64,

@@ -68,6 +68,7 @@ mod tests {
     /// A pair that measured nothing: what the aggregation's tests fill in.
     fn blank(pattern: Pattern, policy: Policy, run: usize) -> PairResult {
         PairResult {
+            tail: Vec::new(),
             pattern,
             policy,
             run,
