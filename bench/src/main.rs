@@ -189,6 +189,15 @@ fn main() -> ExitCode {
         };
     }
     let args = Args::parse();
+    // The fleet's daemons run in this process: with `RUST_LOG` set, their logs go to stderr (each
+    // line names its node only through the ENI and instance ids it carries).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
     match run(args) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
