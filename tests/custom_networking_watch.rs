@@ -8,12 +8,15 @@
 //! never concluded from a quiet minute alone: the watcher logs each value it publishes, and a test
 //! counts those lines up to a later change it does see ([`Logs`]).
 
-use std::sync::{Arc, Mutex};
+#[path = "log_capture/mod.rs"]
+mod log_capture;
+
 use std::time::Duration;
 
 use eniipam::custom_networking::{self, NodeNetwork, PodNetwork, Selector};
 use eniipam::reconcile::api_server::{self, ApiServerTarget};
 use eniipam_kubeapi::{Crd, FakeApiServer, eniconfig_json};
+use log_capture::Logs;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -21,47 +24,9 @@ const NODE: &str = "ip-10-0-1-10.ec2.internal";
 const KEY: &str = "k8s.amazonaws.com/eniConfig";
 const ZONE: &str = "topology.kubernetes.io/zone";
 
-/// What the watcher logs on this thread (the test's runtime is single-threaded, so the watcher's
-/// task runs here).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
-
-impl Logs {
-    /// Captures this thread's logs until the guard drops.
-    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
-        let logs = Self::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_ansi(false)
-            .finish();
-        (logs, tracing::subscriber::set_default(subscriber))
-    }
-
-    /// How many values the watcher has published so far.
-    fn published(&self) -> usize {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .matches("the node's custom networking changed")
-            .count()
-    }
+/// How many values the watcher has published so far.
+fn published(logs: &Logs) -> usize {
+    logs.count("the node's custom networking changed")
 }
 
 struct Fixture {
@@ -295,7 +260,7 @@ async fn unrelated_changes_publish_nothing() {
     })
     .await;
     f.becomes(ready("pods-a", "subnet-0a1b2c3d", &[])).await;
-    let before = logs.published();
+    let before = published(&logs);
     assert_eq!(before, 1, "Unknown to Ready");
 
     // Another zone's object comes, changes and goes; the node gets another label; another node
@@ -315,7 +280,7 @@ async fn unrelated_changes_publish_nothing() {
     f.label(KEY, Some("pods-c"));
     f.becomes(missing("pods-c")).await;
     assert_eq!(
-        logs.published() - before,
+        published(&logs) - before,
         2,
         "only the two changes that alter it"
     );
@@ -376,13 +341,13 @@ async fn rbac_refusing_the_watch_keeps_the_last_value_until_it_is_allowed() {
     f.put("pods-a", "subnet-0b1b2c3d", &[]);
     f.quiet().await;
     assert_eq!(*f.rx.borrow(), ready("pods-a", "subnet-0a1b2c3d", &[]));
-    let published = logs.published();
+    let published_before = published(&logs);
     f.quiet().await;
     let retries = tries(&f.api) - before;
     assert!(retries > 2, "retried {retries} times");
     assert_eq!(
-        logs.published(),
-        published,
+        published(&logs),
+        published_before,
         "the refusals published nothing"
     );
     f.api.forbid(&key, false);

@@ -12,60 +12,33 @@
 
 #[path = "daemon_support/mod.rs"]
 mod daemon_support;
+#[path = "log_capture/mod.rs"]
+mod log_capture;
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use daemon_support::*;
 use eniipam::config::DaemonConfig;
 use ipnet::Ipv4Net;
+use log_capture::Logs;
 use mockcloud::MockCloud;
 use mockcloud::world::{ReservationType, ReservationView};
 
 const CREATE: &str = "CreateSubnetCidrReservation";
 
-/// Every log line of this test binary, from every thread.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
-
-impl Logs {
-    fn count(&self, needle: &str) -> usize {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .matches(needle)
-            .count()
-    }
-
-    /// Nodes whose step ended with a reservation in place.
-    fn ended(&self) -> usize {
-        [
-            "prefix reservation: reserved for /28 prefixes",
-            "prefix reservation: another node made it",
-            "prefix reservation: the subnet has one already",
-        ]
-        .iter()
-        .map(|l| self.count(l))
-        .sum()
-    }
+/// Nodes whose step ended with a reservation in place, by the logs of this binary (every
+/// thread's: the capture is global).
+fn ended(logs: &Logs) -> usize {
+    [
+        "prefix reservation: reserved for /28 prefixes",
+        "prefix reservation: another node made it",
+        "prefix reservation: the subnet has one already",
+    ]
+    .iter()
+    .map(|l| logs.count(l))
+    .sum()
 }
 
 /// The captured logs, emptied, and this test's turn (the capture is global).
@@ -75,16 +48,13 @@ async fn turn() -> (Logs, tokio::sync::MutexGuard<'static, ()>) {
     let logs = LOGS
         .get_or_init(|| {
             let logs = Logs::default();
-            let subscriber = tracing_subscriber::fmt()
-                .with_writer(logs.clone())
-                .with_ansi(false)
-                .finish();
-            tracing::subscriber::set_global_default(subscriber).expect("one global subscriber");
+            tracing::subscriber::set_global_default(logs.subscriber())
+                .expect("one global subscriber");
             logs
         })
         .clone();
     let guard = TURN.lock().await;
-    logs.0.lock().unwrap().clear();
+    logs.clear();
     (logs, guard)
 }
 
@@ -168,7 +138,7 @@ async fn a_fleet_starting_together_makes_one_reservation_and_bursts_take_prefixe
     }
     let mut daemons: Vec<_> = starting.join_all().await;
     daemons.sort_by_key(|(i, _)| *i);
-    wait_until("every node's reservation step ended", || logs.ended() == 4).await;
+    wait_until("every node's reservation step ended", || ended(&logs) == 4).await;
 
     let made = reservations(&mock, &subnet);
     assert_eq!(made.len(), 1, "one reservation for the fleet: {made:?}");
@@ -248,7 +218,7 @@ async fn a_subnet_with_a_prefix_reservation_gets_none_more() {
     .unwrap();
     let dir = TempDir::new("prefix-reservation-present");
     let d = start(reserving(&mock, &dir.0, &world.instance.imds_url, 2)).await;
-    wait_until("the step ended", || logs.ended() == 1).await;
+    wait_until("the step ended", || ended(&logs) == 1).await;
     assert_eq!(logs.count("the subnet has one already"), 1);
     assert_eq!(calls(&mock, CREATE), 0, "no create");
     let all = reservations(&mock, &world.subnet_id);
