@@ -356,6 +356,17 @@ pub fn policy(cluster: &str, vpc_id: &str, partition: Partition) -> Result<Polic
 mod tests {
     use super::*;
 
+    /// The statement `sid` of policy document `v`.
+    fn statement(v: &Value, sid: &str) -> Value {
+        v["Statement"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["Sid"] == sid)
+            .unwrap_or_else(|| panic!("no statement {sid}"))
+            .clone()
+    }
+
     const VPC: &str = "vpc-0a1b2c3d";
 
     fn doc(cluster: &str, p: Partition) -> Value {
@@ -424,15 +435,7 @@ mod tests {
     #[test]
     fn eth0_gets_assign_and_unassign_in_the_vpc_only() {
         let v = doc("prod-1", Partition::Aws);
-        let st = |sid: &str| {
-            v["Statement"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|s| s["Sid"] == sid)
-                .unwrap()
-                .clone()
-        };
+        let st = |sid: &str| statement(&v, sid);
         let vpc = st("AssignAndUnassignOnThisVpcsEnis");
         assert_eq!(
             vpc["Action"],
@@ -464,15 +467,7 @@ mod tests {
     #[test]
     fn prefix_reservations_are_made_in_the_vpc_and_tagged_for_the_cluster() {
         let v = doc("prod-1", Partition::Aws);
-        let st = |sid: &str| {
-            v["Statement"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|s| s["Sid"] == sid)
-                .unwrap()
-                .clone()
-        };
+        let st = |sid: &str| statement(&v, sid);
         let reserve = st("ReservePrefixBlocksInThisVpcsSubnets");
         assert_eq!(reserve["Action"], "ec2:CreateSubnetCidrReservation");
         assert_eq!(reserve["Resource"], "arn:aws:ec2:*:*:subnet/*");
