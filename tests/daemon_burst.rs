@@ -33,37 +33,6 @@ fn shipped(mock: &mockcloud::MockCloud, dir: &std::path::Path) -> DaemonConfig {
     }
 }
 
-/// The instance's eth0 as EC2 has it.
-fn eth0_in_ec2(mock: &mockcloud::MockCloud, instance_id: &str) -> mockcloud::world::EniView {
-    mock.instance(instance_id)
-        .unwrap()
-        .enis
-        .into_iter()
-        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
-        .expect("eth0")
-}
-
-async fn allocate_all(socket: &std::path::Path, range: std::ops::Range<usize>) -> Vec<Ipv4Addr> {
-    // Every client connected first, then every ADD at once: one burst.
-    let mut clients = Vec::new();
-    for i in range {
-        clients.push((i, client(socket).await));
-    }
-    let mut set = tokio::task::JoinSet::new();
-    for (i, mut c) in clients {
-        set.spawn(async move {
-            c.allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
-                .await
-                .map(|r| r.into_inner().ip.parse::<Ipv4Addr>().unwrap())
-        });
-    }
-    let mut ips = Vec::new();
-    while let Some(r) = set.join_next().await {
-        ips.push(r.unwrap().expect("every pod of the burst is served"));
-    }
-    ips
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_takes_whole_prefixes_on_eth0_in_one_call_and_keeps_them_across_a_restart() {
     let mock = mock().await;

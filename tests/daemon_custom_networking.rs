@@ -136,13 +136,7 @@ async fn the_zones_eniconfig_puts_pods_in_its_subnet_and_a_change_applies_to_new
         );
         first.push(ip);
     }
-    let eth0 = mock
-        .instance(&mock.default_instance().instance_id)
-        .unwrap()
-        .enis
-        .into_iter()
-        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
-        .unwrap();
+    let eth0 = eth0_in_ec2(&mock, &mock.default_instance().instance_id);
     assert!(
         eth0.secondary_ips.is_empty(),
         "eth0 serves no pods: {:?}",

@@ -16,7 +16,6 @@ mod daemon_support;
 mod log_capture;
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
 use std::sync::OnceLock;
 
 use daemon_support::*;
@@ -87,33 +86,8 @@ fn calls(mock: &MockCloud, action: &str) -> u64 {
     mock.counters().calls(action)
 }
 
-async fn allocate_all(socket: &std::path::Path, n: usize) -> Vec<Ipv4Addr> {
-    let mut clients = Vec::new();
-    for i in 0..n {
-        clients.push((i, client(socket).await));
-    }
-    let mut set = tokio::task::JoinSet::new();
-    for (i, mut c) in clients {
-        set.spawn(async move {
-            c.allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
-                .await
-                .map(|r| r.into_inner().ip.parse::<Ipv4Addr>().unwrap())
-        });
-    }
-    let mut ips = Vec::new();
-    while let Some(r) = set.join_next().await {
-        ips.push(r.unwrap().expect("every pod of the burst is served"));
-    }
-    ips
-}
-
 fn eth0_prefixes(mock: &MockCloud, instance_id: &str) -> BTreeSet<Ipv4Net> {
-    mock.instance(instance_id)
-        .unwrap()
-        .enis
-        .into_iter()
-        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
-        .expect("eth0")
+    eth0_in_ec2(mock, instance_id)
         .ipv4_prefixes
         .into_iter()
         .collect()
@@ -165,7 +139,7 @@ async fn a_fleet_starting_together_makes_one_reservation_and_bursts_take_prefixe
     // A burst on one node: its new /28s come from the reservation.
     let (_, d) = &daemons[0];
     let before = eth0_prefixes(&mock, &nodes[0].instance_id);
-    let ips = allocate_all(&d.socket_path, 24).await;
+    let ips = allocate_all(&d.socket_path, 0..24).await;
     assert_eq!(ips.iter().collect::<BTreeSet<_>>().len(), 24);
     let new: Vec<Ipv4Net> = eth0_prefixes(&mock, &nodes[0].instance_id)
         .difference(&before)

@@ -89,6 +89,40 @@ pub fn alloc_req(container: &str, pod: &str) -> pb::AllocateRequest {
     }
 }
 
+/// The instance's eth0 as EC2 has it.
+#[allow(dead_code)] // not every binary that includes this module looks at eth0
+pub fn eth0_in_ec2(mock: &MockCloud, instance_id: &str) -> mockcloud::world::EniView {
+    mock.instance(instance_id)
+        .unwrap()
+        .enis
+        .into_iter()
+        .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+        .expect("eth0")
+}
+
+/// One burst: pods `c{i}`/`p{i}` for each `i` of `range`, every client connected first, then every
+/// ADD at once; their IPv4s, in the order the answers came (each ADD must succeed).
+#[allow(dead_code)] // not every binary that includes this module bursts
+pub async fn allocate_all(socket: &Path, range: std::ops::Range<usize>) -> Vec<Ipv4Addr> {
+    let mut clients = Vec::new();
+    for i in range {
+        clients.push((i, client(socket).await));
+    }
+    let mut set = tokio::task::JoinSet::new();
+    for (i, mut c) in clients {
+        set.spawn(async move {
+            c.allocate(alloc_req(&format!("c{i}"), &format!("p{i}")))
+                .await
+                .map(|r| r.into_inner().ip.parse::<Ipv4Addr>().unwrap())
+        });
+    }
+    let mut ips = Vec::new();
+    while let Some(r) = set.join_next().await {
+        ips.push(r.unwrap().expect("every pod of the burst is served"));
+    }
+    ips
+}
+
 /// The IPv4 the daemon answers an ADD of `container` for `pod` with (the ADD must succeed).
 pub async fn add_ip(c: &mut IpamClient<Channel>, container: &str, pod: &str) -> Ipv4Addr {
     let r = c
