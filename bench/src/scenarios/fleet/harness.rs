@@ -27,7 +27,7 @@ use super::floor::{Floor, PathLatency, model_floor};
 use super::pods::{Drive, NodeIo, Recorder, running_name, spawn_drivers, spawn_node_driver};
 use super::policy::Policy;
 use super::spec::{INSTANCE, PairSpec};
-use super::tail::{NodeOutcome, NodeTail, slowest};
+use super::tail::{NodeTail, TAIL_NODES, add_calls, outcomes, over_pattern, slowest};
 use super::traffic::{KUBELET_READY, Life, Pattern, Plan, TAINT_TO_BIND};
 use crate::support::TempDir;
 
@@ -124,9 +124,6 @@ pub struct PairResult {
     pub tail: Vec<NodeTail>,
 }
 
-/// How many of the slowest nodes a pair's report names.
-const TAIL_NODES: usize = 8;
-
 /// Runs the pair on its own thread and paused-clock runtime; blocks until it is done.
 pub fn run_pair(spec: PairSpec) -> anyhow::Result<PairResult> {
     let name = format!("fleet-{}", spec.tag().replace('/', "-"));
@@ -156,7 +153,7 @@ fn free(s: &PoolSnapshot) -> u32 {
 }
 
 /// Attempts by (purpose, API): (calls, throttled).
-type Purposes = BTreeMap<(&'static str, String), (u64, u64)>;
+pub(super) type Purposes = BTreeMap<(&'static str, String), (u64, u64)>;
 
 /// One node's place in the fleet: its daemon once started, and how it stood when the pattern (or,
 /// in node-boot, its Ready) came.
@@ -341,11 +338,8 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         fleet.with(|slots| {
             for (slot, n) in slots.iter_mut().zip(nodes) {
                 let s = n.handle.pool.snapshot();
-                slot.start = Some(NodeStart::of(
-                    &s,
-                    slots_per_eni,
-                    spec.policy.takes_prefixes(),
-                ));
+                let prefixes = spec.policy.takes_prefixes();
+                slot.start = Some(NodeStart::of(&s, slots_per_eni, prefixes));
                 slot.free = Some(standing(&s));
                 slot.calls_before = purposes(&n);
                 slot.node = Some(n);
@@ -472,28 +466,8 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
         let n = slot
             .node
             .ok_or_else(|| anyhow!("{tag}: node {i} never booted"))?;
-        // This node's attempts over the pattern: all of them less those before it started.
-        let mut own: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
-        for ((purpose, api), (c, t)) in purposes(&n) {
-            let e = own.entry((purpose.to_owned(), api)).or_default();
-            e.0 += c;
-            e.1 += t;
-        }
-        for ((purpose, api), (c, t)) in &slot.calls_before {
-            let e = own.entry(((*purpose).to_owned(), api.clone())).or_default();
-            e.0 -= c;
-            e.1 -= t;
-        }
-        for (k, (c, t)) in purposes(&n) {
-            let e = by_purpose.entry(k).or_default();
-            e.0 += c;
-            e.1 += t;
-        }
-        for (k, (c, t)) in &slot.calls_before {
-            let e = by_purpose.entry(k.clone()).or_default();
-            e.0 -= c;
-            e.1 -= t;
-        }
+        let own = over_pattern(purposes(&n), &slot.calls_before);
+        add_calls(&mut by_purpose, &own);
         node_calls.push(own);
         starts.push(slot.start.context("a node with no start")?);
         frees.push(slot.free.unwrap_or((0, true)));
@@ -537,21 +511,7 @@ async fn simulate(spec: PairSpec) -> anyhow::Result<PairResult> {
     let free_end = in_window.last().copied().unwrap_or(0);
     let last_wave = plan.last_wave();
     let records = std::mem::take(&mut *rec.records.lock().expect("records"));
-    let mut outcomes: Vec<NodeOutcome> = node_calls
-        .into_iter()
-        .map(|calls| NodeOutcome {
-            pods: (0.0, 0.0, 0),
-            calls,
-        })
-        .collect();
-    for r in &records {
-        if let Some(o) = outcomes.get_mut(r.node) {
-            o.pods.0 = o.pods.0.max(r.add_wait_ms / 1e3);
-            o.pods.1 = o.pods.1.max(r.done_at_s);
-            o.pods.2 += r.failed_adds;
-        }
-    }
-    let tail = slowest(&outcomes, TAIL_NODES);
+    let tail = slowest(&outcomes(node_calls, &records), TAIL_NODES);
     let unserved = records.iter().filter(|r| !r.served).count() as u64;
     let waits_ms: Vec<f64> = records.iter().map(|r| r.wait_ms).collect();
     let add_waits_ms: Vec<f64> = records.iter().map(|r| r.add_wait_ms).collect();

@@ -6,6 +6,30 @@
 use std::collections::BTreeMap;
 
 use super::bound::GROWTH_APIS;
+use super::harness::Purposes;
+use super::pods::PodRecord;
+
+/// How many of the slowest nodes a pair's report names.
+pub const TAIL_NODES: usize = 8;
+
+/// A node's attempts over the pattern: all of them (`now`) less those before it started.
+pub fn over_pattern(mut now: Purposes, before: &Purposes) -> Purposes {
+    for (k, (c, t)) in before {
+        let e = now.entry(k.clone()).or_default();
+        e.0 -= c;
+        e.1 -= t;
+    }
+    now
+}
+
+/// Adds `more` attempts into `sum`.
+pub fn add_calls(sum: &mut Purposes, more: &Purposes) {
+    for (k, (c, t)) in more {
+        let e = sum.entry(k.clone()).or_default();
+        e.0 += c;
+        e.1 += t;
+    }
+}
 
 /// One of the slowest nodes of a pair.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,7 +50,26 @@ pub struct NodeOutcome {
     /// (max ADD wait s, last done s, failed ADDs) over its pods.
     pub pods: (f64, f64, u32),
     /// Its attempts over the pattern by (purpose, API): (attempts, throttled).
-    pub calls: BTreeMap<(String, String), (u64, u64)>,
+    pub calls: Purposes,
+}
+
+/// Each node's outcome: its attempts over the pattern (`calls`, by node) and its pods' records.
+pub fn outcomes(calls: Vec<Purposes>, records: &[PodRecord]) -> Vec<NodeOutcome> {
+    let mut outcomes: Vec<NodeOutcome> = calls
+        .into_iter()
+        .map(|calls| NodeOutcome {
+            pods: (0.0, 0.0, 0),
+            calls,
+        })
+        .collect();
+    for r in records {
+        if let Some(o) = outcomes.get_mut(r.node) {
+            o.pods.0 = o.pods.0.max(r.add_wait_ms / 1e3);
+            o.pods.1 = o.pods.1.max(r.done_at_s);
+            o.pods.2 += r.failed_adds;
+        }
+    }
+    outcomes
 }
 
 /// The `n` nodes whose pods waited longest (a node whose pods never waited is left out), slowest
@@ -39,9 +82,7 @@ pub fn slowest(outcomes: &[NodeOutcome], n: usize) -> Vec<NodeTail> {
         .map(|(node, o)| {
             let mut growth: BTreeMap<String, (u64, u64)> = BTreeMap::new();
             for ((purpose, api), (calls, throttled)) in &o.calls {
-                if matches!(purpose.as_str(), "pod" | "refill")
-                    && GROWTH_APIS.contains(&api.as_str())
-                {
+                if matches!(*purpose, "pod" | "refill") && GROWTH_APIS.contains(&api.as_str()) {
                     let e = growth.entry(api.clone()).or_default();
                     e.0 += calls;
                     e.1 += throttled;
@@ -94,12 +135,12 @@ pub fn lines(tails: &[NodeTail]) -> Vec<String> {
 mod tests {
     use super::*;
 
-    fn outcome(wait: f64, failed: u32, calls: &[(&str, &str, u64, u64)]) -> NodeOutcome {
+    fn outcome(wait: f64, failed: u32, calls: &[(&'static str, &str, u64, u64)]) -> NodeOutcome {
         NodeOutcome {
             pods: (wait, wait + 5.0, failed),
             calls: calls
                 .iter()
-                .map(|(p, a, c, t)| (((*p).to_owned(), (*a).to_owned()), (*c, *t)))
+                .map(|(p, a, c, t)| ((*p, (*a).to_owned()), (*c, *t)))
                 .collect(),
         }
     }
