@@ -27,7 +27,7 @@ use super::floor::{Floor, PathLatency, model_floor};
 use super::pods::{Drive, NodeIo, Recorder, running_name, spawn_drivers, spawn_node_driver};
 use super::policy::Policy;
 use super::spec::{INSTANCE, PairSpec};
-use super::tail::{NodeTail, TAIL_NODES, add_calls, outcomes, over_pattern, slowest};
+use super::tail::{NodeTail, Purposes, TAIL_NODES, add_calls, outcomes, over_pattern, slowest};
 use super::traffic::{KUBELET_READY, Life, Pattern, Plan, TAINT_TO_BIND};
 use crate::support::TempDir;
 
@@ -151,9 +151,6 @@ pub fn run_pair(spec: PairSpec) -> anyhow::Result<PairResult> {
 fn free(s: &PoolSnapshot) -> u32 {
     s.idle + s.releasing + s.quarantined + s.held_back
 }
-
-/// Attempts by (purpose, API): (calls, throttled).
-pub(super) type Purposes = BTreeMap<(&'static str, String), (u64, u64)>;
 
 /// One node's place in the fleet: its daemon once started, and how it stood when the pattern (or,
 /// in node-boot, its Ready) came.

@@ -6,8 +6,10 @@
 use std::collections::BTreeMap;
 
 use super::bound::GROWTH_APIS;
-use super::harness::Purposes;
 use super::pods::PodRecord;
+
+/// Attempts by (purpose, API): (calls, throttled), as a daemon's call stats count them.
+pub type Purposes = BTreeMap<(&'static str, String), (u64, u64)>;
 
 /// How many of the slowest nodes a pair's report names.
 pub const TAIL_NODES: usize = 8;
