@@ -376,7 +376,9 @@ impl Limiter {
         let result = call.await;
         let outcome = Outcome::of(&result);
         let throttled = matches!(result, Err(CloudError::Throttled { .. }));
-        admission.gate.observe(throttled);
+        admission
+            .gate
+            .observe(throttled, self.gates.contended_since());
         // Only now may the next probe go, and yielding callers look at the gate again.
         drop(admission);
         self.stats.record_call(api, outcome, start.elapsed());

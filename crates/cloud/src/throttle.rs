@@ -17,6 +17,20 @@ use tokio::time::Instant;
 pub(crate) struct ThrottleGates(std::sync::Mutex<HashMap<&'static str, Arc<ThrottleGate>>>);
 
 impl ThrottleGates {
+    /// Since when the node has been held back by EC2 throttling: the earliest start of a run of
+    /// throttling among its gates still recovering (`None`: none is).
+    pub(crate) fn contended_since(&self) -> Option<Instant> {
+        self.0
+            .lock()
+            .expect("gates lock")
+            .values()
+            .filter_map(|g| {
+                let st = g.lock();
+                st.streak_since.filter(|_| !st.pause.is_zero())
+            })
+            .min()
+    }
+
     /// The gate of `api` if it has one (no call of it yet: none).
     pub(crate) fn get(&self, api: &str) -> Option<Arc<ThrottleGate>> {
         self.0.lock().expect("gates lock").get(api).cloned()
@@ -68,6 +82,8 @@ pub(crate) struct GateState {
     until: Option<Instant>,
     /// The current pause; zero when EC2 has not throttled us lately.
     pub(crate) pause: Duration,
+    /// When the current run of throttling began (the first throttle since the pause was zero).
+    streak_since: Option<Instant>,
     /// Attempts of a purpose that does not yield, waiting or running.
     priority: usize,
     /// When EC2 last throttled an attempt of the API.
@@ -100,6 +116,9 @@ impl ThrottleGate {
     /// nodes, scale-up of 20 pods each: p99 wait 41 s with a 60 s cap, 33 s with 10 s, for 9 % more
     /// throttled attempts). 10 s is the kubelet's own retry period.
     pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(10);
+    /// Contended for this long, a node keeps [`Self::MAX_PAUSE`] as its longest pause; beyond it the
+    /// longest pause shrinks in proportion ([`Self::pause_cap`]).
+    pub(crate) const PATIENT_FOR: Duration = Duration::from_secs(10);
     /// The longest a refill or give-back yields to other calls.
     pub(crate) const MAX_YIELD: Duration = Duration::from_secs(2 * Self::MAX_PAUSE.as_secs());
 
@@ -165,12 +184,40 @@ impl ThrottleGate {
         })
     }
 
-    /// Records an attempt's outcome.
-    pub(crate) fn observe(&self, throttled: bool) {
+    /// The longest pause of a node that EC2's throttling has held back for `contended` (its oldest
+    /// run of throttling on any API, [`ThrottleGates::contended_since`]): [`Self::MAX_PAUSE`] up
+    /// to [`Self::PATIENT_FOR`], then shrinking in proportion to the wait, down to
+    /// [`Self::FIRST_PAUSE`].
+    ///
+    /// When many nodes share an account bucket, each of its tokens goes to whichever node asks
+    /// first after the refill. With the same pauses for all, that is a lottery, and a node that
+    /// lost it for a minute is no likelier to win the next draw than one that started losing a
+    /// second ago: the tail of a scale-up is the nodes unlucky many times over (500 nodes under
+    /// another tenant: the slowest had every assign throttled, then its create, then its attach up
+    /// to 9 times). Asking more often the longer it has waited gives the account's refill to the
+    /// oldest waiters first, earliest-deadline-first across nodes with no word between them.
+    pub(crate) fn pause_cap(contended: Duration) -> Duration {
+        if contended <= Self::PATIENT_FOR {
+            return Self::MAX_PAUSE;
+        }
+        Self::MAX_PAUSE
+            .mul_f64(Self::PATIENT_FOR.as_secs_f64() / contended.as_secs_f64())
+            .max(Self::FIRST_PAUSE)
+    }
+
+    /// Records an attempt's outcome; `contended_since` is when the node's oldest run of throttling
+    /// began on any API (this one's, if none other is older).
+    pub(crate) fn observe(&self, throttled: bool, contended_since: Option<Instant>) {
         let mut st = self.lock();
         if throttled {
-            st.last_throttled = Some(Instant::now());
-            st.pause = (st.pause * 2).clamp(Self::FIRST_PAUSE, Self::MAX_PAUSE);
+            let now = Instant::now();
+            st.last_throttled = Some(now);
+            if st.pause.is_zero() || st.streak_since.is_none() {
+                st.streak_since = Some(now);
+            }
+            let since = contended_since.map_or(now, |t| t.min(now));
+            let cap = Self::pause_cap(now.duration_since(since));
+            st.pause = (st.pause * 2).clamp(Self::FIRST_PAUSE, cap);
             let jittered = st.pause.mul_f64(rand::rng().random_range(0.5..=1.0));
             let until = Instant::now() + jittered;
             st.until = Some(st.until.map_or(until, |t| t.max(until)));
@@ -178,9 +225,80 @@ impl ThrottleGate {
             st.pause /= 2;
             if st.pause < Self::FIRST_PAUSE {
                 st.pause = Duration::ZERO;
+                st.streak_since = None;
             }
         }
         drop(st);
         self.changed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_pause_shrinks_with_the_nodes_wait() {
+        assert_eq!(
+            ThrottleGate::pause_cap(Duration::ZERO),
+            ThrottleGate::MAX_PAUSE
+        );
+        assert_eq!(
+            ThrottleGate::pause_cap(ThrottleGate::PATIENT_FOR),
+            ThrottleGate::MAX_PAUSE
+        );
+        // Twice as long contended: half the longest pause.
+        assert_eq!(
+            ThrottleGate::pause_cap(ThrottleGate::PATIENT_FOR * 2),
+            ThrottleGate::MAX_PAUSE / 2
+        );
+        // Never below the first pause, however long.
+        assert_eq!(
+            ThrottleGate::pause_cap(Duration::from_secs(3600)),
+            ThrottleGate::FIRST_PAUSE
+        );
+        let mut last = ThrottleGate::MAX_PAUSE;
+        for s in 0..200 {
+            let cap = ThrottleGate::pause_cap(Duration::from_secs(s));
+            assert!(cap <= last, "the cap never grows with the wait");
+            last = cap;
+        }
+    }
+
+    /// A node held back on one API for long asks its others often too: the oldest run of
+    /// throttling on any of its gates sets every gate's longest pause.
+    #[tokio::test(start_paused = true)]
+    async fn a_long_contended_node_pauses_briefly_on_every_api() {
+        let gates = ThrottleGates::default();
+        let assign = gates.of("AssignPrivateIpAddresses");
+        let create = gates.of("CreateNetworkInterface");
+        assert_eq!(gates.contended_since(), None);
+        let t0 = Instant::now();
+        // Throttled on assigns for a minute: the pause doubles, first up to the cap...
+        for _ in 0..6 {
+            assign.observe(true, gates.contended_since());
+            assign.pass().await;
+        }
+        assert_eq!(gates.contended_since(), Some(t0));
+        let early = assign.lock().pause;
+        assert!(early <= ThrottleGate::MAX_PAUSE);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        // ...then, contended for over a minute, under a fraction of it.
+        assign.observe(true, gates.contended_since());
+        let cap = ThrottleGate::pause_cap(Instant::now() - t0);
+        assert!(cap < ThrottleGate::MAX_PAUSE);
+        assert!(assign.lock().pause <= cap);
+        // The first throttle of its creates: the node has waited since t0, so the create's pause
+        // is capped as short (it starts at the first pause, under the cap, and stays under it).
+        for _ in 0..8 {
+            create.observe(true, gates.contended_since());
+            assert!(create.lock().pause <= cap.max(ThrottleGate::FIRST_PAUSE));
+        }
+        // Successes end the run: the pause decays to zero and the gate is no longer contended.
+        for _ in 0..8 {
+            assign.observe(false, gates.contended_since());
+            create.observe(false, gates.contended_since());
+        }
+        assert_eq!(gates.contended_since(), None);
     }
 }
