@@ -83,6 +83,8 @@ pub enum SelectError {
 /// Answers the question "which profile does this pod select?" (see the module docs).
 pub struct PodProfiles {
     judged: Arc<RwLock<Judged>>,
+    /// Turns true once the cluster's profiles have been judged (the first check done).
+    known: watch::Receiver<bool>,
     /// The cluster's profiles as listed (each one's egress mode).
     listed: watch::Receiver<Profiles>,
     namespaces: Namespaces,
@@ -94,12 +96,12 @@ impl PodProfiles {
     /// Waits up to [`FIRST_ANSWER`] for the profiles' first check, so the first pods do not meet
     /// "not known yet" (the runtime would retry them; this is only quicker).
     pub async fn first_answer(&self) {
-        let known = async {
-            while !self.judged.read().unwrap_or_else(|e| e.into_inner()).known {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
-        if tokio::time::timeout(FIRST_ANSWER, known).await.is_err() {
+        let mut known = self.known.clone();
+        // The checker gone (the daemon stopping) ends the wait as well: nothing will be known.
+        if tokio::time::timeout(FIRST_ANSWER, known.wait_for(|k| *k))
+            .await
+            .is_err()
+        {
             tracing::warn!(wait = ?FIRST_ANSWER, "network profiles: the cluster's NetworkProfiles are not known yet (API server slow or unreachable, or the CRD is not applied); pods that select one get CNI error 11 until they are");
         }
     }
@@ -213,9 +215,10 @@ pub fn start(
     background.push(ns_watcher);
     let judged = Arc::new(RwLock::new(Judged::default()));
     let listed = profiles.clone();
+    let (known_tx, known) = watch::channel(false);
     background.push(spawn_checker(
         profiles,
-        judged.clone(),
+        (judged.clone(), known_tx),
         sink.clone(),
         (cloud, node),
         cancel.clone(),
@@ -230,6 +233,7 @@ pub fn start(
     background.push(spawn_publisher(judged.clone(), sink, total_tx, cancel));
     Arc::new(PodProfiles {
         judged,
+        known,
         listed,
         namespaces,
         pods,
@@ -241,7 +245,7 @@ pub fn start(
 /// the usable ones to the pool.
 fn spawn_checker(
     mut rx: watch::Receiver<Profiles>,
-    judged: Arc<RwLock<Judged>>,
+    (judged, known): (Arc<RwLock<Judged>>, watch::Sender<bool>),
     sink: Arc<dyn ProfileSink>,
     (cloud, node): (Arc<dyn Cloud>, NodeContext),
     cancel: CancellationToken,
@@ -254,6 +258,9 @@ fn spawn_checker(
             let checked = match judge(&now, cloud.as_ref(), &node).await {
                 Ok(fresh) => {
                     apply(sink.as_ref(), &judged, &previous, fresh.clone());
+                    if fresh.known {
+                        known.send_replace(true);
+                    }
                     sync_groups(&fresh, cloud.as_ref(), &node).await
                 }
                 Err(e) => Err(e),
