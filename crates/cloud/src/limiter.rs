@@ -376,9 +376,8 @@ impl Limiter {
         let result = call.await;
         let outcome = Outcome::of(&result);
         let throttled = matches!(result, Err(CloudError::Throttled { .. }));
-        admission
-            .gate
-            .observe(throttled, self.gates.contended_since());
+        let contended = (!purpose.yields()).then(|| self.gates.contended_since());
+        admission.gate.observe(throttled, contended);
         // Only now may the next probe go, and yielding callers look at the gate again.
         drop(admission);
         self.stats.record_call(api, outcome, start.elapsed());

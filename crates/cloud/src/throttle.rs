@@ -17,8 +17,9 @@ use tokio::time::Instant;
 pub(crate) struct ThrottleGates(std::sync::Mutex<HashMap<&'static str, Arc<ThrottleGate>>>);
 
 impl ThrottleGates {
-    /// Since when the node has been held back by EC2 throttling: the earliest start of a run of
-    /// throttling among its gates still recovering (`None`: none is).
+    /// Since when the node's pods have been held back by EC2 throttling: the earliest start of a
+    /// run of throttling of pod-driven attempts among its gates still recovering (`None`: none
+    /// is).
     pub(crate) fn contended_since(&self) -> Option<Instant> {
         self.0
             .lock()
@@ -82,7 +83,8 @@ pub(crate) struct GateState {
     until: Option<Instant>,
     /// The current pause; zero when EC2 has not throttled us lately.
     pub(crate) pause: Duration,
-    /// When the current run of throttling began (the first throttle since the pause was zero).
+    /// When the current run of throttling of pod-driven attempts began (the first such throttle
+    /// since the pause was zero).
     streak_since: Option<Instant>,
     /// Attempts of a purpose that does not yield, waiting or running.
     priority: usize,
@@ -205,18 +207,27 @@ impl ThrottleGate {
             .max(Self::FIRST_PAUSE)
     }
 
-    /// Records an attempt's outcome; `contended_since` is when the node's oldest run of throttling
-    /// began on any API (this one's, if none other is older).
-    pub(crate) fn observe(&self, throttled: bool, contended_since: Option<Instant>) {
+    /// Records an attempt's outcome. A pod-driven attempt (`contended`: `Some`) carries when the
+    /// node's oldest run of throttling of pod-driven attempts began on any API (`Some(None)`: none
+    /// yet); its throttle starts this gate's run if none is on, and its pause is capped by
+    /// [`Self::pause_cap`]. Refills and give-backs (`None`) wait on no pod: their pause keeps
+    /// [`Self::MAX_PAUSE`] as its cap, so a fleet's give-backs do not ask more often as they wait.
+    pub(crate) fn observe(&self, throttled: bool, contended: Option<Option<Instant>>) {
         let mut st = self.lock();
         if throttled {
             let now = Instant::now();
             st.last_throttled = Some(now);
-            if st.pause.is_zero() || st.streak_since.is_none() {
-                st.streak_since = Some(now);
+            if st.pause.is_zero() {
+                st.streak_since = None;
             }
-            let since = contended_since.map_or(now, |t| t.min(now));
-            let cap = Self::pause_cap(now.duration_since(since));
+            let cap = match contended {
+                Some(since) => {
+                    st.streak_since.get_or_insert(now);
+                    let since = since.map_or(now, |t| t.min(now));
+                    Self::pause_cap(now.duration_since(since))
+                }
+                None => Self::MAX_PAUSE,
+            };
             st.pause = (st.pause * 2).clamp(Self::FIRST_PAUSE, cap);
             let jittered = st.pause.mul_f64(rand::rng().random_range(0.5..=1.0));
             let until = Instant::now() + jittered;
@@ -276,7 +287,7 @@ mod tests {
         let t0 = Instant::now();
         // Throttled on assigns for a minute: the pause doubles, first up to the cap...
         for _ in 0..6 {
-            assign.observe(true, gates.contended_since());
+            assign.observe(true, Some(gates.contended_since()));
             assign.pass().await;
         }
         assert_eq!(gates.contended_since(), Some(t0));
@@ -284,20 +295,28 @@ mod tests {
         assert!(early <= ThrottleGate::MAX_PAUSE);
         tokio::time::advance(Duration::from_secs(60)).await;
         // ...then, contended for over a minute, under a fraction of it.
-        assign.observe(true, gates.contended_since());
+        assign.observe(true, Some(gates.contended_since()));
         let cap = ThrottleGate::pause_cap(Instant::now() - t0);
         assert!(cap < ThrottleGate::MAX_PAUSE);
         assert!(assign.lock().pause <= cap);
         // The first throttle of its creates: the node has waited since t0, so the create's pause
         // is capped as short (it starts at the first pause, under the cap, and stays under it).
         for _ in 0..8 {
-            create.observe(true, gates.contended_since());
+            create.observe(true, Some(gates.contended_since()));
             assert!(create.lock().pause <= cap.max(ThrottleGate::FIRST_PAUSE));
         }
+        // A give-back's throttle (no pod waits on it) keeps the full cap and starts no run.
+        let unassign = gates.of("UnassignPrivateIpAddresses");
+        for _ in 0..6 {
+            unassign.observe(true, None);
+        }
+        assert_eq!(unassign.lock().pause, ThrottleGate::MAX_PAUSE);
+        assert_eq!(unassign.lock().streak_since, None);
         // Successes end the run: the pause decays to zero and the gate is no longer contended.
         for _ in 0..8 {
-            assign.observe(false, gates.contended_since());
-            create.observe(false, gates.contended_since());
+            assign.observe(false, Some(gates.contended_since()));
+            create.observe(false, Some(gates.contended_since()));
+            unassign.observe(false, None);
         }
         assert_eq!(gates.contended_since(), None);
     }
