@@ -51,7 +51,8 @@ impl ThrottleGates {
 /// The node-wide answer to EC2 throttling, one per API: after EC2 answers
 /// `RequestLimitExceeded`, every call of that API on this node waits out a pause — not only the
 /// call that was throttled — and each further throttle doubles the pause (jittered, up to
-/// [`ThrottleGate::MAX_PAUSE`]); each success halves it. EC2's buckets are the account's: when many
+/// [`ThrottleGate::MAX_PAUSE`], less for pods that have waited long: [`ThrottleGate::pause_cap`]);
+/// each success halves it. EC2's buckets are the account's: when many
 /// nodes share them, a node that keeps its own token bucket full would keep spending the account's
 /// refill on throttled attempts. This is additive-increase/multiplicative-decrease on the node's
 /// attempt rate, as the AWS SDKs' adaptive retry mode does.
@@ -186,8 +187,9 @@ impl ThrottleGate {
         })
     }
 
-    /// The longest pause of a node that EC2's throttling has held back for `contended` (its oldest
-    /// run of throttling on any API, [`ThrottleGates::contended_since`]): [`Self::MAX_PAUSE`] up
+    /// The longest pause of a pod-driven attempt on a node whose pods EC2's throttling has held
+    /// back for `contended` (its oldest run of throttled pod-driven attempts on any API,
+    /// [`ThrottleGates::contended_since`]): [`Self::MAX_PAUSE`] up
     /// to [`Self::PATIENT_FOR`], then shrinking in proportion to the wait, down to
     /// [`Self::FIRST_PAUSE`].
     ///
