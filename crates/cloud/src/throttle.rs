@@ -17,9 +17,8 @@ use tokio::time::Instant;
 pub(crate) struct ThrottleGates(std::sync::Mutex<HashMap<&'static str, Arc<ThrottleGate>>>);
 
 impl ThrottleGates {
-    /// Since when the node's pods have been held back by EC2 throttling: the earliest start of a
-    /// run of throttling of pod-driven attempts among its gates still recovering (`None`: none
-    /// is).
+    /// Since when the node has been held back by EC2 throttling: the earliest start of a run of
+    /// throttling among its gates still recovering (`None`: none is).
     pub(crate) fn contended_since(&self) -> Option<Instant> {
         self.0
             .lock()
@@ -84,8 +83,8 @@ pub(crate) struct GateState {
     until: Option<Instant>,
     /// The current pause; zero when EC2 has not throttled us lately.
     pub(crate) pause: Duration,
-    /// When the current run of throttling of pod-driven attempts began (the first such throttle
-    /// since the pause was zero).
+    /// When the current run of throttling began (the first throttle since the pause was zero,
+    /// whatever the attempt's purpose: a burst's warm-up throttled is where its pods' wait began).
     streak_since: Option<Instant>,
     /// Attempts of a purpose that does not yield, waiting or running.
     priority: usize,
@@ -187,9 +186,9 @@ impl ThrottleGate {
         })
     }
 
-    /// The longest pause of a pod-driven attempt on a node whose pods EC2's throttling has held
-    /// back for `contended` (its oldest run of throttled pod-driven attempts on any API,
-    /// [`ThrottleGates::contended_since`]): [`Self::MAX_PAUSE`] up
+    /// The longest pause of a pod-driven attempt on a node EC2's throttling has held back for
+    /// `contended` (its oldest run of throttling on any API, [`ThrottleGates::contended_since`]):
+    /// [`Self::MAX_PAUSE`] up
     /// to [`Self::PATIENT_FOR`], then shrinking in proportion to the wait, down to
     /// [`Self::FIRST_PAUSE`].
     ///
@@ -209,11 +208,12 @@ impl ThrottleGate {
             .max(Self::FIRST_PAUSE)
     }
 
-    /// Records an attempt's outcome. A pod-driven attempt (`contended`: `Some`) carries when the
-    /// node's oldest run of throttling of pod-driven attempts began on any API (`Some(None)`: none
-    /// yet); its throttle starts this gate's run if none is on, and its pause is capped by
-    /// [`Self::pause_cap`]. Refills and give-backs (`None`) wait on no pod: their pause keeps
-    /// [`Self::MAX_PAUSE`] as its cap, so a fleet's give-backs do not ask more often as they wait.
+    /// Records an attempt's outcome. Any throttle starts this gate's run if none is on. A pod-driven
+    /// attempt (`contended`: `Some`) carries when the node's oldest run of throttling began on any
+    /// API (`Some(None)`: none yet), and its pause is capped by [`Self::pause_cap`]. Refills and
+    /// give-backs (`None`) wait on no pod: their pause keeps [`Self::MAX_PAUSE`] as its cap, so a
+    /// fleet's give-backs do not ask more often as they wait (down-up at 500 nodes: 11,418
+    /// throttled unassigns with the shorter cap, about 3,300 without).
     pub(crate) fn observe(&self, throttled: bool, contended: Option<Option<Instant>>) {
         let mut st = self.lock();
         if throttled {
@@ -222,9 +222,9 @@ impl ThrottleGate {
             if st.pause.is_zero() {
                 st.streak_since = None;
             }
+            st.streak_since.get_or_insert(now);
             let cap = match contended {
                 Some(since) => {
-                    st.streak_since.get_or_insert(now);
                     let since = since.map_or(now, |t| t.min(now));
                     Self::pause_cap(now.duration_since(since))
                 }
@@ -307,13 +307,13 @@ mod tests {
             create.observe(true, Some(gates.contended_since()));
             assert!(create.lock().pause <= cap.max(ThrottleGate::FIRST_PAUSE));
         }
-        // A give-back's throttle (no pod waits on it) keeps the full cap and starts no run.
+        // A give-back's throttle (no pod waits on it) keeps the full cap, however long the node
+        // has been held back.
         let unassign = gates.of("UnassignPrivateIpAddresses");
         for _ in 0..6 {
             unassign.observe(true, None);
         }
         assert_eq!(unassign.lock().pause, ThrottleGate::MAX_PAUSE);
-        assert_eq!(unassign.lock().streak_since, None);
         // Successes end the run: the pause decays to zero and the gate is no longer contended.
         for _ in 0..8 {
             assign.observe(false, Some(gates.contended_since()));
