@@ -376,8 +376,14 @@ impl Limiter {
         let result = call.await;
         let outcome = Outcome::of(&result);
         let throttled = matches!(result, Err(CloudError::Throttled { .. }));
-        let contended = (!purpose.yields()).then(|| self.gates.contended_since());
-        admission.gate.observe(throttled, contended);
+        // How long the node has waited shortens only a pod-driven attempt's pause, and is looked
+        // up only when EC2 throttled it.
+        let cap = if throttled && !purpose.yields() {
+            self.gates.pod_pause_cap()
+        } else {
+            ThrottleGate::MAX_PAUSE
+        };
+        admission.gate.observe(throttled, cap);
         // Only now may the next probe go, and yielding callers look at the gate again.
         drop(admission);
         self.stats.record_call(api, outcome, start.elapsed());

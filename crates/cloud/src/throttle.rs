@@ -31,6 +31,15 @@ impl ThrottleGates {
             .min()
     }
 
+    /// The longest pause of a pod-driven attempt EC2 throttled now: [`ThrottleGate::pause_cap`] of
+    /// how long the node has been held back ([`Self::contended_since`]).
+    pub(crate) fn pod_pause_cap(&self) -> Duration {
+        ThrottleGate::pause_cap(
+            self.contended_since()
+                .map_or(Duration::ZERO, |t| t.elapsed()),
+        )
+    }
+
     /// The gate of `api` if it has one (no call of it yet: none).
     pub(crate) fn get(&self, api: &str) -> Option<Arc<ThrottleGate>> {
         self.0.lock().expect("gates lock").get(api).cloned()
@@ -188,9 +197,8 @@ impl ThrottleGate {
 
     /// The longest pause of a pod-driven attempt on a node EC2's throttling has held back for
     /// `contended` (its oldest run of throttling on any API, [`ThrottleGates::contended_since`]):
-    /// [`Self::MAX_PAUSE`] up
-    /// to [`Self::PATIENT_FOR`], then shrinking in proportion to the wait, down to
-    /// [`Self::FIRST_PAUSE`].
+    /// [`Self::MAX_PAUSE`] up to [`Self::PATIENT_FOR`], then shrinking in proportion to the wait,
+    /// down to [`Self::FIRST_PAUSE`].
     ///
     /// When many nodes share an account bucket, each of its tokens goes to whichever node asks
     /// first after the refill. With the same pauses for all, that is a lottery, and a node that
@@ -208,13 +216,12 @@ impl ThrottleGate {
             .max(Self::FIRST_PAUSE)
     }
 
-    /// Records an attempt's outcome. Any throttle starts this gate's run if none is on. A pod-driven
-    /// attempt (`contended`: `Some`) carries when the node's oldest run of throttling began on any
-    /// API (`Some(None)`: none yet), and its pause is capped by [`Self::pause_cap`]. Refills and
-    /// give-backs (`None`) wait on no pod: their pause keeps [`Self::MAX_PAUSE`] as its cap, so a
-    /// fleet's give-backs do not ask more often as they wait (down-up at 500 nodes: 11,418
-    /// throttled unassigns with the shorter cap, about 3,300 without).
-    pub(crate) fn observe(&self, throttled: bool, contended: Option<Option<Instant>>) {
+    /// Records an attempt's outcome. Any throttle starts this gate's run if none is on, and doubles
+    /// the pause up to `cap`: a pod-driven attempt's is [`ThrottleGates::pod_pause_cap`]. Refills
+    /// and give-backs wait on no pod: theirs is [`Self::MAX_PAUSE`], so a fleet's give-backs do not
+    /// ask more often as they wait (down-up at 500 nodes: 11,418 throttled unassigns with the
+    /// shorter cap, about 3,300 without).
+    pub(crate) fn observe(&self, throttled: bool, cap: Duration) {
         let mut st = self.lock();
         if throttled {
             let now = Instant::now();
@@ -223,13 +230,6 @@ impl ThrottleGate {
                 st.streak_since = None;
             }
             st.streak_since.get_or_insert(now);
-            let cap = match contended {
-                Some(since) => {
-                    let since = since.map_or(now, |t| t.min(now));
-                    Self::pause_cap(now.duration_since(since))
-                }
-                None => Self::MAX_PAUSE,
-            };
             st.pause = (st.pause * 2).clamp(Self::FIRST_PAUSE, cap);
             let jittered = st.pause.mul_f64(rand::rng().random_range(0.5..=1.0));
             let until = Instant::now() + jittered;
@@ -289,7 +289,7 @@ mod tests {
         let t0 = Instant::now();
         // Throttled on assigns for a minute: the pause doubles, first up to the cap...
         for _ in 0..6 {
-            assign.observe(true, Some(gates.contended_since()));
+            assign.observe(true, gates.pod_pause_cap());
             assign.pass().await;
         }
         assert_eq!(gates.contended_since(), Some(t0));
@@ -297,28 +297,28 @@ mod tests {
         assert!(early <= ThrottleGate::MAX_PAUSE);
         tokio::time::advance(Duration::from_secs(60)).await;
         // ...then, contended for over a minute, under a fraction of it.
-        assign.observe(true, Some(gates.contended_since()));
+        assign.observe(true, gates.pod_pause_cap());
         let cap = ThrottleGate::pause_cap(Instant::now() - t0);
         assert!(cap < ThrottleGate::MAX_PAUSE);
         assert!(assign.lock().pause <= cap);
         // The first throttle of its creates: the node has waited since t0, so the create's pause
         // is capped as short (it starts at the first pause, under the cap, and stays under it).
         for _ in 0..8 {
-            create.observe(true, Some(gates.contended_since()));
+            create.observe(true, gates.pod_pause_cap());
             assert!(create.lock().pause <= cap.max(ThrottleGate::FIRST_PAUSE));
         }
         // A give-back's throttle (no pod waits on it) keeps the full cap, however long the node
         // has been held back.
         let unassign = gates.of("UnassignPrivateIpAddresses");
         for _ in 0..6 {
-            unassign.observe(true, None);
+            unassign.observe(true, ThrottleGate::MAX_PAUSE);
         }
         assert_eq!(unassign.lock().pause, ThrottleGate::MAX_PAUSE);
         // Successes end the run: the pause decays to zero and the gate is no longer contended.
         for _ in 0..8 {
-            assign.observe(false, Some(gates.contended_since()));
-            create.observe(false, Some(gates.contended_since()));
-            unassign.observe(false, None);
+            assign.observe(false, gates.pod_pause_cap());
+            create.observe(false, gates.pod_pause_cap());
+            unassign.observe(false, ThrottleGate::MAX_PAUSE);
         }
         assert_eq!(gates.contended_since(), None);
     }
