@@ -168,17 +168,15 @@ pub fn ec2_pod_ips(mock: &MockCloud) -> Vec<Ipv4Addr> {
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
+    /// A new directory `eniipam-{tag}-XXXXXX` (`tempfile` picks a name no other test holds: two
+    /// tests of one binary starting in the same clock tick once shared a pid-and-nanoseconds name,
+    /// and the second daemon found the first's socket in use).
     pub fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "eniipam-{tag}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("eniipam-{tag}-"))
+            .tempdir()
+            .expect("temp dir");
+        Self(dir.keep())
     }
 }
 
